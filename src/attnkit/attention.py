@@ -1,0 +1,120 @@
+"""``attnkit.attention``: the one entry point. Validate once, dispatch, return.
+
+The pipeline every mechanism shares::
+
+    score(q, k) * scale -> + bias / modifier -> mask (select) -> normalise -> dropout -> @ v
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .functional.validate import Problem, validate
+from .kernels.dispatch import KERNELS, Decision, decide
+
+__all__ = ["attention", "explain", "AttentionOutput"]
+
+
+class AttentionOutput(NamedTuple):
+    """Returned when weights or lse are asked for; the fields not asked for are None.
+
+    output: ``(..., Lq, Dv)`` in the input dtype. weights: ``(..., H, Lq, Lk)`` per
+    head, post-normalisation, pre-dropout. lse: ``(..., Lq)`` log-sum-exp of the
+    masked scaled scores, float32 (float64 for float64 inputs), ``-inf`` for rows
+    with no allowed key.
+    """
+
+    output: torch.Tensor
+    weights: torch.Tensor | None
+    lse: torch.Tensor | None
+
+
+def _drop_filtered_keys(p: Problem) -> Problem:
+    """Zero K/V rows that the mask rejects for every query (padding).
+
+    Masked scores are selected away already; zeroing the rows too means that
+    NaN or garbage past a sequence's valid length cannot reach the output even
+    through ``0 * NaN`` in the weights @ V product (RELIABILITY row 22).
+    """
+    keys = p.mask.key_filter() if p.mask is not None else None
+    if keys is None:
+        return p
+    batch, _, _, lk, _, _ = p.sizes
+    dev = p.q.device
+    zero = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=dev)
+    keep = keys.allows(torch.arange(batch, device=dev).view(-1, 1, 1, 1), zero, zero,
+                       torch.arange(lk, device=dev).view(1, 1, -1, 1), p.sizes[2], lk)  # (B|1, 1, Lk, 1)
+    keep = torch.broadcast_to(keep, (keep.shape[0], 1, lk, 1))
+    p.k, p.v = p.k.masked_fill(~keep, 0.0), p.v.masked_fill(~keep, 0.0)
+    return p
+
+
+def _is_empty(p: Problem) -> bool:
+    return 0 in p.q.shape or 0 in p.k.shape[:3]
+
+
+def _to_user_rank(t: torch.Tensor, rank: int) -> torch.Tensor:
+    """Undo the 4-D view of :func:`~attnkit.functional.validate.validate`: (B, H, ...) back to the input's rank."""
+    return t if rank == 4 else t.select(1, 0) if rank == 3 else t[0, 0]
+
+
+def attention(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, normalize="softmax",
+              dropout_p=0.0, return_weights=False, return_lse=False, backend="auto"):
+    """Attention over keys and values: ``normalize(score(q, k) * scale + bias, mask) @ v``.
+
+    Args:
+        q: queries ``(L, D)``, ``(B, L, D)`` or ``(B, H, L, D)``.
+        k: keys, same rank; ``(B, H_kv, Lk, D)`` with ``H % H_kv == 0`` (grouped queries).
+        v: values ``(B, H_kv, Lk, Dv)``; Dv may differ from D.
+        mask: an :mod:`attnkit.masks` mask or a bool tensor broadcastable to the scores
+            ``(..., Lq, Lk)`` (last dim exactly Lk). True = attend. Never a float.
+        bias: a float tensor broadcastable like ``mask``, added to the scores in float32,
+            or a modifier ``(scores, b, h, q_idx, kv_idx) -> scores`` (see :mod:`attnkit.bias`).
+        score: "scaled_dot" (default), "dot", "cosine" or a pairwise ``(q, k) -> scores``.
+        scale: multiplies the scores; default ``1/sqrt(D)`` for "scaled_dot", else 1.
+        normalize: "softmax", "sparsemax", "sigmoid", "hard", "gumbel" or
+            ``(scores, allowed) -> weights``.
+        dropout_p: dropout on the weights; pass ``p if module.training else 0.0``.
+        return_weights: also return per-head weights (forces an exact dense path).
+        return_lse: also return the log-sum-exp of each row (softmax only).
+        backend: "auto", "reference", "chunked", "sdpa" or "blocksparse".
+
+    Returns:
+        The output ``(..., Lq, Dv)`` in the input dtype, or an :class:`AttentionOutput`
+        when ``return_weights`` or ``return_lse`` is set. A query row with no allowed
+        key outputs 0 (lse ``-inf``, zero gradients); NaN in allowed inputs propagates.
+
+    Example:
+        >>> import torch, attnkit
+        >>> q = k = v = torch.randn(2, 3, 5, 8)
+        >>> out = attnkit.attention(q, k, v, mask=attnkit.masks.causal())
+        >>> out.shape
+        torch.Size([2, 3, 5, 8])
+    """
+    p = validate(q, k, v, mask=mask, bias=bias, score=score, scale=scale, normalize=normalize,
+                 dropout_p=dropout_p, return_weights=return_weights, return_lse=return_lse, backend=backend)
+    p = _drop_filtered_keys(p)
+    name = "reference" if _is_empty(p) else decide(p, backend).backend
+    result = KERNELS[name].run(p)
+    rank = p.user_rank
+    out = _to_user_rank(result.out.to(q.dtype), rank)
+    if not (return_weights or return_lse):
+        return out
+    weights = _to_user_rank(result.weights.to(q.dtype), rank) if return_weights else None
+    lse = _to_user_rank(result.lse, rank) if return_lse else None
+    return AttentionOutput(out, weights, lse)
+
+
+def explain(q, k, v, **kwargs) -> Decision:
+    """Which backend ``attention(q, k, v, **kwargs)`` would use, why, and its estimated cost.
+
+    Example:
+        >>> import torch, attnkit
+        >>> q = torch.randn(1, 2, 512, 16)
+        >>> attnkit.explain(q, q, q, mask=attnkit.masks.sliding_window(32, 32)).backend
+        'blocksparse'
+    """
+    p = validate(q, k, v, **kwargs)
+    return decide(p, kwargs.get("backend", "auto"))

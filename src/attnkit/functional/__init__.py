@@ -1,0 +1,1 @@
+"""The pipeline's stages as pure functions: masks, scores, normalisers, validation."""

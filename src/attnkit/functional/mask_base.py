@@ -1,0 +1,229 @@
+"""The :class:`Mask` protocol, its combinators and block layouts.
+
+A mask is a predicate over indices, ``allows(b, h, q_idx, kv_idx) -> bool``,
+True = may attend. The index arguments are integer tensors that broadcast against
+each other (for a dense picture ``b`` is ``(B,1,1,1)``, ``h`` ``(1,H,1,1)``,
+``q_idx`` ``(1,1,Lq,1)``, ``kv_idx`` ``(1,1,1,Lk)``; kernels pass gathered index
+tensors of other ranks), so every mask is written with elementwise tensor ops.
+
+A mask can be *materialized* as a dense bool tensor (the reference path, plots)
+or summarised as a :class:`BlockLayout` for a block size, which is what lets the
+block-sparse kernel skip empty blocks without ever building an ``Lq x Lk`` tensor.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["Mask", "BlockLayout", "And", "Or", "Not"]
+
+# Query rows evaluated at once when a layout has to be computed by brute force.
+_EVAL_ROWS_BUDGET = 1 << 22
+
+
+class BlockLayout(NamedTuple):
+    """Block summary of a mask for one block size.
+
+    ``active[..., I, J]`` is True when query block ``I`` may attend to some key of
+    key block ``J`` (an over-approximation is allowed: an active block whose
+    entries all turn out masked costs time, never correctness). ``full[..., I, J]``
+    is True only when every in-range entry of the block is allowed (an
+    under-approximation is allowed), so the kernel can skip evaluating the mask
+    there. Both are bool tensors of shape ``(B|1, H|1, ceil(Lq/bs), ceil(Lk/bs))``.
+    """
+
+    active: torch.Tensor
+    full: torch.Tensor
+    block_size: int
+
+    @property
+    def density(self) -> float:
+        """Fraction of (query block, key block) pairs that must be computed."""
+        return self.active.float().mean().item() if self.active.numel() else 0.0
+
+
+def _block_bounds(length: int, block_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """First and last in-range index of every block of a length."""
+    first = torch.arange(0, max(length, 1), block_size, device=device)
+    last = torch.clamp(first + block_size - 1, max=max(length - 1, 0))
+    return first, last
+
+
+class Mask:
+    """Base class: a predicate over ``(b, h, q_idx, kv_idx)``, True = attend.
+
+    Subclasses implement :meth:`allows` and may override :meth:`_layout` with an
+    analytic block layout; the default evaluates the predicate block by block
+    (``O(Lq * Lk)`` work, bounded memory). Masks are immutable: tensors they hold
+    must not be modified in place after construction (layouts are cached).
+
+    Attributes:
+        uses: which of ``"b", "h", "q", "kv"`` the predicate reads.
+        batch_size: batch size the mask is tied to (per-sample data), else None.
+        num_heads: number of heads the mask is tied to, else None.
+    """
+
+    uses: frozenset = frozenset({"b", "h", "q", "kv"})
+    batch_size: int | None = None
+    num_heads: int | None = None
+
+    def allows(self, b, h, q_idx, kv_idx, q_len: int, kv_len: int) -> torch.Tensor:
+        """Bool tensor, True where query ``q_idx`` may attend key ``kv_idx``."""
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- algebra
+    def __and__(self, other: Mask) -> Mask:
+        return And(self, _as_mask(other))
+
+    def __or__(self, other: Mask) -> Mask:
+        return Or(self, _as_mask(other))
+
+    def __invert__(self) -> Mask:
+        return Not(self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    # -------------------------------------------------------- dense pictures
+    def materialize(self, q_len: int, kv_len: int, *, batch: int | None = None,
+                    heads: int | None = None, device=None) -> torch.Tensor:
+        """Dense bool tensor ``(B|1, H|1, Lq, Lk)``; size-1 where the mask ignores b/h.
+
+        ``batch``/``heads`` default to the sizes the mask is tied to, else 1.
+        """
+        batch = batch if batch is not None else (self.batch_size or 1)
+        heads = heads if heads is not None else (self.num_heads or 1)
+        b = torch.arange(batch if "b" in self.uses else 1, device=device).view(-1, 1, 1, 1)
+        h = torch.arange(heads if "h" in self.uses else 1, device=device).view(1, -1, 1, 1)
+        qi = torch.arange(q_len, device=device).view(1, 1, -1, 1)
+        ki = torch.arange(kv_len, device=device).view(1, 1, 1, -1)
+        allowed = self.allows(b, h, qi, ki, q_len, kv_len)
+        shape = (b.shape[0], h.shape[1], q_len, kv_len)
+        return torch.broadcast_to(allowed, shape)
+
+    # ----------------------------------------------------------- block layouts
+    def block_layout(self, q_len: int, kv_len: int, block_size: int, *,
+                     device=None, exact: bool = False) -> BlockLayout:
+        """The :class:`BlockLayout` for a block size (cached per size and device).
+
+        With ``exact=True`` it is computed by evaluating every entry, so ``active``
+        is exactly "some entry allowed" and ``full`` exactly "all allowed".
+        """
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1; got {block_size}")
+        key = (q_len, kv_len, block_size, str(device), exact)
+        cache = self.__dict__.setdefault("_layout_cache", {})
+        if key not in cache:
+            fn = self._evaluated_layout if exact else self._layout
+            cache[key] = BlockLayout(*fn(q_len, kv_len, block_size, device), block_size)
+        return cache[key]
+
+    def _layout(self, q_len, kv_len, block_size, device):
+        return self._evaluated_layout(q_len, kv_len, block_size, device)
+
+    def _evaluated_layout(self, q_len, kv_len, bs, device):
+        """Exact layout by evaluating the predicate, a band of query blocks at a time."""
+        nq, nk = -(-q_len // bs), -(-kv_len // bs)
+        batch = (self.batch_size or 1) if "b" in self.uses else 1
+        heads = (self.num_heads or 1) if "h" in self.uses else 1
+        b = torch.arange(batch, device=device).view(-1, 1, 1, 1)
+        h = torch.arange(heads, device=device).view(1, -1, 1, 1)
+        ki = torch.arange(nk * bs, device=device).view(1, 1, 1, -1)
+        rows_per_step = max(1, _EVAL_ROWS_BUDGET // max(1, batch * heads * nk * bs * bs))
+        active, full = [], []
+        for start in range(0, nq, rows_per_step):
+            stop = min(nq, start + rows_per_step)
+            qi = torch.arange(start * bs, stop * bs, device=device).view(1, 1, -1, 1)
+            allowed = torch.broadcast_to(
+                self.allows(b, h, qi, ki, q_len, kv_len),
+                (batch, heads, qi.shape[2], nk * bs))
+            in_range = (qi < q_len) & (ki < kv_len)  # padding lanes: never active, never block fullness
+            blocks = (batch, heads, stop - start, bs, nk, bs)
+            active.append((allowed & in_range).reshape(blocks).any(5).any(3))
+            full.append((allowed | ~in_range).reshape(blocks).all(5).all(3))
+        if not active:
+            empty = torch.zeros(batch, heads, nq, nk, dtype=torch.bool, device=device)
+            return empty, empty
+        return torch.cat(active, 2), torch.cat(full, 2)
+
+    # ------------------------------------------------------------- helpers
+    def key_filter(self) -> Mask | None:
+        """A mask reading only ``b`` and ``kv`` that this mask implies, if any.
+
+        Keys it rejects are rejected for every query (padding), so kernels may
+        zero those K/V rows: non-finite values there can then never leak.
+        """
+        return self if not (self.uses & {"q", "h"}) else None
+
+
+def _as_mask(other) -> Mask:
+    if not isinstance(other, Mask):
+        raise TypeError(f"masks combine only with other attnkit masks; got {type(other).__name__}")
+    return other
+
+
+def _merge_owner(masks, attr):
+    sizes = {getattr(m, attr) for m in masks} - {None}
+    if len(sizes) > 1:
+        raise ValueError(f"combined masks disagree on {attr}: {sorted(sizes)}")
+    return sizes.pop() if sizes else None
+
+
+class _Combined(Mask):
+    def __init__(self, *parts: Mask):
+        self.parts = parts
+        self.uses = frozenset().union(*(p.uses for p in parts))
+        self.batch_size = _merge_owner(parts, "batch_size")
+        self.num_heads = _merge_owner(parts, "num_heads")
+
+
+class And(_Combined):
+    """Logical AND: allowed where every part allows (logical ops, never summed sentinels)."""
+
+    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
+        a, c = (p.allows(b, h, q_idx, kv_idx, q_len, kv_len) for p in self.parts)
+        return a & c
+
+    def _layout(self, q_len, kv_len, bs, device):
+        (a1, f1), (a2, f2) = (p.block_layout(q_len, kv_len, bs, device=device) [:2] for p in self.parts)
+        return a1 & a2, f1 & f2  # active over-approximates; full is exact
+
+    def key_filter(self):
+        filters = [f for f in (p.key_filter() for p in self.parts) if f is not None]
+        if not filters:
+            return None
+        return filters[0] if len(filters) == 1 else And(*filters)
+
+    def __repr__(self):
+        return f"({self.parts[0]!r} & {self.parts[1]!r})"
+
+
+class Or(_Combined):
+    """Logical OR: allowed where some part allows."""
+
+    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
+        a, c = (p.allows(b, h, q_idx, kv_idx, q_len, kv_len) for p in self.parts)
+        return a | c
+
+    def _layout(self, q_len, kv_len, bs, device):
+        (a1, f1), (a2, f2) = (p.block_layout(q_len, kv_len, bs, device=device)[:2] for p in self.parts)
+        return a1 | a2, f1 | f2  # active is exact; full under-approximates
+
+    def __repr__(self):
+        return f"({self.parts[0]!r} | {self.parts[1]!r})"
+
+
+class Not(_Combined):
+    """Logical NOT: allowed where the part forbids."""
+
+    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
+        return ~self.parts[0].allows(b, h, q_idx, kv_idx, q_len, kv_len)
+
+    def _layout(self, q_len, kv_len, bs, device):
+        active, full = self.parts[0].block_layout(q_len, kv_len, bs, device=device)[:2]
+        return ~full, ~active
+
+    def __repr__(self):
+        return f"~{self.parts[0]!r}"

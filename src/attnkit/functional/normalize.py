@@ -1,0 +1,116 @@
+"""Normalise stage: scores ``(..., Lk)`` and a bool ``allowed`` -> weights ``(..., Lk)``.
+
+Masking is by *select* (``masked_fill`` with ``-inf``), never by adding a sentinel,
+so NaN/inf in a masked-out score cannot leak and no constant has to fit a dtype.
+A row with no allowed key gets all-zero weights and ``lse = -inf``, with finite
+gradients (RELIABILITY rows 1-2): the zero-sum division is guarded *before* it
+happens rather than patched afterwards. NaN in an allowed score still propagates.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["softmax", "sparsemax", "sigmoid", "hard", "gumbel_softmax", "NORMALIZERS"]
+
+_NEG_INF = float("-inf")
+
+
+def _masked(scores, allowed):
+    return scores if allowed is None else scores.masked_fill(~allowed, _NEG_INF)
+
+
+def softmax(scores: torch.Tensor, allowed: torch.Tensor | None = None):
+    """Safe softmax over the last dim. Returns ``(weights, lse)``, lse of shape ``(...)``.
+
+    ``weights_j = exp(s_j - m) / sum_l exp(s_l - m)`` with ``m`` the row max over
+    allowed keys; ``lse = m + log sum_l exp(s_l - m)``.
+    """
+    scores = _masked(scores, allowed)
+    if scores.shape[-1] == 0:
+        return scores, scores.new_full(scores.shape[:-1], _NEG_INF)
+    m = scores.amax(-1, keepdim=True)
+    m = m.masked_fill(m == _NEG_INF, 0).detach()  # shift invariance: m needs no gradient
+    e = torch.exp(scores - m)
+    s = e.sum(-1, keepdim=True)
+    empty = s == 0  # every key masked; False for NaN rows, so NaN propagates
+    s_safe = torch.where(empty, torch.ones_like(s), s)
+    weights = e / s_safe
+    lse = torch.where(empty, torch.full_like(s, _NEG_INF), m + torch.log(s_safe))
+    return weights, lse.squeeze(-1)
+
+
+def sparsemax(scores: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """Sparsemax (Martins & Astudillo 2016, arXiv:1602.02068, eq. 2): Euclidean projection onto the simplex.
+
+    ``p_j = max(s_j - tau, 0)`` with ``tau`` chosen so the row sums to 1; exact
+    zeros are common. Masked keys (``-inf``) never enter the support.
+    """
+    z = _masked(scores, allowed)
+    if z.shape[-1] == 0:
+        return z
+    zs, _ = torch.sort(z, dim=-1, descending=True)
+    ks = torch.arange(1, z.shape[-1] + 1, device=z.device, dtype=z.dtype)
+    csum = zs.cumsum(-1)
+    in_support = 1 + ks * zs > csum  # a prefix of the sorted row
+    k = in_support.sum(-1, keepdim=True)  # support size; 0 only when the row is all masked
+    tau_num = csum.gather(-1, (k - 1).clamp(min=0)) - 1
+    tau = tau_num / k.clamp(min=1).to(z.dtype)
+    p = torch.clamp(z - tau, min=0)
+    return p.masked_fill(k == 0, 0.0) if allowed is not None else p
+
+
+def sigmoid(scores: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """Elementwise sigmoid weights (not normalised; Ramapuram et al. 2024, arXiv:2409.04431).
+
+    Add a bias such as ``-log(Lk)`` through ``bias=`` for the paper's recipe.
+    """
+    w = torch.sigmoid(scores)
+    return w if allowed is None else w.masked_fill(~allowed, 0.0)
+
+
+def hard(scores: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """One-hot at the best allowed key (Xu et al. 2015 deterministic hard attention).
+
+    The gradient is the straight-through estimator through the softmax (the
+    forward is exactly one-hot; the backward is that of softmax). Ties go to the
+    lowest index. A row with no allowed key is all zero.
+    """
+    soft, _ = softmax(scores, allowed)
+    z = _masked(scores, allowed)
+    if z.shape[-1] == 0:
+        return soft
+    idx = z.argmax(-1, keepdim=True)
+    one_hot = torch.zeros_like(soft).scatter_(-1, idx, 1.0)
+    if allowed is not None:
+        one_hot = one_hot * allowed.any(-1, keepdim=True)
+    return one_hot + (soft - soft.detach())
+
+
+def gumbel_softmax(scores: torch.Tensor, allowed: torch.Tensor | None = None, *,
+                   tau: float = 1.0, hard_sample: bool = False,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+    """Gumbel-softmax relaxation (Jang et al. 2017, arXiv:1611.01144, eq. 1).
+
+    ``softmax((s + g) / tau)`` with ``g ~ Gumbel(0, 1)`` drawn from ``generator``;
+    ``hard_sample=True`` returns the one-hot sample with straight-through gradients.
+    """
+    if not tau > 0:
+        raise ValueError(f"tau must be > 0; got {tau}")
+    u = torch.rand(scores.shape, generator=generator, device=scores.device, dtype=scores.dtype)
+    g = -torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
+    noisy = (scores + g) / tau
+    return hard(noisy, allowed) if hard_sample else softmax(noisy, allowed)[0]
+
+
+def _softmax_weights(scores, allowed=None):
+    return softmax(scores, allowed)[0]
+
+
+NORMALIZERS = {
+    "softmax": _softmax_weights,
+    "sparsemax": sparsemax,
+    "sigmoid": sigmoid,
+    "hard": hard,
+    "gumbel": gumbel_softmax,
+}

@@ -1,0 +1,192 @@
+"""The error contract, in one place: check every argument once, before dispatch.
+
+:func:`validate` turns the user's arguments into a :class:`Problem` whose
+tensors are 4-D ``(B, H, L, D)``; every backend sees only a valid problem.
+Each error names the argument and shows expected vs actual (RELIABILITY.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError
+from .mask_base import Mask
+from .masks import TensorMask
+from .normalize import NORMALIZERS
+from .scores import SCORES, default_scale
+
+__all__ = ["Problem", "validate", "BACKENDS"]
+
+BACKENDS = ("auto", "reference", "chunked", "sdpa", "blocksparse")
+_WHO = "attnkit.attention"
+
+
+@dataclass
+class Problem:
+    """A validated attention call: 4-D tensors and resolved options."""
+
+    q: torch.Tensor  # (B, Hq, Lq, D)
+    k: torch.Tensor  # (B, Hkv, Lk, D)
+    v: torch.Tensor  # (B, Hkv, Lk, Dv)
+    mask: Mask | None
+    bias: torch.Tensor | None  # (B|1, H|1, Lq|1, Lk), floating
+    modifier: Callable | None
+    score: str | Callable
+    scale: float
+    normalize: str | Callable
+    dropout_p: float
+    return_weights: bool
+    return_lse: bool
+    user_rank: int
+
+    @property
+    def sizes(self) -> tuple[int, int, int, int, int, int]:
+        """``(B, Hq, Lq, Lk, D, Dv)``."""
+        b, h, lq, d = self.q.shape
+        return b, h, lq, self.k.shape[2], d, self.v.shape[3]
+
+    @property
+    def groups(self) -> int:
+        """Query heads per key/value head (1 unless grouped-query attention)."""
+        return self.q.shape[1] // self.k.shape[1] if self.k.shape[1] else 1
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """float64 stays float64; everything else is computed in float32."""
+        return torch.float64 if self.q.dtype == torch.float64 else torch.float32
+
+
+def _shape(t) -> tuple:
+    return tuple(t.shape)
+
+
+def _check_qkv(q, k, v):
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if not isinstance(t, torch.Tensor):
+            raise DTypeError(f"{_WHO}: {name} must be a torch.Tensor; got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise DTypeError(f"{_WHO}: {name} must be a floating tensor; got dtype {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise DTypeError(f"{_WHO}: query, key and value must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise DeviceError(f"{_WHO}: query, key and value must share a device; got {q.device}, {k.device}, {v.device}")
+    ranks = (q.dim(), k.dim(), v.dim())
+    if len(set(ranks)) != 1 or not 2 <= q.dim() <= 4:
+        raise ShapeError(f"{_WHO}: query, key and value must all be 2-D (L, D), 3-D (B, L, D) or "
+                         f"4-D (B, H, L, D); got shapes {_shape(q)}, {_shape(k)}, {_shape(v)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ShapeError(f"{_WHO}: query and key must share the feature dim; got query {_shape(q)} (D={q.shape[-1]}) "
+                         f"and key {_shape(k)} (D={k.shape[-1]})")
+    if k.shape[-2] != v.shape[-2]:
+        raise ShapeError(f"{_WHO}: key and value must have the same length; got key {_shape(k)} "
+                         f"(Lk={k.shape[-2]}) and value {_shape(v)} (Lv={v.shape[-2]})")
+    if q.dim() >= 3 and not (q.shape[0] == k.shape[0] == v.shape[0]):
+        raise ShapeError(f"{_WHO}: batch dims differ: query {_shape(q)}, key {_shape(k)}, value {_shape(v)}")
+    if q.dim() == 4:
+        hq, hk, hv = q.shape[1], k.shape[1], v.shape[1]
+        if hk != hv:
+            raise ShapeError(f"{_WHO}: key and value must have the same number of heads; got {hk} and {hv}")
+        if hk == 0 and hq != 0 or hk and hq % hk:
+            raise ShapeError(f"{_WHO}: query heads must be a multiple of key/value heads (grouped-query "
+                             f"attention); got {hq} query heads and {hk} key/value heads")
+
+
+def _as_4d(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)) if t.dim() == 2 else (
+        t.unsqueeze(1) if t.dim() == 3 else t)
+
+
+def _check_broadcast(name, t, q, k, user_rank):
+    """A mask/bias tensor must broadcast to the scores ``(..., Lq, Lk)`` in the documented dims only."""
+    full = tuple(q.shape[:-1]) + (k.shape[-2],)
+    ok = t.dim() <= user_rank and t.shape[-1] == full[-1]
+    ok = ok and all(s in (1, f) for s, f in zip(reversed(t.shape[:-1]), reversed(full[:-1]), strict=False))
+    if not ok:
+        raise ShapeError(f"{_WHO}: {name} must broadcast to the scores {full} (last dim exactly kv_len="
+                         f"{full[-1]}, other dims equal or 1); got {_shape(t)}")
+    t = t.reshape((1,) * (user_rank - t.dim()) + tuple(t.shape))
+    return _as_4d(t)
+
+
+def _check_mask(mask, q4, user_q, user_k):
+    if mask is None:
+        return None
+    if isinstance(mask, Mask):
+        b, h = q4.shape[:2]
+        if mask.batch_size is not None and mask.batch_size != b:
+            raise ShapeError(f"{_WHO}: mask {mask!r} holds data for batch size {mask.batch_size}; got batch {b}")
+        if mask.num_heads is not None and mask.num_heads != h:
+            raise ShapeError(f"{_WHO}: mask {mask!r} holds data for {mask.num_heads} heads; got {h} heads")
+        return mask
+    if not isinstance(mask, torch.Tensor):
+        raise DTypeError(f"{_WHO}: mask must be an attnkit.masks.Mask or a bool tensor; got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        hint = " (float tensors are additive biases: pass them as bias=)" if mask.is_floating_point() else ""
+        raise DTypeError(f"{_WHO}: mask must be a bool tensor (True = attend); got dtype {mask.dtype}{hint}")
+    if mask.device != q4.device:
+        raise DeviceError(f"{_WHO}: mask is on {mask.device} but query is on {q4.device}")
+    return TensorMask(_check_broadcast("mask", mask, user_q, user_k, user_q.dim()))
+
+
+def _check_bias(bias, q4, user_q, user_k):
+    if bias is None:
+        return None, None
+    if isinstance(bias, torch.Tensor):
+        if not bias.is_floating_point():
+            hint = " (bool tensors are masks: pass them as mask=)" if bias.dtype == torch.bool else ""
+            raise DTypeError(f"{_WHO}: bias must be a floating tensor; got dtype {bias.dtype}{hint}")
+        if bias.device != q4.device:
+            raise DeviceError(f"{_WHO}: bias is on {bias.device} but query is on {q4.device}")
+        return _check_broadcast("bias", bias, user_q, user_k, user_q.dim()), None
+    if callable(bias):
+        return None, bias
+    raise DTypeError(f"{_WHO}: bias must be a float tensor or a modifier (scores, b, h, q_idx, kv_idx) -> scores; "
+                     f"got {type(bias).__name__}")
+
+
+def _check_choice(name, value, table):
+    if callable(value):
+        return value
+    if not isinstance(value, str) or value not in table:
+        raise ArgumentError(f"{_WHO}: {name} must be one of {sorted(table)} or a callable; got {value!r}")
+    return value
+
+
+def _check_scale(scale, score, head_dim):
+    if scale is None:
+        return default_scale(score, head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ArgumentError(f"{_WHO}: scale must be a finite real number or None; got {scale!r}")
+    return float(scale)
+
+
+def _check_dropout(p):
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not (p == 0 or 1e-300 < p < 1):
+        raise ArgumentError(f"{_WHO}: dropout_p must be 0 or a normal float in (0, 1); got {p!r}")
+    return float(p)
+
+
+def validate(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, normalize="softmax",
+             dropout_p=0.0, return_weights=False, return_lse=False, backend="auto") -> Problem:
+    """Check every argument of :func:`attnkit.attention` and build the :class:`Problem`."""
+    _check_qkv(q, k, v)
+    q4, k4, v4 = _as_4d(q), _as_4d(k), _as_4d(v)
+    score = _check_choice("score", score, SCORES)
+    normalize = _check_choice("normalize", normalize, NORMALIZERS)
+    if backend not in BACKENDS:
+        raise ArgumentError(f"{_WHO}: backend must be one of {BACKENDS}; got {backend!r}")
+    if return_lse and normalize != "softmax":
+        raise ArgumentError(f"{_WHO}: return_lse is defined for normalize='softmax' only; got normalize={normalize!r}")
+    bias_tensor, modifier = _check_bias(bias, q4, q, k)
+    return Problem(
+        q=q4, k=k4, v=v4,
+        mask=_check_mask(mask, q4, q, k),
+        bias=bias_tensor, modifier=modifier,
+        score=score, scale=_check_scale(scale, score, q.shape[-1]), normalize=normalize,
+        dropout_p=_check_dropout(dropout_p),
+        return_weights=bool(return_weights), return_lse=bool(return_lse), user_rank=q.dim(),
+    )

@@ -1,0 +1,1 @@
+"""Kernels that compute :func:`attnkit.attention`, and the dispatcher that picks one."""

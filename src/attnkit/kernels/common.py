@@ -1,0 +1,110 @@
+"""Pieces every kernel shares: upcasting, the score -> bias -> mask -> normalise stages
+applied to one block given its index tensors, and row-chunked execution.
+
+A block is described by broadcasting index tensors ``b, h, q_idx, kv_idx`` (see
+:mod:`attnkit.functional.mask_base`), so the same code serves the dense reference
+(whole rows), the chunked kernel (a slab of rows and keys) and the block-sparse
+kernel (gathered key blocks).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from ..bias import apply_modifier
+from ..functional.normalize import NORMALIZERS, softmax
+from ..functional.scores import SCORES
+from ..functional.validate import Problem
+
+__all__ = ["KernelOutput", "upcast_inputs", "block_scores", "block_weights", "gather_at",
+           "dense_indices", "run_row_chunks"]
+
+
+class KernelOutput(NamedTuple):
+    out: torch.Tensor  # (B, Hq, Lq, Dv) in the compute dtype
+    weights: torch.Tensor | None  # (B, Hq, Lq, Lk)
+    lse: torch.Tensor | None  # (B, Hq, Lq)
+
+
+def upcast_inputs(p: Problem):
+    """q, k, v in the compute dtype, with key/value heads repeated for grouped queries."""
+    dt = p.compute_dtype
+    k, v = p.k, p.v
+    if p.groups > 1:
+        k, v = k.repeat_interleave(p.groups, dim=1), v.repeat_interleave(p.groups, dim=1)
+    return p.q.to(dt), k.to(dt), v.to(dt)
+
+
+def gather_at(t: torch.Tensor, b, h, q_idx, kv_idx) -> torch.Tensor:
+    """``t[b, h, q_idx, kv_idx]`` for a 4-D tensor whose size-1 dims broadcast."""
+    idx = [i if t.shape[d] > 1 else torch.zeros_like(i) for d, i in enumerate((b, h, q_idx, kv_idx))]
+    return t[idx[0], idx[1], idx[2], idx[3]]
+
+
+def dense_indices(batch, heads, q_start, q_stop, kv_start, kv_stop, device):
+    """Index tensors for a dense slab: ``(B,1,1,1), (1,H,1,1), (1,1,rows,1), (1,1,1,cols)``."""
+    return (torch.arange(batch, device=device).view(-1, 1, 1, 1),
+            torch.arange(heads, device=device).view(1, -1, 1, 1),
+            torch.arange(q_start, q_stop, device=device).view(1, 1, -1, 1),
+            torch.arange(kv_start, kv_stop, device=device).view(1, 1, 1, -1))
+
+
+def block_scores(p: Problem, q, k, b, h, q_idx, kv_idx, kv_valid=None):
+    """Scores (scaled, biased, modified) and the bool ``allowed`` for one block.
+
+    ``kv_valid`` marks real key slots (False for padding lanes of a kernel); it is
+    folded into ``allowed`` so padding never enters the normaliser.
+    """
+    score_fn = SCORES[p.score] if isinstance(p.score, str) else p.score
+    scores = score_fn(q, k)
+    if p.scale != 1.0:
+        scores = scores * p.scale
+    _, _, lq, lk, _, _ = p.sizes
+    if p.bias is not None:
+        scores = scores + gather_at(p.bias, b, h, q_idx, kv_idx).to(scores.dtype)
+    if p.modifier is not None:
+        scores = apply_modifier(p.modifier, scores, b, h, q_idx, kv_idx, lq, lk)
+    allowed = kv_valid
+    if p.mask is not None:
+        m = p.mask.allows(b, h, q_idx, kv_idx, lq, lk)
+        allowed = m if allowed is None else allowed & m
+    if allowed is not None:
+        allowed = torch.broadcast_to(allowed, scores.shape)
+    return scores, allowed
+
+
+def block_weights(p: Problem, scores, allowed):
+    """Normalise one block of full rows: ``(weights, lse or None)``; masked keys get exactly 0."""
+    if p.normalize == "softmax":
+        return softmax(scores, allowed)
+    fn = NORMALIZERS[p.normalize] if isinstance(p.normalize, str) else p.normalize
+    weights = fn(scores, allowed)
+    if allowed is not None:
+        weights = weights.masked_fill(~allowed, 0.0)
+    return weights, None
+
+
+def dropout(p: Problem, weights):
+    return F.dropout(weights, p.dropout_p, training=True) if p.dropout_p > 0 else weights
+
+
+def run_row_chunks(fn, n_rows: int, rows_per_chunk: int, *tensors):
+    """Concatenate ``fn(start, stop, *tensors)`` over row chunks (dim 2 of each output).
+
+    When autograd is recording, each chunk is checkpointed (non-reentrant, RNG
+    state preserved so dropout replays), so backward holds one chunk's
+    intermediates at a time instead of all of them.
+    """
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors if isinstance(t, torch.Tensor))
+    pieces = []
+    for start in range(0, n_rows, rows_per_chunk):
+        stop = min(n_rows, start + rows_per_chunk)
+        if grad and rows_per_chunk < n_rows:
+            pieces.append(checkpoint(fn, start, stop, *tensors, use_reentrant=False))
+        else:
+            pieces.append(fn(start, stop, *tensors))
+    return tuple(torch.cat(parts, dim=2) if parts[0] is not None else None for parts in zip(*pieces, strict=True))

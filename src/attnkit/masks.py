@@ -1,0 +1,25 @@
+"""Public mask API: ``from attnkit import masks``; see :mod:`attnkit.functional.masks`."""
+
+from .functional.mask_base import And, BlockLayout, Mask, Not, Or
+from .functional.masks import (
+    TensorMask,
+    block_layout,
+    causal,
+    dilated,
+    fixed,
+    from_function,
+    full,
+    global_tokens,
+    keys,
+    padding,
+    prefix_lm,
+    segments,
+    sliding_window,
+    strided,
+)
+
+__all__ = [
+    "Mask", "BlockLayout", "And", "Or", "Not", "TensorMask",
+    "full", "causal", "sliding_window", "dilated", "strided", "fixed", "global_tokens",
+    "block_layout", "segments", "padding", "keys", "prefix_lm", "from_function",
+]
