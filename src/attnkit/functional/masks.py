@@ -70,7 +70,7 @@ class _Band(Mask):
         k_first, k_last = _block_bounds(kv_len, bs, device)
         lo_first, hi_first = self.bounds(q_first, q_len, kv_len)
         lo_last, hi_last = self.bounds(q_last, q_len, kv_len)
-        col = lambda t: t.view(-1, 1)  # noqa: E731  (query blocks down, key blocks across)
+        col = lambda t: t.view(-1, 1)
         active = (col(lo_first) <= k_last) & (col(hi_last) >= k_first) & (col(lo_first) <= col(hi_last))
         full = (col(lo_last) <= k_first) & (col(hi_first) >= k_last)
         return active[None, None], full[None, None]
@@ -214,7 +214,8 @@ class _BlockLayoutMask(Mask):
         if layout.dtype != torch.bool:
             raise TypeError(f"layout must be a bool tensor; got dtype {layout.dtype}")
         if not 2 <= layout.dim() <= 4:
-            raise ValueError(f"layout must have shape (nq, nk), (H, nq, nk) or (B, H, nq, nk); got {tuple(layout.shape)}")
+            raise ValueError("layout must have shape (nq, nk), (H, nq, nk) or (B, H, nq, nk); "
+                             f"got {tuple(layout.shape)}")
         self.layout = layout.reshape((1,) * (4 - layout.dim()) + tuple(layout.shape))
         self.block = _check_count("block_size", block_size, 1)
         self.uses = frozenset({"q", "kv"}) | ({"b"} if self.layout.shape[0] > 1 else set()) | (
@@ -353,7 +354,8 @@ class _FromFunction(Mask):
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         out = self.fn(b, h, q_idx, kv_idx)
         if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
-            raise TypeError(f"mask function {self.name!r} must return a bool tensor; got {getattr(out, 'dtype', type(out))}")
+            got = getattr(out, "dtype", type(out).__name__)
+            raise TypeError(f"mask function {self.name!r} must return a bool tensor; got {got}")
         return out
 
     def __repr__(self):
@@ -436,7 +438,10 @@ def global_tokens(idx: Sequence[int] | torch.Tensor) -> Mask:
 
 
 def block_layout(layout: torch.Tensor, block_size: int) -> Mask:
-    """Query block I sees key block J where ``layout[..., I, J]`` (bool ``(nq, nk)``, ``(H, nq, nk)`` or ``(B, H, nq, nk)``)."""
+    """Query block I sees key block J where ``layout[..., I, J]``.
+
+    ``layout`` is bool ``(nq, nk)``, ``(H, nq, nk)`` or ``(B, H, nq, nk)``.
+    """
     return _BlockLayoutMask(layout, block_size)
 
 

@@ -90,7 +90,7 @@ def _check_qkv(q, k, v):
         hq, hk, hv = q.shape[1], k.shape[1], v.shape[1]
         if hk != hv:
             raise ShapeError(f"{_WHO}: key and value must have the same number of heads; got {hk} and {hv}")
-        if hk == 0 and hq != 0 or hk and hq % hk:
+        if (hk == 0 and hq != 0) or (hk and hq % hk):
             raise ShapeError(f"{_WHO}: query heads must be a multiple of key/value heads (grouped-query "
                              f"attention); got {hq} query heads and {hk} key/value heads")
 

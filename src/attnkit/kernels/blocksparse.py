@@ -49,7 +49,7 @@ def gather_plan(p: Problem, bs: int):
     """Per query block, the active key blocks ``idx (nq, w)`` and which slots are real ``valid (nq, w)``."""
     _, _, lq, lk, _, _ = p.sizes
     active = p.mask.block_layout(lq, lk, bs, device=p.q.device).active.any(0).any(0)  # union over b, h
-    nq, nk = active.shape
+    nk = active.shape[1]
     w = max(1, int(active.sum(1).max()) if active.numel() else 1)
     key = (~active).to(torch.int64) * nk + torch.arange(nk, device=active.device)  # active blocks first, in order
     idx = torch.argsort(key, dim=1)[:, :w]
@@ -65,8 +65,9 @@ def _slab(p: Problem, start: int, stop: int, qb, kb, vb, idx, valid, bs: int):
     batch, heads, _, lk, _, _ = p.sizes
     ids = idx[start:stop]  # (n, w)
     n, w = ids.shape
-    k_g = kb[:, :, ids].flatten(3, 4)  # (B, H, n, w*bs, D)
-    v_g = vb[:, :, ids].flatten(3, 4)  # (B, H, n, w*bs, Dv)
+    flat = ids.flatten()
+    k_g = kb.index_select(2, flat).view(*kb.shape[:2], n, w * bs, kb.shape[-1])  # (B, H, n, w*bs, D)
+    v_g = vb.index_select(2, flat).view(*vb.shape[:2], n, w * bs, vb.shape[-1])  # (B, H, n, w*bs, Dv)
     lane = torch.arange(bs, device=ids.device)
     kv_idx = (ids[:, :, None] * bs + lane).view(1, 1, n, 1, w * bs)
     q_idx = (torch.arange(start, stop, device=ids.device)[:, None] * bs + lane).view(1, 1, n, bs, 1)

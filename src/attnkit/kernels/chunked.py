@@ -41,7 +41,7 @@ def _slab(p: Problem, start: int, stop: int, q, k, v, kv_block: int):
     qc = q[:, :, start:stop]  # (B, H, rows, D)
     rows = stop - start
     m = qc.new_full((batch, heads, rows, 1), _NEG_INF)
-    l = qc.new_zeros((batch, heads, rows, 1))  # noqa: E741  (the paper's symbol)
+    l = qc.new_zeros((batch, heads, rows, 1))
     acc = qc.new_zeros((batch, heads, rows, dv))
     for ks in range(0, lk, kv_block):
         ke = min(lk, ks + kv_block)
@@ -53,7 +53,7 @@ def _slab(p: Problem, start: int, stop: int, q, k, v, kv_block: int):
         m_safe = m_new.masked_fill(m_new == _NEG_INF, 0.0)
         correction = torch.exp(m - m_safe)
         e = torch.exp(s - m_safe)
-        l = l * correction + e.sum(-1, keepdim=True)  # noqa: E741
+        l = l * correction + e.sum(-1, keepdim=True)
         acc = acc * correction + dropout(p, e) @ v[:, :, ks:ke]
         m = m_new
     empty = l == 0  # no allowed key in the row (False for NaN rows: NaN propagates)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..bias import apply_modifier
-from ..functional.normalize import NORMALIZERS, softmax
+from ..functional.normalize import NORMALIZERS, masked_softmax, softmax
 from ..functional.scores import SCORES
 from ..functional.validate import Problem
 
@@ -59,10 +59,13 @@ def block_scores(p: Problem, q, k, b, h, q_idx, kv_idx, kv_valid=None):
     ``kv_valid`` marks real key slots (False for padding lanes of a kernel); it is
     folded into ``allowed`` so padding never enters the normaliser.
     """
-    score_fn = SCORES[p.score] if isinstance(p.score, str) else p.score
-    scores = score_fn(q, k)
-    if p.scale != 1.0:
-        scores = scores * p.scale
+    if p.score in ("dot", "scaled_dot"):
+        scores = (q * p.scale if p.scale != 1.0 else q) @ k.transpose(-1, -2)  # scale the small operand
+    else:
+        score_fn = SCORES[p.score] if isinstance(p.score, str) else p.score
+        scores = score_fn(q, k)
+        if p.scale != 1.0:
+            scores = scores * p.scale
     _, _, lq, lk, _, _ = p.sizes
     if p.bias is not None:
         scores = scores + gather_at(p.bias, b, h, q_idx, kv_idx).to(scores.dtype)
@@ -72,14 +75,22 @@ def block_scores(p: Problem, q, k, b, h, q_idx, kv_idx, kv_valid=None):
     if p.mask is not None:
         m = p.mask.allows(b, h, q_idx, kv_idx, lq, lk)
         allowed = m if allowed is None else allowed & m
-    if allowed is not None:
-        allowed = torch.broadcast_to(allowed, scores.shape)
-    return scores, allowed
+    return scores, allowed  # allowed may have size-1 dims where the mask ignores b or h
+
+
+def _only_mask_makes_inf(p: Problem) -> bool:
+    """True when ``-inf`` scores can come from the mask alone (no bias, modifier or custom score)."""
+    return p.bias is None and p.modifier is None and p.score in ("dot", "scaled_dot", "cosine")
 
 
 def block_weights(p: Problem, scores, allowed):
-    """Normalise one block of full rows: ``(weights, lse or None)``; masked keys get exactly 0."""
+    """Normalise one block of full rows: ``(weights, lse or None)``; masked keys get exactly 0.
+
+    May overwrite ``scores`` in place (it is a fresh temporary in every kernel).
+    """
     if p.normalize == "softmax":
+        if _only_mask_makes_inf(p):
+            return masked_softmax(scores, allowed, need_lse=p.return_lse)
         return softmax(scores, allowed)
     fn = NORMALIZERS[p.normalize] if isinstance(p.normalize, str) else p.normalize
     weights = fn(scores, allowed)
