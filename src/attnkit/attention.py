@@ -46,8 +46,9 @@ def _drop_filtered_keys(p: Problem) -> Problem:
     zero = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=dev)
     keep = keys.allows(torch.arange(batch, device=dev).view(-1, 1, 1, 1), zero, zero,
                        torch.arange(lk, device=dev).view(1, 1, -1, 1), p.sizes[2], lk)  # (B|1, 1, Lk, 1)
-    keep = torch.broadcast_to(keep, (keep.shape[0], 1, lk, 1))
-    p.k, p.v = p.k.masked_fill(~keep, 0.0), p.v.masked_fill(~keep, 0.0)
+    keep = torch.broadcast_to(keep, (batch, 1, lk, 1))
+    if not bool(keep.all()):
+        p.k, p.v = p.k.masked_fill(~keep, 0.0), p.v.masked_fill(~keep, 0.0)
     return p
 
 

@@ -1,6 +1,7 @@
 """Public mask API: ``from attnkit import masks``; see :mod:`attnkit.functional.masks`."""
 
 from .functional.mask_base import And, BlockLayout, Mask, Not, Or
+from .functional.mask_parse import parse
 from .functional.masks import (
     TensorMask,
     block_layout,
@@ -21,5 +22,5 @@ from .functional.masks import (
 __all__ = [
     "Mask", "BlockLayout", "And", "Or", "Not", "TensorMask",
     "full", "causal", "sliding_window", "dilated", "strided", "fixed", "global_tokens",
-    "block_layout", "segments", "padding", "keys", "prefix_lm", "from_function",
+    "block_layout", "segments", "padding", "keys", "prefix_lm", "from_function", "parse",
 ]

@@ -46,8 +46,8 @@ class BlockLayout(NamedTuple):
 
 def _block_bounds(length: int, block_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """First and last in-range index of every block of a length."""
-    first = torch.arange(0, max(length, 1), block_size, device=device)
-    last = torch.clamp(first + block_size - 1, max=max(length - 1, 0))
+    first = torch.arange(0, length, block_size, device=device)
+    last = torch.clamp(first + block_size - 1, max=length - 1)
     return first, last
 
 
@@ -104,48 +104,50 @@ class Mask:
         return torch.broadcast_to(allowed, shape)
 
     # ----------------------------------------------------------- block layouts
-    def block_layout(self, q_len: int, kv_len: int, block_size: int, *,
-                     device=None, exact: bool = False) -> BlockLayout:
-        """The :class:`BlockLayout` for a block size (cached per size and device).
+    def block_layout(self, q_len: int, kv_len: int, block_size: int, *, device=None, exact: bool = False,
+                     batch: int | None = None, heads: int | None = None) -> BlockLayout:
+        """The :class:`BlockLayout` for a block size (cached per sizes and device).
 
-        With ``exact=True`` it is computed by evaluating every entry, so ``active``
-        is exactly "some entry allowed" and ``full`` exactly "all allowed".
+        ``batch``/``heads`` are the problem's sizes, needed by masks that read ``b``
+        or ``h`` without holding per-sample data (``from_function``). With
+        ``exact=True`` the layout is computed by evaluating every entry, so
+        ``active`` is exactly "some entry allowed" and ``full`` exactly "all allowed".
         """
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1; got {block_size}")
-        key = (q_len, kv_len, block_size, str(device), exact)
+        sizes = (self.batch_size or batch or 1 if "b" in self.uses else 1,
+                 self.num_heads or heads or 1 if "h" in self.uses else 1)
+        key = (q_len, kv_len, block_size, str(device), exact, sizes)
         cache = self.__dict__.setdefault("_layout_cache", {})
         if key not in cache:
             fn = self._evaluated_layout if exact else self._layout
-            cache[key] = BlockLayout(*fn(q_len, kv_len, block_size, device), block_size)
+            cache[key] = BlockLayout(*fn(q_len, kv_len, block_size, device, sizes), block_size)
         return cache[key]
 
-    def _layout(self, q_len, kv_len, block_size, device):
-        return self._evaluated_layout(q_len, kv_len, block_size, device)
+    def _layout(self, q_len, kv_len, block_size, device, sizes=(1, 1)):
+        return self._evaluated_layout(q_len, kv_len, block_size, device, sizes)
 
-    def _evaluated_layout(self, q_len, kv_len, bs, device):
+    def _evaluated_layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
         """Exact layout by evaluating the predicate, a band of query blocks at a time."""
         nq, nk = -(-q_len // bs), -(-kv_len // bs)
-        batch = (self.batch_size or 1) if "b" in self.uses else 1
-        heads = (self.num_heads or 1) if "h" in self.uses else 1
+        batch, heads = sizes
         b = torch.arange(batch, device=device).view(-1, 1, 1, 1)
         h = torch.arange(heads, device=device).view(1, -1, 1, 1)
         ki = torch.arange(nk * bs, device=device).view(1, 1, 1, -1)
         rows_per_step = max(1, _EVAL_ROWS_BUDGET // max(1, batch * heads * nk * bs * bs))
-        active, full = [], []
+        active = [torch.zeros(batch, heads, 0, nk, dtype=torch.bool, device=device)]
+        full = list(active)
         for start in range(0, nq, rows_per_step):
             stop = min(nq, start + rows_per_step)
             qi = torch.arange(start * bs, stop * bs, device=device).view(1, 1, -1, 1)
+            # Padding lanes are evaluated at the last real index, then excluded by in_range.
             allowed = torch.broadcast_to(
-                self.allows(b, h, qi, ki, q_len, kv_len),
+                self.allows(b, h, qi.clamp(max=q_len - 1), ki.clamp(max=kv_len - 1), q_len, kv_len),
                 (batch, heads, qi.shape[2], nk * bs))
-            in_range = (qi < q_len) & (ki < kv_len)  # padding lanes: never active, never block fullness
+            in_range = (qi < q_len) & (ki < kv_len)
             blocks = (batch, heads, stop - start, bs, nk, bs)
             active.append((allowed & in_range).reshape(blocks).any(5).any(3))
             full.append((allowed | ~in_range).reshape(blocks).all(5).all(3))
-        if not active:
-            empty = torch.zeros(batch, heads, nq, nk, dtype=torch.bool, device=device)
-            return empty, empty
         return torch.cat(active, 2), torch.cat(full, 2)
 
     # ------------------------------------------------------------- helpers
@@ -178,6 +180,10 @@ class _Combined(Mask):
         self.batch_size = _merge_owner(parts, "batch_size")
         self.num_heads = _merge_owner(parts, "num_heads")
 
+    def _part_layouts(self, q_len, kv_len, bs, device, sizes):
+        return [p.block_layout(q_len, kv_len, bs, device=device, batch=sizes[0], heads=sizes[1])[:2]
+                for p in self.parts]
+
 
 class And(_Combined):
     """Logical AND: allowed where every part allows (logical ops, never summed sentinels)."""
@@ -186,8 +192,8 @@ class And(_Combined):
         a, c = (p.allows(b, h, q_idx, kv_idx, q_len, kv_len) for p in self.parts)
         return a & c
 
-    def _layout(self, q_len, kv_len, bs, device):
-        (a1, f1), (a2, f2) = (p.block_layout(q_len, kv_len, bs, device=device) [:2] for p in self.parts)
+    def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
+        (a1, f1), (a2, f2) = self._part_layouts(q_len, kv_len, bs, device, sizes)
         return a1 & a2, f1 & f2  # active over-approximates; full is exact
 
     def key_filter(self):
@@ -207,8 +213,8 @@ class Or(_Combined):
         a, c = (p.allows(b, h, q_idx, kv_idx, q_len, kv_len) for p in self.parts)
         return a | c
 
-    def _layout(self, q_len, kv_len, bs, device):
-        (a1, f1), (a2, f2) = (p.block_layout(q_len, kv_len, bs, device=device)[:2] for p in self.parts)
+    def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
+        (a1, f1), (a2, f2) = self._part_layouts(q_len, kv_len, bs, device, sizes)
         return a1 | a2, f1 | f2  # active is exact; full under-approximates
 
     def __repr__(self):
@@ -221,8 +227,8 @@ class Not(_Combined):
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         return ~self.parts[0].allows(b, h, q_idx, kv_idx, q_len, kv_len)
 
-    def _layout(self, q_len, kv_len, bs, device):
-        active, full = self.parts[0].block_layout(q_len, kv_len, bs, device=device)[:2]
+    def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
+        ((active, full),) = self._part_layouts(q_len, kv_len, bs, device, sizes)
         return ~full, ~active
 
     def __repr__(self):

@@ -25,6 +25,16 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from .indexed_masks import (
+    _FAR,
+    TensorMask,
+    _BlockLayoutMask,
+    _check_count,
+    _FromFunction,
+    _GlobalTokens,
+    _Padding,
+    _Segments,
+)
 from .mask_base import Mask, Or, _block_bounds
 
 __all__ = [
@@ -34,7 +44,6 @@ __all__ = [
 ]
 
 _ALIGNMENTS = ("bottom_right", "top_left")
-_FAR = 1 << 62  # an index bound beyond any sequence
 
 
 def _check_align(align: str) -> str:
@@ -47,10 +56,6 @@ def _offset(align: str, q_len: int, kv_len: int) -> int:
     return kv_len - q_len if align == "bottom_right" else 0
 
 
-def _check_count(name: str, value, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}")
-    return value
 
 
 class _Band(Mask):
@@ -65,7 +70,7 @@ class _Band(Mask):
         lo, hi = self.bounds(q_idx, q_len, kv_len)
         return (kv_idx >= lo) & (kv_idx <= hi)
 
-    def _layout(self, q_len, kv_len, bs, device):
+    def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
         q_first, q_last = _block_bounds(q_len, bs, device)
         k_first, k_last = _block_bounds(kv_len, bs, device)
         lo_first, hi_first = self.bounds(q_first, q_len, kv_len)
@@ -112,7 +117,7 @@ class _Dilated(_SlidingWindow):
         pos = q_idx + _offset(self.align, q_len, kv_len)
         return super().allows(b, h, q_idx, kv_idx, q_len, kv_len) & ((pos - kv_idx) % self.dilation == 0)
 
-    def _layout(self, q_len, kv_len, bs, device):
+    def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
         active, full = super()._layout(q_len, kv_len, bs, device)
         return active, full if self.dilation == 1 else torch.zeros_like(full)
 
@@ -158,208 +163,13 @@ class _Full(Mask):
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         return torch.ones((), dtype=torch.bool, device=q_idx.device)
 
-    def _layout(self, q_len, kv_len, bs, device):
+    def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
         shape = (1, 1, -(-q_len // bs), -(-kv_len // bs))
         ones = torch.ones(shape, dtype=torch.bool, device=device)
         return ones, ones
 
     def __repr__(self):
         return "full()"
-
-
-def _index_tensor(name, values) -> torch.Tensor:
-    t = torch.as_tensor(values)
-    if t.dtype in (torch.bool,) or t.is_floating_point() or t.is_complex():
-        raise TypeError(f"{name} must hold integer positions; got dtype {t.dtype}")
-    return t.long()
-
-
-class _GlobalTokens(Mask):
-    uses = frozenset({"q", "kv"})
-
-    def __init__(self, idx):
-        self.idx = _index_tensor("idx", idx).flatten()
-        if self.idx.numel() and int(self.idx.min()) < 0:
-            raise ValueError(f"global token positions must be >= 0; got {self.idx.tolist()}")
-
-    def _is_global(self, pos, length):
-        lut = torch.zeros(length + 1, dtype=torch.bool, device=pos.device)
-        idx = self.idx.to(pos.device)
-        lut[idx[idx < length]] = True
-        return lut[pos.clamp(0, length)]  # positions >= length map to the False sentinel
-
-    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
-        return self._is_global(q_idx, q_len) | self._is_global(kv_idx, kv_len)
-
-    def _layout(self, q_len, kv_len, bs, device):
-        def per_block(length):
-            n = -(-length // bs)
-            flags = torch.zeros(n * bs, dtype=torch.bool, device=device)
-            flags[:length] = self._is_global(torch.arange(length, device=device), length)
-            in_range = torch.arange(n * bs, device=device) < length
-            return (flags.view(n, bs).any(1), (flags | ~in_range).view(n, bs).all(1))
-        q_any, q_all = per_block(q_len)
-        k_any, k_all = per_block(kv_len)
-        active = q_any[:, None] | k_any[None, :]
-        full = q_all[:, None] | k_all[None, :]
-        return active[None, None], full[None, None]
-
-    def __repr__(self):
-        return f"global_tokens({self.idx.tolist()})"
-
-
-class _BlockLayoutMask(Mask):
-    def __init__(self, layout, block_size):
-        layout = torch.as_tensor(layout)
-        if layout.dtype != torch.bool:
-            raise TypeError(f"layout must be a bool tensor; got dtype {layout.dtype}")
-        if not 2 <= layout.dim() <= 4:
-            raise ValueError("layout must have shape (nq, nk), (H, nq, nk) or (B, H, nq, nk); "
-                             f"got {tuple(layout.shape)}")
-        self.layout = layout.reshape((1,) * (4 - layout.dim()) + tuple(layout.shape))
-        self.block = _check_count("block_size", block_size, 1)
-        self.uses = frozenset({"q", "kv"}) | ({"b"} if self.layout.shape[0] > 1 else set()) | (
-            {"h"} if self.layout.shape[1] > 1 else set())
-        self.batch_size = self.layout.shape[0] if "b" in self.uses else None
-        self.num_heads = self.layout.shape[1] if "h" in self.uses else None
-
-    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
-        lay = self.layout.to(q_idx.device)
-        qb, kb = q_idx // self.block, kv_idx // self.block
-        inside = (qb < lay.shape[2]) & (kb < lay.shape[3])
-        b = b if "b" in self.uses else torch.zeros_like(b)
-        h = h if "h" in self.uses else torch.zeros_like(h)
-        return inside & lay[b, h, qb.clamp(max=lay.shape[2] - 1), kb.clamp(max=lay.shape[3] - 1)]
-
-    def _layout(self, q_len, kv_len, bs, device):
-        nq, nk = -(-q_len // bs), -(-kv_len // bs)
-        if bs == self.block and nq <= self.layout.shape[2] and nk <= self.layout.shape[3]:
-            lay = self.layout[:, :, :nq, :nk].to(device)
-            return lay, lay
-        return self._evaluated_layout(q_len, kv_len, bs, device)
-
-    def __repr__(self):
-        return f"block_layout(shape={tuple(self.layout.shape)}, block_size={self.block})"
-
-
-def _per_batch(name, t, dim_name):
-    """Normalise a per-position tensor to (B|1, L) and report its batch size."""
-    if t.dim() == 1:
-        return t[None], None
-    if t.dim() == 2:
-        return t, t.shape[0]
-    raise ValueError(f"{name} must have shape ({dim_name},) or (batch, {dim_name}); got {tuple(t.shape)}")
-
-
-def _rows(t, b):
-    """Index a (B|1, L) tensor's batch dimension with b (broadcast if B is 1)."""
-    return b if t.shape[0] > 1 else torch.zeros_like(b)
-
-
-class _Segments(Mask):
-    def __init__(self, q_ids, kv_ids):
-        q_ids = _index_tensor("q_ids", q_ids)
-        kv_ids = q_ids if kv_ids is None else _index_tensor("kv_ids", kv_ids)
-        self.q_ids, qb = _per_batch("q_ids", q_ids, "q_len")
-        self.kv_ids, kb = _per_batch("kv_ids", kv_ids, "kv_len")
-        if qb and kb and qb != kb:
-            raise ValueError(f"q_ids and kv_ids must share a batch size; got {qb} and {kb}")
-        self.batch_size = qb or kb
-        self.uses = frozenset({"q", "kv"} | ({"b"} if self.batch_size else set()))
-
-    def _ids(self, ids, b, idx, length):
-        if ids.shape[1] < length:
-            raise ValueError(f"segment ids cover {ids.shape[1]} positions but the sequence has {length}")
-        ids = ids.to(idx.device)
-        return ids[_rows(ids, b), idx.clamp(max=ids.shape[1] - 1)]
-
-    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
-        return self._ids(self.q_ids, b, q_idx, q_len) == self._ids(self.kv_ids, b, kv_idx, kv_len)
-
-    def _layout(self, q_len, kv_len, bs, device):
-        def ranges(ids, length):  # per block min/max id: overlap test is a safe over-approximation
-            ids = ids[:, :length].to(device)
-            n = -(-length // bs)
-            pad = n * bs - length
-            lo = torch.nn.functional.pad(ids, (0, pad), value=_FAR).view(ids.shape[0], n, bs).amin(2)
-            hi = torch.nn.functional.pad(ids, (0, pad), value=-_FAR).view(ids.shape[0], n, bs).amax(2)
-            return lo, hi
-        q_lo, q_hi = ranges(self.q_ids, q_len)
-        k_lo, k_hi = ranges(self.kv_ids, kv_len)
-        active = (q_lo[:, :, None] <= k_hi[:, None, :]) & (k_lo[:, None, :] <= q_hi[:, :, None])
-        full = (q_lo[:, :, None] == q_hi[:, :, None]) & (k_lo[:, None, :] == k_hi[:, None, :]) & (
-            q_lo[:, :, None] == k_lo[:, None, :])
-        return active[:, None], full[:, None]
-
-    def __repr__(self):
-        return f"segments(q_ids={tuple(self.q_ids.shape)}, kv_ids={tuple(self.kv_ids.shape)})"
-
-
-class _Padding(Mask):
-    """Per batch element b, keys ``j < lengths[b]``."""
-
-    uses = frozenset({"b", "kv"})
-
-    def __init__(self, lengths):
-        self.lengths = _index_tensor("lengths", lengths).flatten()
-        if self.lengths.numel() and int(self.lengths.min()) < 0:
-            raise ValueError(f"lengths must be >= 0; got {self.lengths.tolist()}")
-        self.batch_size = self.lengths.numel()
-
-    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
-        return kv_idx < self.lengths.to(kv_idx.device)[b]
-
-    def _layout(self, q_len, kv_len, bs, device):
-        k_first, k_last = _block_bounds(kv_len, bs, device)
-        n = self.lengths.to(device).view(-1, 1, 1, 1)
-        nq = -(-q_len // bs)
-        active = (k_first.view(1, 1, 1, -1) < n).expand(-1, 1, nq, -1)
-        full = (k_last.view(1, 1, 1, -1) < n).expand(-1, 1, nq, -1)
-        return active, full
-
-    def __repr__(self):
-        return f"padding(lengths={self.lengths.tolist()})"
-
-
-class TensorMask(Mask):
-    """A dense bool tensor ``(B|1, H|1, Lq|1, Lk)`` seen as a mask (validated by the caller)."""
-
-    def __init__(self, tensor: torch.Tensor):
-        if tensor.dtype != torch.bool or tensor.dim() != 4:
-            raise TypeError(f"TensorMask needs a 4-D bool tensor; got {tensor.dim()}-D {tensor.dtype}")
-        self.tensor = tensor
-        names = ("b", "h", "q", "kv")
-        self.uses = frozenset(n for n, s in zip(names, tensor.shape, strict=True) if s > 1 or n == "kv")
-        self.batch_size = tensor.shape[0] if tensor.shape[0] > 1 else None
-        self.num_heads = tensor.shape[1] if tensor.shape[1] > 1 else None
-
-    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
-        t = self.tensor
-        idx = [i if t.shape[d] > 1 else torch.zeros_like(i) for d, i in enumerate((b, h, q_idx, kv_idx))]
-        return t[idx[0], idx[1], idx[2], idx[3]]
-
-    def materialize(self, q_len, kv_len, *, batch=None, heads=None, device=None):
-        return self.tensor.to(device) if device is not None else self.tensor
-
-    def __repr__(self):
-        return f"TensorMask(shape={tuple(self.tensor.shape)})"
-
-
-class _FromFunction(Mask):
-    def __init__(self, fn, name):
-        if not callable(fn):
-            raise TypeError(f"from_function needs a callable (b, h, q_idx, kv_idx) -> bool; got {type(fn).__name__}")
-        self.fn, self.name = fn, name or getattr(fn, "__name__", "fn")
-
-    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
-        out = self.fn(b, h, q_idx, kv_idx)
-        if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
-            got = getattr(out, "dtype", type(out).__name__)
-            raise TypeError(f"mask function {self.name!r} must return a bool tensor; got {got}")
-        return out
-
-    def __repr__(self):
-        return f"from_function({self.name})"
 
 
 class _PrefixLM(Mask):
@@ -373,8 +183,8 @@ class _PrefixLM(Mask):
     def allows(self, *args):
         return self._inner.allows(*args)
 
-    def _layout(self, q_len, kv_len, bs, device):
-        return self._inner.block_layout(q_len, kv_len, bs, device=device)[:2]
+    def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
+        return self._inner.block_layout(q_len, kv_len, bs, device=device, batch=sizes[0], heads=sizes[1])[:2]
 
     def __repr__(self):
         return f"prefix_lm({self.n}, align={self.align!r})"

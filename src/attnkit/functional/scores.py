@@ -55,4 +55,4 @@ SCORES = {"dot": dot, "scaled_dot": dot, "cosine": cosine}
 
 def default_scale(score, head_dim: int) -> float:
     """``1/sqrt(D)`` for "scaled_dot" (Vaswani et al. 2017, eq. 1); 1 for every other score."""
-    return 1.0 / math.sqrt(head_dim) if score == "scaled_dot" else 1.0
+    return 1.0 / math.sqrt(head_dim) if score == "scaled_dot" and head_dim > 0 else 1.0

@@ -6,7 +6,8 @@ gathered into one ``(w * bs)``-long key row, so attention is a batched matmul
 over ``(nq, bs) x (w * bs)`` scores: ``O(L * w * bs * D)`` work and memory,
 never ``O(Lq Lk)``. Inside the gathered row the exact mask is evaluated at the
 gathered indices, so partial blocks are exact; padding lanes and unused slots are
-masked out. Rows are normalised whole, so softmax, sparsemax, sigmoid and hard
+masked out. With no mask the layout is full: plain dense attention.
+Rows are normalised whole, so softmax, sparsemax, sigmoid and hard
 all work; autograd provides the backward (the gather's backward scatter-adds
 into the key blocks, deterministically on CPU). Large problems run in
 checkpointed slabs of query blocks to bound memory.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..functional.masks import full
 from ..functional.validate import Problem
 from .common import KernelOutput, block_scores, block_weights, dropout, run_row_chunks, upcast_inputs
 
@@ -26,8 +28,6 @@ BUDGET = 1 << 25  # gathered score elements alive at once
 
 
 def refusal(p: Problem) -> str | None:
-    if p.mask is None:
-        return "needs a mask whose block layout is sparse; got no mask"
     if p.return_weights:
         return "never builds the dense (Lq, Lk) weights that return_weights asks for"
     if callable(p.normalize):
@@ -35,11 +35,18 @@ def refusal(p: Problem) -> str | None:
     return None
 
 
+def union_layout(p: Problem, bs: int) -> torch.Tensor:
+    """Active blocks ``(nq, nk)`` for any batch element or head (layouts are cached on the mask)."""
+    batch, heads, lq, lk, _, _ = p.sizes
+    mask = p.mask if p.mask is not None else full()
+    layout = mask.block_layout(lq, lk, bs, device=p.q.device, batch=batch, heads=heads)
+    return layout.active.any(0).any(0)
+
+
 def choose_block_size(p: Problem) -> int:
     """The block size with the fewest computed score entries (layouts are cached on the mask)."""
-    _, _, lq, lk, _, _ = p.sizes
     def cost(bs):
-        active = p.mask.block_layout(lq, lk, bs, device=p.q.device).active.any(0).any(0)
+        active = union_layout(p, bs)
         w = int(active.sum(1).max()) if active.numel() else 0
         return active.shape[0] * bs * max(w, 1) * bs * (1 + 16 / bs)  # per-block overhead favours larger blocks
     return min(BLOCK_SIZES, key=cost)
@@ -47,8 +54,7 @@ def choose_block_size(p: Problem) -> int:
 
 def gather_plan(p: Problem, bs: int):
     """Per query block, the active key blocks ``idx (nq, w)`` and which slots are real ``valid (nq, w)``."""
-    _, _, lq, lk, _, _ = p.sizes
-    active = p.mask.block_layout(lq, lk, bs, device=p.q.device).active.any(0).any(0)  # union over b, h
+    active = union_layout(p, bs)
     nk = active.shape[1]
     w = max(1, int(active.sum(1).max()) if active.numel() else 1)
     key = (~active).to(torch.int64) * nk + torch.arange(nk, device=active.device)  # active blocks first, in order
@@ -62,7 +68,7 @@ def _pad_to(t: torch.Tensor, length: int) -> torch.Tensor:
 
 def _slab(p: Problem, start: int, stop: int, qb, kb, vb, idx, valid, bs: int):
     """Query blocks ``start:stop``: gathered scores ``(B, H, n, bs, w*bs)`` and outputs."""
-    batch, heads, _, lk, _, _ = p.sizes
+    batch, heads, lq, lk, _, _ = p.sizes
     ids = idx[start:stop]  # (n, w)
     n, w = ids.shape
     flat = ids.flatten()
@@ -74,7 +80,9 @@ def _slab(p: Problem, start: int, stop: int, qb, kb, vb, idx, valid, bs: int):
     kv_valid = (valid[start:stop, :, None].expand(n, w, bs).reshape(1, 1, n, 1, w * bs)) & (kv_idx < lk)
     b = torch.arange(batch, device=ids.device).view(-1, 1, 1, 1, 1)
     h = torch.arange(heads, device=ids.device).view(1, -1, 1, 1, 1)
-    scores, allowed = block_scores(p, qb[:, :, start:stop], k_g, b, h, q_idx, kv_idx, kv_valid)
+    # Padding lanes (past Lq or Lk) read the last real index: kv_valid masks them, padded rows are dropped.
+    scores, allowed = block_scores(p, qb[:, :, start:stop], k_g, b, h, q_idx.clamp(max=max(lq - 1, 0)),
+                                   kv_idx.clamp(max=max(lk - 1, 0)), kv_valid)
     weights, lse = block_weights(p, scores, allowed)
     out = dropout(p, weights) @ v_g  # (B, H, n, bs, Dv)
     return out, lse

@@ -16,11 +16,12 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..bias import apply_modifier
+from ..functional.indexed_masks import gather_at
 from ..functional.normalize import NORMALIZERS, masked_softmax, softmax
 from ..functional.scores import SCORES
 from ..functional.validate import Problem
 
-__all__ = ["KernelOutput", "upcast_inputs", "block_scores", "block_weights", "gather_at",
+__all__ = ["KernelOutput", "upcast_inputs", "block_scores", "block_weights",
            "dense_indices", "run_row_chunks"]
 
 
@@ -37,12 +38,6 @@ def upcast_inputs(p: Problem):
     if p.groups > 1:
         k, v = k.repeat_interleave(p.groups, dim=1), v.repeat_interleave(p.groups, dim=1)
     return p.q.to(dt), k.to(dt), v.to(dt)
-
-
-def gather_at(t: torch.Tensor, b, h, q_idx, kv_idx) -> torch.Tensor:
-    """``t[b, h, q_idx, kv_idx]`` for a 4-D tensor whose size-1 dims broadcast."""
-    idx = [i if t.shape[d] > 1 else torch.zeros_like(i) for d, i in enumerate((b, h, q_idx, kv_idx))]
-    return t[idx[0], idx[1], idx[2], idx[3]]
 
 
 def dense_indices(batch, heads, q_start, q_stop, kv_start, kv_stop, device):

@@ -54,8 +54,7 @@ def _simple_mask(p: Problem) -> bool:
 def _density(p: Problem) -> float | None:
     if p.mask is None or isinstance(p.mask, _Full) or p.sizes[2] == 0 or p.sizes[3] == 0:
         return None
-    bs = blocksparse.choose_block_size(p)
-    return p.mask.block_layout(p.sizes[2], p.sizes[3], bs, device=p.q.device).active.any(0).any(0).float().mean().item()
+    return blocksparse.union_layout(p, blocksparse.choose_block_size(p)).float().mean().item()
 
 
 def estimate(p: Problem, backend: str, density: float | None) -> tuple[float, float]:
@@ -79,7 +78,10 @@ def estimate(p: Problem, backend: str, density: float | None) -> tuple[float, fl
 def decide(p: Problem, backend: str = "auto") -> Decision:
     """Pick the kernel; a forced ``backend`` that cannot honour the call raises BackendError."""
     refusals = {name: k.refusal(p) for name, k in KERNELS.items()}
-    density = _density(p) if refusals["blocksparse"] is None else None
+    # Layouts cost a pass over the mask: build them only where the answer depends on them.
+    needs_density = refusals["blocksparse"] is None and (
+        backend == "blocksparse" or (backend == "auto" and (refusals["sdpa"] or not _simple_mask(p))))
+    density = _density(p) if needs_density else None
     if backend != "auto":
         if refusals[backend]:
             raise BackendError(f"attnkit.attention: backend={backend!r} cannot honour this call: {refusals[backend]}")

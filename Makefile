@@ -1,0 +1,32 @@
+# The two commands of the README: `make demo` (set up + main job) and `make test` (set up + tests).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# Pin the CPU wheel first so no multi-GB CUDA build of torch is pulled in.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev,plot,cli]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/attnkit list
+	$(BIN)/attnkit explain --q-len 4096 --mask "sliding_window(128, 128)"
+	$(BIN)/attnkit explain --q-len 4096 --mask "causal()"
+
+test: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/core.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

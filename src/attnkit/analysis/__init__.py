@@ -1,0 +1,1 @@
+"""Measure attention: timing and peak memory side by side with PyTorch."""

@@ -1,0 +1,229 @@
+"""Masks that hold data: positions, layouts, ids, lengths, dense tensors, functions.
+
+Each is a :class:`~attnkit.functional.mask_base.Mask`; the constructors users
+call live in :mod:`attnkit.functional.masks`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .mask_base import Mask, _block_bounds
+
+_FAR = 1 << 62  # an index bound beyond any sequence
+
+
+def gather_at(t: torch.Tensor, b, h, q_idx, kv_idx) -> torch.Tensor:
+    """``t[b, h, q_idx, kv_idx]`` for a 4-D tensor whose size-1 dims broadcast."""
+    idx = [i if t.shape[d] > 1 else torch.zeros_like(i) for d, i in enumerate((b, h, q_idx, kv_idx))]
+    return t[idx[0], idx[1], idx[2], idx[3]]
+
+
+def _check_count(name: str, value, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}")
+    return value
+
+
+def _index_tensor(name, values) -> torch.Tensor:
+    t = torch.as_tensor(values)
+    if t.dtype in (torch.bool,) or t.is_floating_point() or t.is_complex():
+        raise TypeError(f"{name} must hold integer positions; got dtype {t.dtype}")
+    return t.long()
+
+
+class _GlobalTokens(Mask):
+    uses = frozenset({"q", "kv"})
+
+    def __init__(self, idx):
+        self.idx = _index_tensor("idx", idx).flatten()
+        if self.idx.numel() and int(self.idx.min()) < 0:
+            raise ValueError(f"global token positions must be >= 0; got {self.idx.tolist()}")
+
+    def _is_global(self, pos, length):
+        lut = torch.zeros(length + 1, dtype=torch.bool, device=pos.device)
+        idx = self.idx.to(pos.device)
+        lut[idx[idx < length]] = True
+        return lut[pos.clamp(0, length)]  # positions >= length map to the False sentinel
+
+    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
+        return self._is_global(q_idx, q_len) | self._is_global(kv_idx, kv_len)
+
+    def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
+        def per_block(length):
+            n = -(-length // bs)
+            flags = torch.zeros(n * bs, dtype=torch.bool, device=device)
+            flags[:length] = self._is_global(torch.arange(length, device=device), length)
+            in_range = torch.arange(n * bs, device=device) < length
+            return (flags.view(n, bs).any(1), (flags | ~in_range).view(n, bs).all(1))
+        q_any, q_all = per_block(q_len)
+        k_any, k_all = per_block(kv_len)
+        active = q_any[:, None] | k_any[None, :]
+        full = q_all[:, None] | k_all[None, :]
+        return active[None, None], full[None, None]
+
+    def __repr__(self):
+        return f"global_tokens({self.idx.tolist()})"
+
+
+class _BlockLayoutMask(Mask):
+    def __init__(self, layout, block_size):
+        layout = torch.as_tensor(layout)
+        if layout.dtype != torch.bool:
+            raise TypeError(f"layout must be a bool tensor; got dtype {layout.dtype}")
+        if not 2 <= layout.dim() <= 4:
+            raise ValueError("layout must have shape (nq, nk), (H, nq, nk) or (B, H, nq, nk); "
+                             f"got {tuple(layout.shape)}")
+        self.layout = layout.reshape((1,) * (4 - layout.dim()) + tuple(layout.shape))
+        self.block = _check_count("block_size", block_size, 1)
+        self.uses = frozenset({"q", "kv"}) | ({"b"} if self.layout.shape[0] > 1 else set()) | (
+            {"h"} if self.layout.shape[1] > 1 else set())
+        self.batch_size = self.layout.shape[0] if "b" in self.uses else None
+        self.num_heads = self.layout.shape[1] if "h" in self.uses else None
+
+    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
+        lay = self.layout.to(q_idx.device)
+        qb, kb = q_idx // self.block, kv_idx // self.block
+        inside = (qb < lay.shape[2]) & (kb < lay.shape[3])
+        b = b if "b" in self.uses else torch.zeros_like(b)
+        h = h if "h" in self.uses else torch.zeros_like(h)
+        return inside & lay[b, h, qb.clamp(max=lay.shape[2] - 1), kb.clamp(max=lay.shape[3] - 1)]
+
+    def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
+        nq, nk = -(-q_len // bs), -(-kv_len // bs)
+        if bs == self.block and nq <= self.layout.shape[2] and nk <= self.layout.shape[3]:
+            lay = self.layout[:, :, :nq, :nk].to(device)
+            return lay, lay
+        return self._evaluated_layout(q_len, kv_len, bs, device, sizes)
+
+    def __repr__(self):
+        return f"block_layout(shape={tuple(self.layout.shape)}, block_size={self.block})"
+
+
+def _per_batch(name, t, dim_name):
+    """Normalise a per-position tensor to (B|1, L) and report its batch size."""
+    if t.dim() == 1:
+        return t[None], None
+    if t.dim() == 2:
+        return t, t.shape[0]
+    raise ValueError(f"{name} must have shape ({dim_name},) or (batch, {dim_name}); got {tuple(t.shape)}")
+
+
+def _rows(t, b):
+    """Index a (B|1, L) tensor's batch dimension with b (broadcast if B is 1)."""
+    return b if t.shape[0] > 1 else torch.zeros_like(b)
+
+
+class _Segments(Mask):
+    def __init__(self, q_ids, kv_ids):
+        q_ids = _index_tensor("q_ids", q_ids)
+        kv_ids = q_ids if kv_ids is None else _index_tensor("kv_ids", kv_ids)
+        self.q_ids, qb = _per_batch("q_ids", q_ids, "q_len")
+        self.kv_ids, kb = _per_batch("kv_ids", kv_ids, "kv_len")
+        if qb and kb and qb != kb:
+            raise ValueError(f"q_ids and kv_ids must share a batch size; got {qb} and {kb}")
+        self.batch_size = qb or kb
+        self.uses = frozenset({"q", "kv"} | ({"b"} if self.batch_size else set()))
+
+    def _ids(self, ids, b, idx, length):
+        if ids.shape[1] < length:
+            raise ValueError(f"segment ids cover {ids.shape[1]} positions but the sequence has {length}")
+        ids = ids.to(idx.device)
+        return ids[_rows(ids, b), idx.clamp(max=ids.shape[1] - 1)]
+
+    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
+        return self._ids(self.q_ids, b, q_idx, q_len) == self._ids(self.kv_ids, b, kv_idx, kv_len)
+
+    def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
+        def ranges(ids, length):  # per block min/max id: overlap test is a safe over-approximation
+            ids = ids[:, :length].to(device)
+            n = -(-length // bs)
+            pad = n * bs - length
+            lo = torch.nn.functional.pad(ids, (0, pad), value=_FAR).view(ids.shape[0], n, bs).amin(2)
+            hi = torch.nn.functional.pad(ids, (0, pad), value=-_FAR).view(ids.shape[0], n, bs).amax(2)
+            return lo, hi
+        q_lo, q_hi = ranges(self.q_ids, q_len)
+        k_lo, k_hi = ranges(self.kv_ids, kv_len)
+        active = (q_lo[:, :, None] <= k_hi[:, None, :]) & (k_lo[:, None, :] <= q_hi[:, :, None])
+        full = (q_lo[:, :, None] == q_hi[:, :, None]) & (k_lo[:, None, :] == k_hi[:, None, :]) & (
+            q_lo[:, :, None] == k_lo[:, None, :])
+        return active[:, None], full[:, None]
+
+    def __repr__(self):
+        return f"segments(q_ids={tuple(self.q_ids.shape)}, kv_ids={tuple(self.kv_ids.shape)})"
+
+
+class _Padding(Mask):
+    """Per batch element b, keys ``j < lengths[b]``."""
+
+    uses = frozenset({"b", "kv"})
+
+    def __init__(self, lengths):
+        self.lengths = _index_tensor("lengths", lengths).flatten()
+        if self.lengths.numel() and int(self.lengths.min()) < 0:
+            raise ValueError(f"lengths must be >= 0; got {self.lengths.tolist()}")
+        self.batch_size = self.lengths.numel()
+
+    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
+        return kv_idx < self.lengths.to(kv_idx.device)[b]
+
+    def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
+        k_first, k_last = _block_bounds(kv_len, bs, device)
+        n = self.lengths.to(device).view(-1, 1, 1, 1)
+        nq = -(-q_len // bs)
+        active = (k_first.view(1, 1, 1, -1) < n).expand(-1, 1, nq, -1)
+        full = (k_last.view(1, 1, 1, -1) < n).expand(-1, 1, nq, -1)
+        return active, full
+
+    def __repr__(self):
+        return f"padding(lengths={self.lengths.tolist()})"
+
+
+class TensorMask(Mask):
+    """A dense bool tensor ``(B|1, H|1, Lq|1, Lk)`` seen as a mask (validated by the caller)."""
+
+    def __init__(self, tensor: torch.Tensor):
+        if tensor.dtype != torch.bool or tensor.dim() != 4:
+            raise TypeError(f"TensorMask needs a 4-D bool tensor; got {tensor.dim()}-D {tensor.dtype}")
+        self.tensor = tensor
+        names = ("b", "h", "q", "kv")
+        self.uses = frozenset(n for n, s in zip(names, tensor.shape, strict=True) if s > 1 or n == "kv")
+        self.batch_size = tensor.shape[0] if tensor.shape[0] > 1 else None
+        self.num_heads = tensor.shape[1] if tensor.shape[1] > 1 else None
+
+    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
+        return gather_at(self.tensor, b, h, q_idx, kv_idx)
+
+    def materialize(self, q_len, kv_len, *, batch=None, heads=None, device=None):
+        t = self.tensor.to(device) if device is not None else self.tensor
+        return torch.broadcast_to(t, (t.shape[0], t.shape[1], q_len, kv_len))
+
+    def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
+        """Pool the tensor into blocks (padding lanes: never active, never break fullness)."""
+        t = self.materialize(q_len, kv_len, device=device)
+        nq, nk = -(-q_len // bs), -(-kv_len // bs)
+        pad = (0, nk * bs - kv_len, 0, nq * bs - q_len)
+        blocks = (t.shape[0], t.shape[1], nq, bs, nk, bs)
+        active = torch.nn.functional.pad(t, pad, value=False).reshape(blocks).any(5).any(3)
+        full = torch.nn.functional.pad(t, pad, value=True).reshape(blocks).all(5).all(3)
+        return active, full
+
+    def __repr__(self):
+        return f"TensorMask(shape={tuple(self.tensor.shape)})"
+
+
+class _FromFunction(Mask):
+    def __init__(self, fn, name):
+        if not callable(fn):
+            raise TypeError(f"from_function needs a callable (b, h, q_idx, kv_idx) -> bool; got {type(fn).__name__}")
+        self.fn, self.name = fn, name or getattr(fn, "__name__", "fn")
+
+    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
+        out = self.fn(b, h, q_idx, kv_idx)
+        if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
+            got = getattr(out, "dtype", type(out).__name__)
+            raise TypeError(f"mask function {self.name!r} must return a bool tensor; got {got}")
+        return out
+
+    def __repr__(self):
+        return f"from_function({self.name})"

@@ -1,0 +1,1 @@
+"""Attention mechanisms as ``nn.Module``s, one file per family or paper."""

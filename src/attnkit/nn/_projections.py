@@ -1,0 +1,88 @@
+"""Shared pieces of the sparse-pattern modules: q/k/v/out projections, input checks, cost formulas.
+
+:class:`ProjectedAttention` owns the four ``dim -> dim`` linear maps of multi-head
+self-attention (state-dict keys ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``)
+and the head split/merge; a mechanism subclasses it and only says which keys each
+query may see.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import ArgumentError, DTypeError, ShapeError
+
+__all__ = ["ProjectedAttention", "attention_cost", "check_int"]
+
+
+def check_int(who: str, name: str, value, minimum: int = 0) -> int:
+    """``value`` as an int ``>= minimum``, else an ArgumentError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ArgumentError(f"{who}: {name} must be an int >= {minimum}; got {value!r}")
+    return value
+
+
+class ProjectedAttention(nn.Module):
+    """Base of the sparse-pattern modules: multi-head q/k/v/out projections of ``(batch, n, dim)`` inputs.
+
+    Args:
+        dim: model width; must be a multiple of ``num_heads``.
+        num_heads: number of heads; each has width ``dim // num_heads``.
+        dropout: dropout on the attention weights, applied only in training.
+        bias: whether the projections have a bias.
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        who = type(self).__name__
+        check_int(who, "dim", dim, 1)
+        check_int(who, "num_heads", num_heads, 1)
+        if dim % num_heads:
+            raise ShapeError(f"{who}: dim must be a multiple of num_heads; got dim={dim}, num_heads={num_heads}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            raise ArgumentError(f"{who}: dropout must be a float in [0, 1); got {dropout!r}")
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.dropout = float(dropout)
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(dim, dim, bias=bias) for _ in range(4))
+
+    @property
+    def dropout_p(self) -> float:
+        """The dropout probability to pass to :func:`attnkit.attention` (0 in eval mode)."""
+        return self.dropout if self.training else 0.0
+
+    def check_input(self, x) -> None:
+        """Raise unless ``x`` is a floating ``(batch, n, dim)`` tensor."""
+        who = type(self).__name__
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+            raise DTypeError(f"{who}: x must be a floating tensor; got {got}")
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ShapeError(f"{who}: x must have shape (batch, n, dim={self.dim}); got {tuple(x.shape)}")
+
+    def split_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """``(B, n, dim) -> (B, H, n, dim / H)``."""
+        return t.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)
+
+    def merge_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """``(B, H, n, dim / H) -> (B, n, dim)`` followed by the output projection."""
+        return self.out_proj(t.transpose(1, 2).flatten(2))
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-head ``q, k, v``, each ``(B, H, n, dim / H)``."""
+        return tuple(self.split_heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
+
+
+def attention_cost(*, batch: int, heads: int, length: int, head_dim: int, pairs: float,
+                   projections: int = 4, itemsize: int = 4) -> dict:
+    """Forward FLOPs and bytes of projected multi-head attention over ``pairs`` (query, key) pairs per head.
+
+    ``flops = 2 * projections * B n dim^2 + 4 * B H pairs head_dim`` (projections, ``Q K^T`` and
+    ``weights V``); ``memory_bytes = itemsize * (B H pairs + (projections + 1) * B n dim)`` (the
+    weights of the computed pairs, the input and each projection's output). The backward pass
+    costs about twice the forward.
+    """
+    dim = heads * head_dim
+    flops = 2 * projections * batch * length * dim * dim + 4 * batch * heads * pairs * head_dim
+    memory = itemsize * (batch * heads * pairs + (projections + 1) * batch * length * dim)
+    return {"flops": float(flops), "memory_bytes": float(memory)}

@@ -1,0 +1,188 @@
+"""Additive (Bahdanau, "concat") attention, and the banded score other modules share."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..attention import attention
+from ..errors import ArgumentError, ShapeError
+from ..functional.validate import validate
+from ..registry import Entry, register
+
+__all__ = ["AdditiveAttention", "AdditiveOutput", "additive_scores", "dense_allowed", "key_filter",
+           "drop_unseen", "check_input"]
+
+DEFAULT_MAX_ELEMENTS = 1 << 22  # hidden-tensor elements alive at once (16 MiB in float32)
+
+
+def _tile(q, k, v):
+    return torch.tanh(q.unsqueeze(-2) + k.unsqueeze(-3)) @ v  # (..., Lq, Lk, A) -> (..., Lq, Lk)
+
+
+def additive_scores(q, k, v, *, max_elements: int = DEFAULT_MAX_ELEMENTS) -> torch.Tensor:
+    """``v^T tanh(q_i + k_j)`` for already projected ``q (..., Lq, A)``, ``k (..., Lk, A)``, ``v (A,)``.
+
+    The ``(..., Lq, Lk, A)`` hidden tensor is never built in one piece when it would
+    exceed ``max_elements``: it is computed one tile of queries x keys at a time, and
+    under autograd each tile is checkpointed (its backward recomputes the tile), so
+    neither the forward nor the saved graph holds more than one tile of it.
+    Leading dims broadcast (pairwise score, usable as ``attnkit.attention(score=...)``).
+    """
+    v = v.to(q.dtype)
+    lead = math.prod(torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]))
+    lq, lk, a = q.shape[-2], k.shape[-2], q.shape[-1]
+    if lead * lq * lk * a <= max_elements:
+        return _tile(q, k, v)
+    rows = max(1, min(lq, max_elements // max(1, lead * a)))
+    cols = max(1, max_elements // max(1, lead * rows * a))
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    run = (lambda *t: checkpoint(_tile, *t, use_reentrant=False)) if grad else _tile
+    bands = [torch.cat([run(q[..., i:i + rows, :], k[..., j:j + cols, :], v) for j in range(0, lk, cols)], -1)
+             for i in range(0, lq, rows)]
+    return torch.cat(bands, -2)
+
+
+def check_input(who: str, name: str, t, dim: int) -> None:
+    """Raise :class:`~attnkit.errors.ShapeError` unless ``t`` is ``(batch, length, dim)``."""
+    if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.shape[-1] != dim:
+        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ShapeError(f"{who}: {name} must have shape (batch, length, {dim}); got {got}")
+
+
+def dense_allowed(mask, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
+    """A mask (an :mod:`attnkit.masks` mask or bool tensor, True = attend) as a bool ``(B|1, Lq|1, Lk)``.
+
+    Validated exactly as :func:`attnkit.attention` validates ``mask=`` for 3-D inputs.
+    """
+    if mask is None:
+        return None
+    p = validate(query[..., :0], key[..., :0], key[..., :0], mask=mask, score="dot")  # features play no part
+    b, _, lq, lk, _, _ = p.sizes
+    return p.mask.materialize(lq, lk, batch=b, heads=1, device=query.device)[:, 0]
+
+
+def drop_unseen(allowed: torch.Tensor | None, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Zero the key rows ``(B, Lk, .)`` that ``allowed (B|1, Lq|1, Lk)`` hides from every query.
+
+    Done before scoring, so NaN/inf in padding reaches neither the output nor the
+    gradients through ``0 * NaN`` (RELIABILITY row 22).
+    """
+    if allowed is None:
+        return tensors
+    hidden = ~allowed.any(-2)[..., None]  # (B|1, Lk, 1)
+    return tuple(t.masked_fill(hidden, 0.0) for t in tensors)
+
+
+def key_filter(mask, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
+    """The keys a mask hides from every query whatever the query (padding) as ``(B|1, 1, Lk)``, else None.
+
+    ``O(B Lk)``: never builds the ``(Lq, Lk)`` picture, unlike :func:`dense_allowed`.
+    """
+    if mask is None:
+        return None
+    keys = validate(query[..., :0], key[..., :0], key[..., :0], mask=mask, score="dot").mask.key_filter()
+    if keys is None:
+        return None
+    return keys.materialize(1, key.shape[1], batch=key.shape[0], heads=1, device=key.device)[:, 0]
+
+
+class AdditiveOutput(NamedTuple):
+    """context ``(B, Lq, Dv)``; weights ``(B, Lq, Lk)`` (None unless asked)."""
+
+    context: torch.Tensor
+    weights: torch.Tensor | None
+
+
+class AdditiveAttention(nn.Module):
+    """Additive attention: ``softmax_j(v^T tanh(W_q q_i + W_k k_j)) @ value``.
+
+    Bahdanau, Cho & Bengio 2015, "Neural Machine Translation by Jointly Learning to
+    Align and Translate", ICLR, arXiv:1409.0473, eqs. 5-6 and Appendix A.1.2::
+
+        e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j),   alpha_ij = softmax_j(e_ij),   c_i = sum_j alpha_ij h_j
+
+    This is also Luong et al.'s "concat" score, ``v_a^T tanh(W_a [h_t; h_s])``.
+    Notation: ``s_{i-1}`` = ``query[:, i]``, ``h_j`` = ``key[:, j]`` (and ``value[:, j]``),
+    ``W_a`` = ``query_proj.weight``, ``U_a`` = ``key_proj.weight``, ``v_a`` = ``v``.
+
+    Differences from the paper: queries are given as a tensor (all decoder steps at
+    once, or one step with ``Lq = 1``) instead of coming from the decoder's recurrence;
+    masks; optional bias inside the tanh (``bias=True``); dropout on the weights.
+
+    Memory: the ``(B, Lq, Lk, hidden)`` tensor is built a tile at a time (see
+    :func:`additive_scores`); with ``need_weights=False`` the chunked kernel is
+    allowed too, so nothing of size ``Lq x Lk`` need exist at once.
+
+    Shapes:
+        query ``(B, Lq, query_dim)``, key ``(B, Lk, key_dim)``, value ``(B, Lk, Dv)``
+        (default: key) -> context ``(B, Lq, Dv)``, weights ``(B, Lq, Lk)``.
+
+    Complexity: ``O(B Lq Lk hidden)`` time; ``O(max_elements)`` extra memory for the scores' hidden tensor.
+
+    Args:
+        query_dim: features of a query (decoder state).
+        key_dim: features of a key (annotation); default ``query_dim``.
+        hidden_dim: size of ``v_a`` (the hidden layer); default ``query_dim``.
+        bias: add a learned bias inside the tanh.
+        dropout: dropout on the weights, applied only in training (returned weights are pre-dropout).
+        max_elements: hidden-tensor elements built at once.
+
+    Example:
+        >>> import torch
+        >>> from attnkit.nn.additive import AdditiveAttention
+        >>> _ = torch.manual_seed(0)
+        >>> attn = AdditiveAttention(4, 6, 8)
+        >>> context, weights = attn(torch.randn(2, 3, 4), torch.randn(2, 5, 6))
+        >>> context.shape, weights.shape
+        (torch.Size([2, 3, 6]), torch.Size([2, 3, 5]))
+        >>> torch.allclose(weights.sum(-1), torch.ones(2, 3))
+        True
+    """
+
+    def __init__(self, query_dim: int, key_dim: int | None = None, hidden_dim: int | None = None, *,
+                 bias: bool = False, dropout: float = 0.0, max_elements: int = DEFAULT_MAX_ELEMENTS):
+        super().__init__()
+        key_dim = query_dim if key_dim is None else key_dim
+        hidden_dim = query_dim if hidden_dim is None else hidden_dim
+        if not 0.0 <= dropout < 1.0:
+            raise ArgumentError(f"AdditiveAttention: dropout must be in [0, 1); got {dropout!r}")
+        if max_elements < 1:
+            raise ArgumentError(f"AdditiveAttention: max_elements must be >= 1; got {max_elements!r}")
+        self.query_dim, self.key_dim, self.dropout, self.max_elements = query_dim, key_dim, dropout, max_elements
+        self.query_proj = nn.Linear(query_dim, hidden_dim, bias=bias)
+        self.key_proj = nn.Linear(key_dim, hidden_dim, bias=False)
+        self.v = nn.Parameter(torch.empty(hidden_dim).uniform_(-hidden_dim ** -0.5, hidden_dim ** -0.5))
+
+    def score(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """Unmasked scores ``e`` of shape ``(B, Lq, Lk)``."""
+        return additive_scores(self.query_proj(query), self.key_proj(key), self.v, max_elements=self.max_elements)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None = None, *,
+                mask=None, need_weights: bool = True) -> AdditiveOutput:
+        """Attend; ``mask`` is an :mod:`attnkit.masks` mask or bool tensor, True = attend.
+
+        A query with no allowed key gets context 0 and weights 0.
+        """
+        value = key if value is None else value
+        check_input("AdditiveAttention", "query", query, self.query_dim)
+        check_input("AdditiveAttention", "key", key, self.key_dim)
+        key, value = drop_unseen(key_filter(mask, query, key), key, value)  # before W_k: no 0 * NaN in its grad
+        fn = lambda q, k: additive_scores(q, k, self.v, max_elements=self.max_elements)
+        out = attention(self.query_proj(query), self.key_proj(key), value, mask=mask, score=fn, scale=1.0,
+                        dropout_p=self.dropout if self.training else 0.0, return_weights=need_weights)
+        return AdditiveOutput(out.output, out.weights) if need_weights else AdditiveOutput(out, None)
+
+
+def _example():
+    g = torch.Generator().manual_seed(0)
+    return AdditiveAttention(8, 6, 16), (torch.randn(2, 5, 8, generator=g), torch.randn(2, 7, 6, generator=g))
+
+
+register(Entry("additive", AdditiveAttention, "Bahdanau et al. 2015, arXiv:1409.0473, eq. 6 and A.1.2",
+               "O(Lq Lk A)", "v^T tanh(W_q q + W_k k) scores (also Luong's concat), memory-bounded",
+               family="module", example=_example))

@@ -1,0 +1,131 @@
+"""Attention whose keys are computed from the values (Brown et al. 2018)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from ..attention import attention
+from ..errors import ArgumentError, DTypeError, ShapeError
+from ..functional.mask_base import Mask
+from ..registry import Entry, register
+
+__all__ = ["DerivedKeyAttention", "DerivedKeyOutput"]
+
+_WHO = "DerivedKeyAttention"
+
+
+class DerivedKeyOutput(NamedTuple):
+    """output ``a`` ``(B, [Lq,] Dv)``; weights ``d`` ``(B, [Lq,] n)``."""
+
+    output: torch.Tensor
+    weights: torch.Tensor
+
+
+def _key_mask(mask, batch, lq, n):
+    """A bool ``(B, n)`` key mask or ``(B, Lq, n)`` mask, or an :mod:`attnkit.masks` mask, for 3-D attention."""
+    if mask is None or isinstance(mask, Mask):
+        return mask
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise DTypeError(f"{_WHO}: mask must be a bool tensor (True = attend) or an attnkit.masks mask; got {got}")
+    if tuple(mask.shape) == (batch, n):
+        return mask[:, None, :]
+    if tuple(mask.shape) == (batch, lq, n):
+        return mask
+    raise ShapeError(f"{_WHO}: mask must have shape (batch, n) = {(batch, n)} or (batch, Lq, n) = "
+                     f"{(batch, lq, n)}; got {tuple(mask.shape)}")
+
+
+class DerivedKeyAttention(nn.Module):
+    """Dot-product attention whose keys are a learned function of the values.
+
+    Brown, Tuor, Hutchinson & Nichols 2018, "Recurrent Neural Network Attention
+    Mechanisms for Interpretable System Log Anomaly Detection", MLCS workshop,
+    arXiv:1803.04967, eqs. 5-7::
+
+        K = tanh(V W_a),   d = softmax(q K^T),   a = d V
+
+    Notation: ``V`` = ``value`` (the RNN's hidden states), ``W_a`` =
+    ``key_proj.weight^T``, ``q`` = ``query`` (or the learned ``self.query`` for the
+    paper's "fixed" attention), ``d`` = ``weights``, ``a`` = ``output``.
+
+    Differences from the paper: several queries at once (``Lq``) and a batch; masks
+    (a row with no allowed value gives output 0 and weights 0); an optional bias in
+    ``W_a`` (``bias=True``; the paper has none). How ``q`` is produced (fixed,
+    per-position "syntax" or input-dependent "semantic" queries) is left to the caller,
+    except the fixed one, which ``learned_query=True`` provides.
+
+    Shapes:
+        value ``(B, n, value_dim)``; query ``(B, attn_dim)`` or ``(B, Lq, attn_dim)``
+        (None with ``learned_query``: one query) -> output ``(B, [Lq,] value_dim)``,
+        weights ``(B, [Lq,] n)``. mask: bool ``(B, n)`` or ``(B, Lq, n)``, or an
+        :mod:`attnkit.masks` mask (e.g. ``causal()``), True = attend.
+
+    Complexity: ``O(B n value_dim attn_dim)`` for the keys, ``O(B Lq n (attn_dim + value_dim))`` for attention.
+
+    Args:
+        value_dim: features of a value (``V``'s rows).
+        attn_dim: the attention dimension ``La`` of keys and queries.
+        learned_query: hold a learned query vector, used when ``query`` is None.
+        bias: add a learned bias inside the tanh.
+
+    Example:
+        >>> import torch
+        >>> from attnkit.nn.derived_key import DerivedKeyAttention
+        >>> _ = torch.manual_seed(0)
+        >>> attn = DerivedKeyAttention(6, 4, learned_query=True)
+        >>> out, weights = attn(torch.randn(2, 5, 6))
+        >>> out.shape, weights.shape
+        (torch.Size([2, 6]), torch.Size([2, 5]))
+        >>> out, weights = attn(torch.randn(2, 5, 6), torch.randn(2, 3, 4), mask=torch.ones(2, 5, dtype=torch.bool))
+        >>> out.shape, weights.shape
+        (torch.Size([2, 3, 6]), torch.Size([2, 3, 5]))
+    """
+
+    def __init__(self, value_dim: int, attn_dim: int, *, learned_query: bool = False, bias: bool = False):
+        super().__init__()
+        self.value_dim, self.attn_dim = value_dim, attn_dim
+        self.key_proj = nn.Linear(value_dim, attn_dim, bias=bias)
+        self.query = nn.Parameter(torch.randn(attn_dim) * attn_dim ** -0.5) if learned_query else None
+
+    def keys(self, value: torch.Tensor) -> torch.Tensor:
+        """``K = tanh(V W_a)``, ``(B, n, attn_dim)``."""
+        return torch.tanh(self.key_proj(value))
+
+    def _queries(self, query, batch):
+        if query is None:
+            if self.query is None:
+                raise ArgumentError(f"{_WHO}: query is required unless the module was built with learned_query=True")
+            return self.query.expand(batch, 1, -1), True
+        if not isinstance(query, torch.Tensor) or query.dim() not in (2, 3) or query.shape[-1] != self.attn_dim \
+                or query.shape[0] != batch:
+            got = tuple(query.shape) if isinstance(query, torch.Tensor) else type(query).__name__
+            raise ShapeError(f"{_WHO}: query must have shape (batch, {self.attn_dim}) or (batch, Lq, {self.attn_dim}) "
+                             f"with batch={batch}; got {got}")
+        return (query[:, None, :], True) if query.dim() == 2 else (query, False)
+
+    def forward(self, value: torch.Tensor, query: torch.Tensor | None = None, *, mask=None) -> DerivedKeyOutput:
+        """Attend over ``value`` with keys derived from it; see the class docstring for shapes."""
+        if not isinstance(value, torch.Tensor) or value.dim() != 3 or value.shape[-1] != self.value_dim:
+            got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ShapeError(f"{_WHO}: value must have shape (batch, n, {self.value_dim}); got {got}")
+        q, single = self._queries(query, value.shape[0])  # (B, Lq, La)
+        allowed = _key_mask(mask, value.shape[0], q.shape[1], value.shape[1])
+        out = attention(q.to(value.dtype), self.keys(value), value, mask=allowed, score="dot", scale=1.0,
+                        return_weights=True)
+        if single:
+            return DerivedKeyOutput(out.output[:, 0], out.weights[:, 0])
+        return DerivedKeyOutput(out.output, out.weights)
+
+
+def _example():
+    g = torch.Generator().manual_seed(0)
+    return DerivedKeyAttention(8, 6), (torch.randn(2, 7, 8, generator=g), torch.randn(2, 5, 6, generator=g))
+
+
+register(Entry("derived-key", DerivedKeyAttention,
+               "Brown et al. 2018, arXiv:1803.04967, eqs. 5-7", "O(Lq n (La + Dv) + n Dv La)",
+               "keys computed from the values: softmax(q tanh(V W_a)^T) V", family="module", example=_example))

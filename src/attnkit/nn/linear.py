@@ -1,0 +1,304 @@
+"""Linear-time attention through feature maps: Katharopoulos et al. 2020 and the Performer (FAVOR+).
+
+Both compute ``out_i = phi(q_i)^T S / (phi(q_i)^T z + eps)`` with ``S = sum_j phi(k_j) v_j^T`` and
+``z = sum_j phi(k_j)`` (over ``j <= i`` when causal), accumulated in float32 (float64 for float64 input)
+whatever the input dtype, so fp16/bf16 sums over the sequence cannot overflow (RELIABILITY row 40).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ArgumentError, DTypeError, ShapeError
+from ..registry import Entry, register
+from ._projections import ProjectedAttention
+
+__all__ = ["LinearAttention", "PerformerAttention", "orthogonal_random_features"]
+
+
+def check_sequence(name: str, x: torch.Tensor, dim: int) -> None:
+    """Raise unless ``x`` is a floating ``(batch, n, dim)`` tensor."""
+    if isinstance(x, torch.Tensor) and not x.is_floating_point():
+        raise DTypeError(f"{name} must be a floating tensor; got {x.dtype}")
+    if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != dim:
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ShapeError(f"{name} must have shape (batch, n, {dim}); got {got}")
+
+
+def check_keep_mask(name: str, keep, batch: int, n: int):
+    """Validate a ``(batch, n)`` bool mask, True = real token (may be attended)."""
+    if keep is None:
+        return None
+    if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool:
+        got = keep.dtype if isinstance(keep, torch.Tensor) else type(keep).__name__
+        raise DTypeError(f"{name} must be a bool tensor (True = keep); got {got}")
+    if tuple(keep.shape) != (batch, n):
+        raise ShapeError(f"{name} must have shape (batch, n) = ({batch}, {n}); got {tuple(keep.shape)}")
+    return keep
+
+
+def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    return x.unflatten(-1, (heads, -1)).transpose(1, 2)  # (b, n, h*d) -> (b, h, n, d)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(1, 2).flatten(2)  # (b, h, n, d) -> (b, n, h*d)
+
+
+def accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _causal_sums(phi_q, phi_k, v, chunk):
+    """Numerator and normaliser over ``j <= i``: exact within chunks, prefix sums of chunk states across."""
+    n = phi_q.shape[2]
+    pad = (-n) % chunk
+    qc, kc, vc = (F.pad(t, (0, 0, 0, pad)).unflatten(2, (-1, chunk)) for t in (phi_q, phi_k, v))  # (b,h,C,c,.)
+    kv = kc.transpose(-1, -2) @ vc  # (b, h, C, f, dv)
+    ks = kc.sum(3)  # (b, h, C, f)
+    # exclusive prefix over chunks: chunk C sees only the chunks strictly before it
+    state = torch.cat([torch.zeros_like(kv[:, :, :1]), kv[:, :, :-1].cumsum(2)], 2)
+    zstate = torch.cat([torch.zeros_like(ks[:, :, :1]), ks[:, :, :-1].cumsum(2)], 2)
+    scores = (qc @ kc.transpose(-1, -2)).tril()  # (b, h, C, c, c): keys after the query selected away
+    num = qc @ state + scores @ vc
+    den = qc @ zstate.unsqueeze(-1) + scores.sum(-1, keepdim=True)
+    return num.flatten(2, 3)[:, :, :n], den.flatten(2, 3)[:, :, :n]
+
+
+def feature_map_attention(phi_q, phi_k, v, *, causal: bool, chunk_size: int = 64, eps: float = 0.0):
+    """``phi(Q) (phi(K)^T V) / (phi(Q) phi(K)^T 1 + eps)``; ``(b,h,n,f)``, ``(b,h,m,f)``, ``(b,h,m,dv)``.
+
+    Sums run in float32 (float64 for float64 input); a row whose normaliser is 0 (all keys zeroed by a
+    mask) outputs 0. Returns ``(b, h, n, dv)`` in ``v``'s dtype.
+    """
+    acc = accumulate_dtype(v.dtype)
+    phi_q, phi_k, vv = phi_q.to(acc), phi_k.to(acc), v.to(acc)
+    if causal:
+        num, den = _causal_sums(phi_q, phi_k, vv, chunk_size)
+    else:
+        num = phi_q @ (phi_k.transpose(-1, -2) @ vv)  # (b, h, n, dv) through an (f, dv) state
+        den = phi_q @ phi_k.sum(2).unsqueeze(-1)  # (b, h, n, 1)
+    den = den + eps
+    return (num / torch.where(den > 0, den, torch.ones_like(den))).to(v.dtype)
+
+
+class _FeatureMapAttention(ProjectedAttention):
+    """Projections and masking shared by the feature-map attentions; subclasses define ``attend(q, k, v, keep)``."""
+
+    def __init__(self, dim, num_heads, causal, chunk_size, eps):
+        super().__init__(dim, num_heads)
+        if chunk_size < 1 or not eps >= 0:
+            raise ArgumentError(f"chunk_size must be >= 1 and eps >= 0; got {chunk_size} and {eps}")
+        self.causal, self.chunk_size, self.eps = causal, chunk_size, eps
+
+    def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
+        self.check_input(x)
+        keep = check_keep_mask("key_keep_mask", key_keep_mask, x.shape[0], x.shape[1])
+        q, k, v = self.project(x)  # (b, h, n, d) each
+        if x.shape[1] == 0:
+            return self.merge_heads(v)  # empty sequence: empty output
+        keep = None if keep is None else keep[:, None, :, None]  # (b, 1, n, 1)
+        if keep is not None:  # masked keys leave the sums; select, so NaN there cannot leak
+            v = v.masked_fill(~keep, 0.0)
+        acc = accumulate_dtype(x.dtype)  # features in float32 at least: exp/elu of fp16 would overflow
+        return self.merge_heads(self.attend(q.to(acc), k.to(acc), v, keep))
+
+
+class LinearAttention(_FeatureMapAttention):
+    """Linear attention with the ``elu + 1`` feature map (Katharopoulos et al. 2020, arXiv:2006.16236, eq. 4-6).
+
+    ``V'_i = phi(Q_i)^T (sum_j phi(K_j) V_j^T) / (phi(Q_i)^T sum_j phi(K_j) + eps)`` with the feature
+    map ``phi(x) = elu(x) + 1`` (eq. 7); causal: sums over ``j <= i`` only (Sec. 3.3). Notation: Q, K, V
+    = ``q, k, v`` per head.
+
+    Differences from the paper: ``eps`` (default 1e-6) is added to the normaliser (positive by
+    construction, so it only guards rows whose keys are all masked: they output 0). The causal prefix
+    sums run per chunk of ``chunk_size`` keys (exact within a chunk, cumulative states across), so no
+    ``(n, d, dv)`` tensor is stored. Masked keys are zeroed in ``phi(K)`` and ``V``.
+
+    Shapes: ``x`` ``(b, n, dim)``, ``key_keep_mask`` ``(b, n)`` bool (True = real token) -> ``(b, n, dim)``.
+
+    Complexity: O(n d dv) time and O(d dv) state per head (causal: O(n (c + dv) d) time, c = chunk).
+
+    Args:
+        dim: model width. num_heads: number of heads (head width ``dim // num_heads``).
+        causal: sum over ``j <= i`` only. eps: added to the normaliser. chunk_size: causal chunk length.
+
+    Example:
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
+        >>> layer = LinearAttention(32, 4, causal=True)
+        >>> layer(torch.randn(2, 10, 32)).shape
+        torch.Size([2, 10, 32])
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, causal: bool = False, eps: float = 1e-6, chunk_size: int = 64):
+        super().__init__(dim, num_heads, causal, chunk_size, eps)
+
+    def attend(self, q, k, v, keep):
+        phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1
+        phi_k = phi_k if keep is None else phi_k.masked_fill(~keep, 0.0)
+        return feature_map_attention(phi_q, phi_k, v, causal=self.causal, chunk_size=self.chunk_size, eps=self.eps)
+
+def orthogonal_random_features(num_features: int, dim: int, *, generator: torch.Generator | None = None,
+                               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``(num_features, dim)`` Gaussian rows, orthogonal within blocks of ``dim`` (Performer Sec. 2.4).
+
+    Each block is the Q factor of a square Gaussian matrix; rows are then rescaled by the norms of
+    independent Gaussian vectors so that every row is marginally ``N(0, I)``. Drawn on the CPU in
+    float64 from ``generator`` (the global RNG if None), so a seed gives the same features anywhere.
+    """
+    blocks = []
+    for _ in range(-(-num_features // dim)):
+        gauss = torch.randn(dim, dim, generator=generator, dtype=torch.float64)
+        blocks.append(torch.linalg.qr(gauss).Q.T)  # rows orthonormal
+    rows = torch.cat(blocks)[:num_features]
+    norms = torch.randn(num_features, dim, generator=generator, dtype=torch.float64).norm(dim=1)
+    return (rows * norms[:, None]).to(dtype)
+
+
+class PerformerAttention(_FeatureMapAttention):
+    """FAVOR+ attention with positive orthogonal random features (Choromanski et al. 2021, arXiv:2009.14794).
+
+    Lemma 1: ``exp(x^T y) = E_w[exp(w^T x - |x|^2/2) exp(w^T y - |y|^2/2)]``, ``w ~ N(0, I)``, so with
+    ``phi(x) = exp(W x - |x|^2/2) / sqrt(m)`` on ``x = d^(-1/4) q`` (and k), softmax attention
+    ``D^-1 exp(Q K^T / sqrt(d)) V`` is estimated by ``D^-1 phi(Q) (phi(K)^T V)``,
+    ``D = diag(phi(Q) phi(K)^T 1)`` (Sec. 2.2-2.4). Notation: W = ``self.projection`` ``(m, d)``.
+
+    Differences from the paper: the features are drawn once (from ``seed``) and kept in the buffer
+    ``projection``; call :meth:`redraw` with an explicit generator to resample (the paper redraws
+    periodically during training). Features are ``(exp(w^T x - |x|^2/2) + eps) / sqrt(m)`` with
+    ``eps`` (default 1e-6), so they stay strictly positive; they are computed times ``exp(-r)`` for a
+    detached stabiliser r (per query row; for keys the max over unmasked keys, or in causal mode the
+    running max over the chunks so far with the state rescaled), which cancels in the ratio, so no
+    exp overflows. Masked keys are zeroed in ``phi(K)`` and ``V``. The causal form is a loop over chunks.
+
+    Shapes: ``x`` ``(b, n, dim)``, ``key_keep_mask`` ``(b, n)`` bool (True = real token) -> ``(b, n, dim)``.
+
+    Complexity: O(n m (d + dv)) time, O(m dv) state per head (causal: plus O(n c m), c = chunk).
+
+    Args:
+        dim: model width. num_heads: number of heads (head width ``d = dim // num_heads``).
+        num_features: random features m (default ``d * ceil(log(d))``, the paper's d log d).
+        causal: sum over ``j <= i`` only. eps: added to each feature. chunk_size: causal chunk length
+            (the causal form loops over chunks in Python: keep it in the hundreds for long inputs).
+        seed: seed of the generator the first features are drawn from.
+
+    Example:
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
+        >>> layer = PerformerAttention(32, 4, num_features=16, seed=1)
+        >>> layer(torch.randn(2, 10, 32)).shape
+        torch.Size([2, 10, 32])
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, num_features: int | None = None, causal: bool = False,
+                 eps: float = 1e-6, chunk_size: int = 128, seed: int = 0):
+        super().__init__(dim, num_heads, causal, chunk_size, eps)
+        d = self.head_dim
+        self.num_features = num_features or d * max(1, math.ceil(math.log(d)))
+        if self.num_features < 1:
+            raise ArgumentError(f"num_features must be >= 1; got {num_features}")
+        self.register_buffer("projection", orthogonal_random_features(
+            self.num_features, d, generator=torch.Generator().manual_seed(seed)))
+
+    @torch.no_grad()
+    def redraw(self, generator: torch.Generator | None = None) -> None:
+        """Resample the random features from ``generator`` (a CPU generator; the global RNG if None)."""
+        fresh = orthogonal_random_features(self.num_features, self.head_dim, generator=generator)
+        self.projection.copy_(fresh.to(self.projection))
+
+    def _logits(self, x):
+        x = x * self.head_dim ** -0.25
+        w = self.projection.to(x.dtype)
+        return x @ w.T - x.pow(2).sum(-1, keepdim=True) / 2  # (b, h, n, m)
+
+    def _reference(self, top):
+        """A stabiliser ``r >= max(top, log eps)``, detached; a constant (0) where every key is masked."""
+        floor = math.log(self.eps) if self.eps > 0 else -math.inf
+        ref = torch.clamp(top.detach(), min=floor)
+        return torch.where(torch.isfinite(ref), ref, torch.zeros_like(ref))
+
+    def _features(self, logits, ref):
+        """``exp(-ref) (exp(logits) + eps) / sqrt(m)``: the factor ``exp(-ref)`` cancels in the ratio."""
+        phi = torch.exp(logits - ref)
+        if self.eps > 0:  # ref >= log(eps) then, so exp(-ref) <= 1 / eps cannot overflow
+            phi = phi + self.eps * torch.exp(-ref)
+        return phi * self.num_features ** -0.5
+
+    def attend(self, q, k, v, keep):
+        lq, lk = self._logits(q), self._logits(k)
+        phi_q = self._features(lq, self._reference(lq.amax(-1, keepdim=True)))  # per row: cancels row by row
+        seen = lk if keep is None else lk.masked_fill(~keep, -math.inf)
+        if self.causal:
+            return self._causal_scan(phi_q, lk, seen, v, keep)
+        phi_k = self._features(lk, self._reference(seen.amax((-1, -2), keepdim=True)))  # one constant for all
+        phi_k = phi_k if keep is None else phi_k.masked_fill(~keep, 0.0)
+        return feature_map_attention(phi_q, phi_k, v, causal=False)
+
+    def _causal_scan(self, phi_q, lk, seen, v, keep):
+        """Chunk by chunk, key features relative to the running max of the keys so far, state rescaled.
+
+        A key's stabiliser then never depends on a later chunk, so earlier outputs cannot move when
+        later tokens change (within a chunk they may move by rounding).
+        """
+        b, h, n, m = phi_q.shape
+        state = phi_q.new_zeros(b, h, m, v.shape[-1])
+        zstate = phi_q.new_zeros(b, h, m, 1)
+        top = torch.full((b, h, 1, 1), -math.inf, dtype=phi_q.dtype, device=phi_q.device)
+        ref = self._reference(top)
+        c = self.chunk_size
+        keeps = (None,) * -(-n // c) if keep is None else keep.expand(b, h, n, 1).split(c, 2)
+        outs = []  # split, not sliced in the loop: a slice's backward would write a full-size gradient
+        for qc, lkc, sc, vc, kc in zip(phi_q.split(c, 2), lk.split(c, 2), seen.split(c, 2),
+                                        v.to(phi_q.dtype).split(c, 2), keeps, strict=True):
+            top = torch.maximum(top, sc.detach().amax((-1, -2), keepdim=True))
+            new_ref = self._reference(top)
+            phi_k = self._features(lkc, new_ref)  # (b, h, c, m)
+            phi_k = phi_k if kc is None else phi_k.masked_fill(~kc, 0.0)
+            decay = torch.exp((ref - new_ref).clamp(max=0))  # to the new stabiliser (state is 0 before any key)
+            state, zstate = state * decay, zstate * decay
+            scores = (qc @ phi_k.transpose(-1, -2)).tril()  # (b, h, c, c): later keys selected away
+            num, den = qc @ state + scores @ vc, qc @ zstate + scores.sum(-1, keepdim=True)
+            outs.append(num / torch.where(den > 0, den, torch.ones_like(den)))
+            state = state + phi_k.transpose(-1, -2) @ vc
+            zstate = zstate + phi_k.sum(2).unsqueeze(-1)
+            ref = new_ref
+        return torch.cat(outs, 2).to(v.dtype) if outs else v.new_zeros(b, h, 0, v.shape[-1])
+
+
+def _linear_cost(batch=1, heads=8, length=4096, head_dim=64, features=None, causal=False, chunk=64, itemsize=4):
+    """Forward FLOPs and bytes of the main intermediates, ``features`` per head (``head_dim`` for elu + 1)."""
+    b, h, n, d = batch, heads, length, head_dim
+    f = d if features is None else features
+    proj = 8 * b * n * (h * d) ** 2
+    feats = 2 * b * h * 2 * n * d * f if f != d else 0
+    core = 4 * b * h * n * f * d + 4 * b * h * n * f
+    state = b * h * f * d
+    if causal:
+        core += 2 * b * h * n * chunk * (f + d)
+        state = b * h * -(-n // chunk) * f * d + b * h * n * chunk
+    memory = (b * h * n * (2 * f + 3 * d) + state) * itemsize
+    return {"flops": float(proj + feats + core), "memory_bytes": float(memory)}
+
+
+def _performer_cost(batch=1, heads=8, length=4096, head_dim=64, features=256, causal=False, chunk=128, itemsize=4):
+    return _linear_cost(batch, heads, length, head_dim, features, causal, chunk, itemsize)
+
+
+def _example(cls, **kwargs):
+    def build():
+        g = torch.Generator().manual_seed(0)
+        return cls(32, 4, **kwargs), (torch.randn(2, 16, 32, generator=g),)
+    return build
+
+
+register(Entry("linear-attention", LinearAttention, "Katharopoulos et al. 2020, arXiv:2006.16236, eq. 4-6",
+               "O(L D^2)", "elu(x)+1 feature map: phi(Q) (phi(K)^T V), causal by prefix sums", "long-sequence",
+               _example(LinearAttention, causal=True), _linear_cost))
+register(Entry("performer", PerformerAttention, "Choromanski et al. 2021, arXiv:2009.14794, Lemma 1 (FAVOR+)",
+               "O(L m D)", "positive orthogonal random features estimate softmax attention in linear time",
+               "long-sequence", _example(PerformerAttention, num_features=32), _performer_cost))

@@ -1,0 +1,315 @@
+"""Dot-product and multi-head attention (Vaswani et al. 2017) as modules; see also kv_cache and torch_compat."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import masks
+from ..attention import attention
+from ..errors import ArgumentError, DTypeError, ShapeError
+from ..registry import Entry, register
+from . import torch_compat
+from .kv_cache import KVCache
+
+__all__ = ["DotProductAttention", "MultiHeadAttention", "KVCache"]
+
+_PAPER = "Vaswani et al. 2017, arXiv:1706.03762"
+
+
+def _check_dropout(who: str, p) -> float:
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
+        raise ArgumentError(f"{who}: dropout must be a float in [0, 1); got {p!r}")
+    return float(p)
+
+
+class DotProductAttention(nn.Module):
+    """Parameter-free (scaled) dot-product attention over given queries, keys and values.
+
+    Vaswani et al. 2017, arXiv:1706.03762, eq. 1: ``Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V``;
+    with ``scaled=False`` the Luong et al. 2015 "dot" score ``softmax(Q K^T) V``.
+
+    Notation: ``Q, K, V`` = ``q, k, v``; ``d_k`` = the last dim of ``q``.
+
+    Differences from the paper: none. Masks follow attnkit (True = attend); a query with
+    no allowed key outputs 0. Returned weights are per head, before dropout.
+
+    Shapes:
+        q ``(B, H, Lq, D)`` or ``(B, Lq, D)``; k ``(B, Hkv, Lk, D)`` (``H % Hkv == 0``) or
+        ``(B, Lk, D)``; v likewise with ``Dv`` -> out ``(..., Lq, Dv)``, weights ``(..., Lq, Lk)``.
+
+    Complexity:
+        ``O(B H Lq Lk (D + Dv))`` time; memory as the backend :func:`attnkit.attention` picks.
+
+    Args:
+        scaled: divide the scores by ``sqrt(D)`` (default) or not.
+        dropout: dropout on the weights, applied only in training.
+
+    Example:
+        >>> import torch
+        >>> from attnkit import masks
+        >>> from attnkit.nn.multihead import DotProductAttention
+        >>> g = torch.Generator().manual_seed(0)
+        >>> q, k, v = (torch.randn(2, 3, 5, 4, generator=g) for _ in range(3))
+        >>> out, w = DotProductAttention()(q, k, v, mask=masks.causal(), need_weights=True)
+        >>> tuple(out.shape), w[0, 0, 0].tolist()  # the first query sees only the first key
+        ((2, 3, 5, 4), [1.0, 0.0, 0.0, 0.0, 0.0])
+    """
+
+    def __init__(self, *, scaled: bool = True, dropout: float = 0.0):
+        super().__init__()
+        self.scaled = bool(scaled)
+        self.dropout = _check_dropout("DotProductAttention", dropout)
+
+    def forward(self, q, k, v, *, mask=None, need_weights: bool = False):
+        """``out``, or ``(out, weights)`` when ``need_weights``; ``mask`` as in :func:`attnkit.attention`."""
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if isinstance(t, torch.Tensor) and t.dim() not in (3, 4):
+                raise ShapeError(f"DotProductAttention: {name} must be 3-D (B, L, D) or 4-D (B, H, L, D); "
+                                 f"got shape {tuple(t.shape)}")
+        res = attention(q, k, v, mask=mask, score="scaled_dot" if self.scaled else "dot",
+                        dropout_p=self.dropout if self.training else 0.0, return_weights=need_weights)
+        return (res.output, res.weights) if need_weights else res
+
+    def extra_repr(self) -> str:
+        return f"scaled={self.scaled}, dropout={self.dropout}"
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention: a drop-in for ``torch.nn.MultiheadAttention``, plus grouped-query heads and a KV cache.
+
+    Vaswani et al. 2017, "Attention Is All You Need", arXiv:1706.03762, Sec. 3.2.2::
+
+        MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,   head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+        Attention(q, k, v) = softmax(q k^T / sqrt(d_k)) v                                   (eq. 1)
+
+    Notation: ``d_model`` = ``embed_dim``, ``h`` = ``num_heads``, ``d_k = d_v`` = ``embed_dim // num_heads``;
+    ``W^Q, W^K, W^V`` are stacked in ``in_proj_weight`` (``q/k/v_proj_weight`` when kdim/vdim differ),
+    ``W^O`` = ``out_proj.weight``; state_dict keys are torch's. With ``num_kv_heads = g`` query head ``i``
+    uses key/value head ``i // (h / g)`` (grouped-query attention, Ainslie et al. 2023, arXiv:2305.13245).
+
+    Masks, all combined with logical AND (torch's arguments keep torch's polarity and are converted here):
+    ``key_padding_mask`` ``(N, S)`` bool True = padding, ignored; ``attn_mask`` ``(L, S)`` or
+    ``(N * num_heads, L, S)`` bool True = *not* allowed; a float one of either is added to the scores.
+    ``is_causal=True`` applies a causal mask (query ``i`` sees keys ``j <= i``; needs ``L == S``).
+    ``mask=`` takes an :mod:`attnkit.masks` mask or bool tensor, True = attend. Keys appended by
+    ``add_bias_kv`` / ``add_zero_attn`` are always allowed. :meth:`forward_step` decodes against a
+    :class:`KVCache` with bottom-right causal alignment (``t`` new queries after ``n - t`` cached keys)::
+
+        t=2, n=4:  q0: x x x .    query i sees keys j <= i + n - t
+                   q1: x x x x
+
+    Differences from the paper: torch's extensions (biases, kdim/vdim, bias_k/bias_v, zero attention).
+    Differences from torch: a query with no allowed key gets 0 before ``out_proj`` where torch gives
+    NaN; ``is_causal`` is applied, not a hint that needs ``attn_mask``; weights are returned before
+    dropout (torch: after; the same in eval); a bool mask beside a float mask raises (deprecated in torch).
+
+    Shapes:
+        query ``(L, N, E)`` (``(N, L, E)`` if batch_first, ``(L, E)`` unbatched); key ``(S, N, kdim)``,
+        value ``(S, N, vdim)`` alike -> output like query; weights ``(N, L, S')`` averaged over heads or
+        ``(N, num_heads, L, S')`` (no N unbatched), ``S' = S + add_bias_kv + add_zero_attn``.
+
+    Complexity:
+        ``O(N (L + S) E^2)`` for the projections plus ``O(N L S E)`` for attention; ``O(N H L S)``
+        memory with ``need_weights=True`` (torch's default), else as :func:`attnkit.attention` picks.
+
+    Args:
+        embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim, vdim, batch_first, device,
+            dtype: as ``torch.nn.MultiheadAttention`` (``embed_dim % num_heads == 0``).
+        num_kv_heads: key/value heads for grouped-query attention (dividing ``num_heads``; default
+            ``num_heads``). Projections for K and V then output ``num_kv_heads * head_dim`` features.
+
+    Example:
+        >>> import torch
+        >>> from attnkit.nn.multihead import MultiHeadAttention
+        >>> _ = torch.manual_seed(0)
+        >>> mha = MultiHeadAttention(12, 3, batch_first=True).eval()
+        >>> x = torch.randn(2, 5, 12)
+        >>> out, w = mha(x, x, x, is_causal=True)
+        >>> tuple(out.shape), tuple(w.shape)
+        ((2, 5, 12), (2, 5, 5))
+        >>> torch.allclose(mha.to_torch()(x, x, x, attn_mask=torch.ones(5, 5).triu(1).bool())[0], out, atol=1e-6)
+        True
+        >>> cache = mha.new_cache(2, 5)
+        >>> steps = [mha.forward_step(x[:, :3], cache)[0]] + [mha.forward_step(x[:, i:i + 1], cache)[0] for i in (3, 4)]
+        >>> torch.allclose(torch.cat(steps, 1), out, atol=1e-6)
+        True
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
+                 vdim: int | None = None, batch_first: bool = False, device=None, dtype=None, *,
+                 num_kv_heads: int | None = None):
+        super().__init__()
+        who = "MultiHeadAttention"
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        kdim, vdim = (embed_dim if d is None else d for d in (kdim, vdim))
+        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
+                            ("kdim", kdim), ("vdim", vdim)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ArgumentError(f"{who}: {name} must be a positive int; got {value!r}")
+        if embed_dim % num_heads:
+            raise ArgumentError(f"{who}: embed_dim must be divisible by num_heads; got embed_dim={embed_dim}, "
+                                f"num_heads={num_heads}")
+        if num_heads % num_kv_heads:
+            raise ArgumentError(f"{who}: num_kv_heads must divide num_heads; got num_heads={num_heads}, "
+                                f"num_kv_heads={num_kv_heads}")
+        self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
+        self.kdim, self.vdim = kdim, vdim
+        self.head_dim = embed_dim // num_heads
+        self.dropout = _check_dropout(who, dropout)
+        self.batch_first, self.add_zero_attn = bool(batch_first), bool(add_zero_attn)
+        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        self._build(bias, add_bias_kv, {"device": device, "dtype": dtype})
+        self._reset_parameters()
+
+    def _build(self, bias, add_bias_kv, fk):
+        e, kv = self.embed_dim, self.num_kv_heads * self.head_dim
+        empty = lambda *shape: nn.Parameter(torch.empty(*shape, **fk))
+        if self._qkv_same_embed_dim:
+            self.in_proj_weight = empty(e + 2 * kv, e)
+            self.register_parameter("q_proj_weight", None)
+            self.register_parameter("k_proj_weight", None)
+            self.register_parameter("v_proj_weight", None)
+        else:
+            self.q_proj_weight, self.k_proj_weight, self.v_proj_weight = empty(e, e), empty(kv, self.kdim), empty(
+                kv, self.vdim)
+            self.register_parameter("in_proj_weight", None)
+        self.in_proj_bias = empty(e + 2 * kv) if bias else None
+        self.out_proj = nn.Linear(e, e, bias=bias, **fk)
+        self.bias_k, self.bias_v = (empty(1, 1, kv), empty(1, 1, kv)) if add_bias_kv else (None, None)
+
+    def _reset_parameters(self):
+        # torch's initialisation, so that seeded models start from the same weights.
+        for w in (self.in_proj_weight, self.q_proj_weight, self.k_proj_weight, self.v_proj_weight):
+            if w is not None:
+                nn.init.xavier_uniform_(w)
+        for b in (self.in_proj_bias, self.out_proj.bias):
+            if b is not None:
+                nn.init.zeros_(b)
+        for b in (self.bias_k, self.bias_v):
+            if b is not None:
+                nn.init.xavier_normal_(b)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *args):
+        torch_compat.merge_projection_keys(self, state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, *args)
+
+    @property
+    def _n_extra(self) -> int:
+        return int(self.bias_k is not None) + int(self.add_zero_attn)
+
+    def _heads(self, t, heads):
+        return t.unflatten(-1, (heads, self.head_dim)).transpose(1, 2)  # (B, L, h*d) -> (B, h, L, d)
+
+    def _project(self, query, key, value):
+        e, kv = self.embed_dim, self.num_kv_heads * self.head_dim
+        if self._qkv_same_embed_dim:
+            wq, wk, wv = self.in_proj_weight.split([e, kv, kv])
+        else:
+            wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+        bq = bk = bv = None
+        if self.in_proj_bias is not None:
+            bq, bk, bv = self.in_proj_bias.split([e, kv, kv])
+        return (self._heads(F.linear(query, wq, bq), self.num_heads),
+                self._heads(F.linear(key, wk, bk), self.num_kv_heads),
+                self._heads(F.linear(value, wv, bv), self.num_kv_heads))
+
+    def _extra_keys(self, k, v):
+        """Append bias_k / bias_v and the zero key/value after the real ones: (B, Hkv, S, d) -> (B, Hkv, S', d)."""
+        b = k.shape[0]
+        if self.bias_k is not None:
+            k = torch.cat([k, self._heads(self.bias_k, self.num_kv_heads).expand(b, -1, -1, -1)], dim=2)
+            v = torch.cat([v, self._heads(self.bias_v, self.num_kv_heads).expand(b, -1, -1, -1)], dim=2)
+        if self.add_zero_attn:
+            k, v = (torch.cat([t, t.new_zeros(b, t.shape[1], 1, t.shape[3])], dim=2) for t in (k, v))
+        return k, v
+
+    def _attend(self, q, k, v, mask, bias, need_weights, average, batched):
+        k, v = self._extra_keys(k, v)
+        mask, bias = torch_compat.with_extra_keys(mask, bias, self._n_extra)
+        res = attention(q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0,
+                        return_weights=need_weights)
+        out = res.output if need_weights else res
+        out = self.out_proj(out.transpose(1, 2).flatten(2))  # (B, H, L, d) -> (B, L, E)
+        weights = (res.weights.mean(1) if average else res.weights) if need_weights else None
+        if not batched:
+            return out[0], None if weights is None else weights[0]
+        return (out if self.batch_first else out.transpose(0, 1)), weights
+
+    def _to_batch_first(self, t, batched):
+        return t if batched and self.batch_first else t.transpose(0, 1) if batched else t[None]
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = True, attn_mask=None,
+                average_attn_weights: bool = True, is_causal: bool = False, *, mask=None):
+        """``(output, weights or None)``, as ``torch.nn.MultiheadAttention.forward`` (see the class docstring)."""
+        who = type(self).__name__
+        batched = torch_compat.check_inputs(who, self, query, key, value)
+        query, key, value = (self._to_batch_first(t, batched) for t in (query, key, value))
+        full = (query.shape[0], self.num_heads, query.shape[1], key.shape[1])
+        mask, bias = torch_compat.convert_masks(who, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+                                                is_causal=is_causal, mask=mask, full=full, batched=batched,
+                                                device=query.device)
+        q, k, v = self._project(query, key, value)
+        return self._attend(q, k, v, mask, bias, need_weights, average_attn_weights, batched)
+
+    def new_cache(self, batch: int, max_len: int, *, dtype=None, device=None) -> KVCache:
+        """An empty :class:`KVCache` for :meth:`forward_step` (the parameters' dtype and device by default)."""
+        w = self.out_proj.weight
+        return KVCache(batch, max_len, self.num_kv_heads, self.head_dim, dtype=dtype or w.dtype,
+                       device=device or w.device)
+
+    def forward_step(self, x, cache: KVCache, *, need_weights: bool = False, average_attn_weights: bool = True):
+        """Causal self-attention of ``t`` new positions ``x`` (layout as ``query``) over ``cache`` + themselves.
+
+        Appends the new keys/values to ``cache`` and returns ``(output, weights or None)`` like
+        :meth:`forward` with ``is_causal=True`` on the whole sequence so far (bottom-right alignment).
+        """
+        who = f"{type(self).__name__}.forward_step"
+        if not self._qkv_same_embed_dim:
+            raise ArgumentError(f"{who}: self-attention needs kdim == vdim == embed_dim; got kdim={self.kdim}, "
+                                f"vdim={self.vdim}, embed_dim={self.embed_dim}")
+        if not isinstance(cache, KVCache):
+            raise DTypeError(f"{who}: cache must be a KVCache (see new_cache); got {type(cache).__name__}")
+        batched = torch_compat.check_inputs(who, self, x, x, x)
+        x = self._to_batch_first(x, batched)
+        want = (x.shape[0], self.num_kv_heads, cache.capacity, self.head_dim)
+        if cache.shape != want:
+            raise ShapeError(f"{who}: cache must have shape (batch, num_kv_heads, capacity, head_dim) = {want}; "
+                             f"got {cache.shape}")
+        q, k, v = self._project(x, x, x)
+        k, v = cache.append(k, v)
+        return self._attend(q, k, v, masks.causal(), None, need_weights, average_attn_weights, batched)
+
+    @classmethod
+    def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:
+        """The equivalent module, with ``module``'s configuration, weights and training mode."""
+        return torch_compat.from_torch(cls, module)
+
+    def to_torch(self) -> nn.MultiheadAttention:
+        """The equivalent ``torch.nn.MultiheadAttention`` (raises for grouped-query heads)."""
+        return torch_compat.to_torch(self)
+
+    def extra_repr(self) -> str:
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+                f"kdim={self.kdim}, vdim={self.vdim}, batch_first={self.batch_first}")
+
+
+def _mha_example():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 16, 24, generator=g)
+    return MultiHeadAttention(24, 3, batch_first=True).eval(), (x, x, x)
+
+
+def _dot_example():
+    g = torch.Generator().manual_seed(0)
+    return DotProductAttention(), tuple(torch.randn(2, 3, 16, 8, generator=g) for _ in range(3))
+
+
+register(Entry("multi-head", MultiHeadAttention, f"{_PAPER}, Sec. 3.2.2", "O(L S E + (L + S) E^2)",
+               "h heads of scaled dot-product attention on learned projections; torch.nn.MultiheadAttention "
+               "drop-in with grouped-query heads and a KV cache", family="module", example=_mha_example))
+register(Entry("dot-product-module", DotProductAttention, f"{_PAPER}, Sec. 3.2.1, eq. 1", "O(Lq Lk D)",
+               "softmax(q k^T / sqrt(d)) v as a parameter-free module (scaled=False: Luong's dot score)",
+               family="module", example=_dot_example))

@@ -1,0 +1,174 @@
+"""Perceiver: a small latent array cross-attends to a long input, then self-attends (Jaegle et al. 2021)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import masks
+from ..attention import attention
+from ..errors import ArgumentError
+from ..registry import Entry, register
+from .linear import check_keep_mask, check_sequence, merge_heads, split_heads
+
+__all__ = ["PerceiverAttention", "PerceiverEncoder"]
+
+
+class PerceiverAttention(nn.Module):
+    """Multi-head attention from a latent array to a context (Jaegle et al. 2021, arXiv:2103.03206, Sec. 2.1).
+
+    ``out = W_o softmax(Q K^T / sqrt(d)) V`` with ``Q = latents W_q`` (N x D) and ``K, V = context W_k,
+    context W_v`` (M x C): the cost is O(M N), linear in the input length M, not O(M^2). With
+    ``context=None`` it is the latent self-attention of the latent Transformer. Notation: latent array
+    = ``latents``, byte array = ``context``.
+
+    Differences from the paper: none in the attention itself; layer norms and residuals live in
+    :class:`PerceiverEncoder`.
+
+    Shapes: ``latents`` ``(b, N, query_dim)``, ``context`` ``(b, M, context_dim)``, ``context_keep_mask``
+    ``(b, M)`` bool (True = real input position) -> ``(b, N, query_dim)``. A sample whose context is
+    all padding gets zero attention (the output is then ``out_proj``'s bias).
+
+    Complexity: O(N M d) time, O(N M) memory per head (less on the chunked/SDPA backends).
+
+    Args:
+        query_dim: width of the latents. context_dim: width of the context (default ``query_dim``).
+        num_heads: number of heads. head_dim: width per head. dropout: on the weights while training.
+
+    Example:
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
+        >>> cross = PerceiverAttention(16, 8, num_heads=2, head_dim=4)
+        >>> cross(torch.randn(2, 3, 16), torch.randn(2, 50, 8)).shape
+        torch.Size([2, 3, 16])
+    """
+
+    def __init__(self, query_dim: int, context_dim: int | None = None, *, num_heads: int = 1, head_dim: int = 64,
+                 dropout: float = 0.0):
+        super().__init__()
+        context_dim = context_dim or query_dim
+        if min(query_dim, context_dim, num_heads, head_dim) < 1:
+            raise ArgumentError(f"dims and num_heads must be >= 1; got {(query_dim, context_dim, num_heads, head_dim)}")
+        if not 0 <= dropout < 1:
+            raise ArgumentError(f"dropout must be in [0, 1); got {dropout!r}")
+        self.query_dim, self.context_dim, self.num_heads, self.dropout = query_dim, context_dim, num_heads, dropout
+        inner = num_heads * head_dim
+        self.q_proj = nn.Linear(query_dim, inner)
+        self.k_proj = nn.Linear(context_dim, inner)
+        self.v_proj = nn.Linear(context_dim, inner)
+        self.out_proj = nn.Linear(inner, query_dim)
+
+    def forward(self, latents: torch.Tensor, context: torch.Tensor | None = None, *,
+                context_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
+        context = latents if context is None else context
+        check_sequence("latents", latents, self.query_dim)
+        check_sequence("context", context, self.context_dim)
+        keep = check_keep_mask("context_keep_mask", context_keep_mask, context.shape[0], context.shape[1])
+        q = split_heads(self.q_proj(latents), self.num_heads)  # (b, h, N, d)
+        k, v = split_heads(self.k_proj(context), self.num_heads), split_heads(self.v_proj(context), self.num_heads)
+        out = attention(q, k, v, mask=None if keep is None else masks.keys(keep),
+                        dropout_p=self.dropout if self.training else 0.0)
+        return self.out_proj(merge_heads(out))
+
+
+class _FeedForward(nn.Sequential):
+    def __init__(self, dim: int, dropout: float):
+        super().__init__(nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.GELU(), nn.Dropout(dropout),
+                         nn.Linear(4 * dim, dim))
+
+
+class PerceiverEncoder(nn.Module):
+    """Perceiver encoder: cross-attend from learned latents to the input, then a latent Transformer.
+
+    Jaegle et al. 2021, arXiv:2103.03206, Sec. 2 and Fig. 1: with a learned latent array ``z`` (N x D),
+    ``z = z + CrossAttn(LN(z), LN(x)); z = z + MLP(LN(z))``, then ``depth`` blocks of
+    ``z = z + SelfAttn(LN(z)); z = z + MLP(LN(z))`` (pre-norm, MLP width 4 D, GELU), and a final LN.
+
+    Differences from the paper: one cross-attend followed by one latent stack (the paper interleaves
+    further cross-attends, optionally weight-shared); positional/Fourier features of the input are the
+    caller's. Latents start as a truncated normal (std 0.02) as in the paper.
+
+    Shapes: ``x`` ``(b, M, input_dim)``, ``input_keep_mask`` ``(b, M)`` bool (True = real position)
+    -> ``(b, num_latents, latent_dim)``. A padded sample gives the same latents as the sample alone.
+
+    Complexity: O(M N D) for the cross-attend plus O(depth N^2 D) for the latent blocks: linear in M.
+
+    Args:
+        input_dim: width C of the input. num_latents: N. latent_dim: D. depth: latent self-attention
+        blocks. cross_heads / latent_heads: heads of the two attentions. head_dim: width per head.
+        dropout: on the attention weights and inside the MLPs while training.
+
+    Example:
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
+        >>> enc = PerceiverEncoder(8, num_latents=4, latent_dim=16, depth=1, latent_heads=2, head_dim=8)
+        >>> enc(torch.randn(2, 100, 8)).shape
+        torch.Size([2, 4, 16])
+    """
+
+    def __init__(self, input_dim: int, *, num_latents: int = 64, latent_dim: int = 256, depth: int = 4,
+                 cross_heads: int = 1, latent_heads: int = 8, head_dim: int = 64, dropout: float = 0.0):
+        super().__init__()
+        self.input_dim = input_dim
+        self.latents = nn.Parameter(nn.init.trunc_normal_(torch.empty(num_latents, latent_dim), std=0.02))
+        self.norm_latents, self.norm_input = nn.LayerNorm(latent_dim), nn.LayerNorm(input_dim)
+        self.cross_attn = PerceiverAttention(latent_dim, input_dim, num_heads=cross_heads, head_dim=head_dim,
+                                             dropout=dropout)
+        self.cross_ff = _FeedForward(latent_dim, dropout)
+        self.blocks = nn.ModuleList(nn.ModuleDict({
+            "norm": nn.LayerNorm(latent_dim),
+            "attn": PerceiverAttention(latent_dim, num_heads=latent_heads, head_dim=head_dim, dropout=dropout),
+            "ff": _FeedForward(latent_dim, dropout)}) for _ in range(depth))
+        self.norm_out = nn.LayerNorm(latent_dim)
+
+    def forward(self, x: torch.Tensor, *, input_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
+        check_sequence("x", x, self.input_dim)
+        z = self.latents.to(x.dtype).expand(x.shape[0], -1, -1)  # (b, N, D)
+        z = z + self.cross_attn(self.norm_latents(z), self.norm_input(x), context_keep_mask=input_keep_mask)
+        z = z + self.cross_ff(z)
+        for block in self.blocks:
+            h = block["norm"](z)
+            z = z + block["attn"](h)
+            z = z + block["ff"](z)
+        return self.norm_out(z)
+
+
+def _attention_cost(batch=1, heads=8, length=4096, head_dim=64, latents=256, input_dim=None, itemsize=4):
+    """Forward FLOPs and main intermediates of ``latents`` queries attending to an input of ``length``."""
+    b, n, h, d = batch, length, heads, head_dim
+    dim, c = h * d, input_dim or h * d
+    flops = 4 * b * latents * dim * dim + 4 * b * n * c * dim + 4 * b * latents * n * dim
+    memory = (2 * b * n * dim + 2 * b * latents * dim + b * h * latents * n) * itemsize
+    return {"flops": float(flops), "memory_bytes": float(memory)}
+
+
+def _encoder_cost(batch=1, heads=8, length=4096, head_dim=64, latents=256, depth=4, input_dim=None, itemsize=4):
+    """Cross-attend + MLP, then ``depth`` latent blocks (attention + MLP), forward."""
+    cross = _attention_cost(batch, heads, length, head_dim, latents, input_dim, itemsize)
+    self_attn = _attention_cost(batch, heads, latents, head_dim, latents, None, itemsize)
+    dim = heads * head_dim
+    mlp_flops, mlp_bytes = 16 * batch * latents * dim * dim, 5 * batch * latents * dim * itemsize
+    flops = cross["flops"] + mlp_flops + depth * (self_attn["flops"] + mlp_flops)
+    memory = cross["memory_bytes"] + mlp_bytes + depth * (self_attn["memory_bytes"] + mlp_bytes)
+    return {"flops": float(flops), "memory_bytes": float(memory)}
+
+
+def _example_attention():
+    g = torch.Generator().manual_seed(0)
+    return (PerceiverAttention(16, 8, num_heads=2, head_dim=8),
+            (torch.randn(2, 4, 16, generator=g), torch.randn(2, 32, 8, generator=g)))
+
+
+def _example_encoder():
+    g = torch.Generator().manual_seed(0)
+    enc = PerceiverEncoder(8, num_latents=4, latent_dim=16, depth=1, latent_heads=2, head_dim=8)
+    return enc, (torch.randn(2, 32, 8, generator=g),)
+
+
+_PAPER = "Jaegle et al. 2021, arXiv:2103.03206, Sec. 2.1"
+register(Entry("perceiver-attention", PerceiverAttention, _PAPER, "O(L N D)",
+               "N latent queries cross-attend to a length-L input", "long-sequence", _example_attention,
+               _attention_cost))
+register(Entry("perceiver-encoder", PerceiverEncoder, _PAPER, "O(L N D + N^2 D)",
+               "latent cross-attention then a latent Transformer", "long-sequence", _example_encoder,
+               _encoder_cost))

@@ -1,0 +1,119 @@
+"""Pointer attention: the attention weights are the output distribution over input positions."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import DTypeError, ShapeError
+from ..functional.normalize import softmax
+from ..functional.scores import additive
+from ..registry import Entry, register
+
+__all__ = ["PointerAttention"]
+
+_WHO = "PointerAttention"
+
+
+def _shape(t):
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+class PointerAttention(nn.Module):
+    """Pointer network attention: log-probabilities of pointing at each input position.
+
+    Vinyals, Fortunato & Jaitly 2015, "Pointer Networks", NeurIPS, arXiv:1506.03134, eq. 3::
+
+        u^i_j = v^T tanh(W_1 e_j + W_2 d_i),   p(C_i | C_1, ..., C_{i-1}, P) = softmax(u^i)
+
+    Notation: ``e_j`` = ``encoder[:, j]``, ``d_i`` = ``decoder[:, i]``, ``W_1`` =
+    ``encoder_proj.weight``, ``W_2`` = ``decoder_proj.weight``, ``v`` = ``v``; the
+    result is ``log p``, the log of the softmax (computed stably, not as ``log(softmax)``).
+
+    Differences from the paper: log-probabilities instead of probabilities; a
+    ``mask`` of positions that may be chosen (True), e.g. to forbid positions already
+    pointed at (a common constraint for permutation outputs, not in eq. 3): masked
+    positions get log-probability ``-inf`` (probability 0); a row with no allowed
+    position gives all ``-inf`` (probabilities 0, never NaN; gradients 0). The
+    ``W_1 e_j + W_2 d_i`` hidden tensor is built a band of positions at a time.
+
+    Shapes:
+        decoder ``(B, Lq, decoder_dim)`` or ``(B, decoder_dim)``, encoder ``(B, n, encoder_dim)``,
+        mask ``(B, n)`` or ``(B, Lq, n)`` -> log-probabilities ``(B, Lq, n)`` or ``(B, n)``.
+
+    Complexity: ``O(B Lq n hidden_dim)`` time; the hidden tensor is bounded in memory.
+
+    Args:
+        encoder_dim: features of an encoder state ``e_j``.
+        decoder_dim: features of a decoder state ``d_i``; default ``encoder_dim``.
+        hidden_dim: size of ``v``; default ``encoder_dim``.
+
+    Example:
+        >>> import torch
+        >>> from attnkit.nn.pointer import PointerAttention
+        >>> _ = torch.manual_seed(0)
+        >>> ptr = PointerAttention(6, 4, 5)
+        >>> chosen = torch.tensor([[True, False, False, False, False, False, False]] * 2)
+        >>> logp = ptr(torch.randn(2, 4), torch.randn(2, 7, 6), mask=~chosen)
+        >>> logp.shape, logp[0, 0].item(), round(logp.exp().sum(-1)[0].item(), 6)
+        (torch.Size([2, 7]), -inf, 1.0)
+    """
+
+    def __init__(self, encoder_dim: int, decoder_dim: int | None = None, hidden_dim: int | None = None):
+        super().__init__()
+        decoder_dim = encoder_dim if decoder_dim is None else decoder_dim
+        hidden_dim = encoder_dim if hidden_dim is None else hidden_dim
+        self.encoder_dim, self.decoder_dim = encoder_dim, decoder_dim
+        self.encoder_proj = nn.Linear(encoder_dim, hidden_dim, bias=False)
+        self.decoder_proj = nn.Linear(decoder_dim, hidden_dim, bias=False)
+        self.v = nn.Parameter(torch.empty(hidden_dim).uniform_(-hidden_dim ** -0.5, hidden_dim ** -0.5))
+
+    def scores(self, decoder: torch.Tensor, encoder: torch.Tensor) -> torch.Tensor:
+        """``u`` of eq. 3, ``(B, Lq, n)``, for 3-D ``decoder`` and ``encoder``."""
+        dtype = encoder.dtype
+        return additive(decoder, encoder, self.decoder_proj.weight.T.to(dtype), self.encoder_proj.weight.T.to(dtype),
+                        self.v.to(dtype))
+
+    def _allowed(self, mask, b, lq, n):
+        if mask is None:
+            return None
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+            raise DTypeError(f"{_WHO}: mask must be a bool tensor (True = may be chosen); got {got}")
+        if tuple(mask.shape) == (b, n):
+            return mask[:, None, :]
+        if tuple(mask.shape) == (b, lq, n):
+            return mask
+        raise ShapeError(f"{_WHO}: mask must have shape (batch, n) = {(b, n)} or (batch, Lq, n) = {(b, lq, n)}; "
+                         f"got {tuple(mask.shape)}")
+
+    def forward(self, decoder: torch.Tensor, encoder: torch.Tensor, *, mask: torch.Tensor | None = None):
+        """Log-probabilities of pointing at each encoder position; see the class docstring."""
+        if not isinstance(encoder, torch.Tensor) or encoder.dim() != 3 or encoder.shape[-1] != self.encoder_dim:
+            raise ShapeError(f"{_WHO}: encoder must have shape (batch, n, {self.encoder_dim}); got {_shape(encoder)}")
+        single = isinstance(decoder, torch.Tensor) and decoder.dim() == 2
+        if not isinstance(decoder, torch.Tensor) or decoder.dim() not in (2, 3) \
+                or decoder.shape[-1] != self.decoder_dim or decoder.shape[0] != encoder.shape[0]:
+            raise ShapeError(f"{_WHO}: decoder must have shape (batch, {self.decoder_dim}) or (batch, Lq, "
+                             f"{self.decoder_dim}) with batch={encoder.shape[0]}; got {_shape(decoder)}")
+        dec = decoder[:, None, :] if single else decoder  # (B, Lq, Dd)
+        b, lq, n = dec.shape[0], dec.shape[1], encoder.shape[1]
+        allowed = self._allowed(mask, b, lq, n)
+        u = self.scores(dec.to(encoder.dtype), encoder)  # (B, Lq, n)
+        if allowed is not None:
+            allowed = allowed.expand(b, lq, n)
+        _, lse = softmax(u, allowed)  # lse (B, Lq): -inf for a row with no allowed position
+        logp = u - lse[..., None]
+        if allowed is not None:  # select, so the -inf rows never turn into NaN (inf - inf)
+            logp = torch.where(allowed, logp, torch.full_like(logp, float("-inf")))
+        return logp[:, 0] if single else logp
+
+
+def _example():
+    g = torch.Generator().manual_seed(0)
+    return PointerAttention(8, 6, 5), (torch.randn(2, 3, 6, generator=g), torch.randn(2, 7, 8, generator=g))
+
+
+register(Entry("pointer", PointerAttention, "Vinyals et al. 2015, arXiv:1506.03134, eq. 3", "O(Lq n A)",
+               "attention weights as the output distribution over input positions (log-probabilities)",
+               family="module", example=_example))

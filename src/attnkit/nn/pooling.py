@@ -1,0 +1,238 @@
+"""Attention pooling with a learned context vector, and the hierarchical attention network built on it."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from ..attention import attention
+from ..errors import ArgumentError, DTypeError, ShapeError
+from ..registry import Entry, register
+
+__all__ = ["AttentionPooling", "PoolingOutput", "HierarchicalAttention", "HierarchicalOutput"]
+
+
+def _check_mask(who, name, mask, shape):
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise DTypeError(f"{who}: {name} must be a bool tensor (True = keep); got {got}")
+    if tuple(mask.shape) != tuple(shape):
+        raise ShapeError(f"{who}: {name} must have shape {tuple(shape)}; got {tuple(mask.shape)}")
+    return mask
+
+
+class PoolingOutput(NamedTuple):
+    """pooled ``(B, D)``; weights ``(B, n)``."""
+
+    pooled: torch.Tensor
+    weights: torch.Tensor
+
+
+class AttentionPooling(nn.Module):
+    """Context-based attention pooling: a learned context vector scores every position.
+
+    Yang et al. 2016, "Hierarchical Attention Networks for Document Classification",
+    NAACL-HLT, eqs. 5-7::
+
+        u_t = tanh(W h_t + b),   a_t = softmax_t(u_t^T u_w),   s = sum_t a_t h_t
+
+    Notation: ``h_t`` = ``x[:, t]``, ``W, b`` = ``proj``, ``u_w`` = ``context``,
+    ``a`` = ``weights``, ``s`` = ``pooled``.
+
+    Differences from the paper: a padding mask (True = keep); a row with no kept
+    position pools to 0 with weights 0.
+
+    Shapes:
+        x ``(B, n, dim)``, mask ``(B, n)`` -> pooled ``(B, dim)``, weights ``(B, n)``.
+
+    Complexity: ``O(B n dim attn_dim)`` time, ``O(B n attn_dim)`` memory.
+
+    Args:
+        dim: features of each position.
+        attn_dim: size of ``u_t`` and ``u_w``; default ``dim``.
+
+    Example:
+        >>> import torch
+        >>> from attnkit.nn.pooling import AttentionPooling
+        >>> _ = torch.manual_seed(0)
+        >>> pool = AttentionPooling(6, 4)
+        >>> pooled, weights = pool(torch.randn(2, 5, 6), mask=torch.tensor([[True] * 5, [True] * 3 + [False] * 2]))
+        >>> pooled.shape, weights[1, 3:].tolist()
+        (torch.Size([2, 6]), [0.0, 0.0])
+    """
+
+    def __init__(self, dim: int, attn_dim: int | None = None):
+        super().__init__()
+        attn_dim = dim if attn_dim is None else attn_dim
+        self.dim = dim
+        self.proj = nn.Linear(dim, attn_dim)
+        self.context = nn.Parameter(torch.empty(attn_dim).uniform_(-attn_dim ** -0.5, attn_dim ** -0.5))
+
+    def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None = None) -> PoolingOutput:
+        """Pool ``x`` over its positions; ``mask`` (B, n) bool, True = keep."""
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ShapeError(f"AttentionPooling: x must have shape (batch, length, {self.dim}); got {got}")
+        _check_mask("AttentionPooling", "mask", mask, x.shape[:2])
+        u = torch.tanh(self.proj(x))  # (B, n, A)
+        query = self.context.to(u.dtype).expand(x.shape[0], 1, -1)  # (B, 1, A)
+        out = attention(query, u, x, score="dot", scale=1.0, return_weights=True,
+                        mask=None if mask is None else mask[:, None, :])
+        return PoolingOutput(out.output[:, 0], out.weights[:, 0])
+
+
+def _left_aligned_lengths(who, name, mask):
+    lengths = mask.sum(-1)
+    if not torch.equal(mask, torch.arange(mask.shape[-1], device=mask.device) < lengths[..., None]):
+        raise ArgumentError(f"{who}: {name} must be left-aligned (True then False in each row) for the GRU encoder")
+    return lengths
+
+
+class _BiGRU(nn.Module):
+    """Bidirectional GRU over padded rows; rows of length 0 give zeros."""
+
+    def __init__(self, input_dim: int, output_dim: int):
+        super().__init__()
+        if output_dim % 2:
+            raise ArgumentError(f"HierarchicalAttention: hidden_dim must be even for the bidirectional GRU; "
+                                f"got {output_dim}")
+        self.output_dim = output_dim
+        self.gru = nn.GRU(input_dim, output_dim // 2, batch_first=True, bidirectional=True)
+
+    def forward(self, x, lengths):
+        out = x.new_zeros(x.shape[0], x.shape[1], self.output_dim)
+        rows = (lengths > 0).nonzero().flatten()
+        if rows.numel():
+            packed = pack_padded_sequence(x[rows], lengths[rows].cpu(), batch_first=True, enforce_sorted=False)
+            h, _ = pad_packed_sequence(self.gru(packed)[0], batch_first=True, total_length=x.shape[1])
+            out = out.index_copy(0, rows, h)
+        return out
+
+
+def _encoder(spec, input_dim, hidden_dim):
+    """(module or None for identity, output dim)."""
+    if spec == "gru":
+        return _BiGRU(input_dim, hidden_dim), hidden_dim
+    if spec == "identity":
+        return None, input_dim
+    if isinstance(spec, nn.Module):
+        return spec, hidden_dim
+    raise ArgumentError(f"HierarchicalAttention: an encoder must be 'gru', 'identity' or an nn.Module; got {spec!r}")
+
+
+class HierarchicalOutput(NamedTuple):
+    """document ``(B, D)``; word_weights ``(B, S, W)``; sentence_weights ``(B, S)``."""
+
+    document: torch.Tensor
+    word_weights: torch.Tensor
+    sentence_weights: torch.Tensor
+
+
+class HierarchicalAttention(nn.Module):
+    """Hierarchical attention network: words -> sentence vectors -> document vector.
+
+    Yang et al. 2016, "Hierarchical Attention Networks for Document Classification",
+    NAACL-HLT, eqs. 2-10: a bidirectional GRU encodes the words of each sentence,
+    :class:`AttentionPooling` (eqs. 5-7) pools them into a sentence vector, and the
+    same two steps at the sentence level (eqs. 8-10) give the document vector::
+
+        h_it = [GRU_fwd(x_it); GRU_bwd(x_it)],   s_i = sum_t a_it h_it,   a_it = softmax_t(tanh(W_w h_it + b_w)^T u_w)
+        h_i = [GRU_fwd(s_i); GRU_bwd(s_i)],      v = sum_i a_i h_i,       a_i = softmax_i(tanh(W_s h_i + b_s)^T u_s)
+
+    Notation: ``x_it`` = ``x[:, i, t]``; ``a_it`` = ``word_weights``; ``a_i`` =
+    ``sentence_weights``; ``v`` = ``document``.
+
+    Differences from the paper: inputs are word vectors (the embedding ``W_e`` and the
+    classifier stay outside); padding masks at both levels; the encoders are
+    pluggable: ``"gru"`` (the paper's, ``hidden_dim // 2`` units per direction),
+    ``"identity"`` or any module mapping ``(N, L, in) -> (N, L, hidden_dim)``, which
+    sees padded positions as given and whose outputs at padded positions are zeroed.
+
+    Shapes:
+        x ``(B, S, W, input_dim)``, word_mask ``(B, S, W)``, sentence_mask ``(B, S)``
+        (default: sentences with at least one word) -> document ``(B, D)``,
+        word_weights ``(B, S, W)``, sentence_weights ``(B, S)``.
+
+    Complexity: ``O(B S W hidden^2)`` for the GRUs, ``O(B S W hidden attn_dim)`` for attention.
+
+    Args:
+        input_dim: features of a word vector.
+        hidden_dim: features of an encoder's output (the annotation ``h``).
+        attn_dim: size of the context vectors; default the annotation size.
+        word_encoder: ``"gru"``, ``"identity"`` or an ``nn.Module``.
+        sentence_encoder: ``"gru"``, ``"identity"`` or an ``nn.Module``.
+
+    Example:
+        >>> import torch
+        >>> from attnkit.nn.pooling import HierarchicalAttention
+        >>> _ = torch.manual_seed(0)
+        >>> han = HierarchicalAttention(6, 8)
+        >>> word_mask = torch.ones(2, 3, 4, dtype=torch.bool)
+        >>> doc, word_w, sent_w = han(torch.randn(2, 3, 4, 6), word_mask=word_mask)
+        >>> doc.shape, word_w.shape, sent_w.shape
+        (torch.Size([2, 8]), torch.Size([2, 3, 4]), torch.Size([2, 3]))
+    """
+
+    def __init__(self, input_dim: int, hidden_dim: int, *, attn_dim: int | None = None,
+                 word_encoder: str | nn.Module = "gru", sentence_encoder: str | nn.Module = "gru"):
+        super().__init__()
+        self.input_dim = input_dim
+        self.word_encoder, word_dim = _encoder(word_encoder, input_dim, hidden_dim)
+        self.sentence_encoder, self.output_dim = _encoder(sentence_encoder, word_dim, hidden_dim)
+        self.word_attention = AttentionPooling(word_dim, attn_dim)
+        self.sentence_attention = AttentionPooling(self.output_dim, attn_dim)
+
+    @staticmethod
+    def _encode(encoder, x, mask, name):
+        if encoder is None:
+            return x.masked_fill(~mask[..., None], 0.0)
+        if isinstance(encoder, _BiGRU):
+            return encoder(x, _left_aligned_lengths("HierarchicalAttention", name, mask))
+        return encoder(x).masked_fill(~mask[..., None], 0.0)
+
+    def forward(self, x: torch.Tensor, *, word_mask: torch.Tensor | None = None,
+                sentence_mask: torch.Tensor | None = None) -> HierarchicalOutput:
+        """Encode a batch of documents; masks are bool, True = a real word / sentence."""
+        if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[-1] != self.input_dim:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ShapeError(f"HierarchicalAttention: x must have shape (batch, sentences, words, "
+                             f"{self.input_dim}); got {got}")
+        b, s, w, d = x.shape
+        word_mask = _check_mask("HierarchicalAttention", "word_mask", word_mask, (b, s, w))
+        if word_mask is None:
+            word_mask = torch.ones(b, s, w, dtype=torch.bool, device=x.device)
+        if sentence_mask is None:
+            sentence_mask = word_mask.any(-1)
+        _check_mask("HierarchicalAttention", "sentence_mask", sentence_mask, (b, s))
+        flat_mask = word_mask.reshape(b * s, w)
+        h = self._encode(self.word_encoder, x.reshape(b * s, w, d), flat_mask, "word_mask")  # (B*S, W, Dw)
+        sentences, word_weights = self.word_attention(h, mask=flat_mask)  # (B*S, Dw), (B*S, W)
+        sentences = sentences.reshape(b, s, -1)
+        hs = self._encode(self.sentence_encoder, sentences, sentence_mask, "sentence_mask")  # (B, S, D)
+        document, sentence_weights = self.sentence_attention(hs, mask=sentence_mask)
+        return HierarchicalOutput(document, word_weights.reshape(b, s, w), sentence_weights)
+
+
+def _pooling_example():
+    g = torch.Generator().manual_seed(0)
+    return AttentionPooling(8, 6), (torch.randn(2, 7, 8, generator=g),)
+
+
+def _han_example():
+    g = torch.Generator().manual_seed(0)
+    return HierarchicalAttention(8, 6), (torch.randn(2, 3, 5, 8, generator=g),)
+
+
+register(Entry("attention-pooling", AttentionPooling,
+               "Yang et al. 2016, NAACL-HLT, 'Hierarchical Attention Networks for Document Classification', eqs. 5-7",
+               "O(n D A)", "pool a sequence with softmax(tanh(W h + b)^T u_w) over a learned context vector",
+               family="module", example=_pooling_example))
+register(Entry("hierarchical-attention", HierarchicalAttention,
+               "Yang et al. 2016, NAACL-HLT, 'Hierarchical Attention Networks for Document Classification', eqs. 2-10",
+               "O(S W (H^2 + H A))", "BiGRU + attention pooling over words, then over sentences",
+               family="module", example=_han_example))

@@ -1,0 +1,152 @@
+"""BigBirdAttention: its block pattern by brute force, reproducible random blocks, float64 reference."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnkit
+import attnkit.nn.bigbird as bb_module
+from attnkit.errors import ArgumentError
+from attnkit.nn.bigbird import BigBirdAttention
+from attnkit.registry import get
+
+B, N, DIM, H = 2, 13, 12, 3  # head width 4; n = 13 is no multiple of the block sizes used
+
+
+def _x(b=B, n=N, dim=DIM, seed=0):
+    return torch.randn(b, n, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def _layer(seed=0, **kwargs):
+    torch.manual_seed(seed)
+    return BigBirdAttention(DIM, H, **kwargs).double()
+
+
+def reference(layer, x, allowed):
+    """Multi-head softmax(q k^T / sqrt(d)) v over ``allowed`` (n, n), written with plain float64 ops."""
+    x = x.detach().double()
+    b, n, dim = x.shape
+    lin = lambda m, t: F.linear(t, m.weight.double(), m.bias.double())
+    heads = lambda t: t.view(b, n, H, dim // H).transpose(1, 2)
+    q, k, v = heads(lin(layer.q_proj, x)), heads(lin(layer.k_proj, x)), heads(lin(layer.v_proj, x))
+    scores = (q @ k.transpose(-1, -2) / math.sqrt(dim // H)).masked_fill(~allowed, float("-inf"))
+    return lin(layer.out_proj, (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(b, n, dim))
+
+
+def token_mask(layout, block, n):
+    return torch.tensor([[bool(layout[i // block, j // block]) for j in range(n)] for i in range(n)])
+
+
+CONFIGS = [dict(block_size=2, window_blocks=3, global_blocks=1, random_blocks=2),
+           dict(block_size=3, window_blocks=1, global_blocks=0, random_blocks=1),
+           dict(block_size=4, window_blocks=3, global_blocks=2, random_blocks=0),
+           dict(block_size=2, window_blocks=5, global_blocks=9, random_blocks=3)]  # all global
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_output_equals_dense_attention_over_the_layout(config):
+    layer = _layer(**config)
+    expected = reference(layer, _x(), token_mask(layer.layout(N), config["block_size"], N))
+    torch.testing.assert_close(layer(_x()), expected, rtol=1e-10, atol=1e-12)
+
+
+def test_window_covering_the_sequence_is_dense_attention():
+    layer = _layer(block_size=2, window_blocks=13, global_blocks=0, random_blocks=2)
+    expected = reference(layer, _x(), torch.ones(N, N, dtype=torch.bool))
+    torch.testing.assert_close(layer(_x()), expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_layout_follows_the_definition(seed):
+    w, g, r = 3, 2, 3
+    layer = BigBirdAttention(DIM, H, block_size=4, window_blocks=w, global_blocks=g, random_blocks=r, seed=seed)
+    nb = 20
+    lay = layer.layout(nb * 4 - 1)  # last block shorter
+    assert lay.shape == (nb, nb)
+    for i in range(nb):
+        seen = {j for j in range(nb) if abs(i - j) <= w // 2} | set(range(g))
+        if i < g:
+            assert lay[i].all()  # global rows see everything
+            continue
+        extra = {j for j in range(nb) if lay[i, j]} - seen
+        assert all(lay[i, j] for j in seen)
+        assert len(extra) == min(r, nb - len(seen))  # exactly r random blocks outside window and globals
+
+
+def test_random_blocks_are_reproducible():
+    x = _x(n=40)
+    a, b = _layer(block_size=2), _layer(block_size=2)
+    torch.testing.assert_close(a(x), b(x), rtol=0, atol=0)  # same weights, same default seed
+    gen = lambda s: torch.Generator().manual_seed(s)
+    torch.testing.assert_close(a(x, generator=gen(5)), a(x, generator=gen(5)), rtol=0, atol=0)
+    assert torch.equal(a.layout(40, gen(5)), a.layout(40, gen(5)))
+    assert not torch.equal(a.layout(40, gen(5)), a.layout(40, gen(6)))
+    other_seed = BigBirdAttention(DIM, H, block_size=2, seed=7)
+    assert not torch.equal(a.layout(40), other_seed.layout(40))
+    assert torch.equal(other_seed.layout(40), other_seed.layout(40, gen(7)))
+
+
+def test_float32_is_close_to_the_float64_reference():
+    layer = _layer(block_size=2, window_blocks=3, global_blocks=1, random_blocks=1)
+    expected = reference(layer, _x(), token_mask(layer.layout(N), 2, N))
+    torch.testing.assert_close(layer.float()(_x().float()).double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_gradcheck_float64():
+    torch.manual_seed(0)
+    layer = BigBirdAttention(4, 2, block_size=2, window_blocks=1, global_blocks=1, random_blocks=1).double()
+    x = torch.randn(1, 7, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(layer, (x,))
+
+
+def test_state_dict_round_trip():
+    layer, other = _layer(seed=1, block_size=2), _layer(seed=2, block_size=2)
+    assert not torch.equal(layer(_x()), other(_x()))
+    other.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(other(_x()), layer(_x()), rtol=0, atol=0)
+
+
+def test_long_inputs_run_the_non_global_rows_on_the_blocksparse_kernel(monkeypatch):
+    seen = []
+    real = bb_module.attention
+
+    def spy(q, k, v, **kwargs):
+        seen.append((q.shape[2], attnkit.explain(q, k, v, **kwargs).backend))
+        return real(q, k, v, **kwargs)
+
+    monkeypatch.setattr(bb_module, "attention", spy)
+    torch.manual_seed(0)
+    BigBirdAttention(8, 2, block_size=64)(torch.randn(1, 2048, 8))  # 8 of 32 blocks per row
+    assert seen[0][0] == 128 and seen[1] == (2048 - 128, "blocksparse")
+
+
+def test_bad_arguments_raise_named_errors():
+    with pytest.raises(ArgumentError, match="odd"):
+        BigBirdAttention(DIM, H, window_blocks=2)
+    with pytest.raises(ArgumentError, match="block_size"):
+        BigBirdAttention(DIM, H, block_size=0)
+    with pytest.raises(ArgumentError, match="random_blocks"):
+        BigBirdAttention(DIM, H, random_blocks=-1)
+
+
+def test_registry_entry_runs_and_costs_grow_linearly():
+    entry = get("bigbird")
+    assert entry.target is BigBirdAttention and entry.family == "long-sequence"
+    fn, inputs = entry.example()
+    assert fn(*inputs).shape == inputs[0].shape
+    small, large = entry.cost(length=4096), entry.cost(length=8192)
+    assert set(small) == {"flops", "memory_bytes"}
+    assert 1.9 < large["flops"] / small["flops"] < 2.1
+
+
+@pytest.mark.parametrize("shape", [(2, 0, DIM), (0, 5, DIM), (2, 1, DIM)])
+def test_empty_and_length_one_inputs(shape):
+    layer = _layer(block_size=2, global_blocks=1)
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    out = layer(x)
+    out.sum().backward()
+    assert out.shape == shape and torch.isfinite(x.grad).all()
+    if shape[1] == 1:  # softmax over one key: that key's value
+        torch.testing.assert_close(out, reference(layer, x, torch.ones(1, 1, dtype=torch.bool)), rtol=1e-10, atol=1e-12)

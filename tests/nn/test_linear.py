@@ -1,0 +1,232 @@
+"""LinearAttention and PerformerAttention against float64 transcriptions of their papers' equations."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnkit
+from attnkit.errors import ArgumentError, DTypeError, ShapeError
+from attnkit.nn.linear import (
+    LinearAttention,
+    PerformerAttention,
+    feature_map_attention,
+    orthogonal_random_features,
+)
+
+B, N, DIM, H = 2, 13, 12, 3  # dim_head = 4; n not a multiple of the chunk sizes used
+
+
+def _x(b=B, n=N, dim=DIM, seed=0, dtype=torch.float64):
+    return torch.randn(b, n, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
+
+
+def _qkv(layer, x):
+    def heads(t):
+        b, n, _ = t.shape
+        return t.view(b, n, layer.num_heads, -1).permute(0, 2, 1, 3)
+    return heads(layer.q_proj(x)), heads(layer.k_proj(x)), heads(layer.v_proj(x))
+
+
+def _finish(layer, out):
+    b, h, n, d = out.shape
+    return layer.out_proj(out.permute(0, 2, 1, 3).reshape(b, n, h * d))
+
+
+def _quadratic(phi_q, phi_k, v, causal, eps, keep=None):
+    """Eq. 2 written out: V'_i = sum_j sim(i, j) v_j / (sum_j sim(i, j) + eps), loops over i."""
+    b, h, n, _ = phi_q.shape
+    out = torch.zeros(b, h, n, v.shape[-1], dtype=torch.float64)
+    for i in range(n):
+        js = [j for j in range(n) if (not causal or j <= i)]
+        sim = torch.einsum("bhf,bhjf->bhj", phi_q[:, :, i], phi_k[:, :, js])
+        if keep is not None:
+            sim = sim * keep[:, None, js]
+        out[:, :, i] = torch.einsum("bhj,bhjd->bhd", sim, v[:, :, js]) / (sim.sum(-1, keepdim=True) + eps)
+    return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_linear_equals_explicit_quadratic_form(causal):
+    layer = LinearAttention(DIM, H, causal=causal, chunk_size=4).double()
+    x = _x()
+    q, k, v = _qkv(layer, x)
+    ref = _finish(layer, _quadratic(F.elu(q) + 1, F.elu(k) + 1, v, causal, layer.eps))
+    torch.testing.assert_close(layer(x), ref, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_masked_keys_are_zeroed_and_cannot_leak(causal):
+    layer = LinearAttention(DIM, H, causal=causal, chunk_size=4).double()
+    x = _x()
+    keep = torch.ones(B, N, dtype=torch.bool)
+    keep[1, 9:] = False
+    q, k, v = _qkv(layer, x)
+    ref = _finish(layer, _quadratic(F.elu(q) + 1, F.elu(k) + 1, v, causal, layer.eps, keep.double()))
+    bad = x.clone()
+    bad[1, 9:] = float("nan")
+    got = layer(bad, key_keep_mask=keep)
+    torch.testing.assert_close(got[:, :9], ref[:, :9], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-10, atol=1e-12)
+    alone = layer(x[1:, :9])  # a padded sample equals the same sample run alone
+    torch.testing.assert_close(got[1:, :9], alone, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls", [LinearAttention, PerformerAttention])
+def test_all_keys_masked_gives_zero_attention(cls):
+    layer = cls(DIM, H).double()
+    out = layer(_x(), key_keep_mask=torch.zeros(B, N, dtype=torch.bool))
+    torch.testing.assert_close(out, layer.out_proj.bias.expand_as(out), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("cls", [LinearAttention, PerformerAttention])
+def test_causal_variants_are_causal(cls):
+    layer = cls(DIM, H, causal=True, chunk_size=4).double()
+    x = _x()
+    moved = x.clone()
+    moved[:, 6:] = 5 * torch.randn(B, N - 6, DIM, dtype=torch.float64)
+    a, b = layer(x), layer(moved)
+    torch.testing.assert_close(a[:, :6], b[:, :6], rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(a[:, 6:], b[:, 6:])
+
+
+def test_causal_chunk_size_invariance():
+    layer = LinearAttention(DIM, H, causal=True, chunk_size=1).double()
+    x = _x()
+    ref = layer(x)
+    for chunk in (2, 5, 64):
+        layer.chunk_size = chunk
+        torch.testing.assert_close(layer(x), ref, rtol=1e-12, atol=1e-12)
+
+
+def test_sums_accumulate_in_float32():
+    # each phi(k) v term is 9e4 > fp16 max: an fp16 accumulation would overflow to inf
+    phi = torch.full((1, 1, 6, 2), 300.0)
+    v = torch.full((1, 1, 6, 3), 300.0)
+    v[..., 0] = 1.0
+    for causal in (False, True):
+        out = feature_map_attention(phi.half(), phi.half(), v.half(), causal=causal, chunk_size=4)
+        assert out.dtype == torch.float16
+        torch.testing.assert_close(out.float(), v, rtol=1e-3, atol=0)
+
+
+def _favor_reference(layer, x):
+    """Lemma 1 in float64: phi(x) = (exp(W x - |x|^2 / 2) + eps) / sqrt(m) on x = d^(-1/4) q, no stabilisers."""
+    q, k, v = _qkv(layer, x)
+    w = layer.projection.double()
+
+    def phi(t):
+        t = t / layer.head_dim ** 0.25
+        return (torch.exp(t @ w.T - (t * t).sum(-1, keepdim=True) / 2) + layer.eps) / math.sqrt(w.shape[0])
+    return _finish(layer, _quadratic(phi(q), phi(k), v, layer.causal, 0.0))
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-3])
+@pytest.mark.parametrize("causal", [False, True])
+def test_performer_matches_favor_plus_transcription(causal, eps):
+    layer = PerformerAttention(DIM, H, num_features=9, causal=causal, eps=eps, chunk_size=4).double()
+    x = _x()
+    torch.testing.assert_close(layer(x), _favor_reference(layer, x), rtol=1e-9, atol=1e-11)
+
+
+def test_performer_causal_keys_far_apart_do_not_underflow_earlier_ones():
+    # a later chunk whose key logits are ~1000 above the earlier ones must not zero the earlier outputs
+    layer = PerformerAttention(4, 1, num_features=8, causal=True, eps=0.0, chunk_size=2).double()
+    x = _x(b=1, n=4, dim=4)
+    big = x.clone()
+    big[:, 2:] = 300 * x[:, 2:]
+    torch.testing.assert_close(layer(big)[:, :2], layer(x)[:, :2], rtol=1e-12, atol=1e-12)
+    assert torch.isfinite(layer(big)).all()
+
+
+def test_performer_error_decreases_with_features():
+    x = _x(n=24, dim=16, seed=3) * 0.5
+    errors = []
+    for m in (8, 64, 512):
+        err = 0.0
+        for seed in range(4):
+            layer = PerformerAttention(16, 2, num_features=m, seed=seed).double()
+            q, k, v = _qkv(layer, x)
+            exact = _finish(layer, attnkit.attention(q, k, v, backend="reference"))
+            err += (layer(x) - exact).abs().mean().item() / 4
+        errors.append(err)
+    assert errors[0] > errors[1] > errors[2], errors
+    assert errors[2] < 0.35 * errors[0], errors  # Monte Carlo rate would give sqrt(8 / 512) = 0.125
+
+
+def test_orthogonal_features_are_orthogonal_within_blocks():
+    w = orthogonal_random_features(10, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    assert w.shape == (10, 4)
+    gram = w[:4] @ w[:4].T
+    torch.testing.assert_close(gram - torch.diag(gram.diag()), torch.zeros(4, 4, dtype=torch.float64),
+                               rtol=0, atol=1e-12)
+
+
+def test_performer_redraw_is_deterministic_given_generator():
+    a, b = PerformerAttention(DIM, H, seed=7), PerformerAttention(DIM, H, seed=7)
+    assert torch.equal(a.projection, b.projection)
+    before = a.projection.clone()
+    a.redraw(torch.Generator().manual_seed(11))
+    b.redraw(torch.Generator().manual_seed(11))
+    assert torch.equal(a.projection, b.projection)
+    assert not torch.equal(a.projection, before)
+
+
+@pytest.mark.parametrize("cls", [LinearAttention, PerformerAttention])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradcheck(cls, causal):
+    layer = cls(6, 2, causal=causal, chunk_size=2).double()
+    x = _x(b=1, n=5, dim=6).requires_grad_()
+    keep = torch.tensor([[True, True, True, False, True]])
+    assert torch.autograd.gradcheck(lambda t: layer(t, key_keep_mask=keep), (x,))
+
+
+@pytest.mark.parametrize("cls", [LinearAttention, PerformerAttention])
+def test_state_dict_round_trip(cls):
+    a = cls(DIM, H).double()
+    kwargs = {"seed": 5} if cls is PerformerAttention else {}
+    b = cls(DIM, H, **kwargs).double()
+    b.load_state_dict(a.state_dict())
+    x = _x()
+    assert torch.equal(a(x), b(x))
+
+
+def test_bad_inputs_raise():
+    layer = LinearAttention(DIM, H)
+    with pytest.raises(ShapeError, match="x must have shape"):
+        layer(torch.randn(B, N, DIM + 1))
+    with pytest.raises(DTypeError, match="key_keep_mask"):
+        layer(torch.randn(B, N, DIM), key_keep_mask=torch.ones(B, N))
+    with pytest.raises(ShapeError, match=r"\(2, 13\)"):
+        layer(torch.randn(B, N, DIM), key_keep_mask=torch.ones(N, B, dtype=torch.bool))
+    with pytest.raises(ShapeError, match="multiple"):
+        LinearAttention(10, 3)
+    with pytest.raises(ArgumentError, match="eps"):
+        LinearAttention(DIM, H, eps=-1.0)
+
+
+@pytest.mark.parametrize("name", ["linear-attention", "performer"])
+def test_registry_entry_runs_and_cost_is_linear(name):
+    entry = attnkit.registry.get(name)
+    fn, inputs = entry.example()
+    assert fn(*inputs).shape == inputs[0].shape
+    costs = [entry.cost(length=n) for n in (1024, 2048, 4096)]
+    assert set(costs[0]) == {"flops", "memory_bytes"}
+    for key in ("flops", "memory_bytes"):  # affine in n, and growing
+        small, mid, big = (c[key] for c in costs)
+        assert big - mid == pytest.approx(2 * (mid - small), rel=1e-9) and mid > small > 0
+
+
+@pytest.mark.parametrize("cls", [LinearAttention, PerformerAttention])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n", [0, 1])
+def test_empty_and_length_one_sequences(cls, causal, n):
+    layer = cls(DIM, H, causal=causal, eps=0.0).double()
+    x = _x(n=n).requires_grad_()
+    out = layer(x)
+    assert out.shape == (B, n, DIM) and torch.isfinite(out).all()
+    out.sum().backward()
+    if n == 1:  # one key: the output is its value, projected
+        v = layer.v_proj(x.detach())
+        torch.testing.assert_close(out, layer.out_proj(v), rtol=1e-10, atol=1e-12)

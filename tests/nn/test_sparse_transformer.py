@@ -1,0 +1,168 @@
+"""SparseTransformerAttention against brute-force loops over Child et al. 2019's pattern definitions."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnkit
+import attnkit.nn.sparse_transformer as st_module
+from attnkit.errors import ArgumentError
+from attnkit.nn.sparse_transformer import SparseTransformerAttention, _OtherBlockSummaries
+from attnkit.registry import get
+
+B, N, DIM, H = 2, 13, 12, 3  # head width 4; n = 13 is no multiple of the strides used
+
+
+def _x(b=B, n=N, dim=DIM, seed=0):
+    return torch.randn(b, n, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def _layer(*args, seed=0, **kwargs):
+    torch.manual_seed(seed)
+    return SparseTransformerAttention(*args, **kwargs).double()
+
+
+def reference(layer, x, allowed):
+    """Multi-head softmax(q k^T / sqrt(d)) v over ``allowed`` (n, n), written with plain float64 ops."""
+    x = x.detach().double()
+    b, n, dim = x.shape
+    h = layer.num_heads
+    lin = lambda m, t: F.linear(t, m.weight.double(), m.bias.double())
+    heads = lambda t: t.view(b, n, h, dim // h).transpose(1, 2)
+    q, k, v = heads(lin(layer.q_proj, x)), heads(lin(layer.k_proj, x)), heads(lin(layer.v_proj, x))
+    scores = (q @ k.transpose(-1, -2) / math.sqrt(dim // h)).masked_fill(~allowed, float("-inf"))
+    return lin(layer.out_proj, (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(b, n, dim))
+
+
+def paper_pattern(n, pattern, l, c, causal):
+    """S_i = A_i^(1) ∪ A_i^(2) of Sec. 4.2, one (i, j) at a time; two-sided when not causal."""
+    allowed = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        for j in range(n):
+            if causal and j > i:
+                continue
+            if pattern == "strided":
+                a1 = max(0, i - l) <= j <= i if causal else abs(i - j) <= l
+                a2 = (i - j) % l == 0
+            else:
+                a1 = j // l == i // l
+                a2 = j % l in range(l - c, l)
+            allowed[i, j] = a1 or a2
+    return allowed
+
+
+CASES = [(3, 1), (4, 2), (5, 5), (1, 1), (20, 3)]  # (l, c): n/l not whole, c = l, l = 1, l > n
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("pattern", ["strided", "fixed"])
+@pytest.mark.parametrize(("stride", "summary"), CASES)
+def test_matches_brute_force_pattern(pattern, stride, summary, causal):
+    layer = _layer(DIM, H, pattern, stride=stride, summary=summary, causal=causal)
+    expected = reference(layer, _x(), paper_pattern(N, pattern, stride, summary, causal))
+    torch.testing.assert_close(layer(_x()), expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_stride_covering_the_sequence_is_dense_attention(causal):
+    layer = _layer(DIM, H, "strided", stride=N + 1, causal=causal)
+    full = torch.ones(N, N, dtype=torch.bool)
+    allowed = torch.tril(full) if causal else full
+    torch.testing.assert_close(layer(_x()), reference(layer, _x(), allowed), rtol=1e-10, atol=1e-12)
+
+
+def test_fixed_with_every_position_a_summary_is_dense_attention():
+    layer = _layer(DIM, H, "fixed", stride=4, summary=4, causal=False)
+    full = torch.ones(N, N, dtype=torch.bool)
+    torch.testing.assert_close(layer(_x()), reference(layer, _x(), full), rtol=1e-10, atol=1e-12)
+
+
+def test_float32_is_close_to_the_float64_reference():
+    layer = _layer(DIM, H, "strided", stride=3)
+    exact = reference(layer, _x(), paper_pattern(N, "strided", 3, 1, True))
+    torch.testing.assert_close(layer.float()(_x().float()).double(), exact, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pattern", ["strided", "fixed"])
+def test_causal_outputs_ignore_the_future(pattern):
+    layer = _layer(DIM, H, pattern, stride=3, summary=1)
+    x = _x()
+    moved = x.clone()
+    moved[:, 8:] += 3 * torch.randn(B, N - 8, DIM, dtype=torch.float64)
+    before, after = layer(x), layer(moved)
+    torch.testing.assert_close(after[:, :8], before[:, :8], rtol=0, atol=1e-12)
+    assert (after[:, 8:] - before[:, 8:]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("pattern", ["strided", "fixed"])
+def test_gradcheck_float64(pattern, causal):
+    layer = _layer(4, 2, pattern, stride=2, summary=1, causal=causal)
+    x = torch.randn(1, 7, 4, dtype=torch.float64, requires_grad=True)  # 7: partial last block/fold
+    assert torch.autograd.gradcheck(layer, (x,))
+
+
+def test_state_dict_round_trip():
+    layer = _layer(DIM, H, "fixed", stride=4, summary=2, seed=1)
+    other = _layer(DIM, H, "fixed", stride=4, summary=2, seed=2)
+    assert not torch.equal(layer(_x()), other(_x()))
+    other.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(other(_x()), layer(_x()), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("pattern", ["strided", "fixed"])
+def test_long_inputs_run_the_local_half_on_the_blocksparse_kernel(monkeypatch, pattern):
+    seen = []
+    real = st_module.attention
+
+    def spy(q, k, v, **kwargs):
+        seen.append(attnkit.explain(q, k, v, **kwargs).backend)
+        return real(q, k, v, **kwargs)
+
+    monkeypatch.setattr(st_module, "attention", spy)
+    torch.manual_seed(0)
+    SparseTransformerAttention(8, 2, pattern, stride=32, summary=2)(torch.randn(1, 1024, 8))
+    assert len(seen) == 2 and seen[0] == "blocksparse"
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_summary_key_mask_has_an_exact_block_layout(causal):
+    for stride, summary, bs in [(4, 1, 3), (5, 2, 4), (3, 3, 2), (8, 2, 16), (2, 1, 1)]:
+        mask = _OtherBlockSummaries(stride, summary, causal)
+        n, ns = 29, summary * (29 // stride)
+        fast, exact = mask.block_layout(n, ns, bs), mask.block_layout(n, ns, bs, exact=True)
+        assert torch.equal(fast.active, exact.active) and torch.equal(fast.full, exact.full), (stride, summary, bs)
+
+
+def test_bad_arguments_raise_named_errors():
+    with pytest.raises(ArgumentError, match="pattern"):
+        SparseTransformerAttention(DIM, H, "dilated")
+    with pytest.raises(ArgumentError, match="summary"):
+        SparseTransformerAttention(DIM, H, "fixed", stride=4, summary=5)
+    with pytest.raises(ArgumentError, match="stride"):
+        SparseTransformerAttention(DIM, H, stride=0)
+
+
+def test_registry_entry_runs_and_cost_is_subquadratic():
+    entry = get("sparse-transformer")
+    assert entry.target is SparseTransformerAttention and entry.family == "long-sequence"
+    fn, inputs = entry.example()
+    assert fn(*inputs).shape == inputs[0].shape
+    projections = 8 * 4096 * 512**2
+    dense = 4 * 8 * 4096 * 4096 * 64  # attention FLOPs of dense attention at the same sizes
+    cost = entry.cost(length=4096, heads=8, head_dim=64, stride=64)
+    assert set(cost) == {"flops", "memory_bytes"}
+    assert projections < cost["flops"] < projections + dense / 16
+
+
+@pytest.mark.parametrize("shape", [(2, 0, DIM), (0, 5, DIM), (2, 1, DIM)])
+def test_empty_and_length_one_inputs(shape):
+    layer = _layer(DIM, H, "strided", stride=2)
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    out = layer(x)
+    out.sum().backward()
+    assert out.shape == shape and torch.isfinite(x.grad).all()
+    if shape[1] == 1:  # softmax over one key: that key's value
+        torch.testing.assert_close(out, reference(layer, x, torch.ones(1, 1, dtype=torch.bool)), rtol=1e-10, atol=1e-12)
