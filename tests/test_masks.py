@@ -167,10 +167,6 @@ def _g(seed=0):
 
 _IDS = torch.randint(0, 6, (127,), generator=_g(1)).sort().values
 _IDS_B = torch.randint(0, 9, (2, 127), generator=_g(2)).sort(-1).values
-_KEYS_BUG = pytest.mark.xfail(strict=True, raises=IndexError, reason="core bug: TensorMask.allows indexes past Lq/Lk "
-                              "on the padding lanes of an evaluated block layout")
-_HEAD_BUG = pytest.mark.xfail(strict=True, reason="core bug: an evaluated layout of a mask that reads h without "
-                              "num_heads covers head 0 only")
 ANALYTIC = {"causal_br": masks.causal(), "causal_tl": masks.causal("top_left"),
             "window": masks.sliding_window(5, 2), "window_tl": masks.sliding_window(0, 0, align="top_left"),
             "window_left": masks.sliding_window(20, 0), "padding": masks.padding([127, 50, 0]),
@@ -188,9 +184,7 @@ OTHERS = {
     "window_and_padding": masks.sliding_window(8, 8) & masks.padding([100, 7]),
     "not_fixed_or_segments": ~masks.fixed(12, 1) | masks.segments(_IDS), "full": masks.full(),
 }
-BUGGY = [pytest.param(masks.keys(torch.rand(2, 127, generator=_g(5)) < 0.5), id="keys", marks=_KEYS_BUG),
-         pytest.param(masks.from_function(lambda b, h, i, j: (i + j + h) % 5 == 0, "by_head"), id="function_h",
-                      marks=_HEAD_BUG)]
+HEAD_MASKS = [pytest.param(masks.from_function(lambda b, h, i, j: (i + j + h) % 5 == 0, "by_head"), id="function_h")]
 ALL_MASKS = [pytest.param(m, id=n) for n, m in {**ANALYTIC, **OTHERS}.items()]
 LAYOUT_SIZES = [(113, 127), (127, 113), (64, 64), (1, 127), (127, 1), (5, 7)]
 
@@ -218,8 +212,8 @@ def _check_layouts(mask, analytic):
         dense = torch.broadcast_to(mask.materialize(lq, lk, batch=b, heads=h), (b, h, lq, lk))
         for bs in (1, 7, 16, 64):
             some, every = _truth(dense, bs)
-            exact = mask.block_layout(lq, lk, bs, exact=True)
-            lay = mask.block_layout(lq, lk, bs)
+            exact = mask.block_layout(lq, lk, bs, exact=True, batch=b, heads=h)
+            lay = mask.block_layout(lq, lk, bs, batch=b, heads=h)
             where = f"{mask!r} Lq={lq} Lk={lk} bs={bs}"
             assert torch.equal(torch.broadcast_to(exact.active, some.shape), some), where
             assert torch.equal(torch.broadcast_to(exact.full, some.shape), every), where
@@ -235,7 +229,7 @@ def test_analytic_layouts_are_exact(mask):
     _check_layouts(mask, analytic=True)
 
 
-@pytest.mark.parametrize("mask", [pytest.param(m, id=n) for n, m in OTHERS.items()] + BUGGY)
+@pytest.mark.parametrize("mask", [pytest.param(m, id=n) for n, m in OTHERS.items()] + HEAD_MASKS)
 def test_layouts_are_sound(mask):
     _check_layouts(mask, analytic=False)
 
@@ -251,12 +245,25 @@ class _UnsoundCausal(masks.Mask):
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         return kv_idx <= q_idx
 
-    def _layout(self, q_len, kv_len, bs, device):
-        active, full = (t.clone() for t in self._evaluated_layout(q_len, kv_len, bs, device))
+    def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
+        active, full = (t.clone() for t in self._evaluated_layout(q_len, kv_len, bs, device, sizes))
         if self.drop_last:
             active[..., -1] = False
             return active, full
         return active, active
+
+
+@pytest.mark.parametrize("mask", [masks.keys(torch.rand(2, 127, generator=_g(5)) < 0.5),
+                                  masks.TensorMask(torch.rand(2, 1, 113, 127, generator=_g(6)) < 0.02)],
+                         ids=["keys", "dense"])
+def test_tensor_mask_layouts_are_exact(mask):
+    """A tensor mask fixes Lk (and Lq when dense): its pooled layout is exact at every block size."""
+    dense = torch.broadcast_to(mask.materialize(113, 127), (2, 1, 113, 127))
+    for bs in (1, 7, 16, 64):
+        some, every = _truth(dense, bs)
+        lay = mask.block_layout(113, 127, bs)
+        assert torch.equal(torch.broadcast_to(lay.active, some.shape), some)
+        assert torch.equal(torch.broadcast_to(lay.full, some.shape), every)
 
 
 @pytest.mark.parametrize(("drop_last", "message"), [(True, "active misses"), (False, "full claims")])
@@ -266,16 +273,13 @@ def test_layout_checks_catch_an_unsound_layout(drop_last, message):
 
 
 @pytest.mark.parametrize("mask", [*ALL_MASKS, pytest.param(masks.keys(torch.tensor([[True] * 6 + [False]] * 2)),
-                                  id="keys", marks=pytest.mark.xfail(strict=True, reason="core bug: "
-                                  "TensorMask.materialize ignores q_len/kv_len; keys() gives (B|1, 1, 1, Lk)"))])
+                                  id="keys")])
 def test_materialize_shape(mask):
     b, h = _sizes(mask)
     want = (b if "b" in mask.uses else 1, h if "h" in mask.uses else 1, 5, 7)
     assert tuple(mask.materialize(5, 7, batch=b, heads=h).shape) == want
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: _block_bounds treats length 0 as one block, so analytic "
-                   "layouts get ceil(0/bs)+1 blocks")
 @pytest.mark.parametrize(("lq", "lk"), [(0, 7), (5, 0)])
 def test_layout_shape_with_empty_sequence(lq, lk):
     for mask in (masks.causal(), masks.sliding_window(1, 1), masks.padding([3, 1])):

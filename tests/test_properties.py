@@ -140,7 +140,7 @@ def blocksparse_at(q, k, v, *, mask=None, block=64, return_weights=False):
 
 
 # ------------------------------------------------------------------ hypothesis strategies
-# masks.full() and masks.keys() are left out: attention() crashes on them (core bugs, see the xfail tests below).
+# masks.full() and masks.keys() have their own tests below.
 MASK_KINDS = ("none", "everything", "causal", "window", "padding", "segments", "global", "strided", "fixed",
               "function")
 
@@ -312,9 +312,7 @@ def test_check_accepts_correct_kernel(prop, control):
     _run(prop, fn)
 
 
-# ------------------------------------------------------------------ core bugs found by these properties
-@pytest.mark.xfail(strict=True, raises=IndexError, reason="core bug: TensorMask.allows indexes past Lq/Lk when a "
-                   "block layout pads to the block size, so any bool tensor mask or masks.keys() crashes attention()")
+# ------------------------------------------------------------------ cases once broken in the core, kept as tests
 @pytest.mark.parametrize("name", BACKENDS)
 def test_properties_hold_for_keys_and_tensor_masks(name):
     q, k, v = _fixed_inputs()
@@ -325,8 +323,6 @@ def test_properties_hold_for_keys_and_tensor_masks(name):
     torch.testing.assert_close(out, bk.dense(q, k, v, mask=masks.from_function(lambda b, h, i, j: dense_mask[i, j])))
 
 
-@pytest.mark.xfail(strict=True, raises=IndexError, reason="core bug: masks.full().key_filter() is itself and its "
-                   "allows() is 0-d, so attention._drop_filtered_keys fails on keep.shape[0]")
 @pytest.mark.parametrize("name", BACKENDS)
 def test_full_mask_equals_no_mask(name):
     q, k, v = _fixed_inputs()
@@ -334,9 +330,6 @@ def test_full_mask_equals_no_mask(name):
                                attnkit.attention(q, k, v, backend="reference"), **TOL)
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: Mask._evaluated_layout evaluates only b=0, h=0 for a mask that "
-                   "reads b/h without declaring batch_size/num_heads (from_function), so blocksparse skips key "
-                   "blocks that other heads need")
 def test_blocksparse_block_size_invariant_for_head_dependent_function_mask():
     q, k, v = _fixed_inputs()
     mask = masks.from_function(lambda b, h, i, j: (i + 2 * j + h) % 3 != 0, "mod3_by_head")

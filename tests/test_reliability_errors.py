@@ -290,8 +290,6 @@ def test_mask_constructor_errors_name_the_argument(make, error, match):
         make()
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: attnkit.masks constructors raise builtin ValueError/TypeError, "
-                                       "not attnkit errors (DESIGN decision 8: ShapeError/DTypeError/ArgumentError)")
 @pytest.mark.parametrize(("make", "error", "match"), MASK_ARG_ERRORS, ids=MASK_IDS)
 def test_mask_constructor_errors_are_attnkit_errors(make, error, match):
     with pytest.raises(AttnkitError):

@@ -7,6 +7,7 @@ The pipeline every mechanism shares::
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -52,6 +53,33 @@ def _drop_filtered_keys(p: Problem) -> Problem:
     return p
 
 
+def _autocast_inputs(q, k, v):
+    """Under autocast, float32 q/k/v are cast to the autocast dtype, as torch's SDPA does.
+
+    The kernels then run with autocast off, so the scores, softmax and lse are
+    computed in float32 whatever the input dtype (RELIABILITY row 39).
+    """
+    tensors = (q, k, v)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return tensors  # validate() reports it
+    device = q.device.type
+    if not _autocast_enabled(device):
+        return tensors
+    low = torch.get_autocast_dtype(device)
+    return tuple(t.to(low) if t.dtype == torch.float32 else t for t in tensors)
+
+
+def _autocast_enabled(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # a device type autocast does not know (meta): never enabled there
+        return False
+
+
+def _autocast_off(device_type: str):
+    return torch.autocast(device_type, enabled=False) if _autocast_enabled(device_type) else contextlib.nullcontext()
+
+
 def _is_empty(p: Problem) -> bool:
     return 0 in p.q.shape or 0 in p.k.shape[:3]
 
@@ -94,11 +122,13 @@ def attention(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, 
         >>> out.shape
         torch.Size([2, 3, 5, 8])
     """
+    q, k, v = _autocast_inputs(q, k, v)
     p = validate(q, k, v, mask=mask, bias=bias, score=score, scale=scale, normalize=normalize,
                  dropout_p=dropout_p, return_weights=return_weights, return_lse=return_lse, backend=backend)
-    p = _drop_filtered_keys(p)
-    name = "reference" if _is_empty(p) else decide(p, backend).backend
-    result = KERNELS[name].run(p)
+    with _autocast_off(p.q.device.type):  # scores and softmax stay in float32
+        p = _drop_filtered_keys(p)
+        name = "reference" if _is_empty(p) else decide(p, backend).backend
+        result = KERNELS[name].run(p)
     rank = p.user_rank
     out = _to_user_rank(result.out.to(q.dtype), rank)
     if not (return_weights or return_lse):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import ArgumentError, DTypeError
 from .mask_base import Mask, _block_bounds
 
 _FAR = 1 << 62  # an index bound beyond any sequence
@@ -21,14 +22,14 @@ def gather_at(t: torch.Tensor, b, h, q_idx, kv_idx) -> torch.Tensor:
 
 def _check_count(name: str, value, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}")
+        raise ArgumentError(f"{name} must be an int >= {minimum}; got {value!r}")
     return value
 
 
 def _index_tensor(name, values) -> torch.Tensor:
     t = torch.as_tensor(values)
     if t.dtype in (torch.bool,) or t.is_floating_point() or t.is_complex():
-        raise TypeError(f"{name} must hold integer positions; got dtype {t.dtype}")
+        raise DTypeError(f"{name} must hold integer positions; got dtype {t.dtype}")
     return t.long()
 
 
@@ -38,7 +39,7 @@ class _GlobalTokens(Mask):
     def __init__(self, idx):
         self.idx = _index_tensor("idx", idx).flatten()
         if self.idx.numel() and int(self.idx.min()) < 0:
-            raise ValueError(f"global token positions must be >= 0; got {self.idx.tolist()}")
+            raise ArgumentError(f"global token positions must be >= 0; got {self.idx.tolist()}")
 
     def _is_global(self, pos, length):
         lut = torch.zeros(length + 1, dtype=torch.bool, device=pos.device)
@@ -70,9 +71,9 @@ class _BlockLayoutMask(Mask):
     def __init__(self, layout, block_size):
         layout = torch.as_tensor(layout)
         if layout.dtype != torch.bool:
-            raise TypeError(f"layout must be a bool tensor; got dtype {layout.dtype}")
+            raise DTypeError(f"layout must be a bool tensor; got dtype {layout.dtype}")
         if not 2 <= layout.dim() <= 4:
-            raise ValueError("layout must have shape (nq, nk), (H, nq, nk) or (B, H, nq, nk); "
+            raise ArgumentError("layout must have shape (nq, nk), (H, nq, nk) or (B, H, nq, nk); "
                              f"got {tuple(layout.shape)}")
         self.layout = layout.reshape((1,) * (4 - layout.dim()) + tuple(layout.shape))
         self.block = _check_count("block_size", block_size, 1)
@@ -106,7 +107,7 @@ def _per_batch(name, t, dim_name):
         return t[None], None
     if t.dim() == 2:
         return t, t.shape[0]
-    raise ValueError(f"{name} must have shape ({dim_name},) or (batch, {dim_name}); got {tuple(t.shape)}")
+    raise ArgumentError(f"{name} must have shape ({dim_name},) or (batch, {dim_name}); got {tuple(t.shape)}")
 
 
 def _rows(t, b):
@@ -121,13 +122,13 @@ class _Segments(Mask):
         self.q_ids, qb = _per_batch("q_ids", q_ids, "q_len")
         self.kv_ids, kb = _per_batch("kv_ids", kv_ids, "kv_len")
         if qb and kb and qb != kb:
-            raise ValueError(f"q_ids and kv_ids must share a batch size; got {qb} and {kb}")
+            raise ArgumentError(f"q_ids and kv_ids must share a batch size; got {qb} and {kb}")
         self.batch_size = qb or kb
         self.uses = frozenset({"q", "kv"} | ({"b"} if self.batch_size else set()))
 
     def _ids(self, ids, b, idx, length):
         if ids.shape[1] < length:
-            raise ValueError(f"segment ids cover {ids.shape[1]} positions but the sequence has {length}")
+            raise ArgumentError(f"segment ids cover {ids.shape[1]} positions but the sequence has {length}")
         ids = ids.to(idx.device)
         return ids[_rows(ids, b), idx.clamp(max=ids.shape[1] - 1)]
 
@@ -161,7 +162,7 @@ class _Padding(Mask):
     def __init__(self, lengths):
         self.lengths = _index_tensor("lengths", lengths).flatten()
         if self.lengths.numel() and int(self.lengths.min()) < 0:
-            raise ValueError(f"lengths must be >= 0; got {self.lengths.tolist()}")
+            raise ArgumentError(f"lengths must be >= 0; got {self.lengths.tolist()}")
         self.batch_size = self.lengths.numel()
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
@@ -184,7 +185,7 @@ class TensorMask(Mask):
 
     def __init__(self, tensor: torch.Tensor):
         if tensor.dtype != torch.bool or tensor.dim() != 4:
-            raise TypeError(f"TensorMask needs a 4-D bool tensor; got {tensor.dim()}-D {tensor.dtype}")
+            raise DTypeError(f"TensorMask needs a 4-D bool tensor; got {tensor.dim()}-D {tensor.dtype}")
         self.tensor = tensor
         names = ("b", "h", "q", "kv")
         self.uses = frozenset(n for n, s in zip(names, tensor.shape, strict=True) if s > 1 or n == "kv")
@@ -215,14 +216,14 @@ class TensorMask(Mask):
 class _FromFunction(Mask):
     def __init__(self, fn, name):
         if not callable(fn):
-            raise TypeError(f"from_function needs a callable (b, h, q_idx, kv_idx) -> bool; got {type(fn).__name__}")
+            raise DTypeError(f"from_function needs a callable (b, h, q_idx, kv_idx) -> bool; got {type(fn).__name__}")
         self.fn, self.name = fn, name or getattr(fn, "__name__", "fn")
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         out = self.fn(b, h, q_idx, kv_idx)
         if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
             got = getattr(out, "dtype", type(out).__name__)
-            raise TypeError(f"mask function {self.name!r} must return a bool tensor; got {got}")
+            raise DTypeError(f"mask function {self.name!r} must return a bool tensor; got {got}")
         return out
 
     def __repr__(self):

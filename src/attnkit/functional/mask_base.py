@@ -17,6 +17,8 @@ from typing import NamedTuple
 
 import torch
 
+from ..errors import ArgumentError, DTypeError
+
 __all__ = ["Mask", "BlockLayout", "And", "Or", "Not"]
 
 # Query rows evaluated at once when a layout has to be computed by brute force.
@@ -114,7 +116,7 @@ class Mask:
         ``active`` is exactly "some entry allowed" and ``full`` exactly "all allowed".
         """
         if block_size < 1:
-            raise ValueError(f"block_size must be >= 1; got {block_size}")
+            raise ArgumentError(f"block_size must be >= 1; got {block_size}")
         sizes = (self.batch_size or batch or 1 if "b" in self.uses else 1,
                  self.num_heads or heads or 1 if "h" in self.uses else 1)
         key = (q_len, kv_len, block_size, str(device), exact, sizes)
@@ -162,14 +164,14 @@ class Mask:
 
 def _as_mask(other) -> Mask:
     if not isinstance(other, Mask):
-        raise TypeError(f"masks combine only with other attnkit masks; got {type(other).__name__}")
+        raise DTypeError(f"masks combine only with other attnkit masks; got {type(other).__name__}")
     return other
 
 
 def _merge_owner(masks, attr):
     sizes = {getattr(m, attr) for m in masks} - {None}
     if len(sizes) > 1:
-        raise ValueError(f"combined masks disagree on {attr}: {sorted(sizes)}")
+        raise ArgumentError(f"combined masks disagree on {attr}: {sorted(sizes)}")
     return sizes.pop() if sizes else None
 
 

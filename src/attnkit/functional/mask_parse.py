@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 
+from ..errors import ArgumentError
 from . import masks as _masks
 from .mask_base import Mask
 
@@ -30,9 +31,9 @@ def _build(node: ast.AST, text: str) -> Mask:
             args = [ast.literal_eval(a) for a in node.args]
             kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
         except ValueError as err:
-            raise ValueError(f"mask arguments must be literals in {text!r}") from err
+            raise ArgumentError(f"mask arguments must be literals in {text!r}") from err
         return _CONSTRUCTORS[node.func.id](*args, **kwargs)
-    raise ValueError(f"cannot parse mask {text!r}: use calls to {sorted(_CONSTRUCTORS)} joined by & | ~")
+    raise ArgumentError(f"cannot parse mask {text!r}: use calls to {sorted(_CONSTRUCTORS)} joined by & | ~")
 
 
 def parse(text: str) -> Mask:
@@ -45,5 +46,5 @@ def parse(text: str) -> Mask:
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as err:
-        raise ValueError(f"cannot parse mask {text!r}: {err.msg}") from err
+        raise ArgumentError(f"cannot parse mask {text!r}: {err.msg}") from err
     return _build(tree.body, text)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ..errors import ArgumentError, DTypeError
 from .indexed_masks import (
     _FAR,
     TensorMask,
@@ -48,7 +49,7 @@ _ALIGNMENTS = ("bottom_right", "top_left")
 
 def _check_align(align: str) -> str:
     if align not in _ALIGNMENTS:
-        raise ValueError(f"align must be one of {_ALIGNMENTS}; got {align!r}")
+        raise ArgumentError(f"align must be one of {_ALIGNMENTS}; got {align!r}")
     return align
 
 
@@ -146,7 +147,7 @@ class _Fixed(Mask):
         self.block = _check_count("block", block, 1)
         self.summary = _check_count("summary", summary, 1)
         if summary > block:
-            raise ValueError(f"summary must be <= block; got summary={summary}, block={block}")
+            raise ArgumentError(f"summary must be <= block; got summary={summary}, block={block}")
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         same_block = (q_idx // self.block) == (kv_idx // self.block)
@@ -269,9 +270,9 @@ def keys(keep: torch.Tensor) -> Mask:
     """Keys to keep, a bool tensor ``(Lk,)`` or ``(B, Lk)``: True = may be attended."""
     keep = torch.as_tensor(keep)
     if keep.dtype != torch.bool:
-        raise TypeError(f"keep must be a bool tensor (True = attend); got dtype {keep.dtype}")
+        raise DTypeError(f"keep must be a bool tensor (True = attend); got dtype {keep.dtype}")
     if keep.dim() not in (1, 2):
-        raise ValueError(f"keep must have shape (kv_len,) or (batch, kv_len); got {tuple(keep.shape)}")
+        raise ArgumentError(f"keep must have shape (kv_len,) or (batch, kv_len); got {tuple(keep.shape)}")
     keep = keep.reshape((1,) * (2 - keep.dim()) + tuple(keep.shape))
     return TensorMask(keep[:, None, None, :])
 

@@ -46,19 +46,35 @@ def union_layout(p: Problem, bs: int) -> torch.Tensor:
 def choose_block_size(p: Problem) -> int:
     """The block size with the fewest computed score entries (layouts are cached on the mask)."""
     def cost(bs):
-        active = union_layout(p, bs)
-        w = int(active.sum(1).max()) if active.numel() else 0
-        return active.shape[0] * bs * max(w, 1) * bs * (1 + 16 / bs)  # per-block overhead favours larger blocks
+        groups = width_groups(union_layout(p, bs))
+        computed = sum(len(rows) * max(width, 1) for rows, width in groups) * bs * bs
+        return computed * (1 + 16 / bs)  # per-block overhead favours larger blocks
     return min(BLOCK_SIZES, key=cost)
 
 
-def gather_plan(p: Problem, bs: int):
-    """Per query block, the active key blocks ``idx (nq, w)`` and which slots are real ``valid (nq, w)``."""
-    active = union_layout(p, bs)
+def width_groups(active: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
+    """Query blocks grouped by how many key blocks they touch: ``[(block ids, width)]``.
+
+    Every block of a group is computed at the group's width, so a few wide rows
+    (global tokens) get a group of their own instead of widening every row.
+    A new group starts where the width falls below half the group's widest.
+    """
+    counts = active.sum(1)
+    order = torch.argsort(counts, descending=True, stable=True)
+    widths = counts[order].tolist()
+    groups, first = [], 0
+    for i in range(1, len(widths) + 1):
+        if i == len(widths) or widths[i] * 2 < widths[first]:
+            groups.append((order[first:i].sort().values, widths[first]))  # ascending: one group = identity
+            first = i
+    return groups
+
+
+def gather_plan(active: torch.Tensor, width: int):
+    """For rows of a layout, the active key blocks ``idx (n, w)`` and which slots are real ``valid (n, w)``."""
     nk = active.shape[1]
-    w = max(1, int(active.sum(1).max()) if active.numel() else 1)
     key = (~active).to(torch.int64) * nk + torch.arange(nk, device=active.device)  # active blocks first, in order
-    idx = torch.argsort(key, dim=1)[:, :w]
+    idx = torch.argsort(key, dim=1)[:, :max(width, 1)]
     return idx, torch.gather(active, 1, idx)
 
 
@@ -66,41 +82,48 @@ def _pad_to(t: torch.Tensor, length: int) -> torch.Tensor:
     return F.pad(t, (0, 0, 0, length - t.shape[2])) if t.shape[2] != length else t
 
 
-def _slab(p: Problem, start: int, stop: int, qb, kb, vb, idx, valid, bs: int):
-    """Query blocks ``start:stop``: gathered scores ``(B, H, n, bs, w*bs)`` and outputs."""
+def _slab(p: Problem, rows, qb, kb, vb, idx, valid, bs: int):
+    """Query blocks ``rows`` (ids): gathered scores ``(B, H, n, bs, w*bs)`` and outputs."""
     batch, heads, lq, lk, _, _ = p.sizes
-    ids = idx[start:stop]  # (n, w)
-    n, w = ids.shape
-    flat = ids.flatten()
-    k_g = kb.index_select(2, flat).view(*kb.shape[:2], n, w * bs, kb.shape[-1])  # (B, H, n, w*bs, D)
-    v_g = vb.index_select(2, flat).view(*vb.shape[:2], n, w * bs, vb.shape[-1])  # (B, H, n, w*bs, Dv)
-    lane = torch.arange(bs, device=ids.device)
-    kv_idx = (ids[:, :, None] * bs + lane).view(1, 1, n, 1, w * bs)
-    q_idx = (torch.arange(start, stop, device=ids.device)[:, None] * bs + lane).view(1, 1, n, bs, 1)
-    kv_valid = (valid[start:stop, :, None].expand(n, w, bs).reshape(1, 1, n, 1, w * bs)) & (kv_idx < lk)
-    b = torch.arange(batch, device=ids.device).view(-1, 1, 1, 1, 1)
-    h = torch.arange(heads, device=ids.device).view(1, -1, 1, 1, 1)
+    n, w = idx.shape
+    k_g = kb.index_select(2, idx.flatten()).view(*kb.shape[:2], n, w * bs, kb.shape[-1])  # (B, H, n, w*bs, D)
+    v_g = vb.index_select(2, idx.flatten()).view(*vb.shape[:2], n, w * bs, vb.shape[-1])  # (B, H, n, w*bs, Dv)
+    lane = torch.arange(bs, device=idx.device)
+    kv_idx = (idx[:, :, None] * bs + lane).view(1, 1, n, 1, w * bs)
+    q_idx = (rows[:, None] * bs + lane).view(1, 1, n, bs, 1)
+    kv_valid = valid[:, :, None].expand(n, w, bs).reshape(1, 1, n, 1, w * bs) & (kv_idx < lk)
+    b = torch.arange(batch, device=idx.device).view(-1, 1, 1, 1, 1)
+    h = torch.arange(heads, device=idx.device).view(1, -1, 1, 1, 1)
     # Padding lanes (past Lq or Lk) read the last real index: kv_valid masks them, padded rows are dropped.
-    scores, allowed = block_scores(p, qb[:, :, start:stop], k_g, b, h, q_idx.clamp(max=max(lq - 1, 0)),
+    scores, allowed = block_scores(p, qb.index_select(2, rows), k_g, b, h, q_idx.clamp(max=max(lq - 1, 0)),
                                    kv_idx.clamp(max=max(lk - 1, 0)), kv_valid)
     weights, lse = block_weights(p, scores, allowed)
     out = dropout(p, weights) @ v_g  # (B, H, n, bs, Dv)
     return out, lse
 
 
+def _run_group(p: Problem, rows, width, active, qb, kb, vb, bs):
+    idx, valid = gather_plan(active[rows], width)
+    blocks_per_slab = max(1, BUDGET // max(1, p.sizes[0] * p.sizes[1] * bs * idx.shape[1] * bs))
+    return run_row_chunks(lambda s, e, q_, k_, v_: _slab(p, rows[s:e], q_, k_, v_, idx[s:e], valid[s:e], bs),
+                          len(rows), blocks_per_slab, qb, kb, vb)
+
+
 def run(p: Problem) -> KernelOutput:
     q, k, v = upcast_inputs(p)
-    batch, heads, lq, lk, d, dv = p.sizes
+    batch, heads, lq, _, d, dv = p.sizes
     bs = choose_block_size(p)
-    idx, valid = gather_plan(p, bs)
-    nq, nk = -(-lq // bs), -(-lk // bs)
+    active = union_layout(p, bs)
+    nq, nk = active.shape
     qb = _pad_to(q, nq * bs).view(batch, heads, nq, bs, d)
     kb = _pad_to(k, nk * bs).view(batch, heads, nk, bs, d)
     vb = _pad_to(v, nk * bs).view(batch, heads, nk, bs, dv)
-    per_block = max(1, batch * heads * bs * idx.shape[1] * bs)
-    blocks_per_slab = max(1, BUDGET // per_block)
-    out, lse = run_row_chunks(lambda s, e, q_, k_, v_: _slab(p, s, e, q_, k_, v_, idx, valid, bs),
-                              nq, blocks_per_slab, qb, kb, vb)
+    groups = width_groups(active)
+    parts = [_run_group(p, rows, width, active, qb, kb, vb, bs) for rows, width in groups]
+    out, lse = (torch.cat(t, dim=2) if t[0] is not None else None for t in zip(*parts, strict=True))
+    if len(groups) > 1:  # back to query-block order
+        inverse = torch.argsort(torch.cat([rows for rows, _ in groups]))
+        out, lse = out.index_select(2, inverse), lse.index_select(2, inverse) if lse is not None else None
     out = out.reshape(batch, heads, nq * bs, dv)[:, :, :lq]
     lse = lse.reshape(batch, heads, nq * bs)[:, :, :lq] if lse is not None else None
     return KernelOutput(out, None, lse)

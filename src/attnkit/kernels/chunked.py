@@ -23,7 +23,8 @@ from .common import KernelOutput, block_scores, dense_indices, dropout, run_row_
 
 NAME = "chunked"
 BUDGET = 1 << 23  # score elements alive at once (32 MB in float32)
-KV_BLOCK = 1024
+KV_BLOCK = 128  # smallest key block without autograd
+ROWS = 1024  # query rows per slab without autograd
 
 _NEG_INF = float("-inf")
 
@@ -64,12 +65,17 @@ def _slab(p: Problem, start: int, stop: int, q, k, v, kv_block: int):
 
 
 def plan(p: Problem, grad: bool) -> tuple[int, int]:
-    """``(rows per slab, keys per block)`` keeping about BUDGET scores alive."""
+    """``(rows per slab, keys per block)`` keeping about BUDGET scores alive.
+
+    Under autograd the backward recomputes a slab's whole ``rows x Lk`` graph
+    anyway, so the slab is one key block: fewer, larger temporaries, which the
+    allocator returns to the OS (many small ones fragment the heap instead).
+    """
     batch, heads, lq, lk, _, _ = p.sizes
-    kv_block = max(1, min(lk, KV_BLOCK))
-    alive_per_row = max(1, batch * heads * (lk if grad else kv_block))
-    rows = max(16, BUDGET // alive_per_row)
-    return min(max(lq, 1), rows), kv_block
+    if grad:
+        return max(1, min(lq, BUDGET // max(1, batch * heads * lk))), max(1, lk)
+    rows = max(1, min(lq, ROWS))
+    return rows, max(1, min(lk, max(KV_BLOCK, BUDGET // max(1, batch * heads * rows))))
 
 
 def run(p: Problem) -> KernelOutput:

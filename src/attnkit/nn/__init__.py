@@ -1,1 +1,36 @@
 """Attention mechanisms as ``nn.Module``s, one file per family or paper."""
+
+from .additive import AdditiveAttention
+from .bigbird import BigBirdAttention
+from .blocksparse import BlockPattern, BlockSparseAttention
+from .coattention import CoAttention
+from .coverage import CoverageAttention, coverage_loss
+from .derived_key import DerivedKeyAttention
+from .hard import HardAttention
+from .kv_cache import KVCache
+from .lambda_layer import LambdaLayer
+from .linear import LinearAttention, PerformerAttention
+from .linformer import LinformerAttention, SequenceProjection
+from .local import LocalAttention
+from .longformer import LongformerAttention
+from .luong import LuongAttention
+from .memory import MemoryAttention
+from .multihead import DotProductAttention, MultiHeadAttention
+from .perceiver import PerceiverAttention, PerceiverEncoder
+from .pointer import PointerAttention
+from .pooling import AttentionPooling, HierarchicalAttention
+from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from .reformer import LSHAttention, ReformerAttention
+from .rotary import RotaryEmbedding
+from .segment import SegmentAttention, TieredAttention
+from .sparse_transformer import SparseTransformerAttention
+
+__all__ = [
+    "AdditiveAttention", "AttentionPooling", "BigBirdAttention", "BlockPattern", "BlockSparseAttention",
+    "CoAttention", "CoverageAttention", "DerivedKeyAttention", "DotProductAttention", "HardAttention",
+    "HierarchicalAttention", "KVCache", "LSHAttention", "LambdaLayer", "LearnedPositionalEmbedding",
+    "LinearAttention", "LinformerAttention", "LocalAttention", "LongformerAttention", "LuongAttention",
+    "MemoryAttention", "MultiHeadAttention", "PerceiverAttention", "PerceiverEncoder", "PerformerAttention",
+    "PointerAttention", "ReformerAttention", "RotaryEmbedding", "SegmentAttention", "SequenceProjection",
+    "SinusoidalPositionalEncoding", "SparseTransformerAttention", "TieredAttention", "coverage_loss",
+]

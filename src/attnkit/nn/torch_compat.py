@@ -54,7 +54,7 @@ class ExtraKeys(Mask):
         inner = torch.broadcast_to(inner, (*inner.shape[:2], q_len, real))
         return F.pad(inner, (0, kv_len - real), value=True)  # (B|1, H|1, Lq, Lk)
 
-    def _layout(self, q_len, kv_len, bs, device):
+    def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
         # Pool the dense picture into blocks, keys then queries: a few large ops, padding one axis at a time.
         dense = self.materialize(q_len, kv_len, device=device)
         nq, nk = -(-q_len // bs), -(-kv_len // bs)
