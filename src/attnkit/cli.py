@@ -16,10 +16,10 @@ from .runtime import retain_freed_memory
 
 def _cmd_list(args) -> int:
     rows = [e for e in registry.entries() if args.family in (None, e.family)]
-    width = max(len(e.name) for e in rows)
-    print(f"{'name':<{width}}  {'family':<14} {'complexity':<18} paper")
+    name_w, fam_w, cx_w = (max(len(getattr(e, a)) for e in rows) for a in ("name", "family", "complexity"))
+    print(f"{'name':<{name_w}}  {'family':<{fam_w}}  {'complexity':<{cx_w}}  paper")
     for e in rows:
-        print(f"{e.name:<{width}}  {e.family:<14} {e.complexity:<18} {e.paper}")
+        print(f"{e.name:<{name_w}}  {e.family:<{fam_w}}  {e.complexity:<{cx_w}}  {e.paper}")
     print(f"\n{len(rows)} mechanisms")
     return 0
 

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from attnkit.analysis.bench import Case, _with_backward, methods
+from attnkit.analysis.bench import Case, methods, with_backward
 
 
 def _status_bytes(field: str) -> int:
@@ -30,7 +30,7 @@ def main(spec_text: str) -> None:
     case = Case(**spec["case"])
     q, k, v = case.inputs()
     fn = methods(case, q, k, v, spec["backends"])[spec["method"]]
-    call = _with_backward(fn, (q, k, v)) if case.backward else fn
+    call = with_backward(fn, (q, k, v)) if case.backward else fn
     with torch.set_grad_enabled(case.backward):
         _reset_peak()
         before = _status_bytes("VmRSS")

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from ..attention import attention, explain
 from ..functional.mask_parse import parse
 
-__all__ = ["Case", "Timing", "time_call", "methods", "run_case", "peak_memory"]
+__all__ = ["Case", "Timing", "time_call", "methods", "run_case", "peak_memory", "with_backward"]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -95,7 +95,7 @@ def methods(case: Case, q, k, v, backends: Iterable[str] = ("auto", "blocksparse
     return out
 
 
-def _with_backward(fn, tensors):
+def with_backward(fn, tensors):
     def run():
         for t in tensors:
             t.grad = None
@@ -113,7 +113,7 @@ def run_case(case: Case, *, repeats: int = 5, backends=("auto", "blocksparse", "
     for name, fn in methods(case, q, k, v, backends).items():
         if progress:
             progress(name)
-        call = _with_backward(fn, (q, k, v)) if case.backward else fn
+        call = with_backward(fn, (q, k, v)) if case.backward else fn
         with torch.set_grad_enabled(case.backward):
             med, lo, hi = time_call(call, repeats)
             output = fn().detach()
