@@ -62,6 +62,8 @@ def estimate(p: Problem, backend: str, density: float | None) -> tuple[float, fl
     batch, heads, lq, lk, d, dv = p.sizes
     pairs = batch * heads * lq * lk
     fraction = density if backend == "blocksparse" and density is not None else 1.0
+    if backend == "sdpa" and sdpa._causal_flag(p):
+        fraction = 0.5  # the fused causal kernel skips the upper triangle
     flops = 2.0 * pairs * (d + dv) * fraction
     item = 8 if p.compute_dtype.itemsize == 8 else 4
     if backend == "reference":
