@@ -46,8 +46,8 @@ CASES = {
     "dense torch SDPA": (None, "F.scaled_dot_product_attention, no mask"),
     "bigbird": ("bigbird", "block 64, window 3, global 2, random 3 blocks (paper's ITC)"),
     "block-sparse": ("block-sparse", "block 64; layout: band of 3 blocks + block column 0"),
-    "lambda-layer": ("lambda-layer", "global context (max_len = L), |k| 16, 8 heads, |v| 64"),
-    "lambda-layer-local": ("lambda-layer-local", "local context r = 257 (as local window 128), |k| 16, 8 heads"),
+    "lambda-layer": ("lambda-layer", "global context (max_len = L), key dim 16, 8 heads, value dim 64"),
+    "lambda-layer-local": ("lambda-layer-local", "local context r = 257 (as local window 128), key dim 16, 8 heads"),
     "linear-attention": ("linear-attention", "elu+1 features, bidirectional"),
     "linear-attention causal": ("linear-attention", "elu+1 features, causal, chunk 64"),
     "linformer": ("linformer", "k = 256, headwise sharing, max_len = L"),
@@ -226,7 +226,7 @@ def report(results: dict, complexity: dict, args) -> str:
                                         text]) + " |")
         if complexity.get(name) and is_linear(complexity[name]):
             ok = "not measured" if p is None else ("yes" if p <= LINEAR_LIMIT else "NO")
-            verdicts.append(f"- {name} ({complexity[name]}): time exponent {text} <= {LINEAR_LIMIT}: {ok}")
+            verdicts.append(f"- {name} ({complexity[name]}): exponent {text}; at most {LINEAR_LIMIT}: {ok}")
     note = (f"B={BATCH}, H={HEADS}, D={HEAD_DIM} (modules: width {DIM}), float32; forward+backward, median of "
             f"{args.repeats} after one warm-up, each (mechanism, L) in a fresh process; peak = VmHWM above VmRSS "
             "just before the warm-up (reset through /proc/self/clear_refs); time exponent = least-squares slope "
@@ -270,7 +270,7 @@ def _section(table: str, args) -> str:
     threads = args.threads or torch.get_num_threads()
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return "\n".join([START, "## Scaling of the long-sequence mechanisms (issue 4)", "",
-                      f"Command: `{command}`, run {when}; torch {torch.__version__}, {threads} threads, "
+                      f"Command: `{command}`, run {when}; torch {torch.__version__}, torch threads: {threads}, "
                       f"{os.cpu_count()} CPUs.", "", table, END])
 
 
