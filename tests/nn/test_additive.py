@@ -9,16 +9,7 @@ import attnkit
 from attnkit import masks
 from attnkit.errors import ArgumentError, ShapeError
 from attnkit.nn.additive import AdditiveAttention, additive_scores
-
-B, LQ, LK, DQ, DK, A, DV = 2, 5, 7, 11, 6, 4, 3
-
-
-def _inputs(seed=0, dtype=torch.float64, requires_grad=False):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, LQ, DQ, generator=g, dtype=torch.float64).to(dtype)
-    k = torch.randn(B, LK, DK, generator=g, dtype=torch.float64).to(dtype)
-    v = torch.randn(B, LK, DV, generator=g, dtype=torch.float64).to(dtype)
-    return tuple(t.requires_grad_(requires_grad) for t in (q, k, v))
+from tests.nn.additive_reference import DK, DQ, DV, LK, LQ, A, B, inputs
 
 
 def _module(seed=0, **kwargs):
@@ -48,7 +39,7 @@ def _reference(m, q, k, v, allowed=None):
 @pytest.mark.parametrize("bias", [False, True])
 def test_matches_paper_equations(bias):
     m = _module(bias=bias)
-    q, k, v = _inputs()
+    q, k, v = inputs()
     ctx, w = m(q, k, v)
     ref_ctx, ref_w = _reference(m, q, k, v)
     torch.testing.assert_close(ctx, ref_ctx, rtol=0, atol=1e-12)
@@ -57,7 +48,7 @@ def test_matches_paper_equations(bias):
 
 def test_value_defaults_to_key_and_float32_close():
     m = _module()
-    q, k, _ = _inputs()
+    q, k, _ = inputs()
     ref_ctx, ref_w = _reference(m, q, k, k)
     ctx, w = m.float()(q.float(), k.float())
     assert ctx.dtype == torch.float32 and ctx.shape == (B, LQ, DK)
@@ -67,7 +58,7 @@ def test_value_defaults_to_key_and_float32_close():
 
 def test_masks_and_fully_masked_rows():
     m = _module()
-    q, k, v = _inputs(requires_grad=True)
+    q, k, v = inputs(requires_grad=True)
     mask = masks.padding(torch.tensor([0, 4])) & masks.causal(align="top_left")
     allowed = mask.materialize(LQ, LK, batch=B)[:, 0]
     v_nan = v.detach().clone()
@@ -87,7 +78,7 @@ def test_masks_and_fully_masked_rows():
 
 def test_bool_tensor_mask_equals_mask_object():
     m = _module()
-    q, k, v = _inputs()
+    q, k, v = inputs()
     keep = torch.rand(B, LQ, LK, generator=torch.Generator().manual_seed(3)) > 0.4
     ctx, w = m(q, k, v, mask=keep)
     ref_ctx, ref_w = _reference(m, q, k, v, keep)
@@ -98,14 +89,14 @@ def test_bool_tensor_mask_equals_mask_object():
 @pytest.mark.parametrize("max_elements", [1 << 22, 5])
 def test_gradcheck(max_elements):
     m = _module(bias=True, max_elements=max_elements)
-    q, k, v = _inputs()
+    q, k, v = inputs()
     q, k, v = (t[:, :n].clone().requires_grad_(True) for t, n in ((q, 3), (k, 4), (v, 4)))
     assert torch.autograd.gradcheck(lambda *t: m(*t), (q, k, v), fast_mode=max_elements < 100)
 
 
 @pytest.mark.parametrize("max_elements", [1, 7, 40, 200])
 def test_tiled_path_equals_one_piece(max_elements):
-    q, k, v = _inputs()
+    q, k, v = inputs()
     whole, tiled = _module(), _module(max_elements=max_elements)
     tiled.load_state_dict(whole.state_dict())
     outs = []
@@ -120,7 +111,7 @@ def test_tiled_path_equals_one_piece(max_elements):
 
 def test_tiles_bound_the_saved_hidden_tensor():
     """With a small budget no (B, Lq, Lk, A) hidden tensor is kept for backward; without one it is."""
-    q, k, v = _inputs(requires_grad=True)
+    q, k, v = inputs(requires_grad=True)
 
     def largest_saved(m):
         sizes = []
@@ -136,7 +127,7 @@ def test_tiles_bound_the_saved_hidden_tensor():
 def test_scores_blockwise_in_chunked_kernel():
     """additive_scores is pairwise, so the online-softmax kernel (key blocks) gives the same answer."""
     m = _module()
-    q, k, v = _inputs()
+    q, k, v = inputs()
     pq, pk = m.query_proj(q).detach(), m.key_proj(k).detach()
     fn = lambda a, b: additive_scores(a, b, m.v.detach(), max_elements=3)
     mask = masks.padding(torch.tensor([7, 3]))
@@ -150,7 +141,7 @@ def test_scores_blockwise_in_chunked_kernel():
 
 def test_state_dict_round_trip():
     a, b = _module(seed=0, bias=True), _module(seed=1, bias=True)
-    q, k, v = _inputs()
+    q, k, v = inputs()
     assert not torch.allclose(a(q, k, v).context, b(q, k, v).context)
     b.load_state_dict(a.state_dict())
     assert set(a.state_dict()) == {"query_proj.weight", "query_proj.bias", "key_proj.weight", "v"}
@@ -160,7 +151,7 @@ def test_state_dict_round_trip():
 def test_dropout_only_in_training():
     m = _module(dropout=0.5)
     plain = _module()
-    q, k, v = _inputs()
+    q, k, v = inputs()
     m.eval()
     assert torch.equal(m(q, k, v).context, plain(q, k, v).context)
     m.train()
@@ -170,7 +161,7 @@ def test_dropout_only_in_training():
 
 def test_errors():
     m = _module()
-    q, k, v = _inputs()
+    q, k, v = inputs()
     with pytest.raises(ShapeError, match="query"):
         m(q[..., :5], k, v)
     with pytest.raises(ShapeError, match="key"):

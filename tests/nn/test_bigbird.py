@@ -1,38 +1,20 @@
 """BigBirdAttention: its block pattern by brute force, reproducible random blocks, float64 reference."""
 
-import math
+from functools import partial
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-import attnkit
 import attnkit.nn.bigbird as bb_module
 from attnkit.errors import ArgumentError
 from attnkit.nn.bigbird import BigBirdAttention
 from attnkit.registry import get
+from tests.nn.projected_reference import record_backends, reference, run_with_grad, seeded_input, seeded_layer
 
 B, N, DIM, H = 2, 13, 12, 3  # head width 4; n = 13 is no multiple of the block sizes used
 
-
-def _x(b=B, n=N, dim=DIM, seed=0):
-    return torch.randn(b, n, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-
-
-def _layer(seed=0, **kwargs):
-    torch.manual_seed(seed)
-    return BigBirdAttention(DIM, H, **kwargs).double()
-
-
-def reference(layer, x, allowed):
-    """Multi-head softmax(q k^T / sqrt(d)) v over ``allowed`` (n, n), written with plain float64 ops."""
-    x = x.detach().double()
-    b, n, dim = x.shape
-    lin = lambda m, t: F.linear(t, m.weight.double(), m.bias.double())
-    heads = lambda t: t.view(b, n, H, dim // H).transpose(1, 2)
-    q, k, v = heads(lin(layer.q_proj, x)), heads(lin(layer.k_proj, x)), heads(lin(layer.v_proj, x))
-    scores = (q @ k.transpose(-1, -2) / math.sqrt(dim // H)).masked_fill(~allowed, float("-inf"))
-    return lin(layer.out_proj, (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(b, n, dim))
+_x = partial(seeded_input, b=B, n=N, dim=DIM)
+_layer = partial(seeded_layer, BigBirdAttention, DIM, H)
 
 
 def token_mask(layout, block, n):
@@ -109,14 +91,7 @@ def test_state_dict_round_trip():
 
 
 def test_long_inputs_run_the_non_global_rows_on_the_blocksparse_kernel(monkeypatch):
-    seen = []
-    real = bb_module.attention
-
-    def spy(q, k, v, **kwargs):
-        seen.append((q.shape[2], attnkit.explain(q, k, v, **kwargs).backend))
-        return real(q, k, v, **kwargs)
-
-    monkeypatch.setattr(bb_module, "attention", spy)
+    seen = record_backends(monkeypatch, bb_module)
     torch.manual_seed(0)
     BigBirdAttention(8, 2, block_size=64)(torch.randn(1, 2048, 8))  # 8 of 32 blocks per row
     assert seen[0][0] == 128 and seen[1] == (2048 - 128, "blocksparse")
@@ -144,9 +119,7 @@ def test_registry_entry_runs_and_costs_grow_linearly():
 @pytest.mark.parametrize("shape", [(2, 0, DIM), (0, 5, DIM), (2, 1, DIM)])
 def test_empty_and_length_one_inputs(shape):
     layer = _layer(block_size=2, global_blocks=1)
-    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
-    out = layer(x)
-    out.sum().backward()
+    x, out = run_with_grad(layer, shape)
     assert out.shape == shape and torch.isfinite(x.grad).all()
     if shape[1] == 1:  # softmax over one key: that key's value
         torch.testing.assert_close(out, reference(layer, x, torch.ones(1, 1, dtype=torch.bool)), rtol=1e-10, atol=1e-12)

@@ -1,41 +1,23 @@
 """BlockSparseAttention and BlockPattern against dense float64 attention over the same pattern."""
 
-import math
+from functools import partial
 
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import attnkit
 import attnkit.nn.blocksparse as bs_module
 from attnkit import masks
 from attnkit.errors import ArgumentError, DTypeError, ShapeError
 from attnkit.nn.blocksparse import BlockPattern, BlockSparseAttention
 from attnkit.registry import get
+from tests.nn.projected_reference import record_backends, reference, run_with_grad, seeded_input, seeded_layer
 
 B, N, DIM, H = 2, 13, 12, 3  # head width 4; n = 13 is no multiple of the block sizes used
 
-
-def _x(b=B, n=N, dim=DIM, seed=0):
-    return torch.randn(b, n, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-
-
-def _layer(*args, seed=0, **kwargs):
-    torch.manual_seed(seed)
-    return BlockSparseAttention(*args, **kwargs).double()
-
-
-def reference(layer, x, allowed):
-    """Multi-head softmax(q k^T / sqrt(d)) v over ``allowed`` (n, n) or (H, n, n), with plain float64 ops."""
-    x = x.detach().double()
-    b, n, dim = x.shape
-    lin = lambda m, t: F.linear(t, m.weight.double(), m.bias.double())
-    heads = lambda t: t.view(b, n, H, dim // H).transpose(1, 2)
-    q, k, v = heads(lin(layer.q_proj, x)), heads(lin(layer.k_proj, x)), heads(lin(layer.v_proj, x))
-    scores = (q @ k.transpose(-1, -2) / math.sqrt(dim // H)).masked_fill(~allowed, float("-inf"))
-    return lin(layer.out_proj, (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(b, n, dim))
+_x = partial(seeded_input, b=B, n=N, dim=DIM)
+_layer = partial(seeded_layer, BlockSparseAttention)
 
 
 def token_mask(layout, block, n):
@@ -107,19 +89,12 @@ def test_state_dict_round_trip():
 
 
 def test_long_inputs_run_on_the_blocksparse_kernel(monkeypatch):
-    seen = []
-    real = bs_module.attention
-
-    def spy(q, k, v, **kwargs):
-        seen.append(attnkit.explain(q, k, v, **kwargs).backend)
-        return real(q, k, v, **kwargs)
-
-    monkeypatch.setattr(bs_module, "attention", spy)
+    seen = record_backends(monkeypatch, bs_module)
     idx = torch.arange(32)
     band = (idx[:, None] - idx[None, :]).abs() <= 1
     torch.manual_seed(0)
     BlockSparseAttention(8, 2, band, block_size=32)(torch.randn(1, 1024, 8))
-    assert seen == ["blocksparse"]
+    assert [backend for _, backend in seen] == ["blocksparse"]
 
 
 @settings(max_examples=25, deadline=None)
@@ -161,9 +136,7 @@ def test_registry_entry_runs_and_cost_scales_with_density():
 @pytest.mark.parametrize("shape", [(2, 0, DIM), (0, 5, DIM), (2, 1, DIM)])
 def test_empty_and_length_one_inputs(shape):
     layer = _layer(DIM, H, torch.ones(2, 2, dtype=torch.bool), block_size=3)
-    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
-    out = layer(x)
-    out.sum().backward()
+    x, out = run_with_grad(layer, shape)
     assert out.shape == shape and torch.isfinite(x.grad).all()
     if shape[1] == 1:  # softmax over one key: that key's value
         torch.testing.assert_close(out, reference(layer, x, torch.ones(1, 1, dtype=torch.bool)), rtol=1e-10, atol=1e-12)

@@ -9,16 +9,7 @@ from attnkit import masks
 from attnkit.errors import ShapeError
 from attnkit.nn.additive import AdditiveAttention
 from attnkit.nn.coverage import CoverageAttention, coverage_loss
-
-B, LQ, LK, DQ, DK, A, DV = 2, 5, 7, 11, 6, 4, 3
-
-
-def _inputs(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    s = torch.randn(B, LQ, DQ, generator=g, dtype=torch.float64)
-    h = torch.randn(B, LK, DK, generator=g, dtype=torch.float64)
-    v = torch.randn(B, LK, DV, generator=g, dtype=torch.float64)
-    return s, h, v
+from tests.nn.additive_reference import DK, DQ, DV, LK, LQ, A, B, inputs
 
 
 def _module(seed=0, **kwargs):
@@ -58,7 +49,7 @@ def _check(got, ref, atol=1e-12):
 
 def test_matches_paper_equations():
     m = _module()
-    s, h, v = _inputs()
+    s, h, v = inputs()
     out = m(s, h, v)
     _check(out, _reference(m, s, h, v))
     assert (out.loss[:, 0] == 0).all() and (out.loss[:, 1:] > 0).all()
@@ -67,7 +58,7 @@ def test_matches_paper_equations():
 
 def test_initial_coverage_and_step_by_step_equal_one_call():
     m = _module()
-    s, h, v = _inputs()
+    s, h, v = inputs()
     c0 = torch.rand(B, LK, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     whole = m(s, h, v, c0)
     _check(whole, _reference(m, s, h, v, c0=c0))
@@ -89,7 +80,7 @@ def test_without_coverage_weight_is_additive_attention():
     add = AdditiveAttention(DQ, DK, A, bias=True).double()
     add.load_state_dict({"query_proj.weight": m.w_s.weight, "query_proj.bias": m.w_s.bias,
                          "key_proj.weight": m.w_h.weight, "v": m.v})
-    s, h, v = _inputs()
+    s, h, v = inputs()
     out, ref = m(s, h, v), add(s, h, v)
     torch.testing.assert_close(out.context, ref.context, rtol=0, atol=1e-14)
     torch.testing.assert_close(out.weights, ref.weights, rtol=0, atol=1e-14)
@@ -103,7 +94,7 @@ def test_coverage_loss_function():
 
 def test_masks_and_fully_masked_rows():
     m = _module()
-    s, h, v = _inputs()
+    s, h, v = inputs()
     s.requires_grad_(True)
     mask = masks.padding(torch.tensor([0, 4]))
     h_bad, v_bad = h.clone(), v.clone()
@@ -123,7 +114,7 @@ def test_masks_and_fully_masked_rows():
 
 def test_gradcheck():
     m = _module()
-    s, h, v = _inputs()
+    s, h, v = inputs()
     c0 = torch.rand(B, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     args = (s[:, :3].clone(), h[:, :4].clone(), v[:, :4].clone(), c0)
     args = tuple(t.requires_grad_(True) for t in args)
@@ -132,7 +123,7 @@ def test_gradcheck():
 
 def test_state_dict_round_trip():
     a, b = _module(0), _module(1)
-    s, h, v = _inputs()
+    s, h, v = inputs()
     assert not torch.allclose(a(s, h, v).context, b(s, h, v).context)
     b.load_state_dict(a.state_dict())
     assert set(a.state_dict()) == {"w_h.weight", "w_s.weight", "w_s.bias", "w_c", "v"}
@@ -142,7 +133,7 @@ def test_state_dict_round_trip():
 
 def test_empty_steps_and_errors():
     m = _module()
-    s, h, v = _inputs()
+    s, h, v = inputs()
     out = m(s[:, :0], h, v)
     assert out.context.shape == (B, 0, DV) and out.loss.shape == (B, 0)
     assert torch.equal(out.coverage, torch.zeros(B, LK, dtype=torch.float64))

@@ -8,17 +8,9 @@ import torch
 from attnkit import masks
 from attnkit.errors import ArgumentError
 from attnkit.nn.hard import HardAttention
+from tests.nn.additive_reference import DK, DQ, DV, LK, LQ, A, B, inputs
 
-B, LQ, LK, DQ, DK, A, DV = 2, 5, 7, 11, 6, 4, 3
 MODES = ("soft", "stochastic", "argmax", "gumbel")
-
-
-def _inputs(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    h = torch.randn(B, LQ, DQ, generator=g, dtype=torch.float64)
-    a = torch.randn(B, LK, DK, generator=g, dtype=torch.float64)
-    v = torch.randn(B, LK, DV, generator=g, dtype=torch.float64)
-    return h, a, v
 
 
 def _module(seed=0, **kwargs):
@@ -51,7 +43,7 @@ def _chi_square(counts, probs):
 
 def test_soft_matches_paper_and_additive_module():
     m = _module()
-    h, a, v = _inputs()
+    h, a, v = inputs()
     alpha = torch.softmax(_ref_scores(m, h, a), -1)
     out = m(h, a, v)
     torch.testing.assert_close(out.weights, alpha, rtol=0, atol=1e-12)
@@ -63,7 +55,7 @@ def test_soft_matches_paper_and_additive_module():
 
 def test_stochastic_samples_one_location_with_its_log_prob():
     m = _module(mode="stochastic")
-    h, a, v = _inputs()
+    h, a, v = inputs()
     out = m(h, a, v, generator=_gen())
     alpha = torch.softmax(_ref_scores(m, h, a), -1)
     idx = out.weights.argmax(-1)
@@ -79,7 +71,7 @@ def test_stochastic_samples_one_location_with_its_log_prob():
 def test_sampled_locations_follow_the_soft_weights(mode):
     """Chi-square goodness of fit of 6000 draws against alpha (fixed seed; 0.1% critical values)."""
     m = _module(mode=mode, straight_through=True)
-    h, a, _ = _inputs()
+    h, a, _ = inputs()
     n = 6000
     query = h[:1, :1].expand(1, n, DQ)
     keep = torch.tensor([True, True, False, True, True, True, False])
@@ -95,7 +87,7 @@ def test_sampled_locations_follow_the_soft_weights(mode):
 
 def test_reinforce_gradients_flow_and_are_unbiased():
     m = _module(mode="stochastic")
-    h, a, v = _inputs()
+    h, a, v = inputs()
     reward = torch.randn(B, LQ, dtype=torch.float64)
     out = m(h, a, v, generator=_gen())
     (-(reward * out.log_prob).sum()).backward()
@@ -121,7 +113,7 @@ def test_reinforce_gradients_flow_and_are_unbiased():
 
 
 def test_argmax_forward_and_gradients():
-    h, a, v = _inputs()
+    h, a, v = inputs()
     hard, st, soft = _module(mode="argmax"), _module(mode="argmax", straight_through=True), _module()
     idx = _ref_scores(hard, h, a).argmax(-1)
     v = v.clone().requires_grad_(True)
@@ -143,7 +135,7 @@ def test_argmax_forward_and_gradients():
 @pytest.mark.parametrize("tau", [0.5, 2.0])
 def test_gumbel_relaxation_matches_reference(tau):
     m = _module(mode="gumbel", tau=tau)
-    h, a, v = _inputs()
+    h, a, v = inputs()
     out = m(h, a, v, generator=_gen(5))
     u = torch.rand(B, LQ, LK, generator=_gen(5), dtype=torch.float64)
     y = torch.softmax((_ref_scores(m, h, a) - torch.log(-torch.log(u))) / tau, -1)  # g = -log(-log u)
@@ -156,7 +148,7 @@ def test_gumbel_relaxation_matches_reference(tau):
 @pytest.mark.parametrize("mode", ["soft", "gumbel", "stochastic"])
 def test_gradcheck(mode):
     m = _module(mode=mode)
-    h, a, v = _inputs()
+    h, a, v = inputs()
     args = tuple(t.clone().requires_grad_(True) for t in (h[:, :3], a[:, :4], v[:, :4]))
     pick = (lambda o: o.log_prob) if mode == "stochastic" else (lambda o: (o.context, o.weights))
     assert torch.autograd.gradcheck(lambda *t: pick(m(*t, generator=_gen(2))), args, fast_mode=True)
@@ -165,7 +157,7 @@ def test_gradcheck(mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_fully_masked_rows_give_zero(mode):
     m = _module(mode=mode, straight_through=True)
-    h, a, v = _inputs()
+    h, a, v = inputs()
     h.requires_grad_(True)
     a_bad, v_bad = a.clone(), v.clone()
     a_bad[0], v_bad[0], a_bad[1, 3:] = float("nan"), float("inf"), float("nan")
@@ -182,7 +174,7 @@ def test_fully_masked_rows_give_zero(mode):
 
 def test_state_dict_round_trip():
     a_mod, b_mod = _module(0, mode="stochastic"), _module(1, mode="stochastic")
-    h, a, v = _inputs()
+    h, a, v = inputs()
     assert not torch.allclose(a_mod(h, a, v).probs, b_mod(h, a, v).probs)
     b_mod.load_state_dict(a_mod.state_dict())
     assert set(a_mod.state_dict()) == {"f_att.query_proj.weight", "f_att.key_proj.weight", "f_att.v"}

@@ -1,17 +1,18 @@
 """LambdaLayer against a float64 loop over the paper's equations (Bello 2021, Sec. 3)."""
 
+from functools import partial
+
 import pytest
 import torch
 
 import attnkit
 from attnkit.errors import ArgumentError, ShapeError
 from attnkit.nn.lambda_layer import LambdaLayer
+from tests.nn.projected_reference import seeded_input
 
 B, N, DIM, K, H, DOUT = 2, 7, 11, 5, 3, 12  # |v| = 4
 
-
-def _x(b=B, n=N, dim=DIM, seed=0):
-    return torch.randn(b, n, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+_x = partial(seeded_input, b=B, n=N, dim=DIM)
 
 
 def _reference(layer, x, embedding):

@@ -1,6 +1,7 @@
 """LinearAttention and PerformerAttention against float64 transcriptions of their papers' equations."""
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -14,24 +15,11 @@ from attnkit.nn.linear import (
     feature_map_attention,
     orthogonal_random_features,
 )
+from tests.nn.projected_reference import output, project_heads, seeded_input
 
 B, N, DIM, H = 2, 13, 12, 3  # dim_head = 4; n not a multiple of the chunk sizes used
 
-
-def _x(b=B, n=N, dim=DIM, seed=0, dtype=torch.float64):
-    return torch.randn(b, n, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
-
-
-def _qkv(layer, x):
-    def heads(t):
-        b, n, _ = t.shape
-        return t.view(b, n, layer.num_heads, -1).permute(0, 2, 1, 3)
-    return heads(layer.q_proj(x)), heads(layer.k_proj(x)), heads(layer.v_proj(x))
-
-
-def _finish(layer, out):
-    b, h, n, d = out.shape
-    return layer.out_proj(out.permute(0, 2, 1, 3).reshape(b, n, h * d))
+_x = partial(seeded_input, b=B, n=N, dim=DIM)
 
 
 def _quadratic(phi_q, phi_k, v, causal, eps, keep=None):
@@ -51,8 +39,8 @@ def _quadratic(phi_q, phi_k, v, causal, eps, keep=None):
 def test_linear_equals_explicit_quadratic_form(causal):
     layer = LinearAttention(DIM, H, causal=causal, chunk_size=4).double()
     x = _x()
-    q, k, v = _qkv(layer, x)
-    ref = _finish(layer, _quadratic(F.elu(q) + 1, F.elu(k) + 1, v, causal, layer.eps))
+    q, k, v = project_heads(layer, x)
+    ref = output(layer, _quadratic(F.elu(q) + 1, F.elu(k) + 1, v, causal, layer.eps))
     torch.testing.assert_close(layer(x), ref, rtol=1e-10, atol=1e-12)
 
 
@@ -62,8 +50,8 @@ def test_masked_keys_are_zeroed_and_cannot_leak(causal):
     x = _x()
     keep = torch.ones(B, N, dtype=torch.bool)
     keep[1, 9:] = False
-    q, k, v = _qkv(layer, x)
-    ref = _finish(layer, _quadratic(F.elu(q) + 1, F.elu(k) + 1, v, causal, layer.eps, keep.double()))
+    q, k, v = project_heads(layer, x)
+    ref = output(layer, _quadratic(F.elu(q) + 1, F.elu(k) + 1, v, causal, layer.eps, keep.double()))
     bad = x.clone()
     bad[1, 9:] = float("nan")
     got = layer(bad, key_keep_mask=keep)
@@ -113,13 +101,13 @@ def test_sums_accumulate_in_float32():
 
 def _favor_reference(layer, x):
     """Lemma 1 in float64: phi(x) = (exp(W x - |x|^2 / 2) + eps) / sqrt(m) on x = d^(-1/4) q, no stabilisers."""
-    q, k, v = _qkv(layer, x)
+    q, k, v = project_heads(layer, x)
     w = layer.projection.double()
 
     def phi(t):
         t = t / layer.head_dim ** 0.25
         return (torch.exp(t @ w.T - (t * t).sum(-1, keepdim=True) / 2) + layer.eps) / math.sqrt(w.shape[0])
-    return _finish(layer, _quadratic(phi(q), phi(k), v, layer.causal, 0.0))
+    return output(layer, _quadratic(phi(q), phi(k), v, layer.causal, 0.0))
 
 
 @pytest.mark.parametrize("eps", [0.0, 1e-3])
@@ -147,8 +135,8 @@ def test_performer_error_decreases_with_features():
         err = 0.0
         for seed in range(4):
             layer = PerformerAttention(16, 2, num_features=m, seed=seed).double()
-            q, k, v = _qkv(layer, x)
-            exact = _finish(layer, attnkit.attention(q, k, v, backend="reference"))
+            q, k, v = project_heads(layer, x)
+            exact = output(layer, attnkit.attention(q, k, v, backend="reference"))
             err += (layer(x) - exact).abs().mean().item() / 4
         errors.append(err)
     assert errors[0] > errors[1] > errors[2], errors

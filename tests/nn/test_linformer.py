@@ -1,45 +1,30 @@
 """LinformerAttention against a float64 transcription of eq. 7 and against dense attention (k = n, E = F = I)."""
 
+from functools import partial
+
 import pytest
 import torch
 
 import attnkit
 from attnkit.errors import ArgumentError, ShapeError
 from attnkit.nn.linformer import LinformerAttention, SequenceProjection
+from tests.nn.projected_reference import output, project_heads, reference, seeded_input
 
 B, N, DIM, H, K = 2, 7, 12, 3, 5
 
-
-def _x(b=B, n=N, dim=DIM, seed=0):
-    return torch.randn(b, n, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-
-
-def _heads(t, h):
-    b, n, _ = t.shape
-    return t.view(b, n, h, -1).permute(0, 2, 1, 3)
+_x = partial(seeded_input, b=B, n=N, dim=DIM)
 
 
 def _eq7(layer, x, e, f, keep=None):
     """head_i = softmax(Q W^Q (E_i K W^K)^T / sqrt(d)) F_i V W^V, with E_i, F_i given as (h|1, k, n)."""
-    q, k, v = (_heads(lin(x), layer.num_heads) for lin in (layer.q_proj, layer.k_proj, layer.v_proj))
+    q, k, v = project_heads(layer, x)
     if keep is not None:
         w = keep[:, None, :, None].double()
         k, v = torch.nan_to_num(k) * w, torch.nan_to_num(v) * w
     kp = torch.einsum("hkn,bhnd->bhkd", e.expand(layer.num_heads, -1, -1), k)
     vp = torch.einsum("hkn,bhnd->bhkd", f.expand(layer.num_heads, -1, -1), v)
     scores = torch.einsum("bhnd,bhkd->bhnk", q, kp) / q.shape[-1] ** 0.5
-    out = torch.einsum("bhnk,bhkd->bhnd", torch.softmax(scores, -1), vp)
-    b, h, n, d = out.shape
-    return layer.out_proj(out.permute(0, 2, 1, 3).reshape(b, n, h * d))
-
-
-def _dense(layer, x):
-    """Plain multi-head softmax attention with the same weights, written out."""
-    q, k, v = (_heads(lin(x), layer.num_heads) for lin in (layer.q_proj, layer.k_proj, layer.v_proj))
-    w = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, -1)
-    out = w @ v
-    b, h, n, d = out.shape
-    return layer.out_proj(out.permute(0, 2, 1, 3).reshape(b, n, h * d))
+    return output(layer, torch.einsum("bhnk,bhkd->bhnd", torch.softmax(scores, -1), vp))
 
 
 @pytest.mark.parametrize("sharing", ["none", "headwise", "key-value"])
@@ -49,7 +34,7 @@ def test_identity_projections_reduce_to_dense_attention(sharing):
         for proj in (layer.proj_k, layer.proj_v):
             proj.weight.copy_(torch.eye(N).expand_as(proj.weight))
     x = _x()
-    torch.testing.assert_close(layer(x), _dense(layer, x), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(layer(x), reference(layer, x), rtol=1e-10, atol=1e-12)  # plain dense attention
 
 
 @pytest.mark.parametrize("sharing", ["none", "headwise", "key-value"])

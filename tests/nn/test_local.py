@@ -1,39 +1,20 @@
 """LocalAttention against a float64 transcription of Luong's local-m window and of block-local attention."""
 
-import math
+from functools import partial
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-import attnkit
 import attnkit.nn.local as local_module
 from attnkit.errors import ArgumentError, DTypeError, ShapeError
 from attnkit.nn.local import LocalAttention
 from attnkit.registry import get
+from tests.nn.projected_reference import record_backends, reference, run_with_grad, seeded_input, seeded_layer
 
 B, N, DIM, H = 2, 13, 12, 3  # head width 4; n = 13 is no multiple of the sizes used
 
-
-def _x(b=B, n=N, dim=DIM, seed=0):
-    return torch.randn(b, n, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-
-
-def _layer(*args, seed=0, **kwargs):
-    torch.manual_seed(seed)
-    return LocalAttention(*args, **kwargs).double()
-
-
-def reference(layer, x, allowed):
-    """Multi-head softmax(q k^T / sqrt(d)) v over ``allowed`` (n, n), written with plain float64 ops."""
-    x = x.detach().double()
-    b, n, dim = x.shape
-    h = layer.num_heads
-    lin = lambda m, t: F.linear(t, m.weight.double(), m.bias.double())
-    heads = lambda t: t.view(b, n, h, dim // h).transpose(1, 2)
-    q, k, v = heads(lin(layer.q_proj, x)), heads(lin(layer.k_proj, x)), heads(lin(layer.v_proj, x))
-    scores = (q @ k.transpose(-1, -2) / math.sqrt(dim // h)).masked_fill(~allowed, float("-inf"))
-    return lin(layer.out_proj, (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(b, n, dim))
+_x = partial(seeded_input, b=B, n=N, dim=DIM)
+_layer = partial(seeded_layer, LocalAttention)
 
 
 def luong_window(n, size, causal):
@@ -73,17 +54,9 @@ def test_float32_error_is_within_twice_the_plain_float32_error():
     x = _x()
     allowed = luong_window(N, 3, False)
     exact = reference(layer, x, allowed)
-    plain = _plain_float32(layer, x.float(), allowed)
+    plain = reference(layer, x, allowed, dtype=torch.float32)  # the plain float32 computation
     err = (layer(x.float()).double() - exact).abs().max().item()
     assert err <= 2 * (plain.double() - exact).abs().max().item() + 8 * torch.finfo(torch.float32).eps
-
-
-def _plain_float32(layer, x, allowed):
-    b, n, dim = x.shape
-    heads = lambda t: t.view(b, n, H, dim // H).transpose(1, 2)
-    q, k, v = heads(layer.q_proj(x)), heads(layer.k_proj(x)), heads(layer.v_proj(x))
-    scores = (q @ k.transpose(-1, -2) / math.sqrt(dim // H)).masked_fill(~allowed, float("-inf"))
-    return layer.out_proj((torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(b, n, dim)).detach()
 
 
 @pytest.mark.parametrize("mode", ["window", "blocks"])
@@ -135,17 +108,10 @@ def test_dropout_only_in_training():
 
 @pytest.mark.parametrize("mode", ["window", "blocks"])
 def test_long_inputs_run_on_the_blocksparse_kernel(monkeypatch, mode):
-    seen = []
-    real = local_module.attention
-
-    def spy(q, k, v, **kwargs):
-        seen.append(attnkit.explain(q, k, v, **kwargs).backend)
-        return real(q, k, v, **kwargs)
-
-    monkeypatch.setattr(local_module, "attention", spy)
+    seen = record_backends(monkeypatch, local_module)
     torch.manual_seed(0)
     LocalAttention(8, 2, 32, mode=mode)(torch.randn(1, 1024, 8))
-    assert seen == ["blocksparse"]
+    assert [backend for _, backend in seen] == ["blocksparse"]
 
 
 def test_bad_arguments_raise_named_errors():
@@ -176,9 +142,7 @@ def test_registry_entry_runs_and_costs_grow_linearly():
 @pytest.mark.parametrize("shape", [(2, 0, DIM), (0, 5, DIM), (2, 1, DIM)])
 def test_empty_and_length_one_inputs(shape):
     layer = _layer(DIM, H, 2, mode="blocks", causal=True)
-    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
-    out = layer(x)
-    out.sum().backward()
+    x, out = run_with_grad(layer, shape)
     assert out.shape == shape and torch.isfinite(x.grad).all()
     if shape[1] == 1:  # softmax over one key: that key's value
         torch.testing.assert_close(out, reference(layer, x, torch.ones(1, 1, dtype=torch.bool)), rtol=1e-10, atol=1e-12)

@@ -1,28 +1,33 @@
 """LongformerAttention against a float64 transcription of Beltagy et al. 2020, Sec. 3.1."""
 
-import math
+from functools import partial
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-import attnkit
 import attnkit.nn.longformer as lf_module
 from attnkit.errors import ArgumentError, DTypeError, ShapeError
 from attnkit.nn.longformer import GlobalKeys, LongformerAttention
 from attnkit.registry import get
+from tests.nn.projected_reference import (
+    output,
+    project_heads,
+    record_backends,
+    run_with_grad,
+    seeded_input,
+    seeded_layer,
+    softmax_attention,
+)
+from tests.nn.projected_reference import reference as dense_reference
 
 B, N, DIM, H = 2, 13, 12, 3  # head width 4
 
-
-def _x(b=B, n=N, dim=DIM, seed=0):
-    return torch.randn(b, n, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+_x = partial(seeded_input, b=B, n=N, dim=DIM)
 
 
 def _layer(*args, seed=0, separate=True, **kwargs):
     """A float64 layer; with ``separate`` the global projections are moved away from the local ones."""
-    torch.manual_seed(seed)
-    layer = LongformerAttention(*args, **kwargs).double()
+    layer = seeded_layer(LongformerAttention, *args, seed=seed, **kwargs)
     if separate:
         with torch.no_grad():
             for name in ("q_global", "k_global", "v_global"):
@@ -31,27 +36,19 @@ def _layer(*args, seed=0, separate=True, **kwargs):
     return layer
 
 
-def _attend(layer, x, names, allowed):
-    b, n, dim = x.shape
-    lin = lambda m, t: F.linear(t, m.weight.double(), m.bias.double())
-    q, k, v = (lin(getattr(layer, name), x).view(b, n, H, dim // H).transpose(1, 2) for name in names)
-    scores = (q @ k.transpose(-1, -2) / math.sqrt(dim // H)).masked_fill(~allowed, float("-inf"))
-    return torch.softmax(scores, -1) @ v  # (b, H, n, dim / H)
-
-
 def reference(layer, x, is_global):
     """Eq. 1 per row: window rows over window ∪ global keys with Q_s, K_s, V_s; global rows over all with Q_g, K_g, V_g.
 
     ``is_global`` is a bool (b, n). The window is written by loops: keys i + t d, |t| <= w / 2.
     """
     x = x.detach().double()
-    b, n, dim = x.shape
+    n = x.shape[1]
     half, d = layer.window // 2, layer.dilation
     window = torch.tensor([[any(j == i + t * d for t in range(-half, half + 1)) for j in range(n)] for i in range(n)])
-    local = _attend(layer, x, ("q_proj", "k_proj", "v_proj"), (window | is_global[:, None, :])[:, None])
-    glob = _attend(layer, x, ("q_global", "k_global", "v_global"), torch.ones(n, n, dtype=torch.bool))
-    out = torch.where(is_global[:, None, :, None], glob, local).transpose(1, 2).reshape(b, n, dim)
-    return F.linear(out, layer.out_proj.weight.double(), layer.out_proj.bias.double())
+    local_allowed = (window | is_global[:, None, :])[:, None]
+    local = softmax_attention(*project_heads(layer, x, ("q_proj", "k_proj", "v_proj")), local_allowed)
+    glob = softmax_attention(*project_heads(layer, x, ("q_global", "k_global", "v_global")))
+    return output(layer, torch.where(is_global[:, None, :, None], glob, local))
 
 
 def _flags(rows):
@@ -63,8 +60,7 @@ def _flags(rows):
 
 def test_window_covering_the_sequence_is_dense_attention():
     layer = _layer(DIM, H, window=2 * N)
-    dense = _attend(layer, _x(), ("q_proj", "k_proj", "v_proj"), torch.ones(N, N, dtype=torch.bool))
-    expected = F.linear(dense.transpose(1, 2).reshape(B, N, DIM), layer.out_proj.weight, layer.out_proj.bias)
+    expected = dense_reference(layer, _x(), torch.ones(N, N, dtype=torch.bool))
     torch.testing.assert_close(layer(_x()), expected, rtol=1e-10, atol=1e-12)
 
 
@@ -138,14 +134,7 @@ def test_state_dict_round_trip_includes_global_projections():
 
 
 def test_long_inputs_run_window_rows_on_the_blocksparse_kernel(monkeypatch):
-    seen = []
-    real = lf_module.attention
-
-    def spy(q, k, v, **kwargs):
-        seen.append((q.shape[2], attnkit.explain(q, k, v, **kwargs).backend))
-        return real(q, k, v, **kwargs)
-
-    monkeypatch.setattr(lf_module, "attention", spy)
+    seen = record_backends(monkeypatch, lf_module)
     torch.manual_seed(0)
     layer = LongformerAttention(8, 2, window=64)
     flags = torch.zeros(2, 1024, dtype=torch.bool)
@@ -194,9 +183,7 @@ def test_registry_entry_runs_and_costs_grow_linearly():
 @pytest.mark.parametrize("shape", [(2, 0, DIM), (0, 5, DIM), (2, 1, DIM)])
 def test_empty_and_length_one_inputs(shape):
     layer = _layer(DIM, H, window=2)
-    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
-    out = layer(x, global_tokens=[0] if shape[1] else None)
-    out.sum().backward()
+    x, out = run_with_grad(layer, shape, global_tokens=[0] if shape[1] else None)
     assert out.shape == shape and torch.isfinite(x.grad).all()
     if shape[1] == 1:  # softmax over one key: that key's value
         expected = reference(layer, x, torch.ones(shape[0], 1, dtype=torch.bool))  # token 0 is global

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 import attnkit
 from attnkit.errors import DTypeError, ShapeError
 from attnkit.nn.perceiver import PerceiverAttention, PerceiverEncoder
+from tests.nn.projected_reference import merge_heads, project_heads, split_heads
 
 B, NL, M, QD, CD, H, DH = 2, 5, 11, 12, 7, 3, 4  # latents N=5, input length M=11
 
@@ -15,35 +16,25 @@ def _t(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
-def _heads(t, h):
-    b, n, _ = t.shape
-    return t.view(b, n, h, -1).permute(0, 2, 1, 3)
-
-
-def _merge(t):
-    b, h, n, d = t.shape
-    return t.permute(0, 2, 1, 3).reshape(b, n, h * d)
-
-
 def _softmax_attention(layer, latents, context, keep=None):
     """softmax(Q K^T / sqrt(d)) V written out, padded keys removed from the sum."""
-    q = _heads(layer.q_proj(latents), layer.num_heads)
-    k, v = _heads(layer.k_proj(context), layer.num_heads), _heads(layer.v_proj(context), layer.num_heads)
+    (q,) = project_heads(layer, latents, ("q_proj",))
+    k, v = project_heads(layer, context, ("k_proj", "v_proj"))
     scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
     if keep is not None:
         scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
         v = v.masked_fill(~keep[:, None, :, None], 0.0)
     weights = torch.nan_to_num(torch.softmax(scores, -1))  # an all-padded sample: weights 0
-    return layer.out_proj(_merge(weights @ v))
+    return layer.out_proj(merge_heads(weights @ v))
 
 
 def test_cross_attention_equals_core_attention_on_projected_inputs():
     layer = PerceiverAttention(QD, CD, num_heads=H, head_dim=DH).double()
     z, x = _t(B, NL, QD), _t(B, M, CD, seed=1)
     got = layer(z, x)
-    q, k, v = _heads(layer.q_proj(z), H), _heads(layer.k_proj(x), H), _heads(layer.v_proj(x), H)
+    q, k, v = split_heads(layer.q_proj(z), H), split_heads(layer.k_proj(x), H), split_heads(layer.v_proj(x), H)
     core = attnkit.attention(q, k, v, backend="reference")
-    torch.testing.assert_close(got, layer.out_proj(_merge(core)), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got, layer.out_proj(merge_heads(core)), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(got, _softmax_attention(layer, z, x), rtol=1e-10, atol=1e-12)
 
 

@@ -1,39 +1,20 @@
 """SparseTransformerAttention against brute-force loops over Child et al. 2019's pattern definitions."""
 
-import math
+from functools import partial
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-import attnkit
 import attnkit.nn.sparse_transformer as st_module
 from attnkit.errors import ArgumentError
 from attnkit.nn.sparse_transformer import SparseTransformerAttention, _OtherBlockSummaries
 from attnkit.registry import get
+from tests.nn.projected_reference import record_backends, reference, run_with_grad, seeded_input, seeded_layer
 
 B, N, DIM, H = 2, 13, 12, 3  # head width 4; n = 13 is no multiple of the strides used
 
-
-def _x(b=B, n=N, dim=DIM, seed=0):
-    return torch.randn(b, n, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-
-
-def _layer(*args, seed=0, **kwargs):
-    torch.manual_seed(seed)
-    return SparseTransformerAttention(*args, **kwargs).double()
-
-
-def reference(layer, x, allowed):
-    """Multi-head softmax(q k^T / sqrt(d)) v over ``allowed`` (n, n), written with plain float64 ops."""
-    x = x.detach().double()
-    b, n, dim = x.shape
-    h = layer.num_heads
-    lin = lambda m, t: F.linear(t, m.weight.double(), m.bias.double())
-    heads = lambda t: t.view(b, n, h, dim // h).transpose(1, 2)
-    q, k, v = heads(lin(layer.q_proj, x)), heads(lin(layer.k_proj, x)), heads(lin(layer.v_proj, x))
-    scores = (q @ k.transpose(-1, -2) / math.sqrt(dim // h)).masked_fill(~allowed, float("-inf"))
-    return lin(layer.out_proj, (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(b, n, dim))
+_x = partial(seeded_input, b=B, n=N, dim=DIM)
+_layer = partial(seeded_layer, SparseTransformerAttention)
 
 
 def paper_pattern(n, pattern, l, c, causal):
@@ -114,17 +95,10 @@ def test_state_dict_round_trip():
 
 @pytest.mark.parametrize("pattern", ["strided", "fixed"])
 def test_long_inputs_run_the_local_half_on_the_blocksparse_kernel(monkeypatch, pattern):
-    seen = []
-    real = st_module.attention
-
-    def spy(q, k, v, **kwargs):
-        seen.append(attnkit.explain(q, k, v, **kwargs).backend)
-        return real(q, k, v, **kwargs)
-
-    monkeypatch.setattr(st_module, "attention", spy)
+    seen = record_backends(monkeypatch, st_module)
     torch.manual_seed(0)
     SparseTransformerAttention(8, 2, pattern, stride=32, summary=2)(torch.randn(1, 1024, 8))
-    assert len(seen) == 2 and seen[0] == "blocksparse"
+    assert len(seen) == 2 and seen[0][1] == "blocksparse"
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -160,9 +134,7 @@ def test_registry_entry_runs_and_cost_is_subquadratic():
 @pytest.mark.parametrize("shape", [(2, 0, DIM), (0, 5, DIM), (2, 1, DIM)])
 def test_empty_and_length_one_inputs(shape):
     layer = _layer(DIM, H, "strided", stride=2)
-    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
-    out = layer(x)
-    out.sum().backward()
+    x, out = run_with_grad(layer, shape)
     assert out.shape == shape and torch.isfinite(x.grad).all()
     if shape[1] == 1:  # softmax over one key: that key's value
         torch.testing.assert_close(out, reference(layer, x, torch.ones(1, 1, dtype=torch.bool)), rtol=1e-10, atol=1e-12)
