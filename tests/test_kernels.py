@@ -61,7 +61,8 @@ def _grads(q, k, v, **kwargs):
 def test_gradients_match_float64_reference(backend, name, dtype):
     """Gradient error vs float64 <= 3x the plain same-dtype reference's (DESIGN.md tolerance rule)."""
     q, k, v = rand_qkv(2, 3, 90, 100, 11, 13, dtype=dtype, seed=2)
-    mask = MASKS[name]
+    # Segment ids are per position: 90 query ids, 100 key ids (the same documents).
+    mask = masks.segments(torch.arange(90) // 23, torch.arange(100) // 23) if name == "segments" else MASKS[name]
     got = _grads(q, k, v, mask=mask, backend=backend)
     exact = _grads(q.double(), k.double(), v.double(), mask=mask, backend="reference")
     plain = _grads(q, k, v, mask=mask, backend="reference")
@@ -197,3 +198,63 @@ def test_chunked_runs_long_dense_attention_in_bounded_memory():
     from attnkit.analysis.bench import Case, peak_memory
     case = Case(batch=1, heads=1, q_len=65536, head_dim=64, backward=True)
     assert peak_memory(case, "attnkit chunked", backends=("chunked",)) < 2 * 2**30
+
+
+def test_compiles_with_fullgraph():
+    """Under torch.compile the data-dependent kernels step aside; the traced path equals eager."""
+    q, k, v = rand_qkv(2, 3, 40, 40, 8, seed=11)
+    mask = masks.sliding_window(4, 4) & masks.padding([40, 10])
+    compiled = torch.compile(lambda q, k, v: attnkit.attention(q, k, v, mask=mask), fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), attnkit.attention(q, k, v, mask=mask, backend="reference"))
+
+
+def test_custom_score_sees_four_dimensional_blocks_on_blocksparse():
+    """A score written for (B, H, L, D) inputs works on the block-sparse kernel too."""
+    q, k, v = rand_qkv(1, 2, 300, 300, 8, seed=12)
+    def einsum_score(a, b):
+        return torch.einsum("bhqd,bhkd->bhqk", a, b)
+    mask = masks.sliding_window(16, 16)
+    got = attnkit.attention(q, k, v, mask=mask, score=einsum_score, backend="blocksparse")
+    assert_close_to_oracle(got, q, k, v, mask=mask, score=einsum_score)
+
+
+def test_width_groups_keep_wide_rows_apart():
+    """A global row gets its own group; the result still equals the reference."""
+    from attnkit.kernels import blocksparse
+    q, k, v = rand_qkv(1, 2, 700, 700, 8, seed=13, dtype=torch.float64)
+    mask = masks.global_tokens([0]) | masks.sliding_window(8, 8)
+    p = attnkit.functional.validate.validate(q, k, v, mask=mask)
+    assert len(blocksparse.width_groups(blocksparse.union_layout(p, 64))) > 1
+    torch.testing.assert_close(attnkit.attention(q, k, v, mask=mask, backend="blocksparse"),
+                               oracle(q, k, v, mask=mask))
+
+
+def test_explain_names_the_backend_attention_runs():
+    """NaN past a padding length is zeroed before dispatch, in explain() as in attention()."""
+    q, k, v = rand_qkv(1, 2, 8, 8, 4)
+    k[0, 0, 6:] = float("nan")
+    mask = masks.padding([6])
+    assert attnkit.explain(q, k, v, mask=mask).backend == "sdpa"
+    assert attnkit.attention(q, k, v, mask=mask).isfinite().all()
+
+
+def test_mask_data_must_match_the_sequence_lengths():
+    q, k, v = rand_qkv(2, 3, 5, 7, 4)
+    with pytest.raises(attnkit.ShapeError, match="kv_len=6; got kv_len=7"):
+        attnkit.attention(q, k, v, mask=masks.keys(torch.ones(2, 6, dtype=torch.bool)))
+    with pytest.raises(attnkit.ShapeError, match="q_len=7; got q_len=5"):
+        attnkit.attention(q, k, v, mask=masks.segments(torch.zeros(7, dtype=torch.long)))
+
+
+@pytest.mark.parametrize("normalize", ["hard", "sparsemax", "softmax", "sigmoid"])
+@pytest.mark.parametrize("backend", ["reference", "blocksparse"])
+def test_row_biased_to_minus_infinity_outputs_zero(normalize, backend):
+    """RELIABILITY row 6: a row that becomes all -inf through a bias follows the fully-masked rule."""
+    if normalize == "sigmoid":
+        pytest.skip("sigmoid weights are not normalised: exp(-inf) gives 0 anyway")
+    q, k, v = rand_qkv(1, 2, 5, 7, 4, dtype=torch.float64)
+    bias = torch.zeros(5, 7, dtype=torch.float64)
+    bias[1] = float("-inf")
+    out = attnkit.attention(q, k, v, bias=bias, normalize=normalize, mask=masks.full(), backend=backend)
+    assert torch.equal(out[0, :, 1], torch.zeros(2, 4, dtype=torch.float64))
+    assert out.isfinite().all()

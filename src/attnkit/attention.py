@@ -48,7 +48,7 @@ def _drop_filtered_keys(p: Problem) -> Problem:
     keep = keys.allows(torch.arange(batch, device=dev).view(-1, 1, 1, 1), zero, zero,
                        torch.arange(lk, device=dev).view(1, 1, -1, 1), p.sizes[2], lk)  # (B|1, 1, Lk, 1)
     keep = torch.broadcast_to(keep, (batch, 1, lk, 1))
-    if not bool(keep.all()):
+    if torch.compiler.is_compiling() or not bool(keep.all()):  # the check needs the data: skip it when tracing
         p.k, p.v = p.k.masked_fill(~keep, 0.0), p.v.masked_fill(~keep, 0.0)
     return p
 
@@ -80,8 +80,19 @@ def _autocast_off(device_type: str):
     return torch.autocast(device_type, enabled=False) if _autocast_enabled(device_type) else contextlib.nullcontext()
 
 
-def _is_empty(p: Problem) -> bool:
-    return 0 in p.q.shape or 0 in p.k.shape[:3]
+def _prepare(q, k, v, **kwargs) -> Problem:
+    """Everything before dispatch, shared by attention() and explain(): autocast, validation, padding keys."""
+    q, k, v = _autocast_inputs(q, k, v)
+    p = validate(q, k, v, **kwargs)
+    with _autocast_off(p.q.device.type):
+        return _drop_filtered_keys(p)
+
+
+def _decision(p: Problem, backend: str) -> Decision:
+    """The dispatcher's decision; empty problems (a zero size) always go to the reference kernel."""
+    if 0 in p.q.shape or 0 in p.k.shape[:3]:
+        return Decision("reference", {"reference": "chosen: a size is zero (empty result, exact path)"})
+    return decide(p, backend)
 
 
 def _to_user_rank(t: torch.Tensor, rank: int) -> torch.Tensor:
@@ -99,6 +110,9 @@ def attention(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, 
         v: values ``(B, H_kv, Lk, Dv)``; Dv may differ from D.
         mask: an :mod:`attnkit.masks` mask or a bool tensor broadcastable to the scores
             ``(..., Lq, Lk)`` (last dim exactly Lk). True = attend. Never a float.
+            Tensors broadcast right-aligned, as in torch's SDPA: with 4-D inputs a 3-D mask
+            is ``(H, Lq, Lk)`` and a 2-D one ``(Lq, Lk)``; per-sample key padding is
+            ``masks.padding(lengths)`` or ``masks.keys(keep)``.
         bias: a float tensor broadcastable like ``mask``, added to the scores in float32,
             or a modifier ``(scores, b, h, q_idx, kv_idx) -> scores`` (see :mod:`attnkit.bias`).
         score: "scaled_dot" (default), "dot", "cosine" or a pairwise ``(q, k) -> scores``.
@@ -114,6 +128,13 @@ def attention(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, 
         The output ``(..., Lq, Dv)`` in the input dtype, or an :class:`AttentionOutput`
         when ``return_weights`` or ``return_lse`` is set. A query row with no allowed
         key outputs 0 (lse ``-inf``, zero gradients); NaN in allowed inputs propagates.
+        Keys masked for every query (padding) have their K/V rows zeroed, so nothing
+        there can reach the output or the gradients. A key masked for some queries only
+        (causal, windows) never changes the output, but NaN/inf in it can still reach
+        ``dQ`` (through ``0 * NaN`` in ``dS @ K``) and NaN in its V row can reach the
+        output of queries that do not attend it (``0 * NaN`` in ``weights @ V``).
+        Under ``torch.autocast``, float32 inputs are cast to the autocast dtype (as
+        torch's SDPA does) and the scores, softmax and lse stay float32.
 
     Example:
         >>> import torch, attnkit
@@ -122,18 +143,15 @@ def attention(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, 
         >>> out.shape
         torch.Size([2, 3, 5, 8])
     """
-    q, k, v = _autocast_inputs(q, k, v)
-    p = validate(q, k, v, mask=mask, bias=bias, score=score, scale=scale, normalize=normalize,
+    p = _prepare(q, k, v, mask=mask, bias=bias, score=score, scale=scale, normalize=normalize,
                  dropout_p=dropout_p, return_weights=return_weights, return_lse=return_lse, backend=backend)
     with _autocast_off(p.q.device.type):  # scores and softmax stay in float32
-        p = _drop_filtered_keys(p)
-        name = "reference" if _is_empty(p) else decide(p, backend).backend
-        result = KERNELS[name].run(p)
+        result = KERNELS[_decision(p, backend).backend].run(p)
     rank = p.user_rank
-    out = _to_user_rank(result.out.to(q.dtype), rank)
+    out = _to_user_rank(result.out.to(p.q.dtype), rank)
     if not (return_weights or return_lse):
         return out
-    weights = _to_user_rank(result.weights.to(q.dtype), rank) if return_weights else None
+    weights = _to_user_rank(result.weights.to(p.q.dtype), rank) if return_weights else None
     lse = _to_user_rank(result.lse, rank) if return_lse else None
     return AttentionOutput(out, weights, lse)
 
@@ -147,5 +165,6 @@ def explain(q, k, v, **kwargs) -> Decision:
         >>> attnkit.explain(q, q, q, mask=attnkit.masks.sliding_window(32, 32)).backend
         'blocksparse'
     """
-    p = validate(q, k, v, **kwargs)
-    return decide(p, kwargs.get("backend", "auto"))
+    p = _prepare(q, k, v, **kwargs)
+    with _autocast_off(p.q.device.type):
+        return _decision(p, kwargs.get("backend", "auto"))

@@ -16,6 +16,9 @@ from .runtime import retain_freed_memory
 
 def _cmd_list(args) -> int:
     rows = [e for e in registry.entries() if args.family in (None, e.family)]
+    if not rows:
+        families = sorted({e.family for e in registry.entries()})
+        raise ValueError(f"no mechanism in family {args.family!r}; families: {', '.join(families)}")
     name_w, fam_w, cx_w = (max(len(getattr(e, a)) for e in rows) for a in ("name", "family", "complexity"))
     print(f"{'name':<{name_w}}  {'family':<{fam_w}}  {'complexity':<{cx_w}}  paper")
     for e in rows:

@@ -124,6 +124,7 @@ class _Segments(Mask):
         if qb and kb and qb != kb:
             raise ArgumentError(f"q_ids and kv_ids must share a batch size; got {qb} and {kb}")
         self.batch_size = qb or kb
+        self.q_len, self.kv_len = self.q_ids.shape[1], self.kv_ids.shape[1]
         self.uses = frozenset({"q", "kv"} | ({"b"} if self.batch_size else set()))
 
     def _ids(self, ids, b, idx, length):
@@ -191,6 +192,8 @@ class TensorMask(Mask):
         self.uses = frozenset(n for n, s in zip(names, tensor.shape, strict=True) if s > 1 or n == "kv")
         self.batch_size = tensor.shape[0] if tensor.shape[0] > 1 else None
         self.num_heads = tensor.shape[1] if tensor.shape[1] > 1 else None
+        self.q_len = tensor.shape[2] if tensor.shape[2] > 1 else None
+        self.kv_len = tensor.shape[3]
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         return gather_at(self.tensor, b, h, q_idx, kv_idx)

@@ -65,11 +65,15 @@ class Mask:
         uses: which of ``"b", "h", "q", "kv"`` the predicate reads.
         batch_size: batch size the mask is tied to (per-sample data), else None.
         num_heads: number of heads the mask is tied to, else None.
+        q_len, kv_len: sequence lengths the mask's data is for (tensor masks,
+            segment ids), else None; attention() checks them against the inputs.
     """
 
     uses: frozenset = frozenset({"b", "h", "q", "kv"})
     batch_size: int | None = None
     num_heads: int | None = None
+    q_len: int | None = None
+    kv_len: int | None = None
 
     def allows(self, b, h, q_idx, kv_idx, q_len: int, kv_len: int) -> torch.Tensor:
         """Bool tensor, True where query ``q_idx`` may attend key ``kv_idx``."""
@@ -181,6 +185,8 @@ class _Combined(Mask):
         self.uses = frozenset().union(*(p.uses for p in parts))
         self.batch_size = _merge_owner(parts, "batch_size")
         self.num_heads = _merge_owner(parts, "num_heads")
+        self.q_len = _merge_owner(parts, "q_len")
+        self.kv_len = _merge_owner(parts, "kv_len")
 
     def _part_layouts(self, q_len, kv_len, bs, device, sizes):
         return [p.block_layout(q_len, kv_len, bs, device=device, batch=sizes[0], heads=sizes[1])[:2]

@@ -56,7 +56,7 @@ def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None, *, need_l
     weights = torch.softmax(scores, dim=-1)
     if allowed is not None:
         has_key = allowed.any(-1, keepdim=True)
-        if not bool(has_key.all()):
+        if torch.compiler.is_compiling() or not bool(has_key.all()):
             weights = weights.masked_fill(~has_key, 0.0)
     lse = torch.logsumexp(scores, dim=-1) if need_lse else None
     return weights, lse
@@ -79,7 +79,8 @@ def sparsemax(scores: torch.Tensor, allowed: torch.Tensor | None = None) -> torc
     tau_num = csum.gather(-1, (k - 1).clamp(min=0)) - 1
     tau = tau_num / k.clamp(min=1).to(z.dtype)
     p = torch.clamp(z - tau, min=0)
-    return p.masked_fill(k == 0, 0.0) if allowed is not None else p
+    no_key = (k == 0) & ~torch.isnan(z).any(-1, keepdim=True)  # every score -inf (NaN rows stay NaN)
+    return p.masked_fill(no_key, 0.0)
 
 
 def sigmoid(scores: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
@@ -104,8 +105,8 @@ def hard(scores: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Ten
         return soft
     idx = z.argmax(-1, keepdim=True)
     one_hot = torch.zeros_like(soft).scatter_(-1, idx, 1.0)
-    if allowed is not None:
-        one_hot = one_hot * allowed.any(-1, keepdim=True)
+    # A row whose every score is -inf (masked, or biased to -inf) has no best key.
+    one_hot = one_hot * (z.amax(-1, keepdim=True) > _NEG_INF)
     return one_hot + (soft - soft.detach())
 
 

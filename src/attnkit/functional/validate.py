@@ -121,6 +121,9 @@ def _check_mask(mask, q4, user_q, user_k):
             raise ShapeError(f"{_WHO}: mask {mask!r} holds data for batch size {mask.batch_size}; got batch {b}")
         if mask.num_heads is not None and mask.num_heads != h:
             raise ShapeError(f"{_WHO}: mask {mask!r} holds data for {mask.num_heads} heads; got {h} heads")
+        for name, want, got in (("q_len", mask.q_len, user_q.shape[-2]), ("kv_len", mask.kv_len, user_k.shape[-2])):
+            if want is not None and want != got:
+                raise ShapeError(f"{_WHO}: mask {mask!r} holds data for {name}={want}; got {name}={got}")
         return mask
     if not isinstance(mask, torch.Tensor):
         raise DTypeError(f"{_WHO}: mask must be an attnkit.masks.Mask or a bool tensor; got {type(mask).__name__}")

@@ -28,6 +28,8 @@ BUDGET = 1 << 25  # gathered score elements alive at once
 
 
 def refusal(p: Problem) -> str | None:
+    if torch.compiler.is_compiling():
+        return "under torch.compile: block layouts are data-dependent"
     if p.return_weights:
         return "never builds the dense (Lq, Lk) weights that return_weights asks for"
     if callable(p.normalize):

@@ -48,6 +48,18 @@ def dense_indices(batch, heads, q_start, q_stop, kv_start, kv_stop, device):
             torch.arange(kv_start, kv_stop, device=device).view(1, 1, 1, -1))
 
 
+def _pairwise_scores(score_fn, q, k):
+    """Call a score function with 4-D ``(B, H, L, D)`` tensors, as a user writes it.
+
+    The block-sparse kernel works on 5-D ``(B, H, n, rows, D)`` blocks; their
+    ``(H, n)`` dims are folded into one for the call and unfolded afterwards.
+    """
+    if q.dim() == 4:
+        return score_fn(q, k)
+    scores = score_fn(q.flatten(1, 2), k.flatten(1, 2))
+    return scores.view(*q.shape[:3], *scores.shape[-2:])
+
+
 def block_scores(p: Problem, q, k, b, h, q_idx, kv_idx, kv_valid=None):
     """Scores (scaled, biased, modified) and the bool ``allowed`` for one block.
 
@@ -57,8 +69,7 @@ def block_scores(p: Problem, q, k, b, h, q_idx, kv_idx, kv_valid=None):
     if p.score in ("dot", "scaled_dot"):
         scores = (q * p.scale if p.scale != 1.0 else q) @ k.transpose(-1, -2)  # scale the small operand
     else:
-        score_fn = SCORES[p.score] if isinstance(p.score, str) else p.score
-        scores = score_fn(q, k)
+        scores = _pairwise_scores(SCORES[p.score] if isinstance(p.score, str) else p.score, q, k)
         if p.scale != 1.0:
             scores = scores * p.scale
     _, _, lq, lk, _, _ = p.sizes

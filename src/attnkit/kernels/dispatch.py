@@ -79,9 +79,12 @@ def estimate(p: Problem, backend: str, density: float | None) -> tuple[float, fl
 
 def decide(p: Problem, backend: str = "auto") -> Decision:
     """Pick the kernel; a forced ``backend`` that cannot honour the call raises BackendError."""
-    refusals = {name: k.refusal(p) for name, k in KERNELS.items()}
+    if backend != "auto":  # forced: only that kernel's answer matters
+        refusals = {backend: KERNELS[backend].refusal(p)}
+    else:
+        refusals = {name: k.refusal(p) for name, k in KERNELS.items()}
     # Layouts cost a pass over the mask: build them only where the answer depends on them.
-    needs_density = refusals["blocksparse"] is None and (
+    needs_density = refusals.get("blocksparse", "") is None and (
         backend == "blocksparse" or (backend == "auto" and (refusals["sdpa"] or not _simple_mask(p))))
     density = _density(p) if needs_density else None
     if backend != "auto":
