@@ -141,3 +141,18 @@ def test_empty_steps_and_errors():
         m(s, h, v, torch.zeros(B, LK + 1, dtype=torch.float64))
     with pytest.raises(ShapeError, match="query"):
         m(s[0], h, v)
+
+
+def test_mismatched_memory_raises_attnkit_errors():
+    import attnkit
+    from attnkit.nn import AdditiveAttention, CoverageAttention, HardAttention, LuongAttention
+    q = torch.randn(2, 3, 4)
+    for module in (AdditiveAttention(4, 5), CoverageAttention(4, 5), HardAttention(4, 5)):
+        with pytest.raises(attnkit.ShapeError, match="batch size"):
+            module(q, torch.randn(3, 7, 5))
+        with pytest.raises(attnkit.ShapeError, match="value must have shape"):
+            module(q, torch.randn(2, 7, 5), torch.randn(2, 6, 5))
+    with pytest.raises(attnkit.ShapeError, match="memory"):
+        LuongAttention(4, 5)(q, torch.randn(3, 7, 5))
+    with pytest.raises(attnkit.DTypeError, match="coverage must be a tensor"):
+        CoverageAttention(4, 5)(q, torch.randn(2, 7, 5), None, [0.0] * 7)

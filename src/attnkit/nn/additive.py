@@ -15,7 +15,7 @@ from ..functional.validate import validate
 from ..registry import Entry, register
 
 __all__ = ["AdditiveAttention", "AdditiveOutput", "additive_scores", "dense_allowed", "key_filter",
-           "drop_unseen", "check_input"]
+           "drop_unseen", "check_input", "check_memory"]
 
 DEFAULT_MAX_ELEMENTS = 1 << 22  # hidden-tensor elements alive at once (16 MiB in float32)
 
@@ -52,6 +52,19 @@ def check_input(who: str, name: str, t, dim: int) -> None:
     if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.shape[-1] != dim:
         got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
         raise ShapeError(f"{who}: {name} must have shape (batch, length, {dim}); got {got}")
+
+
+def check_memory(who: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None = None,
+                 key_name: str = "key") -> None:
+    """Batch sizes of query and key (and value) agree; value is ``(batch, key_len, *)``."""
+    if query.shape[0] != key.shape[0]:
+        raise ShapeError(f"{who}: query and {key_name} must share the batch size; got query {tuple(query.shape)} "
+                         f"and {key_name} {tuple(key.shape)}")
+    if value is not None and (not isinstance(value, torch.Tensor) or value.dim() != 3
+                              or value.shape[:2] != key.shape[:2]):
+        got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ShapeError(f"{who}: value must have shape (batch, key_len, value_dim) = ({key.shape[0]}, "
+                         f"{key.shape[1]}, ...); got {got}")
 
 
 def dense_allowed(mask, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
@@ -171,6 +184,7 @@ class AdditiveAttention(nn.Module):
         value = key if value is None else value
         check_input("AdditiveAttention", "query", query, self.query_dim)
         check_input("AdditiveAttention", "key", key, self.key_dim)
+        check_memory("AdditiveAttention", query, key, value)
         key, value = drop_unseen(key_filter(mask, query, key), key, value)  # before W_k: no 0 * NaN in its grad
         fn = lambda q, k: additive_scores(q, k, self.v, max_elements=self.max_elements)
         out = attention(self.query_proj(query), self.key_proj(key), value, mask=mask, score=fn, scale=1.0,

@@ -7,10 +7,17 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..errors import ShapeError
+from ..errors import DTypeError, ShapeError
 from ..functional.normalize import softmax
 from ..registry import Entry, register
-from .additive import DEFAULT_MAX_ELEMENTS, additive_scores, check_input, dense_allowed, drop_unseen
+from .additive import (
+    DEFAULT_MAX_ELEMENTS,
+    additive_scores,
+    check_input,
+    check_memory,
+    dense_allowed,
+    drop_unseen,
+)
 
 __all__ = ["CoverageAttention", "CoverageOutput", "coverage_loss"]
 
@@ -95,9 +102,13 @@ class CoverageAttention(nn.Module):
         value = key if value is None else value
         check_input("CoverageAttention", "query", query, self.query_dim)
         check_input("CoverageAttention", "key", key, self.key_dim)
+        check_memory("CoverageAttention", query, key, value)
         batch, lk = key.shape[:2]
         if coverage is None:
             coverage = key.new_zeros(batch, lk)
+        elif not isinstance(coverage, torch.Tensor):
+            raise DTypeError(f"CoverageAttention: coverage must be a tensor (batch, key_len); "
+                             f"got {type(coverage).__name__}")
         elif coverage.shape != (batch, lk):
             raise ShapeError(f"CoverageAttention: coverage must have shape (batch, key_len) = ({batch}, {lk}); "
                              f"got {tuple(coverage.shape)}")

@@ -11,7 +11,14 @@ from torch import nn
 from ..errors import ArgumentError
 from ..functional.normalize import gumbel_softmax, hard, softmax
 from ..registry import Entry, register
-from .additive import DEFAULT_MAX_ELEMENTS, AdditiveAttention, check_input, dense_allowed, drop_unseen
+from .additive import (
+    DEFAULT_MAX_ELEMENTS,
+    AdditiveAttention,
+    check_input,
+    check_memory,
+    dense_allowed,
+    drop_unseen,
+)
 
 __all__ = ["HardAttention", "HardOutput"]
 
@@ -100,6 +107,7 @@ class HardAttention(nn.Module):
         value = key if value is None else value
         check_input("HardAttention", "query", query, self.f_att.query_dim)
         check_input("HardAttention", "key", key, self.f_att.key_dim)
+        check_memory("HardAttention", query, key, value)
         compute = torch.promote_types(query.dtype, torch.float32)
         allowed = dense_allowed(mask, query, key)  # (B|1, Lq|1, Lk)
         key, value = drop_unseen(allowed, key, value)

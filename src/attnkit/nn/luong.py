@@ -10,7 +10,7 @@ from torch import nn
 from ..errors import ArgumentError, ShapeError
 from ..functional.normalize import softmax
 from ..registry import Entry, register
-from .additive import AdditiveAttention, check_input, dense_allowed, drop_unseen
+from .additive import AdditiveAttention, check_input, check_memory, dense_allowed, drop_unseen
 
 __all__ = ["LuongAttention", "LuongOutput"]
 
@@ -135,6 +135,7 @@ class LuongAttention(nn.Module):
         """
         check_input("LuongAttention", "query", query, self.query_dim)
         check_input("LuongAttention", "memory", memory, self.key_dim)
+        check_memory("LuongAttention", query, memory, key_name="memory")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ArgumentError(f"LuongAttention: step must be an int >= 0; got {step!r}")
         compute = torch.promote_types(query.dtype, torch.float32)  # softmax in float32 or better
