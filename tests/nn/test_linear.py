@@ -218,3 +218,16 @@ def test_empty_and_length_one_sequences(cls, causal, n):
     if n == 1:  # one key: the output is its value, projected
         v = layer.v_proj(x.detach())
         torch.testing.assert_close(out, layer.out_proj(v), rtol=1e-10, atol=1e-12)
+
+
+def test_bad_constructor_and_call_arguments_raise_attnkit_errors():
+    import attnkit
+    from attnkit.nn import BigBirdAttention, LambdaLayer, LinearAttention, LongformerAttention
+    with pytest.raises(attnkit.ArgumentError, match="chunk_size"):
+        LinearAttention(8, 2, causal=True, chunk_size=2.5)
+    with pytest.raises(attnkit.ArgumentError, match="key_dim"):
+        LambdaLayer(8, key_dim=0, num_heads=2, max_len=5)
+    with pytest.raises(attnkit.DTypeError, match="generator"):
+        BigBirdAttention(8, 2, block_size=2)(torch.randn(1, 12, 8), generator=5)
+    with pytest.raises(attnkit.DTypeError, match="global_tokens"):
+        LongformerAttention(8, 2, window=4)(torch.randn(2, 12, 8), global_tokens=[[0], [3, 4]])

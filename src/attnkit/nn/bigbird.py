@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..attention import attention
-from ..errors import ArgumentError
+from ..errors import ArgumentError, DTypeError
 from ..registry import Entry, register
 from ._projections import ProjectedAttention, attention_cost, check_int
 from .blocksparse import BlockPattern
@@ -82,6 +82,9 @@ class BigBirdAttention(ProjectedAttention):
         lay[:, :g] = True
         lay[:g, :] = True
         if self.random_blocks and nb:
+            if generator is not None and not isinstance(generator, torch.Generator):
+                raise DTypeError("BigBirdAttention: generator must be a torch.Generator; "
+                                 f"got {type(generator).__name__}")
             gen = generator if generator is not None else torch.Generator().manual_seed(self.seed)
             keys = torch.rand(nb, nb, generator=gen, device=gen.device).cpu().masked_fill(lay, -1.0)
             top = keys.topk(min(self.random_blocks, nb), dim=1)  # r largest among the unseen blocks

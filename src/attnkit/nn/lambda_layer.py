@@ -8,6 +8,7 @@ from torch import nn
 
 from ..errors import ArgumentError, ShapeError
 from ..registry import Entry, register
+from ._projections import check_int
 from .linear import check_sequence, merge_heads, split_heads
 
 __all__ = ["LambdaLayer"]
@@ -60,6 +61,7 @@ class LambdaLayer(nn.Module):
             raise ArgumentError("give exactly one of max_len (global context) or local_context (scope size r)")
         if local_context is not None and (local_context < 1 or local_context % 2 == 0):
             raise ArgumentError(f"local_context must be an odd int >= 1; got {local_context}")
+        check_int("LambdaLayer", "key_dim", key_dim, 1)
         if max_len is not None and max_len < 1:
             raise ArgumentError(f"max_len must be >= 1; got {max_len}")
         self.dim, self.key_dim, self.num_heads, self.value_dim = dim, key_dim, num_heads, dim_out // num_heads

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from ..errors import ArgumentError, DTypeError, ShapeError
 from ..registry import Entry, register
-from ._projections import ProjectedAttention
+from ._projections import ProjectedAttention, check_int
 
 __all__ = ["LinearAttention", "PerformerAttention", "orthogonal_random_features"]
 
@@ -90,8 +90,9 @@ class _FeatureMapAttention(ProjectedAttention):
 
     def __init__(self, dim, num_heads, causal, chunk_size, eps):
         super().__init__(dim, num_heads)
-        if chunk_size < 1 or not eps >= 0:
-            raise ArgumentError(f"chunk_size must be >= 1 and eps >= 0; got {chunk_size} and {eps}")
+        check_int(type(self).__name__, "chunk_size", chunk_size, 1)
+        if not eps >= 0:
+            raise ArgumentError(f"{type(self).__name__}: eps must be >= 0; got {eps!r}")
         self.causal, self.chunk_size, self.eps = causal, chunk_size, eps
 
     def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -108,7 +108,11 @@ class LongformerAttention(ProjectedAttention):
         """``global_tokens`` as a bool ``(B|1, n)`` tensor (True = global), or None when there are none."""
         if global_tokens is None:
             return None
-        g = torch.as_tensor(global_tokens, device=device)
+        try:
+            g = torch.as_tensor(global_tokens, device=device)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise DTypeError("LongformerAttention: global_tokens must be positions (a list or 1-D/2-D int tensor) "
+                             f"or a bool (batch, n) tensor; got {global_tokens!r}") from err
         if g.numel() == 0 and g.dim() == 1:  # no global tokens, e.g. []
             return None
         if g.dtype == torch.bool:

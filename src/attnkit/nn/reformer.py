@@ -99,8 +99,8 @@ class LSHAttention(nn.Module):
         keep = check_keep_mask("key_keep_mask", key_keep_mask, qk.shape[0], qk.shape[2])
         if keep is not None:  # select, so NaN in padding cannot leak through 0 * NaN
             qk, v = (t.masked_fill(~keep[:, None, :, None], 0.0) for t in (qk, v))
-        if qk.shape[2] == 0:
-            return v.clone()  # (b, h, 0, dv)
+        if qk.shape[2] == 0 or qk.shape[0] == 0:
+            return v.clone()  # empty sequence or batch: nothing to attend, an empty result
         buckets = self.hash(qk.detach())
         out, lse = self._rounds(qk, v, keep, buckets)  # (b, h, R, n, dv), (b, h, R, n)
         has_other = torch.isfinite(lse).any(2)  # (b, h, n)
