@@ -221,3 +221,8 @@ def test_empty_and_length_one_sequences(causal, n):
     out.sum().backward()
     if n == 1:  # alone: a token attends to itself
         torch.testing.assert_close(out, layer.out_proj(layer.v_proj(x.detach())), rtol=1e-10, atol=1e-12)
+
+
+def test_empty_batch_gives_an_empty_result():
+    out = ReformerAttention(8, 2, n_buckets=2, n_hashes=2, chunk_size=4)(torch.randn(0, 10, 8))
+    assert out.shape == (0, 10, 8)
