@@ -20,7 +20,15 @@ import torch.nn.functional as F
 
 from ..functional.masks import full
 from ..functional.validate import Problem
-from .common import KernelOutput, block_scores, block_weights, dropout, run_row_chunks, upcast_inputs
+from .common import (
+    KernelOutput,
+    block_scores,
+    block_weights,
+    concat_pieces,
+    dropout,
+    run_row_chunks,
+    upcast_inputs,
+)
 
 NAME = "blocksparse"
 BLOCK_SIZES = (64, 128)
@@ -97,11 +105,17 @@ def _slab(p: Problem, rows, qb, kb, vb, idx, valid, bs: int):
     b = torch.arange(batch, device=idx.device).view(-1, 1, 1, 1, 1)
     h = torch.arange(heads, device=idx.device).view(1, -1, 1, 1, 1)
     # Padding lanes (past Lq or Lk) read the last real index: kv_valid masks them, padded rows are dropped.
-    scores, allowed = block_scores(p, qb.index_select(2, rows), k_g, b, h, q_idx.clamp(max=max(lq - 1, 0)),
+    q_rows = qb[:, :, int(rows[0]):int(rows[0]) + n] if _is_range(rows) else qb.index_select(2, rows)
+    scores, allowed = block_scores(p, q_rows, k_g, b, h, q_idx.clamp(max=max(lq - 1, 0)),
                                    kv_idx.clamp(max=max(lk - 1, 0)), kv_valid)
     weights, lse = block_weights(p, scores, allowed)
     out = dropout(p, weights) @ v_g  # (B, H, n, bs, Dv)
     return out, lse
+
+
+def _is_range(rows: torch.Tensor) -> bool:
+    """True when block ids are consecutive, so a slice (a view) can stand for a gather (a copy)."""
+    return rows.numel() > 0 and int(rows[-1]) - int(rows[0]) == rows.numel() - 1
 
 
 def _run_group(p: Problem, rows, width, active, qb, kb, vb, bs):
@@ -121,8 +135,7 @@ def run(p: Problem) -> KernelOutput:
     kb = _pad_to(k, nk * bs).view(batch, heads, nk, bs, d)
     vb = _pad_to(v, nk * bs).view(batch, heads, nk, bs, dv)
     groups = width_groups(active)
-    parts = [_run_group(p, rows, width, active, qb, kb, vb, bs) for rows, width in groups]
-    out, lse = (torch.cat(t, dim=2) if t[0] is not None else None for t in zip(*parts, strict=True))
+    out, lse = concat_pieces([_run_group(p, rows, width, active, qb, kb, vb, bs) for rows, width in groups])
     if len(groups) > 1:  # back to query-block order
         inverse = torch.argsort(torch.cat([rows for rows, _ in groups]))
         out, lse = out.index_select(2, inverse), lse.index_select(2, inverse) if lse is not None else None

@@ -124,4 +124,11 @@ def run_row_chunks(fn, n_rows: int, rows_per_chunk: int, *tensors):
             pieces.append(checkpoint(fn, start, stop, *tensors, use_reentrant=False))
         else:
             pieces.append(fn(start, stop, *tensors))
+    return concat_pieces(pieces)
+
+
+def concat_pieces(pieces):
+    """Join per-chunk output tuples along dim 2 (a single chunk is returned as is, not copied)."""
+    if len(pieces) == 1:
+        return tuple(pieces[0])
     return tuple(torch.cat(parts, dim=2) if parts[0] is not None else None for parts in zip(*pieces, strict=True))
