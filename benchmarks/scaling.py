@@ -125,26 +125,18 @@ def _build(name: str, length: int):
     return fn, inputs, inputs + list(module.parameters())
 
 
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024  # reported in kB
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def _child(name: str, length: int, repeats: int, threads: int | None) -> dict:
     import torch
 
+    from attnkit.analysis.memory import reset_peak, resident_bytes
     from attnkit.runtime import retain_freed_memory
 
     if threads:
         torch.set_num_threads(threads)
     retain_freed_memory()  # every row alike: freed buffers are reused instead of page-faulted afresh
     fn, inputs, leaves = _build(name, length)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # Linux: reset the peak resident set size (VmHWM) to the current one
-    base = _status_bytes("VmRSS")
+    reset_peak()
+    base = resident_bytes("VmRSS")
     times = []
     for i in range(repeats + 1):
         start = time.perf_counter()
@@ -153,7 +145,7 @@ def _child(name: str, length: int, repeats: int, threads: int | None) -> dict:
             times.append(time.perf_counter() - start)
         for t in leaves:
             t.grad = None
-    return {"seconds": statistics.median(times), "peak_mib": (_status_bytes("VmHWM") - base) / 2**20}
+    return {"seconds": statistics.median(times), "peak_mib": (resident_bytes("VmHWM") - base) / 2**20}
 
 
 def _measure(name: str, length: int, args) -> dict | str:

@@ -10,19 +10,7 @@ import sys
 import torch
 
 from attnkit.analysis.bench import Case, methods, with_backward
-
-
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024  # reported in kB
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # Linux: reset the peak resident set size (VmHWM) to the current one
+from attnkit.analysis.memory import reset_peak, resident_bytes
 
 
 def main(spec_text: str) -> None:
@@ -32,10 +20,10 @@ def main(spec_text: str) -> None:
     fn = methods(case, q, k, v, spec["backends"])[spec["method"]]
     call = with_backward(fn, (q, k, v)) if case.backward else fn
     with torch.set_grad_enabled(case.backward):
-        _reset_peak()
-        before = _status_bytes("VmRSS")
+        reset_peak()
+        before = resident_bytes("VmRSS")
         call()
-        print(_status_bytes("VmHWM") - before)
+        print(resident_bytes("VmHWM") - before)
 
 
 if __name__ == "__main__":
