@@ -36,12 +36,13 @@ def _drop_filtered_keys(p: Problem) -> Problem:
     """Zero K/V rows that the mask rejects for every query (padding).
 
     Masked scores are selected away already; zeroing the rows too means that
-    NaN or garbage past a sequence's valid length cannot reach the output even
-    through ``0 * NaN`` in the weights @ V product (RELIABILITY row 22).
+    NaN or inf past a sequence's valid length cannot reach the output or the
+    gradients through ``0 * NaN`` (RELIABILITY row 22). With finite inputs the
+    rows are left as they are: the result is the same without the copies.
     """
     keys = p.mask.key_filter() if p.mask is not None else None
-    if keys is None:
-        return p
+    if keys is None or (not torch.compiler.is_compiling() and p.inputs_finite()):
+        return p  # finite values behind masked scores cannot reach anything: nothing to zero
     batch, _, _, lk, _, _ = p.sizes
     dev = p.q.device
     zero = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=dev)
@@ -50,6 +51,7 @@ def _drop_filtered_keys(p: Problem) -> Problem:
     keep = torch.broadcast_to(keep, (batch, 1, lk, 1))
     if torch.compiler.is_compiling() or not bool(keep.all()):  # the check needs the data: skip it when tracing
         p.k, p.v = p.k.masked_fill(~keep, 0.0), p.v.masked_fill(~keep, 0.0)
+        p._finite = None  # the zeroed rows may have been the only non-finite ones
     return p
 
 

@@ -42,6 +42,7 @@ class Problem:
     return_weights: bool
     return_lse: bool
     user_rank: int
+    _finite: bool | None = None
 
     @property
     def sizes(self) -> tuple[int, int, int, int, int, int]:
@@ -58,6 +59,17 @@ class Problem:
     def compute_dtype(self) -> torch.dtype:
         """float64 stays float64; everything else is computed in float32."""
         return torch.float64 if self.q.dtype == torch.float64 else torch.float32
+
+    def inputs_finite(self) -> bool:
+        """Whether q, k and v hold no NaN/inf (one summed pass, computed once and cached).
+
+        A huge finite input can overflow the float32 sum too: that only makes the
+        answer a cautious False, which never makes a result wrong.
+        """
+        if self._finite is None:
+            acc = sum(t.sum(dtype=self.compute_dtype) for t in (self.q, self.k, self.v))
+            self._finite = bool(torch.isfinite(acc))
+        return self._finite
 
 
 def _shape(t) -> tuple:

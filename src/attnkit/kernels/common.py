@@ -32,12 +32,16 @@ class KernelOutput(NamedTuple):
 
 
 def upcast_inputs(p: Problem):
-    """q, k, v in the compute dtype, with key/value heads repeated for grouped queries."""
+    """q, k, v contiguous in the compute dtype, key/value heads repeated for grouped queries.
+
+    Contiguous copies of strided inputs make the matmuls, and so the rounding, the
+    same as for ``.contiguous()`` inputs (bitwise on the reference path).
+    """
     dt = p.compute_dtype
     k, v = p.k, p.v
     if p.groups > 1:
         k, v = k.repeat_interleave(p.groups, dim=1), v.repeat_interleave(p.groups, dim=1)
-    return p.q.to(dt), k.to(dt), v.to(dt)
+    return tuple(t.to(dt).contiguous() for t in (p.q, k, v))
 
 
 def dense_indices(batch, heads, q_start, q_stop, kv_start, kv_stop, device):

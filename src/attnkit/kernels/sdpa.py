@@ -26,16 +26,6 @@ def _causal_flag(p: Problem) -> bool:
     return isinstance(p.mask, _Causal) and (p.mask.align == "top_left" or lq == lk)
 
 
-def _all_finite(*tensors) -> bool:
-    """One cheap check: a float32 sum is non-finite if any element is NaN or inf.
-
-    A huge finite input can overflow the sum too; that only routes the call to
-    another exact kernel, never gives a wrong answer.
-    """
-    acc = sum(t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32) for t in tensors)
-    return bool(torch.isfinite(acc))
-
-
 def refusal(p: Problem) -> str | None:
     if p.normalize != "softmax":
         return f"softmax only; got normalize={p.normalize!r}"
@@ -47,7 +37,7 @@ def refusal(p: Problem) -> str | None:
         return "returns neither weights nor lse"
     if torch.compiler.is_compiling():
         return "under torch.compile: its exactness needs a data-dependent finiteness check"
-    if not _all_finite(p.q, p.k, p.v):
+    if not p.inputs_finite():
         return "non-finite inputs: torch's CPU kernel zeroes NaN rows and leaks NaN from masked keys"
     return None
 
