@@ -14,6 +14,7 @@ __all__ = [
     "DeviceError",
     "ArgumentError",
     "BackendError",
+    "check_int",
 ]
 
 
@@ -39,3 +40,15 @@ class ArgumentError(AttnkitError, ValueError):
 
 class BackendError(AttnkitError, ValueError):
     """A forced backend cannot honour every argument of the call."""
+
+
+def check_int(who: str | None, name: str, value, minimum: int = 0, hint: str = "") -> int:
+    """``value`` as an int ``>= minimum`` (bools refused), else an :class:`ArgumentError` naming it.
+
+    ``who`` prefixes the message (``"LuongAttention: window must be ..."``); ``hint``
+    follows the bound, e.g. what the number means.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        prefix = f"{who}: " if who else ""
+        raise ArgumentError(f"{prefix}{name} must be an int >= {minimum}{hint}; got {value!r}")
+    return value

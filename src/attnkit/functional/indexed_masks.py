@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ArgumentError, DTypeError
+from ..errors import ArgumentError, DTypeError, check_int
 from .mask_base import Mask, _block_bounds
 
 _FAR = 1 << 62  # an index bound beyond any sequence
@@ -20,16 +20,12 @@ def gather_at(t: torch.Tensor, b, h, q_idx, kv_idx) -> torch.Tensor:
     return t[idx[0], idx[1], idx[2], idx[3]]
 
 
-def _check_count(name: str, value, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ArgumentError(f"{name} must be an int >= {minimum}; got {value!r}")
-    return value
-
-
-def _index_tensor(name, values) -> torch.Tensor:
+def _index_tensor(name, values, *, nonnegative: bool = False) -> torch.Tensor:
     t = torch.as_tensor(values)
     if t.dtype in (torch.bool,) or t.is_floating_point() or t.is_complex():
         raise DTypeError(f"{name} must hold integer positions; got dtype {t.dtype}")
+    if nonnegative and t.numel() and int(t.min()) < 0:
+        raise ArgumentError(f"{name} must be >= 0; got {t.tolist()}")
     return t.long()
 
 
@@ -37,9 +33,7 @@ class _GlobalTokens(Mask):
     uses = frozenset({"q", "kv"})
 
     def __init__(self, idx):
-        self.idx = _index_tensor("idx", idx).flatten()
-        if self.idx.numel() and int(self.idx.min()) < 0:
-            raise ArgumentError(f"global token positions must be >= 0; got {self.idx.tolist()}")
+        self.idx = _index_tensor("idx (global token positions)", idx, nonnegative=True).flatten()
 
     def _is_global(self, pos, length):
         lut = torch.zeros(length + 1, dtype=torch.bool, device=pos.device)
@@ -76,7 +70,7 @@ class _BlockLayoutMask(Mask):
             raise ArgumentError("layout must have shape (nq, nk), (H, nq, nk) or (B, H, nq, nk); "
                              f"got {tuple(layout.shape)}")
         self.layout = layout.reshape((1,) * (4 - layout.dim()) + tuple(layout.shape))
-        self.block = _check_count("block_size", block_size, 1)
+        self.block = check_int(None, "block_size", block_size, 1)
         self.uses = frozenset({"q", "kv"}) | ({"b"} if self.layout.shape[0] > 1 else set()) | (
             {"h"} if self.layout.shape[1] > 1 else set())
         self.batch_size = self.layout.shape[0] if "b" in self.uses else None
@@ -161,9 +155,7 @@ class _Padding(Mask):
     uses = frozenset({"b", "kv"})
 
     def __init__(self, lengths):
-        self.lengths = _index_tensor("lengths", lengths).flatten()
-        if self.lengths.numel() and int(self.lengths.min()) < 0:
-            raise ArgumentError(f"lengths must be >= 0; got {self.lengths.tolist()}")
+        self.lengths = _index_tensor("lengths", lengths, nonnegative=True).flatten()
         self.batch_size = self.lengths.numel()
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):

@@ -25,12 +25,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..errors import ArgumentError, DTypeError
+from ..errors import ArgumentError, DTypeError, check_int
 from .indexed_masks import (
     _FAR,
     TensorMask,
     _BlockLayoutMask,
-    _check_count,
     _FromFunction,
     _GlobalTokens,
     _Padding,
@@ -95,7 +94,7 @@ class _Causal(_Band):
 
 class _SlidingWindow(_Band):
     def __init__(self, left, right, align):
-        self.left, self.right = _check_count("left", left), _check_count("right", right)
+        self.left, self.right = check_int(None, "left", left), check_int(None, "right", right)
         self.align = _check_align(align)
 
     def bounds(self, q_idx, q_len, kv_len):
@@ -110,8 +109,8 @@ class _Dilated(_SlidingWindow):
     """Every ``dilation``-th key within ``window`` steps: a band with holes."""
 
     def __init__(self, window, dilation, align):
-        self.window = _check_count("window", window)
-        self.dilation = _check_count("dilation", dilation, 1)
+        self.window = check_int(None, "window", window)
+        self.dilation = check_int(None, "dilation", dilation, 1)
         super().__init__(window * dilation, window * dilation, align)
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
@@ -130,7 +129,7 @@ class _Strided(Mask):
     uses = frozenset({"q", "kv"})
 
     def __init__(self, stride):
-        self.stride = _check_count("stride", stride, 1)
+        self.stride = check_int(None, "stride", stride, 1)
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         delta = q_idx - kv_idx
@@ -144,8 +143,8 @@ class _Fixed(Mask):
     uses = frozenset({"q", "kv"})
 
     def __init__(self, block, summary):
-        self.block = _check_count("block", block, 1)
-        self.summary = _check_count("summary", summary, 1)
+        self.block = check_int(None, "block", block, 1)
+        self.summary = check_int(None, "summary", summary, 1)
         if summary > block:
             raise ArgumentError(f"summary must be <= block; got summary={summary}, block={block}")
 
@@ -177,7 +176,7 @@ class _PrefixLM(Mask):
     uses = frozenset({"q", "kv"})
 
     def __init__(self, n, align):
-        self.n = _check_count("n", n)
+        self.n = check_int(None, "n", n)
         self.align = _check_align(align)
         self._inner = Or(_KeyRange(n), _Causal(align))
 

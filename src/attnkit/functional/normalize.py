@@ -11,13 +11,27 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["softmax", "masked_softmax", "sparsemax", "sigmoid", "hard", "gumbel_softmax", "NORMALIZERS"]
+__all__ = ["softmax", "masked_softmax", "guard_empty_rows", "sparsemax", "sigmoid", "hard", "gumbel_softmax",
+           "NORMALIZERS"]
 
 _NEG_INF = float("-inf")
 
 
 def _masked(scores, allowed):
     return scores if allowed is None else scores.masked_fill(~allowed, _NEG_INF)
+
+
+def guard_empty_rows(m: torch.Tensor, s: torch.Tensor):
+    """``(s_safe, lse)`` for row sums ``s`` of ``exp(scores - m)`` (``m`` finite, keepdim shapes).
+
+    A row with no allowed key has ``s == 0``: ``s_safe`` is 1 there (so dividing
+    by it gives 0, and no ``1/0`` reaches a gradient) and ``lse`` is ``-inf``.
+    ``s == 0`` is False for NaN rows, so NaN propagates. ``lse`` loses the last dim.
+    """
+    empty = s == 0
+    s_safe = torch.where(empty, torch.ones_like(s), s)
+    lse = torch.where(empty, torch.full_like(s, _NEG_INF), m + torch.log(s_safe))
+    return s_safe, lse.squeeze(-1)
 
 
 def softmax(scores: torch.Tensor, allowed: torch.Tensor | None = None):
@@ -32,12 +46,8 @@ def softmax(scores: torch.Tensor, allowed: torch.Tensor | None = None):
     m = scores.amax(-1, keepdim=True)
     m = m.masked_fill(m == _NEG_INF, 0).detach()  # shift invariance: m needs no gradient
     e = torch.exp(scores - m)
-    s = e.sum(-1, keepdim=True)
-    empty = s == 0  # every key masked; False for NaN rows, so NaN propagates
-    s_safe = torch.where(empty, torch.ones_like(s), s)
-    weights = e / s_safe
-    lse = torch.where(empty, torch.full_like(s, _NEG_INF), m + torch.log(s_safe))
-    return weights, lse.squeeze(-1)
+    s_safe, lse = guard_empty_rows(m, e.sum(-1, keepdim=True))
+    return e / s_safe, lse
 
 
 def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None, *, need_lse: bool = True):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from ..functional.normalize import guard_empty_rows
 from ..functional.validate import Problem
 from .common import KernelOutput, block_scores, dense_indices, dropout, run_row_chunks, upcast_inputs
 
@@ -57,11 +58,8 @@ def _slab(p: Problem, start: int, stop: int, q, k, v, kv_block: int):
         l = l * correction + e.sum(-1, keepdim=True)
         acc = acc * correction + dropout(p, e) @ v[:, :, ks:ke]
         m = m_new
-    empty = l == 0  # no allowed key in the row (False for NaN rows: NaN propagates)
-    l_safe = torch.where(empty, torch.ones_like(l), l)
-    m_safe = m.masked_fill(m == _NEG_INF, 0.0)
-    lse = torch.where(empty, torch.full_like(l, _NEG_INF), m_safe + torch.log(l_safe))
-    return acc / l_safe, lse.squeeze(-1)
+    l_safe, lse = guard_empty_rows(m.masked_fill(m == _NEG_INF, 0.0), l)
+    return acc / l_safe, lse
 
 
 def plan(p: Problem, grad: bool) -> tuple[int, int]:

@@ -11,16 +11,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import ArgumentError, DTypeError, ShapeError
+from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 
 __all__ = ["ProjectedAttention", "attention_cost", "check_int"]
-
-
-def check_int(who: str, name: str, value, minimum: int = 0) -> int:
-    """``value`` as an int ``>= minimum``, else an ArgumentError naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ArgumentError(f"{who}: {name} must be an int >= {minimum}; got {value!r}")
-    return value
 
 
 class ProjectedAttention(nn.Module):

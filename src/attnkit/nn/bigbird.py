@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from ..attention import attention
-from ..errors import ArgumentError, DTypeError
+from ..errors import ArgumentError, DTypeError, check_int
 from ..registry import Entry, register
-from ._projections import ProjectedAttention, attention_cost, check_int
+from ._projections import ProjectedAttention, attention_cost
 from .blocksparse import BlockPattern
 
 __all__ = ["BigBirdAttention"]

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError
+from ..errors import DeviceError, DTypeError, ShapeError, check_int
 
 __all__ = ["KVCache"]
 
 
 def _check_size(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ArgumentError(f"KVCache: {name} must be an int >= {minimum}; got {value!r}")
-    return value
+    return check_int("KVCache", name, value, minimum)
 
 
 class KVCache:

@@ -6,9 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ArgumentError, ShapeError
+from ..errors import ArgumentError, ShapeError, check_int
 from ..registry import Entry, register
-from ._projections import check_int
 from .linear import check_sequence, merge_heads, split_heads
 
 __all__ = ["LambdaLayer"]

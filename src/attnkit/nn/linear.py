@@ -12,9 +12,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..errors import ArgumentError, DTypeError, ShapeError
+from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 from ..registry import Entry, register
-from ._projections import ProjectedAttention, check_int
+from ._projections import ProjectedAttention
 
 __all__ = ["LinearAttention", "PerformerAttention", "orthogonal_random_features"]
 

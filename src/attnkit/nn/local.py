@@ -6,9 +6,9 @@ import torch
 
 from .. import masks
 from ..attention import attention
-from ..errors import ArgumentError
+from ..errors import ArgumentError, check_int
 from ..registry import Entry, register
-from ._projections import ProjectedAttention, attention_cost, check_int
+from ._projections import ProjectedAttention, attention_cost
 
 __all__ = ["LocalAttention"]
 

@@ -8,10 +8,10 @@ from torch import nn
 
 from .. import masks
 from ..attention import attention
-from ..errors import ArgumentError, DTypeError, ShapeError
+from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 from ..functional.mask_base import Mask
 from ..registry import Entry, register
-from ._projections import ProjectedAttention, attention_cost, check_int
+from ._projections import ProjectedAttention, attention_cost
 
 __all__ = ["LongformerAttention", "GlobalKeys"]
 

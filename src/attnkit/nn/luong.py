@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..errors import ArgumentError, ShapeError
+from ..errors import ArgumentError, ShapeError, check_int
 from ..functional.normalize import softmax
 from ..registry import Entry, register
 from .additive import AdditiveAttention, check_input, check_memory, dense_allowed, drop_unseen
@@ -91,8 +91,7 @@ class LuongAttention(nn.Module):
         if score == "dot" and key_dim != query_dim:
             raise ArgumentError(f"LuongAttention: score='dot' needs key_dim == query_dim; "
                                 f"got key_dim={key_dim}, query_dim={query_dim}")
-        if isinstance(window, bool) or not isinstance(window, int) or window < (1 if mode == "local-p" else 0):
-            raise ArgumentError(f"LuongAttention: window must be an int >= {int(mode == 'local-p')}; got {window!r}")
+        check_int("LuongAttention", "window", window, 1 if mode == "local-p" else 0)
         self.query_dim, self.key_dim, self.score_name, self.mode, self.window = query_dim, key_dim, score, mode, window
         if score == "general":
             self.w_a = nn.Parameter(torch.empty(query_dim, key_dim).uniform_(-key_dim ** -0.5, key_dim ** -0.5))
@@ -136,8 +135,7 @@ class LuongAttention(nn.Module):
         check_input("LuongAttention", "query", query, self.query_dim)
         check_input("LuongAttention", "memory", memory, self.key_dim)
         check_memory("LuongAttention", query, memory, key_name="memory")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ArgumentError(f"LuongAttention: step must be an int >= 0; got {step!r}")
+        check_int("LuongAttention", "step", step, 0)
         compute = torch.promote_types(query.dtype, torch.float32)  # softmax in float32 or better
         allowed = dense_allowed(mask, query, memory)  # (B|1, Lq|1, Lk)
         (memory,) = drop_unseen(allowed, memory)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import attention
-from ..errors import ArgumentError, DTypeError, ShapeError
+from ..errors import DTypeError, ShapeError, check_int
 from ..registry import Entry, register
 
 __all__ = ["MemoryAttention", "MemoryOutput"]
@@ -94,8 +94,7 @@ class MemoryAttention(nn.Module):
 
     def __init__(self, dim: int, memory_size: int):
         super().__init__()
-        if isinstance(memory_size, bool) or not isinstance(memory_size, int) or memory_size < 1:
-            raise ArgumentError(f"{_WHO}: memory_size must be an int >= 1; got {memory_size!r}")
+        check_int(_WHO, "memory_size", memory_size, 1)
         self.dim, self.memory_size = dim, memory_size
         self.slot_weight = nn.Parameter(torch.randn(memory_size, dim) * dim ** -0.5)
         self.state_weight = nn.Parameter(torch.randn(dim) * dim ** -0.5)

@@ -7,17 +7,14 @@ import math
 import torch
 from torch import nn
 
-from ..errors import ArgumentError, DTypeError, ShapeError
+from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 
 __all__ = ["RotaryEmbedding"]
 
 
 def check_offset(who: str, name: str, offset) -> int:
     """``offset`` must be a non-negative int (the absolute position of the first token)."""
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise ArgumentError(f"{who}: {name} must be an int >= 0 (absolute position of the first token); "
-                            f"got {offset!r}")
-    return offset
+    return check_int(who, name, offset, 0, " (absolute position of the first token)")
 
 
 def check_base(who: str, base) -> float:
@@ -27,9 +24,7 @@ def check_base(who: str, base) -> float:
 
 
 def check_dim(who: str, name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ArgumentError(f"{who}: {name} must be an int >= 1; got {value!r}")
-    return value
+    return check_int(who, name, value, 1)
 
 
 def angle_dtype(device: torch.device) -> torch.dtype:

@@ -7,10 +7,10 @@ import torch.nn.functional as F
 
 from .. import masks
 from ..attention import attention
-from ..errors import ArgumentError
+from ..errors import ArgumentError, check_int
 from ..functional.mask_base import Mask
 from ..registry import Entry, register
-from ._projections import ProjectedAttention, attention_cost, check_int
+from ._projections import ProjectedAttention, attention_cost
 
 __all__ = ["SparseTransformerAttention"]
 
