@@ -1,0 +1,66 @@
+"""The channel between attention calls and :class:`attnkit.analysis.AttentionRecorder`.
+
+While a listener is installed, :func:`attnkit.attention` takes the exact
+reference path, computes the post-normalisation weights and hands them to
+:func:`report`; modules that compute their weights without
+:func:`attnkit.attention` call :func:`report` themselves, inside
+:func:`suspended` so that any inner :func:`attnkit.attention` call is not
+reported twice. With no listener, nothing here costs more than one check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+
+import torch
+
+__all__ = ["is_recording", "listen", "report", "suspended"]
+
+Listener = Callable[[torch.Tensor, object], None]
+_local = threading.local()
+
+
+def _listeners() -> list[Listener]:
+    if not hasattr(_local, "listeners"):
+        _local.listeners, _local.suspended = [], 0
+    return _local.listeners
+
+
+def is_recording() -> bool:
+    """True while a listener is installed on this thread and reporting is not suspended."""
+    return bool(_listeners()) and not _local.suspended and not torch.compiler.is_compiling()
+
+
+@contextlib.contextmanager
+def listen(listener: Listener) -> Iterator[None]:
+    """Install ``listener(weights, source)`` for the duration of the block."""
+    listeners = _listeners()
+    listeners.append(listener)
+    try:
+        yield
+    finally:
+        listeners.remove(listener)
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """No report reaches the listeners inside the block (a module reporting its own weights uses it)."""
+    _listeners()
+    _local.suspended += 1
+    try:
+        yield
+    finally:
+        _local.suspended -= 1
+
+
+def report(weights: torch.Tensor, source: object = None) -> None:
+    """Hand post-normalisation ``weights`` (``(B, H, Lq, Lk)`` or the module's own layout) to every listener.
+
+    ``source`` names who computed them (a module, or None for a bare
+    :func:`attnkit.attention` call). Suspension is ignored here on purpose: a
+    module reports from inside :func:`suspended`.
+    """
+    for listener in list(_listeners()):
+        listener(weights.detach(), source)
