@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .commands import bench, inspect
+from .commands import bench, inspect, record
 
-COMMAND_MODULES = (inspect, bench)
+COMMAND_MODULES = (inspect, bench, record)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,9 +3,9 @@
 While a listener is installed, :func:`attnkit.attention` takes the exact
 reference path, computes the post-normalisation weights and hands them to
 :func:`report`; modules that compute their weights without
-:func:`attnkit.attention` call :func:`report` themselves, inside
-:func:`suspended` so that any inner :func:`attnkit.attention` call is not
-reported twice. With no listener, nothing here costs more than one check.
+:func:`attnkit.attention` call :func:`report` themselves, and wrap inner
+:func:`attnkit.attention` calls that are not attention maps (a mean of keys)
+in :func:`suspended`. With no listener, nothing here costs more than one check.
 """
 
 from __future__ import annotations
@@ -59,8 +59,11 @@ def report(weights: torch.Tensor, source: object = None) -> None:
     """Hand post-normalisation ``weights`` (``(B, H, Lq, Lk)`` or the module's own layout) to every listener.
 
     ``source`` names who computed them (a module, or None for a bare
-    :func:`attnkit.attention` call). Suspension is ignored here on purpose: a
-    module reports from inside :func:`suspended`.
+    :func:`attnkit.attention` call). Inside :func:`suspended` nothing is
+    reported; a module checks :func:`is_recording` first to skip building
+    weights nobody listens to.
     """
+    if not is_recording():
+        return
     for listener in list(_listeners()):
         listener(weights.detach(), source)

@@ -7,6 +7,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from .. import recording
 from ..errors import DTypeError, ShapeError
 from ..functional.normalize import softmax
 from ..registry import Entry, register
@@ -129,7 +130,10 @@ class CoverageAttention(nn.Module):
         if not contexts:
             return CoverageOutput(value.new_zeros(batch, 0, value.shape[-1]), key.new_zeros(batch, 0, lk),
                                   coverage, key.new_zeros(batch, 0))
-        return CoverageOutput(torch.cat(contexts, 1), torch.cat(all_weights, 1), coverage, torch.stack(losses, 1))
+        weights = torch.cat(all_weights, 1)  # (B, Lq, Lk)
+        if recording.is_recording():  # computed without attnkit.attention: hand them to a recorder
+            recording.report(weights, self)
+        return CoverageOutput(torch.cat(contexts, 1), weights, coverage, torch.stack(losses, 1))
 
 
 def _example():

@@ -8,6 +8,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from .. import recording
 from ..errors import ArgumentError
 from ..functional.normalize import gumbel_softmax, hard, softmax
 from ..registry import Entry, register
@@ -127,6 +128,8 @@ class HardAttention(nn.Module):
         if allowed is not None:
             weights = weights.masked_fill(~allowed, 0.0)
         weights = weights.to(query.dtype)
+        if recording.is_recording():  # computed without attnkit.attention: hand them to a recorder
+            recording.report(weights, self)
         return HardOutput(weights @ value, weights, probs.to(query.dtype), log_prob)
 
     @staticmethod

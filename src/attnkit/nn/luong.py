@@ -7,6 +7,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from .. import recording
 from ..errors import ArgumentError, ShapeError, check_int
 from ..functional.normalize import softmax
 from ..registry import Entry, register
@@ -150,6 +151,8 @@ class LuongAttention(nn.Module):
                 gauss = torch.exp(-dist.square() / (2 * (self.window / 2) ** 2))  # eq. 10
         weights = softmax(scores, allowed)[0]
         weights = (weights if gauss is None else weights * gauss).to(query.dtype)
+        if recording.is_recording():  # computed without attnkit.attention: hand them to a recorder
+            recording.report(weights, self)
         context = weights @ memory  # (B, Lq, Dk)
         hidden = torch.tanh(self.w_c(torch.cat([context, query], dim=-1)))  # eq. 5
         return LuongOutput(hidden, context, weights, centers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import recording
 from ..errors import DTypeError, ShapeError
 from ..functional.normalize import softmax
 from ..functional.scores import additive
@@ -102,7 +103,9 @@ class PointerAttention(nn.Module):
         u = self.scores(dec.to(encoder.dtype), encoder)  # (B, Lq, n)
         if allowed is not None:
             allowed = allowed.expand(b, lq, n)
-        _, lse = softmax(u, allowed)  # lse (B, Lq): -inf for a row with no allowed position
+        probs, lse = softmax(u, allowed)  # lse (B, Lq): -inf for a row with no allowed position
+        if recording.is_recording():  # computed without attnkit.attention: hand them to a recorder
+            recording.report(probs[:, 0] if single else probs, self)  # the layout of exp(output)
         logp = u - lse[..., None]
         if allowed is not None:  # select, so the -inf rows never turn into NaN (inf - inf)
             logp = torch.where(allowed, logp, torch.full_like(logp, float("-inf")))

@@ -8,6 +8,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from .. import recording
 from ..attention import attention
 from ..errors import ArgumentError, DTypeError, ShapeError
 from ..functional.normalize import softmax
@@ -198,13 +199,16 @@ class TieredAttention(_Projections):
 
     def _group_weights(self, q, keys, member):
         """alpha ``(B, Lq, G)``, log alpha (0 outside the attended groups) and which groups are attended."""
-        group_keys, _ = _pool(keys, member)  # (B, G, dim): the mean key of each group
+        with recording.suspended():  # a mean of keys, not an attention map to record
+            group_keys, _ = _pool(keys, member)  # (B, G, dim): the mean key of each group
         scores = q @ group_keys.transpose(1, 2) / math.sqrt(self.dim)  # (B, Lq, G)
         allowed = member.any(-1)[:, None, :].expand(scores.shape)
         if self.top_k is not None and self.top_k < scores.shape[-1]:
             best = scores.masked_fill(~allowed, float("-inf")).topk(self.top_k, dim=-1).indices
             allowed = allowed & torch.zeros_like(allowed).scatter_(-1, best, True)
         alpha, lse = softmax(scores, allowed)
+        if recording.is_recording():  # alpha is computed without attnkit.attention: hand it to a recorder
+            recording.report(alpha, self)
         return alpha, torch.where(allowed, scores - lse[..., None], torch.zeros_like(scores)), allowed
 
     def forward(self, query: torch.Tensor, x: torch.Tensor, group_ids: torch.Tensor, *,

@@ -1,0 +1,180 @@
+"""Record the attention maps of a forward pass, named after the modules that computed them."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from .. import recording
+from ..errors import ArgumentError, DTypeError, ShapeError, check_int
+
+__all__ = ["AttentionRecorder", "RecordedMap"]
+
+
+class RecordedMap(NamedTuple):
+    """One recorded map.
+
+    name: the module's qualified name (``"encoder.layers.0.self_attn"``, the root is ``"model"``,
+    a bare :func:`attnkit.attention` call ``"attention"``), ``"#k"`` added on its k-th repeat.
+    index: position in call order. weights: detached float32 copy, in the layout it was reported
+    (``(B, H, Lq, Lk)`` from :func:`attnkit.attention`). source: the module that reported its own
+    weights, or None for an :func:`attnkit.attention` call.
+    """
+
+    name: str
+    index: int
+    weights: torch.Tensor
+    source: object
+
+
+def _per_sample(name: str, w: torch.Tensor, sample: int) -> torch.Tensor:
+    """``(H, Lq, Lk)`` of one sample: 4-D ``(B, H, Lq, Lk)``, 3-D ``(B, Lq, Lk)`` or 2-D ``(B, Lk)``."""
+    if w.dim() not in (2, 3, 4):
+        raise ShapeError(f"AttentionRecorder: map {name!r} has shape {tuple(w.shape)}; as_dict knows 2-D (B, Lk), "
+                         f"3-D (B, Lq, Lk) and 4-D (B, H, Lq, Lk) maps")
+    if not -w.shape[0] <= sample < w.shape[0]:
+        raise ArgumentError(f"AttentionRecorder: sample={sample} is out of range for map {name!r} of shape "
+                            f"{tuple(w.shape)} (batch {w.shape[0]})")
+    one = w[sample]
+    return one if w.dim() == 4 else one[None] if w.dim() == 3 else one[None, None]  # (H, Lq, Lk)
+
+
+class AttentionRecorder:
+    """Context manager that records every attention map computed inside its block.
+
+    While active, every :func:`attnkit.attention` call takes the exact reference
+    path and hands over its post-normalisation, pre-dropout weights ``(B, H, Lq, Lk)``;
+    modules that compute weights themselves (Luong, hard, pointer, coverage, tiered)
+    report theirs in their own layout. Forward hooks on every submodule of ``model``
+    name each map after the innermost module executing when it was computed. Every
+    hook is removed on exit (also after an exception); nothing is stored on the
+    modules; after the block the model runs on its usual fast path again.
+
+    Layout rule of :meth:`as_dict`: a map becomes ``(H, Lq, Lk)`` for one sample:
+    ``(B, H, Lq, Lk)`` -> ``w[sample]``; ``(B, Lq, Lk)`` -> ``(1, Lq, Lk)``; ``(B, Lk)``
+    (pooling) -> ``(1, 1, Lk)``. ``sample`` indexes each map's first dimension, which
+    is the batch the computing call saw: modules that fold steps or sentences into
+    the batch (memory, hierarchical words) give one step or sentence per sample.
+
+    Shapes: whatever the attention calls compute; nothing is reshaped in :attr:`maps`.
+
+    Complexity: a forced reference pass (``O(B H Lq Lk)`` memory per call) and a copy
+    of every map; ``max_maps`` bounds the number kept.
+
+    Args:
+        model: module whose submodules name the maps; None names every map after its
+            reporting module's class, or ``"attention"``.
+        to_cpu: move the copies to the CPU (default) or keep them on their device.
+        max_maps: keep at most this many maps (a warning on exit counts the rest).
+
+    Example:
+        >>> import torch
+        >>> from attnkit.analysis.recorder import AttentionRecorder
+        >>> from attnkit.nn import MultiHeadAttention
+        >>> _ = torch.manual_seed(0)
+        >>> mha = MultiHeadAttention(12, 3, batch_first=True)
+        >>> x = torch.randn(2, 5, 12)
+        >>> with AttentionRecorder(mha) as rec:
+        ...     _ = mha(x, x, x, need_weights=False)
+        ...     _ = mha(x, x, x, need_weights=False)
+        >>> rec.names(), tuple(rec.as_dict()["model#1"].shape)
+        (['model', 'model#1'], (3, 5, 5))
+    """
+
+    def __init__(self, model: nn.Module | None = None, *, to_cpu: bool = True, max_maps: int | None = None):
+        if model is not None and not isinstance(model, nn.Module):
+            raise DTypeError(f"AttentionRecorder: model must be an nn.Module or None; got {type(model).__name__}")
+        if max_maps is not None:
+            check_int("AttentionRecorder", "max_maps", max_maps, 1)
+        self.model, self.to_cpu, self.max_maps = model, bool(to_cpu), max_maps
+        self.maps: list[RecordedMap] = []
+        self.dropped = 0  # maps not kept because of max_maps
+        self._calls: dict[str, int] = {}  # name -> maps reported under it so far
+        self._names: dict[nn.Module, str] = {}
+        self._running: list[tuple[str, nn.Module]] = []  # hooked modules executing now, innermost last
+        self._exit: contextlib.ExitStack | None = None
+
+    def __enter__(self) -> AttentionRecorder:
+        if self._exit is not None:
+            raise ArgumentError("AttentionRecorder: this recorder is already active; use a second one to nest")
+        stack = contextlib.ExitStack()
+        try:
+            if self.model is not None:
+                self._names = {m: name or "model" for name, m in self.model.named_modules()}
+                for module, name in self._names.items():
+                    stack.callback(module.register_forward_pre_hook(self._enter_hook(name)).remove)
+                    stack.callback(module.register_forward_hook(self._exit_hook, always_call=True).remove)
+            stack.enter_context(recording.listen(self._listen))
+        except BaseException:
+            stack.close()
+            raise
+        self._exit = stack
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        stack, self._exit = self._exit, None
+        self._running.clear()
+        if stack is not None:
+            stack.close()
+        if self.dropped:
+            warnings.warn(f"AttentionRecorder: max_maps={self.max_maps} reached; {self.dropped} more maps were not "
+                          f"kept", RuntimeWarning, stacklevel=2)
+        return False
+
+    def _enter_hook(self, name: str):
+        def hook(module, args):
+            self._running.append((name, module))
+        return hook
+
+    def _exit_hook(self, module, args, output):
+        for i in range(len(self._running) - 1, -1, -1):  # innermost first; always_call runs it after errors too
+            if self._running[i][1] is module:
+                del self._running[i]
+                break
+
+    def _name_of(self, source) -> str:
+        if isinstance(source, nn.Module) and source in self._names:
+            return self._names[source]
+        if self._running:
+            return self._running[-1][0]
+        return type(source).__name__ if isinstance(source, nn.Module) else "attention"
+
+    def _listen(self, weights: torch.Tensor, source) -> None:
+        base = self._name_of(source)
+        repeat = self._calls.get(base, 0)
+        self._calls[base] = repeat + 1
+        if self.max_maps is not None and len(self.maps) >= self.max_maps:
+            self.dropped += 1
+            return
+        device = torch.device("cpu") if self.to_cpu else weights.device
+        copy = weights.detach().to(device=device, dtype=torch.float32, copy=True)
+        self.maps.append(RecordedMap(base if repeat == 0 else f"{base}#{repeat}", len(self.maps), copy, source))
+
+    def names(self) -> list[str]:
+        """The names of the recorded maps, in call order."""
+        return [m.name for m in self.maps]
+
+    def __getitem__(self, name: str) -> RecordedMap:
+        for m in self.maps:
+            if m.name == name:
+                return m
+        raise KeyError(f"no recorded map named {name!r}; recorded: {', '.join(self.names()) or 'none'}")
+
+    def __len__(self) -> int:
+        return len(self.maps)
+
+    def __iter__(self) -> Iterator[RecordedMap]:
+        return iter(self.maps)
+
+    def as_dict(self, sample: int = 0) -> dict[str, torch.Tensor]:
+        """``{name: (H, Lq, Lk)}`` for one sample, in call order (layout rule in the class docstring)."""
+        return {m.name: _per_sample(m.name, m.weights, sample) for m in self.maps}
+
+    def clear(self) -> None:
+        """Forget the recorded maps; names count from the start again."""
+        self.maps, self.dropped, self._calls = [], 0, {}

@@ -1,0 +1,102 @@
+"""``attnkit record``: through its own argparse parser (the lead wires it into attnkit.cli)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import types
+
+import pytest
+import torch
+
+from attnkit.analysis.stats import summary
+from attnkit.commands import record
+from attnkit.errors import ArgumentError
+
+
+def _parser():
+    parser = argparse.ArgumentParser(prog="attnkit")
+    record.add(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def _run(argv):
+    args = _parser().parse_args(argv)
+    return args.func(args)
+
+
+@pytest.fixture
+def fake_viz(monkeypatch):
+    """A stand-in for attnkit.viz with its documented API: records the calls, writes a small file."""
+    calls = []
+
+    def draw(kind):
+        def fn(maps, *, path=None, title=None, **kwargs):
+            calls.append((kind, dict(maps), path, title, kwargs))
+            path.write_text(kind)
+        return fn
+
+    module = types.ModuleType("attnkit.viz")
+    module.head_grid, module.html_page = draw("head_grid"), draw("html_page")
+    monkeypatch.setitem(sys.modules, "attnkit.viz", module)
+    return calls
+
+
+def test_parser_defaults_and_choices():
+    args = _parser().parse_args(["record", "multi-head"])
+    assert (args.name, args.out, args.format, args.seed) == ("multi-head", None, "png", 0)
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["record", "multi-head", "--format", "pdf"])
+
+
+def test_png_writes_the_head_grid_of_every_recorded_map_and_the_stats(fake_viz, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert _run(["record", "hierarchical-attention"]) == 0
+    out = tmp_path / "attnkit-maps" / "hierarchical-attention"
+    picture, stats = out / "hierarchical-attention.png", out / "stats.md"
+    assert capsys.readouterr().out.split() == [str(picture.relative_to(tmp_path)), str(stats.relative_to(tmp_path))]
+    ((kind, maps, path, title, _),) = fake_viz
+    assert kind == "head_grid" and path.resolve() == picture and "Yang et al. 2016" in title
+    want = record.record_example("hierarchical-attention").as_dict()
+    assert list(maps) == ["word_attention", "sentence_attention"] == list(want)
+    for name, w in maps.items():
+        torch.testing.assert_close(w, want[name], rtol=0, atol=0)
+    text = stats.read_text()
+    assert text.startswith("# hierarchical-attention\n") and summary(want).to_markdown() in text
+    assert picture.read_text() == "head_grid"
+
+
+def test_html_format_and_out_dir(fake_viz, tmp_path, capsys):
+    assert _run(["record", "co-attention-parallel", "--out", str(tmp_path / "o"), "--format", "html"]) == 0
+    ((kind, maps, path, _, _),) = fake_viz
+    assert kind == "html_page" and path == tmp_path / "o" / "co-attention-parallel.html"
+    assert list(maps) == ["model", "model#1"] and all(w.shape == (1, 1, w.shape[-1]) for w in maps.values())
+    assert capsys.readouterr().out.split() == [str(path), str(tmp_path / "o" / "stats.md")]
+
+
+def test_stochastic_examples_follow_the_seed():
+    a, b = (record.record_example("hard-attention", seed=s).maps[0].weights for s in (3, 3))
+    c = record.record_example("hard-attention", seed=4).maps[0].weights
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_errors_are_argument_errors(fake_viz, monkeypatch):
+    with pytest.raises(ArgumentError, match=r"unknown mechanism 'nosuch'.*multi-head"):
+        _run(["record", "nosuch"])
+    with pytest.raises(ArgumentError, match="'linear-attention' computes no attention map"):
+        _run(["record", "linear-attention"])
+    monkeypatch.setitem(sys.modules, "attnkit.viz", None)  # import fails
+    with pytest.raises(ArgumentError, match=r"needs attnkit\.viz"):
+        _run(["record", "multi-head"])
+    assert not fake_viz
+
+
+@pytest.mark.parametrize("fmt, magic", [("png", b"\x89PNG"), ("svg", b"<?xml"), ("html", b"<!DOCTYPE html")])
+def test_real_pictures(tmp_path, capsys, fmt, magic):
+    pytest.importorskip("attnkit.viz")
+    if fmt != "html":
+        pytest.importorskip("matplotlib")
+    assert _run(["record", "multi-head", "--out", str(tmp_path), "--format", fmt]) == 0
+    picture = tmp_path / f"multi-head.{fmt}"
+    assert picture.read_bytes()[:len(magic)].lower() == magic.lower()
+    assert str(picture) in capsys.readouterr().out
