@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .commands import bench, inspect, record
+from .commands import bench, inspect, plots, record
 
-COMMAND_MODULES = (inspect, bench, record)
+COMMAND_MODULES = (inspect, bench, plots, record)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,217 @@
+"""The HTML/CSS/JS of :func:`attnkit.viz.html_page`, kept apart from the Python that fills it.
+
+Placeholders: ``__TITLE__`` (HTML-escaped text) and ``__DATA__`` (JSON with ``<``, ``>``
+and ``&`` written as ``\\u003c`` etc., so no label can close the script element).
+Labels reach the page only through ``textContent`` and canvas ``fillText``, never
+as markup. After each draw the page writes what it drew into ``#render-info``
+(cells, checksum = sum of the finite weights drawn, layer, head), which tests read.
+"""
+
+TEMPLATE = r"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>__TITLE__</title>
+<style>
+  body { font: 14px/1.4 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 18px; color: #222; }
+  h1 { font-size: 18px; margin: 0 0 10px; }
+  .controls { display: flex; gap: 14px; align-items: center; flex-wrap: wrap; margin-bottom: 6px; }
+  select { font: inherit; padding: 1px 4px; }
+  #shape, #stats { color: #555; }
+  #hover { min-height: 1.4em; font-variant-numeric: tabular-nums; }
+  #stats { min-height: 1.4em; font-size: 13px; }
+  .maps { display: flex; align-items: flex-start; gap: 12px; margin-top: 6px; }
+  canvas { display: block; }
+  #map { cursor: crosshair; }
+  .wrap { position: relative; }
+  #mark { position: absolute; display: none; outline: 2px solid #ff3b30; pointer-events: none; }
+</style>
+</head>
+<body>
+<h1>__TITLE__</h1>
+<div class="controls">
+  <label>layer <select id="layer"></select></label>
+  <label>head <select id="head"></select></label>
+  <span id="shape"></span>
+</div>
+<div id="hover">hover a cell to see its query, key and weight</div>
+<div id="stats"></div>
+<div class="maps">
+  <div class="wrap"><canvas id="map"></canvas><div id="mark"></div></div>
+  <canvas id="legend"></canvas>
+</div>
+<div id="render-info" hidden></div>
+<script type="application/json" id="attnkit-data">__DATA__</script>
+<script>
+"use strict";
+const DATA = JSON.parse(document.getElementById("attnkit-data").textContent);
+const $ = (id) => document.getElementById(id);
+const ANCHORS = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"];
+const NAN_RGB = [200, 200, 200];
+const FONT = "11px system-ui, sans-serif";
+const short = (t) => (t.length > 20 ? t.slice(0, 19) + "…" : t);
+const hexRgb = (h) => [1, 3, 5].map((i) => parseInt(h.slice(i, i + 2), 16));
+const LUT = Array.from({ length: 256 }, (_, n) => {  // viridis, linearly interpolated between 9 anchors
+  const t = (n / 255) * (ANCHORS.length - 1), i = Math.min(Math.floor(t), ANCHORS.length - 2), f = t - i;
+  const a = hexRgb(ANCHORS[i]), b = hexRgb(ANCHORS[i + 1]);
+  return a.map((c, k) => Math.round(c + f * (b[k] - c)));
+});
+let view = null;
+
+const fmt = (x) => (x === null ? "not finite" : Math.abs(x) >= 1e-3 || x === 0 ? x.toFixed(4) : x.toExponential(3));
+const colour = (x, lo, hi) =>
+  (x === null ? NAN_RGB : LUT[Math.max(0, Math.min(255, Math.round(255 * (x - lo) / (hi - lo))))]);
+
+function fillSelect(sel, labels) {
+  sel.textContent = "";
+  labels.forEach((text, i) => {
+    const opt = document.createElement("option");
+    opt.value = String(i);
+    opt.textContent = text;
+    sel.appendChild(opt);
+  });
+}
+
+function index(text, n) {
+  if (text === null || text.trim() === "") return null;
+  const i = Number(text);
+  return Number.isInteger(i) && i >= 0 && i < n ? i : null;
+}
+
+function fromHash() {
+  const p = new URLSearchParams(location.hash.slice(1));
+  const named = DATA.maps.findIndex((m) => m.name === p.get("layer"));
+  const layer = named >= 0 ? named : index(p.get("layer"), DATA.maps.length) ?? 0;
+  const m = DATA.maps[layer];
+  return { layer, head: index(p.get("head"), m.w.length) ?? 0, q: index(p.get("q"), m.lq), k: index(p.get("k"), m.lk) };
+}
+
+function setCanvas(canvas, width, height) {
+  const dpr = window.devicePixelRatio || 1;
+  canvas.width = Math.ceil(width * dpr);
+  canvas.height = Math.ceil(height * dpr);
+  canvas.style.width = width + "px";
+  canvas.style.height = height + "px";
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  return ctx;
+}
+
+function scaleOf(w) {
+  let lo = Infinity, hi = -Infinity, sum = 0, bad = 0;
+  for (const x of w) {
+    if (x === null) { bad++; continue; }
+    lo = Math.min(lo, x); hi = Math.max(hi, x); sum += x;
+  }
+  lo = lo === Infinity ? 0 : Math.min(0, lo);
+  return { lo, hi: hi > lo ? hi : lo + 1, sum, bad };
+}
+
+function drawLabels(ctx, labels, cell, at, rotate) {
+  const step = Math.max(1, Math.ceil(13 / cell));
+  ctx.fillStyle = "#333";
+  for (let i = 0; i < labels.length; i += step) {
+    ctx.save();
+    ctx.translate(...at(i));
+    if (rotate) ctx.rotate(-Math.PI / 2);
+    ctx.fillText(short(labels[i]), 0, 0);
+    ctx.restore();
+  }
+}
+
+function drawLegend(lo, hi, top, height) {
+  const h = Math.max(60, height), ctx = setCanvas($("legend"), 80, top + h + 8);
+  for (let y = 0; y < h; y++) {
+    ctx.fillStyle = "rgb(" + LUT[Math.round(255 * (1 - y / (h - 1)))].join(",") + ")";
+    ctx.fillRect(4, top + y, 14, 1);
+  }
+  ctx.font = FONT;
+  ctx.fillStyle = "#333";
+  ctx.textBaseline = "middle";
+  ctx.fillText(fmt(hi), 22, top + 5);
+  ctx.fillText(fmt(lo), 22, top + h - 5);
+  ctx.fillText("weight", 22, top + h / 2);
+}
+
+function draw(layer, head) {
+  const m = DATA.maps[layer], w = m.w[head], s = scaleOf(w);
+  const cell = Math.max(1, Math.min(28, Math.floor(720 / Math.max(m.lq, m.lk))));
+  const probe = $("map").getContext("2d");
+  probe.font = FONT;
+  const widest = (labels) => Math.max(...labels.map((t) => probe.measureText(short(t)).width));
+  const left = 10 + widest(m.q), top = 10 + widest(m.k);
+  const ctx = setCanvas($("map"), left + m.lk * cell + 8, top + m.lq * cell + 8);
+  const img = new ImageData(m.lk, m.lq);
+  for (let n = 0; n < w.length; n++) img.data.set([...colour(w[n], s.lo, s.hi), 255], 4 * n);
+  const off = document.createElement("canvas");
+  off.width = m.lk; off.height = m.lq;
+  off.getContext("2d").putImageData(img, 0, 0);
+  ctx.imageSmoothingEnabled = false;
+  ctx.drawImage(off, left, top, m.lk * cell, m.lq * cell);
+  ctx.font = FONT;
+  ctx.textBaseline = "middle";
+  ctx.textAlign = "right";
+  drawLabels(ctx, m.q, cell, (i) => [left - 4, top + (i + 0.5) * cell], false);
+  ctx.textAlign = "left";
+  drawLabels(ctx, m.k, cell, (j) => [left + (j + 0.5) * cell, top - 4], true);
+  drawLegend(s.lo, s.hi, top, m.lq * cell);
+  $("mark").style.display = "none";
+  view = { m, w, left, top, cell };
+  const sample = m.batch > 1 ? " (sample 0 of " + m.batch + ")" : "";
+  $("shape").textContent = m.lq + " queries × " + m.lk + " keys" + sample;
+  const info = $("render-info");
+  Object.assign(info.dataset, { layer: String(layer), head: String(head), cells: String(w.length),
+    nonfinite: String(s.bad), checksum: s.sum.toPrecision(10) });
+  info.textContent = "drawn " + w.length + " cells";
+}
+
+function rowStats(i) {
+  const { m, w } = view, row = w.slice(i * m.lk, (i + 1) * m.lk).filter((x) => x !== null);
+  const total = row.reduce((a, x) => a + x, 0);
+  if (row.some((x) => x < 0) || !(total > 0)) return "row " + i + ": entropy undefined (negative or zero weights)";
+  const h = -row.reduce((a, x) => (x > 0 ? a + (x / total) * Math.log(x / total) : a), 0);
+  return "row " + i + ": entropy " + h.toFixed(4) + " nats (uniform over " + m.lk + " keys: " +
+    Math.log(m.lk).toFixed(4) + "), row sum " + total.toFixed(4);
+}
+
+function showCell(i, j) {
+  const { m, w } = view;
+  if (i === null || j === null || i < 0 || j < 0 || i >= m.lq || j >= m.lk) return;
+  $("hover").textContent = "query " + i + " “" + m.q[i] + "” → key " + j + " “" + m.k[j] + "”: weight " +
+    fmt(w[i * m.lk + j]);
+  $("stats").textContent = rowStats(i);
+  const mark = $("mark"), c = view.cell;
+  Object.assign(mark.style, { display: "block", left: view.left + j * c + "px", top: view.top + i * c + "px",
+    width: c + "px", height: c + "px" });
+}
+
+function select(layer, head, remember) {
+  $("layer").value = String(layer);
+  fillSelect($("head"), DATA.maps[layer].w.map((_, h) => "head " + h));
+  $("head").value = String(head);
+  draw(layer, head);
+  if (remember) {
+    try { history.replaceState(null, "", "#layer=" + layer + "&head=" + head); } catch (e) { /* file:// may refuse */ }
+  }
+}
+
+fillSelect($("layer"), DATA.maps.map((m) => m.name));
+$("layer").addEventListener("change", () => select(Number($("layer").value), 0, true));
+$("head").addEventListener("change", () => select(Number($("layer").value), Number($("head").value), true));
+$("map").addEventListener("mousemove", (ev) => {
+  const r = $("map").getBoundingClientRect();
+  const at = (client, origin, offset) => Math.floor((client - origin - offset) / view.cell);
+  showCell(at(ev.clientY, r.top, view.top), at(ev.clientX, r.left, view.left));
+});
+function fromLocation() {
+  const at = fromHash();
+  select(at.layer, at.head, false);
+  showCell(at.q, at.k);
+}
+window.addEventListener("hashchange", fromLocation);
+fromLocation();
+</script>
+</body>
+</html>
+"""

@@ -1,0 +1,168 @@
+"""Shared plumbing for the pictures: lazy matplotlib, input checks, labels, colours, saving.
+
+Figures are built as plain :class:`matplotlib.figure.Figure` objects on an Agg
+canvas, never through ``pyplot``: nothing is registered in pyplot's global figure
+list, so nothing leaks and no window ever opens, whatever backend the user's
+session has selected.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from ..errors import ArgumentError, DTypeError, ShapeError
+
+__all__ = ["save", "new_figure", "as_weights", "check_path", "set_token_ticks", "weight_norm", "MAX_TICK_LABELS"]
+
+SUFFIXES = (".png", ".svg")
+WEIGHTS_CMAP = "viridis"  # sequential, perceptually uniform, readable in grey scale
+SCORES_CMAP = "RdBu_r"  # diverging, used only when a map holds negative values (raw scores)
+MAX_TICK_LABELS = 64
+_LABEL_CHARS = 18
+
+
+def matplotlib():
+    """The matplotlib module, or an ImportError that says how to install it."""
+    try:
+        import matplotlib as mpl
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401  (Agg must be importable)
+    except ImportError as err:  # pragma: no cover - exercised only without the extra
+        raise ImportError("attnkit.viz needs matplotlib: pip install 'attnkit[plot]'") from err
+    return mpl
+
+
+def new_figure(width: float, height: float):
+    """A pyplot-free Figure on an Agg canvas, with constrained layout."""
+    matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def check_path(path, suffixes: Sequence[str] = SUFFIXES) -> Path | None:
+    """``path`` as a Path (None stays None); ArgumentError for an unsupported suffix."""
+    if path is None:
+        return None
+    path = Path(path)
+    if path.suffix.lower() not in suffixes:
+        raise ArgumentError(f"path must end in one of {', '.join(suffixes)}; got {str(path)!r}")
+    return path
+
+
+def save(fig, path) -> Path:
+    """Write ``fig`` to ``path`` (PNG or SVG, chosen by the suffix) and return the Path.
+
+    Parent folders are created. SVG output carries no date, so the same figure
+    gives the same bytes.
+    """
+    path = check_path(path)
+    if path is None:
+        raise ArgumentError("save: path must be given")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() == ".svg":
+        fig.savefig(path, format="svg", metadata={"Date": None})
+    else:
+        fig.savefig(path, format="png", dpi=150)
+    return path
+
+
+def as_weights(weights, who: str, ranks: Sequence[int], shape_doc: str) -> torch.Tensor:
+    """A float64 CPU copy of a tensor/array whose rank is one of ``ranks``.
+
+    NaN and inf are kept (they are drawn in a distinct colour); empty maps, complex
+    values and unknown types are refused.
+    """
+    if not isinstance(weights, torch.Tensor):
+        try:
+            weights = torch.as_tensor(weights)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise DTypeError(f"{who}: expected a torch tensor or numpy array; got {type(weights).__name__}") from err
+    if weights.is_complex():
+        raise DTypeError(f"{who}: weights must be real; got dtype {weights.dtype}")
+    if weights.dim() not in ranks:
+        raise ShapeError(f"{who}: weights must have shape {shape_doc}; got {tuple(weights.shape)}")
+    if weights.numel() == 0:
+        raise ShapeError(f"{who}: nothing to draw, weights have shape {tuple(weights.shape)}")
+    return weights.detach().to("cpu", torch.float64)
+
+
+def check_labels(labels, n: int, who: str, name: str) -> list[str] | None:
+    """``labels`` as a list of str of length ``n`` (None stays None)."""
+    if labels is None:
+        return None
+    labels = [str(t) for t in labels]
+    if len(labels) != n:
+        raise ShapeError(f"{who}: {name} must have one label per position ({n}); got {len(labels)}")
+    return labels
+
+
+def _plain(label: str) -> str:
+    """A label matplotlib shows verbatim: no mathtext ($), short, one line."""
+    label = label.replace("\n", " ")
+    if len(label) > _LABEL_CHARS:
+        label = label[: _LABEL_CHARS - 1] + "…"
+    return label.replace("$", r"\$")
+
+
+def set_token_ticks(ax, axis: str, labels: list[str] | None, n: int) -> None:
+    """Token labels on one axis; every k-th one when there are more than MAX_TICK_LABELS."""
+    if labels is None:
+        return
+    step = math.ceil(n / MAX_TICK_LABELS)
+    ticks = list(range(0, n, step))
+    size = 9 if len(ticks) <= 24 else 7 if len(ticks) <= 40 else 6
+    shown = [_plain(labels[i]) for i in ticks]
+    if axis == "x":
+        ax.set_xticks(ticks, shown, rotation=90, fontsize=size)
+    else:
+        ax.set_yticks(ticks, shown, fontsize=size)
+
+
+def weight_norm(values: torch.Tensor):
+    """(cmap, vmin, vmax): 0..max for weights, a symmetric diverging scale if any value is negative."""
+    finite = values[torch.isfinite(values)]
+    if finite.numel() == 0:
+        return WEIGHTS_CMAP, 0.0, 1.0
+    lo, hi = finite.min().item(), finite.max().item()
+    if lo < 0:
+        bound = max(-lo, hi, 1e-12)
+        return SCORES_CMAP, -bound, bound
+    return WEIGHTS_CMAP, 0.0, hi if hi > 0 else 1.0
+
+
+def cmap_with_bad(name: str):
+    """The named colormap with NaN/inf drawn in light grey."""
+    mpl = matplotlib()
+    return mpl.colormaps[name].with_extremes(bad="#c8c8c8")
+
+
+def draw_map(ax, values: torch.Tensor, cmap: str, vmin: float, vmax: float):
+    """imshow of a (Lq, Lk) map with NaN/inf masked, one square cell per entry."""
+    import numpy as np
+
+    data = np.ma.masked_invalid(values.numpy())
+    lq, lk = values.shape
+    aspect = "equal" if max(lq, lk) <= 4 * min(lq, lk) else "auto"  # square cells unless a strip
+    return ax.imshow(data, cmap=cmap_with_bad(cmap), vmin=vmin, vmax=vmax, interpolation="nearest", aspect=aspect)
+
+
+def map_figsize(lq: int, lk: int, *, extra_w: float = 1.6, extra_h: float = 1.2) -> tuple[float, float]:
+    """A size that gives small maps readable cells and keeps large ones on a page."""
+    cell = 0.32 if max(lq, lk) <= 24 else 0.2 if max(lq, lk) <= 48 else 0.12
+    w = min(max(lk * cell, 3.0), 11.0) + extra_w
+    h = min(max(lq * cell, 2.6), 10.0) + extra_h
+    return w, h
+
+
+def finish(fig, path: Path | None):
+    """Save when a path is given; the Figure is returned either way (it is not held by pyplot)."""
+    if path is not None:
+        save(fig, path)
+    return fig

@@ -1,0 +1,172 @@
+"""Attention maps as pictures: one map, a grid of heads per layer, a seq2seq alignment.
+
+Weights are drawn with a sequential colour map (viridis, 0 to the map's maximum);
+a map holding negative values (raw scores) gets a symmetric diverging scale
+instead. NaN and inf are allowed and drawn in light grey: a picture is often how
+a NaN is found, so refusing it would hide exactly what one wants to see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..errors import ArgumentError, ShapeError, check_int
+from ._style import (
+    as_weights,
+    check_labels,
+    check_path,
+    draw_map,
+    finish,
+    map_figsize,
+    new_figure,
+    set_token_ticks,
+    weight_norm,
+)
+
+__all__ = ["heatmap", "head_grid", "alignment"]
+
+
+def heatmap(weights, *, q_labels=None, k_labels=None, title=None, path=None, ax=None):
+    """Draw one attention map ``(Lq, Lk)``: queries down, keys across, with a colour bar.
+
+    Args:
+        weights: tensor or array ``(Lq, Lk)``; NaN/inf are drawn grey.
+        q_labels, k_labels: one token label per query / key (long lists are thinned).
+        title: axes title.
+        path: ``.png`` or ``.svg`` file to write (the suffix picks the format).
+        ax: draw into this matplotlib Axes instead of a new figure.
+
+    Returns:
+        The Figure (``ax.figure`` when ``ax`` is given), which pyplot does not hold.
+
+    Example:
+        >>> import torch
+        >>> from attnkit.viz import heatmap
+        >>> fig = heatmap(torch.softmax(torch.randn(3, 4), -1), q_labels="abc", k_labels="wxyz")
+        >>> [t.get_text() for t in fig.axes[0].get_xticklabels()]
+        ['w', 'x', 'y', 'z']
+    """
+    path = check_path(path)
+    w = as_weights(weights, "heatmap", (2,), "(Lq, Lk)")
+    lq, lk = w.shape
+    q_labels = check_labels(q_labels, lq, "heatmap", "q_labels")
+    k_labels = check_labels(k_labels, lk, "heatmap", "k_labels")
+    if ax is None:
+        fig = new_figure(*map_figsize(lq, lk))
+        ax = fig.add_subplot()
+    else:
+        fig = ax.figure
+    cmap, vmin, vmax = weight_norm(w)
+    image = draw_map(ax, w, cmap, vmin, vmax)
+    fig.colorbar(image, ax=ax, shrink=0.8, label="weight" if vmin >= 0 else "score")
+    set_token_ticks(ax, "x", k_labels, lk)
+    set_token_ticks(ax, "y", q_labels, lq)
+    ax.set_xlabel("key")
+    ax.set_ylabel("query")
+    if title:
+        ax.set_title(str(title))
+    return finish(fig, path)
+
+
+def _heads(name: str, value):
+    """A map value as (H, Lq, Lk): (Lq, Lk) is one head; (B, H, Lq, Lk) keeps sample 0."""
+    w = as_weights(value, f"head_grid: maps[{name!r}]", (2, 3, 4), "(Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk)")
+    if w.dim() == 2:
+        return w[None]
+    return w[0] if w.dim() == 4 else w
+
+
+def head_grid(maps, *, path=None, title=None, max_heads=None):
+    """Draw every head of every layer: one row per map name, one column per head.
+
+    Each row shares one colour scale (its own colour bar), so heads of a layer can be
+    compared; rows are scaled independently.
+
+    Args:
+        maps: ``Mapping[str, tensor]``, each ``(H, Lq, Lk)``; ``(Lq, Lk)`` is one head and
+            ``(B, H, Lq, Lk)`` is drawn for sample 0. Rows may differ in H, Lq and Lk.
+        path: ``.png`` or ``.svg`` file to write.
+        title: figure title.
+        max_heads: draw only the first this many heads of each row.
+
+    Returns:
+        The Figure.
+
+    Example:
+        >>> import torch
+        >>> from attnkit.viz import head_grid
+        >>> maps = {"layer 0": torch.rand(3, 5, 7), "layer 1": torch.rand(2, 5, 7)}
+        >>> fig = head_grid(maps)
+        >>> sum(ax.get_label() == "head" for ax in fig.axes)
+        5
+    """
+    path = check_path(path)
+    if not isinstance(maps, Mapping) or not maps:
+        raise ArgumentError(f"head_grid: maps must be a non-empty mapping name -> tensor; got {type(maps).__name__}")
+    if max_heads is not None:
+        check_int("head_grid", "max_heads", max_heads, 1)
+    rows = {str(name): _heads(str(name), value) for name, value in maps.items()}
+    total = max(w.shape[0] for w in rows.values())
+    ncols = min(total, max_heads or total)
+    fig = new_figure(min(1.9 * ncols + 1.4, 22.0), min(1.9 * len(rows) + 0.8, 24.0))
+    grid = fig.subplots(len(rows), ncols, squeeze=False)
+    for r, (name, w) in enumerate(rows.items()):
+        cmap, vmin, vmax = weight_norm(w[:ncols])
+        image = None
+        for h in range(ncols):
+            ax = grid[r][h]
+            if h >= w.shape[0]:
+                ax.set_axis_off()
+                continue
+            image = draw_map(ax, w[h], cmap, vmin, vmax)
+            ax.set_label("head")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0 or h >= rows[list(rows)[r - 1]].shape[0]:
+                ax.set_title(f"head {h}", fontsize=9)
+        grid[r][0].set_ylabel(name, fontsize=9)
+        fig.colorbar(image, ax=list(grid[r]), shrink=0.85, aspect=12)
+    shown = f" (first {ncols} of {total} heads)" if ncols < total else ""
+    if title or shown:
+        fig.suptitle(f"{title or ''}{shown}".strip())
+    return finish(fig, path)
+
+
+def alignment(weights, src_tokens, tgt_tokens, *, path=None, title=None):
+    """Draw a seq2seq alignment ``(T, S)``: source tokens across the top, target tokens down.
+
+    The layout of Bahdanau et al., "Neural Machine Translation by Jointly Learning to
+    Align and Translate" (ICLR 2015, arXiv:1409.0473), Fig. 3: entry ``(t, s)`` is the
+    weight alpha_ts of source word s when target word t was produced.
+
+    Args:
+        weights: tensor or array ``(T, S)`` (target length, source length).
+        src_tokens: S source tokens (x axis).
+        tgt_tokens: T target tokens (y axis).
+        path: ``.png`` or ``.svg`` file to write.
+        title: axes title.
+
+    Returns:
+        The Figure.
+
+    Example:
+        >>> import torch
+        >>> from attnkit.viz import alignment
+        >>> fig = alignment(torch.eye(2), ["a", "b"], ["x", "y"])
+        >>> fig.axes[0].get_xlabel(), fig.axes[0].get_ylabel()
+        ('source', 'target')
+    """
+    path = check_path(path)
+    w = as_weights(weights, "alignment", (2,), "(T, S) = (target length, source length)")
+    t_len, s_len = w.shape
+    src = check_labels(src_tokens, s_len, "alignment", "src_tokens")
+    tgt = check_labels(tgt_tokens, t_len, "alignment", "tgt_tokens")
+    if src is None or tgt is None:
+        raise ShapeError("alignment: src_tokens and tgt_tokens are required")
+    fig = heatmap(w, q_labels=tgt, k_labels=src, title=title)
+    ax = fig.axes[0]
+    ax.xaxis.tick_top()
+    ax.xaxis.set_label_position("top")
+    ax.set_xlabel("source")
+    ax.set_ylabel("target")
+    return finish(fig, path)

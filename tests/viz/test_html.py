@@ -1,0 +1,170 @@
+"""attnkit.viz.html_page: one self-contained, escaped page; rendered and checked in headless chromium."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnkit.errors import ArgumentError, ShapeError
+from attnkit.viz import html, html_page
+
+CHROMIUM = Path("/usr/bin/chromium")
+EVIL = "<script>alert(1)</script>"
+Q_TOKENS = ["the", EVIL, "sat", "<b>on</b>", "mat"]  # 5 queries
+K_TOKENS = ["le", "chat", "s'est", "assis", "sur", "&amp;", "tapis"]  # 7 keys
+
+
+def _maps():
+    g = torch.Generator().manual_seed(0)
+    return {
+        "enc.layer0": torch.softmax(torch.randn(3, 5, 7, generator=g), -1),
+        "enc.layer1": torch.softmax(4 * torch.randn(2, 3, 5, 7, generator=g), -1),  # (B, H, Lq, Lk): sample 0
+    }
+
+
+def _data(page: str) -> dict:
+    text = re.search(r'<script type="application/json" id="attnkit-data">(.*?)</script>', page, re.S).group(1)
+    return json.loads(text)
+
+
+class _Dom(HTMLParser):
+    """Attributes and text of elements by id, and every tag seen."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.attrs, self.text, self.tags, self._open = {}, {}, [], []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        attrs = dict(attrs)
+        if "id" in attrs:
+            self.attrs[attrs["id"]] = attrs
+        self._open.append(attrs.get("id") or tag)
+
+    def handle_endtag(self, tag):
+        if self._open:
+            self._open.pop()
+
+    def handle_data(self, data):
+        if self._open:
+            self.text[self._open[-1]] = self.text.get(self._open[-1], "") + data
+
+
+def _page(tmp_path) -> Path:
+    return html_page(_maps(), q_tokens=Q_TOKENS, k_tokens=K_TOKENS, title=f"maps </title>{EVIL}",
+                     path=tmp_path / "maps.html")
+
+
+def test_page_is_self_contained_and_holds_the_rounded_weights(tmp_path):
+    path = _page(tmp_path)
+    assert isinstance(path, Path) and path.exists()
+    page = path.read_text(encoding="utf-8")
+    assert not re.search(r"https?:|<link|\bsrc=|@import|url\(", page)  # nothing fetched from anywhere
+    data = _data(page)
+    assert [m["name"] for m in data["maps"]] == ["enc.layer0", "enc.layer1"]
+    first, second = data["maps"]
+    assert (first["lq"], first["lk"], len(first["w"]), second["batch"], len(second["w"])) == (5, 7, 3, 2, 3)
+    assert first["q"] == Q_TOKENS and first["k"] == K_TOKENS  # exact text after JSON decoding
+    maps = _maps()
+    torch.testing.assert_close(torch.tensor(first["w"][2]).view(5, 7), maps["enc.layer0"][2], rtol=5e-4, atol=0)
+    torch.testing.assert_close(torch.tensor(second["w"][1]).view(5, 7), maps["enc.layer1"][0, 1], rtol=5e-4, atol=0)
+
+
+def test_labels_and_title_are_escaped(tmp_path):
+    page = _page(tmp_path).read_text(encoding="utf-8")
+    assert EVIL not in page and "<b>on" not in page and "</title><script>" not in page
+    assert page.count("<script") == 2  # the data block and the page's own code
+    assert "<title>maps &lt;/title&gt;&lt;script&gt;alert(1)&lt;/script&gt;</title>" in page
+
+
+def test_nan_becomes_null_and_defaults_label_positions(tmp_path):
+    w = torch.rand(4, 6)
+    w[1, 2] = float("nan")
+    data = _data(html_page({"one head": w}, path=tmp_path / "p.htm").read_text())
+    (m,) = data["maps"]
+    assert m["w"][0][1 * 6 + 2] is None and sum(x is None for x in m["w"][0]) == 1
+    assert m["q"] == ["0", "1", "2", "3"] and m["k"] == [str(i) for i in range(6)]
+
+
+def test_tokens_per_map_name(tmp_path):
+    maps = {"self": torch.rand(1, 3, 3), "cross": torch.rand(1, 3, 4)}
+    path = html_page(maps, q_tokens=["a", "b", "c"], k_tokens={"cross": ["w", "x", "y", "z"]}, path=tmp_path / "p.html")
+    m_self, m_cross = _data(path.read_text())["maps"]
+    assert m_self["k"] == ["0", "1", "2"] and m_cross["k"] == ["w", "x", "y", "z"]
+
+
+def test_html_page_rejects_bad_input(tmp_path, monkeypatch):
+    with pytest.raises(ArgumentError, match=r"\.html"):
+        html_page(_maps(), path=tmp_path / "maps.png")
+    with pytest.raises(ShapeError, match=r"q_tokens has 2 tokens but maps\['enc.layer0'\] has 5"):
+        html_page(_maps(), q_tokens=["a", "b"], path=tmp_path / "maps.html")
+    with pytest.raises(ShapeError, match=r"\(Lq, Lk\), \(H, Lq, Lk\) or \(B, H, Lq, Lk\)"):
+        html_page({"x": torch.rand(1, 1, 1, 2, 2)}, path=tmp_path / "maps.html")
+    with pytest.raises(ArgumentError, match="non-empty mapping"):
+        html_page({}, path=tmp_path / "maps.html")
+    with pytest.raises(TypeError):
+        html_page(_maps())  # path is required
+    monkeypatch.setattr(html, "_LARGE", 10)
+    with pytest.warns(UserWarning, match="large page"):
+        html_page(_maps(), path=tmp_path / "maps.html")
+
+
+# ------------------------------------------------------------------ in a real browser
+needs_chromium = pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium is not installed")
+
+
+def _chromium(tmp_path, url: str, *extra: str) -> str:
+    cmd = [str(CHROMIUM), "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+           f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars", *extra, url]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def _row_entropy(row: list[float]) -> float:
+    total = sum(row)
+    return -sum(x / total * math.log(x / total) for x in row if x > 0)
+
+
+@needs_chromium
+def test_browser_draws_the_selected_map(tmp_path):
+    path, maps = _page(tmp_path), _maps()
+    data = _data(path.read_text())
+    default = _Dom(_chromium(tmp_path, path.as_uri(), "--dump-dom"))
+    info = default.attrs["render-info"]
+    assert (info["data-layer"], info["data-head"], info["data-cells"], info["data-nonfinite"]) == ("0", "0", "35", "0")
+    assert float(info["data-checksum"]) == pytest.approx(maps["enc.layer0"][0].sum().item(), rel=1e-3)
+    assert default.text["h1"] == f"maps </title>{EVIL}"  # the title is shown as text
+    assert default.tags.count("script") == 2 and "b" not in default.tags  # no label became markup
+    # A URL hash picks layer 1, head 2 and pins the cell (query 1, key 4): what is drawn changes.
+    picked = _Dom(_chromium(tmp_path, path.as_uri() + "#layer=1&head=2&q=1&k=4", "--dump-dom"))
+    info = picked.attrs["render-info"]
+    assert (info["data-layer"], info["data-head"], info["data-cells"]) == ("1", "2", "35")
+    assert float(info["data-checksum"]) == pytest.approx(maps["enc.layer1"][0, 2].sum().item(), rel=1e-3)
+    assert float(info["data-checksum"]) != float(default.attrs["render-info"]["data-checksum"])
+    assert picked.text["hover"].startswith(f"query 1 “{EVIL}” → key 4 “sur”: weight ")
+    row = data["maps"][1]["w"][2][7:14]
+    entropy = float(re.search(r"entropy ([0-9.]+) nats", picked.text["stats"]).group(1))
+    assert entropy == pytest.approx(_row_entropy(row), abs=2e-4)
+
+
+@needs_chromium
+def test_browser_screenshot_is_not_blank(tmp_path):
+    image_mod = pytest.importorskip("matplotlib.image")
+    path = _page(tmp_path)
+    shot = tmp_path / "shot.png"
+    _chromium(tmp_path, path.as_uri() + "#layer=enc.layer1&head=1", f"--screenshot={shot}", "--window-size=800,500")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pixels = image_mod.imread(shot)[..., :3]
+    assert pixels.var() > 0
+    # The largest weight is drawn in viridis' last colour (253, 231, 37).
+    yellow = (abs(pixels * 255 - torch.tensor([253, 231, 37]).numpy()) < 4).all(-1)
+    assert yellow.sum() >= 100  # at least one whole cell (28 x 28 px for a 5 x 7 map)

@@ -1,0 +1,173 @@
+"""attnkit.viz maps: heatmap, head_grid, alignment, save: files, labels, drawn values, colour scales, errors."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("matplotlib")
+
+from attnkit.errors import ArgumentError, DTypeError, ShapeError
+from attnkit.viz import alignment, head_grid, heatmap, save
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+Q_TOKENS = ["the", "cat", "sat", "on", "mat"]  # 5 queries
+K_TOKENS = ["le", "chat", "s'est", "assis", "sur", "le", "tapis"]  # 7 keys
+
+
+def _weights(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.softmax(torch.randn(*shape, generator=g, dtype=torch.float64) * 2, -1)
+
+
+def _ticks(labels):
+    return [t.get_text() for t in labels]
+
+
+def test_heatmap_writes_a_png_and_an_svg_chosen_by_suffix(tmp_path):
+    w = _weights(5, 7)
+    heatmap(w, path=tmp_path / "map.png")
+    heatmap(w, path=tmp_path / "sub" / "map.SVG")  # parents created, suffix case-insensitive
+    assert (tmp_path / "map.png").read_bytes()[:8] == PNG_MAGIC
+    root = ET.parse(tmp_path / "sub" / "map.SVG").getroot()
+    assert root.tag.endswith("svg")
+
+
+def test_heatmap_carries_token_labels_on_the_right_axes_and_draws_the_weights():
+    w = _weights(5, 7)
+    fig = heatmap(w, q_labels=Q_TOKENS, k_labels=K_TOKENS, title="layer 0")
+    ax = fig.axes[0]
+    assert _ticks(ax.get_xticklabels()) == K_TOKENS
+    assert _ticks(ax.get_yticklabels()) == Q_TOKENS
+    assert ax.get_title() == "layer 0"
+    image = ax.images[0]
+    np.testing.assert_array_equal(np.asarray(image.get_array()), w.numpy())  # (Lq, Lk): queries down
+    assert image.get_clim() == (0.0, pytest.approx(w.max().item()))
+    assert image.get_cmap().name.startswith("viridis")
+    assert len(fig.axes) == 2  # the map and its colour bar
+
+
+def test_heatmap_uses_a_symmetric_diverging_scale_for_negative_scores():
+    scores = torch.tensor([[-2.0, 1.0, 0.5], [0.0, 3.0, -1.0]])
+    image = heatmap(scores).axes[0].images[0]
+    assert image.get_clim() == (-3.0, 3.0)
+    assert not image.get_cmap().name.startswith("viridis")
+
+
+def test_heatmap_draws_nan_as_a_masked_cell_instead_of_failing(tmp_path):
+    w = _weights(5, 7)
+    w[2, 3] = float("nan")
+    w[4, 0] = float("inf")
+    fig = heatmap(w, path=tmp_path / "nan.png")
+    array = fig.axes[0].images[0].get_array()
+    assert array.mask[2, 3] and array.mask[4, 0] and array.mask.sum() == 2
+    assert fig.axes[0].images[0].get_clim()[1] == pytest.approx(w[torch.isfinite(w)].max().item())
+
+
+def test_heatmap_shows_dollar_signs_literally_not_as_mathtext(tmp_path):
+    # Unescaped, "$\\frac{$" is broken mathtext and saving would raise.
+    fig = heatmap(_weights(2, 3), q_labels=["$\\frac{$", "b"], k_labels=["$x$", "y", "z"], path=tmp_path / "m.png")
+    assert _ticks(fig.axes[0].get_xticklabels())[0] == r"\$x\$"
+
+
+def test_heatmap_thins_long_label_lists_but_keeps_the_first():
+    tokens = [f"t{i}" for i in range(200)]
+    fig = heatmap(_weights(3, 200), k_labels=tokens)
+    shown = _ticks(fig.axes[0].get_xticklabels())
+    assert shown[0] == "t0" and 10 < len(shown) <= 64
+    assert set(shown) <= set(tokens)
+
+
+def test_heatmap_accepts_numpy_and_low_precision_tensors():
+    w = _weights(5, 7)
+    fig = heatmap(w.numpy())
+    np.testing.assert_allclose(np.asarray(fig.axes[0].images[0].get_array()), w.numpy())
+    fig = heatmap(w.to(torch.bfloat16))
+    np.testing.assert_allclose(np.asarray(fig.axes[0].images[0].get_array()), w.to(torch.bfloat16).double().numpy())
+
+
+def test_heatmap_draws_into_a_given_axes_and_pyplot_holds_no_figure(tmp_path):
+    import matplotlib.pyplot as plt
+
+    before = plt.get_fignums()
+    fig = heatmap(_weights(5, 7), path=tmp_path / "a.png")
+    head_grid({"l": _weights(3, 5, 7)})
+    assert plt.get_fignums() == before
+    ax = fig.add_axes((0.0, 0.0, 0.1, 0.1))
+    assert heatmap(_weights(2, 2), ax=ax) is fig and len(ax.images) == 1
+
+
+@pytest.mark.parametrize(("weights", "error", "words"), [
+    (torch.rand(2, 5, 7), ShapeError, "(Lq, Lk)"),
+    (torch.rand(7), ShapeError, "(Lq, Lk)"),
+    (torch.rand(0, 7), ShapeError, "nothing to draw"),
+    (torch.rand(5, 7, dtype=torch.complex64), DTypeError, "real"),
+    ("weights", DTypeError, "tensor"),
+])
+def test_heatmap_rejects_bad_weights(weights, error, words):
+    with pytest.raises(error) as info:
+        heatmap(weights)
+    assert words in str(info.value)
+
+
+def test_heatmap_rejects_label_counts_and_unknown_suffixes(tmp_path):
+    with pytest.raises(ShapeError, match="k_labels must have one label per position \\(7\\); got 5"):
+        heatmap(_weights(5, 7), k_labels=Q_TOKENS)
+    with pytest.raises(ArgumentError, match=r"\.png, \.svg"):
+        heatmap(_weights(5, 7), path=tmp_path / "map.jpg")
+    assert not (tmp_path / "map.jpg").exists()
+    with pytest.raises(ArgumentError, match="path"):
+        save(heatmap(_weights(2, 2)), tmp_path / "x.pdf")
+
+
+def test_head_grid_has_one_row_per_layer_one_column_per_head_and_a_shared_scale_per_row(tmp_path):
+    maps = {"layer 0": _weights(3, 5, 7, seed=1), "layer 1": _weights(2, 5, 7, seed=2) * 0.5}
+    fig = head_grid(maps, path=tmp_path / "grid.png", title="heads")
+    assert (tmp_path / "grid.png").read_bytes()[:8] == PNG_MAGIC
+    heads = [ax for ax in fig.axes if ax.get_label() == "head"]
+    assert len(heads) == 5
+    drawn = [np.asarray(ax.images[0].get_array()) for ax in heads]
+    expected = [maps["layer 0"][h].numpy() for h in range(3)] + [maps["layer 1"][h].numpy() for h in range(2)]
+    for got, want in zip(drawn, expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+    clims = [ax.images[0].get_clim() for ax in heads]
+    assert clims[0] == clims[1] == clims[2] == (0.0, pytest.approx(maps["layer 0"].max().item()))
+    assert clims[3] == clims[4] == (0.0, pytest.approx(maps["layer 1"].max().item()))
+    assert [ax.get_ylabel() for ax in heads if ax.get_ylabel()] == ["layer 0", "layer 1"]
+
+
+def test_head_grid_takes_one_head_maps_sample_zero_and_max_heads():
+    batch = _weights(2, 4, 5, 7)
+    fig = head_grid({"one": _weights(5, 7), "batched": batch}, max_heads=2)
+    heads = [ax for ax in fig.axes if ax.get_label() == "head"]
+    assert len(heads) == 3  # 1 + min(4, 2)
+    np.testing.assert_array_equal(np.asarray(heads[2].images[0].get_array()), batch[0, 1].numpy())
+    assert "first 2 of 4 heads" in fig.get_suptitle()
+
+
+def test_head_grid_rejects_bad_input():
+    with pytest.raises(ArgumentError, match="non-empty mapping"):
+        head_grid({})
+    with pytest.raises(ShapeError, match="maps\\['x'\\]"):
+        head_grid({"x": torch.rand(1, 2, 3, 4, 5)})
+    with pytest.raises(ArgumentError, match="max_heads"):
+        head_grid({"x": torch.rand(2, 3, 4)}, max_heads=0)
+
+
+def test_alignment_puts_source_tokens_on_x_top_and_target_tokens_on_y(tmp_path):
+    src, tgt = K_TOKENS, Q_TOKENS
+    w = _weights(5, 7)  # (T, S)
+    fig = alignment(w, src, tgt, path=tmp_path / "align.svg", title="fr-en")
+    ET.parse(tmp_path / "align.svg")
+    ax = fig.axes[0]
+    assert _ticks(ax.get_xticklabels()) == src and _ticks(ax.get_yticklabels()) == tgt
+    assert ax.xaxis.get_ticks_position() == "top"
+    np.testing.assert_array_equal(np.asarray(ax.images[0].get_array()), w.numpy())
+
+
+def test_alignment_rejects_token_lists_of_the_wrong_length():
+    with pytest.raises(ShapeError, match=r"src_tokens .* \(7\); got 5"):
+        alignment(_weights(5, 7), Q_TOKENS, Q_TOKENS)
