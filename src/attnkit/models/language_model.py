@@ -1,0 +1,107 @@
+"""A decoder-only Transformer language model (or, with causal=False, a bidirectional token model)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import ArgumentError
+from .stacks import TransformerDecoder, TransformerEncoder
+from .tokens import TokenEmbedding, check_generate, check_tokens, decode, output_head
+
+__all__ = ["TransformerLM"]
+
+
+class TransformerLM(nn.Module):
+    """Decoder-only Transformer over token ids: next-token logits, KV-cached generation, any attention.
+
+    Radford et al. 2018 ("Improving Language Understanding by Generative Pre-Training", OpenAI) on
+    the decoder of Vaswani et al. 2017, arXiv:1706.03762, Sec. 3.1 without cross-attention::
+
+        h_0 = E[tokens] sqrt(d) + PE;   h_l = DecoderLayer(h_{l-1}) (causal);   logits = h_L W_out
+
+    so ``logits[:, i]`` depends on ``tokens[:, :i + 1]`` only and predicts ``tokens[:, i + 1]``.
+    ``causal=False`` builds a :class:`TransformerEncoder` instead: a bidirectional per-token model
+    (tagging, masked-token prediction; Devlin et al. 2019) with no :meth:`generate`.
+
+    Notation: ``E`` = ``embed.embed``, ``W_out`` = ``head`` (``E^T`` when tied), ``d`` = ``dim``.
+
+    Differences from the paper: positional encodings and attention are selectable (see
+    :class:`TransformerEncoder`); post-norm by default (GPT-2 uses pre-norm: ``norm_first=True``).
+
+    Shapes: ``tokens`` ``(B, n)`` int ids, ``key_keep_mask`` ``(B, n)`` bool (True = real token)
+    -> logits ``(B, n, vocab_size)``.
+
+    Complexity: softmax attention ``O(L B n^2 dim + L B n dim ff_dim)`` for ``L`` layers; each cached
+    generation step ``O(L B n dim)`` plus the projections.
+
+    Args:
+        vocab_size: vocabulary. dim, num_heads, num_layers: width, heads, depth. causal: decoder-only
+        (True) or bidirectional. ff_dim, dropout, activation, norm_first: as :class:`TransformerEncoder`.
+        positional: "sinusoidal", "learned", "rotary" or None. attention, attention_mask: see
+        :class:`TransformerEncoder`. max_len: longest sequence (learned positions, linformer,
+        lambda-layer). tie_embeddings: ``W_out = E^T`` (Press & Wolf 2017).
+
+    Example:
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
+        >>> lm = TransformerLM(17, dim=12, num_heads=3, positional="rotary").eval()
+        >>> tokens = torch.randint(0, 17, (2, 5))
+        >>> lm(tokens).shape
+        torch.Size([2, 5, 17])
+        >>> a, la = lm.generate(tokens, 6, return_logits=True)
+        >>> b, lb = lm.generate(tokens, 6, use_cache=False, return_logits=True)
+        >>> a.shape, bool(torch.equal(a, b)), torch.allclose(la, lb, atol=1e-5)
+        (torch.Size([2, 11]), True, True)
+    """
+
+    def __init__(self, vocab_size: int, *, dim: int = 64, num_heads: int = 4, num_layers: int = 2,
+                 causal: bool = True, ff_dim: int | None = None, dropout: float = 0.1, activation: str = "relu",
+                 norm_first: bool = False, positional: str | None = "sinusoidal", attention="softmax",
+                 attention_mask=None, max_len: int | None = 256, tie_embeddings: bool = False):
+        super().__init__()
+        self.embed = TokenEmbedding("TransformerLM", vocab_size, dim, positional=positional, max_len=max_len,
+                                    dropout=dropout)
+        self.vocab_size, self.max_len, self.causal = vocab_size, max_len, bool(causal)
+        common = {"ff_dim": ff_dim, "dropout": dropout, "activation": activation, "norm_first": norm_first,
+                  "attention": attention, "attention_mask": attention_mask, "rotary": positional == "rotary",
+                  "max_len": max_len}
+        self.body = (TransformerDecoder(dim, num_heads, num_layers, cross=False, **common) if causal
+                     else TransformerEncoder(dim, num_heads, num_layers, **common))
+        self.head = output_head(self.embed, vocab_size, tie_embeddings)
+
+    def forward(self, tokens: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None, caches=None) -> torch.Tensor:
+        """Logits ``(B, n, vocab_size)``; ``caches`` (from ``body.new_caches``) continue earlier calls."""
+        check_tokens("TransformerLM", "tokens", tokens, self.vocab_size)
+        if caches is not None and not self.causal:
+            raise ArgumentError("TransformerLM: caches need causal=True")
+        x = self.embed(tokens, offset=len(caches[0]) if caches else 0)
+        if self.causal:
+            return self.head(self.body(x, key_keep_mask=key_keep_mask, caches=caches))
+        return self.head(self.body(x, key_keep_mask=key_keep_mask))
+
+    @torch.no_grad()
+    def generate(self, prefix: torch.Tensor, max_new_tokens: int, *, eos: int | None = None,
+                 temperature: float = 0.0, generator: torch.Generator | None = None, use_cache: bool | None = None,
+                 return_logits: bool = False):
+        """Continue ``prefix`` ``(B, t)`` (unpadded) by up to ``max_new_tokens`` tokens.
+
+        As :meth:`Transformer.generate`: greedy or sampled with ``generator``, ``eos`` padding and early
+        stop, a KV cache by default with softmax attention (``use_cache=False`` recomputes the whole
+        sequence each step, the same tokens and logits). Returns tokens ``(B, t + k)`` and, with
+        ``return_logits``, the logits ``(B, k, vocab_size)`` each token was chosen from.
+        """
+        who = "TransformerLM.generate"
+        if not self.causal:
+            raise ArgumentError(f"{who}: generation needs a causal model; this one was built with causal=False")
+        check_generate(who, prefix, max_new_tokens, self.vocab_size, eos=eos, temperature=temperature,
+                       generator=generator, max_len=self.max_len if self.embed.positional == "learned" else None)
+        cached = self.body.cacheable if use_cache is None else bool(use_cache)
+        caches = self.body.new_caches(prefix.shape[0], prefix.shape[1] + max_new_tokens) if cached else None
+
+        def step(new, tokens):
+            return self(new if cached else tokens, caches=caches)[:, -1]
+
+        tokens, logits = decode(step, prefix, max_new_tokens, vocab_size=self.vocab_size, eos=eos,
+                                temperature=temperature, generator=generator)
+        return (tokens, logits) if return_logits else tokens

@@ -1,0 +1,212 @@
+"""The ``attention=`` argument of the models: softmax multi-head attention or any attnkit self-attention module.
+
+:func:`self_attention_maker` turns ``"softmax"``, a registry name or a factory into a
+function that builds one self-attention module per layer; :func:`self_attend` calls a
+built module with the key padding and KV cache it can use.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from .. import masks
+from ..errors import ArgumentError, DTypeError, ShapeError
+from ..nn.bigbird import BigBirdAttention
+from ..nn.blocksparse import BlockSparseAttention
+from ..nn.kv_cache import KVCache
+from ..nn.lambda_layer import LambdaLayer
+from ..nn.linear import LinearAttention, PerformerAttention
+from ..nn.linformer import LinformerAttention
+from ..nn.local import LocalAttention
+from ..nn.longformer import LongformerAttention
+from ..nn.multihead import MultiHeadAttention
+from ..nn.reformer import ReformerAttention
+from ..nn.rotary import RotaryEmbedding
+from ..nn.sparse_transformer import SparseTransformerAttention
+
+__all__ = ["SoftmaxSelfAttention", "MECHANISMS", "self_attention_maker", "self_attend"]
+
+
+class _ShiftedRows(masks.Mask):
+    """``inner`` evaluated for the last ``q_len`` rows of a square ``total x total`` problem (decoding steps)."""
+
+    def __init__(self, inner: masks.Mask, total: int):
+        self.inner, self.total = inner, total
+        self.uses = inner.uses | {"q", "kv"}
+        self.batch_size, self.num_heads = inner.batch_size, inner.num_heads
+
+    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
+        return self.inner.allows(b, h, q_idx + (self.total - q_len), kv_idx, self.total, self.total)
+
+    def __repr__(self):
+        return f"rows_of({self.inner!r}, total={self.total})"
+
+
+class SoftmaxSelfAttention(MultiHeadAttention):
+    """Multi-head softmax self-attention with an optional attnkit mask, rotary positions and a KV cache.
+
+    Vaswani et al. 2017, arXiv:1706.03762, Sec. 3.2.2: ``MultiHead(X) = Concat(head_1..h) W^O``,
+    ``head_i = softmax(X W_i^Q (X W_i^K)^T / sqrt(d_k)) X W_i^V`` (eq. 1), the keys restricted to
+    ``causal & mask & key_keep_mask``. A :class:`MultiHeadAttention` (batch first; state_dict keys
+    ``in_proj_weight``, ``in_proj_bias``, ``out_proj.*``, as torch's) whose ``forward`` takes one input.
+
+    Decoding: with a :class:`KVCache` the new positions' keys/values are appended and attended with
+    bottom-right causal alignment (as :meth:`MultiHeadAttention.forward_step`), ``mask`` evaluated at
+    the absolute positions ``len(cache) ..``, rotary angles at those positions (Su et al. 2021,
+    arXiv:2104.09864, eq. 34), so prefill + steps equal one full pass.
+
+    Differences from the paper: none (rotary is the RoFormer extension).
+
+    Shapes: ``x`` ``(B, t, dim)``, ``key_keep_mask`` ``(B, n)`` bool over every key (True = real token;
+    ``n = t`` without cache, ``len(cache) + t`` with) -> ``(B, t, dim)``.
+
+    Complexity: ``O(B t n dim + B t dim^2)``.
+
+    Args:
+        dim: model width. num_heads: heads (``dim % num_heads == 0``). dropout: on the weights, training only.
+        causal: query ``i`` sees keys ``j <= i``. mask: an :mod:`attnkit.masks` mask ANDed in.
+        rotary: rotate queries and keys by position (RoPE) before the scores.
+
+    Example:
+        >>> import torch
+        >>> from attnkit import masks
+        >>> _ = torch.manual_seed(0)
+        >>> attn = SoftmaxSelfAttention(12, 3, causal=True, mask=masks.sliding_window(2, 0), rotary=True)
+        >>> x = torch.randn(2, 5, 12)
+        >>> full = attn(x)
+        >>> cache = attn.new_cache(2, 5)
+        >>> steps = [attn(x[:, :3], cache=cache), attn(x[:, 3:4], cache=cache), attn(x[:, 4:], cache=cache)]
+        >>> torch.allclose(torch.cat(steps, 1), full, atol=1e-6)
+        True
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0, causal: bool = False,
+                 mask: masks.Mask | None = None, rotary: bool = False):
+        super().__init__(dim, num_heads, dropout, batch_first=True)
+        if mask is not None and not isinstance(mask, masks.Mask):
+            raise DTypeError(f"SoftmaxSelfAttention: mask must be an attnkit.masks.Mask (a bool tensor: wrap it in "
+                             f"masks.TensorMask); got {type(mask).__name__}")
+        self.causal, self.pattern = bool(causal), mask
+        self.rotary = RotaryEmbedding(self.head_dim) if rotary else None
+
+    def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
+        if cache is not None and not isinstance(cache, KVCache):
+            raise DTypeError(f"SoftmaxSelfAttention: cache must be a KVCache; got {type(cache).__name__}")
+        start = 0 if cache is None else len(cache)
+        q, k, v = self._project(x, x, x)  # (B, H, t, d) each
+        if self.rotary is not None:
+            q, k = self.rotary(q, k, q_offset=start, k_offset=start)
+        if cache is not None:
+            k, v = cache.append(k, v)  # (B, H, n, d)
+        mask = self._mask(q.shape[2], k.shape[2], key_keep_mask)
+        return self._attend(q, k, v, mask, None, False, True, True)[0]
+
+    def _mask(self, t: int, n: int, keep):
+        parts = [masks.causal()] if self.causal else []
+        if self.pattern is not None:
+            parts.append(self.pattern if t == n else _ShiftedRows(self.pattern, n))
+        if keep is not None:
+            parts.append(masks.keys(keep))
+        return functools.reduce(lambda a, b: a & b, parts) if parts else None
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, causal={self.causal}, mask={self.pattern!r}, rotary={self.rotary is not None}"
+
+
+# name -> (builder(dim, num_heads, causal, max_len), has a causal form). Defaults suit sequences of ~16-512.
+MECHANISMS: dict[str, tuple[Callable[..., nn.Module], bool]] = {
+    "linear-attention": (lambda d, h, c, n: LinearAttention(d, h, causal=c), True),
+    "performer": (lambda d, h, c, n: PerformerAttention(d, h, causal=c), True),
+    "local": (lambda d, h, c, n: LocalAttention(d, h, 8, causal=c), True),
+    "sparse-transformer": (lambda d, h, c, n: SparseTransformerAttention(d, h, "strided", stride=8, causal=c), True),
+    "block-sparse": (lambda d, h, c, n: BlockSparseAttention(
+        d, h, masks.fixed(8, 1) & masks.causal() if c else masks.fixed(8, 1)), True),
+    "reformer": (lambda d, h, c, n: ReformerAttention(d, h, n_buckets=4, n_hashes=2, chunk_size=16, causal=c), True),
+    "longformer": (lambda d, h, c, n: LongformerAttention(d, h, window=16), False),
+    "bigbird": (lambda d, h, c, n: BigBirdAttention(d, h, block_size=8, window_blocks=3, global_blocks=1,
+                                                    random_blocks=1), False),
+    "linformer": (lambda d, h, c, n: LinformerAttention(d, h, max_len=n, k_proj_dim=max(1, n // 4)), False),
+    "lambda-layer": (lambda d, h, c, n: LambdaLayer(d, num_heads=h, max_len=n), False),
+}
+SOFTMAX = ("softmax", "multi-head")
+
+
+def _valid_names() -> str:
+    return ", ".join(repr(n) for n in (*SOFTMAX, *MECHANISMS))
+
+
+def self_attention_maker(who: str, attention, dim: int, num_heads: int, *, causal: bool, dropout: float = 0.0,
+                         mask: masks.Mask | None = None, rotary: bool = False,
+                         max_len: int | None = None) -> Callable[[], nn.Module]:
+    """Validate ``attention`` once and return a function building one self-attention module per layer."""
+    if isinstance(attention, str):
+        if attention in SOFTMAX:
+            return lambda: SoftmaxSelfAttention(dim, num_heads, dropout=dropout, causal=causal, mask=mask,
+                                                rotary=rotary)
+        if attention not in MECHANISMS:
+            raise ArgumentError(f"{who}: unknown attention {attention!r}; expected one of {_valid_names()} "
+                                "or a factory (dim, num_heads) -> nn.Module")
+        build, has_causal = MECHANISMS[attention]
+        if causal and not has_causal:
+            causal_names = ", ".join(repr(n) for n, (_, c) in MECHANISMS.items() if c)
+            raise ArgumentError(f"{who}: attention {attention!r} has no causal form, so it cannot be used for "
+                                f"causal self-attention; causal ones: 'softmax', {causal_names}")
+        if attention in ("linformer", "lambda-layer") and max_len is None:
+            raise ArgumentError(f"{who}: attention {attention!r} needs max_len (the longest input); got None")
+        _check_plain(who, attention, mask, rotary)
+        return lambda: build(dim, num_heads, causal, max_len)
+    if not callable(attention):
+        raise DTypeError(f"{who}: attention must be a name ({_valid_names()}) or a factory (dim, num_heads) -> "
+                         f"nn.Module; got {type(attention).__name__}")
+    _check_plain(who, "a factory", mask, rotary)
+    return functools.partial(_from_factory, who, attention, dim, num_heads, causal)
+
+
+def _check_plain(who: str, what: str, mask, rotary: bool) -> None:
+    if mask is not None:
+        raise ArgumentError(f"{who}: attention_mask applies to attention='softmax' only; got it with {what}")
+    if rotary:
+        raise ArgumentError(f"{who}: rotary positions apply to attention='softmax' only; got positional='rotary' "
+                            f"with {what} (use 'sinusoidal', 'learned' or None)")
+
+
+def _accepts(fn, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _from_factory(who: str, factory, dim: int, num_heads: int, causal: bool) -> nn.Module:
+    module = factory(dim, num_heads, causal=True) if causal and _accepts(factory, "causal") else factory(dim, num_heads)
+    if not isinstance(module, nn.Module):
+        raise DTypeError(f"{who}: the attention factory must return an nn.Module; got {type(module).__name__}")
+    return module
+
+
+def self_attend(module: nn.Module, x: torch.Tensor, key_keep_mask=None, cache=None) -> torch.Tensor:
+    """``module(x)`` with the key padding and KV cache it can take; ``(B, t, dim) -> (B, t, dim)``."""
+    name = type(module).__name__
+    if isinstance(module, SoftmaxSelfAttention):
+        return module(x, key_keep_mask=key_keep_mask, cache=cache)
+    if cache is not None:
+        raise ArgumentError(f"{name}: a KV cache needs attention='softmax'; decode without a cache (use_cache=False)")
+    if key_keep_mask is not None and not bool(key_keep_mask.all()):
+        if not _accepts(module.forward, "key_keep_mask"):
+            raise ArgumentError(f"{name} takes no key_keep_mask, so padded inputs cannot be masked; use an "
+                                "attention that does (softmax, linear-attention, performer, linformer, reformer) "
+                                "or unpadded batches")
+        out = module(x, key_keep_mask=key_keep_mask)
+    else:
+        out = module(x)
+    if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ShapeError(f"{name}: self-attention must map (batch, n, dim) = {tuple(x.shape)} to the same shape; "
+                         f"got {got}")
+    return out
