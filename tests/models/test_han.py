@@ -82,6 +82,11 @@ def test_document_without_sentences_is_the_classifier_bias():
     out = m(IDS, sentence_lengths=torch.tensor([3, 0]))
     torch.testing.assert_close(out.logits[1], m.classifier.bias, rtol=0, atol=0)
     assert out.sentence_weights[1].eq(0).all() and out.word_weights[1].eq(0).all()
+    empty = m(IDS[:, :0])  # no sentence slot at all: the same v = 0 (was a reshape RuntimeError)
+    torch.testing.assert_close(empty.logits, m.classifier.bias.expand(2, -1), rtol=0, atol=0)
+    assert empty.sentence_weights.shape == (2, 0) and empty.word_weights.shape == (2, 0, IDS.shape[2])
+    none = m(IDS[:0])  # an empty batch
+    assert none.logits.shape == (0, C) and none.word_weights.shape == (0, *IDS.shape[1:])
 
 
 def test_overfits_a_single_batch():
@@ -113,8 +118,10 @@ def test_bad_arguments_raise_attnkit_errors():
         m(IDS, word_mask=(IDS != PAD)[:, :, :3])
     with pytest.raises(ArgumentError, match="sentence_lengths"):
         m(IDS, sentence_lengths=torch.tensor([4, 1]))
-    with pytest.raises(ShapeError, match="sentence_lengths"):
+    with pytest.raises(DTypeError, match=r"sentence_lengths.*float32"):  # the dtype is wrong, not the shape
         m(IDS, sentence_lengths=torch.tensor([1.0, 2.0]))
+    with pytest.raises(ShapeError, match=r"sentence_lengths must have shape \(batch,\) = \(2,\)"):
+        m(IDS, sentence_lengths=torch.tensor([1, 2, 1]))
     with pytest.raises(ArgumentError, match="padding_idx"):
         HierarchicalAttentionNetwork(VOCAB, C, padding_idx=VOCAB)
     with pytest.raises(ArgumentError, match="left-aligned"):

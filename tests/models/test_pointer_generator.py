@@ -157,3 +157,18 @@ def test_bad_arguments_raise_attnkit_errors():
         m(SRC.float(), TGT_IN, num_oov=OOV)
     with pytest.raises(ArgumentError, match="unk_id"):
         PointerGenerator(V, unk_id=V)
+
+
+def test_extended_ids_must_match_the_source():
+    """``src_ext_ids`` names the same source words as ``src`` (OOVs on UNK); a mismatch used to be used silently,
+    copying a word the encoder never read."""
+    m = _model(True)
+    for b, i, value in ((0, 0, 5), (0, 0, V), (1, 3, 6)):  # another in-vocab word; an OOV id over a real word
+        ext = EXT.clone()
+        ext[b, i] = value
+        with pytest.raises(ArgumentError, match=rf"src\[{b}, {i}\] = {int(SRC[b, i])}, src_ext_ids\[{b}, {i}\]"):
+            m(SRC, TGT_IN, src_lengths=LENGTHS, src_ext_ids=ext, num_oov=OOV)
+    padded = EXT.clone()
+    padded[1, 5] = V + 1  # beyond sample 1's length: not a source word, not checked
+    torch.testing.assert_close(m(SRC, TGT_IN, src_lengths=LENGTHS, src_ext_ids=padded, num_oov=OOV).log_probs,
+                               m(SRC, TGT_IN, src_lengths=LENGTHS, src_ext_ids=EXT, num_oov=OOV).log_probs)

@@ -14,6 +14,7 @@ from attnkit.errors import ArgumentError, DTypeError, ShapeError
 from attnkit.models import Transformer, TransformerDecoder, TransformerEncoder, TransformerLM
 from attnkit.models.self_attention import MECHANISMS, SoftmaxSelfAttention
 from attnkit.nn import LocalAttention
+from attnkit.nn.multihead import MultiHeadAttention
 
 B, N, M, DIM, H, FF, V = 2, 5, 7, 12, 3, 20, 11  # distinct sizes; head width 4
 
@@ -404,3 +405,25 @@ def test_dropout_only_in_training_and_state_dict_round_trip():
     clone = TransformerLM(V, dim=DIM, num_heads=H, dropout=0.5, tie_embeddings=True).eval()
     clone.load_state_dict(lm.state_dict())
     assert torch.equal(clone(tokens), lm(tokens))
+
+
+def test_softmax_self_attention_is_multi_head_attention_exactly():
+    """SoftmaxSelfAttention calls MultiHeadAttention's private _project/_attend: pin that it stays the same
+    function (same state_dict keys, bitwise the same output), that the pair handles grouped-query heads, and
+    that the weight dropout runs in training only."""
+    pattern = masks.sliding_window(2, 0)
+    sa = randomize(SoftmaxSelfAttention(DIM, H, causal=True, mask=pattern, dropout=0.5)).eval()
+    mha = MultiHeadAttention(DIM, H, 0.5, batch_first=True).eval()
+    assert list(sa.state_dict()) == list(mha.state_dict())  # torch's keys: checkpoints load both ways
+    mha.load_state_dict(sa.state_dict())
+    x, keep = features(B, N, DIM), torch.tensor([[True] * N, [True] * 3 + [False] * (N - 3)])
+    want = mha(x, x, x, need_weights=False, mask=masks.causal() & pattern & masks.keys(keep))[0]
+    assert torch.equal(sa(x, key_keep_mask=keep), want)
+    gqa = randomize(MultiHeadAttention(DIM, H, batch_first=True, num_kv_heads=1)).eval()
+    q, k, v = gqa._project(x, x, x)
+    assert q.shape == (B, H, N, DIM // H) and k.shape == v.shape == (B, 1, N, DIM // H)
+    out = gqa._attend(q, k, v, masks.causal(), None, False, True, True)[0]
+    assert torch.equal(out, gqa(x, x, x, need_weights=False, is_causal=True)[0])
+    assert torch.equal(sa(x), sa(x))
+    sa.train()
+    assert not torch.equal(sa(x), sa(x))

@@ -184,3 +184,19 @@ def test_tasks_are_frozen_and_compare_by_sizes():
     assert task == tasks.get("mqar", gap=3) and task != tasks.get("mqar", gap=4)
     with pytest.raises(AttributeError):
         task.gap = 5
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if tasks.get(n).kind == "tokens"])
+def test_inputs_show_later_answers_exactly_when_the_task_needs_a_causal_model(name):
+    """A next-token task shows ``targets[:, t]`` at ``inputs[:, t + 1]``: flagged, so that no bidirectional
+    model is trained on it; every other token task keeps its answers out of the following inputs."""
+    task, batch = _sample(name, n=64)
+    x, y = batch["inputs"], batch["targets"]
+    shares = []
+    for k in (1, 2, 3):
+        scored = y[:, :-k] != IGNORE_INDEX
+        shares.append((x[:, k:] == y[:, :-k])[scored].double().mean().item())
+    if task.needs_causal_model:
+        assert shares[0] == 1.0
+    else:
+        assert max(shares) < 0.5, shares

@@ -43,6 +43,14 @@ def _cross(o, a, b):
     ([(0, 0), (2, 0), (1, 0), (1, 1), (0.5, 0.5), (1.5, 0.5), (0.9, 0.2)], [0, 1, 3]),
     # a pentagon, shuffled, lowest index not the leftmost point
     ([(2, 1), (0, 1), (1, 2), (1, 0), (1, 1), (0.2, 0.3)], [0, 2, 1, 5, 3]),
+    # duplicates: one vertex per distinct point, named by its lowest index
+    ([(0, 0), (0, 0), (0, 0)], [0]),
+    ([(1, 1), (1, 1)], [0]),
+    ([(2, 2), (0, 0), (2, 2)], [0, 1]),
+    ([(0, 0), (1, 0), (1, 0), (0, 1), (1, 0)], [0, 1, 3]),
+    ([(0, 1), (0, 0), (1, 0), (0, 0), (1, 1), (1, 1)], [0, 1, 2, 4]),
+    # all collinear (with a repeated end): the two ends
+    ([(0, 0), (1, 1), (2, 2), (1, 1), (2, 2)], [0, 2]),
 ])
 def test_convex_hull_known_configurations(points, hull):
     assert convex_hull(points) == hull

@@ -9,7 +9,7 @@ from torch import nn
 
 from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 from ..nn.pooling import HierarchicalAttention
-from .seq2seq import check_tokens
+from ._rnn import check_tokens
 
 __all__ = ["HierarchicalAttentionNetwork", "HANOutput"]
 
@@ -93,9 +93,12 @@ class HierarchicalAttentionNetwork(nn.Module):
         if sentence_lengths is None:
             return word_mask, None
         if not isinstance(sentence_lengths, torch.Tensor) or sentence_lengths.is_floating_point() \
-                or sentence_lengths.dtype == torch.bool or tuple(sentence_lengths.shape) != (b,):
-            got = tuple(sentence_lengths.shape) if isinstance(sentence_lengths, torch.Tensor) else sentence_lengths
-            raise ShapeError(f"{_WHO}: sentence_lengths must be an integer tensor of shape ({b},); got {got}")
+                or sentence_lengths.is_complex() or sentence_lengths.dtype == torch.bool:
+            got = sentence_lengths.dtype if isinstance(sentence_lengths, torch.Tensor) else type(sentence_lengths)
+            raise DTypeError(f"{_WHO}: sentence_lengths must be an integer tensor of shape ({b},); got {got}")
+        if tuple(sentence_lengths.shape) != (b,):
+            raise ShapeError(f"{_WHO}: sentence_lengths must have shape (batch,) = ({b},); "
+                             f"got {tuple(sentence_lengths.shape)}")
         if b and (int(sentence_lengths.min()) < 0 or int(sentence_lengths.max()) > s):
             raise ArgumentError(f"{_WHO}: sentence_lengths must lie in [0, {s}]; got {sentence_lengths.tolist()}")
         sentence_mask = torch.arange(s, device=ids.device) < sentence_lengths.to(ids.device)[:, None]  # (B, S)
@@ -109,6 +112,10 @@ class HierarchicalAttentionNetwork(nn.Module):
             raise ShapeError(f"{_WHO}: ids must have shape (batch, sentences, words); got {got}")
         check_tokens(_WHO, "ids", ids.flatten(1), self.vocab_size)
         word_mask, sentence_mask = self._masks(ids, word_mask, sentence_lengths)
+        if ids.shape[0] == 0 or ids.shape[1] == 0:  # no document or no sentence slot: v = 0, as for an all-padding
+            b, w = ids.shape[0], self.classifier.weight  # document (the encoder cannot reshape empty batches)
+            return HANOutput(self.classifier(w.new_zeros(b, w.shape[1])), w.new_zeros(*ids.shape[:2]),
+                             w.new_zeros(*ids.shape))
         doc, word_weights, sentence_weights = self.encoder(self.embed(ids), word_mask=word_mask,
                                                            sentence_mask=sentence_mask)
         return HANOutput(self.classifier(doc), sentence_weights, word_weights)

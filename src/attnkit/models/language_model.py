@@ -7,7 +7,7 @@ from torch import nn
 
 from ..errors import ArgumentError
 from .stacks import TransformerDecoder, TransformerEncoder
-from .tokens import TokenEmbedding, check_generate, check_tokens, decode, output_head
+from .tokens import TokenEmbedding, cache_offset, check_generate, check_tokens, decode, output_head
 
 __all__ = ["TransformerLM"]
 
@@ -75,7 +75,7 @@ class TransformerLM(nn.Module):
         check_tokens("TransformerLM", "tokens", tokens, self.vocab_size)
         if caches is not None and not self.causal:
             raise ArgumentError("TransformerLM: caches need causal=True")
-        x = self.embed(tokens, offset=len(caches[0]) if caches else 0)
+        x = self.embed(tokens, offset=cache_offset("TransformerLM", caches, len(self.body.layers)))
         if self.causal:
             return self.head(self.body(x, key_keep_mask=key_keep_mask, caches=caches))
         return self.head(self.body(x, key_keep_mask=key_keep_mask))

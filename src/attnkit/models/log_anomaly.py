@@ -11,7 +11,7 @@ from torch.nn import functional as F
 from .. import masks
 from ..errors import ArgumentError, check_int
 from ..nn.derived_key import DerivedKeyAttention
-from .seq2seq import check_tokens, source_mask
+from ._rnn import check_tokens, source_mask
 
 __all__ = ["LogAnomalyDetector", "LogAnomalyOutput", "LogExplanation"]
 
@@ -136,7 +136,7 @@ class LogAnomalyDetector(nn.Module):
             weights = weights.masked_fill(~keep[..., None], 0.0)
             h = torch.cat([h, a], -1)
         logits = self.out(h)  # (B, L, V)
-        nll = F.cross_entropy(logits.transpose(1, 2), events, reduction="none")  # (B, L)
+        nll = F.cross_entropy(logits.transpose(1, 2), events.long(), reduction="none")  # (B, L); int32 ids too
         return LogAnomalyOutput(logits, nll.masked_fill(~keep, 0.0), weights)
 
     @torch.no_grad()

@@ -7,9 +7,9 @@ import math
 import torch
 from torch import nn
 
-from ..errors import ArgumentError, DTypeError, ShapeError, check_int
+from ..errors import ArgumentError, ShapeError, check_int
 from ..nn.perceiver import PerceiverEncoder
-from .tokens import check_keep, check_tokens
+from .tokens import check_features, check_keep, check_tokens
 
 __all__ = ["Perceiver", "fourier_features"]
 
@@ -108,17 +108,15 @@ class Perceiver(nn.Module):
             if isinstance(x, torch.Tensor) and x.dim() != 1 + self.index_dims:
                 raise ShapeError(f"{who}: tokens must have shape (batch, *index) with {self.index_dims} index "
                                  f"dims; got {tuple(x.shape)}")
-            check_tokens(who, "tokens", x.reshape(x.shape[0], -1) if isinstance(x, torch.Tensor) else x,
-                         self.vocab_size)
+            check_tokens(who, "tokens", x.flatten(1) if isinstance(x, torch.Tensor) else x, self.vocab_size)
             x = self.embed(x)  # (B, *index) -> (B, *index, C)
-        elif not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
-            raise DTypeError(f"{who}: x must be a floating tensor (or token ids with vocab_size); got {got}")
+        else:
+            check_features(who, "x (or token ids with vocab_size)", x, self)
         if x.dim() != 2 + self.index_dims or x.shape[-1] != self.input_dim:
             raise ShapeError(f"{who}: x must have shape (batch, *index, input_dim={self.input_dim}) with "
                              f"{self.index_dims} index dims; got {tuple(x.shape)}")
         index = tuple(x.shape[1:-1])
-        x = x.reshape(x.shape[0], -1, self.input_dim)  # (B, *index, C) -> (B, M, C)
+        x = x.flatten(1, -2)  # (B, *index, C) -> (B, M, C), also for B = 0
         if self.positions == "learned":
             if x.shape[1] > self.max_len:
                 raise ShapeError(f"{who}: {x.shape[1]} input positions exceed max_len={self.max_len}")

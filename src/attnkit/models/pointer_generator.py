@@ -11,7 +11,7 @@ from torch.nn import functional as F
 from ..errors import ArgumentError, ShapeError, check_int
 from ..nn.additive import AdditiveAttention
 from ..nn.coverage import CoverageAttention, coverage_loss
-from .seq2seq import check_tokens, encode_padded, make_rnn, source_mask
+from ._rnn import check_tokens, encode_padded, loss_targets, make_rnn, masked_mean, source_mask
 
 __all__ = ["PointerGenerator", "PointerGeneratorOutput"]
 
@@ -121,12 +121,23 @@ class PointerGenerator(nn.Module):
                              f"got {tuple(src_ext_ids.shape)}")
         return src_ext_ids
 
+    def _check_extended(self, src, ext, keep):
+        """At real positions ``src_ext_ids`` repeats ``src``, except OOV ids (``>= V``), where ``src`` is unk."""
+        fed = torch.where(ext >= self.vocab_size, self.unk_id, ext)  # what the encoder must have been fed
+        wrong = keep & (fed != src)
+        if bool(wrong.any()):
+            b, i = (int(v) for v in wrong.nonzero()[0])
+            raise ArgumentError(f"{_WHO}: src_ext_ids must equal src at real positions, with source OOVs (ids >= "
+                                f"{self.vocab_size}) on unk_id={self.unk_id} in src; got src[{b}, {i}] = "
+                                f"{int(src[b, i])}, src_ext_ids[{b}, {i}] = {int(ext[b, i])}")
+
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, *, src_lengths: torch.Tensor | None = None,
                 src_mask: torch.Tensor | None = None, src_ext_ids: torch.Tensor | None = None,
                 num_oov: int = 0) -> PointerGeneratorOutput:
         """Teacher-forced pass: ``tgt_in[:, t]`` is the previous word (ids may be extended)."""
         ext = self._inputs(src, tgt_in, src_ext_ids, num_oov)
         keep, lengths = source_mask(_WHO, src.shape, src.device, src_lengths, src_mask)
+        self._check_extended(src, ext, keep)
         memory, state = encode_padded(self.encoder, self.embed(src), lengths)  # (B, S, H)
         x = self.embed(tgt_in.masked_fill(tgt_in >= self.vocab_size, self.unk_id))  # (B, T, E)
         s, _ = self.decoder(x, state)  # (B, T, H)
@@ -146,9 +157,14 @@ class PointerGenerator(nn.Module):
     @staticmethod
     def loss(output: PointerGeneratorOutput, target: torch.Tensor, *, mask: torch.Tensor | None = None,
              coverage_weight: float = 1.0) -> torch.Tensor:
-        """Eq. 13 averaged over the kept target tokens: ``-log P(w*_t) + coverage_weight * covloss_t``."""
-        nll = -output.log_probs.gather(-1, target[..., None]).squeeze(-1)  # (B, T)
-        per_token = nll + coverage_weight * output.coverage_loss
-        if mask is None:
-            return per_token.mean()
-        return torch.where(mask, per_token, 0.0).sum() / mask.sum().clamp(min=1)
+        """Eq. 13 averaged over the kept target tokens: ``-log P(w*_t) + coverage_weight * covloss_t``.
+
+        ``output`` does not record whether the model uses coverage: for the paper's baseline
+        (``coverage=False``, eq. 6: ``-log P(w*_t)`` alone) pass ``coverage_weight=0``. Kept tokens:
+        ``mask`` (None = all) minus targets equal to -100 (the tasks' ``IGNORE_INDEX``); the other
+        targets must lie in ``[0, V + num_oov)``.
+        """
+        logp = output.log_probs
+        target, keep = loss_targets(f"{_WHO}.loss", target, mask, logp.shape[:2], logp.shape[-1])
+        nll = -logp.gather(-1, target[..., None]).squeeze(-1)  # (B, T)
+        return masked_mean(nll + coverage_weight * output.coverage_loss, keep)

@@ -7,9 +7,9 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..errors import ArgumentError, DTypeError, ShapeError, check_int
+from ..errors import ArgumentError, ShapeError, check_int
 from ..nn.pointer import PointerAttention
-from .seq2seq import encode_padded, source_mask
+from ._rnn import check_features, check_index_dtype, encode_padded, source_mask
 
 __all__ = ["PointerNetwork", "PointerDecode"]
 
@@ -87,9 +87,9 @@ class PointerNetwork(nn.Module):
 
     def _encode(self, points, mask):
         """``(memory (B, n_out, H), inputs (B, n_out, d), keep (B, n_out), decoder start state)``."""
-        if not isinstance(points, torch.Tensor) or points.dim() != 3 or points.shape[-1] != self.input_dim:
-            got = tuple(points.shape) if isinstance(points, torch.Tensor) else type(points).__name__
-            raise ShapeError(f"{_WHO}: points must have shape (batch, n, {self.input_dim}); got {got}")
+        check_features(_WHO, "points", points, self)
+        if points.dim() != 3 or points.shape[-1] != self.input_dim:
+            raise ShapeError(f"{_WHO}: points must have shape (batch, n, {self.input_dim}); got {tuple(points.shape)}")
         keep, lengths = source_mask(_WHO, points.shape[:2], points.device, None, mask)
         memory, state = encode_padded(self.encoder, points, lengths)  # (B, n, H)
         if self.end_token:
@@ -100,9 +100,7 @@ class PointerNetwork(nn.Module):
         return memory, points, keep, state
 
     def _check_targets(self, targets, b, n_out):
-        if not isinstance(targets, torch.Tensor) or targets.is_floating_point() or targets.dtype == torch.bool:
-            got = targets.dtype if isinstance(targets, torch.Tensor) else type(targets).__name__
-            raise DTypeError(f"{_WHO}: targets must be an integer tensor of positions; got {got}")
+        check_index_dtype(_WHO, "targets", targets, "positions")
         if targets.dim() != 2 or targets.shape[0] != b:
             raise ShapeError(f"{_WHO}: targets must have shape (batch={b}, steps); got {tuple(targets.shape)}")
         if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= n_out):

@@ -28,6 +28,7 @@ from ..nn.multihead import MultiHeadAttention
 from ..nn.reformer import ReformerAttention
 from ..nn.rotary import RotaryEmbedding
 from ..nn.sparse_transformer import SparseTransformerAttention
+from ._rnn import check_features, check_keep
 
 __all__ = ["SoftmaxSelfAttention", "MECHANISMS", "self_attention_maker", "self_attend"]
 
@@ -96,9 +97,12 @@ class SoftmaxSelfAttention(MultiHeadAttention):
 
     def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
+        who = type(self).__name__
         if cache is not None and not isinstance(cache, KVCache):
-            raise DTypeError(f"SoftmaxSelfAttention: cache must be a KVCache; got {type(cache).__name__}")
+            raise DTypeError(f"{who}: cache must be a KVCache; got {type(cache).__name__}")
+        check_features(who, "x", x, self, self.embed_dim)
         start = 0 if cache is None else len(cache)
+        check_keep(who, "key_keep_mask", key_keep_mask, (x.shape[0], start + x.shape[1]))  # n = cached + new
         q, k, v = self._project(x, x, x)  # (B, H, t, d) each
         if self.rotary is not None:
             q, k = self.rotary(q, k, q_offset=start, k_offset=start)

@@ -7,13 +7,13 @@ from typing import NamedTuple
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..errors import ArgumentError, DTypeError, ShapeError, check_int
+from ..errors import ArgumentError, check_int
 from ..nn.additive import AdditiveAttention
 from ..nn.coverage import CoverageAttention
 from ..nn.hard import HardAttention
 from ..nn.luong import LuongAttention
+from ._rnn import check_tokens, encode_padded, loss_targets, make_rnn, masked_mean, source_mask  # importable here too
 
 __all__ = ["Seq2Seq", "Seq2SeqOutput", "GreedyOutput", "check_tokens", "source_mask", "make_rnn", "encode_padded"]
 
@@ -34,80 +34,6 @@ class GreedyOutput(NamedTuple):
     ids: torch.Tensor
     weights: torch.Tensor
     lengths: torch.Tensor
-
-
-def _got(t):
-    return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-
-
-def check_tokens(who: str, name: str, ids, vocab: int, batch: int | None = None, min_len: int = 0) -> None:
-    """Raise unless ``ids`` is an integer ``(batch, length >= min_len)`` tensor with values in ``[0, vocab)``."""
-    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise DTypeError(f"{who}: {name} must be an integer tensor of token ids; "
-                         f"got {ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__}")
-    if ids.dim() != 2 or (batch is not None and ids.shape[0] != batch) or ids.shape[1] < min_len:
-        raise ShapeError(f"{who}: {name} must have shape (batch{'' if batch is None else '=' + str(batch)}, length"
-                         f"{' >= ' + str(min_len) if min_len else ''}); got {tuple(ids.shape)}")
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-        raise ArgumentError(f"{who}: {name} ids must lie in [0, {vocab}); got [{int(ids.min())}, {int(ids.max())}]")
-
-
-def source_mask(who: str, shape, device, lengths=None, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(keep (B, S) bool, lengths (B,) long)`` from at most one of ``lengths`` and a left-aligned ``mask``."""
-    b, s = shape
-    positions = torch.arange(s, device=device)
-    if lengths is not None and mask is not None:
-        raise ArgumentError(f"{who}: give src_lengths or src_mask, not both")
-    if mask is not None:
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-            raise DTypeError(f"{who}: mask must be a bool tensor (True = real token); "
-                             f"got {mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__}")
-        if tuple(mask.shape) != (b, s):
-            raise ShapeError(f"{who}: mask must have shape (batch, length) = {(b, s)}; got {tuple(mask.shape)}")
-        lengths = mask.sum(-1)
-        if not torch.equal(mask, positions < lengths[:, None]):
-            raise ArgumentError(f"{who}: mask must be left-aligned (True then False in each row) for the RNN")
-        return mask, lengths
-    if lengths is None:
-        return torch.ones(b, s, dtype=torch.bool, device=device), torch.full((b,), s, device=device)
-    if not isinstance(lengths, torch.Tensor) or lengths.is_floating_point() or lengths.dtype == torch.bool \
-            or tuple(lengths.shape) != (b,):
-        raise ShapeError(f"{who}: lengths must be an integer tensor of shape ({b},); got {_got(lengths)}")
-    if b and (int(lengths.min()) < 0 or int(lengths.max()) > s):
-        raise ArgumentError(f"{who}: lengths must lie in [0, {s}]; got [{int(lengths.min())}, {int(lengths.max())}]")
-    return positions < lengths.to(device)[:, None], lengths.to(device)
-
-
-def make_rnn(who: str, kind: str, input_dim: int, hidden_dim: int, bidirectional: bool) -> nn.RNNBase:
-    """One-layer batch-first GRU/LSTM whose output has ``hidden_dim`` features (split over the directions)."""
-    if kind not in ("gru", "lstm"):
-        raise ArgumentError(f"{who}: rnn must be 'gru' or 'lstm'; got {kind!r}")
-    if bidirectional and hidden_dim % 2:
-        raise ArgumentError(f"{who}: hidden_dim must be even for a bidirectional encoder; got {hidden_dim}")
-    cls = nn.GRU if kind == "gru" else nn.LSTM
-    return cls(input_dim, hidden_dim // (1 + bidirectional), batch_first=True, bidirectional=bidirectional)
-
-
-def encode_padded(rnn: nn.RNNBase, x: torch.Tensor, lengths: torch.Tensor):
-    """Run ``rnn`` on the first ``lengths[b]`` steps of each row of ``x (B, S, in)``.
-
-    Returns outputs ``(B, S, H)`` (0 at padding) and the final state as a decoder's start:
-    ``(1, B, H)`` with the directions concatenated (a tuple ``(h, c)`` for an LSTM). Rows
-    of length 0 give zeros; padding never enters the RNN.
-    """
-    b, s = x.shape[:2]
-    dirs = 1 + rnn.bidirectional
-    out = x.new_zeros(b, s, dirs * rnn.hidden_size)
-    finals = [x.new_zeros(dirs, b, rnn.hidden_size) for _ in range(1 + isinstance(rnn, nn.LSTM))]
-    rows = (lengths > 0).nonzero().flatten()
-    if rows.numel():
-        packed = pack_padded_sequence(x[rows], lengths[rows].cpu(), batch_first=True, enforce_sorted=False)
-        h, state = rnn(packed)
-        out = out.index_copy(0, rows, pad_packed_sequence(h, batch_first=True, total_length=s)[0])
-        state = state if isinstance(state, tuple) else (state,)
-        finals = [f.index_copy(1, rows, st) for f, st in zip(finals, state, strict=True)]
-    finals = [f.transpose(0, 1).reshape(1, b, -1) for f in finals]  # (1, B, dirs * H/dirs): [fwd; bwd]
-    return out, (tuple(finals) if isinstance(rnn, nn.LSTM) else finals[0])
 
 
 def _build(spec, dim, window):
@@ -236,13 +162,16 @@ class Seq2Seq(nn.Module):
     @staticmethod
     def loss(output: Seq2SeqOutput, target: torch.Tensor, *, mask: torch.Tensor | None = None,
              coverage_weight: float = 1.0) -> torch.Tensor:
-        """Mean over kept target tokens of ``-log p(y_t) + coverage_weight * covloss_t`` (See et al. eq. 13)."""
+        """Mean over kept target tokens of ``-log p(y_t) + coverage_weight * covloss_t`` (See et al. eq. 13).
+
+        Kept: ``mask`` (True = scored; None = every position) minus the targets equal to -100 (the tasks'
+        ``IGNORE_INDEX``), which are never scored; the other targets must lie in ``[0, V)``.
+        """
+        target, keep = loss_targets("Seq2Seq.loss", target, mask, output.logits.shape[:2], output.logits.shape[-1])
         per_token = F.cross_entropy(output.logits.transpose(1, 2), target, reduction="none")  # (B, T)
         if output.coverage_loss is not None:
             per_token = per_token + coverage_weight * output.coverage_loss
-        if mask is None:
-            return per_token.mean()
-        return torch.where(mask, per_token, 0.0).sum() / mask.sum().clamp(min=1)
+        return masked_mean(per_token, keep)
 
     @torch.no_grad()
     def greedy_decode(self, src: torch.Tensor, *, src_lengths: torch.Tensor | None = None,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import ArgumentError, DTypeError, ShapeError, check_int
+from ..errors import ArgumentError, ShapeError, check_int
 from ..nn.kv_cache import KVCache
 from .blocks import TransformerDecoderLayer, TransformerEncoderLayer
 from .self_attention import SoftmaxSelfAttention, self_attention_maker
-from .tokens import check_keep
+from .tokens import cache_offset, check_features, check_keep
 
 __all__ = ["TransformerEncoder", "TransformerDecoder"]
 
@@ -33,14 +33,6 @@ _ATTENTION_DOC = """
     decoder, ``attention_mask`` or rotary positions without softmax, and padding (a ``False`` in a
     keep mask) with a module that takes no ``key_keep_mask``.
 """
-
-
-def _check_features(who: str, name: str, x, dim: int) -> None:
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
-        raise DTypeError(f"{who}: {name} must be a floating tensor; got {got}")
-    if x.dim() != 3 or x.shape[-1] != dim:
-        raise ShapeError(f"{who}: {name} must have shape (batch, n, dim={dim}); got {tuple(x.shape)}")
 
 
 def _stack_args(who, dim, num_heads, num_layers, eps):
@@ -103,7 +95,7 @@ class TransformerEncoder(nn.Module):
 
     def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
         who = type(self).__name__
-        _check_features(who, "x", x, self.dim)
+        check_features(who, "x", x, self, self.dim)
         keep = check_keep(who, "key_keep_mask", key_keep_mask, x.shape[:2])
         for layer in self.layers:
             x = layer(x, key_keep_mask=keep)
@@ -175,20 +167,17 @@ class TransformerDecoder(nn.Module):
                 memory_keep_mask: torch.Tensor | None = None, key_keep_mask: torch.Tensor | None = None,
                 caches: list[KVCache] | None = None) -> torch.Tensor:
         who = type(self).__name__
-        _check_features(who, "x", x, self.dim)
+        check_features(who, "x", x, self, self.dim)
         if self.cross:
             if memory is None:
                 raise ArgumentError(f"{who}: memory (the encoder output) is required with cross=True; got None")
-            _check_features(who, "memory", memory, self.dim)
+            check_features(who, "memory", memory, self, self.dim)
             if memory.shape[0] != x.shape[0]:
                 raise ShapeError(f"{who}: memory batch {memory.shape[0]} != x batch {x.shape[0]}")
             check_keep(who, "memory_keep_mask", memory_keep_mask, memory.shape[:2])
         elif memory is not None:
             raise ArgumentError(f"{who}: memory given to a decoder built with cross=False")
-        if caches is not None and (not isinstance(caches, (list, tuple)) or len(caches) != len(self.layers)):
-            raise ArgumentError(f"{who}: caches must be a list of {len(self.layers)} KVCache (see new_caches); "
-                                f"got {type(caches).__name__}")
-        n = x.shape[1] + (len(caches[0]) if caches else 0)
+        n = x.shape[1] + cache_offset(who, caches, len(self.layers))
         keep = check_keep(who, "key_keep_mask", key_keep_mask, (x.shape[0], n))
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, memory_keep_mask=memory_keep_mask, key_keep_mask=keep,

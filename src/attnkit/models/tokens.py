@@ -10,47 +10,70 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ArgumentError, DTypeError, ShapeError, check_int
+from ..nn.kv_cache import KVCache
 from ..nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from . import _rnn
+from ._rnn import check_features, check_keep  # re-exported: one check each for every model
 from .blocks import check_dropout
 
-__all__ = ["TokenEmbedding", "check_tokens", "check_keep", "decode"]
+__all__ = ["TokenEmbedding", "check_tokens", "check_features", "check_keep", "cache_offset", "decode"]
 
 POSITIONAL = ("sinusoidal", "learned", "rotary", None)
 
 
 def check_tokens(who: str, name: str, tokens, vocab_size: int) -> torch.Tensor:
-    """``tokens`` must be an integer ``(batch, n)`` tensor with values in ``[0, vocab_size)``."""
-    if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point or tokens.dtype in (
-            torch.bool, torch.complex64, torch.complex128):
-        got = tokens.dtype if isinstance(tokens, torch.Tensor) else type(tokens).__name__
-        raise DTypeError(f"{who}: {name} must be an integer tensor of token ids; got {got}")
-    if tokens.dim() != 2:
-        raise ShapeError(f"{who}: {name} must have shape (batch, n); got {tuple(tokens.shape)}")
-    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
-        raise ArgumentError(f"{who}: {name} ids must be in [0, {vocab_size}); got min {int(tokens.min())}, "
-                            f"max {int(tokens.max())}")
+    """``tokens`` must be an int64/int32 ``(batch, n)`` tensor with values in ``[0, vocab_size)``; returns it."""
+    _rnn.check_tokens(who, name, tokens, vocab_size)
     return tokens
 
 
-def check_keep(who: str, name: str, keep, shape: tuple[int, int]) -> torch.Tensor | None:
-    """A ``(batch, n)`` bool mask, True = real token (None passes)."""
-    if keep is None:
-        return None
-    if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool:
-        got = keep.dtype if isinstance(keep, torch.Tensor) else type(keep).__name__
-        raise DTypeError(f"{who}: {name} must be a bool tensor (True = real token); got {got}")
-    if tuple(keep.shape) != tuple(shape):
-        raise ShapeError(f"{who}: {name} must have shape (batch, n) = {tuple(shape)}; got {tuple(keep.shape)}")
-    return keep
+def cache_offset(who: str, caches, num_layers: int) -> int:
+    """Positions already in ``caches`` (one :class:`KVCache` per layer, or None: 0), checked before any use."""
+    if caches is None:
+        return 0
+    if not isinstance(caches, (list, tuple)) or len(caches) != num_layers or not all(
+            isinstance(c, KVCache) for c in caches):
+        got = f"{type(caches).__name__} of {len(caches)}" if isinstance(caches, (list, tuple)) else type(
+            caches).__name__
+        raise ArgumentError(f"{who}: caches must be a list of {num_layers} KVCache (see new_caches); got {got}")
+    lengths = {len(c) for c in caches}
+    if len(lengths) != 1:
+        raise ArgumentError(f"{who}: caches hold different lengths {sorted(lengths)}; use the list from one "
+                            "new_caches call, fed the same tokens")
+    return lengths.pop()
 
 
 class TokenEmbedding(nn.Module):
-    """Token embeddings scaled by ``sqrt(dim)`` plus positional encodings (Vaswani et al. 2017, Sec. 3.4-3.5).
+    """Token embeddings scaled by ``sqrt(dim)`` plus positional encodings: the input layer of the Transformer models.
 
-    ``x = dropout(E[tokens] * sqrt(dim) + PE[offset : offset + n])``; ``positional`` is "sinusoidal"
-    (:class:`SinusoidalPositionalEncoding`), "learned" (:class:`LearnedPositionalEmbedding`, needs
-    ``max_len``), or "rotary"/None (nothing added: rotary positions act inside the attention).
-    ``E`` starts as ``N(0, 1 / dim)`` so that the scaled embedding has unit variance.
+    Vaswani et al. 2017, "Attention Is All You Need", arXiv:1706.03762, Sec. 3.4-3.5::
+
+        x = dropout(E[tokens] * sqrt(dim) + PE[offset : offset + n])
+
+    Notation: ``E`` = ``embed.weight``; ``PE`` per ``positional``: "sinusoidal"
+    (:class:`~attnkit.nn.SinusoidalPositionalEncoding`, eq. 3.5), "learned"
+    (:class:`~attnkit.nn.LearnedPositionalEmbedding`, needs ``max_len``), or "rotary"/None
+    (nothing added: rotary positions act inside the attention). ``offset`` = positions already
+    decoded (KV-cached generation).
+
+    Differences from the paper: ``E`` starts as ``N(0, 1 / dim)`` so that the scaled embedding
+    has unit variance; learned and absent positions are options.
+
+    Shapes: ``tokens`` ``(B, n)`` int64/int32 ids (checked by the models) -> ``(B, n, dim)``.
+
+    Complexity: ``O(B n dim)``.
+
+    Args:
+        who: the owning model's name, for error messages. vocab_size, dim: table size and width.
+        positional: see above. max_len: longest sequence (learned positions). dropout: training only.
+
+    Example:
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
+        >>> emb = TokenEmbedding("demo", 11, 12, positional="sinusoidal", max_len=None, dropout=0.0)
+        >>> tokens = torch.tensor([[3, 1, 4, 1, 5]])
+        >>> torch.allclose(emb(tokens)[:, 3:], emb(tokens[:, 3:], offset=3))  # positions continue at offset
+        True
     """
 
     def __init__(self, who: str, vocab_size: int, dim: int, *, positional: str | None, max_len: int | None,

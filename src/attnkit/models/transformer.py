@@ -7,7 +7,7 @@ from torch import nn
 
 from ..errors import ArgumentError
 from .stacks import TransformerDecoder, TransformerEncoder
-from .tokens import TokenEmbedding, check_generate, check_keep, check_tokens, decode, output_head
+from .tokens import TokenEmbedding, cache_offset, check_generate, check_keep, check_tokens, decode, output_head
 
 __all__ = ["Transformer"]
 
@@ -84,7 +84,7 @@ class Transformer(nn.Module):
                tgt_keep_mask: torch.Tensor | None = None, caches=None) -> torch.Tensor:
         """Logits ``(B, t, tgt_vocab)`` of the targets given ``memory``; ``caches`` continue earlier calls."""
         check_tokens("Transformer", "tgt", tgt, self.tgt_vocab)
-        offset = len(caches[0]) if caches else 0
+        offset = cache_offset("Transformer", caches, len(self.decoder.layers))
         x = self.tgt_embed(tgt, offset=offset)
         x = self.decoder(x, memory, memory_keep_mask=src_keep_mask, key_keep_mask=tgt_keep_mask, caches=caches)
         return self.head(x)

@@ -6,9 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ArgumentError, DTypeError, ShapeError, check_int
+from ..errors import ArgumentError, ShapeError, check_int
 from .blocks import check_dropout
 from .stacks import TransformerEncoder
+from .tokens import check_features
 
 __all__ = ["VisionTransformer"]
 
@@ -83,9 +84,7 @@ class VisionTransformer(nn.Module):
 
     def _check(self, images) -> None:
         who = "VisionTransformer"
-        if not isinstance(images, torch.Tensor) or not images.is_floating_point():
-            got = images.dtype if isinstance(images, torch.Tensor) else type(images).__name__
-            raise DTypeError(f"{who}: images must be a floating tensor; got {got}")
+        check_features(who, "images", images, self)
         want = (self.in_channels, *self.image_size)
         if images.dim() != 4 or tuple(images.shape[1:]) != want:
             raise ShapeError(f"{who}: images must have shape (batch, in_channels, H, W) = (batch, {want[0]}, "

@@ -43,11 +43,16 @@ class Task:
       points, -100 after the end. Metric: exact match per sequence.
     - ``"image"``: ``inputs (n, C, H, W)`` float; ``targets (n,)``. Metric: accuracy.
 
-    Subclasses define ``_sample(n, generator)`` and ``describe()``, and set ``num_classes``.
+    ``needs_causal_model`` marks tasks whose inputs show later targets (a bidirectional model
+    would copy them). Subclasses define ``_sample(n, generator)`` and ``describe()``, and set
+    ``num_classes``.
     """
 
     name: ClassVar[str] = ""
     kind: ClassVar[str] = ""
+    needs_causal_model: ClassVar[bool] = False
+    """True when ``inputs`` hold later answers (next-token prediction: ``inputs[:, t + 1]`` is
+    ``targets[:, t]``), so that only a causal model learns the task rather than copying."""
 
     @property
     def num_classes(self) -> int:

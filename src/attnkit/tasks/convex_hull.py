@@ -21,13 +21,17 @@ def convex_hull(points) -> list[int]:
     """Indices of the hull vertices of 2-D ``points``, counter-clockwise, starting at the lowest index.
 
     Andrew's monotone chain (1979). Points on a hull edge that are not corners (collinear)
-    are left out. ``points`` is an ``(N, 2)`` tensor or a sequence of ``(x, y)`` pairs.
+    are left out; a point given several times is one vertex, named by its lowest index (so
+    identical points give one index, collinear ones their two ends). ``points`` is an ``(N, 2)``
+    tensor or a sequence of ``(x, y)`` pairs.
     """
     pts = points.tolist() if isinstance(points, torch.Tensor) else [list(p) for p in points]
     if any(len(p) != 2 for p in pts):
         lengths = sorted({len(p) for p in pts})
         raise ShapeError(f"convex_hull: points must have shape (N, 2); got rows of lengths {lengths}")
     order = sorted(range(len(pts)), key=lambda i: (pts[i][0], pts[i][1], i))
+    # a repeated point is one vertex: keep its lowest index (first in the sort), else a corner could appear twice
+    order = [i for k, i in enumerate(order) if k == 0 or pts[i] != pts[order[k - 1]]]
     if len(order) < 3:
         hull = order
     else:

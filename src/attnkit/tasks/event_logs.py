@@ -35,7 +35,9 @@ class EventLogs(Task):
 
     Token ids: PAD 0; users ``1 .. num_users``; event ``e`` is ``1 + num_users + e``, with
     ``e = 0`` login and ``e = num_events - 1`` logout. The ``tokens`` kind is next-event
-    prediction: ``inputs = events[:, :-1]``, ``targets = events[:, 1:]`` with PAD -> -100.
+    prediction: ``inputs = events[:, :-1]``, ``targets = events[:, 1:]`` with PAD -> -100, so
+    ``inputs[:, t + 1]`` *is* ``targets[:, t]``: train causal models only (a bidirectional one
+    copies the answer; ``needs_causal_model`` is True).
 
     Differences from the paper: the paper models the fields of single LANL authentication log
     lines; here a generated session of event types stands in, with the user as context.
@@ -68,6 +70,7 @@ class EventLogs(Task):
 
     name: ClassVar[str] = "event_logs"
     kind: ClassVar[str] = "tokens"
+    needs_causal_model: ClassVar[bool] = True
 
     num_users: int = 8
     num_roles: int = 2
