@@ -579,3 +579,9 @@ def test_core_tensor_mask_with_ragged_lengths():
     q, k = torch.randn(N, H, L, 4), torch.randn(N, H, S, 4)
     out = attnkit.attention(q, k, k, mask=masks.keys(torch.ones(N, S, dtype=torch.bool)))
     torch.testing.assert_close(out, attnkit.attention(q, k, k))
+
+
+def test_attnkit_tensor_mask_of_the_wrong_key_length_is_a_shape_error():
+    x = torch.randn(2, 5, 12)
+    with pytest.raises(ShapeError, match="kv_len=4"):
+        MultiHeadAttention(12, 3, batch_first=True)(x, x, x, mask=masks.keys(torch.ones(2, 4, dtype=torch.bool)))

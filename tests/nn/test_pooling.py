@@ -266,3 +266,11 @@ def test_registry_examples_run():
     for name, shape in (("attention-pooling", (2, 8)), ("hierarchical-attention", (2, 6))):
         module, inputs = get(name).example()
         assert module(*inputs)[0].shape == shape
+
+
+def test_hierarchical_empty_batch_and_zero_sentences_give_empty_outputs():
+    model = HierarchicalAttention(4, 6)
+    width = model(torch.randn(1, 2, 3, 4)).document.shape[-1]
+    for shape in ((0, 3, 5, 4), (2, 0, 5, 4)):
+        out = model(torch.randn(*shape))
+        assert out.document.shape == (shape[0], width) and out.word_weights.shape == shape[:3]

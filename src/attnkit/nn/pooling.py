@@ -212,7 +212,7 @@ class HierarchicalAttention(nn.Module):
         flat_mask = word_mask.reshape(b * s, w)
         h = self._encode(self.word_encoder, x.reshape(b * s, w, d), flat_mask, "word_mask")  # (B*S, W, Dw)
         sentences, word_weights = self.word_attention(h, mask=flat_mask)  # (B*S, Dw), (B*S, W)
-        sentences = sentences.reshape(b, s, -1)
+        sentences = sentences.reshape(b, s, sentences.shape[-1])  # explicit sizes: b or s may be 0
         hs = self._encode(self.sentence_encoder, sentences, sentence_mask, "sentence_mask")  # (B, S, D)
         document, sentence_weights = self.sentence_attention(hs, mask=sentence_mask)
         return HierarchicalOutput(document, word_weights.reshape(b, s, w), sentence_weights)

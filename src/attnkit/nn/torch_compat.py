@@ -39,6 +39,8 @@ class ExtraKeys(Mask):
         self.inner, self.n = inner, n
         self.uses = inner.uses | {"kv"}
         self.batch_size, self.num_heads = inner.batch_size, inner.num_heads
+        self.q_len = inner.q_len  # the data sizes stay checkable against the inputs
+        self.kv_len = None if inner.kv_len is None else inner.kv_len + n
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         real = kv_len - self.n
