@@ -44,7 +44,7 @@ def fake_viz(monkeypatch):
 
 def test_parser_defaults_and_choices():
     args = _parser().parse_args(["record", "multi-head"])
-    assert (args.name, args.out, args.format, args.seed) == ("multi-head", None, "png", 0)
+    assert (args.name, args.out, args.format, args.seed, args.max_heads) == ("multi-head", None, "png", 0, 8)
     with pytest.raises(SystemExit):
         _parser().parse_args(["record", "multi-head", "--format", "pdf"])
 
@@ -57,7 +57,9 @@ def test_png_writes_the_head_grid_of_every_recorded_map_and_the_stats(fake_viz, 
     assert capsys.readouterr().out.split() == [str(picture.relative_to(tmp_path)), str(stats.relative_to(tmp_path))]
     ((kind, maps, path, title, _),) = fake_viz
     assert kind == "head_grid" and path.resolve() == picture and "Yang et al. 2016" in title
-    want = record.record_example("hierarchical-attention").as_dict()
+    rec = record.record_example("hierarchical-attention")
+    want = {m.name: m.weights[:, 0, 0][None] for m in rec.maps}  # pooling maps: every batch entry is a row
+    assert [w.shape[1] for w in want.values()] == [6, 2]  # 2 documents x 3 sentences; 2 documents
     assert list(maps) == ["word_attention", "sentence_attention"] == list(want)
     for name, w in maps.items():
         torch.testing.assert_close(w, want[name], rtol=0, atol=0)
@@ -70,7 +72,7 @@ def test_html_format_and_out_dir(fake_viz, tmp_path, capsys):
     assert _run(["record", "co-attention-parallel", "--out", str(tmp_path / "o"), "--format", "html"]) == 0
     ((kind, maps, path, _, _),) = fake_viz
     assert kind == "html_page" and path == tmp_path / "o" / "co-attention-parallel.html"
-    assert list(maps) == ["model", "model#1"] and all(w.shape == (1, 1, w.shape[-1]) for w in maps.values())
+    assert list(maps) == ["model", "model#1"] and all(w.shape == (1, 2, w.shape[-1]) for w in maps.values())
     assert capsys.readouterr().out.split() == [str(path), str(tmp_path / "o" / "stats.md")]
 
 
@@ -81,8 +83,10 @@ def test_stochastic_examples_follow_the_seed():
 
 
 def test_errors_are_argument_errors(fake_viz, monkeypatch):
-    with pytest.raises(ArgumentError, match=r"unknown mechanism 'nosuch'.*multi-head"):
+    with pytest.raises(ArgumentError, match=r"unknown mechanism or model 'nosuch'; known: .*multi-head.*vit"):
         _run(["record", "nosuch"])
+    with pytest.raises(ArgumentError, match=r"'multihead'; did you mean 'multi-head'\?"):
+        _run(["record", "multihead"])
     with pytest.raises(ArgumentError, match="'linear-attention' computes no attention map"):
         _run(["record", "linear-attention"])
     monkeypatch.setitem(sys.modules, "attnkit.viz", None)  # import fails
@@ -100,3 +104,49 @@ def test_real_pictures(tmp_path, capsys, fmt, magic):
     picture = tmp_path / f"multi-head.{fmt}"
     assert picture.read_bytes()[:len(magic)].lower() == magic.lower()
     assert str(picture) in capsys.readouterr().out
+
+
+def test_max_heads_reaches_the_head_grid(fake_viz, tmp_path):
+    assert _run(["record", "multi-head", "--out", str(tmp_path), "--max-heads", "2"]) == 0
+    ((kind, _, _, _, kwargs),) = fake_viz
+    assert kind == "head_grid" and kwargs == {"max_heads": 2}
+
+
+def test_pooling_maps_show_every_folded_step():
+    """memory-attention folds (batch, step) into the batch of one-query calls; its first step has no memory yet, so
+    sample 0 alone is an all-zero strip. The picture stacks every step as a row instead."""
+    rec = record.record_example("memory-attention")
+    (m,) = rec.maps
+    assert m.weights.shape[1:3] == (1, 1) and rec.as_dict()["model"].sum() == 0
+    shown = record.picture_maps(rec)["model"]
+    torch.testing.assert_close(shown, m.weights[:, 0, 0][None], rtol=0, atol=0)
+    assert shown.shape == (1, m.weights.shape[0], m.weights.shape[-1]) and (shown.sum(-1) > 0).sum() > 1
+    maps = record.picture_maps(record.record_example("multi-head"), sample=1)  # other maps: as_dict(sample)
+    torch.testing.assert_close(maps["model"], record.record_example("multi-head").as_dict(1)["model"])
+
+
+@pytest.mark.parametrize(("name", "names"), [
+    ("transformer", [f"encoder.layers.{i}.self_attn" for i in range(2)]
+     + [f"decoder.layers.{i}.{a}" for i in range(2) for a in ("self_attn", "multihead_attn")]),
+    ("transformer-lm", ["body.layers.0.self_attn", "body.layers.1.self_attn"]),
+    ("vit", ["encoder.layers.0.self_attn", "encoder.layers.1.self_attn"]),
+])
+def test_small_models_are_recorded_by_layer(name, names):
+    assert tuple(record._models()) == record.MODELS
+    rec = record.record_example(name, seed=1)
+    assert rec.names() == names
+    for m in rec.maps:
+        assert m.weights.shape[:2] == (2, 3)  # batch 2, 3 heads
+        torch.testing.assert_close(m.weights.sum(-1), torch.ones(m.weights.shape[:-1]), rtol=0, atol=1e-5)
+        if "self_attn" in m.name and name != "vit" and m.name.startswith(("decoder", "body")):  # causal
+            assert torch.equal(m.weights.triu(1), torch.zeros_like(m.weights)), m.name
+    again = record.record_example(name, seed=1)
+    assert all(torch.equal(a.weights, b.weights) for a, b in zip(rec.maps, again.maps, strict=True))
+
+
+def test_an_unwritable_output_folder_is_an_argument_error(fake_viz, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for out in (blocker, blocker / "sub"):
+        with pytest.raises(ArgumentError, match=r"cannot write to --out .*a-file"):
+            _run(["record", "multi-head", "--out", str(out)])

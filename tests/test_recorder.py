@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import threading
 import warnings
 
 import pytest
@@ -13,6 +15,7 @@ from torch import nn
 import attnkit
 from attnkit import recording, registry
 from attnkit.analysis.recorder import AttentionRecorder, RecordedMap
+from attnkit.analysis.stats import entropy
 from attnkit.errors import ArgumentError, DTypeError, ShapeError
 from attnkit.kernels import reference
 from attnkit.nn import HardAttention, LuongAttention, MultiHeadAttention, PointerAttention
@@ -142,7 +145,9 @@ def test_segment_token_weights_are_the_recorded_segment_weights_times_the_poolin
 def test_modules_without_weights_record_their_attention_calls_or_nothing(name, reference_runs):
     fn, inputs = ENTRIES[name].example()
     torch.manual_seed(0)
-    rec, _ = _record(fn, inputs)
+    quiet = contextlib.nullcontext() if NO_WEIGHTS[name] else pytest.warns(RuntimeWarning, match="no attention map")
+    with quiet:  # a block that records nothing says so
+        rec, _ = _record(fn, inputs)
     assert rec.names() == NO_WEIGHTS[name]
     assert sum(reference_runs) == len(rec.maps) and all(m.source is None for m in rec.maps)
     for m in rec.maps:
@@ -168,6 +173,7 @@ def _tensors(out):
     return []
 
 
+@pytest.mark.filterwarnings("ignore:AttentionRecorder. no attention map")
 @pytest.mark.parametrize("name", sorted(ENTRIES))
 def test_recording_does_not_change_the_output(name):
     fn, inputs = ENTRIES[name].example()
@@ -223,11 +229,66 @@ def test_gradients_flow_and_equal_the_unrecorded_ones():
     torch.testing.assert_close(mha.in_proj_weight.grad, want_w, rtol=0, atol=1e-6)
 
 
-def test_records_under_no_grad():
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_records_under_no_grad_and_inference_mode(mode):
     mha, x = _mha_and_input()
-    with torch.no_grad(), AttentionRecorder(mha) as rec:
+    with getattr(torch, mode)(), AttentionRecorder(mha) as rec:
         _, w = mha(x, x, x, average_attn_weights=False)
     torch.testing.assert_close(rec["model"].weights, w, rtol=0, atol=ATOL)
+    assert entropy(rec["model"].weights).shape == (2, 3)  # usable outside the mode
+
+
+def test_recorded_weights_are_taken_before_dropout():
+    torch.manual_seed(0)
+    mha, x = MultiHeadAttention(12, 3, batch_first=True, dropout=0.5).train(), torch.randn(2, 5, 12)
+    with AttentionRecorder(mha) as rec:
+        mha(x, x, x, need_weights=False)
+    torch.testing.assert_close(rec["model"].weights.sum(-1), torch.ones(2, 3, 5), rtol=0, atol=1e-6)
+    assert (rec["model"].weights > 0).all()  # no entry dropped
+
+
+def test_records_under_bf16_autocast():
+    mha, x = _mha_and_input()
+    with torch.autocast("cpu", dtype=torch.bfloat16), AttentionRecorder(mha) as rec:
+        _, w = mha(x, x, x, average_attn_weights=False)
+    assert rec["model"].weights.dtype == torch.float32 and w.dtype == torch.bfloat16
+    torch.testing.assert_close(rec["model"].weights, w.float(), rtol=0, atol=0)  # the bf16 weights, exactly
+
+
+def test_compiled_code_runs_records_nothing_and_says_so():
+    mha, x = _mha_and_input()
+    want, before = mha(x, x, x, need_weights=False)[0], _hook_state(mha)
+    torch._dynamo.reset()
+    compiled = torch.compile(mha, fullgraph=True, backend="eager")  # fullgraph: the hooks must not break the graph
+    with pytest.warns(RuntimeWarning, match="torch.compile"), AttentionRecorder(mha) as rec:
+        out = compiled(x, x, x, need_weights=False)[0]
+    assert rec.names() == [] and _hook_state(mha) == before
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-6)
+
+
+def test_modules_running_on_another_thread_do_not_name_the_maps():
+    """A second thread inside a hooked module (the same model served concurrently) must not steal the names."""
+    torch.manual_seed(0)
+    model, x = _Encoder(), torch.randn(2, 5, 12)
+    inside, leave = threading.Event(), threading.Event()
+    ff = model.layers[1].ff
+    ff.register_forward_hook(lambda m, a, o: (inside.set(), leave.wait(10)) if threading.current_thread() is not
+                             threading.main_thread() else None)
+    other = threading.Thread(target=lambda: ff(torch.zeros(1, 12)))
+
+    def start_other(module, args):  # runs after the recorder's pre-hook: this thread is inside self_attn now
+        other.start()
+        assert inside.wait(10)  # and the other thread is inside layers.1.ff, where it stays until `leave`
+
+    with AttentionRecorder(model) as rec:
+        handle = model.layers[0].self_attn.register_forward_pre_hook(start_other)
+        try:
+            model.layers[0](x)
+        finally:
+            handle.remove()
+            leave.set()
+            other.join(10)
+    assert rec.names() == ["layers.0.self_attn"]
 
 
 class _Layer(nn.Module):
@@ -391,5 +452,5 @@ def test_bad_arguments():
     with pytest.raises(ArgumentError, match="max_maps"):
         AttentionRecorder(max_maps=0)
     rec = AttentionRecorder()
-    with rec, pytest.raises(ArgumentError, match="already active"):
+    with pytest.warns(RuntimeWarning, match="no attention map"), rec, pytest.raises(ArgumentError, match="already"):
         rec.__enter__()

@@ -219,3 +219,39 @@ def test_summary_of_a_recorder_uses_one_sample():
     assert [(r.name, r.head) for r in rows] == [("attention", h) for h in range(H)]
     got = torch.tensor([r.entropy for r in rows], dtype=torch.float64)
     torch.testing.assert_close(got, entropy(weights[1]).double(), rtol=0, atol=1e-6)
+
+
+def test_a_row_holding_nan_or_inf_makes_its_head_nan_instead_of_being_dropped():
+    w = _maps(zero_rows=False)
+    w[0, 1, 3, 2] = float("nan")
+    w[1, 0, 0, 5] = float("inf")
+    for fn in (entropy, attention_distance, sparsity):
+        out = fn(w)
+        assert torch.isnan(out[0, 1]) and torch.isnan(out[1, 0]), fn.__name__
+        nan = torch.zeros(B, H, dtype=torch.bool)
+        nan[0, 1] = nan[1, 0] = True
+        assert not torch.isnan(out[~nan]).any(), fn.__name__
+        torch.testing.assert_close(out[~nan], fn(_maps(zero_rows=False))[~nan], rtol=0, atol=0)
+    rows = summary({"x": w[0]})
+    assert math.isnan(rows[1].entropy) and not math.isnan(rows[0].entropy)
+
+
+def test_fully_masked_queries_of_a_batched_attention_call_are_left_out():
+    q, k, v = rand_qkv(b=B, h=H, lq=LQ, lk=LK, d=11)
+    allowed = torch.rand(B, 1, LQ, LK, generator=torch.Generator().manual_seed(1)) > 0.4
+    allowed[0, :, 1] = False  # query 1 of sample 0 sees no key: its row of weights is all zero
+    w = attention(q, k, v, mask=allowed, return_weights=True).weights.double()
+    assert torch.equal(w[0, :, 1], torch.zeros(H, LK, dtype=torch.float64))
+    keep = [0, 2, 3, 4]
+    torch.testing.assert_close(entropy(w)[0], entropy(w[0, :, keep]), rtol=0, atol=1e-12)
+    kept = attention_distance(w[0, :, keep], q_positions=torch.tensor(keep))
+    torch.testing.assert_close(attention_distance(w)[0], kept, rtol=0, atol=1e-12)
+    torch.testing.assert_close(entropy(w)[1], entropy(w[1]), rtol=0, atol=0)  # batched = one sample at a time
+
+
+def test_one_key_maps():
+    w = torch.ones(H, LQ, 1, dtype=torch.float64)  # Lk = 1: every query puts all weight on key 0
+    assert torch.equal(entropy(w), torch.zeros(H, dtype=torch.float64))
+    assert torch.equal(sparsity(w), torch.zeros(H, dtype=torch.float64))
+    torch.testing.assert_close(attention_distance(w), torch.full((H,), sum(range(LQ)) / LQ, dtype=torch.float64))
+    assert top_positions(w, 1).indices.eq(0).all()

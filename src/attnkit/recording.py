@@ -6,6 +6,10 @@ reference path, computes the post-normalisation weights and hands them to
 :func:`attnkit.attention` call :func:`report` themselves, and wrap inner
 :func:`attnkit.attention` calls that are not attention maps (a mean of keys)
 in :func:`suspended`. With no listener, nothing here costs more than one check.
+
+Listeners are per thread: a listener sees the reports made on the thread that
+installed it, never those of other threads (which may be running the same model
+for someone else). Inside ``torch.compile``'d code nothing is reported.
 """
 
 from __future__ import annotations

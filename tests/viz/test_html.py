@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from attnkit.errors import ArgumentError, ShapeError
-from attnkit.viz import html, html_page
+from attnkit.viz import html_page
 
 CHROMIUM = Path("/usr/bin/chromium")
 EVIL = "<script>alert(1)</script>"
@@ -101,7 +101,7 @@ def test_tokens_per_map_name(tmp_path):
     assert m_self["k"] == ["0", "1", "2"] and m_cross["k"] == ["w", "x", "y", "z"]
 
 
-def test_html_page_rejects_bad_input(tmp_path, monkeypatch):
+def test_html_page_rejects_bad_input(tmp_path):
     with pytest.raises(ArgumentError, match=r"\.html"):
         html_page(_maps(), path=tmp_path / "maps.png")
     with pytest.raises(ShapeError, match=r"q_tokens has 2 tokens but maps\['enc.layer0'\] has 5"):
@@ -112,9 +112,23 @@ def test_html_page_rejects_bad_input(tmp_path, monkeypatch):
         html_page({}, path=tmp_path / "maps.html")
     with pytest.raises(TypeError):
         html_page(_maps())  # path is required
-    monkeypatch.setattr(html, "_LARGE", 10)
-    with pytest.warns(UserWarning, match="large page"):
-        html_page(_maps(), path=tmp_path / "maps.html")
+    with pytest.raises(ArgumentError, match="max_weights"):
+        html_page(_maps(), path=tmp_path / "maps.html", max_weights=0)
+
+
+def test_huge_maps_are_refused_before_anything_is_copied_or_written(tmp_path):
+    # 64 heads of 4096 x 4096 (a 10 GB page): an expanded view, so nothing is materialised unless the code copies it.
+    huge = torch.full((1, 1, 1), 1 / 4096).expand(64, 4096, 4096)
+    with pytest.raises(ArgumentError) as info:
+        html_page({"layer 0": huge}, path=tmp_path / "huge.html")
+    message = str(info.value)
+    assert "1,073,741,824 weights" in message and "(64, 4096, 4096)" in message and "max_weights=4,000,000" in message
+    assert not (tmp_path / "huge.html").exists()
+    small = {"a": torch.rand(3, 5, 7), "b": torch.rand(2, 4, 5, 7)}  # 105 + 140 (sample 0 of b) = 245 weights
+    with pytest.raises(ArgumentError, match="245 weights"):
+        html_page(small, path=tmp_path / "small.html", max_weights=244)
+    assert not (tmp_path / "small.html").exists()
+    assert html_page(small, path=tmp_path / "small.html", max_weights=245).exists()  # the batch is not counted
 
 
 # ------------------------------------------------------------------ in a real browser
@@ -168,3 +182,16 @@ def test_browser_screenshot_is_not_blank(tmp_path):
     # The largest weight is drawn in viridis' last colour (253, 231, 37).
     yellow = (abs(pixels * 255 - torch.tensor([253, 231, 37]).numpy()) < 4).all(-1)
     assert yellow.sum() >= 100  # at least one whole cell (28 x 28 px for a 5 x 7 map)
+
+
+@needs_chromium
+@pytest.mark.parametrize(("shape", "cells"), [((1, 200), (3, 28)), ((60, 3), (28, 12)), ((1, 1), (28, 28)),
+                                              ((30, 40), (18, 18))])
+def test_browser_gives_strips_readable_rows(tmp_path, shape, cells):
+    """A one-query map over 200 keys is drawn 28 px tall, not as a 3 px line; square-ish maps keep square cells."""
+    w = torch.softmax(torch.randn(*shape, generator=torch.Generator().manual_seed(0)), -1)
+    path = html_page({"map": w}, path=tmp_path / "strip.html")
+    info = _Dom(_chromium(tmp_path, path.as_uri() + "#q=0&k=0", "--dump-dom")).attrs["render-info"]
+    assert (int(info["data-cellw"]), int(info["data-cellh"])) == cells
+    assert info["data-cells"] == str(w.numel())
+    assert float(info["data-checksum"]) == pytest.approx(w.sum().item(), rel=1e-3)

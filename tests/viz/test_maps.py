@@ -171,3 +171,39 @@ def test_alignment_puts_source_tokens_on_x_top_and_target_tokens_on_y(tmp_path):
 def test_alignment_rejects_token_lists_of_the_wrong_length():
     with pytest.raises(ShapeError, match=r"src_tokens .* \(7\); got 5"):
         alignment(_weights(5, 7), Q_TOKENS, Q_TOKENS)
+
+
+def _integers(values) -> bool:
+    return len(values) > 0 and all(float(v).is_integer() for v in values)
+
+
+def test_index_axes_without_labels_have_whole_number_ticks():
+    for shape in ((1, 300), (1, 1), (40, 3)):
+        ax = heatmap(_weights(*shape)).axes[0]
+        assert _integers(ax.get_xticks()) and _integers(ax.get_yticks()), shape
+
+
+def test_labels_the_font_cannot_draw_become_code_points_without_warnings(tmp_path):
+    import warnings
+
+    import matplotlib
+
+    labels = ["日本", "naïve", "a🙂", '"q"', "<b>", "a&b", "x"]
+    with matplotlib.rc_context({"font.family": ["DejaVu Sans"]}), warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns "Glyph ... missing from font(s)" for every tofu box
+        fig = heatmap(_weights(7, 7), q_labels=labels, k_labels=labels, title="日本 é", path=tmp_path / "u.png")
+        heatmap(_weights(7, 7), q_labels=labels, k_labels=labels, path=tmp_path / "u.svg")
+    assert _ticks(fig.axes[0].get_xticklabels()) == ["U+65E5U+672C", "naïve", "aU+1F642", '"q"', "<b>", "a&b", "x"]
+    assert fig.axes[0].get_title() == "U+65E5U+672C é"
+    ET.parse(tmp_path / "u.svg")  # quotes, <, & are escaped in the SVG
+
+
+def test_long_titles_are_wrapped_inside_the_figure():
+    title = "hierarchical-attention: Yang et al. 2016, NAACL-HLT, 'Hierarchical Attention Networks for Document " \
+            "Classification', eqs. 5-10"
+    for fig in (head_grid({"one head": _weights(1, 5, 7)}, title=title), heatmap(_weights(2, 3), title=title)):
+        fig.canvas.draw()
+        text = fig._suptitle if fig._suptitle is not None else fig.axes[0].title
+        box = text.get_window_extent(fig.canvas.get_renderer())
+        assert box.x0 >= 0 and box.x1 <= fig.bbox.width, (box, fig.bbox.width)
+        assert text.get_text().replace("\n", " ") == title

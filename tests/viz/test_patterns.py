@@ -190,3 +190,40 @@ def test_plot_mask_command_reports_bad_input_as_an_attnkit_error(tmp_path):
         _run_cli(["plot-mask", "causal()", "--q-len", "4", "--out", str(tmp_path / "m.pdf")])
     with pytest.raises(ArgumentError, match="cannot parse mask"):
         _run_cli(["plot-mask", "__import__('os')", "--q-len", "4"])
+
+
+def test_mask_pictures_have_whole_index_ticks_and_keep_the_mask_shape():
+    wide = mask_picture("sliding_window(2, 2)", 5, 40)
+    ax = wide.axes[0]
+    assert all(float(t).is_integer() for t in (*ax.get_xticks(), *ax.get_yticks()))
+    assert wide.get_figheight() < 0.5 * wide.get_figwidth()  # a 5 x 40 strip is not drawn on a square page
+    one = mask_picture("causal()", 1).axes[0]
+    shown = [t for t in one.get_yticks() if -0.5 <= t <= 0.5] + [t for t in one.get_xticks() if -0.5 <= t <= 0.5]
+    assert shown == [0, 0]
+    tall = mask_picture("sliding_window(2, 2)", 40, 5, block_size=4)
+    assert tall.get_figheight() > 5.0 and tall.get_figwidth() < 8.0
+
+
+@pytest.mark.parametrize("mask", [
+    masks.full(), masks.causal("top_left"), masks.sliding_window(2, 1), masks.dilated(2, 2), masks.strided(3),
+    masks.fixed(4, 1), masks.global_tokens([0, 5]), masks.block_layout(torch.eye(3, dtype=torch.bool), 4),
+    masks.segments([0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2]), masks.padding([7, 12]),
+    masks.keys(torch.arange(12) % 3 != 0), masks.prefix_lm(4),
+    masks.from_function(lambda b, h, q, k: (q - k).abs() % 3 == 0, "every third"),
+    ~masks.causal() | masks.global_tokens([3]),
+], ids=repr)
+def test_every_mask_constructor_is_drawn_exactly(mask):
+    allowed = mask.materialize(12, 12)[0, 0]
+    np.testing.assert_allclose(_image(mask_picture(mask, 12)), _expected_rgb(allowed, None))
+    states, _ = _layout_states(mask, 12, 12, 5)
+    np.testing.assert_allclose(_image(mask_picture(mask, 12, block_size=5)), _expected_rgb(allowed, states, 5))
+
+
+def test_plot_mask_command_reports_an_unwritable_output_and_sampled_fractions(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for out in (blocker / "m.png", blocker / "sub" / "m.png"):
+        with pytest.raises(ArgumentError, match=r"cannot write --out .*a-file"):
+            _run_cli(["plot-mask", "causal()", "--q-len", "4", "--out", str(out)])
+    assert _run_cli(["plot-mask", "causal()", "--q-len", "8192", "--out", str(tmp_path / "big.png")]) == 0
+    assert "estimated from 16 samples per drawn cell" in capsys.readouterr().out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
 from collections.abc import Iterator
 from typing import NamedTuple
@@ -55,6 +56,13 @@ class AttentionRecorder:
     hook is removed on exit (also after an exception); nothing is stored on the
     modules; after the block the model runs on its usual fast path again.
 
+    What is recorded: calls made on the thread that entered the block (other threads
+    running the same model are neither recorded nor mixed into the names), outside
+    ``torch.compile``'d code (compiled regions keep their fast path and report nothing;
+    nothing crashes). Under ``torch.no_grad``, ``torch.inference_mode`` and autocast the
+    maps are recorded as usual (float32 copies). A block that records no map at all
+    warns on exit, naming these reasons.
+
     Layout rule of :meth:`as_dict`: a map becomes ``(H, Lq, Lk)`` for one sample:
     ``(B, H, Lq, Lk)`` -> ``w[sample]``; ``(B, Lq, Lk)`` -> ``(1, Lq, Lk)``; ``(B, Lk)``
     (pooling) -> ``(1, 1, Lk)``. ``sample`` indexes each map's first dimension, which
@@ -97,12 +105,15 @@ class AttentionRecorder:
         self._calls: dict[str, int] = {}  # name -> maps reported under it so far
         self._names: dict[nn.Module, str] = {}
         self._running: list[tuple[str, nn.Module]] = []  # hooked modules executing now, innermost last
+        self._thread: int | None = None  # the thread that entered: hooks on other threads are ignored
+        self._seen = 0  # maps reported before the block (to warn about a block that records none)
         self._exit: contextlib.ExitStack | None = None
 
     def __enter__(self) -> AttentionRecorder:
         if self._exit is not None:
             raise ArgumentError("AttentionRecorder: this recorder is already active; use a second one to nest")
         stack = contextlib.ExitStack()
+        self._thread, self._seen = threading.get_ident(), len(self.maps) + self.dropped
         try:
             if self.model is not None:
                 self._names = {m: name or "model" for name, m in self.model.named_modules()}
@@ -121,6 +132,10 @@ class AttentionRecorder:
         self._running.clear()
         if stack is not None:
             stack.close()
+        if exc[0] is None and len(self.maps) + self.dropped == self._seen:
+            warnings.warn("AttentionRecorder: no attention map was recorded in this block (the code ran no attnkit "
+                          "attention with weights on this thread outside torch.compile'd code)", RuntimeWarning,
+                          stacklevel=2)
         if self.dropped:
             warnings.warn(f"AttentionRecorder: max_maps={self.max_maps} reached; {self.dropped} more maps were not "
                           f"kept", RuntimeWarning, stacklevel=2)
@@ -128,10 +143,17 @@ class AttentionRecorder:
 
     def _enter_hook(self, name: str):
         def hook(module, args):
-            self._running.append((name, module))
+            if not self._foreign():
+                self._running.append((name, module))
         return hook
 
+    def _foreign(self) -> bool:
+        """True in compiled code (which reports nothing) and on threads other than the recording one."""
+        return torch.compiler.is_compiling() or threading.get_ident() != self._thread
+
     def _exit_hook(self, module, args, output):
+        if self._foreign():
+            return
         for i in range(len(self._running) - 1, -1, -1):  # innermost first; always_call runs it after errors too
             if self._running[i][1] is module:
                 del self._running[i]

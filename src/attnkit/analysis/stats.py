@@ -3,8 +3,10 @@
 Every function takes maps ``(..., Lq, Lk)`` of non-negative weights. A row is a
 query's weights over the keys; rows are normalised to sum 1 first (so sigmoid
 maps work too) and a row summing to 0 (a query with no allowed key) is left out
-of every average. Computed in float64, returned in the input's floating dtype
-(float32 at least). A head whose rows are all zero gets NaN.
+of every average. A row holding NaN or inf is not left out: it makes its head's
+statistic NaN, so a broken map is never summarised as a healthy one. Computed in
+float64, returned in the input's floating dtype (float32 at least). A head whose
+rows are all zero gets NaN.
 """
 
 from __future__ import annotations
@@ -32,15 +34,22 @@ def _check(who: str, weights, min_dim: int = 2) -> torch.Tensor:
 
 
 def _rows(who: str, weights) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows normalised to sum 1 in float64 ``(..., Lq, Lk)`` and which rows are live ``(..., Lq)``."""
+    """Rows normalised to sum 1 in float64 ``(..., Lq, Lk)`` and which rows are live ``(..., Lq)``.
+
+    A row with NaN/inf is live and entirely NaN, so every statistic of its head is NaN.
+    """
     w = _check(who, weights).detach().to(torch.float64)
+    broken = ~torch.isfinite(w).all(-1)  # (..., Lq)
     total = w.sum(-1)
-    live = total > 0
-    return w / torch.where(live, total, torch.ones_like(total))[..., None], live
+    live = (total > 0) | broken
+    p = w / torch.where(live, total, torch.ones_like(total))[..., None]
+    return torch.where(broken[..., None], torch.full_like(p, float("nan")), p), live
 
 
-def _mean_rows(values: torch.Tensor, live: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """Mean of per-row ``values (..., Lq)`` over live rows ``(...)``; NaN where no row is live."""
+def _mean_rows(values: torch.Tensor, p: torch.Tensor, live: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Mean of per-row ``values (..., Lq)`` over live rows ``(...)``; NaN where no row is live or a row of
+    ``p`` is NaN."""
+    values = torch.where(p.isnan().any(-1), torch.full_like(values, float("nan")), values)
     count = live.sum(-1)
     mean = torch.where(live, values, torch.zeros_like(values)).sum(-1) / count.clamp(min=1)
     mean = torch.where(count > 0, mean, torch.full_like(mean, float("nan")))
@@ -48,10 +57,19 @@ def _mean_rows(values: torch.Tensor, live: torch.Tensor, like: torch.Tensor) -> 
 
 
 def entropy(weights: torch.Tensor) -> torch.Tensor:
-    """Mean row entropy ``-sum_j p_ij log p_ij`` in nats ``(...)``: 0 for one-hot rows, ``log Lk`` for uniform."""
+    """Mean row entropy ``-sum_j p_ij log p_ij`` in nats ``(...)``: 0 for one-hot rows, ``log Lk`` for uniform.
+
+    The per-head average entropy of Clark et al. 2019, "What Does BERT Look At?" (BlackboxNLP,
+    arXiv:1906.04341): low for focused heads, near ``log Lk`` for broad ones.
+
+    Example:
+        >>> import torch
+        >>> entropy(torch.tensor([[1.0, 0.0], [0.5, 0.5]])).item() == torch.tensor(2.0).log().item() / 2
+        True
+    """
     p, live = _rows("entropy", weights)
     h = -torch.where(p > 0, p * torch.log(torch.where(p > 0, p, torch.ones_like(p))), torch.zeros_like(p)).sum(-1)
-    return _mean_rows(h, live, weights)
+    return _mean_rows(h, p, live, weights)
 
 
 def attention_distance(weights: torch.Tensor, *, q_positions: torch.Tensor | None = None,
@@ -60,6 +78,13 @@ def attention_distance(weights: torch.Tensor, *, q_positions: torch.Tensor | Non
 
     Positions default to the indices ``0..Lq-1`` and ``0..Lk-1``; pass token positions
     (broadcastable to ``(..., Lq)`` and ``(..., Lk)``) for cross-attention or packed inputs.
+    The "mean attention distance" of Dosovitskiy et al. 2021 (ViT, ICLR, arXiv:2010.11929,
+    Fig. 7 and App. D.7), in token positions instead of pixels.
+
+    Example:
+        >>> import torch
+        >>> attention_distance(torch.tensor([[0.0, 1.0], [1.0, 0.0]])).item()  # each query looks one away
+        1.0
     """
     p, live = _rows("attention_distance", weights)
     lq, lk = p.shape[-2:]
@@ -69,7 +94,7 @@ def attention_distance(weights: torch.Tensor, *, q_positions: torch.Tensor | Non
         raise ShapeError(f"attention_distance: q_positions must end in Lq={lq} and k_positions in Lk={lk}; got "
                          f"{tuple(qp.shape)} and {tuple(kp.shape)}")
     dist = (qp.to(torch.float64)[..., :, None] - kp.to(torch.float64)[..., None, :]).abs()  # (..., Lq, Lk)
-    return _mean_rows((p * dist).sum(-1), live, weights)
+    return _mean_rows((p * dist).sum(-1), p, live, weights)
 
 
 def sparsity(weights: torch.Tensor, *, eps: float = 1e-3) -> torch.Tensor:
@@ -77,11 +102,16 @@ def sparsity(weights: torch.Tensor, *, eps: float = 1e-3) -> torch.Tensor:
 
     Masked keys count (they are exactly 0): a causal map is about half sparse. ``eps=0``
     counts exact zeros only (sparsemax). Keep ``eps`` below ``1 / Lk`` for long rows.
+
+    Example:
+        >>> import torch
+        >>> sparsity(torch.tensor([[1.0, 0.0, 0.0, 0.0]])).item()
+        0.75
     """
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
         raise ArgumentError(f"sparsity: eps must be a number >= 0; got {eps!r}")
     p, live = _rows("sparsity", weights)
-    return _mean_rows((p <= eps).to(torch.float64).mean(-1), live, weights)  # Lk = 0: no live row, NaN
+    return _mean_rows((p <= eps).to(torch.float64).mean(-1), p, live, weights)  # Lk = 0: no live row, NaN
 
 
 class TopPositions(NamedTuple):
@@ -92,7 +122,13 @@ class TopPositions(NamedTuple):
 
 
 def top_positions(weights: torch.Tensor, k: int) -> TopPositions:
-    """The ``k`` keys with the largest weight for every query (ties in an unspecified order)."""
+    """The ``k`` keys with the largest weight for every query (ties in an unspecified order).
+
+    Example:
+        >>> import torch
+        >>> top_positions(torch.tensor([[0.1, 0.6, 0.3]]), 2).indices.tolist()
+        [[1, 2]]
+    """
     _check("top_positions", weights)
     check_int("top_positions", "k", k, 1)
     if k > weights.shape[-1]:
@@ -106,6 +142,14 @@ def head_agreement(weights: torch.Tensor) -> torch.Tensor:
 
     ``<A_g, A_h> / (|A_g| |A_h|)`` over all ``(i, j)``: 1 for proportional maps, 0 for maps
     with no common (query, key) pair. The diagonal is 1; an all-zero map has 0 with any other.
+    Differences from Clark et al. 2019 (arXiv:1906.04341), who compare heads by the Jensen-Shannon
+    distance of their row distributions: cosine of whole maps, one number per pair, no sampling.
+
+    Example:
+        >>> import torch
+        >>> eye = torch.eye(3)
+        >>> head_agreement(torch.stack([eye, 2 * eye, eye.roll(1, 1)])).tolist()[0]
+        [1.0, 1.0, 0.0]
     """
     w = _check("head_agreement", weights, 3).detach().to(torch.float64).flatten(-2)  # (..., H, Lq*Lk)
     norm = w.norm(dim=-1)

@@ -1,8 +1,10 @@
-"""``attnkit record NAME``: run a registered mechanism's example, record its attention maps, draw them."""
+"""``attnkit record NAME``: run a registered mechanism's example or a small model, record its maps, draw them."""
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import warnings
 from pathlib import Path
 
 import torch
@@ -16,49 +18,113 @@ from ..errors import ArgumentError
 FORMATS = ("png", "svg", "html")
 
 
-def record_example(name: str, *, seed: int = 0) -> AttentionRecorder:
-    """The maps of ``registry.get(name).example()``, named after its submodules (seeded for stochastic ones)."""
+def _models() -> dict[str, tuple[str, object]]:
+    """Small untrained models from :mod:`attnkit.models`: name -> (paper, () -> (model, inputs))."""
+    from ..models import Transformer, TransformerLM, VisionTransformer
+
+    return {
+        "transformer": ("Vaswani et al. 2017, arXiv:1706.03762 (encoder-decoder)", lambda: (
+            Transformer(11, 13, dim=12, num_heads=3), (torch.randint(0, 11, (2, 7)), torch.randint(0, 13, (2, 5))))),
+        "transformer-lm": ("Vaswani et al. 2017, arXiv:1706.03762 (causal decoder)", lambda: (
+            TransformerLM(17, dim=12, num_heads=3), (torch.randint(0, 17, (2, 9)),))),
+        "vit": ("Dosovitskiy et al. 2021, arXiv:2010.11929", lambda: (
+            VisionTransformer(8, 2, dim=12, num_heads=3), (torch.randn(2, 1, 8, 8),))),
+    }
+
+
+MODELS = ("transformer", "transformer-lm", "vit")
+
+
+def _example(name: str) -> tuple[str, object, tuple]:
+    """(paper, callable, inputs) of a registered mechanism or a small model; ArgumentError naming close matches."""
+    if name in MODELS:
+        paper, build = _models()[name]
+        model, inputs = build()
+        return paper, model.eval(), inputs
     try:
         entry = registry.get(name)
-    except KeyError as err:
-        raise ArgumentError(str(err.args[0])) from None
+    except KeyError:
+        known = sorted(e.name for e in registry.entries()) + list(MODELS)
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+        raise ArgumentError(f"unknown mechanism or model {name!r}; {hint}known: {', '.join(known)}") from None
     if entry.example is None:
         raise ArgumentError(f"mechanism {name!r} has no example to run")
-    torch.manual_seed(seed)  # before example(): some examples build their modules from the global generator
     fn, inputs = entry.example()
-    with torch.no_grad(), AttentionRecorder(fn if isinstance(fn, nn.Module) else None) as rec:
-        fn(*inputs)
+    return entry.paper, fn, inputs
+
+
+def record_example(name: str, *, seed: int = 0) -> AttentionRecorder:
+    """The maps of a mechanism's ``registry`` example or of a small model (:data:`MODELS`), named after its
+    submodules; seeded (before the example is built: some build modules from the global generator)."""
+    torch.manual_seed(seed)
+    _, fn, inputs = _example(name)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "AttentionRecorder: no attention map", RuntimeWarning)  # an error below
+        with torch.no_grad(), AttentionRecorder(fn if isinstance(fn, nn.Module) else None) as rec:
+            fn(*inputs)
     if not rec.maps:
         raise ArgumentError(f"mechanism {name!r} computes no attention map to record (no weights over keys)")
     return rec
 
 
+def picture_maps(rec: AttentionRecorder, sample: int = 0) -> dict[str, torch.Tensor]:
+    """``{name: (H, Lq, Lk)}`` to draw: :meth:`~AttentionRecorder.as_dict` of ``sample``, except pooling maps.
+
+    A pooling map has one query per batch entry (``(N, Lk)``, ``(N, 1, Lk)`` or ``(N, 1, 1, Lk)``), and
+    modules fold steps or sentences into that batch: one entry alone is a one-row strip (or, for the
+    first step of a memory, empty). Those are drawn with all N entries stacked as rows, ``(1, N, Lk)``.
+    """
+    maps = rec.as_dict(sample)
+    for m in rec.maps:
+        w = m.weights
+        pooled = w.dim() == 2 or (w.dim() == 3 and w.shape[1] == 1) or (w.dim() == 4 and w.shape[1:3] == (1, 1))
+        if pooled and w.shape[0] > 1:
+            maps[m.name] = w.reshape(w.shape[0], w.shape[-1])[None]  # (1, N, Lk): batch entries as rows
+    return maps
+
+
+def _write(out: Path, write) -> None:
+    """Run ``write()``; a file system error becomes an ArgumentError naming the output folder."""
+    try:
+        write()
+    except OSError as err:
+        raise ArgumentError(f"cannot write to --out {str(out)!r}: {err.strerror or err} "
+                            f"({err.filename or out})") from None
+
+
 def _cmd_record(args) -> int:
     rec = record_example(args.name, seed=args.seed)
-    maps = rec.as_dict(sample=0)
+    maps = picture_maps(rec)
     try:
         viz = importlib.import_module("attnkit.viz")
     except ImportError as err:
         raise ArgumentError(f"attnkit record needs attnkit.viz and its plotting extra: {err}") from None
     out = Path(args.out) if args.out is not None else Path("attnkit-maps") / args.name
-    out.mkdir(parents=True, exist_ok=True)
-    picture = out / f"{args.name}.{args.format}"
-    title = f"{args.name}: {registry.get(args.name).paper}"
-    if args.format == "html":
-        viz.html_page(maps, title=title, path=picture)
-    else:
-        viz.head_grid(maps, title=title, path=picture)
-    stats = out / "stats.md"
-    stats.write_text(f"# {args.name}\n\n{summary(maps).to_markdown()}\n", encoding="utf-8")
+    picture, stats = out / f"{args.name}.{args.format}", out / "stats.md"
+    paper = _models()[args.name][0] if args.name in MODELS else registry.get(args.name).paper
+    title = f"{args.name}: {paper}"
+
+    def write() -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        if args.format == "html":
+            viz.html_page(maps, title=title, path=picture)
+        else:
+            viz.head_grid(maps, title=title, path=picture, max_heads=args.max_heads)
+        stats.write_text(f"# {args.name}\n\n{summary(maps).to_markdown()}\n", encoding="utf-8")
+
+    _write(out, write)
     for path in (picture, stats):
         print(path)
     return 0
 
 
 def add(sub) -> None:
-    p = sub.add_parser("record", help="run a mechanism's example, record its attention maps and draw them")
-    p.add_argument("name", help="a registered mechanism (see attnkit list)")
+    p = sub.add_parser("record", help="run a mechanism's example or a small model, record its attention maps and "
+                                      "draw them")
+    p.add_argument("name", help=f"a registered mechanism (see attnkit list) or a model: {', '.join(MODELS)}")
     p.add_argument("--out", default=None, help="output folder (default: attnkit-maps/NAME)")
     p.add_argument("--format", default="png", choices=FORMATS)
-    p.add_argument("--seed", type=int, default=0, help="torch seed for stochastic mechanisms")
+    p.add_argument("--seed", type=int, default=0, help="torch seed for the weights and stochastic mechanisms")
+    p.add_argument("--max-heads", type=int, default=8, help="heads drawn per map in png/svg (default: %(default)s)")
     p.set_defaults(func=_cmd_record)

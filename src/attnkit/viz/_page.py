@@ -4,7 +4,8 @@ Placeholders: ``__TITLE__`` (HTML-escaped text) and ``__DATA__`` (JSON with ``<`
 and ``&`` written as ``\\u003c`` etc., so no label can close the script element).
 Labels reach the page only through ``textContent`` and canvas ``fillText``, never
 as markup. After each draw the page writes what it drew into ``#render-info``
-(cells, checksum = sum of the finite weights drawn, layer, head), which tests read.
+(cells, checksum = sum of the finite weights drawn, layer, head, cell width and height in
+CSS pixels), which tests read.
 """
 
 TEMPLATE = r"""<!DOCTYPE html>
@@ -136,33 +137,35 @@ function drawLegend(lo, hi, top, height) {
 
 function draw(layer, head) {
   const m = DATA.maps[layer], w = m.w[head], s = scaleOf(w);
-  const cell = Math.max(1, Math.min(28, Math.floor(720 / Math.max(m.lq, m.lk))));
+  const fit = (n) => Math.max(1, Math.min(28, Math.floor(720 / n)));
+  const strip = Math.max(m.lq, m.lk) > 4 * Math.min(m.lq, m.lk);  // a strip fills each axis on its own
+  const cw = strip ? fit(m.lk) : fit(Math.max(m.lq, m.lk)), ch = strip ? fit(m.lq) : cw;
   const probe = $("map").getContext("2d");
   probe.font = FONT;
   const widest = (labels) => Math.max(...labels.map((t) => probe.measureText(short(t)).width));
   const left = 10 + widest(m.q), top = 10 + widest(m.k);
-  const ctx = setCanvas($("map"), left + m.lk * cell + 8, top + m.lq * cell + 8);
+  const ctx = setCanvas($("map"), left + m.lk * cw + 8, top + m.lq * ch + 8);
   const img = new ImageData(m.lk, m.lq);
   for (let n = 0; n < w.length; n++) img.data.set([...colour(w[n], s.lo, s.hi), 255], 4 * n);
   const off = document.createElement("canvas");
   off.width = m.lk; off.height = m.lq;
   off.getContext("2d").putImageData(img, 0, 0);
   ctx.imageSmoothingEnabled = false;
-  ctx.drawImage(off, left, top, m.lk * cell, m.lq * cell);
+  ctx.drawImage(off, left, top, m.lk * cw, m.lq * ch);
   ctx.font = FONT;
   ctx.textBaseline = "middle";
   ctx.textAlign = "right";
-  drawLabels(ctx, m.q, cell, (i) => [left - 4, top + (i + 0.5) * cell], false);
+  drawLabels(ctx, m.q, ch, (i) => [left - 4, top + (i + 0.5) * ch], false);
   ctx.textAlign = "left";
-  drawLabels(ctx, m.k, cell, (j) => [left + (j + 0.5) * cell, top - 4], true);
-  drawLegend(s.lo, s.hi, top, m.lq * cell);
+  drawLabels(ctx, m.k, cw, (j) => [left + (j + 0.5) * cw, top - 4], true);
+  drawLegend(s.lo, s.hi, top, m.lq * ch);
   $("mark").style.display = "none";
-  view = { m, w, left, top, cell };
+  view = { m, w, left, top, cw, ch };
   const sample = m.batch > 1 ? " (sample 0 of " + m.batch + ")" : "";
   $("shape").textContent = m.lq + " queries × " + m.lk + " keys" + sample;
   const info = $("render-info");
   Object.assign(info.dataset, { layer: String(layer), head: String(head), cells: String(w.length),
-    nonfinite: String(s.bad), checksum: s.sum.toPrecision(10) });
+    nonfinite: String(s.bad), checksum: s.sum.toPrecision(10), cellw: String(cw), cellh: String(ch) });
   info.textContent = "drawn " + w.length + " cells";
 }
 
@@ -181,9 +184,9 @@ function showCell(i, j) {
   $("hover").textContent = "query " + i + " “" + m.q[i] + "” → key " + j + " “" + m.k[j] + "”: weight " +
     fmt(w[i * m.lk + j]);
   $("stats").textContent = rowStats(i);
-  const mark = $("mark"), c = view.cell;
-  Object.assign(mark.style, { display: "block", left: view.left + j * c + "px", top: view.top + i * c + "px",
-    width: c + "px", height: c + "px" });
+  const mark = $("mark"), { cw, ch } = view;
+  Object.assign(mark.style, { display: "block", left: view.left + j * cw + "px", top: view.top + i * ch + "px",
+    width: cw + "px", height: ch + "px" });
 }
 
 function select(layer, head, remember) {
@@ -201,8 +204,8 @@ $("layer").addEventListener("change", () => select(Number($("layer").value), 0, 
 $("head").addEventListener("change", () => select(Number($("layer").value), Number($("head").value), true));
 $("map").addEventListener("mousemove", (ev) => {
   const r = $("map").getBoundingClientRect();
-  const at = (client, origin, offset) => Math.floor((client - origin - offset) / view.cell);
-  showCell(at(ev.clientY, r.top, view.top), at(ev.clientX, r.left, view.left));
+  const at = (client, origin, offset, size) => Math.floor((client - origin - offset) / size);
+  showCell(at(ev.clientY, r.top, view.top, view.ch), at(ev.clientX, r.left, view.left, view.cw));
 });
 function fromLocation() {
   const at = fromHash();

@@ -8,7 +8,9 @@ session has selected.
 
 from __future__ import annotations
 
+import functools
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,7 +18,8 @@ import torch
 
 from ..errors import ArgumentError, DTypeError, ShapeError
 
-__all__ = ["save", "new_figure", "as_weights", "check_path", "set_token_ticks", "weight_norm", "MAX_TICK_LABELS"]
+__all__ = ["save", "new_figure", "as_weights", "checked", "check_path", "set_token_ticks", "title_lines", "drawable",
+           "weight_norm", "MAX_TICK_LABELS"]
 
 SUFFIXES = (".png", ".svg")
 WEIGHTS_CMAP = "viridis"  # sequential, perceptually uniform, readable in grey scale
@@ -73,8 +76,8 @@ def save(fig, path) -> Path:
     return path
 
 
-def as_weights(weights, who: str, ranks: Sequence[int], shape_doc: str) -> torch.Tensor:
-    """A float64 CPU copy of a tensor/array whose rank is one of ``ranks``.
+def checked(weights, who: str, ranks: Sequence[int], shape_doc: str) -> torch.Tensor:
+    """A tensor/array as a real tensor whose rank is one of ``ranks``, not copied (slice it before converting).
 
     NaN and inf are kept (they are drawn in a distinct colour); empty maps, complex
     values and unknown types are refused.
@@ -90,7 +93,12 @@ def as_weights(weights, who: str, ranks: Sequence[int], shape_doc: str) -> torch
         raise ShapeError(f"{who}: weights must have shape {shape_doc}; got {tuple(weights.shape)}")
     if weights.numel() == 0:
         raise ShapeError(f"{who}: nothing to draw, weights have shape {tuple(weights.shape)}")
-    return weights.detach().to("cpu", torch.float64)
+    return weights
+
+
+def as_weights(weights, who: str, ranks: Sequence[int], shape_doc: str) -> torch.Tensor:
+    """A float64 CPU copy of a tensor/array whose rank is one of ``ranks`` (checked as :func:`checked`)."""
+    return checked(weights, who, ranks, shape_doc).detach().to("cpu", torch.float64)
 
 
 def check_labels(labels, n: int, who: str, name: str) -> list[str] | None:
@@ -103,17 +111,51 @@ def check_labels(labels, n: int, who: str, name: str) -> list[str] | None:
     return labels
 
 
+@functools.lru_cache(maxsize=8)
+def _glyphs(families: tuple[str, ...]) -> frozenset[int]:
+    """Code points the fonts of ``font.family`` can draw: generic names expand to their rcParams list and
+    every installed font there counts, as in matplotlib's own font fallback."""
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    rc, points = matplotlib().rcParams, set()
+    generic = ("sans-serif", "serif", "monospace", "cursive", "fantasy")
+    names = [n for f in families for n in (rc[f"font.{f}"] if f in generic else [f])]
+    for name in names:
+        try:
+            path = font_manager.findfont(font_manager.FontProperties(family=name), fallback_to_default=False)
+        except ValueError:  # not installed
+            continue
+        points.update(FT2Font(path).get_charmap())
+    return frozenset(points)
+
+
+def drawable(text: str) -> str:
+    """``text`` with every character the configured fonts lack written as ``U+XXXX`` (no tofu boxes, no
+    warnings); configure a font that has them (``font.family``) to see the glyphs instead."""
+    glyphs = _glyphs(tuple(matplotlib().rcParams["font.family"]))
+    return "".join(c if ord(c) in glyphs or c.isspace() else f"U+{ord(c):04X}" for c in text)
+
+
 def _plain(label: str) -> str:
-    """A label matplotlib shows verbatim: no mathtext ($), short, one line."""
+    """A label matplotlib shows verbatim: no mathtext ($), short, one line, drawable."""
     label = label.replace("\n", " ")
     if len(label) > _LABEL_CHARS:
         label = label[: _LABEL_CHARS - 1] + "…"
-    return label.replace("$", r"\$")
+    return drawable(label).replace("$", r"\$")
+
+
+def title_lines(text: str, width_in: float, fontsize: float = 12.0) -> str:
+    """``text`` wrapped to fit a figure ``width_in`` inches wide, drawable and free of mathtext."""
+    chars = max(20, int(width_in * 72 / (0.6 * fontsize)))
+    return "\n".join(textwrap.wrap(drawable(text), chars, break_on_hyphens=False)).replace("$", r"\$")
 
 
 def set_token_ticks(ax, axis: str, labels: list[str] | None, n: int) -> None:
-    """Token labels on one axis; every k-th one when there are more than MAX_TICK_LABELS."""
+    """Token labels on one axis, every k-th one when there are more than MAX_TICK_LABELS; whole indices without."""
     if labels is None:
+        locator = matplotlib().ticker.MaxNLocator(integer=True, min_n_ticks=1)
+        (ax.xaxis if axis == "x" else ax.yaxis).set_major_locator(locator)
         return
     step = math.ceil(n / MAX_TICK_LABELS)
     ticks = list(range(0, n, step))

@@ -10,19 +10,18 @@ import html
 import json
 import math
 import re
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
-from ..errors import ArgumentError, ShapeError
+from ..errors import ArgumentError, ShapeError, check_int
 from ._page import TEMPLATE
-from ._style import as_weights, check_path
+from ._style import check_path, checked
 
 __all__ = ["html_page"]
 
-_LARGE = 4_000_000  # weights above which the page gets slow to load; warn
+MAX_WEIGHTS = 4_000_000  # about 40 MB of page; more loads slowly or not at all in a browser
 
 
 def _tokens(tokens, name: str, n: int, arg: str) -> list[str]:
@@ -42,18 +41,22 @@ def _numbers(w: torch.Tensor) -> str:
     return "[" + ",".join(f"{x:.4g}" if math.isfinite(x) else "null" for x in w.flatten().tolist()) + "]"
 
 
-def _map_json(name: str, value, q_tokens, k_tokens) -> tuple[str, int]:
-    w = as_weights(value, f"html_page: maps[{name!r}]", (2, 3, 4), "(Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk)")
-    batch = w.shape[0] if w.dim() == 4 else 1
-    heads = w[None] if w.dim() == 2 else w[0] if w.dim() == 4 else w  # (H, Lq, Lk); sample 0 of a batch
+def _heads(name: str, value) -> tuple[torch.Tensor, int]:
+    """``(H, Lq, Lk)`` view of a map (sample 0 of a batch), not yet copied, and its batch size."""
+    w = checked(value, f"html_page: maps[{name!r}]", (2, 3, 4), "(Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk)")
+    return (w[None] if w.dim() == 2 else w[0] if w.dim() == 4 else w), (w.shape[0] if w.dim() == 4 else 1)
+
+
+def _map_json(name: str, heads: torch.Tensor, batch: int, q_tokens, k_tokens) -> str:
     _, lq, lk = heads.shape
     meta = {"name": name, "batch": batch, "lq": lq, "lk": lk,
             "q": _tokens(q_tokens, name, lq, "q_tokens"), "k": _tokens(k_tokens, name, lk, "k_tokens")}
-    weights = ",".join(_numbers(h) for h in heads)
-    return json.dumps(meta)[:-1] + ',"w":[' + weights + "]}", heads.numel()
+    weights = ",".join(_numbers(h) for h in heads.detach().to("cpu", torch.float64))
+    return json.dumps(meta)[:-1] + ',"w":[' + weights + "]}"
 
 
-def html_page(maps, *, q_tokens=None, k_tokens=None, title="attention maps", path) -> Path:
+def html_page(maps, *, q_tokens=None, k_tokens=None, title="attention maps", path,
+              max_weights: int = MAX_WEIGHTS) -> Path:
     """Write one offline HTML page showing attention maps, with layer/head pickers and hover details.
 
     The page draws the chosen map on a canvas (viridis, 0 to the map's maximum; grey for
@@ -69,6 +72,9 @@ def html_page(maps, *, q_tokens=None, k_tokens=None, title="attention maps", pat
             mapping map name -> tokens; positions are used where none are given.
         title: page title (escaped).
         path: the ``.html`` file to write.
+        max_weights: the most weights the page may hold (about 10 bytes each); more raises
+            before anything is converted or written. Pick layers/heads or crop the maps, or
+            raise it knowingly.
 
     Returns:
         The Path written.
@@ -83,14 +89,16 @@ def html_page(maps, *, q_tokens=None, k_tokens=None, title="attention maps", pat
     path = check_path(path, (".html", ".htm"))
     if not isinstance(maps, Mapping) or not maps:
         raise ArgumentError(f"html_page: maps must be a non-empty mapping name -> tensor; got {type(maps).__name__}")
-    parts, total = [], 0
-    for name, value in maps.items():
-        text, count = _map_json(str(name), value, q_tokens, k_tokens)
-        parts.append(text)
-        total += count
-    if total > _LARGE:
-        warnings.warn(f"html_page: {total} weights make a large page that loads slowly; "
-                      "pass fewer layers or shorter sequences", stacklevel=2)
+    check_int("html_page", "max_weights", max_weights, 1)
+    views = {str(name): _heads(str(name), value) for name, value in maps.items()}
+    total = sum(heads.numel() for heads, _ in views.values())
+    if total > max_weights:
+        sizes = ", ".join(f"{name}: {tuple(heads.shape)}" for name, (heads, _) in list(views.items())[:4])
+        raise ArgumentError(f"html_page: the maps hold {total:,} weights (H, Lq, Lk per map: {sizes}"
+                            f"{', ...' if len(views) > 4 else ''}), a page of about {total * 10 / 2**20:,.0f} MiB; "
+                            f"the limit is max_weights={max_weights:,}. Pass fewer layers or heads, crop the "
+                            f"sequences, or raise max_weights")
+    parts = [_map_json(name, heads, batch, q_tokens, k_tokens) for name, (heads, batch) in views.items()]
     data = '{"maps":[' + ",".join(parts) + "]}"
     data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     values = {"TITLE": html.escape(str(title)), "DATA": data}

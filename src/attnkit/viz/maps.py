@@ -10,16 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import torch
+
 from ..errors import ArgumentError, ShapeError, check_int
 from ._style import (
     as_weights,
     check_labels,
     check_path,
+    checked,
     draw_map,
     finish,
     map_figsize,
     new_figure,
     set_token_ticks,
+    title_lines,
     weight_norm,
 )
 
@@ -64,16 +68,26 @@ def heatmap(weights, *, q_labels=None, k_labels=None, title=None, path=None, ax=
     ax.set_xlabel("key")
     ax.set_ylabel("query")
     if title:
-        ax.set_title(str(title))
+        ax.set_title(title_lines(str(title), fig.get_figwidth()))
     return finish(fig, path)
 
 
-def _heads(name: str, value):
-    """A map value as (H, Lq, Lk): (Lq, Lk) is one head; (B, H, Lq, Lk) keeps sample 0."""
-    w = as_weights(value, f"head_grid: maps[{name!r}]", (2, 3, 4), "(Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk)")
-    if w.dim() == 2:
-        return w[None]
-    return w[0] if w.dim() == 4 else w
+def _heads(name: str, value, max_heads: int | None):
+    """A map value as float64 (H, Lq, Lk), at most ``max_heads`` heads: (Lq, Lk) is one head; (B, H, Lq, Lk) keeps
+    sample 0. Sliced before the copy, so a long batch or many heads cost nothing beyond what is drawn."""
+    w = checked(value, f"head_grid: maps[{name!r}]", (2, 3, 4), "(Lq, Lk), (H, Lq, Lk) or (B, H, Lq, Lk)")
+    w = w[None] if w.dim() == 2 else w[0] if w.dim() == 4 else w
+    return w[:max_heads].detach().to("cpu", torch.float64), w.shape[0]
+
+
+def _row_label(name: str, row_in: float) -> str:
+    """A row's map name broken after dots (``decoder.layers.0.`` / ``multihead_attn``) to fit its height."""
+    chars, lines = max(8, int(row_in * 72 / (0.6 * 9))), [""]
+    for part in name.replace(".", ".\0").split("\0"):
+        if lines[-1] and len(lines[-1]) + len(part) > chars:
+            lines.append("")
+        lines[-1] += part
+    return "\n".join(title_lines(line, row_in, 9) for line in lines)
 
 
 def head_grid(maps, *, path=None, title=None, max_heads=None):
@@ -105,10 +119,12 @@ def head_grid(maps, *, path=None, title=None, max_heads=None):
         raise ArgumentError(f"head_grid: maps must be a non-empty mapping name -> tensor; got {type(maps).__name__}")
     if max_heads is not None:
         check_int("head_grid", "max_heads", max_heads, 1)
-    rows = {str(name): _heads(str(name), value) for name, value in maps.items()}
-    total = max(w.shape[0] for w in rows.values())
-    ncols = min(total, max_heads or total)
-    fig = new_figure(min(1.9 * ncols + 1.4, 22.0), min(1.9 * len(rows) + 0.8, 24.0))
+    heads = {str(name): _heads(str(name), value, max_heads) for name, value in maps.items()}
+    rows = {name: w for name, (w, _) in heads.items()}
+    total = max(h for _, h in heads.values())
+    ncols = max(w.shape[0] for w in rows.values())
+    width, height = min(max(1.9 * ncols + 1.4, 4.5), 22.0), min(1.9 * len(rows) + 0.8, 24.0)
+    fig = new_figure(width, height)
     grid = fig.subplots(len(rows), ncols, squeeze=False)
     for r, (name, w) in enumerate(rows.items()):
         cmap, vmin, vmax = weight_norm(w[:ncols])
@@ -124,11 +140,11 @@ def head_grid(maps, *, path=None, title=None, max_heads=None):
             ax.set_yticks([])
             if r == 0 or h >= rows[list(rows)[r - 1]].shape[0]:
                 ax.set_title(f"head {h}", fontsize=9)
-        grid[r][0].set_ylabel(name, fontsize=9)
+        grid[r][0].set_ylabel(_row_label(name, (height - 0.8) / len(rows)), fontsize=9)
         fig.colorbar(image, ax=list(grid[r]), shrink=0.85, aspect=12)
     shown = f" (first {ncols} of {total} heads)" if ncols < total else ""
     if title or shown:
-        fig.suptitle(f"{title or ''}{shown}".strip())
+        fig.suptitle(title_lines(f"{title or ''}{shown}".strip(), width, 11), fontsize=11)
     return finish(fig, path)
 
 

@@ -11,13 +11,11 @@ those are drawn red. Large masks are drawn downsampled (see ``_mask_eval``).
 
 from __future__ import annotations
 
-import textwrap
-
 import torch
 
 from ..errors import check_int
 from ._mask_eval import as_mask, block_states, element_fraction, element_view
-from ._style import check_path, finish, matplotlib, new_figure
+from ._style import check_path, finish, matplotlib, new_figure, set_token_ticks, title_lines
 
 __all__ = ["mask_picture", "mask_density"]
 
@@ -94,6 +92,13 @@ def _grid(ax, shape, block_size: int) -> None:
         ax.vlines([j * block_size - 0.5 for j in range(1, nk)], -0.5, nq * block_size - 0.5, **edges)
 
 
+def _figsize(q_len: int, kv_len: int, legend: float) -> tuple[float, float]:
+    """Width and height in inches: the picture keeps the mask's aspect (within 1:8), the longer side 5.2 in."""
+    ratio = min(max(kv_len / q_len, 1 / 8), 8)  # width / height of the picture
+    w, h = (5.2, 5.2 / ratio) if ratio >= 1 else (5.2 * ratio, 5.2)
+    return max(w, 2.4) + legend + 1.0, max(h, 0.9) + 1.6
+
+
 def mask_picture(mask, q_len, kv_len=None, *, block_size=None, path=None, title=None):
     """Draw a mask (sample 0, head 0) and, with ``block_size``, its block layout.
 
@@ -136,7 +141,7 @@ def mask_picture(mask, q_len, kv_len=None, *, block_size=None, path=None, title=
         states, density = block_states(m, q_len, kv_len, block_size)
         cell_states = _cell_states(states, view.shape, (fq, fk), (q_len, kv_len), block_size)
         detail += f"; block size {block_size}: block density {density:.3f}"
-    fig = new_figure(8.4 if block_size else 7.2, 5.6)
+    fig = new_figure(*_figsize(q_len, kv_len, legend=2.6 if block_size else 1.6))
     ax = fig.add_subplot()
     ax.imshow(compose(view, cell_states, exact).numpy(), interpolation="nearest", gid="mask",
               extent=(-0.5, view.shape[1] * fk - 0.5, view.shape[0] * fq - 0.5, -0.5))
@@ -146,7 +151,9 @@ def mask_picture(mask, q_len, kv_len=None, *, block_size=None, path=None, title=
     ax.set_ylim(q_len - 0.5, -0.5)
     ax.set_xlabel("key index")
     ax.set_ylabel("query index")
-    lines = textwrap.wrap(str(title) if title else repr(m), 70)[:3]
-    ax.set_title("\n".join([*lines, detail]), fontsize=9)
+    set_token_ticks(ax, "x", None, kv_len)  # whole indices only
+    set_token_ticks(ax, "y", None, q_len)
+    text = title_lines(str(title) if title else repr(m), fig.get_figwidth(), 9)
+    ax.set_title(f"{text}\n{title_lines(detail, fig.get_figwidth(), 9)}", fontsize=9)
     _legend(ax, view, cell_states, states, exact)
     return finish(fig, path)
