@@ -14,7 +14,7 @@ import torch
 
 from . import recording
 from .functional.validate import Problem, validate
-from .kernels.dispatch import KERNELS, Decision, decide
+from .kernels.dispatch import KERNELS, Decision, decide, pick
 
 __all__ = ["attention", "explain", "AttentionOutput"]
 
@@ -91,11 +91,20 @@ def _prepare(q, k, v, **kwargs) -> Problem:
         return _drop_filtered_keys(p)
 
 
+def _empty(p: Problem) -> bool:
+    return 0 in p.q.shape or 0 in p.k.shape[:3]
+
+
 def _decision(p: Problem, backend: str) -> Decision:
     """The dispatcher's decision; empty problems (a zero size) always go to the reference kernel."""
-    if 0 in p.q.shape or 0 in p.k.shape[:3]:
+    if _empty(p):
         return Decision("reference", {"reference": "chosen: a size is zero (empty result, exact path)"})
     return decide(p, backend)
+
+
+def _backend(p: Problem, backend: str) -> str:
+    """The name :func:`_decision` would choose, computed without the reasons explain() reports."""
+    return "reference" if _empty(p) else pick(p, backend)
 
 
 def _to_user_rank(t: torch.Tensor, rank: int) -> torch.Tensor:
@@ -152,7 +161,7 @@ def attention(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, 
     p = _prepare(q, k, v, mask=mask, bias=bias, score=score, scale=scale, normalize=normalize, dropout_p=dropout_p,
                  return_weights=return_weights or record, return_lse=return_lse, backend=backend)
     with _autocast_off(p.q.device.type):  # scores and softmax stay in float32
-        result = KERNELS[_decision(p, backend).backend].run(p)
+        result = KERNELS[_backend(p, backend)].run(p)
     if record:
         recording.report(result.weights.to(p.q.dtype))
     rank = p.user_rank

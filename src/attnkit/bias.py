@@ -6,6 +6,9 @@ elementwise in its index arguments (integer tensors broadcasting against
 to any block. Any callable with that signature works; subclasses of
 :class:`ScoreModifier` also receive the sequence lengths, which is what lets
 ALiBi follow the same bottom-right alignment as :func:`attnkit.masks.causal`.
+Subclasses of :class:`AdditiveModifier` (ALiBi, RelativePositionBias) add a term
+that does not depend on the scores; kernels may then hand that term to a fused
+kernel as a float bias instead of calling :meth:`~ScoreModifier.modify`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["ScoreModifier", "ALiBi", "Softcap", "RelativePositionBias", "apply_modifier",
+__all__ = ["ScoreModifier", "AdditiveModifier", "ALiBi", "Softcap", "RelativePositionBias", "apply_modifier",
            "alibi", "softcap", "t5_buckets"]
 
 
@@ -28,6 +31,51 @@ class ScoreModifier:
     def __call__(self, scores, b, h, q_idx, kv_idx):
         # Lengths unknown here: assume queries and keys are aligned (q_len == kv_len).
         return self.modify(scores, b, h, q_idx, kv_idx, 0, 0)
+
+
+class AdditiveModifier(ScoreModifier):
+    """A modifier that adds a term independent of the scores: ``scores + term(b, h, q_idx, kv_idx)``.
+
+    Implement :meth:`term` (or, with ``relative = True``, :meth:`relative_term` of
+    ``h`` and ``kv_idx - q_idx``) and :meth:`term_is_finite`; :meth:`modify` follows.
+    Kernels may then pass the term to a fused kernel as a float bias (``kernels/bias_slabs.py``);
+    a relative term is read from one vector per head, never an ``Lq x Lk`` tensor.
+
+    Example:
+        >>> import torch, attnkit
+        >>> class Recency(attnkit.bias.AdditiveModifier):
+        ...     relative = True
+        ...     def relative_term(self, h, rel, q_len, kv_len):
+        ...         return 0.1 * rel.float()  # later keys score higher
+        ...     def term_is_finite(self):
+        ...         return True
+        >>> q = k = v = torch.randn(1, 2, 300, 8, generator=torch.Generator().manual_seed(0))
+        >>> attnkit.explain(q, k, v, bias=Recency()).backend
+        'chunked'
+    """
+
+    relative = False  # True: the term depends on h and kv_idx - q_idx only
+
+    def term(self, b, h, q_idx, kv_idx, q_len: int, kv_len: int) -> torch.Tensor:
+        """The float term added to the scores, broadcast over the index tensors."""
+        if self.relative:
+            return self.relative_term(h, kv_idx - q_idx, q_len, kv_len)
+        raise NotImplementedError
+
+    def relative_term(self, h, rel, q_len: int, kv_len: int) -> torch.Tensor:
+        """The term for relative positions ``rel = kv_idx - q_idx`` (when ``relative`` is True)."""
+        raise NotImplementedError
+
+    def term_is_finite(self) -> bool:
+        """True when every value :meth:`term` can return is finite (a cheap check of the parameters)."""
+        return False
+
+    def parameters_needing_grad(self) -> list[torch.Tensor]:
+        """Tensors :meth:`term` reads that autograd must reach (learned tables)."""
+        return []
+
+    def modify(self, scores, b, h, q_idx, kv_idx, q_len, kv_len):
+        return scores + self.term(b, h, q_idx, kv_idx, q_len, kv_len).to(scores.dtype)
 
 
 def apply_modifier(modifier, scores, b, h, q_idx, kv_idx, q_len, kv_len):
@@ -49,7 +97,7 @@ def _alibi_slopes(num_heads: int) -> torch.Tensor:
     return torch.tensor(powers(closest) + extra)
 
 
-class ALiBi(ScoreModifier):
+class ALiBi(AdditiveModifier):
     """Attention with Linear Biases (Press et al. 2022, arXiv:2108.12409, Sec. 3).
 
     ``scores[b, h, i, j] - m_h * |i' - j|`` with ``i' = i + Lk - Lq`` (bottom_right)
@@ -70,10 +118,20 @@ class ALiBi(ScoreModifier):
             raise ValueError(f"align must be 'bottom_right' or 'top_left'; got {align!r}")
         self.align = align
 
+    relative = True
+
+    def relative_term(self, h, rel, q_len, kv_len):
+        offset = kv_len - q_len if self.align == "bottom_right" else 0
+        slope = self.slopes.to(rel.device)[h]
+        return slope * -(offset - rel).abs().to(slope.dtype)
+
     def modify(self, scores, b, h, q_idx, kv_idx, q_len, kv_len):
         offset = kv_len - q_len if self.align == "bottom_right" else 0
         slope = self.slopes.to(scores.device, scores.dtype)[h]
         return scores - slope * (q_idx + offset - kv_idx).abs().to(scores.dtype)
+
+    def term_is_finite(self) -> bool:
+        return bool(torch.isfinite(self.slopes).all())
 
     def __repr__(self):
         return f"ALiBi(heads={self.slopes.numel()}, align={self.align!r})"
@@ -115,7 +173,7 @@ def t5_buckets(relative: torch.Tensor, *, num_buckets: int = 32, max_distance: i
     return buckets + torch.where(distance < exact, distance, large)
 
 
-class RelativePositionBias(nn.Module, ScoreModifier):
+class RelativePositionBias(nn.Module, AdditiveModifier):
     """Learned per-head bias on relative position: T5 buckets or Shaw et al. clipping.
 
     Shaw et al. 2018 (arXiv:1803.02155, eq. 3-4) clip ``j - i`` to ``[-max_distance,
@@ -142,9 +200,20 @@ class RelativePositionBias(nn.Module, ScoreModifier):
         return t5_buckets(relative, num_buckets=self.num_buckets, max_distance=self.max_distance,
                           bidirectional=self.bidirectional)
 
-    def modify(self, scores, b, h, q_idx, kv_idx, q_len, kv_len):
+    relative = True
+
+    def relative_term(self, h, rel, q_len, kv_len):
         offset = kv_len - q_len if self.align == "bottom_right" else 0
-        return scores + self.table.to(scores.dtype)[h, self.bucket(kv_idx - q_idx - offset)]
+        return self.table[h, self.bucket(rel - offset)]
+
+    def modify(self, scores, b, h, q_idx, kv_idx, q_len, kv_len):
+        return scores + self.term(b, h, q_idx, kv_idx, q_len, kv_len).to(scores.dtype)
+
+    def term_is_finite(self) -> bool:
+        return bool(torch.isfinite(self.table.detach()).all())
+
+    def parameters_needing_grad(self) -> list[torch.Tensor]:
+        return [self.table] if self.table.requires_grad and torch.is_grad_enabled() else []
 
     def forward(self, scores, b, h, q_idx, kv_idx):
         return self.modify(scores, b, h, q_idx, kv_idx, 0, 0)

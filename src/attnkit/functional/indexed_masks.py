@@ -85,11 +85,23 @@ class _BlockLayoutMask(Mask):
         return inside & lay[b, h, qb.clamp(max=lay.shape[2] - 1), kb.clamp(max=lay.shape[3] - 1)]
 
     def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
+        """Exact for any block size, from rectangle sums of the layout in ``O(nq nk)``."""
         nq, nk = -(-q_len // bs), -(-kv_len // bs)
-        if bs == self.block and nq <= self.layout.shape[2] and nk <= self.layout.shape[3]:
-            lay = self.layout[:, :, :nq, :nk].to(device)
+        lay = self.layout.to(device)
+        if bs == self.block and nq <= lay.shape[2] and nk <= lay.shape[3]:
+            lay = lay[:, :, :nq, :nk]
             return lay, lay
-        return self._evaluated_layout(q_len, kv_len, bs, device, sizes)
+        sums = torch.nn.functional.pad(lay.to(torch.int64).cumsum(2).cumsum(3), (1, 0, 1, 0))  # prefix sums
+
+        def spans(length, extent):  # layout blocks each kernel block overlaps; whether it runs past the layout
+            first, last = (t // self.block for t in _block_bounds(length, bs, device))
+            return first.clamp(max=extent), last.clamp(max=extent - 1), last >= extent
+        r0, r1, q_out = spans(q_len, lay.shape[2])
+        c0, c1, k_out = spans(kv_len, lay.shape[3])
+        at = lambda r, c: sums[:, :, r[:, None], c[None, :]]
+        count = at(r1 + 1, c1 + 1) - at(r0, c1 + 1) - at(r1 + 1, c0) + at(r0, c0)
+        area = (r1 - r0 + 1).clamp(min=0)[:, None] * (c1 - c0 + 1).clamp(min=0)[None, :]
+        return count > 0, (count == area) & (count > 0) & ~q_out[:, None] & ~k_out[None, :]
 
     def __repr__(self):
         return f"block_layout(shape={tuple(self.layout.shape)}, block_size={self.block})"

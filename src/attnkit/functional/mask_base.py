@@ -157,6 +157,14 @@ class Mask:
         return torch.cat(active, 2), torch.cat(full, 2)
 
     # ------------------------------------------------------------- helpers
+    def band(self, q_len: int, kv_len: int) -> tuple[int | None, int | None] | None:
+        """``(lo, hi)`` when the mask allows exactly the keys ``lo <= j - i <= hi`` (None: that side is open).
+
+        None when the mask is not such a band. A band lets a kernel read each query
+        block's keys as one contiguous window instead of gathering key blocks.
+        """
+        return None
+
     def key_filter(self) -> Mask | None:
         """A mask reading only ``b`` and ``kv`` that this mask implies, if any.
 
@@ -203,6 +211,14 @@ class And(_Combined):
     def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
         (a1, f1), (a2, f2) = self._part_layouts(q_len, kv_len, bs, device, sizes)
         return a1 & a2, f1 & f2  # active over-approximates; full is exact
+
+    def band(self, q_len, kv_len):
+        bands = [p.band(q_len, kv_len) for p in self.parts]
+        if None in bands:
+            return None
+        los = [lo for lo, _ in bands if lo is not None]
+        his = [hi for _, hi in bands if hi is not None]
+        return (max(los) if los else None), (min(his) if his else None)  # the intersection of two bands
 
     def key_filter(self):
         filters = [f for f in (p.key_filter() for p in self.parts) if f is not None]

@@ -88,6 +88,9 @@ class _Causal(_Band):
     def bounds(self, q_idx, q_len, kv_len):
         return torch.full_like(q_idx, -_FAR), q_idx + _offset(self.align, q_len, kv_len)
 
+    def band(self, q_len, kv_len):
+        return None, _offset(self.align, q_len, kv_len)
+
     def __repr__(self):
         return f"causal(align={self.align!r})"
 
@@ -100,6 +103,10 @@ class _SlidingWindow(_Band):
     def bounds(self, q_idx, q_len, kv_len):
         pos = q_idx + _offset(self.align, q_len, kv_len)
         return pos - self.left, pos + self.right
+
+    def band(self, q_len, kv_len):
+        off = _offset(self.align, q_len, kv_len)
+        return off - self.left, off + self.right
 
     def __repr__(self):
         return f"sliding_window(left={self.left}, right={self.right}, align={self.align!r})"
@@ -121,6 +128,9 @@ class _Dilated(_SlidingWindow):
         active, full = super()._layout(q_len, kv_len, bs, device)
         return active, full if self.dilation == 1 else torch.zeros_like(full)
 
+    def band(self, q_len, kv_len):
+        return super().band(q_len, kv_len) if self.dilation == 1 else None  # a band with holes
+
     def __repr__(self):
         return f"dilated(window={self.window}, dilation={self.dilation}, align={self.align!r})"
 
@@ -134,6 +144,16 @@ class _Strided(Mask):
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         delta = q_idx - kv_idx
         return (delta.abs() < self.stride) | (delta % self.stride == 0)
+
+    def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
+        """Exact, from the range ``[lo, hi]`` of ``i - j`` over a block (every value in it occurs)."""
+        q_first, q_last = _block_bounds(q_len, bs, device)
+        k_first, k_last = _block_bounds(kv_len, bs, device)
+        lo, hi = q_first[:, None] - k_last[None, :], q_last[:, None] - k_first[None, :]
+        near = (lo < self.stride) & (hi > -self.stride)
+        multiple = torch.div(hi, self.stride, rounding_mode="floor") * self.stride >= lo
+        full = ((lo >= -self.stride) & (hi <= self.stride)) | ((lo == hi) & (lo % self.stride == 0))
+        return (near | multiple)[None, None], (full | (self.stride == 1))[None, None]
 
     def __repr__(self):
         return f"strided({self.stride})"
@@ -153,6 +173,24 @@ class _Fixed(Mask):
         summary_key = (kv_idx % self.block) >= self.block - self.summary
         return same_block | summary_key
 
+    def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
+        """Exact: a block pair is active where the blocks of ``block`` positions meet or a summary key is in it."""
+        q_first, q_last = (t // self.block for t in _block_bounds(q_len, bs, device))
+        k_first, k_last = (t // self.block for t in _block_bounds(kv_len, bs, device))
+        nk = -(-kv_len // bs)
+        j = torch.arange(nk * bs, device=device)
+        summary, real = (j % self.block) >= self.block - self.summary, j < kv_len
+        plain = (real & ~summary).view(nk, bs)  # keys only the query's own block of positions sees
+        any_summary = (real & summary).view(nk, bs).any(1)
+        far = -(-nk * bs // self.block) + 1  # a block id no position has
+        plain_lo = torch.where(plain, (j // self.block).view(nk, bs), far).amin(1)
+        plain_hi = torch.where(plain, (j // self.block).view(nk, bs), -far).amax(1)
+        meet = (q_first[:, None] <= k_last[None, :]) & (k_first[None, :] <= q_last[:, None])
+        one = (q_first == q_last)[:, None]  # the query block lies in one block of positions
+        full = ~plain.any(1)[None, :] | (one & (plain_lo[None, :] == q_first[:, None]) & (
+            plain_hi[None, :] == q_first[:, None]))
+        return (meet | any_summary[None, :])[None, None], full[None, None]
+
     def __repr__(self):
         return f"fixed(block={self.block}, summary={self.summary})"
 
@@ -162,6 +200,9 @@ class _Full(Mask):
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         return torch.ones((), dtype=torch.bool, device=q_idx.device)
+
+    def band(self, q_len, kv_len):
+        return None, None
 
     def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
         shape = (1, 1, -(-q_len // bs), -(-kv_len // bs))

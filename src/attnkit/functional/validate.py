@@ -63,12 +63,15 @@ class Problem:
     def inputs_finite(self) -> bool:
         """Whether q, k and v hold no NaN/inf (one summed pass, computed once and cached).
 
-        A huge finite input can overflow the float32 sum too: that only makes the
-        answer a cautious False, which never makes a result wrong.
+        NaN or inf anywhere makes a tensor's sum NaN or inf; the three sums are added
+        as Python floats (float64, so that addition cannot overflow), one reduction
+        per distinct tensor and no other tensor op. A huge finite input can overflow
+        a float32 sum: that only makes the answer a cautious False (an exact kernel
+        then runs), never a wrong result.
         """
         if self._finite is None:
-            acc = sum(t.sum(dtype=self.compute_dtype) for t in (self.q, self.k, self.v))
-            self._finite = bool(torch.isfinite(acc))
+            distinct = {id(t): t for t in (self.q, self.k, self.v)}.values()  # q is k is v: sum once
+            self._finite = math.isfinite(sum(t.sum(dtype=self.compute_dtype).item() for t in distinct))
         return self._finite
 
 

@@ -12,6 +12,11 @@ Only a slab of ``rows x kv_block`` scores exists at a time, so memory is
 ``O((Lq + Lk) D)`` plus a fixed budget, never ``O(Lq Lk)``. Under autograd each
 slab of rows is checkpointed: backward recomputes it, holding one slab's graph.
 Supports every score, bias, modifier and mask, dropout, and returns lse.
+
+Two special cases run elsewhere, exact and also in ``O(L)`` memory (explain()
+names them): additive biases (float tensors, ALiBi, relative positions) on
+torch's fused kernel one slab of query rows at a time (:mod:`.bias_slabs`), and
+soft-capping, whose bounded scores need no running maximum (:mod:`.softcap_loop`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 
 from ..functional.normalize import guard_empty_rows
 from ..functional.validate import Problem
+from . import bias_slabs, softcap_loop
 from .common import KernelOutput, block_scores, dense_indices, dropout, run_row_chunks, upcast_inputs
 
 NAME = "chunked"
@@ -76,7 +82,22 @@ def plan(p: Problem, grad: bool) -> tuple[int, int]:
     return rows, max(1, min(lk, max(KV_BLOCK, BUDGET // max(1, batch * heads * rows))))
 
 
+def describe(p: Problem) -> str:
+    """Which of the kernel's paths runs ``p`` (explain() shows it)."""
+    if bias_slabs.refusal(p) is None:
+        return bias_slabs.describe(p)
+    if softcap_loop.refusal(p) is None:
+        return softcap_loop.describe(p)
+    return "online softmax over key blocks in plain torch"
+
+
 def run(p: Problem) -> KernelOutput:
+    if bias_slabs.refusal(p) is None:  # an additive bias: torch's fused kernel, one slab of rows at a time
+        out, lse = bias_slabs.run(p)
+        return KernelOutput(out, None, lse)
+    if softcap_loop.refusal(p) is None:  # bounded scores: a fixed shift instead of the online maximum
+        out, lse = softcap_loop.run(p)
+        return KernelOutput(out, None, lse)
     q, k, v = upcast_inputs(p)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     rows, kv_block = plan(p, needs_grad)

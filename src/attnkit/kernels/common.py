@@ -22,7 +22,7 @@ from ..functional.scores import SCORES
 from ..functional.validate import Problem
 
 __all__ = ["KernelOutput", "upcast_inputs", "block_scores", "block_weights",
-           "dense_indices", "run_row_chunks"]
+           "dense_indices", "run_row_chunks", "Workspace"]
 
 
 class KernelOutput(NamedTuple):
@@ -136,3 +136,25 @@ def concat_pieces(pieces):
     if len(pieces) == 1:
         return tuple(pieces[0])
     return tuple(torch.cat(parts, dim=2) if parts[0] is not None else None for parts in zip(*pieces, strict=True))
+
+
+class Workspace:
+    """Scratch buffers reused by every slab of one kernel call, one per name, grown on demand.
+
+    Slab temporaries of a few MB are otherwise freed and page-faulted in afresh for
+    every slab (glibc returns them to the OS), which costs as much as the arithmetic
+    on them. A view taken here is valid until the next :meth:`take` of the same name.
+    """
+
+    def __init__(self, like: torch.Tensor):
+        self.like, self.buffers = like, {}
+
+    def take(self, name: str, *shape: int) -> torch.Tensor:
+        """A contiguous tensor of ``shape`` (uninitialised), a view of the buffer called ``name``."""
+        numel = 1
+        for size in shape:
+            numel *= size
+        buf = self.buffers.get(name)
+        if buf is None or buf.numel() < numel:
+            buf = self.buffers[name] = self.like.new_empty(numel)
+        return buf[:numel].view(shape)

@@ -19,7 +19,7 @@ from ..functional.masks import TensorMask, _Full
 from ..functional.validate import Problem
 from . import blocksparse, chunked, reference, sdpa
 
-__all__ = ["KERNELS", "Decision", "decide", "estimate"]
+__all__ = ["KERNELS", "Decision", "decide", "pick", "estimate"]
 
 KERNELS = {m.NAME: m for m in (sdpa, blocksparse, reference, chunked)}
 SPARSE_DENSITY = 0.5  # block density under which skipping blocks beats a dense kernel
@@ -77,6 +77,17 @@ def estimate(p: Problem, backend: str, density: float | None) -> tuple[float, fl
     return flops, extra
 
 
+def pick(p: Problem, backend: str = "auto") -> str:
+    """The backend :func:`decide` chooses, without the reasons and costs that only explain() shows.
+
+    ``attention()`` calls this on every call: when SDPA can take the problem as it
+    is (the common dense, causal and padding cases) the other kernels are not asked.
+    """
+    if backend == "auto" and _simple_mask(p) and sdpa.refusal(p) is None:
+        return "sdpa"  # rule 1 of decide(), reached without the other refusals
+    return decide(p, backend).backend
+
+
 def decide(p: Problem, backend: str = "auto") -> Decision:
     """Pick the kernel; a forced ``backend`` that cannot honour the call raises BackendError."""
     if backend != "auto":  # forced: only that kernel's answer matters
@@ -104,5 +115,8 @@ def decide(p: Problem, backend: str = "auto") -> Decision:
             chosen = "chunked"
     reasons = {name: ("chosen" if name == chosen else f"refused: {why}" if why else "able, not preferred")
                for name, why in refusals.items()}
+    describe = getattr(KERNELS[chosen], "describe", None)
+    if describe is not None:
+        reasons[chosen] = f"chosen: {describe(p)}"
     flops, extra = estimate(p, chosen, density)
     return Decision(chosen, reasons, density, flops, extra)

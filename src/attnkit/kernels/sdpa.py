@@ -10,6 +10,8 @@ softmax of (scaled) dot products, finite inputs, and a mask it can represent
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -18,6 +20,10 @@ from ..functional.validate import Problem
 from .common import KernelOutput
 
 NAME = "sdpa"
+
+# Key-only masks (padding) as the (B, 1, 1, Lk) bool tensors SDPA takes, per mask object and sizes.
+# Masks are immutable, and one padding mask usually serves every layer of a model: build it once.
+_KEY_MASKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _causal_flag(p: Problem) -> bool:
@@ -52,8 +58,21 @@ def sdpa_mask(p: Problem):
         return p.mask.tensor, False
     batch, heads, lq, lk, _, _ = p.sizes
     if "q" not in p.mask.uses:  # key-only (padding): a (B, 1, 1, Lk) mask is enough
-        return p.mask.materialize(1, lk, batch=batch, heads=heads, device=p.q.device), False
+        return _key_mask(p.mask, lk, batch, heads, p.q.device), False
     return p.mask.materialize(lq, lk, batch=batch, heads=heads, device=p.q.device), False
+
+
+def _key_mask(mask, lk: int, batch: int, heads: int, device) -> torch.Tensor:
+    """``mask.materialize(1, lk)`` for a mask that reads no query index, cached on the mask (a few bytes per row)."""
+    if torch.compiler.is_compiling():
+        return mask.materialize(1, lk, batch=batch, heads=heads, device=device)
+    cache = _KEY_MASKS.setdefault(mask, {})
+    key = (lk, batch, heads, str(device))
+    if key not in cache:
+        if len(cache) >= 8:  # many lengths (decoding): keep the cache small
+            cache.clear()
+        cache[key] = mask.materialize(1, lk, batch=batch, heads=heads, device=device)
+    return cache[key]
 
 
 def run(p: Problem) -> KernelOutput:

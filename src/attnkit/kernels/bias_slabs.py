@@ -1,0 +1,162 @@
+"""Additive biases on torch's fused CPU kernel, one slab of query rows at a time.
+
+For an additive bias (a float tensor, :class:`~attnkit.bias.ALiBi`,
+:class:`~attnkit.bias.RelativePositionBias`) the scores of query rows ``[s, e)``
+are ``scale * Q[s:e] K^T + bias[s:e]``, with ``-inf`` where the mask forbids: a
+slab is complete over the keys, so each slab is one exact call of torch's fused
+flash kernel with that bias as its float mask, and nothing is merged.
+
+A bias that depends on ``j - i`` only (ALiBi and relative positions; causal
+masks too, as ``-inf`` past the diagonal) is never materialised: with the keys in
+reverse order, ``bias[i, j'] = u[i + j']`` for one vector ``u`` per head, and the
+slab is an ``as_strided`` view of ``u`` with strides ``(1, 1)``, which the kernel
+reads like any mask. Other biases are built one slab at a time. Memory is
+``O(Lq + Lk)`` per head or one slab of ``BUDGET`` elements, never ``O(Lq Lk)``.
+
+Used only where the kernel computes attnkit's function: finite q, k, v (torch's
+CPU kernel zeroes NaN rows), a bias without NaN or ``+inf`` (``-inf`` entries and
+whole ``-inf`` rows are exact: weight 0, output 0), no dropout, and lse only
+without autograd. The backward is in :mod:`.bias_slabs_grad`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..bias import AdditiveModifier
+from ..functional.masks import _Causal
+from ..functional.validate import Problem
+from .bias_slabs_grad import SlabAttention, learned
+from .common import dense_indices, upcast_inputs
+
+__all__ = ["refusal", "run", "describe", "Plan"]
+
+BUDGET = 1 << 21  # bias elements per materialised slab (8 MiB in float32)
+MIN_ROWS = 64  # the fused kernel's query blocks are 32-256 rows: smaller slabs starve it
+FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_NEG_INF = float("-inf")
+
+
+def _bias_tensor_ok(bias: torch.Tensor) -> bool:
+    """No NaN and no ``+inf`` (one summed pass): a NaN makes the sum NaN, a ``+inf`` makes it ``+inf`` or NaN."""
+    total = bias.sum(dtype=torch.float64 if bias.dtype == torch.float64 else torch.float32).item()
+    return total == total and total != float("inf")
+
+
+def refusal(p: Problem) -> str | None:
+    """Why the slab path cannot compute ``p`` exactly (None: it can)."""
+    if FLASH is None or p.q.device.type != "cpu":
+        return "needs torch's fused CPU flash kernel"
+    if p.normalize != "softmax" or p.score not in ("dot", "scaled_dot"):
+        return "softmax of dot products only"
+    if p.sizes[4] != p.sizes[5]:
+        return "the fused kernel needs Dv == D"
+    if p.bias is None and not isinstance(p.modifier, AdditiveModifier):
+        return "needs an additive bias: a float tensor, ALiBi or RelativePositionBias"
+    if p.return_weights or p.dropout_p > 0:
+        return "no weights and no dropout"
+    if torch.compiler.is_compiling():
+        return "under torch.compile: its exactness needs data-dependent finiteness checks"
+    if p.return_lse and _needs_grad(p):
+        return "returns lse without gradients only"
+    if not p.inputs_finite():
+        return "non-finite inputs: torch's CPU kernel zeroes NaN rows"
+    if p.bias is not None and not _bias_tensor_ok(p.bias):
+        return "the bias holds NaN or +inf"
+    if p.modifier is not None and not p.modifier.term_is_finite():
+        return "the modifier's parameters hold NaN or inf"
+    return None
+
+
+def _needs_grad(p: Problem) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in (p.q, p.k, p.v, *learned(p)))
+
+
+def _toeplitz(p: Problem) -> bool:
+    """The bias is a function of ``(h, j - i)`` (and no parameter needs its gradient): view it, never build it."""
+    relative = isinstance(p.modifier, AdditiveModifier) and p.modifier.relative
+    return relative and (p.mask is None or isinstance(p.mask, _Causal)) and not learned(p)
+
+
+class Plan:
+    """Slabs of query rows, the key order, and each slab's bias as the kernel reads it."""
+
+    def __init__(self, p: Problem, dtype):
+        batch, heads, lq, lk, _, _ = p.sizes
+        self.p, self.dtype, self.scale = p, dtype, p.scale
+        self.reversed = _toeplitz(p)
+        rows = lq if self.reversed else max(MIN_ROWS, BUDGET // max(1, batch * heads * lk))
+        self.slabs = [(s, min(lq, s + rows)) for s in range(0, lq, rows)]
+
+    def bias(self, start: int, stop: int) -> torch.Tensor:
+        """``(B|1, H|1, rows|1, Lk)`` float bias of rows ``[start, stop)``, ``-inf`` where masked."""
+        p = self.p
+        batch, heads, lq, lk, _, _ = p.sizes
+        if self.reversed:
+            return self._strided(start, stop)
+        b, h, qi, ki = dense_indices(batch, heads, start, stop, 0, lk, p.q.device)
+        term = p.modifier.term(b, h, qi, ki, lq, lk) if p.bias is None else (
+            p.bias[:, :, start:stop] if p.bias.shape[2] > 1 else p.bias)
+        term = term.to(self.dtype)
+        if p.mask is not None:
+            term = term.masked_fill(~p.mask.allows(b, h, qi, ki, lq, lk), _NEG_INF)
+        return term
+
+    def _strided(self, start: int, stop: int) -> torch.Tensor:
+        """Keys reversed (``j' = Lk - 1 - j``): ``bias[i, j'] = u[i - start + j']`` with ``u[t] = f(Lk-1-start-t)``."""
+        p = self.p
+        _, heads, lq, lk, _, _ = p.sizes
+        rows = stop - start
+        rel = (lk - 1 - start) - torch.arange(rows + lk - 1, device=p.q.device)  # j - i along u
+        h = torch.arange(heads, device=p.q.device).view(-1, 1)
+        u = p.modifier.relative_term(h, rel.view(1, -1), lq, lk).to(self.dtype)  # (H, rows + Lk - 1)
+        if p.mask is not None:  # causal: key j allowed iff j - i <= offset
+            u = u.masked_fill(rel.view(1, -1) > (lk - lq if p.mask.align == "bottom_right" else 0), _NEG_INF)
+        u = torch.broadcast_to(u, (heads, rows + lk - 1)).contiguous()
+        return u.as_strided((1, heads, rows, lk), (0, u.stride(0), 1, 1))
+
+    def keys(self, k, v):
+        return (k.flip(2), v.flip(2)) if self.reversed else (k, v)
+
+    def forward(self, q, k, v):
+        """``(out, lse)`` over all slabs (``k, v`` as :meth:`keys` returns them); lse is 0 for rows with no key."""
+        outs, lses = [], []
+        for s, e in self.slabs:
+            out, lse = FLASH(q[:, :, s:e], k, v, 0.0, False, attn_mask=self.bias(s, e), scale=self.scale)
+            outs.append(out)
+            lses.append(lse)
+        return (outs[0], lses[0]) if len(outs) == 1 else (torch.cat(outs, 2), torch.cat(lses, 2))
+
+    def empty_rows(self) -> torch.Tensor:
+        """Bool ``(B|1, H|1, Lq)``: rows whose every bias entry is ``-inf`` (no allowed key)."""
+        parts = [torch.isneginf(self.bias(s, e)).all(-1) for s, e in self.slabs]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
+
+
+def describe(p: Problem) -> str:
+    plan = Plan(p, p.compute_dtype)
+    how = "viewed from one vector per head (keys reversed)" if plan.reversed else "built per slab"
+    return (f"additive bias on torch's fused kernel, {len(plan.slabs)} slab(s) of query rows, "
+            f"bias {how} (kernels/bias_slabs.py)")
+
+
+def _inputs(p: Problem):
+    """q, k, v for the kernel: bfloat16/float16 stay as they are (the fused kernel accumulates in float32,
+    as torch's SDPA does for them); everything else, and any learned bias, in the compute dtype."""
+    if p.q.dtype not in (torch.bfloat16, torch.float16) or learned(p):
+        return upcast_inputs(p)
+    k, v = p.k, p.v
+    if p.groups > 1:
+        k, v = k.repeat_interleave(p.groups, dim=1), v.repeat_interleave(p.groups, dim=1)
+    return p.q.contiguous(), k.contiguous(), v.contiguous()
+
+
+def run(p: Problem):
+    """``(out, lse or None)``; out in the compute dtype, or in bfloat16/float16 for such inputs."""
+    q, k, v = _inputs(p)
+    plan = Plan(p, p.compute_dtype)
+    if _needs_grad(p):
+        return SlabAttention.apply(plan, q, k, v, *learned(p)), None
+    with torch.no_grad():
+        out, lse = plan.forward(q, *plan.keys(k, v))
+        return out, lse.masked_fill(plan.empty_rows(), _NEG_INF) if p.return_lse else None

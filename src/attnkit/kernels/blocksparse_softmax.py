@@ -1,0 +1,192 @@
+"""The block-sparse kernel's path for plain softmax attention: masked slot by slot, backward by hand.
+
+A slab is ``n`` query blocks, each with its ``w`` key blocks gathered into a
+``(w * bs)``-long row (:mod:`.blocksparse`). The layout's ``full`` flags say which
+slots need no mask (every entry allowed), so the mask is evaluated only in the
+partial slots, and slots that pad a row to the slab's width are set to ``-inf``
+as a whole: for block layouts (BigBird, random layouts) no entry is evaluated,
+for strides and segments only the boundary blocks. Masking is by select, so NaN
+in a masked key cannot leak; torch's fused softmax normalises whole rows.
+
+The backward (Dao 2023, arXiv:2307.08691, Alg. 2) recomputes each slab's
+probabilities and scatter-adds the key and value gradients into one buffer
+(``index_add_``, deterministic on CPU): nothing gathered is kept between the
+passes, and no per-slab buffer the size of K is allocated.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ..functional.validate import Problem
+from .common import Workspace
+
+__all__ = ["applies", "run"]
+
+_NEG_INF = float("-inf")
+
+
+def applies(p: Problem) -> bool:
+    """Softmax of (scaled) dot products, no bias, modifier or dropout: the mask is the only source of ``-inf``."""
+    return (p.normalize == "softmax" and p.score in ("dot", "scaled_dot") and p.bias is None
+            and p.modifier is None and p.dropout_p == 0)
+
+
+def _allowed(p: Problem, q_blocks, kv_blocks, bs: int):
+    """The mask at query blocks ``q_blocks (P,)`` x key lanes ``kv_blocks (P, c)``: bool ``(B|1, H|1, P, bs, c*bs)``."""
+    batch, heads, lq, lk, _, _ = p.sizes
+    dev = kv_blocks.device
+    lane = torch.arange(bs, device=dev)
+    kv = (kv_blocks[:, :, None] * bs + lane).flatten(1)  # (P, c*bs)
+    allowed = (kv < lk)[None, None, :, None, :]  # padding lanes past Lk
+    if p.mask is not None:
+        q_idx = (q_blocks[:, None] * bs + lane).clamp(max=max(lq - 1, 0))[None, None, :, :, None]  # (1,1,P,bs,1)
+        b = torch.arange(batch, device=dev).view(-1, 1, 1, 1, 1)
+        h = torch.arange(heads, device=dev).view(1, -1, 1, 1, 1)
+        allowed = allowed & p.mask.allows(b, h, q_idx, kv.clamp(max=max(lk - 1, 0))[None, None, :, None, :], lq, lk)
+    return allowed
+
+
+def _mask_(p: Problem, s, sl, bs: int, value: float) -> None:
+    """Write ``value`` into the masked entries of a slab's scores ``s (B, H, n, bs, w*bs)``, in place.
+
+    Mostly partial slabs (dilated windows, strides) evaluate the mask on the whole slab;
+    otherwise only the partial slots are gathered, masked and written back, and padding
+    slots are filled whole.
+    """
+    rows, idx, valid, full_slot = sl
+    partial = valid & ~full_slot
+    n_partial = int(partial.sum())
+    if n_partial * 4 > partial.numel():
+        slot_ok = valid[None, None, :, None, :, None].expand(1, 1, *idx.shape[:1], 1, idx.shape[1], bs)
+        allowed = _allowed(p, rows, idx, bs) & slot_ok.flatten(-2)
+        s.masked_fill_(~allowed, value)
+        return
+    s6 = s.view(*s.shape[:3], bs, idx.shape[1], bs)
+    pad_r, pad_c = (~valid).nonzero(as_tuple=True)
+    if len(pad_r):
+        s6[:, :, pad_r, :, pad_c, :] = value
+    if n_partial:
+        part_r, part_c = partial.nonzero(as_tuple=True)
+        allowed = _allowed(p, rows[part_r], idx[part_r, part_c, None], bs)  # (B|1, H|1, P, bs, bs)
+        sub = s6[:, :, part_r, :, part_c, :]  # (P, B, H, bs, bs): advanced indices come first
+        s6[:, :, part_r, :, part_c, :] = sub.masked_fill_(~allowed.permute(2, 0, 1, 3, 4), value)
+
+
+def _rows(t, rows):
+    """Query blocks ``rows`` of ``(B, H, nq, bs, E)``: a slice when consecutive, else a gather."""
+    first = int(rows[0])
+    return t[:, :, first:first + len(rows)] if int(rows[-1]) - first == len(rows) - 1 else t.index_select(2, rows)
+
+
+def _rows_into(ws: Workspace, name: str, t, rows):
+    """Query blocks ``rows`` of ``(B, H, nq, bs, E)`` copied into a contiguous workspace buffer."""
+    buf = ws.take(name, *t.shape[:2], len(rows), *t.shape[3:])
+    first = int(rows[0])
+    if int(rows[-1]) - first == len(rows) - 1:
+        return buf.copy_(t[:, :, first:first + len(rows)])
+    return torch.index_select(t, 2, rows, out=buf)
+
+
+def _inputs(ws: Workspace, p: Problem, sl, qb, kb, vb):
+    """``(q_rows * scale, k_g, v_g)`` of a slab as 3-D bmm operands ``(B*H*n, bs, D), (B*H*n, w*bs, D|Dv)``."""
+    rows, idx = sl[0], sl[1]
+    batch, heads, _, bs, d = qb.shape
+    n, w = idx.shape
+    qs = _rows_into(ws, "q", qb, rows).mul_(p.scale).view(-1, bs, d)
+    k_g = torch.index_select(kb, 2, idx.flatten(), out=ws.take("k", batch, heads, n * w, bs, d))
+    v_g = torch.index_select(vb, 2, idx.flatten(), out=ws.take("v", batch, heads, n * w, bs, vb.shape[-1]))
+    return qs, k_g.view(-1, w * bs, d), v_g.view(-1, w * bs, vb.shape[-1])
+
+
+def _probs(ws: Workspace, p: Problem, sl, qs, k_g, bs: int, need_max: bool = False):
+    """Probabilities ``(B, H, n, bs, w*bs)`` of a slab (a workspace buffer) and the masked row max (or None)."""
+    batch, heads = p.sizes[:2]
+    full_slot = sl[3]
+    s = torch.bmm(qs, k_g.transpose(1, 2), out=ws.take("s", *qs.shape[:2], k_g.shape[1]))
+    s = s.view(batch, heads, -1, bs, k_g.shape[1])
+    _mask_(p, s, sl, bs, _NEG_INF)
+    m = s.amax(-1) if need_max or not bool(full_slot.any(1).all()) else None
+    torch.ops.aten._softmax.out(s, -1, False, out=s)  # fused and in place; no slow exp(-inf) path
+    if m is not None and bool((m == _NEG_INF).any()):
+        s.masked_fill_((m == _NEG_INF)[..., None], 0.0)  # rows with no key: softmax gave NaN, the output is 0
+    return s, m
+
+
+def _put_rows(dst, rows, value) -> None:
+    first = int(rows[0])
+    if int(rows[-1]) - first == len(rows) - 1:
+        dst[:, :, first:first + len(rows)] = value
+    else:
+        dst.index_copy_(2, rows, value)
+
+
+def _forward(p: Problem, slabs, qb, kb, vb, bs: int):
+    batch, heads, nq = qb.shape[:3]
+    out = qb.new_zeros(batch, heads, nq, bs, vb.shape[-1])  # blocks in no slab attend nothing: 0
+    lse = qb.new_full((batch, heads, nq, bs), _NEG_INF) if p.return_lse else None
+    ws = Workspace(qb)
+    for sl in slabs:
+        qs, k_g, v_g = _inputs(ws, p, sl, qb, kb, vb)
+        probs, m = _probs(ws, p, sl, qs, k_g, bs, need_max=p.return_lse)
+        o = torch.bmm(probs.view(-1, bs, v_g.shape[1]), v_g, out=ws.take("o", qs.shape[0], bs, v_g.shape[2]))
+        _put_rows(out, sl[0], o.view(batch, heads, -1, bs, v_g.shape[2]))
+        if p.return_lse:  # the largest probability is exp(0) / sum: lse = m + log(sum); -inf rows stay -inf
+            _put_rows(lse, sl[0], torch.where(m == _NEG_INF, m, m - torch.log(probs.amax(-1))))
+    return out, lse
+
+
+def _backward(p: Problem, slabs, qb, kb, vb, out, dout, dlse, bs: int):
+    batch, heads = p.sizes[:2]
+    delta = (dout * out).sum(-1)  # (B, H, nq, bs): rowsum(dO * O)
+    if dlse is not None:
+        delta = delta - dlse  # d lse / d s = P: the same term
+    dq, dk, dv = torch.zeros_like(qb), torch.zeros_like(kb), torch.zeros_like(vb)
+    finite, ws = p.inputs_finite(), Workspace(qb)
+    for sl in slabs:
+        rows, flat_idx = sl[0], sl[1].flatten()
+        qs, k_g, v_g = _inputs(ws, p, sl, qb, kb, vb)
+        probs, _ = _probs(ws, p, sl, qs, k_g, bs)
+        if not finite:
+            _mask_(p, probs, sl, bs, 0.0)  # a NaN row must not reach keys it does not attend
+        p3 = probs.view(-1, bs, k_g.shape[1])
+        d_o = _rows_into(ws, "do", dout, rows).view(-1, bs, dout.shape[-1])
+        dv_g = torch.bmm(p3.transpose(1, 2), d_o, out=ws.take("dkv", *v_g.shape))
+        dv.index_add_(2, flat_idx, dv_g.view(batch, heads, -1, bs, v_g.shape[2]))
+        ds = torch.bmm(d_o, v_g.transpose(1, 2), out=ws.take("ds", *p3.shape)).view(probs.shape)
+        ds.sub_(_rows(delta, rows)[..., None]).mul_(probs)
+        if not finite:
+            _mask_(p, ds, sl, bs, 0.0)  # select: 0 * NaN from a masked value cannot leak
+        ds3 = ds.view(p3.shape)
+        dq_rows = torch.bmm(ds3, k_g, out=ws.take("dq", *qs.shape)).mul_(p.scale)
+        _put_rows(dq, rows, dq_rows.view(batch, heads, -1, bs, qs.shape[2]))
+        dk_g = torch.bmm(ds3.transpose(1, 2), qs, out=ws.take("dkv", *k_g.shape))
+        dk.index_add_(2, flat_idx, dk_g.view(batch, heads, -1, bs, k_g.shape[2]))
+    return dq, dk, dv
+
+
+class _BlockSparseSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, qb, kb, vb, p: Problem, slabs, bs: int):
+        out, lse = _forward(p, slabs, qb, kb, vb, bs)
+        ctx.save_for_backward(qb, kb, vb, out)
+        ctx.p, ctx.slabs, ctx.bs = p, slabs, bs
+        return out, (lse if lse is not None else out.new_empty(0))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout, dlse):
+        qb, kb, vb, out = ctx.saved_tensors
+        dlse = dlse if dlse is not None and dlse.numel() else None
+        dq, dk, dv = _backward(ctx.p, ctx.slabs, qb, kb, vb, out, dout.contiguous(), dlse, ctx.bs)
+        return dq, dk, dv, None, None, None
+
+
+def run(p: Problem, slabs, qb, kb, vb, bs: int):
+    """Outputs ``(B, H, nq, bs, Dv)`` and lse ``(B, H, nq, bs)`` or None, for blocks in ``(B, H, n, bs, E)`` form.
+
+    ``slabs``: ``(rows, idx, valid, full_slot)`` per slab; query blocks in no slab attend nothing.
+    """
+    out, lse = _BlockSparseSoftmax.apply(qb, kb, vb, p, slabs, bs)
+    return out, (lse if p.return_lse else None)

@@ -1,0 +1,139 @@
+"""Band attention without gathers: each query block reads one contiguous window of keys.
+
+For a mask that allows exactly the keys ``lo <= j - i <= hi`` (a sliding window,
+or a window intersected with causal), query block ``I`` (rows ``I*bs .. I*bs+bs-1``)
+needs the keys ``I*bs + lo .. I*bs + bs - 1 + hi``: ``W = bs + hi - lo`` of them,
+contiguous in K and V. So the windows of a run of blocks are one ``as_strided``
+view of K (a stride of ``bs`` rows) and the scores of the run are one ``bmm``:
+no gathered copies of K or V, forward or backward. Inside a window the mask is
+the same ``(bs, W)`` band for every block, and only its two ``(bs, bs)`` corners
+hold masked entries. The few edge blocks (window past either end of the keys, or
+rows past ``Lq``) get zero-padded copies and their exact mask (:mod:`.window_slabs`).
+
+Rows are normalised whole by torch's fused softmax (in place), so the backward
+(Dao 2023, arXiv:2307.08691, Alg. 2, written by hand) recomputes the same
+probabilities without a saved log-sum-exp, and adds the key and value gradients
+of overlapping windows back block by block. Work is ``O(Lq W D)``; extra memory is
+one slab of scores (``SLAB`` elements) and the output.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ..functional.validate import Problem
+from . import window_slabs as ws
+from .common import Workspace
+
+__all__ = ["band", "refusal", "plan", "run"]
+
+BLOCK_SIZES = (32, 64, 128)
+_NEG_INF = float("-inf")
+
+
+def band(p: Problem) -> tuple[int, int] | None:
+    """``(lo, hi)`` of the mask's band when both sides are bounded, else None."""
+    if p.mask is None:
+        return None
+    b = p.mask.band(p.sizes[2], p.sizes[3])
+    return None if b is None or None in b else b
+
+
+def refusal(p: Problem) -> str | None:
+    """Why the band path cannot compute this problem exactly (None: it can)."""
+    if p.normalize != "softmax" or p.score not in ("dot", "scaled_dot"):
+        return "softmax of dot products only"
+    if p.bias is not None or p.modifier is not None or p.dropout_p > 0 or p.return_weights:
+        return "no bias, modifier, dropout or weights"
+    b = band(p)
+    if b is None:
+        return "the mask is not a band lo <= j - i <= hi"
+    if b[1] < b[0] or b[1] - b[0] + 1 >= p.sizes[3]:
+        return "the band is empty or covers every key"
+    return None
+
+
+def plan(p: Problem) -> ws.Plan:
+    """The block size with the fewest computed scores, small blocks paying a per-block overhead."""
+    _, _, lq, lk, _, _ = p.sizes
+    lo, hi = band(p)
+    plans = [ws.make_plan(bs, lo, hi, lq, lk) for bs in BLOCK_SIZES]
+    return min(plans, key=lambda pl: pl.nq * pl.bs * pl.width * (1 + 16 / pl.bs))
+
+
+def _probs(work: Workspace, sl: ws.Slab, scale: float, need_max: bool = False):
+    """``(q * scale, probabilities (n, bs, W), row max of the scores or None)`` of a slab, in the workspace."""
+    qs = torch.mul(sl.q, scale, out=work.take("q", *sl.q.shape))  # (n, bs, D): scaling the small operand
+    s = torch.bmm(qs, sl.k.transpose(1, 2), out=work.take("s", *sl.q.shape[:2], sl.k.shape[1]))  # (n, bs, W)
+    sl.mask_(s, _NEG_INF)
+    m = s.amax(-1) if need_max else None
+    torch.ops.aten._softmax.out(s, -1, False, out=s)  # fused and in place; no slow exp(-inf) path
+    sl.zero_empty_rows_(s)  # rows with no key (edge blocks only): softmax gave NaN, the output is 0
+    return qs, s, m
+
+
+def _forward(q, k, v, pl: ws.Plan, scale: float, need_lse: bool):
+    """Output ``(N, G, Lq, Dv)`` and lse ``(N, G, Lq)`` (or None) over every slab."""
+    out = q.new_empty(*q.shape[:3], v.shape[2])
+    lse = q.new_empty(q.shape[:3]) if need_lse else None
+    work = Workspace(q)
+    for sl in ws.slabs(q, k, v, pl, out, lse):
+        _, probs, m = _probs(work, sl, scale, need_lse)
+        sl.write_out(torch.bmm(probs, sl.v, out=sl.out_buffer(work)))
+        if need_lse:  # the largest probability is exp(0) / sum: lse = m + log(sum)
+            sl.write_lse(sl.fill_empty_rows(m - torch.log(probs.amax(-1)), _NEG_INF))
+    return out, lse
+
+
+def _backward(q, k, v, out, dout, dlse, pl: ws.Plan, scale: float, finite: bool):
+    delta = (dout * out).sum(-1)  # (N, G, Lq): rowsum(dO * O)
+    if dlse is not None:
+        delta = delta - dlse  # d lse / d s = P: the same term
+    dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    work = Workspace(q)
+    for sl in ws.slabs(q, k, v, pl, dq, None, dout=dout, delta=delta):
+        qs, probs, _ = _probs(work, sl, scale)
+        if not finite:
+            sl.mask_(probs, 0.0)  # a NaN row must not reach keys it does not attend
+        window = (probs.shape[0], probs.shape[2])
+        sl.add_window(dv, torch.bmm(probs.transpose(1, 2), sl.dout, out=work.take("dkv", *window, dv.shape[-1])))
+        ds = torch.bmm(sl.dout, sl.v.transpose(1, 2), out=work.take("ds", *probs.shape))
+        ds.sub_(sl.delta[..., None]).mul_(probs)
+        if not finite:
+            sl.mask_(ds, 0.0)  # select: 0 * NaN from a masked value cannot leak
+        sl.write_out(torch.bmm(ds, sl.k, out=sl.out_buffer(work)))
+        sl.add_window(dk, torch.bmm(ds.transpose(1, 2), qs, out=work.take("dkv", *window, dk.shape[-1])))
+    return dq.mul_(scale), dk, dv
+
+
+class _BandAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, pl: ws.Plan, scale: float, finite: bool, need_lse: bool):
+        batch, heads, lq, d = q.shape
+        hkv = k.shape[1]
+        q3 = q.view(batch * hkv, heads // hkv, lq, d)  # grouped queries: (N, G, Lq, D)
+        k3, v3 = k.view(batch * hkv, *k.shape[2:]), v.view(batch * hkv, *v.shape[2:])
+        out, lse = _forward(q3, k3, v3, pl, scale, need_lse)
+        ctx.save_for_backward(q3, k3, v3, out)
+        ctx.pl, ctx.scale, ctx.finite, ctx.shapes = pl, scale, finite, (q.shape, k.shape, v.shape)
+        out4 = out.view(batch, heads, lq, -1)
+        return out4, (lse.view(batch, heads, lq) if need_lse else out4.new_empty(0))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout, dlse):
+        q3, k3, v3, out = ctx.saved_tensors
+        dout = dout.reshape(out.shape).contiguous()
+        dlse = dlse.reshape(out.shape[:3]) if dlse is not None and dlse.numel() else None
+        dq, dk, dv = _backward(q3, k3, v3, out, dout, dlse, ctx.pl, ctx.scale, ctx.finite)
+        qs, ks, vs = ctx.shapes
+        return dq.view(qs), dk.view(ks), dv.view(vs), None, None, None, None
+
+
+def run(p: Problem):
+    """``(out (B, H, Lq, Dv), lse (B, H, Lq) or None)`` in the compute dtype, for a problem :func:`refusal` accepts."""
+    dt = p.compute_dtype
+    q, k, v = (t.to(dt).contiguous() for t in (p.q, p.k, p.v))
+    out, lse = _BandAttention.apply(q, k, v, plan(p), p.scale, p.inputs_finite(), p.return_lse)
+    return out, (lse if p.return_lse else None)
