@@ -26,7 +26,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/core.py
+	$(BIN)/python benchmarks/run.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .commands import bench, inspect, plots, record
+from .commands import bench, inspect, measure, plots, record
 
-COMMAND_MODULES = (inspect, bench, plots, record)
+COMMAND_MODULES = (inspect, bench, measure, plots, record)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,7 +2,8 @@
 
 Every number is measured in the same process (memory: in a fresh child process
 per method), as medians of several runs, and reported as a ratio against the
-tool a user would otherwise pick. Nothing here asserts a time.
+tool a user would otherwise pick. Nothing here asserts a time. The suite's rows
+(issue 7) are built on these pieces in :mod:`.bench_rows`.
 """
 
 from __future__ import annotations
@@ -12,23 +13,23 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from ..attention import attention, explain
-from ..functional.mask_parse import parse
+from .bench_patterns import make_bias, make_mask
 
-__all__ = ["Case", "Timing", "time_call", "methods", "run_case", "peak_memory", "with_backward"]
+__all__ = ["Case", "Timing", "time_call", "time_interleaved", "methods", "run_case", "peak_memory", "with_backward"]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
 class Case:
-    """One benchmark problem: sizes, dtype, mask text (see :func:`attnkit.masks.parse`), pass."""
+    """One benchmark problem: sizes, dtype, mask and bias texts (see :mod:`.bench_patterns`), pass."""
 
     batch: int = 1
     heads: int = 8
@@ -38,6 +39,7 @@ class Case:
     dtype: str = "float32"
     mask: str | None = None
     backward: bool = False
+    bias: str | None = None
 
     def inputs(self, seed: int = 0):
         g = torch.Generator().manual_seed(seed)
@@ -68,6 +70,31 @@ def time_call(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> tu
     return statistics.median(times), min(times), max(times)
 
 
+def time_interleaved(fns: Mapping[str, Callable[[], object]], repeats: int = 5, warmup: int = 1,
+                     budget_s: float | None = None) -> dict[str, tuple[float, float, float, int]]:
+    """``name -> (median, min, max, runs)`` seconds, the calls interleaved so that load changes hit every side.
+
+    Each round runs every function once, in reversed order on odd rounds, so none
+    of them always runs right after the same other one. With ``budget_s``, the
+    rounds are cut to those that fit in it, judged from the warm-up round (at least one).
+    """
+    round_s = 0.0
+    for _ in range(max(1, warmup) if budget_s else warmup):
+        start = time.perf_counter()
+        for fn in fns.values():
+            fn()
+        round_s = time.perf_counter() - start
+    if budget_s and round_s > 0:
+        repeats = max(1, min(repeats, int(budget_s / round_s)))
+    times = {name: [] for name in fns}
+    for i in range(repeats):
+        for name, fn in (reversed(fns.items()) if i % 2 else fns.items()):
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: (statistics.median(t), min(t), max(t), len(t)) for name, t in times.items()}
+
+
 def _sdpa_dense(mask, q, k, v):
     """SDPA given the dense bool mask a user would build for it (built once, on first call)."""
     dense = []
@@ -81,17 +108,18 @@ def _sdpa_dense(mask, q, k, v):
 
 def methods(case: Case, q, k, v, backends: Iterable[str] = ("auto", "blocksparse", "chunked", "sdpa")):
     """Name -> zero-argument callable returning the output, for every method that can run the case."""
-    mask = parse(case.mask) if case.mask else None
+    mask = make_mask(case.mask, case.q_len)
+    modifier = make_bias(case.bias, case.heads)
     out = {"torch sdpa (no mask)": lambda: F.scaled_dot_product_attention(q, k, v)}
     if mask is not None:
         out["torch sdpa (dense bool mask)"] = _sdpa_dense(mask, q, k, v)
     for backend in backends:
         try:
-            chosen = explain(q, k, v, mask=mask, backend=backend).backend
+            chosen = explain(q, k, v, mask=mask, bias=modifier, backend=backend).backend
         except ValueError:
             continue  # this backend cannot honour the case
         label = f"attnkit auto -> {chosen}" if backend == "auto" else f"attnkit {backend}"
-        out[label] = lambda b=backend: attention(q, k, v, mask=mask, backend=b)
+        out[label] = lambda b=backend: attention(q, k, v, mask=mask, bias=modifier, backend=b)
     return out
 
 

@@ -1,13 +1,83 @@
-"""``attnkit bench``: time attnkit's backends against torch SDPA on the same inputs."""
+"""``attnkit bench``: time attnkit against torch on the same inputs; any row of the benchmark suite.
+
+Without ``--compare`` it times attnkit's backends side by side with torch SDPA.
+With ``--compare KIND[,KIND...]`` it runs the suite's own row code
+(:func:`attnkit.analysis.bench_rows.run_spec`) for the given sizes: attnkit and
+each comparison interleaved, max |diff| of every pair, GFLOP/s, optional memory.
+"""
 
 from __future__ import annotations
+
+import argparse
+import dataclasses
 
 import torch
 
 from ..analysis.bench import peak_memory, run_case
+from ..analysis.bench_methods import KINDS
+from ..analysis.bench_patterns import BIASES
 from ..runtime import retain_freed_memory
 from .inspect import add_case_args, case_from_args
 from .progress import progress
+
+COMPARE_HELP = ("backends (default): attnkit's backends and SDPA; or comma-separated suite comparisons: "
+                "sdpa (SDPA as called for the mask: no mask, is_causal, key mask), sdpa-mask (dense bool mask), "
+                "sdpa-bias (dense float bias), eager (plain torch), flex (compiled FlexAttention), fp32 "
+                "(attnkit in float32; for --dtype bfloat16), additive (AdditiveAttention vs broadcast-then-tanh: "
+                "--batch, --q-len, --kv-len and --head-dim as the width)")
+
+
+def _compare(text: str) -> tuple[str, ...]:
+    if text == "backends":
+        return ()
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    bad = [k for k in kinds if k not in (*KINDS, "additive")]
+    if not kinds or bad:
+        raise argparse.ArgumentTypeError(f"unknown comparison {', '.join(bad) or repr(text)}; "
+                                         f"use backends, additive, or any of {', '.join(KINDS)}")
+    if "additive" in kinds and len(kinds) > 1:
+        raise argparse.ArgumentTypeError("additive is compared alone (it is another module, not attention())")
+    return kinds
+
+
+def _case(args, backward: bool):
+    return dataclasses.replace(case_from_args(args, backward), bias=args.bias)
+
+
+def _backends_table(args, backward: bool) -> None:
+    backends = tuple(args.backends.split(","))
+    case = _case(args, backward)
+    rows = run_case(case, repeats=args.repeats, backends=backends, progress=progress(len(backends) + 2, "bench"))
+    base = next((r for r in rows if r.method == "torch sdpa (dense bool mask)"), rows[0])
+    print(f"\n{'forward+backward' if backward else 'forward'}: {case}")
+    print("| method | median ms | min-max ms | time vs " + base.method + " | max abs diff |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        diff = (r.output.float() - base.output.float()).abs().max().item()
+        print(f"| {r.method} | {r.median_s * 1e3:.1f} | {r.min_s * 1e3:.1f}-{r.max_s * 1e3:.1f} | "
+              f"{r.median_s / base.median_s:.3f}x | {diff:.2e} |")
+    if args.memory:
+        print("\n| method | peak extra memory MiB (fresh process) |\n|---|---|")
+        for r in rows:
+            print(f"| {r.method} | {peak_memory(case, r.method, backends) / 2**20:.1f} |")
+
+
+def _suite_rows(args, backward: bool) -> None:
+    from ..analysis.bench_machine import ceiling
+    from ..analysis.bench_report import misses, rows_table
+    from ..analysis.bench_rows import Spec, run_spec
+
+    case = _case(args, backward)
+    label = "additive" if args.compare == ("additive",) else args.mask or args.bias or "no mask"
+    spec = Spec(0, label, case, args.compare, (args.goal,) if args.goal is not None else (), args.repeats,
+                memory=args.memory, mem_goal=args.memory_goal, backend=args.backend)
+    peak = {k: v["all"] for k, v in ceiling(seconds=0.5).items()} if args.ceiling else None
+    steps = 3 + bool(args.memory) + bool(args.profile)
+    rows = run_spec(spec, ceiling=peak, progress=progress(steps, "bench"), profile_misses=args.profile)
+    print(f"\n{'forward+backward' if backward else 'forward'}:")
+    print("\n".join(rows_table(rows)))
+    if any(r.verdict in ("MISS", "WRONG") for r in rows):
+        print("\n" + "\n".join(misses(rows)))
 
 
 def _cmd_bench(args) -> int:
@@ -15,32 +85,25 @@ def _cmd_bench(args) -> int:
         torch.set_num_threads(args.threads)
     if not args.no_retain_memory:
         retain_freed_memory()
-    backends = tuple(args.backends.split(","))
     for backward in ([False, True] if args.backward == "both" else [args.backward == "yes"]):
-        case = case_from_args(args, backward)
-        rows = run_case(case, repeats=args.repeats, backends=backends,
-                        progress=progress(len(backends) + 2, "bench"))
-        base = next((r for r in rows if r.method == "torch sdpa (dense bool mask)"), rows[0])
-        print(f"\n{'forward+backward' if backward else 'forward'}: {case}")
-        print("| method | median ms | min-max ms | time vs " + base.method + " | max abs diff |")
-        print("|---|---|---|---|---|")
-        for r in rows:
-            diff = (r.output.float() - base.output.float()).abs().max().item()
-            print(f"| {r.method} | {r.median_s * 1e3:.1f} | {r.min_s * 1e3:.1f}-{r.max_s * 1e3:.1f} | "
-                  f"{r.median_s / base.median_s:.3f}x | {diff:.2e} |")
-        if args.memory:
-            print("\n| method | peak extra memory MiB (fresh process) |\n|---|---|")
-            for r in rows:
-                print(f"| {r.method} | {peak_memory(case, r.method, backends) / 2**20:.1f} |")
+        (_suite_rows if args.compare else _backends_table)(args, backward)
     return 0
 
 
 def add(sub) -> None:
-    p = sub.add_parser("bench", help="time attnkit's backends against torch SDPA on the same inputs")
+    p = sub.add_parser("bench", help="time attnkit against torch SDPA / FlexAttention on the same inputs",
+                       description=__doc__.splitlines()[0])
     add_case_args(p)
+    p.add_argument("--bias", choices=BIASES, default=None, help="a score modifier (suite: target 4)")
+    p.add_argument("--compare", type=_compare, default=(), metavar="KINDS", help=COMPARE_HELP)
     p.add_argument("--backward", choices=["no", "yes", "both"], default="both")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--backends", default="auto,blocksparse,chunked,sdpa")
+    p.add_argument("--backends", default="auto,blocksparse,chunked,sdpa", help="without --compare")
+    p.add_argument("--backend", default="auto", help="attnkit's backend with --compare")
+    p.add_argument("--goal", type=float, default=None, help="largest allowed time ratio vs the first comparison")
+    p.add_argument("--memory-goal", type=float, default=None, help="largest allowed peak memory ratio")
+    p.add_argument("--ceiling", action="store_true", help="measure the matmul ceiling for GFLOP/s fractions")
+    p.add_argument("--profile", action="store_true", help="top operators of attnkit's side for a missed goal")
     p.add_argument("--memory", action="store_true", help="also measure peak memory in fresh processes")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-retain-memory", action="store_true", help="leave glibc's default of unmapping freed memory")

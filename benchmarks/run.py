@@ -1,0 +1,185 @@
+"""The issue-7 benchmark suite: every target's comparison in one run, written into BENCHMARKS.md.
+
+Usage::
+
+    python benchmarks/run.py              # full suite (~15 min on 2 cores), rewrites BENCHMARKS.md
+    python benchmarks/run.py --quick      # small sizes: a smoke run, written under benchmarks/results/quick/
+    python benchmarks/run.py --only 2 5   # some targets (rows of the others come from the cache, if any)
+    python benchmarks/run.py --fresh      # ignore cached rows
+
+Each row is cached in ``benchmarks/results/<spec key>.json`` as soon as it is
+measured, so an interrupted run resumes where it stopped. A cached row is reused
+only for the same spec, torch version and attnkit sources (a hash of the kernels,
+masks, biases and entry point it runs: see ``MEASURED_CODE``). BENCHMARKS.md keeps its
+``<!-- scaling:start/end -->`` section (written by ``benchmarks/scaling.py``) as it is;
+everything else in it is this suite's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import shlex
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from report_notes import INTRO, extras  # noqa: E402
+from suite import TITLES, specs  # noqa: E402
+
+from attnkit.analysis.bench_machine import ceiling, machine_info  # noqa: E402
+from attnkit.analysis.bench_report import render, rewrite  # noqa: E402
+from attnkit.analysis.bench_rows import Row, Spec, run_spec, sizes_text  # noqa: E402
+from attnkit.runtime import retain_freed_memory  # noqa: E402
+
+MEASURED_CODE = ("attention.py", "bias.py", "masks.py", "runtime.py", "kernels", "functional", "nn/additive.py",
+                 "analysis/bench.py", "analysis/bench_methods.py", "analysis/bench_flex.py")
+
+
+def code_version() -> str:
+    """A hash of the attnkit sources the rows run, and the torch version: a row cached under another is stale."""
+    root = HERE.parent / "src" / "attnkit"
+    digest = hashlib.sha1(torch.__version__.encode())
+    for name in MEASURED_CODE:
+        for path in sorted((root / name).rglob("*.py")) if (root / name).is_dir() else [root / name]:
+            digest.update(path.relative_to(root).as_posix().encode())
+            digest.update(path.read_bytes() if path.exists() else b"")
+    return f"{digest.hexdigest()[:16]} torch {torch.__version__}"
+
+
+def _load(path: Path, spec: Spec, version: str) -> list[Row] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if data.get("spec") != spec.to_json() or data.get("version") != version:
+        return None
+    return [Row(**r) for r in data["rows"]]
+
+
+def _save(path: Path, spec: Spec, rows: list[Row], version: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"spec": spec.to_json(), "version": version, "rows": [r.__dict__ for r in rows]},
+                              indent=1))
+    tmp.replace(path)  # a run killed mid-write leaves no half file
+
+
+def _error_row(spec: Spec, err: Exception) -> Row:
+    case = spec.case
+    where = traceback.extract_tb(err.__traceback__)[-1]
+    reason = f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''} " \
+             f"({Path(where.filename).name}:{where.lineno})"
+    return Row(spec.target, spec.label, sizes_text(case, spec.compare == ("additive",)),
+               "fwd+bwd" if case.backward else "fwd", "attnkit", ",".join(spec.compare), verdict="ERROR",
+               length=case.q_len, dtype=case.dtype, notes={"error": reason})
+
+
+def _bar(total: int):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="suite", file=sys.stderr, leave=False)
+
+
+def measure(all_specs: list[Spec], results: Path, *, fresh: bool, only: set[int] | None, ceil: dict) -> list[Row]:
+    """Rows of every spec: from the cache, or measured now (and cached at once)."""
+    rows, bar, version = [], _bar(len(all_specs)), code_version()
+    for spec in all_specs:
+        path = results / f"{spec.key}.json"
+        got = None if fresh and (only is None or spec.target in only) else _load(path, spec, version)
+        if got is None and (only is None or spec.target in only):
+            step = bar.set_postfix_str if bar else (lambda label: print(f"  {label} ...", file=sys.stderr))
+            try:
+                got = run_spec(spec, ceiling=ceil, progress=step, profile_misses=True)
+                _save(path, spec, got, version)
+            except Exception as err:  # one failing row must not end the suite; it is reported, not cached
+                got = [_error_row(spec, err)]
+            for r in got:
+                ratio = "n/a" if r.ratio is None else f"{r.ratio:.3f}"
+                print(f"[{r.target}] {r.label} {r.pass_} {r.sizes}: {r.ours} vs {r.theirs}: ratio {ratio} "
+                      f"-> {r.verdict}", flush=True)
+        if bar:
+            bar.update(1)
+        rows += got or []
+    if bar:
+        bar.close()
+    for r in rows:  # fractions against this run's ceiling, cached rows included
+        peak = ceil.get(r.dtype)
+        r.ceiling_frac = r.gflops / peak if peak and r.gflops else None
+    return rows
+
+
+def plots(rows: list[Row], folder: Path, relative_to: Path) -> list[tuple[str, str]]:
+    """Time and memory against L, one PNG per family of rows; ``[(caption, path)]``."""
+    try:
+        from attnkit.viz import scaling_plot
+    except ImportError:
+        return []
+    families = {
+        "window": ("sliding window ±128, forward+backward", lambda r: r.target == 2 and r.pass_ == "fwd+bwd"),
+        "dense": ("dense attention (no mask), forward+backward",
+                  lambda r: r.target == 1 and r.label == "no mask" and r.pass_ == "fwd+bwd"),
+        "alibi": ("ALiBi bias, forward+backward", lambda r: r.target == 4 and r.label == "alibi"
+                  and r.pass_ == "fwd+bwd"),
+    }
+    out = []
+    for name, (caption, keep) in families.items():
+        series = {}
+        for r in (r for r in rows if keep(r)):
+            mine = "attnkit " + r.ours.split(" -> ")[0].removeprefix("attnkit ")  # the backend auto picks varies
+            series.setdefault(mine, {})[r.length] = (r.length, r.ours_s[0], r.ours_mem)
+            if r.theirs_s:
+                series.setdefault(r.theirs, {})[r.length] = (r.length, r.theirs_s[0], r.theirs_mem)
+        series = {k: sorted(v.values()) for k, v in series.items() if len(v) > 1}
+        if not series:
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{name}.png"
+        scaling_plot(series, path=path, title=caption)
+        out.append((caption, Path(os.path.relpath(path, relative_to)).as_posix()))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser.add_argument("--fresh", action="store_true", help="ignore cached rows (of --only targets, if given)")
+    parser.add_argument("--only", type=int, nargs="+", default=None, help="measure only these targets (1-6)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--out", default=None, help="default: BENCHMARKS.md (quick: benchmarks/results/quick/)")
+    parser.add_argument("--print", action="store_true", help="print the section instead of writing a file")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    retain_freed_memory()  # both sides of every comparison run with it (see attnkit.runtime)
+    results = HERE / "results" / ("quick" if args.quick else "")
+    out = Path(args.out) if args.out else (results / "BENCHMARKS.md" if args.quick else HERE.parent / "BENCHMARKS.md")
+    command = "python benchmarks/run.py" + "".join(f" {shlex.quote(a)}" for a in (argv or sys.argv[1:]))
+    info = machine_info()
+    ceil = ceiling(512 if args.quick else 2048, 0.3 if args.quick else 1.0)
+    rows = measure(specs(args.quick), results, fresh=args.fresh, only=set(args.only) if args.only else None,
+                   ceil={k: v["all"] for k, v in ceil.items()})
+    figures = [] if args.print else plots(rows, (results if args.quick else HERE) / "plots", out.parent)
+    text = render(title="Benchmark suite (issue 7)", intro=INTRO, info=info, ceiling=ceil, command=command,
+                  rows=rows, targets=TITLES, plots=figures, extras=extras(rows, info, ceil))
+    print(text)
+    if not args.print:
+        old = out.read_text() if out.exists() else ""
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(rewrite(old, text))
+        print(f"wrote {out}", file=sys.stderr)
+    return 0 if all(math.isfinite(r.ours_s[0]) for r in rows if r.ours_s) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

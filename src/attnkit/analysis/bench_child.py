@@ -1,0 +1,62 @@
+"""Peak memory of one side of a :class:`~attnkit.analysis.bench_rows.Spec`, in a fresh child process.
+
+The child builds the inputs, resets the peak resident size (Linux
+``/proc/self/clear_refs``), then builds the side's method (so a dense mask or
+bias SDPA needs counts: a user of that method holds it too) and calls it once
+(forward, or forward+backward), and prints the bytes the peak grew by.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import torch
+
+__all__ = ["side_peak"]
+
+
+def side_peak(spec, side: str, timeout: float = 900.0) -> int | None:
+    """Bytes the peak resident size grows by for ``side`` ("ours" or a comparison kind); None if the child failed."""
+    payload = json.dumps({"spec": spec.to_json(), "side": side})
+    try:
+        done = subprocess.run([sys.executable, "-m", "attnkit.analysis.bench_child", payload],
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    if done.returncode != 0:
+        return None
+    return int(done.stdout.strip().splitlines()[-1])
+
+
+def _measure(spec, side: str) -> int:
+    from .bench_check import timed_call
+    from .bench_methods import ours, problem, theirs
+    from .memory import reset_peak, resident_bytes
+
+    case = spec.case
+    if spec.compare == ("additive",):
+        from .bench_additive import additive_methods
+        reset_peak()
+        before = resident_bytes("VmRSS")
+        method = additive_methods(case)[0 if side == "ours" else 1]
+    else:
+        q, k, v, mask, modifier = problem(case)
+        reset_peak()
+        before = resident_bytes("VmRSS")
+        method = (ours(case, q, k, v, mask, modifier, spec.backend) if side == "ours"
+                  else theirs(side, case, q, k, v, mask, modifier))
+    with torch.set_grad_enabled(case.backward):
+        timed_call(method, case.backward)()
+    return resident_bytes("VmHWM") - before
+
+
+def main(payload: str) -> None:
+    from .bench_rows import Spec
+    data = json.loads(payload)
+    print(_measure(Spec.from_json(data["spec"]), data["side"]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
