@@ -18,8 +18,7 @@ setup: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/attnkit list
-	$(BIN)/attnkit explain --q-len 4096 --mask "sliding_window(128, 128)"
-	$(BIN)/attnkit explain --q-len 4096 --mask "causal()"
+	$(BIN)/attnkit tour --out tour-report
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .commands import bench, inspect, measure, plots, record
+from .commands import bench, inspect, measure, plots, record, tour
 
-COMMAND_MODULES = (inspect, bench, measure, plots, record)
+COMMAND_MODULES = (inspect, bench, measure, plots, record, tour)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,79 @@
+"""``attnkit tour``: train the mechanisms on the generated tasks, several seeds, and write the report folder."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+import torch
+
+from ..errors import ArgumentError, check_int
+
+
+def _selected(args, experiments: dict, default: list[str]) -> list[str]:
+    """Experiment keys chosen by ``--tasks`` / ``--mechanisms`` (each filters the default set, or all if given)."""
+    if not args.tasks and not args.mechanisms:
+        return default
+    pool = list(experiments)
+    for option, attr in (("--tasks", "task"), ("--mechanisms", "mechanism")):
+        wanted = getattr(args, option[2:])
+        if not wanted:
+            continue
+        present = {getattr(e, attr) for e in experiments.values()}
+        unknown = sorted(set(wanted) - present)
+        if unknown:
+            raise ArgumentError(f"attnkit tour: {option}: unknown {', '.join(unknown)}; known: "
+                                f"{', '.join(sorted(present))}")
+        pool = [k for k in pool if getattr(experiments[k], attr) in wanted]
+    if not pool:
+        raise ArgumentError(f"attnkit tour: no experiment has task in {args.tasks} and mechanism in "
+                            f"{args.mechanisms}; see attnkit tour --list")
+    return pool
+
+
+def _print_list(experiments: dict, default: set[str], quick_default: set[str]) -> None:
+    width = max(len(k) for k in experiments)
+    print(f"{'experiment':<{width}}  default  quick  description")
+    for key, exp in experiments.items():
+        print(f"{key:<{width}}  {'yes' if key in default else '-':<7}  {'yes' if key in quick_default else '-':<5}  "
+              f"{getattr(exp, 'description', '')}")
+    print(f"\n{len(experiments)} experiments")
+
+
+def _cmd_tour(args) -> int:
+    from ..tour import report, runner
+
+    api = runner.api()
+    experiments = api.experiments()
+    if args.list:
+        _print_list(experiments, set(api.default_set(False)), set(api.default_set(True)))
+        return 0
+    threads = check_int("attnkit tour", "--threads", args.threads, 1) if args.threads is not None else os.cpu_count()
+    torch.set_num_threads(threads or 1)
+    keys = _selected(args, experiments, list(api.default_set(args.quick)))
+    command = "attnkit " + " ".join(shlex.quote(a) for a in (args.argv if args.argv is not None else sys.argv[1:]))
+    summary = runner.tour(keys, args.seeds, quick=args.quick, out=args.out, fresh=args.fresh,
+                          progress=not args.no_progress, command=command)
+    markdown, page = report.write(args.out)
+    print(f"{len(summary.ran)} run(s) trained, {len(summary.cached)} reused from the cache, "
+          f"{len(summary.failed)} failed, in {summary.seconds:.1f} s")
+    for item in summary.failed:
+        print(f"  failed: {item}")
+    print(markdown)
+    print(page)
+    return 1 if summary.failed else 0
+
+
+def add(sub) -> None:
+    p = sub.add_parser("tour", help="train the mechanisms on generated tasks (3 seeds) and write a report folder")
+    p.add_argument("--quick", action="store_true", help="the short budget (about 2 minutes on 2 cores)")
+    p.add_argument("--out", default="tour-report", help="report folder (default: %(default)s)")
+    p.add_argument("--tasks", nargs="+", default=None, help="only experiments on these tasks")
+    p.add_argument("--mechanisms", nargs="+", default=None, help="only experiments with these mechanisms")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="default: %(default)s")
+    p.add_argument("--fresh", action="store_true", help="ignore cached runs and run everything again")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    p.add_argument("--list", action="store_true", help="list the experiments and exit")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cmd_tour, argv=None)
