@@ -7,6 +7,8 @@ working and ``except attnkit.AttnkitError`` catches everything attnkit raises.
 
 from __future__ import annotations
 
+import torch
+
 __all__ = [
     "AttnkitError",
     "ShapeError",
@@ -15,6 +17,7 @@ __all__ = [
     "ArgumentError",
     "BackendError",
     "check_int",
+    "check_bool_mask",
 ]
 
 
@@ -52,3 +55,22 @@ def check_int(who: str | None, name: str, value, minimum: int = 0, hint: str = "
         prefix = f"{who}: " if who else ""
         raise ArgumentError(f"{prefix}{name} must be an int >= {minimum}{hint}; got {value!r}")
     return value
+
+
+def check_bool_mask(who: str, name: str, mask, shape: tuple[int, ...], *, true_means: str = "keep",
+                    dims: str = ""):
+    """``mask`` unchanged if it is a bool tensor of exactly ``shape`` (None passes), else a named error.
+
+    Raises :class:`DTypeError` for a non-bool value and :class:`ShapeError` for another shape,
+    each naming ``who``, the argument and expected vs actual. ``true_means`` and ``dims`` (e.g.
+    ``"(batch, n)"``) only word the message.
+    """
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise DTypeError(f"{who}: {name} must be a bool tensor (True = {true_means}); got {got}")
+    if tuple(mask.shape) != tuple(shape):
+        expected = f"{dims} = {tuple(shape)}" if dims else f"{tuple(shape)}"
+        raise ShapeError(f"{who}: {name} must have shape {expected}; got {tuple(mask.shape)}")
+    return mask

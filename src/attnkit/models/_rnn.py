@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..errors import ArgumentError, DTypeError, ShapeError
+from ..errors import ArgumentError, DTypeError, ShapeError, check_bool_mask
 
 __all__ = ["IGNORE_INDEX", "INDEX_DTYPES", "check_tokens", "check_index_dtype", "check_features", "check_keep",
            "loss_targets", "masked_mean", "source_mask", "make_rnn", "encode_padded"]
@@ -62,14 +62,7 @@ def check_features(who: str, name: str, x, module: nn.Module, dim: int | None = 
 
 def check_keep(who: str, name: str, keep, shape: tuple[int, int]) -> torch.Tensor | None:
     """A ``(batch, n)`` bool mask, True = real token (None passes)."""
-    if keep is None:
-        return None
-    if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool:
-        got = keep.dtype if isinstance(keep, torch.Tensor) else type(keep).__name__
-        raise DTypeError(f"{who}: {name} must be a bool tensor (True = real token); got {got}")
-    if tuple(keep.shape) != tuple(shape):
-        raise ShapeError(f"{who}: {name} must have shape (batch, n) = {tuple(shape)}; got {tuple(keep.shape)}")
-    return keep
+    return check_bool_mask(who, name, keep, shape, true_means="real token", dims="(batch, n)")
 
 
 def loss_targets(who: str, target, mask, shape: tuple[int, int], num_classes: int):

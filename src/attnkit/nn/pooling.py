@@ -9,21 +9,11 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..attention import attention
-from ..errors import ArgumentError, DTypeError, ShapeError
+from ..errors import ArgumentError, ShapeError
+from ..errors import check_bool_mask as _check_mask
 from ..registry import Entry, register
 
 __all__ = ["AttentionPooling", "PoolingOutput", "HierarchicalAttention", "HierarchicalOutput"]
-
-
-def _check_mask(who, name, mask, shape):
-    if mask is None:
-        return None
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise DTypeError(f"{who}: {name} must be a bool tensor (True = keep); got {got}")
-    if tuple(mask.shape) != tuple(shape):
-        raise ShapeError(f"{who}: {name} must have shape {tuple(shape)}; got {tuple(mask.shape)}")
-    return mask
 
 
 class PoolingOutput(NamedTuple):
