@@ -63,11 +63,19 @@ def _bf16(info: dict, ceil: dict) -> list[str]:
     f32, b16 = ceil["float32"]["all"], ceil["bfloat16"]["all"]
     amx = [f for f in info.get("flags", []) if f.startswith("amx") or f == "avx512_bf16"]
     fast = b16 > 1.5 * f32
-    return [f"AMX / AVX-512-BF16 flags on this CPU: {', '.join(amx) or 'none'} (torch CPU capability "
-            f"{info['torch_cpu_capability']}). bf16 matmul ceiling {b16:.1f} GFLOP/s = {b16 / f32:.2f}x float32's "
-            f"{f32:.1f}: bf16 matmuls {'take a fast (AMX) path' if fast else 'have no fast path on this machine'}. "
-            "SDPA's fused CPU kernel converts blocks itself, so its bf16 speed does not follow the bf16 matmul; "
-            "percentages above 100% mean faster than the bf16 matmul ceiling."]
+    lines = [f"AMX / AVX-512-BF16 flags on this CPU: {', '.join(amx) or 'none'} (torch CPU capability "
+             f"{info['torch_cpu_capability']}). bf16 matmul ceiling {b16:.1f} GFLOP/s = {b16 / f32:.2f}x float32's "
+             f"{f32:.1f}: bf16 matmuls {'take a fast (AMX) path' if fast else 'have no fast path on this machine'}. "
+             "SDPA's fused CPU kernel converts blocks itself in the forward, so its bf16 forward does not follow "
+             "the bf16 matmul, but its backward does; percentages above 100% mean faster than the bf16 matmul "
+             "ceiling."]
+    if not fast:
+        lines += ["", "Without bf16 matmul units, attnkit's fused kernels compute bf16 inputs in float32 and round "
+                  "the output once (`attnkit.runtime.low_precision_math`; `set_low_precision_math(\"native\")` "
+                  "restores torch's bf16 path). Its bf16 rows are then float32 arithmetic plus the casts, so "
+                  "'faster than its own float32' cannot hold on this machine: that part of the target needs "
+                  "AMX or AVX-512-BF16 hardware, where the default computes natively."]
+    return lines
 
 
 def _additive() -> list[str]:
@@ -96,5 +104,9 @@ def extras(rows: list[Row], info: dict, ceil: dict) -> dict[int, list[str]]:
     return {3: ["ratio / density: attnkit's time relative to SDPA's dense time, per unit of block density; "
                 "about 1 or less means attnkit's time is proportional to the non-empty blocks. The target "
                 "applies to layouts near 10% density; the strided pattern (l = sqrt(L)) has a key in every "
-                "block of the causal half, so it is reported without one."],
+                "block of the causal half, so it is reported without one.",
+                "",
+                "attnkit's block-sparse kernel builds a mask's block layout and the per-slab bias of its partial "
+                "blocks on the first call and keeps them on the mask (the warm-up round here), as SDPA's dense "
+                "mask is built once before timing."],
             4: _alibi_memory(rows), 5: _bf16(info, ceil), 6: _additive(), 7: _ceiling_summary(rows, ceil)}

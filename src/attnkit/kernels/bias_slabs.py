@@ -26,6 +26,7 @@ import torch
 from ..bias import AdditiveModifier
 from ..functional.masks import _Causal
 from ..functional.validate import Problem
+from ..runtime import low_precision_math
 from .bias_slabs_grad import SlabAttention, learned
 from .common import dense_indices, upcast_inputs
 
@@ -141,9 +142,10 @@ def describe(p: Problem) -> str:
 
 
 def _inputs(p: Problem):
-    """q, k, v for the kernel: bfloat16/float16 stay as they are (the fused kernel accumulates in float32,
-    as torch's SDPA does for them); everything else, and any learned bias, in the compute dtype."""
-    if p.q.dtype not in (torch.bfloat16, torch.float16) or learned(p):
+    """q, k, v for the kernel: bfloat16/float16 stay as they are where the CPU computes them natively (the fused
+    kernel accumulates in float32, as torch's SDPA does; see attnkit.runtime); everything else, and any learned
+    bias, in the compute dtype."""
+    if low_precision_math(p.q.dtype, p.q.device) != p.q.dtype or learned(p):
         return upcast_inputs(p)
     k, v = p.k, p.v
     if p.groups > 1:

@@ -13,8 +13,10 @@ rows (global tokens) never widen the others. Three paths:
 
 - bands (sliding windows, ``lo <= j - i <= hi``): :mod:`.window_band` reads each
   block's contiguous key window in place, no gathers;
-- softmax of dot products: :mod:`.blocksparse_softmax` evaluates the mask only in
-  blocks the layout does not mark full, with a hand-written backward;
+- softmax of dot products: :mod:`.blocksparse_fused` runs each slab as one call of
+  torch's fused CPU kernel with the partial slots' mask as a cached bias; where it
+  cannot (non-finite inputs, ``Dv != D``, lse under autograd) :mod:`.blocksparse_softmax`
+  evaluates the mask only in blocks the layout does not mark full, with a hand-written backward;
 - anything else (scores, biases, row normalisers, dropout): the mask at every
   gathered entry, autograd for the backward (the gather's backward scatter-adds
   into the key blocks, deterministically on CPU), slabs checkpointed past ``BUDGET``.
@@ -28,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..functional.masks import full as full_mask
 from ..functional.validate import Problem
-from . import blocksparse_softmax, window_band
+from . import blocksparse_fused, blocksparse_softmax, window_band
 from .common import KernelOutput, block_scores, block_weights, concat_pieces, dropout, upcast_inputs
 
 NAME = "blocksparse"
@@ -52,6 +54,8 @@ def describe(p: Problem) -> str:
     if window_band.refusal(p) is None:
         pl = window_band.plan(p)
         return f"band windows of {pl.width} keys per block of {pl.bs} queries, read in place (no gathers)"
+    if blocksparse_fused.applies(p) is None:
+        return "gathered key blocks, one fused torch kernel call per slab, the partial blocks' mask as a cached bias"
     if blocksparse_softmax.applies(p):
         return "gathered key blocks, the mask evaluated only in partial blocks, backward by hand"
     return "gathered key blocks, the mask evaluated at every entry, autograd backward"
@@ -199,7 +203,9 @@ def run(p: Problem) -> KernelOutput:
     blocks = (_pad_to(q, nq * bs).view(batch, heads, nq, bs, d), _pad_to(k, nk * bs).view(batch, heads, nk, bs, d),
               _pad_to(v, nk * bs).view(batch, heads, nk, bs, dv))
     slabs = plan(p, bs)
-    if blocksparse_softmax.applies(p):
+    if blocksparse_fused.applies(p) is None:
+        out, lse = blocksparse_fused.run(p, slabs, *blocks, bs)
+    elif blocksparse_softmax.applies(p):
         out, lse = blocksparse_softmax.run(p, slabs, *blocks, bs)
     else:
         out, lse = _general(p, slabs, blocks, bs)

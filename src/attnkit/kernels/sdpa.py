@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from ..functional.masks import TensorMask, _Causal, _Full
 from ..functional.validate import Problem
+from ..runtime import low_precision_math
 from .common import KernelOutput
 
 NAME = "sdpa"
@@ -76,7 +77,10 @@ def _key_mask(mask, lk: int, batch: int, heads: int, device) -> torch.Tensor:
 
 
 def run(p: Problem) -> KernelOutput:
+    """bfloat16/float16 inputs run in float32 where the CPU has no matmul units for them (attnkit.runtime)."""
     attn_mask, is_causal = sdpa_mask(p)
-    out = F.scaled_dot_product_attention(p.q, p.k, p.v, attn_mask=attn_mask, dropout_p=p.dropout_p,
+    dtype = low_precision_math(p.q.dtype, p.q.device)
+    q, k, v = (t if t.dtype == dtype else t.to(dtype) for t in (p.q, p.k, p.v))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p.dropout_p,
                                          is_causal=is_causal, scale=p.scale, enable_gqa=p.groups > 1)
     return KernelOutput(out, None, None)

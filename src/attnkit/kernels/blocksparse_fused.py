@@ -1,0 +1,158 @@
+"""The block-sparse kernel's fastest path: each slab of query blocks is one call of torch's fused CPU kernel.
+
+A slab is ``n`` query blocks, each with its ``w`` key blocks gathered into a
+``(w * bs)``-long row (:mod:`.blocksparse`). Seen as attention with ``B*H``
+batch elements and ``n`` "heads", every query block is an independent problem
+over its own gathered keys, so one call of torch's fused flash kernel (forward
+and backward, ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu``)
+computes the slab: scores, mask, softmax and ``P V`` stay in its cache-sized
+tiles instead of three passes over a slab of scores in memory.
+
+The mask enters as a float bias ``(1, n, bs, w*bs)`` per slab, ``-inf`` in the
+masked entries of partial slots and in the padding slots, ``None`` for a slab
+of full slots only. A mask that ignores the batch and head indices gives the
+same bias on every call, so the biases are built once and cached on the mask
+with its layouts (``BIAS_CACHE`` size-keyed entries per mask); a mask that reads
+``b`` or ``h`` has its biases built on every call.
+
+Used where the fused kernel computes attnkit's function exactly: softmax of
+dot products, no bias, modifier or dropout, ``Dv == D``, finite inputs (torch's
+kernel zeroes NaN rows, and a NaN key would leak through an added ``-inf``), and
+lse only without autograd (the fused backward takes no lse gradient). A row
+with no allowed key gets output 0 and lse 0 from the kernel; lse is set to
+``-inf`` there. Otherwise :mod:`.blocksparse_softmax` runs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ..functional.validate import Problem
+from .bias_slabs import FLASH
+from .bias_slabs_grad import FLASH_BACKWARD
+from .blocksparse_softmax import _allowed, _put_rows, _rows
+from .blocksparse_softmax import applies as softmax_applies
+from .common import Workspace
+
+__all__ = ["applies", "run", "slab_biases"]
+
+BIAS_CACHE = 4  # cached (sizes -> biases) entries per mask; the oldest goes first
+_NEG_INF = float("-inf")
+
+
+def _needs_grad(p: Problem) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in (p.q, p.k, p.v))
+
+
+def applies(p: Problem) -> str | None:
+    """Why this path cannot run ``p`` exactly (None: it can)."""
+    if FLASH is None or FLASH_BACKWARD is None or p.q.device.type != "cpu":
+        return "needs torch's fused CPU flash kernel"
+    if not softmax_applies(p):
+        return "softmax of dot products only, no bias, modifier or dropout"
+    if p.sizes[4] != p.sizes[5]:
+        return "the fused kernel needs Dv == D"
+    if p.return_lse and _needs_grad(p):
+        return "the fused backward takes no lse gradient"
+    if not p.inputs_finite():
+        return "non-finite inputs: torch's CPU kernel zeroes NaN rows"
+    return None
+
+
+def _bias(p: Problem, sl, bs: int, dtype) -> torch.Tensor | None:
+    """A slab's float bias ``(B*H | 1, n, bs, w*bs)``: 0 where allowed, ``-inf`` elsewhere; None if all allowed."""
+    rows, idx, valid, full_slot = sl
+    if bool(full_slot.all()):
+        return None
+    n, w = idx.shape
+    allowed = _allowed(p, rows, idx, bs) & valid[:, None, :, None].expand(n, 1, w, bs).reshape(n, 1, w * bs)
+    batch, heads = allowed.shape[:2]  # 1 where the mask ignores b or h; a key-only mask has no query dim yet
+    bias = torch.zeros(batch, heads, n, bs, w * bs, dtype=dtype, device=allowed.device)
+    bias.masked_fill_(~allowed, _NEG_INF)
+    return bias.view(1, n, bs, w * bs) if batch * heads == 1 else bias.expand(
+        p.sizes[0], p.sizes[1], n, bs, w * bs).reshape(-1, n, bs, w * bs)
+
+
+def slab_biases(p: Problem, slabs, bs: int, dtype) -> list[torch.Tensor | None]:
+    """Every slab's bias; cached on the mask when the mask reads neither ``b`` nor ``h``."""
+    if p.mask is None or {"b", "h"} & p.mask.uses:
+        return [_bias(p, sl, bs, dtype) for sl in slabs]
+    batch, heads, lq, lk, _, _ = p.sizes
+    key = (lq, lk, bs, batch * heads, dtype, str(p.q.device))  # B*H sizes the slabs
+    cache = p.mask.__dict__.setdefault("_fused_bias_cache", {})
+    if key not in cache:
+        while len(cache) >= BIAS_CACHE:
+            cache.pop(next(iter(cache)))
+        cache[key] = [_bias(p, sl, bs, dtype) for sl in slabs]
+    return cache[key]
+
+
+def _gather(ws: Workspace, kb, vb, idx):
+    """Key and value blocks of a slab, ``(B*H, n, w*bs, D)``, in reused workspace buffers."""
+    batch, heads, _, bs, d = kb.shape
+    n, w = idx.shape
+    k_g = torch.index_select(kb, 2, idx.flatten(), out=ws.take("k", batch, heads, n * w, bs, d))
+    v_g = torch.index_select(vb, 2, idx.flatten(), out=ws.take("v", batch, heads, n * w, bs, d))
+    return k_g.view(-1, n, w * bs, d), v_g.view(-1, n, w * bs, d)
+
+
+def _slab_rows(t, rows):
+    """Query blocks ``rows`` of ``(B, H, nq, bs, *)`` as ``(B*H, n, bs, *)`` (a view when consecutive)."""
+    return _rows(t, rows).reshape(-1, len(rows), *t.shape[3:])
+
+
+def _forward(p: Problem, slabs, biases, qb, kb, vb):
+    batch, heads, nq, bs, _ = qb.shape
+    out = qb.new_zeros(qb.shape)  # blocks in no slab attend nothing: 0
+    lse = qb.new_full((batch, heads, nq, bs), _NEG_INF)
+    ws = Workspace(qb)
+    for sl, bias in zip(slabs, biases, strict=True):
+        rows, n = sl[0], len(sl[0])
+        k_g, v_g = _gather(ws, kb, vb, sl[1])
+        o, l_rows = FLASH(_slab_rows(qb, rows), k_g, v_g, 0.0, False, attn_mask=bias, scale=p.scale)
+        if bias is not None:  # rows with no allowed key: the kernel returns lse 0
+            l_rows = l_rows.masked_fill(torch.isneginf(bias).all(-1), _NEG_INF)
+        _put_rows(out, rows, o.view(batch, heads, n, bs, -1))
+        _put_rows(lse, rows, l_rows.view(batch, heads, n, bs))
+    return out, lse
+
+
+def _backward(p: Problem, slabs, biases, qb, kb, vb, out, lse, dout):
+    batch, heads, _, bs, d = qb.shape
+    dq, dk, dv = torch.zeros_like(qb), torch.zeros_like(kb), torch.zeros_like(vb)
+    ws = Workspace(qb)
+    finite_lse = lse.masked_fill(torch.isneginf(lse), 0.0)  # what the kernel saw for rows with no key
+    for sl, bias in zip(slabs, biases, strict=True):
+        rows, idx = sl[0], sl[1]
+        n, w = idx.shape
+        k_g, v_g = _gather(ws, kb, vb, idx)
+        dq_r, dk_g, dv_g = FLASH_BACKWARD(
+            _slab_rows(dout, rows), _slab_rows(qb, rows), k_g, v_g, _slab_rows(out, rows),
+            _slab_rows(finite_lse, rows), 0.0, False, attn_mask=bias, scale=p.scale)
+        _put_rows(dq, rows, dq_r.view(batch, heads, n, bs, d))
+        dk.index_add_(2, idx.flatten(), dk_g.reshape(batch, heads, n * w, bs, d))
+        dv.index_add_(2, idx.flatten(), dv_g.reshape(batch, heads, n * w, bs, d))
+    return dq, dk, dv
+
+
+class _FusedBlockSparse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, qb, kb, vb, p: Problem, slabs, biases):
+        out, lse = _forward(p, slabs, biases, qb, kb, vb)
+        ctx.save_for_backward(qb, kb, vb, out, lse)
+        ctx.p, ctx.slabs, ctx.biases = p, slabs, biases
+        return out, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout, _dlse):  # applies() refuses lse under autograd: _dlse is never used
+        qb, kb, vb, out, lse = ctx.saved_tensors
+        return (*_backward(ctx.p, ctx.slabs, ctx.biases, qb, kb, vb, out, lse, dout.contiguous()), None, None, None)
+
+
+def run(p: Problem, slabs, qb, kb, vb, bs: int):
+    """Outputs ``(B, H, nq, bs, D)`` and lse ``(B, H, nq, bs)`` or None, for blocks in ``(B, H, n, bs, D)`` form."""
+    biases = slab_biases(p, slabs, bs, qb.dtype)
+    out, lse = _FusedBlockSparse.apply(qb, kb, vb, p, slabs, biases)
+    return out, (lse if p.return_lse else None)
