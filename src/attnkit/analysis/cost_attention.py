@@ -128,8 +128,8 @@ def _blocksparse(t: Tally, label, p, grad, s_grads, o_grads, pairwise) -> int:
     """The block-sparse kernel's products over its own slab plan (``kernels.blocksparse.plan``).
 
     Each slab of ``n`` query blocks is computed against ``w`` gathered key blocks (its widest
-    row's width, padding lanes included). Plain softmax attention runs a fused path with a
-    hand-written backward (scores recomputed). Any other score or normaliser runs through
+    row's width, padding lanes included). Plain softmax attention runs fused (torch's fused kernel
+    per slab, or the hand-written path): the same products, scores recomputed in the backward. Any other score or normaliser runs through
     autograd; when the computed scores exceed the kernel's ``BUDGET`` every slab is checkpointed
     and its score product runs again in the backward (torch's checkpoint stops recomputing once
     every saved tensor is back, so the output product, whose result nothing saves, is not re-run).
