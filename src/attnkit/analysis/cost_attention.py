@@ -129,10 +129,11 @@ def _blocksparse(t: Tally, label, p, grad, s_grads, o_grads, pairwise) -> int:
 
     Each slab of ``n`` query blocks is computed against ``w`` gathered key blocks (its widest
     row's width, padding lanes included). Plain softmax attention runs fused (torch's fused kernel
-    per slab, or the hand-written path): the same products, scores recomputed in the backward. Any other score or normaliser runs through
-    autograd; when the computed scores exceed the kernel's ``BUDGET`` every slab is checkpointed
-    and its score product runs again in the backward (torch's checkpoint stops recomputing once
-    every saved tensor is back, so the output product, whose result nothing saves, is not re-run).
+    per slab, or the hand-written path): the same products, scores recomputed in the backward. Any
+    other score or normaliser runs through autograd; when the computed scores exceed the kernel's
+    ``BUDGET`` every slab is checkpointed and its score product runs again in the backward (torch's
+    checkpoint stops recomputing once every saved tensor is back, so the output product, whose
+    result nothing saves, is not re-run).
     """
     batch, heads, _, _, d, dv = p.sizes
     bs = blocksparse.choose_block_size(p)

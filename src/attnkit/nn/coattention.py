@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..attention import attention
-from ..errors import ArgumentError, DTypeError, ShapeError
+from ..errors import ArgumentError, ShapeError, check_bool_mask
 from ..registry import Entry, register
 
 __all__ = ["CoAttention", "CoAttentionOutput"]
@@ -43,17 +43,6 @@ def _check(name, t, dim, batch=None):
         got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
         raise ShapeError(f"{_WHO}: {name} must have shape (batch{'=' + str(batch) if batch else ''}, length, {dim}); "
                          f"got {got}")
-
-
-def _check_mask(name, mask, shape):
-    if mask is None:
-        return None
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise DTypeError(f"{_WHO}: {name} must be a bool tensor (True = keep); got {got}")
-    if tuple(mask.shape) != tuple(shape):
-        raise ShapeError(f"{_WHO}: {name} must have shape {tuple(shape)}; got {tuple(mask.shape)}")
-    return mask
 
 
 class CoAttention(nn.Module):
@@ -140,8 +129,8 @@ class CoAttention(nn.Module):
         """Co-attend; masks are bool, True = a real word / region."""
         _check("question", question, self.question_dim)
         _check("image", image, self.image_dim, batch=question.shape[0])
-        q_keep = _check_mask("question_mask", question_mask, question.shape[:2])
-        v_keep = _check_mask("image_mask", image_mask, image.shape[:2])
+        q_keep = check_bool_mask(_WHO, "question_mask", question_mask, question.shape[:2])
+        v_keep = check_bool_mask(_WHO, "image_mask", image_mask, image.shape[:2])
         # Zeroed padding gives zero affinity and projections (no biases), and NaN there cannot leak.
         if q_keep is not None:
             question = question.masked_fill(~q_keep[..., None], 0.0)

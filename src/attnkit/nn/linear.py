@@ -12,7 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..errors import ArgumentError, DTypeError, ShapeError, check_int
+from ..errors import ArgumentError, DTypeError, ShapeError, check_bool_mask, check_int
 from ..registry import Entry, register
 from ._projections import ProjectedAttention
 
@@ -28,16 +28,9 @@ def check_sequence(name: str, x: torch.Tensor, dim: int) -> None:
         raise ShapeError(f"{name} must have shape (batch, n, {dim}); got {got}")
 
 
-def check_keep_mask(name: str, keep, batch: int, n: int):
+def check_keep_mask(who: str, name: str, keep, batch: int, n: int):
     """Validate a ``(batch, n)`` bool mask, True = real token (may be attended)."""
-    if keep is None:
-        return None
-    if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool:
-        got = keep.dtype if isinstance(keep, torch.Tensor) else type(keep).__name__
-        raise DTypeError(f"{name} must be a bool tensor (True = keep); got {got}")
-    if tuple(keep.shape) != (batch, n):
-        raise ShapeError(f"{name} must have shape (batch, n) = ({batch}, {n}); got {tuple(keep.shape)}")
-    return keep
+    return check_bool_mask(who, name, keep, (batch, n), dims="(batch, n)")
 
 
 def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -97,7 +90,7 @@ class _FeatureMapAttention(ProjectedAttention):
 
     def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
         self.check_input(x)
-        keep = check_keep_mask("key_keep_mask", key_keep_mask, x.shape[0], x.shape[1])
+        keep = check_keep_mask(type(self).__name__, "key_keep_mask", key_keep_mask, x.shape[0], x.shape[1])
         q, k, v = self.project(x)  # (b, h, n, d) each
         if x.shape[1] == 0:
             return self.merge_heads(v)  # empty sequence: empty output

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import attention
-from ..errors import DTypeError, ShapeError, check_int
+from ..errors import ShapeError, check_bool_mask, check_int
 from ..registry import Entry, register
 
 __all__ = ["MemoryAttention", "MemoryOutput"]
@@ -31,14 +31,10 @@ def _check(name, t, shape_text, ok):
 
 
 def _check_mask(mask, shape):
+    """The ``shape`` bool mask (True = a real state), all True when None."""
     if mask is None:
         return torch.ones(shape, dtype=torch.bool)
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise DTypeError(f"{_WHO}: mask must be a bool tensor (True = a real state); got {got}")
-    if tuple(mask.shape) != tuple(shape):
-        raise ShapeError(f"{_WHO}: mask must have shape {tuple(shape)}; got {tuple(mask.shape)}")
-    return mask
+    return check_bool_mask(_WHO, "mask", mask, shape, true_means="a real state")
 
 
 def _mix(logits, slots, allowed):

@@ -63,7 +63,8 @@ class PerceiverAttention(nn.Module):
         context = latents if context is None else context
         check_sequence("latents", latents, self.query_dim)
         check_sequence("context", context, self.context_dim)
-        keep = check_keep_mask("context_keep_mask", context_keep_mask, context.shape[0], context.shape[1])
+        keep = check_keep_mask(type(self).__name__, "context_keep_mask", context_keep_mask,
+                               context.shape[0], context.shape[1])
         q = split_heads(self.q_proj(latents), self.num_heads)  # (b, h, N, d)
         k, v = split_heads(self.k_proj(context), self.num_heads), split_heads(self.v_proj(context), self.num_heads)
         out = attention(q, k, v, mask=None if keep is None else masks.keys(keep),

@@ -96,7 +96,7 @@ class LSHAttention(nn.Module):
         if qk.dim() != 4 or qk.shape[-1] != self.head_dim or v.dim() != 4 or v.shape[:3] != qk.shape[:3]:
             raise ShapeError(f"qk must be (b, h, n, {self.head_dim}) and v (b, h, n, dv) with the same b, h, n; "
                              f"got {tuple(qk.shape)} and {tuple(v.shape)}")
-        keep = check_keep_mask("key_keep_mask", key_keep_mask, qk.shape[0], qk.shape[2])
+        keep = check_keep_mask(type(self).__name__, "key_keep_mask", key_keep_mask, qk.shape[0], qk.shape[2])
         if keep is not None:  # select, so NaN in padding cannot leak through 0 * NaN
             qk, v = (t.masked_fill(~keep[:, None, :, None], 0.0) for t in (qk, v))
         if qk.shape[2] == 0 or qk.shape[0] == 0:
