@@ -84,6 +84,11 @@ def test_biases_are_cached_per_size_on_masks_that_ignore_batch_and_head(monkeypa
     got = attnkit.attention(q, k, v, mask=per_batch, backend="blocksparse")
     torch.testing.assert_close(got, attnkit.attention(q, k, v, mask=per_batch, backend="reference"))
     assert "_fused_bias_cache" not in per_batch.__dict__  # reads b: built per call, never cached
+    monkeypatch.setattr(blocksparse_fused, "BIAS_CACHE_BYTES", 100)
+    big = masks.dilated(2, 3)
+    got = attnkit.attention(q, k, v, mask=big, backend="blocksparse")
+    torch.testing.assert_close(got, attnkit.attention(q, k, v, mask=big, backend="reference"))
+    assert not big.__dict__.get("_fused_bias_cache")  # over the byte budget: built per call
 
 
 def test_refusals_send_calls_to_the_hand_written_path(monkeypatch):

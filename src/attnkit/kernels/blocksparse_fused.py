@@ -12,8 +12,9 @@ The mask enters as a float bias ``(1, n, bs, w*bs)`` per slab, ``-inf`` in the
 masked entries of partial slots and in the padding slots, ``None`` for a slab
 of full slots only. A mask that ignores the batch and head indices gives the
 same bias on every call, so the biases are built once and cached on the mask
-with its layouts (``BIAS_CACHE`` size-keyed entries per mask); a mask that reads
-``b`` or ``h`` has its biases built on every call.
+with its layouts (``BIAS_CACHE`` size-keyed entries per mask, each at most
+``BIAS_CACHE_BYTES``); a mask that reads ``b`` or ``h``, or whose biases are
+larger, has them built on every call.
 
 Used where the fused kernel computes attnkit's function exactly: softmax of
 dot products, no bias, modifier or dropout, ``Dv == D``, finite inputs (torch's
@@ -38,6 +39,7 @@ from .common import Workspace
 __all__ = ["applies", "run", "slab_biases"]
 
 BIAS_CACHE = 4  # cached (sizes -> biases) entries per mask; the oldest goes first
+BIAS_CACHE_BYTES = 1 << 26  # larger bias sets (long, dense layouts) are built per call instead
 _NEG_INF = float("-inf")
 
 
@@ -81,11 +83,14 @@ def slab_biases(p: Problem, slabs, bs: int, dtype) -> list[torch.Tensor | None]:
     batch, heads, lq, lk, _, _ = p.sizes
     key = (lq, lk, bs, batch * heads, dtype, str(p.q.device))  # B*H sizes the slabs
     cache = p.mask.__dict__.setdefault("_fused_bias_cache", {})
-    if key not in cache:
+    if key in cache:
+        return cache[key]
+    biases = [_bias(p, sl, bs, dtype) for sl in slabs]
+    if sum(b.numel() * b.element_size() for b in biases if b is not None) <= BIAS_CACHE_BYTES:
         while len(cache) >= BIAS_CACHE:
             cache.pop(next(iter(cache)))
-        cache[key] = [_bias(p, sl, bs, dtype) for sl in slabs]
-    return cache[key]
+        cache[key] = biases
+    return biases
 
 
 def _gather(ws: Workspace, kb, vb, idx):
