@@ -7,15 +7,24 @@ underflows (the largest entry of a row stays a normal float) when
 ``2 cap + log(Lk)`` fits the dtype's exponent range (``cap`` up to about 80 in
 float32). Softmax is shift-invariant, so the result is exact; the online-softmax
 rescaling of :mod:`.chunked` disappears and each key block costs one matmul,
-``tanh``, a multiply, ``exp`` (in place) and a matmul with V::
+``tanh``, one fused multiply-add (``torch.add`` with ``alpha``: ``cap * tanh - c``
+in base 2), ``exp2`` (all in place), a row sum and a matmul with V::
 
-    e = exp(cap * tanh(q' k^T) - c)   with q' = q * scale / cap
+    e = exp2(log2(e) * (cap * tanh(q' k^T) - c))   with q' = q * scale / cap
     out = (sum_blocks e V) / (sum_blocks rowsum(e));   lse = log(sum rowsum(e)) + c
 
-Under autograd a custom backward (Dao 2023, arXiv:2307.08691, Alg. 2, with the
-chain rule through ``cap * tanh``: ``dT = dS * (1 - tanh^2) * scale``) recomputes
-each block from the saved ``lse``; nothing of size ``Lq x Lk`` is kept.
-Blocks are small enough to stay in cache (``BLOCK`` score elements).
+``tanh`` was most of the elementwise cost (torch's is about 3.2 ns an element on
+one AVX2 core, an add or a multiply 0.11 ns). In float32 a block whose arguments all
+lie in ``[-2, 2]`` (``|score| <= 2 cap``, the usual case: the cap bounds outliers)
+uses the [7/6] Pade approximant of ``tanh`` instead (:func:`tanh_`: nine fused
+passes, about 2 ulp); other blocks and dtypes use ``torch.tanh``.
+``tanh(x) = 2 sigmoid(2x) - 1`` is cheaper still but was measured and dropped:
+``sigmoid`` is near 1/2 where ``tanh`` is near 0, so the score would carry an
+absolute error of about ``cap * eps`` instead of ``eps * |score|``, 2-5x the plain
+float32 error at cap 50, beyond the DESIGN.md tolerance.
+
+Under autograd a custom backward (:mod:`.softcap_grad`) recomputes each block
+from the saved ``lse``; nothing of size ``Lq x Lk`` is kept.
 """
 
 from __future__ import annotations
@@ -27,16 +36,49 @@ import torch
 from ..bias import Softcap
 from ..functional.normalize import guard_empty_rows
 from ..functional.validate import Problem
-from .common import dense_indices, upcast_inputs
+from .common import Workspace, dense_indices, upcast_inputs
 from .softcap_grad import SoftcapAttention
 
 __all__ = ["refusal", "run", "shift", "describe", "Blocks"]
 
-# (query rows, score elements) per block; keys per block follow. Measured on 1 core at L = 2048:
-# larger matmuls beat cache-sized blocks in the forward (the backward's sizes are in softcap_grad).
-FORWARD_BLOCKS = (256, 1 << 21)
+# (query rows, score elements) per block; keys per block follow. Measured on 1 core at L = 2048 and 4096.
+FORWARD_BLOCKS = (256, 1 << 19)
 
-_NEG_INF = float("-inf")
+LOG2E = 1.0 / math.log(2.0)
+
+# tanh(x) = x P(x^2) / Q(x^2): the [7/6] Pade approximant, i.e. Lambert's continued fraction
+# x / (1 + x^2 / (3 + x^2 / (5 + ... + x^2 / 13))) multiplied out; its relative error is under 1.2e-8
+# for |x| <= 2 (float32 evaluation adds about 2 ulp). Coefficients of P and Q, constant term first.
+PADE_P = (1.0, 17325 / 135135, 378 / 135135, 1 / 135135)
+PADE_Q = (1.0, 62370 / 135135, 3150 / 135135, 28 / 135135)
+PADE_LIMIT = 2.0
+
+
+def _poly_(out, u, coeffs, one):
+    """``out = c0 + c1 u + c2 u^2 + c3 u^3`` by Horner's rule, one fused pass a step (``out`` is not ``u``)."""
+    c0, c1, c2 = (one * c for c in coeffs[:3])
+    torch.add(c2, u, alpha=coeffs[3], out=out)
+    return torch.addcmul(c0, torch.addcmul(c1, out, u, out=out), u, out=out)
+
+
+def tanh_(x, ws: Workspace, bounded: bool = False):
+    """``tanh`` of a block in place: the Pade approximant when ``|x| <= PADE_LIMIT`` in the whole block.
+
+    Nine passes of adds and multiplies (about 1.2 ns an element on one AVX2 core) instead of
+    torch's ``tanh`` (about 3.2 ns); a block with a larger or a NaN value uses ``torch.tanh_``.
+    ``bounded``: the caller knows that ``|x| <= PADE_LIMIT`` (no check). Float32 only: the
+    approximant's 1.2e-8 is float32 rounding, not float64's, so other dtypes use ``torch.tanh_``.
+    """
+    if x.numel() == 0 or x.dtype != torch.float32:
+        return x.tanh_()
+    if not bounded:
+        lo, hi = torch.aminmax(x)
+        if not bool((lo >= -PADE_LIMIT) & (hi <= PADE_LIMIT)):
+            return x.tanh_()
+    one = x.new_ones(())
+    u = torch.mul(x, x, out=ws.take("pade_u", *x.shape))
+    p = _poly_(ws.take("pade_p", *x.shape), u, PADE_P, one).mul_(x)
+    return torch.div(p, _poly_(ws.take("pade_q", *x.shape), u, PADE_Q, one), out=x)
 
 
 def shift(cap: float, kv_len: int, dtype) -> float | None:
@@ -60,14 +102,26 @@ def refusal(p: Problem) -> str | None:
 
 
 class Blocks:
-    """Row and key blocks of a problem, and the mask of each block."""
+    """Row and key blocks of a problem, the mask of each block, and the weights of a block."""
 
-    def __init__(self, p: Problem, sizes=FORWARD_BLOCKS):
+    def __init__(self, p: Problem, sizes: tuple[int, int] | None = None):
         batch, heads, lq, lk, _, _ = p.sizes
+        sizes = FORWARD_BLOCKS if sizes is None else sizes  # read at call time (tests shrink it)
         self.p, self.cap = p, p.modifier.cap
         self.c = shift(self.cap, lk, p.compute_dtype)
+        self.factor = p.scale / self.cap  # q' = q * factor: q' k^T = scale q k^T / cap
+        self.slope = self.cap * LOG2E  # exp(cap tanh - s) = exp2(slope tanh - s log2(e))
         self.rows = max(1, min(lq, sizes[0]))
         self.cols = max(1, min(lk, sizes[1] // max(1, batch * heads * self.rows)))
+        self.bounded = False  # see bound()
+
+    def bound(self, q, k) -> None:
+        """Set ``bounded`` when ``|q_i . k_j| factor <= PADE_LIMIT`` for every pair (Cauchy-Schwarz on row norms).
+
+        Then no block needs its own range check before :func:`tanh_`.
+        """
+        norms = (q.norm(dim=-1).amax() * k.norm(dim=-1).amax()) if q.numel() and k.numel() else q.new_zeros(())
+        self.bounded = bool(norms * abs(self.factor) <= PADE_LIMIT)
 
     def row_slabs(self):
         lq = self.p.sizes[2]
@@ -85,29 +139,36 @@ class Blocks:
         batch, heads, lq, lk, _, _ = p.sizes
         return p.mask.allows(*dense_indices(batch, heads, rs, re, ks, ke, device), lq, lk)
 
-    def weights(self, qs, kt, rs, re, ks, ke, lse=None):
-        """``exp(cap * tanh(qs kt) - c - lse)`` of a block, 0 where masked.
+    @staticmethod
+    def offset(shift):
+        """``-shift * log2(e)``, what :meth:`weights` adds to ``slope * tanh`` (``shift`` a float or a tensor)."""
+        return shift * -LOG2E
 
-        Without ``lse`` (forward) everything runs in place and ``tanh`` is not
-        kept; with the rows' ``lse`` (backward) it returns ``(p, tanh)``.
+    def weights(self, qs, kt, rs, re, ks, ke, offset, ws: Workspace, keep_tanh=False):
+        """``exp(cap * tanh(qs kt) - shift)`` of a block, 0 where masked; ``(weights, tanh)`` if ``keep_tanh``.
+
+        ``qs`` is ``q * factor`` (the block's rows), ``offset`` a 0-dim tensor or one
+        per row ``(B, H, rows, 1)`` from :meth:`offset`. The block lives in ``ws``
+        (buffers reused by every block); without ``keep_tanh`` the weights overwrite the tanh.
         """
-        t = torch.tanh_(qs @ kt[..., ks:ke])  # (B, H, rows, keys)
-        e = t.mul_(self.cap) if lse is None else t * self.cap
-        e = e.sub_(self.c if lse is None else lse.unsqueeze(-1) + self.c).exp_()
+        shape = (*qs.shape[:3], ke - ks)
+        t = tanh_(torch.matmul(qs, kt[..., ks:ke], out=ws.take("tanh", *shape)), ws, self.bounded)  # (B, H, rows, keys)
+        e = torch.add(offset, t, alpha=self.slope, out=ws.take("weights", *shape) if keep_tanh else t).exp2_()
         allowed = self.allowed(rs, re, ks, ke, qs.device)
         e = e if allowed is None else e.masked_fill_(~allowed, 0.0)
-        return e if lse is None else (e, t)
+        return (e, t) if keep_tanh else e
 
     def forward(self, q, k, v):
         """``(out, lse)`` in the compute dtype."""
-        p = self.p
-        kt = k.transpose(-1, -2)
-        qs = q * (p.scale / self.cap)
+        kt, ws = k.transpose(-1, -2), Workspace(q)
+        qs = q * self.factor
+        self.bound(q, k)
+        offset = q.new_tensor(self.offset(self.c))
         outs, lses = [], []
         for rs, re in self.row_slabs():
             acc = l = None
             for ks, ke in self.key_blocks():
-                e = self.weights(qs[:, :, rs:re], kt, rs, re, ks, ke)
+                e = self.weights(qs[:, :, rs:re], kt, rs, re, ks, ke, offset, ws)
                 part, total = e @ v[:, :, ks:ke], e.sum(-1, keepdim=True)
                 acc, l = (part, total) if acc is None else (acc.add_(part), l.add_(total))
             l_safe, lse = guard_empty_rows(torch.full_like(l, self.c), l)

@@ -1,110 +1,23 @@
-"""Additive (Bahdanau, "concat") attention, and the banded score other modules share."""
+"""Additive (Bahdanau, "concat") attention, and the helpers the additive family shares.
+
+The tiled score kernel lives in :mod:`.additive_scores` (re-exported here as ``additive_scores``).
+"""
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 from ..attention import attention
 from ..errors import ArgumentError, ShapeError
 from ..functional.validate import validate
 from ..registry import Entry, register
+from .additive_scores import DEFAULT_MAX_ELEMENTS, additive_scores
 
 __all__ = ["AdditiveAttention", "AdditiveOutput", "additive_scores", "dense_allowed", "key_filter",
-           "drop_unseen", "check_input", "check_memory"]
-
-DEFAULT_MAX_ELEMENTS = 1 << 22  # hidden-tensor elements alive at once (16 MiB in float32)
-TILE = 1 << 20  # hidden elements per tile of the tiled path: one reused, cache-sized buffer
-
-
-def _tile(q, k, v):
-    return torch.tanh(q.unsqueeze(-2) + k.unsqueeze(-3)) @ v  # (..., Lq, Lk, A) -> (..., Lq, Lk)
-
-
-def _tile_shape(q, k, budget: int) -> tuple[int, int, int]:
-    """``(leading, rows, cols)`` of a hidden tile: at most ``budget`` elements, but at least one ``A`` vector."""
-    (n, lq, a), lk = q.shape, k.shape[1]
-    cols = min(lk, max(1, budget // a))
-    rows = min(lq, max(1, budget // (cols * a)))
-    return min(n, max(1, budget // (rows * cols * a))), rows, cols
-
-
-def _tiles(q, k, budget: int):
-    """Index ranges ``(leading, rows, cols)`` of the ``(N, Lq, Lk, A)`` hidden tensor, tile by tile."""
-    (n, lq, _), lk = q.shape, k.shape[1]
-    lead, rows, cols = _tile_shape(q, k, budget)
-    for n0 in range(0, n, lead):
-        for i0 in range(0, lq, rows):
-            for j0 in range(0, lk, cols):
-                yield slice(n0, n0 + lead), slice(i0, i0 + rows), slice(j0, j0 + cols)
-
-
-def _hidden(buf, q, k, tile):
-    """``tanh(q_i + k_j)`` of one tile ``(n, rows, cols, A)``, computed in place in ``buf``."""
-    ns, rs, cs = tile
-    qt, kt = q[ns, rs], k[ns if k.shape[0] > 1 else slice(0, 1), cs]
-    h = buf[:max(qt.shape[0], kt.shape[0]) * qt.shape[1] * kt.shape[1] * q.shape[2]]
-    h = h.view(max(qt.shape[0], kt.shape[0]), qt.shape[1], kt.shape[1], q.shape[2])
-    return torch.add(qt[:, :, None], kt[:, None], out=h).tanh_()
-
-
-class _TiledScores(torch.autograd.Function):
-    """``v^T tanh(q_i + k_j)`` for ``q (N, Lq, A)``, ``k (N|1, Lk, A)``: a tile at a time, forward and backward.
-
-    Backward, per tile: ``u = g (1 - t^2)``, ``dq_i = v * sum_j u_ij``, ``dk_j = v * sum_i u_ij``,
-    ``dv = sum_ij g_ij t_ij``; the tile is recomputed instead of saved.
-    """
-
-    @staticmethod
-    def forward(ctx, q, k, v, budget: int):
-        n, lq, a = q.shape
-        out, buf = q.new_empty(n, lq, k.shape[1]), q.new_empty(math.prod(_tile_shape(q, k, budget)) * a)
-        for tile in _tiles(q, k, budget):
-            h = _hidden(buf, q, k, tile)
-            out[tile] = (h.view(-1, a) @ v).view(h.shape[:3])
-        ctx.save_for_backward(q, k, v)
-        ctx.budget = budget
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        q, k, v = ctx.saved_tensors
-        a = q.shape[2]
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        buf = q.new_empty(math.prod(_tile_shape(q, k, ctx.budget)) * a)
-        for tile in _tiles(q, k, ctx.budget):
-            h = _hidden(buf, q, k, tile)
-            g = grad[tile]  # (n, rows, cols)
-            dv += h.view(-1, a).t() @ g.reshape(-1)
-            u = h.mul_(h).neg_().add_(1).mul_(g[..., None])  # g (1 - t^2), in place
-            dq[tile[:2]] += u.sum(2)
-            dk[tile[0] if k.shape[0] > 1 else slice(0, 1), tile[2]] += u.sum(1) if k.shape[0] > 1 else u.sum((0, 1))
-        return dq * v, dk * v, dv, None
-
-
-def additive_scores(q, k, v, *, max_elements: int = DEFAULT_MAX_ELEMENTS) -> torch.Tensor:
-    """``v^T tanh(q_i + k_j)`` for already projected ``q (..., Lq, A)``, ``k (..., Lk, A)``, ``v (A,)``.
-
-    The ``(..., Lq, Lk, A)`` hidden tensor is never built in one piece when it would
-    exceed ``max_elements``: tiles of at most ``min(max_elements, TILE)`` elements are
-    computed in place in one reused buffer, and the backward recomputes each tile
-    (``g (1 - t^2)`` summed over keys and over queries) instead of saving it, so
-    neither pass holds more than one tile. Leading dims broadcast (pairwise score,
-    usable as ``attnkit.attention(score=...)``).
-    """
-    v = v.to(q.dtype)
-    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-    lq, lk, a = q.shape[-2], k.shape[-2], q.shape[-1]
-    if math.prod(lead) * lq * lk * a <= max_elements:
-        return _tile(q, k, v)
-    qf = q.expand(*lead, lq, a).reshape(-1, lq, a)
-    kf = k.reshape(1, lk, a) if math.prod(k.shape[:-2]) == 1 else k.expand(*lead, lk, a).reshape(-1, lk, a)
-    return _TiledScores.apply(qf, kf, v, max(1, min(max_elements, TILE))).view(*lead, lq, lk)
+           "drop_unseen", "check_input", "check_memory", "DEFAULT_MAX_ELEMENTS"]
 
 
 def check_input(who: str, name: str, t, dim: int) -> None:
@@ -191,8 +104,10 @@ class AdditiveAttention(nn.Module):
     buffer, forward and backward (see :func:`additive_scores`); with ``need_weights=False``
     the chunked kernel is allowed too, so nothing of size ``Lq x Lk`` need exist at once.
     At B=32, Lq=Lk=512, hidden=256 the forward peaks near 0.2 GiB where the broadcast
-    ``tanh(q[:, :, None] + k[:, None]) @ v`` holds 16 GiB, and takes about half its time
-    (the tanh is the cost).
+    ``tanh(q[:, :, None] + k[:, None]) @ v`` holds 16 GiB. The tiles evaluate no ``tanh``
+    (``exp(-2q)`` and ``exp(-2k)`` once, then a multiply-add and a reciprocal per element,
+    see :mod:`attnkit.nn.additive_scores`): at B=4, Lq=Lk=512, hidden=256 on one core the
+    forward takes 0.07x and forward+backward 0.1x the broadcast's time.
 
     Shapes:
         query ``(B, Lq, query_dim)``, key ``(B, Lk, key_dim)``, value ``(B, Lk, Dv)``

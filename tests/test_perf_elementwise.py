@@ -1,0 +1,224 @@
+"""The elementwise rewrites of issue 7 (targets 4 and 6) compute the float64 reference's function.
+
+- ``kernels/softcap_loop.py``: ``tanh`` by a Pade approximant in float32 blocks whose
+  arguments lie in ``[-2, 2]``, ``torch.tanh`` elsewhere; ``exp2`` of one fused
+  multiply-add for the weights; ``aten.tanh_backward`` in the backward.
+- ``nn/additive_scores.py``: ``tanh(q + k) = 2 / (1 + exp(-2q) exp(-2k)) - 1`` per tile
+  (a sigmoid of ``2q + 2k`` when ``exp`` would leave the normal range).
+
+Each path is held to the DESIGN.md rule: error vs float64 at most 2x (3x for gradients)
+the error of the plain float32 implementation (``torch.tanh`` on the same inputs).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import attnkit
+from attnkit import masks
+from attnkit.bias import Softcap
+from attnkit.kernels import softcap_grad, softcap_loop
+from attnkit.kernels.common import Workspace
+from attnkit.nn import additive_scores as scores_mod
+from attnkit.nn.additive import AdditiveAttention, additive_scores
+from tests.helpers import assert_close_to_oracle, oracle, rand_qkv
+
+B, H, LQ, LK, D = 2, 3, 5, 7, 11
+
+
+def _rule(got, exact, plain, factor, dtype=torch.float32):
+    """DESIGN.md: max error vs float64 <= factor x the plain same-dtype error (+ a rounding floor)."""
+    for g, e, p in zip(got, exact, plain, strict=True):
+        err, base = (g.double() - e).abs().max().item(), (p.double() - e).abs().max().item()
+        floor = 8 * torch.finfo(dtype).eps * max(1.0, e.abs().max().item())
+        assert err <= factor * base + floor, (err, base)
+
+
+# ------------------------------------------------------------------ the Pade tanh
+
+
+def test_pade_tanh_is_within_a_few_ulp_in_range_and_torch_tanh_outside():
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(2, 3, 64, 128, generator=g, dtype=torch.float64) * 4 - 2).float()  # [-2, 2]
+    exact = torch.tanh(x.double())
+    got = softcap_loop.tanh_(x.clone(), Workspace(x))
+    rel = ((got.double() - exact).abs() / exact.abs().clamp_min(1e-30)).max().item()
+    assert rel <= 3 * 2.0 ** -23  # about 2 ulp; torch.tanh is 0.5 ulp
+    assert not torch.equal(got, torch.tanh(x))  # the approximant ran, not torch's tanh
+    assert torch.equal(softcap_loop.tanh_(x.clone(), Workspace(x), bounded=True), got)  # no check, same numbers
+    x[1, 2, 3, 4] = 2.5  # one value out of range: the whole block is torch's tanh
+    assert torch.equal(softcap_loop.tanh_(x.clone(), Workspace(x)), torch.tanh(x))
+    xd = x.double()  # float64 is never approximated
+    assert torch.equal(softcap_loop.tanh_(xd.clone(), Workspace(xd)), torch.tanh(xd))
+
+
+def test_pade_tanh_keeps_nan_and_signed_zero():
+    x = torch.tensor([[0.0, -0.0, 1e-30, -1.5, 2.0, float("nan")]])
+    got = softcap_loop.tanh_(x.clone(), Workspace(x))
+    assert torch.isnan(got[0, 5]) and torch.equal(got[0, :5], torch.tanh(x[0, :5]))  # NaN: torch's tanh block
+    got = softcap_loop.tanh_(x[:, :5].clone(), Workspace(x))  # in range: the approximant
+    assert torch.equal(torch.signbit(got), torch.signbit(x[:, :5])) and got[0, 2] == x[0, 2]
+    torch.testing.assert_close(got.double(), torch.tanh(x[:, :5].double()), atol=0, rtol=3 * 2.0 ** -23)
+
+
+# ------------------------------------------------------------------ soft-capped attention
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Several row slabs and key blocks at these sizes, forward and backward."""
+    monkeypatch.setattr(softcap_loop, "FORWARD_BLOCKS", (2, 2 * B * H * 3))
+    monkeypatch.setattr(softcap_grad, "BACKWARD_BLOCKS", (3, 3 * B * H * 2))
+
+
+@pytest.fixture
+def block_ranges(monkeypatch):
+    """Records ``max |x|`` of every block :func:`softcap_loop.tanh_` sees (which branch each block took)."""
+    seen = []
+    original = softcap_loop.tanh_
+
+    def spy(x, ws, bounded=False):
+        seen.append((x.abs().max().item(), bounded))
+        return original(x, ws, bounded)
+    monkeypatch.setattr(softcap_loop, "tanh_", spy)
+    return seen
+
+
+def _softcap_grads(q, k, v, backend, **kw):
+    """Output, lse and the gradients of ``sum(out * g) + sum(lse * h)`` w.r.t. q, k, v."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    res = attnkit.attention(*leaves, return_lse=True, backend=backend, **kw)
+    gen = torch.Generator().manual_seed(5)
+    g = torch.randn(res.output.shape, generator=gen, dtype=torch.float64).to(res.output.dtype)
+    h = torch.randn(res.lse.shape, generator=gen, dtype=torch.float64).to(res.lse.dtype)
+    loss = (res.output * g).sum() + (res.lse.nan_to_num(neginf=0.0) * h).sum()
+    return [res.output, res.lse.nan_to_num(neginf=0.0), *torch.autograd.grad(loss, leaves)]
+
+
+def _check_softcap(q, k, v, **kw):
+    got = _softcap_grads(q, k, v, "chunked", **kw)
+    exact = _softcap_grads(q.double(), k.double(), v.double(), "reference", **kw)
+    plain = _softcap_grads(q, k, v, "reference", **kw)
+    _rule(got[:1], exact[:1], plain[:1], 2.0)
+    torch.testing.assert_close(got[1].double(), exact[1], atol=2e-6, rtol=1e-6)
+    _rule(got[2:], exact[2:], plain[2:], 3.0)
+    return got
+
+
+@pytest.mark.parametrize("mask_name", ["none", "causal", "padding"])
+@pytest.mark.parametrize("cap", [50.0, 86.0])  # shift c == 0, and c > 0 (e^86 * 7 keys is near float32's max)
+def test_softcap_pade_blocks_match_float64_reference(cap, mask_name, small_blocks, block_ranges):
+    q, k, v = rand_qkv(B, H, LQ, LK, D, seed=21)
+    q = q * 3  # scores up to about 10: well inside 2 cap, so every block takes the approximant
+    mask = {"none": None, "causal": masks.causal(), "padding": masks.padding([4, 0])}[mask_name]
+    assert (softcap_loop.shift(cap, LK, torch.float32) > 0) == (cap == 86.0)
+    got = _check_softcap(q, k, v, bias=Softcap(cap), mask=mask)
+    assert block_ranges and all(m <= softcap_loop.PADE_LIMIT and bounded for m, bounded in block_ranges)
+    assert len(block_ranges) > 4  # several blocks, forward and backward
+    if mask_name == "padding":
+        assert torch.equal(got[0][1], torch.zeros_like(got[0][1])) and torch.equal(got[2][1], torch.zeros_like(q[1]))
+
+
+def test_softcap_mixed_blocks_match_float64_reference(small_blocks, block_ranges):
+    """Rows 0-1 (one slab) have small scores, rows 2-4 large ones: blocks of both kinds in one call."""
+    q, k, v = rand_qkv(B, H, LQ, LK, D, seed=22)
+    q = torch.cat([q[:, :, :2] * 0.2, q[:, :, 2:] * 6], 2)
+    _check_softcap(q, k, v, bias=Softcap(1.0), mask=masks.causal())
+    inside = [m <= softcap_loop.PADE_LIMIT for m, bounded in block_ranges]
+    assert any(inside) and not all(inside) and not any(bounded for _, bounded in block_ranges)
+
+
+def test_softcap_float64_kernel_equals_the_reference_tightly(small_blocks):
+    q, k, v = rand_qkv(B, H, LQ, LK, D, dtype=torch.float64, seed=23)
+    got = attnkit.attention(q, k, v, bias=Softcap(50.0), backend="chunked")
+    torch.testing.assert_close(got, oracle(q, k, v, bias=Softcap(50.0)), atol=1e-13, rtol=1e-13)
+
+
+def test_softcap_nan_query_propagates_only_to_its_row(small_blocks, block_ranges):
+    q, k, v = rand_qkv(B, H, LQ, LK, D, seed=24)
+    q[1, 2, 3, 0] = float("nan")
+    got = attnkit.attention(q, k, v, bias=Softcap(50.0), backend="chunked")
+    nan = torch.zeros(B, H, LQ, D, dtype=torch.bool)
+    nan[1, 2, 3] = True
+    assert torch.equal(torch.isnan(got), nan)
+    assert_close_to_oracle(got, q, k, v, bias=Softcap(50.0))  # NaN where the reference has NaN, close elsewhere
+    assert not any(bounded for _, bounded in block_ranges)  # a NaN norm never vouches for the range
+
+
+# ------------------------------------------------------------------ additive scores
+
+
+def _broadcast(q, k, v):
+    return torch.tanh(q.unsqueeze(-2) + k.unsqueeze(-3)) @ v  # the paper's equation in plain torch
+
+
+def _additive_grads(fn, q, k, v, w):
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    out = fn(*leaves)
+    return [out, *torch.autograd.grad((out * w.to(out.dtype)).sum(), leaves)]
+
+
+# "products": exp(-2q), exp(-2k) stay normal floats; "edge": one pair with q + k = 0 where exp(-2q) would
+# overflow and exp(-2k) be denormal (inf * tiny = inf, not 1): sigmoids; "large": |q| ~ 30, sigmoids.
+@pytest.mark.parametrize("case", ["products", "edge", "large"])
+@pytest.mark.parametrize("k_lead", [(2, 3), (1, 1)])
+@pytest.mark.parametrize("budget", [60, 300])  # several tiles of one or more (rows, keys)
+def test_tiled_additive_scores_match_float64_broadcast(case, k_lead, budget):
+    g = torch.Generator().manual_seed(31)
+    q = torch.randn(2, 3, 5, 11, generator=g, dtype=torch.float64) * (30.0 if case == "large" else 1.0)
+    k = torch.randn(*k_lead, 7, 11, generator=g, dtype=torch.float64)
+    if case == "edge":
+        q[0, 0, 0, 0], k[0, 0, 0, 0] = -45.0, 45.0
+    v = torch.randn(11, generator=g, dtype=torch.float64) / 3
+    w = torch.randn(2, 3, 5, 7, generator=g, dtype=torch.float64)
+    assert scores_mod._factors(q.float(), k.float())[2] == (case == "products")
+    assert math.prod(scores_mod._tile_shape(q.reshape(6, 5, 11), k.reshape(-1, 7, 11), budget)) * 11 < 5 * 7 * 11
+    got = _additive_grads(lambda *t: additive_scores(*t, max_elements=budget), q.float(), k.float(), v.float(), w)
+    exact = _additive_grads(_broadcast, q, k, v, w)
+    plain = _additive_grads(_broadcast, q.float(), k.float(), v.float(), w)
+    _rule(got[:1], exact[:1], plain[:1], 2.0)
+    _rule(got[1:], exact[1:], plain[1:], 3.0)
+    got64 = _additive_grads(lambda *t: additive_scores(*t, max_elements=budget), q, k, v, w)
+    for a, b in zip(got64, exact, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+def test_tiled_additive_scores_non_finite_and_half_precision():
+    g = torch.Generator().manual_seed(32)
+    q, k = torch.randn(2, 5, 4, generator=g), torch.randn(2, 7, 4, generator=g)
+    v = torch.randn(4, generator=g)
+    q[0, 1, 2], q[1, 3, 0] = float("inf"), float("nan")
+    got = additive_scores(q, k, v, max_elements=9)
+    exact = _broadcast(q.double(), k.double(), v.double())
+    assert torch.equal(torch.isnan(got), torch.isnan(exact)) and torch.isnan(got[1, 3]).all()
+    torch.testing.assert_close(got.double().nan_to_num(), exact.nan_to_num(), atol=1e-6, rtol=0)
+    q[0, 1, 2], q[1, 3, 0] = 0.0, 0.0
+    half = additive_scores(q.bfloat16(), k.bfloat16(), v.bfloat16(), max_elements=9)
+    assert half.dtype == torch.bfloat16
+    exact = _broadcast(q.bfloat16().double(), k.bfloat16().double(), v.bfloat16().double())
+    torch.testing.assert_close(half.double(), exact, atol=2e-2, rtol=1e-2)
+
+
+def test_additive_module_gradients_with_tiles_match_float64():
+    """The whole module (projections, v, softmax) on the tiled path, every leaf's gradient."""
+    torch.manual_seed(0)
+    tiled = AdditiveAttention(11, 6, 8, bias=True, max_elements=50)
+    g = torch.Generator().manual_seed(33)
+    query, key = torch.randn(2, 5, 11, generator=g), torch.randn(2, 7, 6, generator=g)
+    mask = masks.padding(torch.tensor([7, 4]))
+
+    def grads(module, q, k, need_weights):
+        leaves = [q.clone().requires_grad_(True), k.clone().requires_grad_(True)]
+        out = module(*leaves, mask=mask, need_weights=need_weights).context
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(34), dtype=torch.float64)
+        return [out, *torch.autograd.grad((out * w.to(out.dtype)).sum(), leaves + list(module.parameters()))]
+
+    whole = AdditiveAttention(11, 6, 8, bias=True)
+    whole.load_state_dict(tiled.state_dict())
+    exact = grads(whole.double(), query.double(), key.double(), True)
+    for need_weights in (True, False):
+        _rule(grads(tiled, query, key, need_weights)[:1], exact[:1], grads(whole.float(), query, key, True)[:1], 2.0)
+        _rule(grads(tiled, query, key, need_weights)[1:], exact[1:], grads(whole.float(), query, key, True)[1:], 3.0)
