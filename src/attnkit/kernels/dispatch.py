@@ -108,8 +108,8 @@ def decide(p: Problem, backend: str = "auto") -> Decision:
         chosen = backend
     else:
         batch, heads, lq, lk, _, _ = p.sizes
-        path = "fused" if blocksparse.blocksparse_fused.applies(p) is None else "hand-written"
-        sparse = density is not None and density < SPARSE_DENSITY[path]
+        sparse = density is not None and density < SPARSE_DENSITY[
+            "fused" if blocksparse.blocksparse_fused.applies(p) is None else "hand-written"]
         if not refusals["sdpa"] and (_simple_mask(p) or not sparse):
             chosen = "sdpa"
         elif not refusals["blocksparse"] and sparse:
