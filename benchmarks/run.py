@@ -156,12 +156,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fresh", action="store_true", help="ignore cached rows (of --only targets, if given)")
     parser.add_argument("--only", type=int, nargs="+", default=None, help="measure only these targets (1-6)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--retain-memory", action="store_true",
+                        help="attnkit.runtime.retain_freed_memory() for the whole run (default: glibc's defaults)")
     parser.add_argument("--out", default=None, help="default: BENCHMARKS.md (quick: benchmarks/results/quick/)")
     parser.add_argument("--print", action="store_true", help="print the section instead of writing a file")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    retain_freed_memory()  # both sides of every comparison run with it (see attnkit.runtime)
+    if args.retain_memory:
+        retain_freed_memory()  # both sides of every comparison run with it (see attnkit.runtime)
     results = HERE / "results" / ("quick" if args.quick else "")
     out = Path(args.out) if args.out else (results / "BENCHMARKS.md" if args.quick else HERE.parent / "BENCHMARKS.md")
     command = "python benchmarks/run.py" + "".join(f" {shlex.quote(a)}" for a in (argv or sys.argv[1:]))

@@ -253,7 +253,7 @@ def test_suite_caches_each_spec_and_resumes(tmp_path, monkeypatch):
 def test_bench_compare_runs_a_suite_row(capsys):
     assert cli.main(["bench", "--compare", "sdpa-mask,sdpa", "--q-len", "48", "--heads", "2", "--head-dim", "8",
                      "--mask", "causal() & sliding_window(4, 0)", "--repeats", "1", "--backward", "yes",
-                     "--no-retain-memory", "--goal", "1000"]) == 0
+                     "--goal", "1000"]) == 0
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if "torch sdpa (dense bool mask)" in x)
     assert "| PASS |" in line and "fwd+bwd" in line
@@ -262,10 +262,10 @@ def test_bench_compare_runs_a_suite_row(capsys):
 
 def test_bench_compare_bias_and_additive(capsys):
     assert cli.main(["bench", "--compare", "sdpa-bias", "--bias", "relpos", "--q-len", "16", "--heads", "2",
-                     "--head-dim", "8", "--repeats", "1", "--backward", "no", "--no-retain-memory"]) == 0
+                     "--head-dim", "8", "--repeats", "1", "--backward", "no"]) == 0
     assert "torch sdpa (dense float bias)" in capsys.readouterr().out
     assert cli.main(["bench", "--compare", "additive", "--batch", "2", "--q-len", "5", "--kv-len", "7",
-                     "--head-dim", "11", "--repeats", "1", "--backward", "no", "--no-retain-memory"]) == 0
+                     "--head-dim", "11", "--repeats", "1", "--backward", "no"]) == 0
     assert "broadcast-then-tanh" in capsys.readouterr().out
 
 

@@ -35,7 +35,7 @@ def test_explain_rejects_a_mask_that_is_not_a_mask_expression(capsys):
 
 def test_bench_times_every_method_and_checks_outputs(capsys):
     assert cli.main(["bench", "--q-len", "256", "--heads", "2", "--head-dim", "16", "--mask", "causal()",
-                     "--repeats", "1", "--backward", "no", "--no-retain-memory", "--backends", "auto,chunked"]) == 0
+                     "--repeats", "1", "--backward", "no", "--backends", "auto,chunked"]) == 0
     out = capsys.readouterr().out
     assert "torch sdpa (dense bool mask)" in out and "attnkit chunked" in out
     diffs = [float(line.rsplit("|", 2)[1]) for line in out.splitlines() if line.startswith("| attnkit")]

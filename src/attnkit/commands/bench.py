@@ -83,7 +83,7 @@ def _suite_rows(args, backward: bool) -> None:
 def _cmd_bench(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    if not args.no_retain_memory:
+    if args.retain_memory:
         retain_freed_memory()
     for backward in ([False, True] if args.backward == "both" else [args.backward == "yes"]):
         (_suite_rows if args.compare else _backends_table)(args, backward)
@@ -106,5 +106,6 @@ def add(sub) -> None:
     p.add_argument("--profile", action="store_true", help="top operators of attnkit's side for a missed goal")
     p.add_argument("--memory", action="store_true", help="also measure peak memory in fresh processes")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--no-retain-memory", action="store_true", help="leave glibc's default of unmapping freed memory")
+    p.add_argument("--retain-memory", action="store_true",
+                   help="keep freed memory for reuse (attnkit.runtime.retain_freed_memory); default: glibc's defaults")
     p.set_defaults(func=_cmd_bench)
