@@ -7,10 +7,13 @@ Usage::
     python benchmarks/run.py --only 2 5   # some targets (rows of the others come from the cache, if any)
     python benchmarks/run.py --fresh      # ignore cached rows
 
-Each row is cached in ``benchmarks/results/<spec key>.json`` as soon as it is
-measured, so an interrupted run resumes where it stopped. A cached row is reused
-only for the same spec, torch version and attnkit sources (a hash of the kernels,
-masks, biases and entry point it runs: see ``MEASURED_CODE``). BENCHMARKS.md keeps its
+Each spec is measured in a fresh child process (``--in-process``: in this one), so
+no row inherits the heap and caches of the rows before it (see
+``attnkit.analysis.bench_isolated``). Each row is cached in
+``benchmarks/results/<spec key>.json`` as soon as it is measured, so an
+interrupted run resumes where it stopped. A cached row is reused only for the
+same spec, torch version and attnkit sources (a hash of the kernels, masks, biases
+and entry point it runs: see ``MEASURED_CODE``). BENCHMARKS.md keeps its
 ``<!-- scaling:start/end -->`` section (written by ``benchmarks/scaling.py``) as it is;
 everything else in it is this suite's.
 """
@@ -35,13 +38,15 @@ sys.path.insert(0, str(HERE))
 from report_notes import INTRO, extras  # noqa: E402
 from suite import TITLES, specs  # noqa: E402
 
+from attnkit.analysis.bench_isolated import run_spec_isolated  # noqa: E402
 from attnkit.analysis.bench_machine import ceiling, machine_info  # noqa: E402
 from attnkit.analysis.bench_report import render, rewrite  # noqa: E402
 from attnkit.analysis.bench_rows import Row, Spec, run_spec, sizes_text  # noqa: E402
 from attnkit.runtime import retain_freed_memory  # noqa: E402
 
 MEASURED_CODE = ("attention.py", "bias.py", "masks.py", "runtime.py", "kernels", "functional", "nn/additive.py",
-                 "analysis/bench.py", "analysis/bench_methods.py", "analysis/bench_flex.py")
+                 "nn/additive_scores.py", "analysis/bench.py", "analysis/bench_methods.py", "analysis/bench_flex.py",
+                 "analysis/bench_isolated.py")
 
 
 def code_version() -> str:
@@ -91,8 +96,10 @@ def _bar(total: int):
     return tqdm(total=total, desc="suite", file=sys.stderr, leave=False)
 
 
-def measure(all_specs: list[Spec], results: Path, *, fresh: bool, only: set[int] | None, ceil: dict) -> list[Row]:
-    """Rows of every spec: from the cache, or measured now (and cached at once)."""
+def measure(all_specs: list[Spec], results: Path, *, fresh: bool, only: set[int] | None, ceil: dict,
+            isolated: bool = True, retain: bool = False) -> list[Row]:
+    """Rows of every spec: from the cache, or measured now (each spec in a fresh process unless not
+    ``isolated``) and cached at once."""
     rows, bar, version = [], _bar(len(all_specs)), code_version()
     for spec in all_specs:
         path = results / f"{spec.key}.json"
@@ -100,7 +107,11 @@ def measure(all_specs: list[Spec], results: Path, *, fresh: bool, only: set[int]
         if got is None and (only is None or spec.target in only):
             step = bar.set_postfix_str if bar else (lambda label: print(f"  {label} ...", file=sys.stderr))
             try:
-                got = run_spec(spec, ceiling=ceil, progress=step, profile_misses=True)
+                if isolated:
+                    step(f"{spec.label}: measuring in a fresh process")
+                    got = run_spec_isolated(spec, ceiling=ceil, retain_memory=retain)
+                else:
+                    got = run_spec(spec, ceiling=ceil, progress=step, profile_misses=True)
                 _save(path, spec, got, version)
             except Exception as err:  # one failing row must not end the suite; it is reported, not cached
                 got = [_error_row(spec, err)]
@@ -156,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fresh", action="store_true", help="ignore cached rows (of --only targets, if given)")
     parser.add_argument("--only", type=int, nargs="+", default=None, help="measure only these targets (1-6)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="measure every spec in this process (default: each in a fresh child process)")
     parser.add_argument("--retain-memory", action="store_true",
                         help="attnkit.runtime.retain_freed_memory() for the whole run (default: glibc's defaults)")
     parser.add_argument("--out", default=None, help="default: BENCHMARKS.md (quick: benchmarks/results/quick/)")
@@ -171,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info()
     ceil = ceiling(512 if args.quick else 2048, 0.3 if args.quick else 1.0)
     rows = measure(specs(args.quick), results, fresh=args.fresh, only=set(args.only) if args.only else None,
-                   ceil={k: v["all"] for k, v in ceil.items()})
+                   ceil={k: v["all"] for k, v in ceil.items()}, isolated=not args.in_process,
+                   retain=args.retain_memory)
     figures = [] if args.print else plots(rows, (results if args.quick else HERE) / "plots", out.parent)
     text = render(title="Benchmark suite (issue 7)", intro=INTRO, info=info, ceiling=ceil, command=command,
                   rows=rows, targets=TITLES, plots=figures, extras=extras(rows, info, ceil))
