@@ -116,7 +116,7 @@ def _forward(p: Problem, slabs, biases, qb, kb, vb):
         rows, n = sl[0], len(sl[0])
         k_g, v_g = _gather(ws, kb, vb, sl[1])
         o, l_rows = FLASH(_slab_rows(qb, rows), k_g, v_g, 0.0, False, attn_mask=bias, scale=p.scale)
-        if bias is not None:  # rows with no allowed key: the kernel returns lse 0
+        if p.return_lse and bias is not None:  # rows with no allowed key: the kernel returns lse 0
             l_rows = l_rows.masked_fill(torch.isneginf(bias).all(-1), _NEG_INF)
         _put_rows(out, rows, o.view(batch, heads, n, bs, -1))
         _put_rows(lse, rows, l_rows.view(batch, heads, n, bs))
@@ -124,17 +124,17 @@ def _forward(p: Problem, slabs, biases, qb, kb, vb):
 
 
 def _backward(p: Problem, slabs, biases, qb, kb, vb, out, lse, dout):
+    """The fused backward per slab, from the kernel's own lse (under autograd _forward leaves it as returned)."""
     batch, heads, _, bs, d = qb.shape
     dq, dk, dv = torch.zeros_like(qb), torch.zeros_like(kb), torch.zeros_like(vb)
     ws = Workspace(qb)
-    finite_lse = lse.masked_fill(torch.isneginf(lse), 0.0)  # what the kernel saw for rows with no key
     for sl, bias in zip(slabs, biases, strict=True):
         rows, idx = sl[0], sl[1]
         n, w = idx.shape
         k_g, v_g = _gather(ws, kb, vb, idx)
         dq_r, dk_g, dv_g = FLASH_BACKWARD(
             _slab_rows(dout, rows), _slab_rows(qb, rows), k_g, v_g, _slab_rows(out, rows),
-            _slab_rows(finite_lse, rows), 0.0, False, attn_mask=bias, scale=p.scale)
+            _slab_rows(lse, rows), 0.0, False, attn_mask=bias, scale=p.scale)
         _put_rows(dq, rows, dq_r.view(batch, heads, n, bs, d))
         dk.index_add_(2, idx.flatten(), dk_g.reshape(batch, heads, n * w, bs, d))
         dv.index_add_(2, idx.flatten(), dv_g.reshape(batch, heads, n * w, bs, d))
