@@ -14,20 +14,29 @@ import sys
 
 import torch
 
-__all__ = ["side_peak"]
+__all__ = ["side_peak", "child_output"]
+
+
+def child_output(module: str, payload: dict, timeout: float) -> str:
+    """The last stdout line of ``python -m module <payload as JSON>``; RuntimeError (last stderr line) on failure."""
+    try:
+        done = subprocess.run([sys.executable, "-m", module, json.dumps(payload)],
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as err:
+        raise RuntimeError(f"{module} ran past {timeout:g} s") from err
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(tail[0][:300])
+    return lines[-1]
 
 
 def side_peak(spec, side: str, timeout: float = 900.0) -> int | None:
     """Bytes the peak resident size grows by for ``side`` ("ours" or a comparison kind); None if the child failed."""
-    payload = json.dumps({"spec": spec.to_json(), "side": side})
     try:
-        done = subprocess.run([sys.executable, "-m", "attnkit.analysis.bench_child", payload],
-                              capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
+        return int(child_output("attnkit.analysis.bench_child", {"spec": spec.to_json(), "side": side}, timeout))
+    except RuntimeError:
         return None
-    if done.returncode != 0:
-        return None
-    return int(done.stdout.strip().splitlines()[-1])
 
 
 def _measure(spec, side: str) -> int:

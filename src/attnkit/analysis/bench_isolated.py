@@ -12,7 +12,6 @@ allocator setting; both sides of a comparison still run interleaved in it.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import torch
@@ -23,16 +22,16 @@ __all__ = ["run_spec_isolated"]
 def run_spec_isolated(spec, *, ceiling: dict, retain_memory: bool = False, profile_misses: bool = True,
                       timeout: float = 3600.0):
     """The rows of ``spec`` measured in a fresh ``python`` child; raises RuntimeError with its stderr on failure."""
+    from .bench_child import child_output
     from .bench_rows import Row
 
-    payload = json.dumps({"spec": spec.to_json(), "ceiling": ceiling, "threads": torch.get_num_threads(),
-                          "retain": retain_memory, "profile": profile_misses})
-    done = subprocess.run([sys.executable, "-m", "attnkit.analysis.bench_isolated", payload],
-                          capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"the child measuring {spec.label!r} failed: {tail[0][:300]}")
-    return [Row(**row) for row in json.loads(done.stdout.strip().splitlines()[-1])]
+    payload = {"spec": spec.to_json(), "ceiling": ceiling, "threads": torch.get_num_threads(),
+               "retain": retain_memory, "profile": profile_misses}
+    try:
+        line = child_output("attnkit.analysis.bench_isolated", payload, timeout)
+    except RuntimeError as err:
+        raise RuntimeError(f"the child measuring {spec.label!r} failed: {err}") from None
+    return [Row(**row) for row in json.loads(line)]
 
 
 def main(payload: str) -> None:
