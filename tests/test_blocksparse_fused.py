@@ -14,7 +14,7 @@ import torch
 import attnkit
 from attnkit import masks
 from attnkit.functional.validate import validate
-from attnkit.kernels import blocksparse, blocksparse_fused, blocksparse_softmax
+from attnkit.kernels import block_plan, blocksparse_fused, blocksparse_masked
 from tests.helpers import rand_qkv
 from tests.test_perf_sparse import LAYOUT_MASKS, _spy
 
@@ -30,9 +30,9 @@ def _outputs_and_grads(q, k, v, mask, backend):
 @pytest.mark.parametrize("name", list(LAYOUT_MASKS))
 @pytest.mark.parametrize("slab", [1 << 21, 1])  # one slab, or one query block per slab
 def test_fused_path_equals_float64_reference_forward_and_backward(monkeypatch, name, slab):
-    monkeypatch.setattr(blocksparse, "BLOCK_SIZES", (16,))
-    monkeypatch.setattr(blocksparse, "SLAB", slab)
-    calls, fallback = _spy(monkeypatch, blocksparse_fused), _spy(monkeypatch, blocksparse_softmax)
+    monkeypatch.setattr(block_plan, "BLOCK_SIZES", (16,))
+    monkeypatch.setattr(block_plan, "SLAB", slab)
+    calls, fallback = _spy(monkeypatch, blocksparse_fused), _spy(monkeypatch, blocksparse_masked)
     q, k, v = rand_qkv(2, 3, 100, 100, 11, hkv=1 if name == "fixed" else 3, dtype=torch.float64, seed=5)
     mask = LAYOUT_MASKS[name]()
     got = _outputs_and_grads(q, k, v, mask, "blocksparse")
@@ -45,7 +45,7 @@ def test_fused_path_equals_float64_reference_forward_and_backward(monkeypatch, n
 @pytest.mark.parametrize(("lq", "lk"), [(37, 90), (90, 37)])
 def test_fused_path_lse_and_rectangular_problems(monkeypatch, lq, lk):
     """Lq != Lk with partial last blocks; lse (no autograd) is -inf exactly for rows with no allowed key."""
-    monkeypatch.setattr(blocksparse, "BLOCK_SIZES", (8,))
+    monkeypatch.setattr(block_plan, "BLOCK_SIZES", (8,))
     calls = _spy(monkeypatch, blocksparse_fused)
     q, k, v = rand_qkv(2, 3, lq, lk, 5, dtype=torch.float64, seed=lq)
     mask = masks.strided(6) & masks.causal()  # bottom-right: with Lq > Lk the first rows see no key
@@ -68,42 +68,43 @@ def test_fused_path_float32_within_the_tolerance_rule():
 
 
 def test_biases_are_cached_per_size_on_masks_that_ignore_batch_and_head(monkeypatch):
-    monkeypatch.setattr(blocksparse, "BLOCK_SIZES", (8,))
+    monkeypatch.setattr(block_plan, "BLOCK_SIZES", (8,))
     monkeypatch.setattr(blocksparse_fused, "BIAS_CACHE", 2)
     mask = masks.dilated(3, 2)
     for length in (40, 48, 40, 56):
         q, k, v = rand_qkv(1, 2, length, length, 4, dtype=torch.float64, seed=length)
         got = attnkit.attention(q, k, v, mask=mask, backend="blocksparse")
         torch.testing.assert_close(got, attnkit.attention(q, k, v, mask=mask, backend="reference"))
-    cached = mask.__dict__["_fused_bias_cache"]
-    assert [key[:2] for key in cached] == [(48, 48), (56, 56)]  # at most BIAS_CACHE, oldest (40) dropped
-    first = cached[(56, 56, 8, 2, torch.float64, "cpu")]
+    cached = mask._cache_fused_biases
+    assert [key[:2] for key in cached.keys()] == [(40, 40), (56, 56)]  # at most BIAS_CACHE: least recently used (48) dropped
+    first = cached.get_or_build((56, 56, 8, 2, torch.float64, "cpu"), lambda: None)
+    assert first is not None
     p = validate(*rand_qkv(1, 2, 56, 56, 4, dtype=torch.float64), mask=mask)
-    assert blocksparse_fused.slab_biases(p, blocksparse.plan(p, 8), 8, torch.float64) is first  # reused
+    assert blocksparse_fused.slab_biases(p, block_plan.plan_for(p).slabs, 8, torch.float64) is first  # reused
     per_batch = masks.padding([20]) & masks.sliding_window(2, 2) | masks.global_tokens([0])
     got = attnkit.attention(q, k, v, mask=per_batch, backend="blocksparse")
     torch.testing.assert_close(got, attnkit.attention(q, k, v, mask=per_batch, backend="reference"))
-    assert "_fused_bias_cache" not in per_batch.__dict__  # reads b: built per call, never cached
+    assert "_cache_fused_biases" not in per_batch.__dict__  # reads b: built per call, never cached
     monkeypatch.setattr(blocksparse_fused, "BIAS_CACHE_BYTES", 100)
     big = masks.dilated(2, 3)
     got = attnkit.attention(q, k, v, mask=big, backend="blocksparse")
     torch.testing.assert_close(got, attnkit.attention(q, k, v, mask=big, backend="reference"))
-    assert not big.__dict__.get("_fused_bias_cache")  # over the byte budget: built per call
+    assert not big.__dict__.get("_cache_fused_biases")  # over the byte budget: built per call
 
 
 def test_refusals_send_calls_to_the_hand_written_path(monkeypatch):
-    fallback = _spy(monkeypatch, blocksparse_softmax)
+    fallback = _spy(monkeypatch, blocksparse_masked)
     q, k, v = rand_qkv(1, 2, 64, 64, 6, dtype=torch.float64, requires_grad=True)
     mask = masks.segments(torch.arange(64) // 20)
     p = validate(q, k, v, mask=mask, return_lse=True)
-    assert "lse" in blocksparse_fused.applies(p)  # grad mode with requires_grad inputs
+    assert "lse" in blocksparse_fused.refusal(p)  # grad mode with requires_grad inputs
     with torch.no_grad():
-        assert blocksparse_fused.applies(validate(q, k, v, mask=mask, return_lse=True)) is None
+        assert blocksparse_fused.refusal(validate(q, k, v, mask=mask, return_lse=True)) is None
     qd, kd, vd = rand_qkv(1, 2, 64, 64, 6, 5, dtype=torch.float64)
-    assert "Dv == D" in blocksparse_fused.applies(validate(qd, kd, vd, mask=mask))
+    assert "Dv == D" in blocksparse_fused.refusal(validate(qd, kd, vd, mask=mask))
     bad = k.detach().clone()
     bad[:, :, 10] = float("nan")
-    assert "non-finite" in blocksparse_fused.applies(validate(q, bad, v, mask=mask))
+    assert "non-finite" in blocksparse_fused.refusal(validate(q, bad, v, mask=mask))
     got = attnkit.attention(q.detach(), bad, v.detach(), mask=mask, backend="blocksparse")
     assert torch.isnan(got[:, :, :20]).all() and torch.isfinite(got[:, :, 20:]).all()  # NaN stays in its document
     assert fallback

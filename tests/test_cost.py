@@ -24,7 +24,7 @@ import attnkit
 from attnkit import masks, registry
 from attnkit.analysis.cost import SPECS, build, cost, sizes
 from attnkit.errors import ArgumentError
-from attnkit.kernels import blocksparse, chunked
+from attnkit.kernels import blocksparse_gathered, online_softmax
 
 aten = torch.ops.aten
 
@@ -169,8 +169,8 @@ def test_parts_the_counter_ignores_are_in_other_flops():
 
 
 def test_checkpointed_kernels_count_their_recomputed_forward(monkeypatch):
-    monkeypatch.setattr(chunked, "BUDGET", 1 << 12)  # slabs of a few rows: checkpointed under autograd
-    monkeypatch.setattr(blocksparse, "BUDGET", 1 << 13)
+    monkeypatch.setattr(online_softmax, "BUDGET", 1 << 12)  # slabs of a few rows: checkpointed under autograd
+    monkeypatch.setattr(blocksparse_gathered, "BUDGET", 1 << 13)
     for name, kw in (("cosine", _LONG), ("dilated(10, 3)", dict(_CORE, normalize="sigmoid"))):
         forward, backward = counted(name, **kw)
         c = cost(name, backward=True, **kw)

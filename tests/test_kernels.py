@@ -165,8 +165,10 @@ def test_dispatch_choices_and_reasons():
     assert _explained(512, return_weights=True).backend == "reference"
     assert _explained(1024, bias=attnkit.bias.alibi(2)).backend == "chunked"
     d = _explained(1024, bias=attnkit.bias.alibi(2))
-    assert d.reasons["sdpa"].startswith("refused: no bias")
-    assert "backend: chunked" in str(d) and d.flops > 0
+    assert d.path == "bias-slabs"
+    assert d.reasons["torch-sdpa"].startswith("refused: no bias")
+    assert d.reasons["online-softmax"] == "able, not preferred: bias-slabs comes first in the table of paths"
+    assert "path: bias-slabs (backend 'chunked')" in str(d) and d.flops > 0
 
 
 def test_forced_backend_that_cannot_honour_the_call_raises():
@@ -179,14 +181,14 @@ def test_forced_backend_that_cannot_honour_the_call_raises():
 
 def test_small_chunks_and_blocks_change_nothing(monkeypatch):
     """Chunk-size invariance: tiny slabs exercise the checkpointed multi-slab paths."""
-    from attnkit.kernels import blocksparse, chunked
+    from attnkit.kernels import block_plan, blocksparse_gathered, online_softmax
     q, k, v = rand_qkv(2, 3, 150, 170, 11, dtype=torch.float64, seed=10, requires_grad=True)
     mask = masks.sliding_window(30, 30)
     expected = _grads(q, k, v, mask=mask, backend="reference")
-    monkeypatch.setattr(chunked, "BUDGET", 64)
-    monkeypatch.setattr(chunked, "KV_BLOCK", 7)
-    monkeypatch.setattr(blocksparse, "BUDGET", 64)
-    monkeypatch.setattr(blocksparse, "BLOCK_SIZES", (16,))
+    monkeypatch.setattr(online_softmax, "BUDGET", 64)
+    monkeypatch.setattr(online_softmax, "KV_BLOCK", 7)
+    monkeypatch.setattr(blocksparse_gathered, "BUDGET", 64)
+    monkeypatch.setattr(block_plan, "BLOCK_SIZES", (16,))
     for backend in ("chunked", "blocksparse"):
         for g, e in zip(_grads(q, k, v, mask=mask, backend=backend), expected, strict=True):
             torch.testing.assert_close(g, e)
@@ -220,17 +222,17 @@ def test_custom_score_sees_four_dimensional_blocks_on_blocksparse():
 
 def test_width_groups_keep_wide_rows_apart():
     """A global row gets its own group; the result still equals the reference."""
-    from attnkit.kernels import blocksparse
+    from attnkit.kernels import block_plan
     q, k, v = rand_qkv(1, 2, 700, 700, 8, seed=13, dtype=torch.float64)
     mask = masks.global_tokens([0]) | masks.sliding_window(8, 8)
     p = attnkit.functional.validate.validate(q, k, v, mask=mask)
-    assert len(blocksparse.width_groups(blocksparse.union_layout(p, 64))) > 1
+    assert len(block_plan.width_groups(block_plan.layouts(p, 64)[0])) > 1
     torch.testing.assert_close(attnkit.attention(q, k, v, mask=mask, backend="blocksparse"),
                                oracle(q, k, v, mask=mask))
 
 
 def test_explain_names_the_backend_attention_runs():
-    """NaN past a padding length is zeroed before dispatch, in explain() as in attention()."""
+    """NaN past a padding length: torch's kernel sees it in its output, the rows are zeroed, and it runs again."""
     q, k, v = rand_qkv(1, 2, 8, 8, 4)
     k[0, 0, 6:] = float("nan")
     mask = masks.padding([6])

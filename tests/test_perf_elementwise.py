@@ -21,7 +21,7 @@ import attnkit
 from attnkit import masks
 from attnkit.bias import Softcap
 from attnkit.kernels import softcap_grad, softcap_loop
-from attnkit.kernels.common import Workspace
+from attnkit.kernels.pipeline import Workspace
 from attnkit.nn import additive_scores as scores_mod
 from attnkit.nn.additive import AdditiveAttention, additive_scores
 from tests.helpers import assert_close_to_oracle, oracle, rand_qkv

@@ -1,7 +1,7 @@
 """The fast paths of issue 7 compute the float64 reference's function, forward and backward.
 
-- attention()'s dispatch shortcut (``dispatch.pick``) picks what ``decide`` picks; the
-  finiteness check and the cached padding mask never change a result.
+- attention() and explain() make one decision (``dispatch.choose``); the finiteness
+  check (after torch's kernel) and the cached padding mask never change a result.
 - ``kernels/bias_slabs.py``: additive biases (ALiBi, relative positions, float tensors)
   on torch's fused kernel, slab by slab, with its own backward.
 - ``kernels/softcap_loop.py``: soft-capping with a fixed shift instead of a running max.
@@ -19,7 +19,7 @@ import torch
 
 import attnkit
 from attnkit import masks
-from attnkit.attention import _decision, _prepare
+from attnkit.attention import _prepare
 from attnkit.bias import ALiBi, RelativePositionBias, Softcap
 from attnkit.kernels import bias_slabs, dispatch, sdpa, softcap_grad, softcap_loop
 from tests.helpers import assert_close_to_oracle, oracle, rand_qkv
@@ -94,7 +94,7 @@ CALLS = [
 
 @pytest.mark.parametrize("kwargs", CALLS, ids=lambda kw: ",".join(f"{k}={v!r}"[:30] for k, v in kw.items()) or "none")
 @pytest.mark.parametrize("poison", [None, "q", "v"])
-def test_pick_chooses_what_decide_chooses(kwargs, poison):
+def test_attention_runs_what_explain_names_and_nan_never_returns_torchs_answer(kwargs, poison):
     q, k, v = rand_qkv(B, H, LQ, LK, D)
     if poison:
         {"q": q, "v": v}[poison][1, 2, 3, 4] = float("nan")
@@ -105,9 +105,12 @@ def test_pick_chooses_what_decide_chooses(kwargs, poison):
             return fn(_prepare(q, k, v, **kwargs), backend)
         except attnkit.BackendError as err:  # a forced backend that cannot honour the call
             return str(err)
-    picked = outcome(dispatch.pick)
-    assert picked == outcome(lambda p, b: _decision(p, b).backend)
-    assert picked != "sdpa" or poison is None  # non-finite inputs never reach torch's kernel
+    explained = outcome(lambda p, b: dispatch.decide(p, b).path)
+    ran = outcome(lambda p, b: dispatch.execute(p, b)[1].name)
+    if poison is None or explained != "torch-sdpa":
+        assert ran == explained
+    else:  # torch's kernel saw NaN in its output: the call was decided again, knowing the inputs
+        assert ran != "torch-sdpa" or backend == "sdpa"
 
 
 @pytest.mark.parametrize("where", ["q", "k", "v"])
@@ -127,7 +130,8 @@ def test_overflowing_finite_sum_is_a_cautious_false_and_the_result_stays_exact()
     v = v.clone()
     v[:, :, :, 0] = 3e38  # finite, but the float32 sum overflows
     assert not _prepare(q, k, v).inputs_finite()
-    assert attnkit.explain(q, k, v).backend != "sdpa"
+    p = _prepare(q, k, v)
+    assert dispatch.execute(p, "auto")[1].name != "torch-sdpa"  # the output's sum overflowed too: decided again
     got = attnkit.attention(q, k, v)
     assert torch.isfinite(got).all()
     assert_close_to_oracle(got, q, k, v)
@@ -147,10 +151,10 @@ def test_cached_padding_mask_follows_sizes_and_batches():
         got = attnkit.attention(q, k, v, mask=mask)
         assert attnkit.explain(q, k, v, mask=mask).backend == "sdpa"
         assert_close_to_oracle(got, q, k, v, mask=mask)
-    assert len(sdpa._KEY_MASKS[mask]) == 2  # one entry per (Lk, batch, heads, device)
+    assert len(mask._cache_sdpa) == 2  # one entry per (Lk, batch, heads, dtype, device)
     for lk in range(10, 20):
         attnkit.attention(*rand_qkv(B, H, LQ, lk, D), mask=mask)
-    assert len(sdpa._KEY_MASKS[mask]) <= 8
+    assert len(mask._cache_sdpa) <= 8
 
 
 # ------------------------------------------------------------------ additive biases on the fused kernel
@@ -273,10 +277,12 @@ def test_refusals_name_what_the_fused_kernel_cannot_do():
 def test_explain_names_the_bias_path():
     q, k, v = rand_qkv(1, 2, 300, 300, 8)
     viewed = str(attnkit.explain(q, k, v, bias=ALiBi(2)))
-    assert "chunked" in viewed and "bias_slabs" in viewed and "viewed from one vector" in viewed
-    built = attnkit.explain(q, k, v, bias=torch.randn(300, 300)).reasons["chunked"]
+    assert "path: bias-slabs (backend 'chunked')" in viewed and "kernels/bias_slabs.py" in viewed
+    assert "viewed from one vector" in viewed
+    built = attnkit.explain(q, k, v, bias=torch.randn(300, 300)).reasons["bias-slabs"]
     assert built.startswith("chosen:") and "built per slab" in built
-    assert "online softmax" in attnkit.explain(q, k, v, bias=ALiBi(2), dropout_p=0.1).reasons["chunked"]
+    dropped = attnkit.explain(q, k, v, bias=ALiBi(2), dropout_p=0.1)
+    assert dropped.path == "online-softmax" and dropped.reasons["bias-slabs"] == "refused: no weights and no dropout"
 
 
 # ------------------------------------------------------------------ soft-capping without a running max
@@ -346,6 +352,6 @@ def test_softcap_refusals_and_explain():
     assert "dropout" in softcap_loop.refusal(_prepare(q, k, v, bias=Softcap(5.0), dropout_p=0.3))
     assert "alone" in softcap_loop.refusal(_prepare(q, k, v, bias=ALiBi(H)))
     q, k, v = rand_qkv(1, 2, 300, 300, 8)
-    assert "softcap_loop" in attnkit.explain(q, k, v, bias=Softcap(30.0)).reasons["chunked"]
+    assert "kernels/softcap_loop.py" in attnkit.explain(q, k, v, bias=Softcap(30.0)).reasons["softcap-loop"]
     got = attnkit.attention(q, k, v, bias=Softcap(500.0), backend="chunked")  # the general loop, still exact
     assert_close_to_oracle(got, q, k, v, bias=Softcap(500.0))

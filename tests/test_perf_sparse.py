@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import attnkit
 from attnkit import masks
-from attnkit.kernels import blocksparse, blocksparse_softmax, window_band, window_slabs
+from attnkit.kernels import band, band_blocks, block_plan, blocksparse_masked
 from tests.helpers import assert_close_to_oracle, oracle, rand_qkv
 
 
@@ -78,7 +78,7 @@ def test_band_offsets_agree_with_the_predicate(lq, lk):
         assert torch.equal(mask.materialize(lq, lk)[0, 0], (j - i >= lo) & (j - i <= hi))
 
 
-# ------------------------------------------------------------------ the band path (window_band)
+# ------------------------------------------------------------------ the band path (band)
 BAND_CASES = [
     # (lq, lk, left, right, align, hkv, block sizes)
     (100, 100, 9, 3, "bottom_right", 3, (16,)),  # partial last block
@@ -93,9 +93,9 @@ BAND_CASES = [
 @pytest.mark.parametrize("slab", [1 << 21, 300])  # one slab per head, or one block per slab
 def test_band_path_equals_float64_reference_forward_and_backward(monkeypatch, case, slab):
     lq, lk, left, right, align, hkv, sizes = case
-    monkeypatch.setattr(window_band, "BLOCK_SIZES", sizes)
-    monkeypatch.setattr(window_slabs, "SLAB", slab)
-    calls = _spy(monkeypatch, window_band)
+    monkeypatch.setattr(band, "BLOCK_SIZES", sizes)
+    monkeypatch.setattr(band_blocks, "SLAB", slab)
+    calls = _spy(monkeypatch, band)
     q, k, v = rand_qkv(2, 3, lq, lk, 11, 13, hkv=hkv, dtype=torch.float64, seed=lq + lk)
     _assert_matches_float64(q, k, v, masks.sliding_window(left, right, align=align), with_lse_grad=True)
     assert calls, "the band path did not run"
@@ -103,12 +103,12 @@ def test_band_path_equals_float64_reference_forward_and_backward(monkeypatch, ca
 
 def test_band_path_runs_per_block_slabs_across_heads(monkeypatch):
     """Many heads and few interior blocks: each slab is one block of a run of heads."""
-    monkeypatch.setattr(window_band, "BLOCK_SIZES", (8,))
+    monkeypatch.setattr(band, "BLOCK_SIZES", (8,))
     q, k, v = rand_qkv(4, 5, 40, 40, 3, 7, dtype=torch.float64, seed=1)
     mask = masks.sliding_window(5, 5)
     p = attnkit.functional.validate.validate(q, k, v, mask=mask)
-    pl = window_band.plan(p)
-    slabs = list(window_slabs.slabs(q.view(20, 1, 40, 3), k.view(20, 40, 3), v.view(20, 40, 7), pl,
+    pl = band.plan(p)
+    slabs = list(band_blocks.slabs(q.view(20, 1, 40, 3), k.view(20, 40, 3), v.view(20, 40, 7), pl,
                                     torch.empty(20, 1, 40, 7)))
     assert any(sl.n1 - sl.n0 > 1 and sl.edge_mask is None for sl in slabs)
     _assert_matches_float64(q, k, v, mask, with_lse_grad=True)
@@ -150,7 +150,7 @@ def test_band_nan_in_a_key_reaches_only_the_rows_that_attend_it():
 
 
 def test_band_path_is_not_taken_for_what_it_cannot_compute(monkeypatch):
-    calls = _spy(monkeypatch, window_band)
+    calls = _spy(monkeypatch, band)
     q, k, v = rand_qkv(1, 2, 80, 80, 8)
     for kwargs in ({"mask": masks.dilated(3, 2)}, {"mask": masks.sliding_window(4, 4), "normalize": "sparsemax"},
                    {"mask": masks.sliding_window(4, 4), "bias": torch.randn(80, 80)},
@@ -163,8 +163,8 @@ def test_band_path_is_not_taken_for_what_it_cannot_compute(monkeypatch):
 @pytest.mark.parametrize("mask", [masks.sliding_window(3, 1), masks.segments(torch.arange(21) // 8)],
                          ids=["band", "slots"])
 def test_fast_paths_pass_gradcheck(monkeypatch, mask):
-    monkeypatch.setattr(window_band, "BLOCK_SIZES", (4,))
-    monkeypatch.setattr(blocksparse, "BLOCK_SIZES", (4,))
+    monkeypatch.setattr(band, "BLOCK_SIZES", (4,))
+    monkeypatch.setattr(block_plan, "BLOCK_SIZES", (4,))
     q, k, v = rand_qkv(1, 2, 21, 21, 3, dtype=torch.float64, requires_grad=True)
     fn = lambda *t: attnkit.attention(*t, mask=mask, backend="blocksparse", return_lse=True)[::2]  # output, lse
     assert torch.autograd.gradcheck(fn, (q, k, v))
@@ -200,9 +200,9 @@ LAYOUT_MASKS = {
 @pytest.mark.parametrize("name", list(LAYOUT_MASKS))
 @pytest.mark.parametrize("slab", [1 << 21, 1])
 def test_softmax_path_equals_float64_reference_forward_and_backward(monkeypatch, name, slab):
-    monkeypatch.setattr(blocksparse, "BLOCK_SIZES", (16,))
-    monkeypatch.setattr(blocksparse, "SLAB", slab)
-    calls = _spy(monkeypatch, blocksparse_softmax)
+    monkeypatch.setattr(block_plan, "BLOCK_SIZES", (16,))
+    monkeypatch.setattr(block_plan, "SLAB", slab)
+    calls = _spy(monkeypatch, blocksparse_masked)
     q, k, v = rand_qkv(2, 3, 100, 100, 11, 13, hkv=1 if name == "fixed" else 3, dtype=torch.float64, seed=5)
     _assert_matches_float64(q, k, v, LAYOUT_MASKS[name](), with_lse_grad=True)
     assert calls, "the softmax slab path did not run"
@@ -245,7 +245,7 @@ def test_width_groups_put_wide_rows_apart_and_skip_empty_rows():
     active = torch.zeros(6, 9, dtype=torch.bool)
     active[0] = True  # a global row
     active[1:5, :2] = True
-    groups = blocksparse.width_groups(active)
+    groups = block_plan.width_groups(active)
     assert [(r.tolist(), w) for r, w in groups] == [([0], 9), ([1, 2, 3, 4], 2)]  # row 5: in no group
 
 

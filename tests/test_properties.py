@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import attnkit
 from attnkit import masks
 from attnkit.errors import BackendError
-from attnkit.kernels import blocksparse, chunked
+from attnkit.kernels import block_plan, blocksparse_gathered, online_softmax
 from tests import broken_kernels as bk
 from tests.helpers import BACKENDS, rand_qkv
 
@@ -126,16 +126,16 @@ def _accepting(q, k, v, **kwargs):
     return names
 
 
-def chunked_at(q, k, v, *, mask=None, block=chunked.KV_BLOCK, return_weights=False):
+def chunked_at(q, k, v, *, mask=None, block=online_softmax.KV_BLOCK, return_weights=False):
     """The chunked kernel with ``block`` keys per step; below the default block, also the smallest row slab (16)."""
-    budget = chunked.BUDGET if block >= chunked.KV_BLOCK else 1
-    with mock.patch.multiple(chunked, KV_BLOCK=block, BUDGET=budget):
+    budget = online_softmax.BUDGET if block >= online_softmax.KV_BLOCK else 1
+    with mock.patch.multiple(online_softmax, KV_BLOCK=block, BUDGET=budget):
         return attnkit.attention(q, k, v, mask=mask, return_weights=return_weights, backend="chunked")
 
 
 def blocksparse_at(q, k, v, *, mask=None, block=64, return_weights=False):
     """The block-sparse kernel with one block size and one query block per slab."""
-    with mock.patch.multiple(blocksparse, BLOCK_SIZES=(block,), BUDGET=1):
+    with mock.patch.object(block_plan, "BLOCK_SIZES", (block,)), mock.patch.object(blocksparse_gathered, "BUDGET", 1):
         return attnkit.attention(q, k, v, mask=mask, return_weights=return_weights, backend="blocksparse")
 
 

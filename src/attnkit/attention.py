@@ -3,6 +3,11 @@
 The pipeline every mechanism shares::
 
     score(q, k) * scale -> + bias / modifier -> mask (select) -> normalise -> dropout -> @ v
+
+``attention()`` validates the call into a :class:`~attnkit.functional.validate.Problem`,
+and :func:`attnkit.kernels.dispatch.execute` runs the execution path that
+:func:`~attnkit.kernels.dispatch.choose` picks from the table in
+:mod:`attnkit.kernels.paths`; ``explain()`` shows that choice and why no other path was taken.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import torch
 
 from . import recording
 from .functional.validate import Problem, validate
-from .kernels.dispatch import KERNELS, Decision, decide, pick
+from .kernels.dispatch import Decision, decide, execute
 
 __all__ = ["attention", "explain", "AttentionOutput"]
 
@@ -31,29 +36,6 @@ class AttentionOutput(NamedTuple):
     output: torch.Tensor
     weights: torch.Tensor | None
     lse: torch.Tensor | None
-
-
-def _drop_filtered_keys(p: Problem) -> Problem:
-    """Zero K/V rows that the mask rejects for every query (padding).
-
-    Masked scores are selected away already; zeroing the rows too means that
-    NaN or inf past a sequence's valid length cannot reach the output or the
-    gradients through ``0 * NaN`` (RELIABILITY row 22). With finite inputs the
-    rows are left as they are: the result is the same without the copies.
-    """
-    keys = p.mask.key_filter() if p.mask is not None else None
-    if keys is None or (not torch.compiler.is_compiling() and p.inputs_finite()):
-        return p  # finite values behind masked scores cannot reach anything: nothing to zero
-    batch, _, _, lk, _, _ = p.sizes
-    dev = p.q.device
-    zero = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=dev)
-    keep = keys.allows(torch.arange(batch, device=dev).view(-1, 1, 1, 1), zero, zero,
-                       torch.arange(lk, device=dev).view(1, 1, -1, 1), p.sizes[2], lk)  # (B|1, 1, Lk, 1)
-    keep = torch.broadcast_to(keep, (batch, 1, lk, 1))
-    if torch.compiler.is_compiling() or not bool(keep.all()):  # the check needs the data: skip it when tracing
-        p.k, p.v = p.k.masked_fill(~keep, 0.0), p.v.masked_fill(~keep, 0.0)
-        p._finite = None  # the zeroed rows may have been the only non-finite ones
-    return p
 
 
 def _autocast_inputs(q, k, v):
@@ -84,27 +66,9 @@ def _autocast_off(device_type: str):
 
 
 def _prepare(q, k, v, **kwargs) -> Problem:
-    """Everything before dispatch, shared by attention() and explain(): autocast, validation, padding keys."""
+    """Everything before dispatch, shared by attention() and explain(): autocast, validation."""
     q, k, v = _autocast_inputs(q, k, v)
-    p = validate(q, k, v, **kwargs)
-    with _autocast_off(p.q.device.type):
-        return _drop_filtered_keys(p)
-
-
-def _empty(p: Problem) -> bool:
-    return 0 in p.q.shape or 0 in p.k.shape[:3]
-
-
-def _decision(p: Problem, backend: str) -> Decision:
-    """The dispatcher's decision; empty problems (a zero size) always go to the reference kernel."""
-    if _empty(p):
-        return Decision("reference", {"reference": "chosen: a size is zero (empty result, exact path)"})
-    return decide(p, backend)
-
-
-def _backend(p: Problem, backend: str) -> str:
-    """The name :func:`_decision` would choose, computed without the reasons explain() reports."""
-    return "reference" if _empty(p) else pick(p, backend)
+    return validate(q, k, v, **kwargs)
 
 
 def _to_user_rank(t: torch.Tensor, rank: int) -> torch.Tensor:
@@ -161,7 +125,7 @@ def attention(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, 
     p = _prepare(q, k, v, mask=mask, bias=bias, score=score, scale=scale, normalize=normalize, dropout_p=dropout_p,
                  return_weights=return_weights or record, return_lse=return_lse, backend=backend)
     with _autocast_off(p.q.device.type):  # scores and softmax stay in float32
-        result = KERNELS[_backend(p, backend)].run(p)
+        result, _ = execute(p, backend)
     if record:
         recording.report(result.weights.to(p.q.dtype))
     rank = p.user_rank
@@ -174,14 +138,18 @@ def attention(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, 
 
 
 def explain(q, k, v, **kwargs) -> Decision:
-    """Which backend ``attention(q, k, v, **kwargs)`` would use, why, and its estimated cost.
+    """Which execution path ``attention(q, k, v, **kwargs)`` would run, why no other path, and its cost.
+
+    ``str()`` of the answer lists every path of :mod:`attnkit.kernels.paths` with the
+    reason it was not taken (refused, or able but not preferred).
 
     Example:
         >>> import torch, attnkit
         >>> q = torch.randn(1, 2, 512, 16)
-        >>> attnkit.explain(q, q, q, mask=attnkit.masks.sliding_window(32, 32)).backend
-        'blocksparse'
+        >>> d = attnkit.explain(q, q, q, mask=attnkit.masks.sliding_window(32, 32))
+        >>> d.backend, d.path
+        ('blocksparse', 'band-windows')
     """
     p = _prepare(q, k, v, **kwargs)
     with _autocast_off(p.q.device.type):
-        return _decision(p, kwargs.get("backend", "auto"))
+        return decide(p, kwargs.get("backend", "auto"))

@@ -18,11 +18,15 @@ from typing import NamedTuple
 import torch
 
 from ..errors import ArgumentError, DTypeError
+from . import cache
 
 __all__ = ["Mask", "BlockLayout", "And", "Or", "Not"]
 
 # Query rows evaluated at once when a layout has to be computed by brute force.
 _EVAL_ROWS_BUDGET = 1 << 22
+# Layouts kept per mask (most recently used first): a few lengths x block sizes; a generation loop
+# over thousands of lengths keeps only the latest ones.
+LAYOUT_CACHE_ENTRIES = 16
 
 
 class BlockLayout(NamedTuple):
@@ -59,7 +63,7 @@ class Mask:
     Subclasses implement :meth:`allows` and may override :meth:`_layout` with an
     analytic block layout; the default evaluates the predicate block by block
     (``O(Lq * Lk)`` work, bounded memory). Masks are immutable: tensors they hold
-    must not be modified in place after construction (layouts are cached).
+    must not be modified in place after construction (layouts are cached, bounded).
 
     Attributes:
         uses: which of ``"b", "h", "q", "kv"`` the predicate reads.
@@ -124,11 +128,9 @@ class Mask:
         sizes = (self.batch_size or batch or 1 if "b" in self.uses else 1,
                  self.num_heads or heads or 1 if "h" in self.uses else 1)
         key = (q_len, kv_len, block_size, str(device), exact, sizes)
-        cache = self.__dict__.setdefault("_layout_cache", {})
-        if key not in cache:
-            fn = self._evaluated_layout if exact else self._layout
-            cache[key] = BlockLayout(*fn(q_len, kv_len, block_size, device, sizes), block_size)
-        return cache[key]
+        fn = self._evaluated_layout if exact else self._layout
+        return cache.on(self, "layouts", max_entries=LAYOUT_CACHE_ENTRIES).get_or_build(
+            key, lambda: BlockLayout(*fn(q_len, kv_len, block_size, device, sizes), block_size))
 
     def _layout(self, q_len, kv_len, block_size, device, sizes=(1, 1)):
         return self._evaluated_layout(q_len, kv_len, block_size, device, sizes)
@@ -165,8 +167,8 @@ class Mask:
         """
         return None
 
-    def key_filter(self) -> Mask | None:
-        """A mask reading only ``b`` and ``kv`` that this mask implies, if any.
+    def key_padding(self) -> Mask | None:
+        """The key-padding part of this mask: a mask reading only ``b`` and ``kv`` that this mask implies, if any.
 
         Keys it rejects are rejected for every query (padding), so kernels may
         zero those K/V rows: non-finite values there can then never leak.
@@ -220,8 +222,8 @@ class And(_Combined):
         his = [hi for _, hi in bands if hi is not None]
         return (max(los) if los else None), (min(his) if his else None)  # the intersection of two bands
 
-    def key_filter(self):
-        filters = [f for f in (p.key_filter() for p in self.parts) if f is not None]
+    def key_padding(self):
+        filters = [f for f in (p.key_padding() for p in self.parts) if f is not None]
         if not filters:
             return None
         return filters[0] if len(filters) == 1 else And(*filters)

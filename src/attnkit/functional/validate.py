@@ -7,6 +7,7 @@ Each error names the argument and shows expected vs actual (RELIABILITY.md).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,7 +43,18 @@ class Problem:
     return_weights: bool
     return_lse: bool
     user_rank: int
-    _finite: bool | None = None
+    _finite: bool | None = None  # inputs_finite(), once known
+
+    @functools.cached_property
+    def band(self) -> tuple[int, int] | None:
+        """``(lo, hi)`` when the mask allows exactly the keys ``lo <= j - i <= hi``, both sides bounded; else None.
+
+        Computed once per call (the band path's check, plan and cost all read it).
+        """
+        if self.mask is None:
+            return None
+        b = self.mask.band(self.sizes[2], self.sizes[3])
+        return None if b is None or None in b else b
 
     @property
     def sizes(self) -> tuple[int, int, int, int, int, int]:
@@ -73,6 +85,14 @@ class Problem:
             distinct = {id(t): t for t in (self.q, self.k, self.v)}.values()  # q is k is v: sum once
             self._finite = math.isfinite(sum(t.sum(dtype=self.compute_dtype).item() for t in distinct))
         return self._finite
+
+    def learn_finiteness(self, finite: bool | None) -> None:
+        """Record what a kernel found out about the inputs (None: forget it, e.g. after rows were zeroed)."""
+        self._finite = finite
+
+    @property
+    def finiteness_known(self) -> bool:
+        return self._finite is not None
 
 
 def _shape(t) -> tuple:

@@ -1,4 +1,4 @@
-"""Additive biases on torch's fused CPU kernel, one slab of query rows at a time.
+"""Path ``bias-slabs``: additive biases on torch's fused CPU kernel, one slab of query rows at a time.
 
 For an additive bias (a float tensor, :class:`~attnkit.bias.ALiBi`,
 :class:`~attnkit.bias.RelativePositionBias`) the scores of query rows ``[s, e)``
@@ -27,14 +27,15 @@ from ..bias import AdditiveModifier
 from ..functional.masks import _Causal
 from ..functional.validate import Problem
 from ..runtime import low_precision_math
+from . import rules
 from .bias_slabs_grad import SlabAttention, learned
-from .common import dense_indices, upcast_inputs
+from .path_cost import PathCost, fused_attention, itemsize
+from .pipeline import KernelOutput, dense_indices, upcast_inputs
 
-__all__ = ["refusal", "run", "describe", "Plan"]
+__all__ = ["refusal", "run", "describe", "cost", "Plan"]
 
 BUDGET = 1 << 21  # bias elements per materialised slab (8 MiB in float32)
 MIN_ROWS = 64  # the fused kernel's query blocks are 32-256 rows: smaller slabs starve it
-FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _NEG_INF = float("-inf")
 
 
@@ -44,24 +45,21 @@ def _bias_tensor_ok(bias: torch.Tensor) -> bool:
     return total == total and total != float("inf")
 
 
-def refusal(p: Problem) -> str | None:
-    """Why the slab path cannot compute ``p`` exactly (None: it can)."""
-    if FLASH is None or p.q.device.type != "cpu":
-        return "needs torch's fused CPU flash kernel"
-    if p.normalize != "softmax" or p.score not in ("dot", "scaled_dot"):
-        return "softmax of dot products only"
-    if p.sizes[4] != p.sizes[5]:
-        return "the fused kernel needs Dv == D"
+def _additive_bias(p: Problem) -> str | None:
     if p.bias is None and not isinstance(p.modifier, AdditiveModifier):
         return "needs an additive bias: a float tensor, ALiBi or RelativePositionBias"
-    if p.return_weights or p.dropout_p > 0:
-        return "no weights and no dropout"
-    if torch.compiler.is_compiling():
-        return "under torch.compile: its exactness needs data-dependent finiteness checks"
-    if p.return_lse and _needs_grad(p):
-        return "returns lse without gradients only"
-    if not p.inputs_finite():
-        return "non-finite inputs: torch's CPU kernel zeroes NaN rows"
+    return None
+
+
+def _no_weights_or_dropout(p: Problem) -> str | None:
+    return "no weights and no dropout" if p.return_weights or p.dropout_p > 0 else None
+
+
+def _lse_without_grad(p: Problem) -> str | None:
+    return "returns lse without gradients only" if p.return_lse and _needs_grad(p) else None
+
+
+def _finite_bias(p: Problem) -> str | None:
     if p.bias is not None and not _bias_tensor_ok(p.bias):
         return "the bias holds NaN or +inf"
     if p.modifier is not None and not p.modifier.term_is_finite():
@@ -69,8 +67,17 @@ def refusal(p: Problem) -> str | None:
     return None
 
 
+REFUSALS = (rules.fused_cpu_kernel, rules.softmax_of_dot_products, rules.equal_head_dims, _additive_bias,
+            _no_weights_or_dropout, rules.not_compiling, _lse_without_grad, rules.finite_inputs, _finite_bias)
+
+
+def refusal(p: Problem) -> str | None:
+    """Why the slab path cannot compute ``p`` exactly (None: it can)."""
+    return rules.first_refusal(p, REFUSALS)
+
+
 def _needs_grad(p: Problem) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in (p.q, p.k, p.v, *learned(p)))
+    return rules.needs_grad(p, *learned(p))
 
 
 def _toeplitz(p: Problem) -> bool:
@@ -123,7 +130,7 @@ class Plan:
         """``(out, lse)`` over all slabs (``k, v`` as :meth:`keys` returns them); lse is 0 for rows with no key."""
         outs, lses = [], []
         for s, e in self.slabs:
-            out, lse = FLASH(q[:, :, s:e], k, v, 0.0, False, attn_mask=self.bias(s, e), scale=self.scale)
+            out, lse = rules.FLASH(q[:, :, s:e], k, v, 0.0, False, attn_mask=self.bias(s, e), scale=self.scale)
             outs.append(out)
             lses.append(lse)
         return (outs[0], lses[0]) if len(outs) == 1 else (torch.cat(outs, 2), torch.cat(lses, 2))
@@ -138,7 +145,7 @@ def describe(p: Problem) -> str:
     plan = Plan(p, p.compute_dtype)
     how = "viewed from one vector per head (keys reversed)" if plan.reversed else "built per slab"
     return (f"additive bias on torch's fused kernel, {len(plan.slabs)} slab(s) of query rows, "
-            f"bias {how} (kernels/bias_slabs.py)")
+            f"bias {how}")
 
 
 def _inputs(p: Problem):
@@ -153,12 +160,20 @@ def _inputs(p: Problem):
     return p.q.contiguous(), k.contiguous(), v.contiguous()
 
 
-def run(p: Problem):
-    """``(out, lse or None)``; out in the compute dtype, or in bfloat16/float16 for such inputs."""
+def run(p: Problem) -> KernelOutput:
+    """Out in the compute dtype, or in bfloat16/float16 for such inputs; lse when asked (without autograd)."""
     q, k, v = _inputs(p)
     plan = Plan(p, p.compute_dtype)
     if _needs_grad(p):
-        return SlabAttention.apply(plan, q, k, v, *learned(p)), None
+        return KernelOutput(SlabAttention.apply(plan, q, k, v, *learned(p)), None, None)
     with torch.no_grad():
         out, lse = plan.forward(q, *plan.keys(k, v))
-        return out, lse.masked_fill(plan.empty_rows(), _NEG_INF) if p.return_lse else None
+        return KernelOutput(out, None, lse.masked_fill(plan.empty_rows(), _NEG_INF) if p.return_lse else None)
+
+
+def cost(p: Problem, grad: bool = False) -> PathCost:
+    """torch's fused kernel over every pair, slab by slab; the backward recomputes the scores."""
+    b, h, lq, lk, d, dv = p.sizes
+    pairs = b * h * lq * lk
+    return PathCost(pairs, BUDGET * itemsize(p), fused=fused_attention("attention (fused kernel, bias in row slabs)",
+                                                                       pairs, d, dv), materialized=False)

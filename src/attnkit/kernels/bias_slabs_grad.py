@@ -21,11 +21,9 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..bias import AdditiveModifier
+from .rules import FLASH_BACKWARD
 
 __all__ = ["SlabAttention", "learned"]
-
-FLASH_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
-
 
 def learned(p) -> list[torch.Tensor]:
     """The bias tensors whose gradients autograd asks for (a tensor bias, a modifier's table)."""

@@ -1,7 +1,7 @@
-"""The block-sparse kernel's fastest path: each slab of query blocks is one call of torch's fused CPU kernel.
+"""Path ``blocksparse-fused``: each slab of query blocks is one call of torch's fused CPU kernel.
 
 A slab is ``n`` query blocks, each with its ``w`` key blocks gathered into a
-``(w * bs)``-long row (:mod:`.blocksparse`). Seen as attention with ``B*H``
+``(w * bs)``-long row (:mod:`.block_plan`). Seen as attention with ``B*H``
 batch elements and ``n`` "heads", every query block is an independent problem
 over its own gathered keys, so one call of torch's fused flash kernel (forward
 and backward, ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu``)
@@ -21,7 +21,7 @@ dot products, no bias, modifier or dropout, ``Dv == D``, finite inputs (torch's
 kernel zeroes NaN rows, and a NaN key would leak through an added ``-inf``), and
 lse only without autograd (the fused backward takes no lse gradient). A row
 with no allowed key gets output 0 and lse 0 from the kernel; lse is set to
-``-inf`` there. Otherwise :mod:`.blocksparse_softmax` runs.
+``-inf`` there. Otherwise :mod:`.blocksparse_masked` runs.
 """
 
 from __future__ import annotations
@@ -29,37 +29,33 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from ..functional import cache
 from ..functional.validate import Problem
-from .bias_slabs import FLASH
-from .bias_slabs_grad import FLASH_BACKWARD
-from .blocksparse_softmax import _allowed, _put_rows, _rows
-from .blocksparse_softmax import applies as softmax_applies
-from .common import Workspace
+from . import block_plan, rules
+from .blocksparse_masked import allowed_in, put_query_blocks, query_blocks
+from .path_cost import PathCost
+from .pipeline import KernelOutput, Workspace, upcast_inputs
+from .rules import FLASH, FLASH_BACKWARD
 
-__all__ = ["applies", "run", "slab_biases"]
+__all__ = ["refusal", "run", "cost", "slab_biases"]
 
 BIAS_CACHE = 4  # cached (sizes -> biases) entries per mask; the oldest goes first
 BIAS_CACHE_BYTES = 1 << 26  # larger bias sets (long, dense layouts) are built per call instead
 _NEG_INF = float("-inf")
 
 
-def _needs_grad(p: Problem) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in (p.q, p.k, p.v))
+def _fused_backward(p: Problem) -> str | None:
+    return "needs torch's fused CPU flash kernel and its backward" if FLASH_BACKWARD is None else None
 
 
-def applies(p: Problem) -> str | None:
+REFUSALS = (rules.not_compiling, rules.no_weights, rules.fused_cpu_kernel, _fused_backward,
+            rules.softmax_of_dot_products, rules.no_bias, rules.no_dropout, rules.equal_head_dims,
+            rules.lse_without_grad, rules.finite_inputs)
+
+
+def refusal(p: Problem) -> str | None:
     """Why this path cannot run ``p`` exactly (None: it can)."""
-    if FLASH is None or FLASH_BACKWARD is None or p.q.device.type != "cpu":
-        return "needs torch's fused CPU flash kernel"
-    if not softmax_applies(p):
-        return "softmax of dot products only, no bias, modifier or dropout"
-    if p.sizes[4] != p.sizes[5]:
-        return "the fused kernel needs Dv == D"
-    if p.return_lse and _needs_grad(p):
-        return "the fused backward takes no lse gradient"
-    if not p.inputs_finite():
-        return "non-finite inputs: torch's CPU kernel zeroes NaN rows"
-    return None
+    return rules.first_refusal(p, REFUSALS)
 
 
 def _bias(p: Problem, sl, bs: int, dtype) -> torch.Tensor | None:
@@ -68,7 +64,7 @@ def _bias(p: Problem, sl, bs: int, dtype) -> torch.Tensor | None:
     if bool(full_slot.all()):
         return None
     n, w = idx.shape
-    allowed = _allowed(p, rows, idx, bs) & valid[:, None, :, None].expand(n, 1, w, bs).reshape(n, 1, w * bs)
+    allowed = allowed_in(p, rows, idx, bs) & valid[:, None, :, None].expand(n, 1, w, bs).reshape(n, 1, w * bs)
     batch, heads = allowed.shape[:2]  # 1 where the mask ignores b or h; a key-only mask has no query dim yet
     bias = torch.zeros(batch, heads, n, bs, w * bs, dtype=dtype, device=allowed.device)
     bias.masked_fill_(~allowed, _NEG_INF)
@@ -82,15 +78,8 @@ def slab_biases(p: Problem, slabs, bs: int, dtype) -> list[torch.Tensor | None]:
         return [_bias(p, sl, bs, dtype) for sl in slabs]
     batch, heads, lq, lk, _, _ = p.sizes
     key = (lq, lk, bs, batch * heads, dtype, str(p.q.device))  # B*H sizes the slabs
-    cache = p.mask.__dict__.setdefault("_fused_bias_cache", {})
-    if key in cache:
-        return cache[key]
-    biases = [_bias(p, sl, bs, dtype) for sl in slabs]
-    if sum(b.numel() * b.element_size() for b in biases if b is not None) <= BIAS_CACHE_BYTES:
-        while len(cache) >= BIAS_CACHE:
-            cache.pop(next(iter(cache)))
-        cache[key] = biases
-    return biases
+    return cache.on(p.mask, "fused_biases", max_entries=BIAS_CACHE, max_bytes=BIAS_CACHE_BYTES).get_or_build(
+        key, lambda: [_bias(p, sl, bs, dtype) for sl in slabs])
 
 
 def _gather(ws: Workspace, kb, vb, idx):
@@ -104,7 +93,7 @@ def _gather(ws: Workspace, kb, vb, idx):
 
 def _slab_rows(t, rows):
     """Query blocks ``rows`` of ``(B, H, nq, bs, *)`` as ``(B*H, n, bs, *)`` (a view when consecutive)."""
-    return _rows(t, rows).reshape(-1, len(rows), *t.shape[3:])
+    return query_blocks(t, rows).reshape(-1, len(rows), *t.shape[3:])
 
 
 def _forward(p: Problem, slabs, biases, qb, kb, vb):
@@ -118,8 +107,8 @@ def _forward(p: Problem, slabs, biases, qb, kb, vb):
         o, l_rows = FLASH(_slab_rows(qb, rows), k_g, v_g, 0.0, False, attn_mask=bias, scale=p.scale)
         if p.return_lse and bias is not None:  # rows with no allowed key: the kernel returns lse 0
             l_rows = l_rows.masked_fill(torch.isneginf(bias).all(-1), _NEG_INF)
-        _put_rows(out, rows, o.view(batch, heads, n, bs, -1))
-        _put_rows(lse, rows, l_rows.view(batch, heads, n, bs))
+        put_query_blocks(out, rows, o.view(batch, heads, n, bs, -1))
+        put_query_blocks(lse, rows, l_rows.view(batch, heads, n, bs))
     return out, lse
 
 
@@ -135,7 +124,7 @@ def _backward(p: Problem, slabs, biases, qb, kb, vb, out, lse, dout):
         dq_r, dk_g, dv_g = FLASH_BACKWARD(
             _slab_rows(dout, rows), _slab_rows(qb, rows), k_g, v_g, _slab_rows(out, rows),
             _slab_rows(lse, rows), 0.0, False, attn_mask=bias, scale=p.scale)
-        _put_rows(dq, rows, dq_r.view(batch, heads, n, bs, d))
+        put_query_blocks(dq, rows, dq_r.view(batch, heads, n, bs, d))
         dk.index_add_(2, idx.flatten(), dk_g.reshape(batch, heads, n * w, bs, d))
         dv.index_add_(2, idx.flatten(), dv_g.reshape(batch, heads, n * w, bs, d))
     return dq, dk, dv
@@ -156,8 +145,13 @@ class _FusedBlockSparse(torch.autograd.Function):
         return (*_backward(ctx.p, ctx.slabs, ctx.biases, qb, kb, vb, out, lse, dout.contiguous()), None, None, None)
 
 
-def run(p: Problem, slabs, qb, kb, vb, bs: int):
-    """Outputs ``(B, H, nq, bs, D)`` and lse ``(B, H, nq, bs)`` or None, for blocks in ``(B, H, n, bs, D)`` form."""
-    biases = slab_biases(p, slabs, bs, qb.dtype)
-    out, lse = _FusedBlockSparse.apply(qb, kb, vb, p, slabs, biases)
-    return out, (lse if p.return_lse else None)
+def run(p: Problem) -> KernelOutput:
+    pl = block_plan.plan_for(p)
+    qb, kb, vb = block_plan.to_blocks(*upcast_inputs(p), pl.bs)
+    biases = slab_biases(p, pl.slabs, pl.bs, qb.dtype)
+    out, lse = _FusedBlockSparse.apply(qb, kb, vb, p, pl.slabs, biases)
+    return block_plan.from_blocks(p, out, lse if p.return_lse else None)
+
+
+def cost(p: Problem, grad: bool = False) -> PathCost:
+    return block_plan.softmax_cost(p, "attention (active blocks, fused kernel per slab)")

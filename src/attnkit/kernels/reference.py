@@ -1,16 +1,16 @@
-"""The reference kernel: the whole pipeline on dense ``(B, H, Lq, Lk)`` scores.
+"""Path ``dense-reference``: the whole pipeline on dense ``(B, H, Lq, Lk)`` scores.
 
-Readable, any dtype (float64 included), every option; it is the oracle the other
-kernels are tested against and the path that returns attention weights.
-Memory ``O(B H Lq Lk)``.
+Readable, any dtype (float64 included), every option; the path that returns
+attention weights, and the one small problems take. Memory ``O(B H Lq Lk)``.
 """
 
 from __future__ import annotations
 
 from ..functional.validate import Problem
-from .common import KernelOutput, block_scores, block_weights, dense_indices, dropout, upcast_inputs
+from .path_cost import PathCost, dense_products, itemsize
+from .pipeline import KernelOutput, block_scores, block_weights, dense_indices, dropout, upcast_inputs
 
-NAME = "reference"
+__all__ = ["refusal", "run", "cost"]
 
 
 def refusal(p: Problem) -> str | None:
@@ -26,3 +26,9 @@ def run(p: Problem) -> KernelOutput:
     weights, lse = block_weights(p, scores, allowed)
     out = dropout(p, weights) @ v  # (B, H, Lq, Dv)
     return KernelOutput(out, weights if p.return_weights else None, lse)
+
+
+def cost(p: Problem, grad: bool = False) -> PathCost:
+    """Both products over every pair; scores, weights and their softmax temporaries in memory."""
+    b, h, lq, lk, _, _ = p.sizes
+    return PathCost(b * h * lq * lk, 3.0 * b * h * lq * lk * itemsize(p), dense_products(p))

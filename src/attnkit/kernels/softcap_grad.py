@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from .common import Workspace
+from .pipeline import Workspace
 
 __all__ = ["SoftcapAttention"]
 

@@ -1,4 +1,6 @@
-"""Soft-capped attention without a running maximum: ``softmax(cap * tanh(scale * q k^T / cap)) v``.
+"""Path ``softcap-loop``: soft-capped attention without a running maximum.
+
+``softmax(cap * tanh(scale * q k^T / cap)) v``.
 
 Soft-capping (Gemma 2, arXiv:2408.00118) bounds every score to ``[-cap, cap]``,
 so the softmax needs no row maximum: with one fixed shift ``c`` per problem,
@@ -6,7 +8,7 @@ so the softmax needs no row maximum: with one fixed shift ``c`` per problem,
 underflows (the largest entry of a row stays a normal float) when
 ``2 cap + log(Lk)`` fits the dtype's exponent range (``cap`` up to about 80 in
 float32). Softmax is shift-invariant, so the result is exact; the online-softmax
-rescaling of :mod:`.chunked` disappears and each key block costs one matmul,
+rescaling of :mod:`.online_softmax` disappears and each key block costs one matmul,
 ``tanh``, one fused multiply-add (``torch.add`` with ``alpha``: ``cap * tanh - c``
 in base 2), ``exp2`` (all in place), a row sum and a matmul with V::
 
@@ -36,7 +38,9 @@ import torch
 from ..bias import Softcap
 from ..functional.normalize import guard_empty_rows
 from ..functional.validate import Problem
-from .common import Workspace, dense_indices, upcast_inputs
+from . import rules
+from .path_cost import PathCost, fused_attention, itemsize
+from .pipeline import KernelOutput, Workspace, dense_indices, upcast_inputs
 from .softcap_grad import SoftcapAttention
 
 __all__ = ["refusal", "run", "shift", "describe", "Blocks"]
@@ -89,16 +93,25 @@ def shift(cap: float, kv_len: int, dtype) -> float | None:
     return c if -cap - c >= lo else None
 
 
-def refusal(p: Problem) -> str | None:
-    if type(p.modifier) is not Softcap or p.bias is not None:
-        return "a Softcap modifier alone"
-    if p.normalize != "softmax" or p.score not in ("dot", "scaled_dot") or p.dropout_p > 0 or p.return_weights:
-        return "softmax of dot products, no dropout, no weights"
-    if torch.compiler.is_compiling():
-        return "under torch.compile the general loop is traced"
+def _softcap_alone(p: Problem) -> str | None:
+    return "a Softcap modifier alone" if type(p.modifier) is not Softcap or p.bias is not None else None
+
+
+def _no_dropout_or_weights(p: Problem) -> str | None:
+    return "no dropout, no weights" if p.dropout_p > 0 or p.return_weights else None
+
+
+def _shift_fits(p: Problem) -> str | None:
     if shift(p.modifier.cap, p.sizes[3], p.compute_dtype) is None:
         return f"cap={p.modifier.cap} too large for a fixed shift in {p.compute_dtype}"
     return None
+
+
+REFUSALS = (_softcap_alone, rules.softmax_of_dot_products, _no_dropout_or_weights, rules.not_compiling, _shift_fits)
+
+
+def refusal(p: Problem) -> str | None:
+    return rules.first_refusal(p, REFUSALS)
 
 
 class Blocks:
@@ -179,13 +192,23 @@ class Blocks:
 
 def describe(p: Problem) -> str:
     c = shift(p.modifier.cap, p.sizes[3], p.compute_dtype)
-    return f"soft-capping with a fixed shift {c:g} instead of a running max (kernels/softcap_loop.py)"
+    return f"soft-capping with a fixed shift {c:g} instead of a running max"
 
 
-def run(p: Problem):
-    """``(out, lse)``; under autograd through :class:`~.softcap_grad.SoftcapAttention`."""
+def run(p: Problem) -> KernelOutput:
+    """Out and lse; under autograd through :class:`~.softcap_grad.SoftcapAttention`."""
     q, k, v = upcast_inputs(p)
     blocks = Blocks(p)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        return SoftcapAttention.apply(blocks, q, k, v)
-    return blocks.forward(q, k, v)
+    if rules.needs_grad(p):
+        out, lse = SoftcapAttention.apply(blocks, q, k, v)
+    else:
+        out, lse = blocks.forward(q, k, v)
+    return KernelOutput(out, None, lse)
+
+
+def cost(p: Problem, grad: bool = False) -> PathCost:
+    """Both products over every pair, block by block; the backward recomputes each block from the lse."""
+    b, h, lq, lk, d, dv = p.sizes
+    pairs = b * h * lq * lk
+    return PathCost(pairs, 3.0 * min(pairs, FORWARD_BLOCKS[1]) * itemsize(p),
+                    fused=fused_attention("attention (soft-cap loop, fixed shift)", pairs, d, dv), materialized=False)

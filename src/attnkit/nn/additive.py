@@ -16,7 +16,7 @@ from ..functional.validate import validate
 from ..registry import Entry, register
 from .additive_scores import DEFAULT_MAX_ELEMENTS, additive_scores
 
-__all__ = ["AdditiveAttention", "AdditiveOutput", "additive_scores", "dense_allowed", "key_filter",
+__all__ = ["AdditiveAttention", "AdditiveOutput", "additive_scores", "dense_allowed", "padded_keys",
            "drop_unseen", "check_input", "check_memory", "DEFAULT_MAX_ELEMENTS"]
 
 
@@ -64,14 +64,14 @@ def drop_unseen(allowed: torch.Tensor | None, *tensors: torch.Tensor) -> tuple[t
     return tuple(t.masked_fill(hidden, 0.0) for t in tensors)
 
 
-def key_filter(mask, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
+def padded_keys(mask, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
     """The keys a mask hides from every query whatever the query (padding) as ``(B|1, 1, Lk)``, else None.
 
     ``O(B Lk)``: never builds the ``(Lq, Lk)`` picture, unlike :func:`dense_allowed`.
     """
     if mask is None:
         return None
-    keys = validate(query[..., :0], key[..., :0], key[..., :0], mask=mask, score="dot").mask.key_filter()
+    keys = validate(query[..., :0], key[..., :0], key[..., :0], mask=mask, score="dot").mask.key_padding()
     if keys is None:
         return None
     return keys.materialize(1, key.shape[1], batch=key.shape[0], heads=1, device=key.device)[:, 0]
@@ -163,7 +163,7 @@ class AdditiveAttention(nn.Module):
         check_input("AdditiveAttention", "query", query, self.query_dim)
         check_input("AdditiveAttention", "key", key, self.key_dim)
         check_memory("AdditiveAttention", query, key, value)
-        key, value = drop_unseen(key_filter(mask, query, key), key, value)  # before W_k: no 0 * NaN in its grad
+        key, value = drop_unseen(padded_keys(mask, query, key), key, value)  # before W_k: no 0 * NaN in its grad
         fn = lambda q, k: additive_scores(q, k, self.v, max_elements=self.max_elements)
         out = attention(self.query_proj(query), self.key_proj(key), value, mask=mask, score=fn, scale=1.0,
                         dropout_p=self.dropout if self.training else 0.0, return_weights=need_weights)

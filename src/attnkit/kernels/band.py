@@ -1,4 +1,4 @@
-"""Band attention without gathers: each query block reads one contiguous window of keys.
+"""Path ``band-windows``: band attention without gathers: each query block reads one contiguous window of keys.
 
 For a mask that allows exactly the keys ``lo <= j - i <= hi`` (a sliding window,
 or a window intersected with causal), query block ``I`` (rows ``I*bs .. I*bs+bs-1``)
@@ -8,7 +8,7 @@ view of K (a stride of ``bs`` rows) and the scores of the run are one ``bmm``:
 no gathered copies of K or V, forward or backward. Inside a window the mask is
 the same ``(bs, W)`` band for every block, and only its two ``(bs, bs)`` corners
 hold masked entries. The few edge blocks (window past either end of the keys, or
-rows past ``Lq``) get zero-padded copies and their exact mask (:mod:`.window_slabs`).
+rows past ``Lq``) get zero-padded copies and their exact mask (:mod:`.band_blocks`).
 
 Rows are normalised whole by torch's fused softmax (in place), so the backward
 (Dao 2023, arXiv:2307.08691, Alg. 2, written by hand) recomputes the same
@@ -23,41 +23,39 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..functional.validate import Problem
-from . import window_slabs as ws
-from .common import Workspace
+from . import band_blocks as ws
+from . import rules
+from .path_cost import PathCost, fused_attention, itemsize
+from .pipeline import KernelOutput, Workspace
 
-__all__ = ["band", "refusal", "plan", "run"]
+__all__ = ["refusal", "plan", "run", "describe", "cost"]
 
 BLOCK_SIZES = (32, 64, 128)
 _NEG_INF = float("-inf")
 
 
-def band(p: Problem) -> tuple[int, int] | None:
-    """``(lo, hi)`` of the mask's band when both sides are bounded, else None."""
-    if p.mask is None:
-        return None
-    b = p.mask.band(p.sizes[2], p.sizes[3])
-    return None if b is None or None in b else b
-
-
-def refusal(p: Problem) -> str | None:
-    """Why the band path cannot compute this problem exactly (None: it can)."""
-    if p.normalize != "softmax" or p.score not in ("dot", "scaled_dot"):
-        return "softmax of dot products only"
-    if p.bias is not None or p.modifier is not None or p.dropout_p > 0 or p.return_weights:
-        return "no bias, modifier, dropout or weights"
-    b = band(p)
+def _bounded_band(p: Problem) -> str | None:
+    b = p.band
     if b is None:
-        return "the mask is not a band lo <= j - i <= hi"
+        return "the mask is not a band lo <= j - i <= hi bounded on both sides"
     if b[1] < b[0] or b[1] - b[0] + 1 >= p.sizes[3]:
         return "the band is empty or covers every key"
     return None
 
 
+REFUSALS = (rules.not_compiling, rules.no_weights, rules.softmax_of_dot_products, rules.no_bias, rules.no_dropout,
+            _bounded_band)
+
+
+def refusal(p: Problem) -> str | None:
+    """Why the band path cannot compute this problem exactly (None: it can)."""
+    return rules.first_refusal(p, REFUSALS)
+
+
 def plan(p: Problem) -> ws.Plan:
     """The block size with the fewest computed scores, small blocks paying a per-block overhead."""
     _, _, lq, lk, _, _ = p.sizes
-    lo, hi = band(p)
+    lo, hi = p.band
     plans = [ws.make_plan(bs, lo, hi, lq, lk) for bs in BLOCK_SIZES]
     return min(plans, key=lambda pl: pl.nq * pl.bs * pl.width * (1 + 16 / pl.bs))
 
@@ -131,9 +129,24 @@ class _BandAttention(torch.autograd.Function):
         return dq.view(qs), dk.view(ks), dv.view(vs), None, None, None, None
 
 
-def run(p: Problem):
-    """``(out (B, H, Lq, Dv), lse (B, H, Lq) or None)`` in the compute dtype, for a problem :func:`refusal` accepts."""
+def describe(p: Problem) -> str:
+    pl = plan(p)
+    return f"band windows of {pl.width} keys per block of {pl.bs} queries, read in place (no gathers)"
+
+
+def run(p: Problem) -> KernelOutput:
+    """Out ``(B, H, Lq, Dv)`` and lse ``(B, H, Lq)`` or None, in the compute dtype."""
     dt = p.compute_dtype
     q, k, v = (t.to(dt).contiguous() for t in (p.q, p.k, p.v))
-    out, lse = _BandAttention.apply(q, k, v, plan(p), p.scale, p.inputs_finite(), p.return_lse)
-    return out, (lse if p.return_lse else None)
+    finite = p.inputs_finite() if rules.needs_grad(p) else True  # only the backward reads it
+    out, lse = _BandAttention.apply(q, k, v, plan(p), p.scale, finite, p.return_lse)
+    return KernelOutput(out, None, lse if p.return_lse else None)
+
+
+def cost(p: Problem, grad: bool = False) -> PathCost:
+    """A ``bs x W`` window of scores per query block; the backward recomputes the probabilities."""
+    b, h, _, _, d, dv = p.sizes
+    pl = plan(p)
+    pairs = b * h * pl.nq * pl.bs * pl.width
+    return PathCost(pairs, 3.0 * min(pairs, ws.SLAB) * itemsize(p),
+                    fused=fused_attention("attention (band windows)", pairs, d, dv), materialized=False)

@@ -1,4 +1,4 @@
-"""Slabs of query blocks for the band kernel (:mod:`.window_band`): views of Q, K, V, never gathers.
+"""Slabs of query blocks for the band path (:mod:`.band`): views of Q, K, V, never gathers.
 
 Tensors are ``(N, G, Lq, .)`` for queries (``N = B * H_kv`` key/value heads, ``G``
 query heads per key/value head) and ``(N, Lk, .)`` for keys and values. A slab is
@@ -23,7 +23,7 @@ SLAB = 1 << 21  # score elements per slab (8 MiB in float32): few, large ops per
 
 
 class Plan(NamedTuple):
-    """Block size, band ``lo <= j - i <= hi``, window width ``W``, and interior blocks ``[e_lo, e_hi)``."""
+    """Block size, band ``lo <= j - i <= hi``, window width ``W``, interior blocks ``[interior_first, stop)``."""
 
     bs: int
     lo: int
@@ -32,15 +32,15 @@ class Plan(NamedTuple):
     lq: int
     lk: int
     nq: int
-    e_lo: int
-    e_hi: int
+    interior_first: int
+    interior_stop: int  # the interior blocks are [interior_first, interior_stop)
 
 
 def make_plan(bs: int, lo: int, hi: int, lq: int, lk: int) -> Plan:
     nq, width = -(-lq // bs), bs + hi - lo
-    e_lo = min(nq, max(0, -(lo // bs)))  # blocks whose window starts before key 0
+    interior_first = min(nq, max(0, -(lo // bs)))  # blocks whose window starts before key 0
     last_inside = min((lk - lo - width) // bs, lq // bs - 1)  # window ends inside the keys, every row < Lq
-    return Plan(bs, lo, hi, width, lq, lk, nq, e_lo, max(e_lo, min(nq, last_inside + 1)))
+    return Plan(bs, lo, hi, width, lq, lk, nq, interior_first, max(interior_first, min(nq, last_inside + 1)))
 
 
 def _strided_rows(t: torch.Tensor, first: int, count: int, length: int, step: int) -> torch.Tensor:
@@ -160,17 +160,17 @@ def slabs(q, k, v, pl: Plan, out, lse=None, dout=None, delta=None):
     """Every slab of every query group; interior runs go per head or per block, whichever makes fewer calls."""
     n_heads, groups = q.shape[:2]
     step = max(1, SLAB // (pl.bs * pl.width))
-    interior = pl.e_hi - pl.e_lo
+    interior = pl.interior_stop - pl.interior_first
     per_head = n_heads * -(-interior // step) <= interior * -(-n_heads // step)
-    edges = {i: _edge_mask(pl, i, q.device) for i in range(pl.nq) if not pl.e_lo <= i < pl.e_hi}
+    edges = {i: _edge_mask(pl, i, q.device) for i in range(pl.nq) if not pl.interior_first <= i < pl.interior_stop}
     tensors = (q, k, v, out, lse, dout, delta)
     for g in range(groups):
         if per_head:
             for n in range(n_heads):
-                for i0 in range(pl.e_lo, pl.e_hi, step):
-                    yield Slab(pl, g, n, n + 1, i0, min(pl.e_hi, i0 + step), tensors)
+                for i0 in range(pl.interior_first, pl.interior_stop, step):
+                    yield Slab(pl, g, n, n + 1, i0, min(pl.interior_stop, i0 + step), tensors)
         else:
-            for i in range(pl.e_lo, pl.e_hi):
+            for i in range(pl.interior_first, pl.interior_stop):
                 for n0 in range(0, n_heads, step):
                     yield Slab(pl, g, n0, min(n_heads, n0 + step), i, i + 1, tensors)
         for i, mask in edges.items():

@@ -1,4 +1,4 @@
-"""The chunked kernel: online softmax over key blocks (the FlashAttention recurrence).
+"""Path ``online-softmax``: softmax over key blocks with a running maximum (the FlashAttention recurrence).
 
 Dao et al. 2022 (arXiv:2205.14135, Alg. 1), written with plain torch ops. For a
 slab of query rows, key blocks ``j`` arrive one at a time and the running row
@@ -11,12 +11,10 @@ max ``m``, normaliser ``l`` and unnormalised output ``acc`` are updated::
 Only a slab of ``rows x kv_block`` scores exists at a time, so memory is
 ``O((Lq + Lk) D)`` plus a fixed budget, never ``O(Lq Lk)``. Under autograd each
 slab of rows is checkpointed: backward recomputes it, holding one slab's graph.
-Supports every score, bias, modifier and mask, dropout, and returns lse.
-
-Two special cases run elsewhere, exact and also in ``O(L)`` memory (explain()
-names them): additive biases (float tensors, ALiBi, relative positions) on
-torch's fused kernel one slab of query rows at a time (:mod:`.bias_slabs`), and
-soft-capping, whose bounded scores need no running maximum (:mod:`.softcap_loop`).
+Supports every score, bias, modifier and mask, dropout, and returns lse: the
+``chunked`` backend's general path. Its faster siblings for additive biases
+(:mod:`.bias_slabs`) and soft-capping (:mod:`.softcap_loop`) come first in the
+table of paths (:mod:`.paths`).
 """
 
 from __future__ import annotations
@@ -25,10 +23,12 @@ import torch
 
 from ..functional.normalize import guard_empty_rows
 from ..functional.validate import Problem
-from . import bias_slabs, softcap_loop
-from .common import KernelOutput, block_scores, dense_indices, dropout, run_row_chunks, upcast_inputs
+from . import rules
+from .path_cost import PathCost, dense_products, itemsize
+from .pipeline import KernelOutput, block_scores, dense_indices, dropout, run_row_chunks, upcast_inputs
 
-NAME = "chunked"
+__all__ = ["refusal", "run", "cost", "plan", "BUDGET"]
+
 BUDGET = 1 << 23  # score elements alive at once (32 MB in float32)
 KV_BLOCK = 128  # smallest key block without autograd
 ROWS = 1024  # query rows per slab without autograd
@@ -36,12 +36,11 @@ ROWS = 1024  # query rows per slab without autograd
 _NEG_INF = float("-inf")
 
 
+REFUSALS = (rules.softmax_only, rules.no_weights)
+
+
 def refusal(p: Problem) -> str | None:
-    if p.normalize != "softmax":
-        return f"online softmax only; normalize={p.normalize!r} needs each whole row at once"
-    if p.return_weights:
-        return "never builds the (Lq, Lk) weights that return_weights asks for"
-    return None
+    return rules.first_refusal(p, REFUSALS)
 
 
 def _slab(p: Problem, start: int, stop: int, q, k, v, kv_block: int):
@@ -82,25 +81,17 @@ def plan(p: Problem, grad: bool) -> tuple[int, int]:
     return rows, max(1, min(lk, max(KV_BLOCK, BUDGET // max(1, batch * heads * rows))))
 
 
-def describe(p: Problem) -> str:
-    """Which of the kernel's paths runs ``p`` (explain() shows it)."""
-    if bias_slabs.refusal(p) is None:
-        return bias_slabs.describe(p)
-    if softcap_loop.refusal(p) is None:
-        return softcap_loop.describe(p)
-    return "online softmax over key blocks in plain torch"
-
-
 def run(p: Problem) -> KernelOutput:
-    if bias_slabs.refusal(p) is None:  # an additive bias: torch's fused kernel, one slab of rows at a time
-        out, lse = bias_slabs.run(p)
-        return KernelOutput(out, None, lse)
-    if softcap_loop.refusal(p) is None:  # bounded scores: a fixed shift instead of the online maximum
-        out, lse = softcap_loop.run(p)
-        return KernelOutput(out, None, lse)
     q, k, v = upcast_inputs(p)
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    rows, kv_block = plan(p, needs_grad)
+    rows, kv_block = plan(p, rules.needs_grad(p))
     out, lse = run_row_chunks(lambda s, e, q_, k_, v_: _slab(p, s, e, q_, k_, v_, kv_block),
                               p.sizes[2], rows, q, k, v)
     return KernelOutput(out, None, lse)
+
+
+def cost(p: Problem, grad: bool = False) -> PathCost:
+    """Both products over every pair; under autograd a checkpointed slab runs them again in the backward."""
+    b, h, lq, lk, _, _ = p.sizes
+    recompute = grad and plan(p, True)[0] < lq
+    pairs = b * h * lq * lk
+    return PathCost(pairs, 3.0 * min(pairs, BUDGET) * itemsize(p), dense_products(p, recompute=recompute))

@@ -1,7 +1,8 @@
-"""The block-sparse kernel's path for plain softmax attention: masked slot by slot, backward by hand.
+"""Path ``blocksparse-masked``: plain softmax attention on gathered key blocks, masked slot by slot,
+backward by hand.
 
 A slab is ``n`` query blocks, each with its ``w`` key blocks gathered into a
-``(w * bs)``-long row (:mod:`.blocksparse`). The layout's ``full`` flags say which
+``(w * bs)``-long row (:mod:`.block_plan`). The layout's ``full`` flags say which
 slots need no mask (every entry allowed), so the mask is evaluated only in the
 partial slots, and slots that pad a row to the slab's width are set to ``-inf``
 as a whole: for block layouts (BigBird, random layouts) no entry is evaluated,
@@ -20,20 +21,24 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..functional.validate import Problem
-from .common import Workspace
+from . import block_plan, rules
+from .path_cost import PathCost
+from .pipeline import KernelOutput, Workspace, upcast_inputs
 
-__all__ = ["applies", "run"]
+__all__ = ["refusal", "run", "cost", "allowed_in", "query_blocks", "put_query_blocks"]
 
 _NEG_INF = float("-inf")
 
 
-def applies(p: Problem) -> bool:
+REFUSALS = (rules.not_compiling, rules.no_weights, rules.softmax_of_dot_products, rules.no_bias, rules.no_dropout)
+
+
+def refusal(p: Problem) -> str | None:
     """Softmax of (scaled) dot products, no bias, modifier or dropout: the mask is the only source of ``-inf``."""
-    return (p.normalize == "softmax" and p.score in ("dot", "scaled_dot") and p.bias is None
-            and p.modifier is None and p.dropout_p == 0)
+    return rules.first_refusal(p, REFUSALS)
 
 
-def _allowed(p: Problem, q_blocks, kv_blocks, bs: int):
+def allowed_in(p: Problem, q_blocks, kv_blocks, bs: int):
     """The mask at query blocks ``q_blocks (P,)`` x key lanes ``kv_blocks (P, c)``: bool ``(B|1, H|1, P, bs, c*bs)``."""
     batch, heads, lq, lk, _, _ = p.sizes
     dev = kv_blocks.device
@@ -60,7 +65,7 @@ def _mask_(p: Problem, s, sl, bs: int, value: float) -> None:
     n_partial = int(partial.sum())
     if n_partial * 4 > partial.numel():
         slot_ok = valid[None, None, :, None, :, None].expand(1, 1, *idx.shape[:1], 1, idx.shape[1], bs)
-        allowed = _allowed(p, rows, idx, bs) & slot_ok.flatten(-2)
+        allowed = allowed_in(p, rows, idx, bs) & slot_ok.flatten(-2)
         s.masked_fill_(~allowed, value)
         return
     s6 = s.view(*s.shape[:3], bs, idx.shape[1], bs)
@@ -69,12 +74,12 @@ def _mask_(p: Problem, s, sl, bs: int, value: float) -> None:
         s6[:, :, pad_r, :, pad_c, :] = value
     if n_partial:
         part_r, part_c = partial.nonzero(as_tuple=True)
-        allowed = _allowed(p, rows[part_r], idx[part_r, part_c, None], bs)  # (B|1, H|1, P, bs, bs)
+        allowed = allowed_in(p, rows[part_r], idx[part_r, part_c, None], bs)  # (B|1, H|1, P, bs, bs)
         sub = s6[:, :, part_r, :, part_c, :]  # (P, B, H, bs, bs): advanced indices come first
         s6[:, :, part_r, :, part_c, :] = sub.masked_fill_(~allowed.permute(2, 0, 1, 3, 4), value)
 
 
-def _rows(t, rows):
+def query_blocks(t, rows):
     """Query blocks ``rows`` of ``(B, H, nq, bs, E)``: a slice when consecutive, else a gather."""
     first = int(rows[0])
     return t[:, :, first:first + len(rows)] if int(rows[-1]) - first == len(rows) - 1 else t.index_select(2, rows)
@@ -114,7 +119,7 @@ def _probs(ws: Workspace, p: Problem, sl, qs, k_g, bs: int, need_max: bool = Fal
     return s, m
 
 
-def _put_rows(dst, rows, value) -> None:
+def put_query_blocks(dst, rows, value) -> None:
     first = int(rows[0])
     if int(rows[-1]) - first == len(rows) - 1:
         dst[:, :, first:first + len(rows)] = value
@@ -131,9 +136,9 @@ def _forward(p: Problem, slabs, qb, kb, vb, bs: int):
         qs, k_g, v_g = _inputs(ws, p, sl, qb, kb, vb)
         probs, m = _probs(ws, p, sl, qs, k_g, bs, need_max=p.return_lse)
         o = torch.bmm(probs.view(-1, bs, v_g.shape[1]), v_g, out=ws.take("o", qs.shape[0], bs, v_g.shape[2]))
-        _put_rows(out, sl[0], o.view(batch, heads, -1, bs, v_g.shape[2]))
+        put_query_blocks(out, sl[0], o.view(batch, heads, -1, bs, v_g.shape[2]))
         if p.return_lse:  # the largest probability is exp(0) / sum: lse = m + log(sum); -inf rows stay -inf
-            _put_rows(lse, sl[0], torch.where(m == _NEG_INF, m, m - torch.log(probs.amax(-1))))
+            put_query_blocks(lse, sl[0], torch.where(m == _NEG_INF, m, m - torch.log(probs.amax(-1))))
     return out, lse
 
 
@@ -155,12 +160,12 @@ def _backward(p: Problem, slabs, qb, kb, vb, out, dout, dlse, bs: int):
         dv_g = torch.bmm(p3.transpose(1, 2), d_o, out=ws.take("dkv", *v_g.shape))
         dv.index_add_(2, flat_idx, dv_g.view(batch, heads, -1, bs, v_g.shape[2]))
         ds = torch.bmm(d_o, v_g.transpose(1, 2), out=ws.take("ds", *p3.shape)).view(probs.shape)
-        ds.sub_(_rows(delta, rows)[..., None]).mul_(probs)
+        ds.sub_(query_blocks(delta, rows)[..., None]).mul_(probs)
         if not finite:
             _mask_(p, ds, sl, bs, 0.0)  # select: 0 * NaN from a masked value cannot leak
         ds3 = ds.view(p3.shape)
         dq_rows = torch.bmm(ds3, k_g, out=ws.take("dq", *qs.shape)).mul_(p.scale)
-        _put_rows(dq, rows, dq_rows.view(batch, heads, -1, bs, qs.shape[2]))
+        put_query_blocks(dq, rows, dq_rows.view(batch, heads, -1, bs, qs.shape[2]))
         dk_g = torch.bmm(ds3.transpose(1, 2), qs, out=ws.take("dkv", *k_g.shape))
         dk.index_add_(2, flat_idx, dk_g.view(batch, heads, -1, bs, k_g.shape[2]))
     return dq, dk, dv
@@ -183,10 +188,12 @@ class _BlockSparseSoftmax(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-def run(p: Problem, slabs, qb, kb, vb, bs: int):
-    """Outputs ``(B, H, nq, bs, Dv)`` and lse ``(B, H, nq, bs)`` or None, for blocks in ``(B, H, n, bs, E)`` form.
+def run(p: Problem) -> KernelOutput:
+    pl = block_plan.plan_for(p)
+    blocks = block_plan.to_blocks(*upcast_inputs(p), pl.bs)
+    out, lse = _BlockSparseSoftmax.apply(*blocks, p, pl.slabs, pl.bs)
+    return block_plan.from_blocks(p, out, lse if p.return_lse else None)
 
-    ``slabs``: ``(rows, idx, valid, full_slot)`` per slab; query blocks in no slab attend nothing.
-    """
-    out, lse = _BlockSparseSoftmax.apply(qb, kb, vb, p, slabs, bs)
-    return out, (lse if p.return_lse else None)
+
+def cost(p: Problem, grad: bool = False) -> PathCost:
+    return block_plan.softmax_cost(p, "attention (active blocks)")

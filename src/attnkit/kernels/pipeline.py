@@ -1,10 +1,10 @@
-"""Pieces every kernel shares: upcasting, the score -> bias -> mask -> normalise stages
-applied to one block given its index tensors, and row-chunked execution.
+"""The attention pipeline every general path shares: upcasting, the score -> bias -> mask ->
+normalise stages applied to one block given its index tensors, and row-chunked execution.
 
 A block is described by broadcasting index tensors ``b, h, q_idx, kv_idx`` (see
 :mod:`attnkit.functional.mask_base`), so the same code serves the dense reference
-(whole rows), the chunked kernel (a slab of rows and keys) and the block-sparse
-kernel (gathered key blocks).
+(whole rows), the online softmax (a slab of rows and keys) and the gathered
+block-sparse path (gathered key blocks).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ..functional.normalize import NORMALIZERS, masked_softmax, softmax
 from ..functional.scores import SCORES
 from ..functional.validate import Problem
 
-__all__ = ["KernelOutput", "upcast_inputs", "block_scores", "block_weights",
+__all__ = ["KernelOutput", "upcast_inputs", "block_scores", "block_weights", "zero_padded_keys",
            "dense_indices", "run_row_chunks", "Workspace"]
 
 
@@ -158,3 +158,29 @@ class Workspace:
         if buf is None or buf.numel() < numel:
             buf = self.buffers[name] = self.like.new_empty(numel)
         return buf[:numel].view(shape)
+
+
+def zero_padded_keys(p: Problem) -> bool:
+    """Zero the K/V rows the mask rejects for every query (padding) when the inputs are not finite.
+
+    Masked scores are selected away already; zeroing the rows too means that NaN or inf
+    past a sequence's valid length cannot reach the output or the gradients through
+    ``0 * NaN`` (RELIABILITY row 22). With finite inputs the rows are left as they are:
+    the result is the same without the copies. Returns whether rows were zeroed (the
+    problem then forgets its finiteness: those rows may have been the only non-finite ones).
+    """
+    keys = p.mask.key_padding() if p.mask is not None else None
+    compiling = torch.compiler.is_compiling()
+    if keys is None or (not compiling and p.inputs_finite()):
+        return False
+    batch, _, _, lk, _, _ = p.sizes
+    dev = p.q.device
+    zero = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=dev)
+    keep = keys.allows(torch.arange(batch, device=dev).view(-1, 1, 1, 1), zero, zero,
+                       torch.arange(lk, device=dev).view(1, 1, -1, 1), p.sizes[2], lk)  # (B|1, 1, Lk, 1)
+    keep = torch.broadcast_to(keep, (batch, 1, lk, 1))
+    if not compiling and bool(keep.all()):  # the check needs the data: skip it when tracing
+        return False
+    p.k, p.v = p.k.masked_fill(~keep, 0.0), p.v.masked_fill(~keep, 0.0)
+    p.learn_finiteness(None)
+    return True
