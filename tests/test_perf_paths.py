@@ -21,7 +21,7 @@ import attnkit
 from attnkit import masks
 from attnkit.attention import _prepare
 from attnkit.bias import ALiBi, RelativePositionBias, Softcap
-from attnkit.kernels import bias_slabs, dispatch, sdpa, softcap_grad, softcap_loop
+from attnkit.kernels import bias_slabs, dispatch, softcap_grad, softcap_loop
 from tests.helpers import assert_close_to_oracle, oracle, rand_qkv
 
 B, H, LQ, LK, D = 2, 3, 5, 7, 11

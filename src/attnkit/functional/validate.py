@@ -56,9 +56,9 @@ class Problem:
         b = self.mask.band(self.sizes[2], self.sizes[3])
         return None if b is None or None in b else b
 
-    @property
+    @functools.cached_property
     def sizes(self) -> tuple[int, int, int, int, int, int]:
-        """``(B, Hq, Lq, Lk, D, Dv)``."""
+        """``(B, Hq, Lq, Lk, D, Dv)`` (read once: zeroing padded K/V rows keeps the shapes)."""
         b, h, lq, d = self.q.shape
         return b, h, lq, self.k.shape[2], d, self.v.shape[3]
 

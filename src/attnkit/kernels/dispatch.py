@@ -113,9 +113,13 @@ def choose(p: Problem, backend: str = "auto") -> _Choice:
 
 
 def execute(p: Problem, backend: str = "auto") -> tuple[KernelOutput, Path]:
-    """Run the chosen path; returns its output and the path that produced it. Paths that trust their inputs run after padded K/V rows holding NaN or inf are
-    zeroed (RELIABILITY row 22); torch's kernel checks its own output and, when it finds NaN or inf, the
-    call is decided again with the inputs' finiteness known (one exact pass over q, k, v, only then)."""
+    """Run the chosen path; returns its output and the path that produced it.
+
+    Paths that trust their inputs run after padded K/V rows holding NaN or inf are zeroed
+    (RELIABILITY row 22); torch's kernel checks its own output and, when it finds NaN or inf,
+    the call is decided again with the inputs' finiteness known (one exact pass over q, k, v,
+    only then).
+    """
     path = choose(p, backend).path
     if path is not _SDPA and zero_padded_keys(p):
         path = choose(p, backend).path  # the zeroed rows may have been the only non-finite ones
