@@ -2,7 +2,7 @@
 
 The masks' bands and analytic layouts they rely on are tested in tests/functional/test_mask_base.py.
 
-Every path is checked against the float64 reference (``tests/helpers.oracle``),
+Every path is checked against the float64 reference kernel or ``tests/helpers.oracle``,
 forward and backward, on sizes that leave partial last blocks, with grouped
 queries, rows that see no key, and return_lse; a spy checks the path really ran.
 No timings here: benchmarks live outside the tests.
