@@ -1,4 +1,4 @@
-"""Deliberately broken attention kernels, used only by tests/test_properties.py.
+"""Deliberately broken attention kernels, used only by tests/contract/test_properties.py.
 
 Each property check must catch at least one of these, so a property that can
 never fail is noticed. Every function has a kernel's signature,

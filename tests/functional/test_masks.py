@@ -1,4 +1,7 @@
-"""attnkit.masks against brute-force loops over their definitions; block layouts; errors."""
+"""attnkit.masks constructors against brute-force loops over their definitions; repr; errors.
+
+Block layouts, bands and materialize (the Mask protocol of functional/mask_base.py) are in test_mask_base.py.
+"""
 
 from __future__ import annotations
 
@@ -148,7 +151,7 @@ def test_combinations():
     assert (causal & pad).batch_size == 2
 
 
-# ------------------------------------------------------------------ repr and materialize
+# ------------------------------------------------------------------ repr
 def test_repr_is_readable():
     assert repr(masks.causal()) == "causal(align='bottom_right')"
     assert repr(masks.sliding_window(3, 1, align="top_left")) == "sliding_window(left=3, right=1, align='top_left')"
@@ -159,132 +162,6 @@ def test_repr_is_readable():
     assert repr(~masks.causal() | masks.strided(2)) == "(~causal(align='bottom_right') | strided(2))"
     assert "dilated" in repr(masks.dilated(2, 3)) and "prefix_lm(4" in repr(masks.prefix_lm(4))
     assert "mine" in repr(masks.from_function(lambda b, h, i, j: i >= j, "mine"))
-
-
-def _g(seed=0):
-    return torch.Generator().manual_seed(seed)
-
-
-_IDS = torch.randint(0, 6, (127,), generator=_g(1)).sort().values
-_IDS_B = torch.randint(0, 9, (2, 127), generator=_g(2)).sort(-1).values
-ANALYTIC = {"causal_br": masks.causal(), "causal_tl": masks.causal("top_left"),
-            "window": masks.sliding_window(5, 2), "window_tl": masks.sliding_window(0, 0, align="top_left"),
-            "window_left": masks.sliding_window(20, 0), "padding": masks.padding([127, 50, 0]),
-            "global": masks.global_tokens([0, 17, 112, 200])}
-OTHERS = {
-    "dilated": masks.dilated(3, 4), "strided": masks.strided(9), "fixed": masks.fixed(16, 3),
-    "strided_causal": masks.strided(8) & masks.causal(), "fixed_causal": masks.fixed(10, 2) & masks.causal("top_left"),
-    "block_layout": masks.block_layout(torch.rand(8, 9, generator=_g(3)) < 0.4, 16),
-    "block_layout_heads": masks.block_layout(torch.rand(3, 10, 10, generator=_g(4)) < 0.4, 13),
-    "segments": masks.segments(_IDS), "segments_batch": masks.segments(_IDS_B),
-    "prefix_lm": masks.prefix_lm(20), "prefix_lm_tl": masks.prefix_lm(10, align="top_left"),
-    "function": masks.from_function(lambda b, h, i, j: (i * j) % 7 == 0, "mod7"),
-    "not_causal": ~masks.causal(), "not_window_and_causal": ~masks.sliding_window(4, 4) & masks.causal(),
-    "causal_or_global": masks.causal() | masks.global_tokens([3]),
-    "window_and_padding": masks.sliding_window(8, 8) & masks.padding([100, 7]),
-    "not_fixed_or_segments": ~masks.fixed(12, 1) | masks.segments(_IDS), "full": masks.full(),
-}
-HEAD_MASKS = [pytest.param(masks.from_function(lambda b, h, i, j: (i + j + h) % 5 == 0, "by_head"), id="function_h")]
-ALL_MASKS = [pytest.param(m, id=n) for n, m in {**ANALYTIC, **OTHERS}.items()]
-LAYOUT_SIZES = [(113, 127), (127, 113), (64, 64), (1, 127), (127, 1), (5, 7)]
-
-
-def _sizes(mask):
-    """Batch and heads to materialize: the mask's own, 2 and 3 if it reads b/h without one, else 1."""
-    b = (mask.batch_size or 2) if "b" in mask.uses else 1
-    return b, (mask.num_heads or 3) if "h" in mask.uses else 1
-
-
-def _truth(dense, bs):
-    """Per block of a dense mask: is some in-range entry allowed, are all in-range entries allowed."""
-    b, h, lq, lk = dense.shape
-    nq, nk = -(-lq // bs), -(-lk // bs)
-    some = torch.zeros(b, h, nq * bs, nk * bs, dtype=torch.bool)
-    every = torch.ones(b, h, nq * bs, nk * bs, dtype=torch.bool)
-    some[..., :lq, :lk], every[..., :lq, :lk] = dense, dense
-    shape = (b, h, nq, bs, nk, bs)
-    return some.view(shape).any(5).any(3), every.view(shape).all(5).all(3)
-
-
-def _check_layouts(mask, analytic):
-    b, h = _sizes(mask)
-    for lq, lk in LAYOUT_SIZES:
-        dense = torch.broadcast_to(mask.materialize(lq, lk, batch=b, heads=h), (b, h, lq, lk))
-        for bs in (1, 7, 16, 64):
-            some, every = _truth(dense, bs)
-            exact = mask.block_layout(lq, lk, bs, exact=True, batch=b, heads=h)
-            lay = mask.block_layout(lq, lk, bs, batch=b, heads=h)
-            where = f"{mask!r} Lq={lq} Lk={lk} bs={bs}"
-            assert torch.equal(torch.broadcast_to(exact.active, some.shape), some), where
-            assert torch.equal(torch.broadcast_to(exact.full, some.shape), every), where
-            active, full = torch.broadcast_to(lay.active, some.shape), torch.broadcast_to(lay.full, some.shape)
-            assert not (some & ~active).any(), f"active misses an allowed entry: {where}"
-            assert not (full & ~every).any(), f"full claims a block with a masked entry: {where}"
-            if analytic:
-                assert torch.equal(active, some), f"analytic active is not exact: {where}"
-
-
-@pytest.mark.parametrize("mask", [pytest.param(m, id=n) for n, m in ANALYTIC.items()])
-def test_analytic_layouts_are_exact(mask):
-    _check_layouts(mask, analytic=True)
-
-
-@pytest.mark.parametrize("mask", [pytest.param(m, id=n) for n, m in OTHERS.items()] + HEAD_MASKS)
-def test_layouts_are_sound(mask):
-    _check_layouts(mask, analytic=False)
-
-
-class _UnsoundCausal(masks.Mask):
-    """Top-left causal with a wrong layout: ``drop_last`` forgets the last key block, else ``full = active``."""
-
-    uses = frozenset({"q", "kv"})
-
-    def __init__(self, drop_last):
-        self.drop_last = drop_last
-
-    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
-        return kv_idx <= q_idx
-
-    def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
-        active, full = (t.clone() for t in self._evaluated_layout(q_len, kv_len, bs, device, sizes))
-        if self.drop_last:
-            active[..., -1] = False
-            return active, full
-        return active, active
-
-
-@pytest.mark.parametrize("mask", [masks.keys(torch.rand(2, 127, generator=_g(5)) < 0.5),
-                                  masks.TensorMask(torch.rand(2, 1, 113, 127, generator=_g(6)) < 0.02)],
-                         ids=["keys", "dense"])
-def test_tensor_mask_layouts_are_exact(mask):
-    """A tensor mask fixes Lk (and Lq when dense): its pooled layout is exact at every block size."""
-    dense = torch.broadcast_to(mask.materialize(113, 127), (2, 1, 113, 127))
-    for bs in (1, 7, 16, 64):
-        some, every = _truth(dense, bs)
-        lay = mask.block_layout(113, 127, bs)
-        assert torch.equal(torch.broadcast_to(lay.active, some.shape), some)
-        assert torch.equal(torch.broadcast_to(lay.full, some.shape), every)
-
-
-@pytest.mark.parametrize(("drop_last", "message"), [(True, "active misses"), (False, "full claims")])
-def test_layout_checks_catch_an_unsound_layout(drop_last, message):
-    with pytest.raises(AssertionError, match=message):
-        _check_layouts(_UnsoundCausal(drop_last), analytic=False)
-
-
-@pytest.mark.parametrize("mask", [*ALL_MASKS, pytest.param(masks.keys(torch.tensor([[True] * 6 + [False]] * 2)),
-                                  id="keys")])
-def test_materialize_shape(mask):
-    b, h = _sizes(mask)
-    want = (b if "b" in mask.uses else 1, h if "h" in mask.uses else 1, 5, 7)
-    assert tuple(mask.materialize(5, 7, batch=b, heads=h).shape) == want
-
-
-@pytest.mark.parametrize(("lq", "lk"), [(0, 7), (5, 0)])
-def test_layout_shape_with_empty_sequence(lq, lk):
-    for mask in (masks.causal(), masks.sliding_window(1, 1), masks.padding([3, 1])):
-        lay = mask.block_layout(lq, lk, 4)
-        assert lay.active.shape[2:] == lay.full.shape[2:] == (-(-lq // 4), -(-lk // 4)), repr(mask)
 
 
 # ------------------------------------------------------------------ errors

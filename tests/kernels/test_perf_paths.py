@@ -6,8 +6,9 @@
   on torch's fused kernel, slab by slab, with its own backward.
 - ``kernels/softcap_loop.py``: soft-capping with a fixed shift instead of a running max.
 
-Each is checked against ``tests.helpers.oracle`` (the float64 reference kernel) with the
-DESIGN.md tolerance rule, including gradients, rows with no allowed key and explain().
+Outputs are checked against ``tests.helpers.oracle`` (the independent float64 oracle), gradients
+against the float64 reference kernel, with the DESIGN.md tolerance rule; also rows with no
+allowed key and explain().
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ import torch
 import attnkit
 from attnkit import masks, runtime
 from attnkit.bias import ALiBi
-from attnkit.errors import ArgumentError
 from tests.helpers import assert_close_to_oracle, rand_qkv
 
 
@@ -23,20 +22,6 @@ def mode():
         runtime.set_low_precision_math(name)
     yield force
     runtime.set_low_precision_math("auto")
-
-
-def test_auto_follows_the_cpu_and_other_dtypes_are_left_alone(mode):
-    cpu = torch.device("cpu")
-    for dtype in (torch.bfloat16, torch.float16):
-        expected = dtype if runtime.native_low_precision(dtype) else torch.float32
-        assert runtime.low_precision_math(dtype, cpu) == expected
-    mode("float32")
-    assert runtime.low_precision_math(torch.bfloat16, cpu) == torch.float32
-    assert runtime.low_precision_math(torch.float64, cpu) == torch.float64
-    mode("native")
-    assert runtime.low_precision_math(torch.bfloat16, cpu) == torch.bfloat16
-    with pytest.raises(ArgumentError, match="mode must be one of"):
-        runtime.set_low_precision_math("fast")
 
 
 @pytest.mark.parametrize("name", ["native", "float32"])

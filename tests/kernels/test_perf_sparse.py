@@ -1,6 +1,8 @@
-"""The fast block-sparse paths (issue 7, targets 2-3): band windows, slot-masked softmax, analytic layouts.
+"""The fast block-sparse paths (issue 7, targets 2-3): band windows, slot-masked softmax.
 
-Every path is checked against the float64 reference (``tests/helpers.oracle``),
+The masks' bands and analytic layouts they rely on are tested in tests/functional/test_mask_base.py.
+
+Every path is checked against the float64 reference kernel or ``tests/helpers.oracle``,
 forward and backward, on sizes that leave partial last blocks, with grouped
 queries, rows that see no key, and return_lse; a spy checks the path really ran.
 No timings here: benchmarks live outside the tests.
@@ -10,8 +12,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import attnkit
 from attnkit import masks
@@ -52,30 +52,6 @@ def _assert_matches_float64(q, k, v, mask, *, with_lse_grad=False, **kwargs):
     exp = _outputs_and_grads(q, k, v, mask, "reference", weight, **kwargs)
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, exp, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, msg=name)
-
-
-# ------------------------------------------------------------------ mask bands
-def test_band_offsets_describe_the_allowed_diagonals():
-    assert masks.sliding_window(3, 2).band(5, 9) == (4 - 3, 4 + 2)  # bottom-right: offset Lk - Lq = 4
-    assert masks.sliding_window(3, 2, align="top_left").band(5, 9) == (-3, 2)
-    assert masks.causal().band(6, 6) == (None, 0)
-    assert (masks.sliding_window(4, 4) & masks.causal()).band(7, 7) == (-4, 0)
-    assert (masks.causal() & masks.sliding_window(2, 9, align="top_left")).band(4, 6) == (-2, 2)
-    assert masks.dilated(2, 1).band(5, 5) == (-2, 2)
-    assert masks.dilated(2, 3).band(5, 5) is None  # holes: not a band
-    assert (masks.sliding_window(1, 1) | masks.causal()).band(5, 5) is None
-    assert (~masks.sliding_window(1, 1)).band(5, 5) is None
-    assert masks.full().band(3, 4) == (None, None)
-
-
-@pytest.mark.parametrize(("lq", "lk"), [(9, 9), (4, 11), (11, 4), (1, 6)])
-def test_band_offsets_agree_with_the_predicate(lq, lk):
-    """``lo <= j - i <= hi`` holds exactly where the mask allows, for every band mask."""
-    for mask in (masks.sliding_window(2, 1), masks.sliding_window(0, 3, align="top_left"),
-                 masks.sliding_window(3, 3) & masks.causal()):
-        lo, hi = mask.band(lq, lk)
-        i, j = torch.arange(lq)[:, None], torch.arange(lk)[None, :]
-        assert torch.equal(mask.materialize(lq, lk)[0, 0], (j - i >= lo) & (j - i <= hi))
 
 
 # ------------------------------------------------------------------ the band path (band)
@@ -247,23 +223,6 @@ def test_width_groups_put_wide_rows_apart_and_skip_empty_rows():
     active[1:5, :2] = True
     groups = block_plan.width_groups(active)
     assert [(r.tolist(), w) for r, w in groups] == [([0], 9), ([1, 2, 3, 4], 2)]  # row 5: in no group
-
-
-# ------------------------------------------------------------------ analytic layouts
-@settings(max_examples=25, deadline=None)
-@given(lq=st.integers(1, 70), lk=st.integers(1, 70), bs=st.integers(1, 20), stride=st.integers(1, 12),
-       block=st.integers(1, 12), summary=st.integers(1, 12))
-def test_analytic_layouts_equal_the_evaluated_ones(lq, lk, bs, stride, block, summary):
-    """Strided, fixed and block-layout masks: analytic active/full equal brute-force evaluation."""
-    lay = _random_layout((5, 6), 0.5, lq * lk)
-    for mask in (masks.strided(stride), masks.fixed(block, min(summary, block)), masks.block_layout(lay, block)):
-        fast = mask.block_layout(lq, lk, bs)
-        exact = mask.block_layout(lq, lk, bs, exact=True)
-        assert torch.equal(fast.active, exact.active), mask
-        assert torch.equal(fast.full, exact.full), mask
-    both = masks.strided(stride) & masks.causal()  # an AND may over-approximate active, never full
-    fast, exact = both.block_layout(lq, lk, bs), both.block_layout(lq, lk, bs, exact=True)
-    assert bool((fast.active >= exact.active).all()) and torch.equal(fast.full, exact.full)
 
 
 # ------------------------------------------------------------------ additive scores, tiled (issue 7, target 6)

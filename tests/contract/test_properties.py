@@ -3,7 +3,7 @@
 The checks are plain functions ``check_xxx(attn_fn, ...)`` taking a kernel with the signature of
 :func:`attnkit.attention`; they raise AssertionError when the property is violated. Hypothesis runs
 them on every backend in tests.helpers.BACKENDS that accepts the case; the tests at the bottom run
-them on the deliberately broken kernels of tests/broken_kernels.py and require each to be caught.
+them on the deliberately broken kernels of tests/contract/broken_kernels.py and require each to be caught.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import attnkit
 from attnkit import masks
 from attnkit.errors import BackendError
 from attnkit.kernels import block_plan, blocksparse_gathered, online_softmax
-from tests import broken_kernels as bk
+from tests.contract import broken_kernels as bk
 from tests.helpers import BACKENDS, rand_qkv
 
 TOL = {"rtol": 1e-9, "atol": 1e-10}  # inputs are float64: only summation order may differ

@@ -16,7 +16,7 @@ from attnkit import masks
 from attnkit.functional.validate import validate
 from attnkit.kernels import block_plan, blocksparse_fused, blocksparse_masked
 from tests.helpers import rand_qkv
-from tests.test_perf_sparse import LAYOUT_MASKS, _spy
+from tests.kernels.test_perf_sparse import LAYOUT_MASKS, _spy
 
 
 def _outputs_and_grads(q, k, v, mask, backend):
