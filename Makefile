@@ -20,8 +20,10 @@ demo: $(STAMP)
 	$(BIN)/attnkit list
 	$(BIN)/attnkit tour --out tour-report
 
-test: $(STAMP)
+lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
+
+test: lint
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 
-from run import main
+from benchmarks.run import main
 
 if __name__ == "__main__":
     print("benchmarks/core.py: running the suite, benchmarks/run.py", file=sys.stderr)

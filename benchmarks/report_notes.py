@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 import statistics
 
-from suite import ADDITIVE_BATCH
-
-from attnkit.analysis.bench_rows import Row, tolerance
+from benchmarks.harness.rows import Row, tolerance
+from benchmarks.suite import ADDITIVE_BATCH
 
 INTRO = [
     "Every ratio is attnkit's median time divided by the comparison's, both measured in this run on the same "

@@ -9,11 +9,11 @@ Usage::
 
 Each spec is measured in a fresh child process (``--in-process``: in this one), so
 no row inherits the heap and caches of the rows before it (see
-``attnkit.analysis.bench_isolated``). Each row is cached in
+``benchmarks/harness/isolated.py``). Each row is cached in
 ``benchmarks/results/<spec key>.json`` as soon as it is measured, so an
 interrupted run resumes where it stopped. A cached row is reused only for the
-same spec, torch version and attnkit sources (a hash of the kernels, masks, biases
-and entry point it runs: see ``MEASURED_CODE``). BENCHMARKS.md keeps its
+same spec, torch version and attnkit sources (a hash of the kernels, masks, biases,
+entry point and harness files it runs: see ``MEASURED_CODE``). BENCHMARKS.md keeps its
 ``<!-- scaling:start/end -->`` section (written by ``benchmarks/scaling.py``) as it is;
 everything else in it is this suite's.
 """
@@ -33,25 +33,27 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))  # the repository root: benchmarks/ imports as a package
 
-from report_notes import INTRO, extras  # noqa: E402
-from suite import TITLES, specs  # noqa: E402
-
-from attnkit.analysis.bench_isolated import run_spec_isolated  # noqa: E402
-from attnkit.analysis.bench_machine import ceiling, machine_info  # noqa: E402
-from attnkit.analysis.bench_report import render, rewrite  # noqa: E402
-from attnkit.analysis.bench_rows import Row, Spec, run_spec, sizes_text  # noqa: E402
 from attnkit.runtime import retain_freed_memory  # noqa: E402
+from benchmarks.harness.isolated import run_spec_isolated  # noqa: E402
+from benchmarks.harness.machine import ceiling, machine_info  # noqa: E402
+from benchmarks.harness.report import render, rewrite  # noqa: E402
+from benchmarks.harness.rows import Row, Spec, run_spec, sizes_text  # noqa: E402
+from benchmarks.report_notes import INTRO, extras  # noqa: E402
+from benchmarks.suite import TITLES, specs  # noqa: E402
 
-MEASURED_CODE = ("attention.py", "bias.py", "masks.py", "runtime.py", "kernels", "functional", "nn/additive.py",
-                 "nn/additive_scores.py", "analysis/bench.py", "analysis/bench_methods.py", "analysis/bench_flex.py",
-                 "analysis/bench_isolated.py")
+# Relative to the repository root: attnkit's sources and the harness files a row runs.
+MEASURED_CODE = tuple(f"src/attnkit/{name}" for name in (
+    "attention.py", "bias.py", "masks.py", "runtime.py", "kernels", "functional", "nn/additive.py",
+    "nn/additive_scores.py", "analysis/timing.py")) + tuple(f"benchmarks/harness/{name}.py" for name in (
+    "methods", "flex", "isolated"))
 
 
 def code_version() -> str:
-    """A hash of the attnkit sources the rows run, and the torch version: a row cached under another is stale."""
-    root = HERE.parent / "src" / "attnkit"
+    """A hash of the sources the rows run, and the torch version: a row cached under another is stale."""
+    root = HERE.parent
     digest = hashlib.sha1(torch.__version__.encode())
     for name in MEASURED_CODE:
         for path in sorted((root / name).rglob("*.py")) if (root / name).is_dir() else [root / name]:

@@ -2,8 +2,10 @@
 
 ``AttentionRecorder`` records the weights of every attnkit attention call inside a
 block; :mod:`.stats` summarises maps; :func:`cost` counts FLOPs, bytes and peak memory
-analytically; :func:`scaling` measures time and memory against length; :mod:`.bench`
-and :mod:`.memory` time and measure side by side with PyTorch.
+analytically (the :mod:`.cost` subpackage); :func:`scaling` measures time and memory
+against length; :mod:`.timing` and :mod:`.memory` time and measure side by side with
+PyTorch (``attnkit bench``; the benchmark suite's harness builds on them in
+``benchmarks/harness/`` of the source tree).
 """
 
 from .cost import Cost, cost, sizes

@@ -1,4 +1,4 @@
-"""Child process for :func:`attnkit.analysis.bench.peak_memory`: run one method once, print bytes added.
+"""Child process for :func:`attnkit.analysis.timing.peak_memory`: run one method once, print bytes added.
 
 Linux only: the peak resident size is reset through ``/proc/self/clear_refs`` just
 before the call, so the import of torch and the inputs do not count.
@@ -9,8 +9,8 @@ import sys
 
 import torch
 
-from attnkit.analysis.bench import Case, methods, with_backward
 from attnkit.analysis.memory import reset_peak, resident_bytes
+from attnkit.analysis.timing import Case, methods, with_backward
 
 
 def main(spec_text: str) -> None:

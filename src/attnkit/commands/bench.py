@@ -1,24 +1,28 @@
 """``attnkit bench``: time attnkit against torch on the same inputs; any row of the benchmark suite.
 
-Without ``--compare`` it times attnkit's backends side by side with torch SDPA.
-With ``--compare KIND[,KIND...]`` it runs the suite's own row code
-(:func:`attnkit.analysis.bench_rows.run_spec`) for the given sizes: attnkit and
-each comparison interleaved, max |diff| of every pair, GFLOP/s, optional memory.
+Without ``--compare`` it times attnkit's backends side by side with torch SDPA
+(:mod:`attnkit.analysis.timing`). With ``--compare KIND[,KIND...]`` it runs the suite's
+own row code (``benchmarks.harness.rows.run_spec``) for the given sizes: attnkit and
+each comparison interleaved, max |diff| of every pair, GFLOP/s, optional memory. The
+harness lives in ``benchmarks/harness/`` of the source tree, not in the installed
+package, so ``--compare`` needs a source checkout (an editable install finds it).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
+import sys
+from pathlib import Path
 
 import torch
 
-from ..analysis.bench import peak_memory, run_case
-from ..analysis.bench_methods import KINDS
-from ..analysis.bench_patterns import BIASES
+from ..analysis.patterns import BIASES
+from ..analysis.timing import peak_memory, run_case
+from ..progress import progress
 from ..runtime import retain_freed_memory
 from .inspect import add_case_args, case_from_args
-from .progress import progress
 
 COMPARE_HELP = ("backends (default): attnkit's backends and SDPA; or comma-separated suite comparisons: "
                 "sdpa (SDPA as called for the mask: no mask, is_causal, key mask), sdpa-mask (dense bool mask), "
@@ -27,14 +31,31 @@ COMPARE_HELP = ("backends (default): attnkit's backends and SDPA; or comma-separ
                 "--batch, --q-len, --kv-len and --head-dim as the width)")
 
 
+ROOT = Path(__file__).resolve().parents[3]  # a source checkout: src/attnkit/commands/bench.py -> the repository
+
+
+def harness(name: str):
+    """``benchmarks.harness.<name>`` of the source checkout this attnkit runs from; LookupError if there is none."""
+    if not (ROOT / "benchmarks" / "harness" / "__init__.py").is_file():
+        raise LookupError("--compare runs the benchmark suite's harness (benchmarks/harness/), which is not part of "
+                          "the installed package: run it from a source checkout of attnkit (pip install -e .)")
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module(f"benchmarks.harness.{name}")
+
+
 def _compare(text: str) -> tuple[str, ...]:
     if text == "backends":
         return ()
+    try:
+        kinds_known = harness("methods").KINDS
+    except LookupError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())
-    bad = [k for k in kinds if k not in (*KINDS, "additive")]
+    bad = [k for k in kinds if k not in (*kinds_known, "additive")]
     if not kinds or bad:
         raise argparse.ArgumentTypeError(f"unknown comparison {', '.join(bad) or repr(text)}; "
-                                         f"use backends, additive, or any of {', '.join(KINDS)}")
+                                         f"use backends, additive, or any of {', '.join(kinds_known)}")
     if "additive" in kinds and len(kinds) > 1:
         raise argparse.ArgumentTypeError("additive is compared alone (it is another module, not attention())")
     return kinds
@@ -63,9 +84,9 @@ def _backends_table(args, backward: bool) -> None:
 
 
 def _suite_rows(args, backward: bool) -> None:
-    from ..analysis.bench_machine import ceiling
-    from ..analysis.bench_report import misses, rows_table
-    from ..analysis.bench_rows import Spec, run_spec
+    ceiling = harness("machine").ceiling
+    misses, rows_table = harness("report").misses, harness("report").rows_table
+    Spec, run_spec = harness("rows").Spec, harness("rows").run_spec
 
     case = _case(args, backward)
     label = "additive" if args.compare == ("additive",) else args.mask or args.bias or "no mask"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .. import registry
-from ..analysis.bench import Case
+from ..analysis.timing import Case
 from ..attention import explain
 from ..functional.mask_parse import parse
 
@@ -22,7 +22,7 @@ def add_case_args(p: argparse.ArgumentParser) -> None:
 
 
 def case_from_args(args, backward: bool = False) -> Case:
-    """The :class:`~attnkit.analysis.bench.Case` the size options describe."""
+    """The :class:`~attnkit.analysis.timing.Case` the size options describe."""
     return Case(args.batch, args.heads, args.q_len, args.kv_len, args.head_dim, args.dtype, args.mask, backward)
 
 

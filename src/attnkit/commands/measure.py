@@ -9,7 +9,7 @@ from pathlib import Path
 from ..analysis.cost import cost
 from ..analysis.scaling import DEFAULT_SIZES, scaling
 from ..errors import ArgumentError
-from .progress import progress
+from ..progress import progress
 
 
 def _size(text: str) -> tuple[str, object]:

@@ -22,11 +22,9 @@ import inspect
 import json
 import os
 import platform
-import sys
 import time
 import traceback
 from collections.abc import Iterable, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,8 +32,9 @@ import torch
 
 from .. import __version__
 from ..errors import ArgumentError, check_int
+from ..progress import bars
 
-__all__ = ["tour", "TourSummary", "run_path", "load_run", "write_json", "mode_name", "code_version", "api"]
+__all__ = ["tour", "TourSummary", "run_path", "load_run", "write_json", "mode_name", "code_version", "api", "slug"]
 
 FORMAT = 1
 SCALING_LENGTHS = (256, 512, 1024, 2048)
@@ -51,23 +50,25 @@ def mode_name(quick: bool) -> str:
     return "quick" if quick else "default"
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
+    """``text`` as a file-name part: anything but letters, digits and ``-_.`` becomes ``-``."""
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in str(text)) or "-"
 
 
 def run_path(out, task: str, mechanism: str, seed: int, mode: str) -> Path:
     """``out/runs/<mode>/<task>__<mechanism>__seed<k>.json``."""
-    return Path(out) / "runs" / mode / f"{_slug(task)}__{_slug(mechanism)}__seed{seed}.json"
+    return Path(out) / "runs" / mode / f"{slug(task)}__{slug(mechanism)}__seed{seed}.json"
 
 
 def code_version() -> str:
     """attnkit's version and a short hash of the code that defines and trains the experiments.
 
-    Hashed: every module of this package except the runner and the report (which do not change
-    results), and the source files of ``run``/``experiments``/``default_set`` wherever they live.
+    Hashed: this package's ``__init__`` and its ``experiments`` subpackage (not the runner and the
+    report, which do not change results), and the source files of ``run``/``experiments``/``default_set``
+    wherever they live.
     """
     here = Path(__file__).parent
-    sources = {p for p in here.glob("*.py") if p.name != "runner.py" and not p.name.startswith("report")}
+    sources = {here / "__init__.py", *(here / "experiments").glob("*.py")}
     for name in ("run", "experiments", "default_set"):
         try:
             sources.add(Path(inspect.getsourcefile(getattr(api(), name))))
@@ -165,32 +166,6 @@ def _check(keys, seeds, known: dict, quick: bool) -> tuple[list[str], list[int]]
     return list(dict.fromkeys(keys)), list(dict.fromkeys(seeds))
 
 
-@contextmanager
-def _bars(enabled: bool, total: int | None, desc: str, *, position: int = 0, per_step: bool = False):
-    """A progress ``step(label)`` (or None), closed on exit: tqdm when installed, else plain lines per call.
-
-    A per-step bar (``per_step``) is shown only with tqdm: the plain fallback would print a line per step.
-    """
-    if not enabled:
-        yield None
-        return
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        from ..commands.progress import progress as plain
-        yield None if per_step else plain(total, desc)
-        return
-    bar = tqdm(total=total, desc=desc, file=sys.stderr, leave=False, position=position, dynamic_ncols=True)
-
-    def step(label: str) -> None:
-        bar.set_postfix_str(label, refresh=False)
-        bar.update(1)
-    try:
-        yield step
-    finally:
-        bar.close()
-
-
 def tour(keys: Iterable[str] | None = None, seeds: Sequence[int] = (0, 1, 2), *, quick: bool = False,
          out="tour-report", fresh: bool = False, progress: bool = True, command: str | None = None,
          scaling: bool | None = None) -> TourSummary:
@@ -227,17 +202,17 @@ def tour(keys: Iterable[str] | None = None, seeds: Sequence[int] = (0, 1, 2), *,
                 summary.cached.append(f"{key} seed {seed}")
             else:
                 todo.append((key, seed, path))
-    with _bars(progress and bool(todo), len(todo), f"tour ({mode})") as overall:
+    with bars(progress and bool(todo), len(todo), f"tour ({mode})") as overall:
         for key, seed, path in todo:
             name = f"{key} seed {seed}"
-            with _bars(progress, getattr(known[key], "steps", None), name, position=1, per_step=True) as step:
+            with bars(progress, getattr(known[key], "steps", None), name, position=1, per_step=True) as step:
                 record = _run_one(key, known[key], seed, quick, version, step)
             write_json(path, record)
             (summary.ran if record["status"] == "ok" else summary.failed).append(name)
             if overall:
                 overall(f"{name}: {record['status']}")
     if scaling if scaling is not None else not quick:
-        from .report_scaling import measure
+        from .report.scaling import measure
         measure(out, [known[k] for k in keys], mode=mode, version=version, fresh=fresh, progress=progress)
     summary.seconds = time.perf_counter() - start
     write_json(out / "tour.json", {**manifest, "seconds": summary.seconds})
