@@ -76,7 +76,7 @@ def test_biases_are_cached_per_size_on_masks_that_ignore_batch_and_head(monkeypa
         got = attnkit.attention(q, k, v, mask=mask, backend="blocksparse")
         torch.testing.assert_close(got, attnkit.attention(q, k, v, mask=mask, backend="reference"))
     cached = mask._cache_fused_biases
-    assert [key[:2] for key in cached.keys()] == [(40, 40), (56, 56)]  # least recently used (48) dropped
+    assert [key[:2] for key in cached] == [(40, 40), (56, 56)]  # least recently used (48) dropped
     first = cached.get_or_build((56, 56, 8, 2, torch.float64, "cpu"), lambda: None)
     assert first is not None
     p = validate(*rand_qkv(1, 2, 56, 56, 4, dtype=torch.float64), mask=mask)

@@ -80,6 +80,9 @@ class BoundedCache:
         with self._lock:
             return list(self._items)
 
+    def __iter__(self):
+        return iter(self.keys())
+
     @property
     def bytes_held(self) -> int:
         return self._bytes
