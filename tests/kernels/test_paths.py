@@ -1,0 +1,160 @@
+"""The table of execution paths (kernels/paths.py) and the dispatcher that reads it (kernels/dispatch.py).
+
+- the table is well formed: unique names, every public backend served, each path's
+  module with refusal/run/cost/describe, the last path of a backend its most general;
+- every path is reachable: a call that takes it under ``backend="auto"``, where
+  ``explain()`` names it, ``attention()`` runs it, and the result is the oracle's;
+- the common calls are decided in O(1): no block layout, no mask picture, no pass over
+  q, k, v (a spy makes each of those raise);
+- torch's kernel checks its own output: NaN or inf anywhere in q, k, v gives the exact
+  path's answer, never torch's zeros.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path as FilePath
+
+import pytest
+import torch
+
+import attnkit
+from attnkit import masks
+from attnkit.attention import _prepare
+from attnkit.bias import ALiBi, Softcap
+from attnkit.functional.mask_base import Mask
+from attnkit.functional.validate import BACKENDS, Problem
+from attnkit.kernels import dispatch, paths
+from tests.helpers import assert_close_to_oracle, oracle, rand_qkv
+
+SRC = FilePath(attnkit.__file__).parent
+
+
+def test_the_table_is_well_formed():
+    names = [path.name for path in paths.PATHS]
+    assert len(names) == len(set(names))
+    assert {path.backend for path in paths.PATHS} == set(BACKENDS) - {"auto"} == set(paths.BACKEND_NAMES)
+    for path in paths.PATHS:
+        assert callable(path.module.refusal) and callable(path.module.run) and callable(path.module.cost)
+        assert (SRC / path.source).is_file(), path.source
+    assert paths.of_backend("reference")[-1].name == "dense-reference"
+    assert paths.of_backend("chunked")[-1].name == "online-softmax"
+    assert paths.of_backend("blocksparse")[-1].name == "blocksparse-gathered"
+
+
+# One call per path that backend="auto" sends there (sizes large enough to leave the small-problem rule).
+REACH = {
+    "torch-sdpa": (dict(lq=64, lk=64), dict(mask=masks.causal())),
+    "band-windows": (dict(lq=300, lk=300), dict(mask=masks.sliding_window(16, 16))),
+    "blocksparse-fused": (dict(lq=512, lk=512), dict(mask=masks.segments(torch.arange(512) // 64))),
+    "blocksparse-masked": (dict(lq=512, lk=512, dv=13), dict(mask=masks.segments(torch.arange(512) // 64))),
+    "blocksparse-gathered": (dict(lq=512, lk=512), dict(mask=masks.segments(torch.arange(512) // 64),
+                                                        score="cosine")),
+    "bias-slabs": (dict(lq=300, lk=300), dict(bias=ALiBi(3))),
+    "softcap-loop": (dict(lq=300, lk=300), dict(bias=Softcap(5.0))),
+    "online-softmax": (dict(lq=300, lk=300), dict(score="cosine")),
+    "dense-reference": (dict(lq=300, lk=300), dict(normalize="sparsemax")),
+}
+
+
+def test_every_path_is_reached():
+    assert set(REACH) == set(paths.BY_NAME)
+
+
+@pytest.mark.parametrize("name", list(REACH))
+def test_auto_runs_the_path_explain_names_and_it_equals_the_oracle(name):
+    sizes, kwargs = REACH[name]
+    q, k, v = rand_qkv(2, 3, sizes["lq"], sizes["lk"], 11, sizes.get("dv"), seed=5)
+    decision = attnkit.explain(q, k, v, **kwargs)
+    assert decision.path == name and decision.backend == paths.BY_NAME[name].backend
+    assert decision.reasons[name].startswith("chosen:") and paths.BY_NAME[name].source in decision.reasons[name]
+    assert all(why.startswith(("refused: ", "able, not preferred: ")) for n, why in decision.reasons.items()
+               if n != name)
+    assert decision.cost is not None and decision.flops == decision.cost.flops > 0
+    _, ran = dispatch.execute(_prepare(q, k, v, **kwargs))
+    assert ran.name == name
+    assert_close_to_oracle(attnkit.attention(q, k, v, **kwargs), q, k, v, **kwargs)
+
+
+def test_forced_backend_runs_its_first_able_path_or_names_its_general_refusal():
+    q, k, v = rand_qkv(1, 2, 300, 300, 8)
+    assert attnkit.explain(q, k, v, mask=masks.causal(), backend="blocksparse").path == "blocksparse-fused"
+    assert attnkit.explain(q, k, v, bias=ALiBi(2), backend="chunked").path == "bias-slabs"
+    d = attnkit.explain(q, k, v, backend="reference")
+    assert d.reasons["torch-sdpa"] == "able, not preferred: not asked: backend='reference' was forced"
+    with pytest.raises(attnkit.BackendError, match="blocksparse.*return_weights"):
+        attnkit.attention(q, k, v, backend="blocksparse", return_weights=True)
+
+
+# ------------------------------------------------------------------ O(1) decisions
+
+@pytest.fixture
+def no_data_passes(monkeypatch):
+    """Returns ``activate()``: from then on block layouts, mask pictures over query rows and finiteness passes raise."""
+    return lambda: _refuse_data_passes(monkeypatch)
+
+
+def _refuse_data_passes(monkeypatch):
+    def refuse(what):
+        def raiser(*args, **kwargs):
+            raise AssertionError(f"the dispatcher computed {what} for a common call")
+        return raiser
+    monkeypatch.setattr(Mask, "block_layout", refuse("a block layout"))
+    monkeypatch.setattr(Problem, "inputs_finite", refuse("a finiteness pass over q, k, v"))
+    original = Mask.materialize
+
+    def materialize(self, q_len, kv_len, **kwargs):
+        assert q_len == 1, "the dispatcher built an (Lq, Lk) mask picture"  # key padding: a (B, 1, 1, Lk) row
+        return original(self, q_len, kv_len, **kwargs)
+    monkeypatch.setattr(Mask, "materialize", materialize)
+
+
+COMMON = {
+    "no mask": (1, 1, 8, 8, {}),
+    "decode, causal": (1, 300, 8, 8, {"mask": masks.causal()}),
+    "decode, causal, GQA": (1, 300, 8, 2, {"mask": masks.causal()}),
+    "chunked prefill, causal": (16, 300, 8, 8, {"mask": masks.causal()}),
+    "prefill, top-left causal": (300, 300, 8, 8, {"mask": masks.causal(align="top_left")}),
+    "key padding": (40, 300, 8, 8, {"mask": masks.padding([300, 120])}),
+    "bool tensor": (40, 300, 8, 8, {"mask": torch.rand(40, 300, generator=torch.Generator().manual_seed(0)) > 0.3}),
+}
+
+
+@pytest.mark.parametrize("name", list(COMMON))
+def test_common_calls_are_decided_without_layouts_pictures_or_data_passes(name, no_data_passes):
+    lq, lk, hq, hkv, kwargs = COMMON[name]
+    q, k, v = rand_qkv(2, hq, lq, lk, 16, hkv=hkv, seed=7)
+    expected = oracle(q, k, v, **kwargs).float()
+    no_data_passes()
+    got = attnkit.attention(q, k, v, **kwargs)
+    assert dispatch.choose(_prepare(q, k, v, **kwargs)).path.name == "torch-sdpa"
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_mask_reused_over_many_lengths_keeps_bounded_caches():
+    mask = masks.causal() & masks.sliding_window(32)
+    for length in range(200, 1000, 4):
+        q = torch.zeros(1, 1, length, 8)
+        attnkit.explain(q, q, q, mask=mask)
+    assert 0 < len(mask._cache_block_plans) <= 8
+    assert all(0 < len(part._cache_layouts) <= 16 for part in mask.parts)
+
+
+# ------------------------------------------------------------------ torch's kernel checks its own output
+
+@pytest.mark.parametrize("head_dim", [11, 16])
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("mask_name", ["none", "causal", "decode", "padding", "one key"])
+def test_non_finite_inputs_give_the_exact_answer(head_dim, where, value, mask_name):
+    lq = 1 if mask_name == "decode" else 9
+    q, k, v = rand_qkv(2, 2, lq, 9, head_dim, seed=3)
+    mask = {"none": None, "causal": masks.causal(), "decode": masks.causal(), "padding": masks.padding([9, 5]),
+            "one key": masks.padding([1, 1])}[mask_name]
+    target = {"q": q, "k": k, "v": v}[where]
+    target[1, 0, 0, 3] = value  # row 0: the first query, or the first key (seen by every query)
+    got = attnkit.attention(q, k, v, mask=mask)
+    # What the exact path gives (an inf query can make a row's only score -inf: NaN there, by the library's
+    # rule that non-finite allowed inputs propagate), never torch's zeros for a NaN row.
+    expected = attnkit.attention(q, k, v, mask=mask, backend="reference")
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert torch.isfinite(got[0]).all()  # the other batch element is untouched
