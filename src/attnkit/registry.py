@@ -2,6 +2,8 @@
 
 Entries are explicit (no import-time scanning): a new mechanism adds one
 :func:`register` call beside its code. ``attnkit list`` prints this table.
+An entry holds no cost formula: :meth:`Entry.cost` reads the one cost model,
+:func:`attnkit.analysis.cost.cost`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ class Entry:
         summary: one line.
         family: grouping for listings ("core", "score", "mask", "module", ...).
         example: builds ``(callable, inputs)`` for a small run: ``callable(*inputs)``.
-        cost: optional ``cost(**sizes) -> dict`` of FLOPs/bytes formulas.
+
+    The entry's cost at given sizes is :meth:`cost` (the analytic cost model).
     """
 
     name: str
@@ -34,7 +37,22 @@ class Entry:
     summary: str
     family: str = "core"
     example: Callable | None = field(default=None, compare=False)
-    cost: Callable | None = field(default=None, compare=False)
+
+    def cost(self, *, backward: bool = False, **sizes):
+        """The analytic cost of this mechanism: ``attnkit.analysis.cost.cost(self.name, ...)``.
+
+        Args:
+            backward: include the backward pass in the FLOPs.
+            sizes: the sizes and options :func:`attnkit.analysis.cost.sizes` lists for this
+                entry (registry-example values by default); other names raise ArgumentError.
+
+        Returns:
+            an :class:`attnkit.analysis.cost.Cost` (``flops``, ``other_flops``, ``bytes_moved``,
+            ``peak_bytes``, ``terms``, ...).
+        """
+        from .analysis.cost import cost  # imported here: the registry sits below analysis in the import order
+
+        return cost(self.name, backward=backward, **sizes)
 
 
 _REGISTRY: dict[str, Entry] = {}

@@ -111,9 +111,10 @@ def test_registry_entry_runs_and_costs_grow_linearly():
     assert entry.target is BigBirdAttention and entry.family == "long-sequence"
     fn, inputs = entry.example()
     assert fn(*inputs).shape == inputs[0].shape
-    small, large = entry.cost(length=4096), entry.cost(length=8192)
-    assert set(small) == {"flops", "memory_bytes"}
-    assert 1.9 < large["flops"] / small["flops"] < 2.1
+    small, large = (entry.cost(batch=1, length=n, dim=512, heads=8, block_size=64) for n in (4096, 8192))
+    assert small.name == "bigbird" and small.flops > 0
+    assert 1.9 < large.flops / small.flops < 2.1
+    assert 1.9 < large.bytes_moved / small.bytes_moved < 2.1
 
 
 @pytest.mark.parametrize("shape", [(2, 0, DIM), (0, 5, DIM), (2, 1, DIM)])

@@ -175,9 +175,12 @@ def test_registry_entry_runs_and_costs_grow_linearly():
     assert entry.target is LongformerAttention and entry.family == "long-sequence"
     fn, inputs = entry.example()
     assert fn(*inputs).shape == inputs[0].shape
-    small, large = entry.cost(length=4096, window=256, num_global=0), entry.cost(length=8192, window=256, num_global=0)
-    assert set(small) == {"flops", "memory_bytes"}
-    assert large["flops"] == pytest.approx(2 * small["flops"])
+    costs = [entry.cost(length=n, window=256, dilation=1, global_tokens=()) for n in (2048, 4096, 8192)]
+    assert costs[0].name == "longformer" and costs[0].flops > 0
+    assert costs[2].flops == 2 * costs[1].flops == 4 * costs[0].flops  # window rows only: linear in n
+    small, mid, big = (c.bytes_moved for c in costs)  # affine: the parameters are read once at any n
+    assert big - mid == 2 * (mid - small) and mid > small > 0
+    assert entry.cost(length=4096, window=256, dilation=1, global_tokens=(0,)).flops > costs[1].flops  # a global row
 
 
 @pytest.mark.parametrize("shape", [(2, 0, DIM), (0, 5, DIM), (2, 1, DIM)])

@@ -124,11 +124,12 @@ def test_registry_entry_runs_and_cost_is_subquadratic():
     assert entry.target is SparseTransformerAttention and entry.family == "long-sequence"
     fn, inputs = entry.example()
     assert fn(*inputs).shape == inputs[0].shape
-    projections = 8 * 4096 * 512**2
-    dense = 4 * 8 * 4096 * 4096 * 64  # attention FLOPs of dense attention at the same sizes
-    cost = entry.cost(length=4096, heads=8, head_dim=64, stride=64)
-    assert set(cost) == {"flops", "memory_bytes"}
-    assert projections < cost["flops"] < projections + dense / 16
+    projections = 8 * 4096 * 512**2  # q, k, v, out: 2 n dim^2 each
+    dense = get("scaled-dot-product").cost(batch=1, heads=8, q_len=4096, head_dim=64).flops  # 4 H n^2 D
+    assert dense == 4 * 8 * 4096 * 4096 * 64
+    cost = entry.cost(batch=1, length=4096, heads=8, dim=512, stride=64)
+    assert cost.name == "sparse-transformer"
+    assert projections < cost.flops < projections + dense / 16
 
 
 @pytest.mark.parametrize("shape", [(2, 0, DIM), (0, 5, DIM), (2, 1, DIM)])

@@ -1,4 +1,4 @@
-"""Shared pieces of the sparse-pattern modules: q/k/v/out projections, input checks, cost formulas.
+"""Shared pieces of the sparse-pattern modules: q/k/v/out projections and input checks.
 
 :class:`ProjectedAttention` owns the four ``dim -> dim`` linear maps of multi-head
 self-attention (state-dict keys ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``)
@@ -13,7 +13,7 @@ from torch import nn
 
 from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 
-__all__ = ["ProjectedAttention", "attention_cost", "check_int"]
+__all__ = ["ProjectedAttention", "check_int"]
 
 
 class ProjectedAttention(nn.Module):
@@ -64,18 +64,3 @@ class ProjectedAttention(nn.Module):
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-head ``q, k, v``, each ``(B, H, n, dim / H)``."""
         return tuple(self.split_heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
-
-
-def attention_cost(*, batch: int, heads: int, length: int, head_dim: int, pairs: float,
-                   projections: int = 4, itemsize: int = 4) -> dict:
-    """Forward FLOPs and bytes of projected multi-head attention over ``pairs`` (query, key) pairs per head.
-
-    ``flops = 2 * projections * B n dim^2 + 4 * B H pairs head_dim`` (projections, ``Q K^T`` and
-    ``weights V``); ``memory_bytes = itemsize * (B H pairs + (projections + 1) * B n dim)`` (the
-    weights of the computed pairs, the input and each projection's output). The backward pass
-    costs about twice the forward.
-    """
-    dim = heads * head_dim
-    flops = 2 * projections * batch * length * dim * dim + 4 * batch * heads * pairs * head_dim
-    memory = itemsize * (batch * heads * pairs + (projections + 1) * batch * length * dim)
-    return {"flops": float(flops), "memory_bytes": float(memory)}

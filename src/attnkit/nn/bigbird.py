@@ -7,7 +7,7 @@ import torch
 from ..attention import attention
 from ..errors import ArgumentError, DTypeError, check_int
 from ..registry import Entry, register
-from ._projections import ProjectedAttention, attention_cost
+from ._projections import ProjectedAttention
 from .blocksparse import BlockPattern
 
 __all__ = ["BigBirdAttention"]
@@ -112,15 +112,6 @@ class BigBirdAttention(ProjectedAttention):
                 f"random_blocks={self.random_blocks}, seed={self.seed}")
 
 
-def _cost(batch=1, heads=8, length=4096, head_dim=64, block_size=64, window_blocks=3, global_blocks=2,
-          random_blocks=3):
-    """Forward cost: ``(w + g + r) b`` keys per non-global row, ``n`` per global row."""
-    n_global = min(length, global_blocks * block_size)
-    per_row = min(length, (window_blocks + global_blocks + random_blocks) * block_size)
-    pairs = (length - n_global) * per_row + n_global * length
-    return attention_cost(batch=batch, heads=heads, length=length, head_dim=head_dim, pairs=pairs)
-
-
 def _example():
     g = torch.Generator().manual_seed(0)
     layer = BigBirdAttention(16, 2, block_size=2, window_blocks=3, global_blocks=1, random_blocks=2)
@@ -129,4 +120,4 @@ def _example():
 
 register(Entry("bigbird", BigBirdAttention, "Zaheer et al. 2020, arXiv:2007.14062, eq. 1, Sec. 2 and App. D",
                "O(L (w + g + r) b D)", "blocked window, global and random attention, reproducible random blocks",
-               "long-sequence", _example, _cost))
+               "long-sequence", _example))

@@ -9,7 +9,7 @@ from ..attention import attention
 from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 from ..functional.mask_base import Mask
 from ..registry import Entry, register
-from ._projections import ProjectedAttention, attention_cost
+from ._projections import ProjectedAttention
 
 __all__ = ["BlockPattern", "BlockSparseAttention"]
 
@@ -137,12 +137,6 @@ class BlockSparseAttention(ProjectedAttention):
         return self.merge_heads(attention(q, k, v, mask=self.pattern, dropout_p=self.dropout_p))
 
 
-def _cost(batch=1, heads=8, length=4096, head_dim=64, density=0.1):
-    """Forward cost when a fraction ``density`` of the ``length^2`` pairs is computed."""
-    return attention_cost(batch=batch, heads=heads, length=length, head_dim=head_dim,
-                          pairs=density * length * length)
-
-
 def _example():
     g = torch.Generator().manual_seed(0)
     layout = torch.rand(4, 4, generator=g) < 0.5
@@ -152,4 +146,4 @@ def _example():
 
 register(Entry("block-sparse", BlockSparseAttention, "Child et al. 2019, arXiv:1904.10509, Sec. 5.5",
                "O(L w D), w = computed keys per query", "attention only in the blocks a layout or mask allows",
-               "long-sequence", _example, _cost))
+               "long-sequence", _example))

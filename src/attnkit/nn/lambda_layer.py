@@ -105,24 +105,6 @@ class LambdaLayer(nn.Module):
         return torch.einsum("bhnk,bnkv->bhnv", q, lam)
 
 
-def _cost(batch=1, heads=4, length=4096, head_dim=64, key_dim=16, local_context=None, itemsize=4):
-    """Forward FLOPs and bytes of the main intermediates; head_dim = |v|; global context if local_context is None."""
-    b, h, n, d, k, r = batch, heads, length, head_dim, key_dim, local_context
-    dim = h * d
-    flops = 2 * b * n * dim * (k * h + k + d) + 2 * b * n * k * d + 2 * b * h * n * k * d
-    if r is None:
-        flops += 2 * b * h * n * (2 * n) * k + 2 * b * h * n * n * d
-        memory = (b * n * (h * k + k + d) + 2 * b * h * n * n) * itemsize
-    else:
-        flops += 2 * b * n * r * k * d + 2 * b * h * n * k * d
-        memory = (b * n * (h * k + k + d) + b * n * k * d) * itemsize
-    return {"flops": float(flops), "memory_bytes": float(memory)}
-
-
-def _local_cost(batch=1, heads=4, length=4096, head_dim=64, key_dim=16, local_context=23, itemsize=4):
-    return _cost(batch, heads, length, head_dim, key_dim, local_context, itemsize)
-
-
 def _example(**kwargs):
     def build():
         g = torch.Generator().manual_seed(0)
@@ -132,7 +114,7 @@ def _example(**kwargs):
 
 _PAPER = "Bello 2021, arXiv:2102.08602, Sec. 3"
 register(Entry("lambda-layer", LambdaLayer, _PAPER, "O(L^2 (k + v))", "content + global relative-position lambdas "
-               "applied to multi-query heads", "long-sequence", _example(max_len=16), _cost))
+               "applied to multi-query heads", "long-sequence", _example(max_len=16)))
 register(Entry("lambda-layer-local", LambdaLayer, _PAPER + " and 4.3", "O(L r k v)",
                "content lambda + local position lambdas by a 1-D convolution", "long-sequence",
-               _example(local_context=5), _local_cost))
+               _example(local_context=5)))

@@ -264,25 +264,6 @@ class PerformerAttention(_FeatureMapAttention):
         return torch.cat(outs, 2).to(v.dtype) if outs else v.new_zeros(b, h, 0, v.shape[-1])
 
 
-def _linear_cost(batch=1, heads=8, length=4096, head_dim=64, features=None, causal=False, chunk=64, itemsize=4):
-    """Forward FLOPs and bytes of the main intermediates, ``features`` per head (``head_dim`` for elu + 1)."""
-    b, h, n, d = batch, heads, length, head_dim
-    f = d if features is None else features
-    proj = 8 * b * n * (h * d) ** 2
-    feats = 2 * b * h * 2 * n * d * f if f != d else 0
-    core = 4 * b * h * n * f * d + 4 * b * h * n * f
-    state = b * h * f * d
-    if causal:
-        core += 2 * b * h * n * chunk * (f + d)
-        state = b * h * -(-n // chunk) * f * d + b * h * n * chunk
-    memory = (b * h * n * (2 * f + 3 * d) + state) * itemsize
-    return {"flops": float(proj + feats + core), "memory_bytes": float(memory)}
-
-
-def _performer_cost(batch=1, heads=8, length=4096, head_dim=64, features=256, causal=False, chunk=128, itemsize=4):
-    return _linear_cost(batch, heads, length, head_dim, features, causal, chunk, itemsize)
-
-
 def _example(cls, **kwargs):
     def build():
         g = torch.Generator().manual_seed(0)
@@ -292,7 +273,7 @@ def _example(cls, **kwargs):
 
 register(Entry("linear-attention", LinearAttention, "Katharopoulos et al. 2020, arXiv:2006.16236, eq. 4-6",
                "O(L D^2)", "elu(x)+1 feature map: phi(Q) (phi(K)^T V), causal by prefix sums", "long-sequence",
-               _example(LinearAttention, causal=True), _linear_cost))
+               _example(LinearAttention, causal=True)))
 register(Entry("performer", PerformerAttention, "Choromanski et al. 2021, arXiv:2009.14794, Lemma 1 (FAVOR+)",
                "O(L m D)", "positive orthogonal random features estimate softmax attention in linear time",
-               "long-sequence", _example(PerformerAttention, num_features=32), _performer_cost))
+               "long-sequence", _example(PerformerAttention, num_features=32)))

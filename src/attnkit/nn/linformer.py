@@ -119,15 +119,6 @@ class LinformerAttention(ProjectedAttention):
         return self.merge_heads(attention(q, k, v, dropout_p=self.dropout_p))
 
 
-def _cost(batch=1, heads=8, length=4096, head_dim=64, k_proj_dim=256, itemsize=4):
-    """Forward FLOPs (projections, E K and F V, n x k attention) and bytes of the main intermediates."""
-    b, h, n, d, k = batch, heads, length, head_dim, k_proj_dim
-    dim = h * d
-    flops = 8 * b * n * dim * dim + 2 * 2 * b * h * k * n * d + 2 * b * h * n * k * (d + d)
-    memory = (4 * b * n * dim + 2 * b * h * k * d + 2 * b * h * n * k) * itemsize
-    return {"flops": float(flops), "memory_bytes": float(memory)}
-
-
 def _example():
     g = torch.Generator().manual_seed(0)
     return LinformerAttention(32, 4, max_len=16, k_proj_dim=8), (torch.randn(2, 16, 32, generator=g),)
@@ -135,4 +126,4 @@ def _example():
 
 register(Entry("linformer", LinformerAttention, "Wang et al. 2020, arXiv:2006.04768, eq. 7", "O(L k D)",
                "keys and values projected along the sequence to k rows: n x k scores", "long-sequence",
-               _example, _cost))
+               _example))

@@ -8,7 +8,7 @@ from .. import masks
 from ..attention import attention
 from ..errors import ArgumentError, check_int
 from ..registry import Entry, register
-from ._projections import ProjectedAttention, attention_cost
+from ._projections import ProjectedAttention
 
 __all__ = ["LocalAttention"]
 
@@ -88,15 +88,6 @@ class LocalAttention(ProjectedAttention):
         return f"dim={self.dim}, num_heads={self.num_heads}, size={self.size}, mode={self.mode!r}, causal={self.causal}"
 
 
-def _cost(batch=1, heads=8, length=4096, head_dim=64, size=128, mode="window", causal=False):
-    """Forward cost; keys per query: ``2 size + 1`` (window), ``size + 1`` (causal window), ``size`` (blocks)."""
-    if mode == "window":
-        per_query = min(length, size + 1 if causal else 2 * size + 1)
-    else:
-        per_query = min(length, size) if not causal else (min(length, size) + 1) / 2
-    return attention_cost(batch=batch, heads=heads, length=length, head_dim=head_dim, pairs=length * per_query)
-
-
 def _example():
     g = torch.Generator().manual_seed(0)
     return LocalAttention(16, 2, 3), (torch.randn(2, 12, 16, generator=g),)
@@ -104,4 +95,4 @@ def _example():
 
 register(Entry("local", LocalAttention, "Luong et al. 2015, arXiv:1508.04025, Sec. 3.2 (local-m)",
                "O(L w D)", "each query attends a window of 2D+1 keys, or its own block",
-               "long-sequence", _example, _cost))
+               "long-sequence", _example))

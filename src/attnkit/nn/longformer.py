@@ -11,7 +11,7 @@ from ..attention import attention
 from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 from ..functional.mask_base import Mask
 from ..registry import Entry, register
-from ._projections import ProjectedAttention, attention_cost
+from ._projections import ProjectedAttention
 
 __all__ = ["LongformerAttention", "GlobalKeys"]
 
@@ -160,12 +160,6 @@ class LongformerAttention(ProjectedAttention):
         return f"dim={self.dim}, num_heads={self.num_heads}, window={self.window}, dilation={self.dilation}"
 
 
-def _cost(batch=1, heads=8, length=4096, head_dim=64, window=256, dilation=1, num_global=1):
-    """Forward cost: ``w + 1 + g`` keys for each window row, ``n`` for each of the ``g`` global rows."""
-    pairs = length * min(length, window + 1 + num_global) + num_global * length
-    return attention_cost(batch=batch, heads=heads, length=length, head_dim=head_dim, pairs=pairs, projections=7)
-
-
 def _example():
     g = torch.Generator().manual_seed(0)
     layer = LongformerAttention(16, 2, window=4, dilation=2)
@@ -174,4 +168,4 @@ def _example():
 
 register(Entry("longformer", LongformerAttention, "Beltagy et al. 2020, arXiv:2004.05150, Sec. 3.1",
                "O(L (w + g) D)", "dilated sliding window plus global tokens with their own projections",
-               "long-sequence", _example, _cost))
+               "long-sequence", _example))

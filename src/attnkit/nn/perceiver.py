@@ -134,26 +134,6 @@ class PerceiverEncoder(nn.Module):
         return self.norm_out(z)
 
 
-def _attention_cost(batch=1, heads=8, length=4096, head_dim=64, latents=256, input_dim=None, itemsize=4):
-    """Forward FLOPs and main intermediates of ``latents`` queries attending to an input of ``length``."""
-    b, n, h, d = batch, length, heads, head_dim
-    dim, c = h * d, input_dim or h * d
-    flops = 4 * b * latents * dim * dim + 4 * b * n * c * dim + 4 * b * latents * n * dim
-    memory = (2 * b * n * dim + 2 * b * latents * dim + b * h * latents * n) * itemsize
-    return {"flops": float(flops), "memory_bytes": float(memory)}
-
-
-def _encoder_cost(batch=1, heads=8, length=4096, head_dim=64, latents=256, depth=4, input_dim=None, itemsize=4):
-    """Cross-attend + MLP, then ``depth`` latent blocks (attention + MLP), forward."""
-    cross = _attention_cost(batch, heads, length, head_dim, latents, input_dim, itemsize)
-    self_attn = _attention_cost(batch, heads, latents, head_dim, latents, None, itemsize)
-    dim = heads * head_dim
-    mlp_flops, mlp_bytes = 16 * batch * latents * dim * dim, 5 * batch * latents * dim * itemsize
-    flops = cross["flops"] + mlp_flops + depth * (self_attn["flops"] + mlp_flops)
-    memory = cross["memory_bytes"] + mlp_bytes + depth * (self_attn["memory_bytes"] + mlp_bytes)
-    return {"flops": float(flops), "memory_bytes": float(memory)}
-
-
 def _example_attention():
     g = torch.Generator().manual_seed(0)
     return (PerceiverAttention(16, 8, num_heads=2, head_dim=8),
@@ -168,8 +148,6 @@ def _example_encoder():
 
 _PAPER = "Jaegle et al. 2021, arXiv:2103.03206, Sec. 2.1"
 register(Entry("perceiver-attention", PerceiverAttention, _PAPER, "O(L N D)",
-               "N latent queries cross-attend to a length-L input", "long-sequence", _example_attention,
-               _attention_cost))
+               "N latent queries cross-attend to a length-L input", "long-sequence", _example_attention))
 register(Entry("perceiver-encoder", PerceiverEncoder, _PAPER, "O(L N D + N^2 D)",
-               "latent cross-attention then a latent Transformer", "long-sequence", _example_encoder,
-               _encoder_cost))
+               "latent cross-attention then a latent Transformer", "long-sequence", _example_encoder))

@@ -202,17 +202,6 @@ class ReformerAttention(nn.Module):
         return self.out_proj(merge_heads(self.lsh(qk, v, key_keep_mask=key_keep_mask)))
 
 
-def _cost(batch=1, heads=8, length=4096, head_dim=64, n_buckets=32, n_hashes=4, chunk_size=64, itemsize=4):
-    """Forward FLOPs (projections, hashing, R rounds of (c x 2c) chunks) and bytes of the main intermediates."""
-    b, h, n, d, buckets, rounds, chunk = batch, heads, length, head_dim, n_buckets, n_hashes, chunk_size
-    dim = h * d
-    flops = 6 * b * n * dim * dim + 2 * b * h * rounds * n * d * buckets // 2
-    flops += 2 * b * h * rounds * n * 2 * chunk * (2 * d)
-    memory = (b * h * rounds * n * (2 * chunk * (itemsize * 2 + 3) + 3 * d * itemsize)
-              + 3 * b * n * dim * itemsize)
-    return {"flops": float(flops), "memory_bytes": float(memory)}
-
-
 def _example():
     g = torch.Generator().manual_seed(0)
     layer = ReformerAttention(32, 4, n_buckets=4, n_hashes=2, chunk_size=4, causal=True)
@@ -221,4 +210,4 @@ def _example():
 
 register(Entry("reformer", ReformerAttention, "Kitaev et al. 2020, arXiv:2001.04451, Sec. 2",
                "O(L c D R)", "shared-QK angular LSH, sort by bucket, attend within chunks; R rounds",
-               "long-sequence", _example, _cost))
+               "long-sequence", _example))

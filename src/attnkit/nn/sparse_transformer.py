@@ -10,7 +10,7 @@ from ..attention import attention
 from ..errors import ArgumentError, check_int
 from ..functional.mask_base import Mask
 from ..registry import Entry, register
-from ._projections import ProjectedAttention, attention_cost
+from ._projections import ProjectedAttention
 
 __all__ = ["SparseTransformerAttention"]
 
@@ -176,14 +176,6 @@ class SparseTransformerAttention(ProjectedAttention):
                 f"summary={self.summary}, causal={self.causal}")
 
 
-def _cost(batch=1, heads=8, length=4096, head_dim=64, pattern="strided", stride=128, summary=8, causal=True):
-    """Forward cost; keys per query: ``2l - 1 + n/l`` (strided) or ``l + c n / l`` (fixed), halved if causal."""
-    n, l = length, stride
-    per_query = (2 * l - 1 + n / l) if pattern == "strided" else (l + summary * n / l)
-    per_query = min(n, per_query) / (2 if causal else 1)
-    return attention_cost(batch=batch, heads=heads, length=length, head_dim=head_dim, pairs=n * per_query)
-
-
 def _example():
     g = torch.Generator().manual_seed(0)
     return SparseTransformerAttention(16, 2, "strided", stride=4), (torch.randn(2, 18, 16, generator=g),)
@@ -192,4 +184,4 @@ def _example():
 register(Entry("sparse-transformer", SparseTransformerAttention,
                "Child et al. 2019, arXiv:1904.10509, Sec. 4 and 5.1", "O(L sqrt(L) D)",
                "strided or fixed factorized pattern, merged head, causal by default",
-               "long-sequence", _example, _cost))
+               "long-sequence", _example))
