@@ -25,7 +25,8 @@ def test_explain_prints_the_decision(capsys):
     assert cli.main(["explain", "--q-len", "512", "--heads", "2", "--head-dim", "16",
                      "--mask", "sliding_window(16, 16)"]) == 0
     out = capsys.readouterr().out
-    assert "backend: blocksparse" in out and "block density" in out
+    assert "path: band-windows (backend 'blocksparse')" in out and "block density" in out
+    assert "torch-sdpa            able, not preferred: block density" in out
 
 
 def test_explain_rejects_a_mask_that_is_not_a_mask_expression(capsys):

@@ -81,7 +81,7 @@ def test_forced_backend_runs_its_first_able_path_or_names_its_general_refusal():
     assert attnkit.explain(q, k, v, bias=ALiBi(2), backend="chunked").path == "bias-slabs"
     d = attnkit.explain(q, k, v, backend="reference")
     assert d.reasons["torch-sdpa"] == "able, not preferred: not asked: backend='reference' was forced"
-    with pytest.raises(attnkit.BackendError, match="blocksparse.*return_weights"):
+    with pytest.raises(attnkit.BackendError, match=r"blocksparse.*return_weights"):
         attnkit.attention(q, k, v, backend="blocksparse", return_weights=True)
 
 

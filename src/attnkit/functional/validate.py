@@ -7,10 +7,9 @@ Each error names the argument and shows expected vs actual (RELIABILITY.md).
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +23,7 @@ __all__ = ["Problem", "validate", "BACKENDS"]
 
 BACKENDS = ("auto", "reference", "chunked", "sdpa", "blocksparse")
 _WHO = "attnkit.attention"
+_UNKNOWN = object()
 
 
 @dataclass
@@ -44,23 +44,24 @@ class Problem:
     return_lse: bool
     user_rank: int
     _finite: bool | None = None  # inputs_finite(), once known
+    # Read once per call (plain attributes, not functools.cached_property, whose lock torch.compile cannot trace).
+    sizes: tuple[int, int, int, int, int, int] = field(init=False)
+    _band: object = field(init=False, default=_UNKNOWN)
 
-    @functools.cached_property
+    def __post_init__(self):
+        b, h, lq, d = self.q.shape  # (B, Hq, Lq, Lk, D, Dv); zeroing padded K/V rows keeps the shapes
+        self.sizes = (b, h, lq, self.k.shape[2], d, self.v.shape[3])
+
+    @property
     def band(self) -> tuple[int, int] | None:
         """``(lo, hi)`` when the mask allows exactly the keys ``lo <= j - i <= hi``, both sides bounded; else None.
 
         Computed once per call (the band path's check, plan and cost all read it).
         """
-        if self.mask is None:
-            return None
-        b = self.mask.band(self.sizes[2], self.sizes[3])
-        return None if b is None or None in b else b
-
-    @functools.cached_property
-    def sizes(self) -> tuple[int, int, int, int, int, int]:
-        """``(B, Hq, Lq, Lk, D, Dv)`` (read once: zeroing padded K/V rows keeps the shapes)."""
-        b, h, lq, d = self.q.shape
-        return b, h, lq, self.k.shape[2], d, self.v.shape[3]
+        if self._band is _UNKNOWN:
+            b = None if self.mask is None else self.mask.band(self.sizes[2], self.sizes[3])
+            self._band = None if b is None or None in b else b
+        return self._band
 
     @property
     def groups(self) -> int:

@@ -24,7 +24,7 @@ that of plain ``tanh(.) @ v``. When ``|2q|`` or ``|2k|`` is too large for
 ``exp`` to stay a normal float (above 83 in float32), or the values are not
 finite, tiles use ``G = sigmoid(2q_i + 2k_j)`` instead (an add and a sigmoid).
 Either way ``G`` near 1/2 carries an absolute rounding error of about ``eps``
-rather than ``eps |tanh|``; tests/test_perf_elementwise.py holds both forms to
+rather than ``eps |tanh|``; tests/nn/test_additive_scores.py holds both forms to
 the DESIGN.md rule against plain float32 ``tanh``. Half-precision inputs are
 computed in float32.
 """
