@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 import attnkit
+import attnkit.nn
 from attnkit import masks
 
 START, END = "<!-- overhead:start -->", "<!-- overhead:end -->"
@@ -70,8 +71,9 @@ def attention_rows() -> list[Row]:
     q, k, v = _qkv(1, 8, 8, 16, 1024)
     bool_mask = torch.ones(16, 1024, dtype=torch.bool).tril(1024 - 16)
     rows.append(Row("chunked prefill q=16 kv=1024, causal", 1.15,
-                    lambda: attnkit.attention(q, k, v, mask=causal),
-                    lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bool_mask), "SDPA bool mask"))
+                    lambda q=q, k=k, v=v: attnkit.attention(q, k, v, mask=causal),
+                    lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, attn_mask=bool_mask),
+                    "SDPA bool mask"))
     for length in (32, 128):
         q, k, v = _qkv(4, 8, 8, length, length)
         rows.append(Row(f"B=4 L={length}, causal", 1.15, lambda q=q, k=k, v=v: attnkit.attention(q, k, v, mask=causal),

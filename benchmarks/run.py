@@ -26,6 +26,7 @@ import json
 import math
 import os
 import shlex
+import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -163,11 +164,15 @@ def plots(rows: list[Row], folder: Path, relative_to: Path) -> list[tuple[str, s
     return out
 
 
+OVERHEAD = 8  # the target number of the dispatch-overhead rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument("--fresh", action="store_true", help="ignore cached rows (of --only targets, if given)")
-    parser.add_argument("--only", type=int, nargs="+", default=None, help="measure only these targets (1-6)")
+    parser.add_argument("--only", type=int, nargs="+", default=None,
+                        help=f"measure only these targets (1-6; {OVERHEAD}: dispatch overhead, benchmarks/overhead.py)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--in-process", action="store_true",
                         help="measure every spec in this process (default: each in a fresh child process)")
@@ -197,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(rewrite(old, text))
         print(f"wrote {out}", file=sys.stderr)
+    if args.only is None or OVERHEAD in args.only:  # at 1 thread, in a fresh process, its own section
+        write = [] if args.print else ["--write", str(out.resolve())]
+        subprocess.run([sys.executable, "-m", "benchmarks.overhead", "--rounds", "5" if args.quick else "15", *write],
+                       check=True, cwd=HERE.parent)
     return 0 if all(math.isfinite(r.ours_s[0]) for r in rows if r.ours_s) else 1
 
 

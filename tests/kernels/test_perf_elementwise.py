@@ -1,18 +1,14 @@
-"""The elementwise rewrites of issue 7 (targets 4 and 6) compute the float64 reference's function.
+"""The elementwise rewrite of issue 7 (target 4) computes the float64 reference's function.
 
-- ``kernels/softcap_loop.py``: ``tanh`` by a Pade approximant in float32 blocks whose
-  arguments lie in ``[-2, 2]``, ``torch.tanh`` elsewhere; ``exp2`` of one fused
-  multiply-add for the weights; ``aten.tanh_backward`` in the backward.
-- ``nn/additive_scores.py``: ``tanh(q + k) = 2 / (1 + exp(-2q) exp(-2k)) - 1`` per tile
-  (a sigmoid of ``2q + 2k`` when ``exp`` would leave the normal range).
+``kernels/softcap_loop.py``: ``tanh`` by a Pade approximant in float32 blocks whose
+arguments lie in ``[-2, 2]``, ``torch.tanh`` elsewhere; ``exp2`` of one fused
+multiply-add for the weights; ``aten.tanh_backward`` in the backward.
 
-Each path is held to the DESIGN.md rule: error vs float64 at most 2x (3x for gradients)
+The path is held to the DESIGN.md rule: error vs float64 at most 2x (3x for gradients)
 the error of the plain float32 implementation (``torch.tanh`` on the same inputs).
 """
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
@@ -22,8 +18,6 @@ from attnkit import masks
 from attnkit.bias import Softcap
 from attnkit.kernels import softcap_grad, softcap_loop
 from attnkit.kernels.pipeline import Workspace
-from attnkit.nn import additive_scores as scores_mod
-from attnkit.nn.additive import AdditiveAttention, additive_scores
 from tests.helpers import assert_close_to_oracle, oracle, rand_qkv
 
 B, H, LQ, LK, D = 2, 3, 5, 7, 11
@@ -146,79 +140,3 @@ def test_softcap_nan_query_propagates_only_to_its_row(small_blocks, block_ranges
     assert torch.equal(torch.isnan(got), nan)
     assert_close_to_oracle(got, q, k, v, bias=Softcap(50.0))  # NaN where the reference has NaN, close elsewhere
     assert not any(bounded for _, bounded in block_ranges)  # a NaN norm never vouches for the range
-
-
-# ------------------------------------------------------------------ additive scores
-
-
-def _broadcast(q, k, v):
-    return torch.tanh(q.unsqueeze(-2) + k.unsqueeze(-3)) @ v  # the paper's equation in plain torch
-
-
-def _additive_grads(fn, q, k, v, w):
-    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    out = fn(*leaves)
-    return [out, *torch.autograd.grad((out * w.to(out.dtype)).sum(), leaves)]
-
-
-# "products": exp(-2q), exp(-2k) stay normal floats; "edge": one pair with q + k = 0 where exp(-2q) would
-# overflow and exp(-2k) be denormal (inf * tiny = inf, not 1): sigmoids; "large": |q| ~ 30, sigmoids.
-@pytest.mark.parametrize("case", ["products", "edge", "large"])
-@pytest.mark.parametrize("k_lead", [(2, 3), (1, 1)])
-@pytest.mark.parametrize("budget", [60, 300])  # several tiles of one or more (rows, keys)
-def test_tiled_additive_scores_match_float64_broadcast(case, k_lead, budget):
-    g = torch.Generator().manual_seed(31)
-    q = torch.randn(2, 3, 5, 11, generator=g, dtype=torch.float64) * (30.0 if case == "large" else 1.0)
-    k = torch.randn(*k_lead, 7, 11, generator=g, dtype=torch.float64)
-    if case == "edge":
-        q[0, 0, 0, 0], k[0, 0, 0, 0] = -45.0, 45.0
-    v = torch.randn(11, generator=g, dtype=torch.float64) / 3
-    w = torch.randn(2, 3, 5, 7, generator=g, dtype=torch.float64)
-    assert scores_mod._factors(q.float(), k.float())[2] == (case == "products")
-    assert math.prod(scores_mod._tile_shape(q.reshape(6, 5, 11), k.reshape(-1, 7, 11), budget)) * 11 < 5 * 7 * 11
-    got = _additive_grads(lambda *t: additive_scores(*t, max_elements=budget), q.float(), k.float(), v.float(), w)
-    exact = _additive_grads(_broadcast, q, k, v, w)
-    plain = _additive_grads(_broadcast, q.float(), k.float(), v.float(), w)
-    _rule(got[:1], exact[:1], plain[:1], 2.0)
-    _rule(got[1:], exact[1:], plain[1:], 3.0)
-    got64 = _additive_grads(lambda *t: additive_scores(*t, max_elements=budget), q, k, v, w)
-    for a, b in zip(got64, exact, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
-
-
-def test_tiled_additive_scores_non_finite_and_half_precision():
-    g = torch.Generator().manual_seed(32)
-    q, k = torch.randn(2, 5, 4, generator=g), torch.randn(2, 7, 4, generator=g)
-    v = torch.randn(4, generator=g)
-    q[0, 1, 2], q[1, 3, 0] = float("inf"), float("nan")
-    got = additive_scores(q, k, v, max_elements=9)
-    exact = _broadcast(q.double(), k.double(), v.double())
-    assert torch.equal(torch.isnan(got), torch.isnan(exact)) and torch.isnan(got[1, 3]).all()
-    torch.testing.assert_close(got.double().nan_to_num(), exact.nan_to_num(), atol=1e-6, rtol=0)
-    q[0, 1, 2], q[1, 3, 0] = 0.0, 0.0
-    half = additive_scores(q.bfloat16(), k.bfloat16(), v.bfloat16(), max_elements=9)
-    assert half.dtype == torch.bfloat16
-    exact = _broadcast(q.bfloat16().double(), k.bfloat16().double(), v.bfloat16().double())
-    torch.testing.assert_close(half.double(), exact, atol=2e-2, rtol=1e-2)
-
-
-def test_additive_module_gradients_with_tiles_match_float64():
-    """The whole module (projections, v, softmax) on the tiled path, every leaf's gradient."""
-    torch.manual_seed(0)
-    tiled = AdditiveAttention(11, 6, 8, bias=True, max_elements=50)
-    g = torch.Generator().manual_seed(33)
-    query, key = torch.randn(2, 5, 11, generator=g), torch.randn(2, 7, 6, generator=g)
-    mask = masks.padding(torch.tensor([7, 4]))
-
-    def grads(module, q, k, need_weights):
-        leaves = [q.clone().requires_grad_(True), k.clone().requires_grad_(True)]
-        out = module(*leaves, mask=mask, need_weights=need_weights).context
-        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(34), dtype=torch.float64)
-        return [out, *torch.autograd.grad((out * w.to(out.dtype)).sum(), leaves + list(module.parameters()))]
-
-    whole = AdditiveAttention(11, 6, 8, bias=True)
-    whole.load_state_dict(tiled.state_dict())
-    exact = grads(whole.double(), query.double(), key.double(), True)
-    for need_weights in (True, False):
-        _rule(grads(tiled, query, key, need_weights)[:1], exact[:1], grads(whole.float(), query, key, True)[:1], 2.0)
-        _rule(grads(tiled, query, key, need_weights)[1:], exact[1:], grads(whole.float(), query, key, True)[1:], 3.0)
