@@ -128,8 +128,8 @@ def attention(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, 
         result, _ = execute(p, backend)
     if record:
         recording.report(result.weights.to(p.q.dtype))
-    rank = p.user_rank
-    out = _to_user_rank(result.out.to(p.q.dtype), rank)
+    rank, dtype = p.user_rank, p.q.dtype
+    out = _to_user_rank(result.out if result.out.dtype == dtype else result.out.to(dtype), rank)
     if not (return_weights or return_lse):
         return out
     weights = _to_user_rank(result.weights.to(p.q.dtype), rank) if return_weights else None

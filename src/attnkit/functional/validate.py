@@ -110,20 +110,21 @@ def _check_qkv(q, k, v):
         raise DTypeError(f"{_WHO}: query, key and value must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise DeviceError(f"{_WHO}: query, key and value must share a device; got {q.device}, {k.device}, {v.device}")
-    ranks = (q.dim(), k.dim(), v.dim())
-    if len(set(ranks)) != 1 or not 2 <= q.dim() <= 4:
+    qs, ks, vs = q.shape, k.shape, v.shape  # read once: each read builds a torch.Size
+    rank = len(qs)
+    if not (rank == len(ks) == len(vs)) or not 2 <= rank <= 4:
         raise ShapeError(f"{_WHO}: query, key and value must all be 2-D (L, D), 3-D (B, L, D) or "
                          f"4-D (B, H, L, D); got shapes {_shape(q)}, {_shape(k)}, {_shape(v)}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ShapeError(f"{_WHO}: query and key must share the feature dim; got query {_shape(q)} (D={q.shape[-1]}) "
-                         f"and key {_shape(k)} (D={k.shape[-1]})")
-    if k.shape[-2] != v.shape[-2]:
+    if qs[-1] != ks[-1]:
+        raise ShapeError(f"{_WHO}: query and key must share the feature dim; got query {_shape(q)} (D={qs[-1]}) "
+                         f"and key {_shape(k)} (D={ks[-1]})")
+    if ks[-2] != vs[-2]:
         raise ShapeError(f"{_WHO}: key and value must have the same length; got key {_shape(k)} "
-                         f"(Lk={k.shape[-2]}) and value {_shape(v)} (Lv={v.shape[-2]})")
-    if q.dim() >= 3 and not (q.shape[0] == k.shape[0] == v.shape[0]):
+                         f"(Lk={ks[-2]}) and value {_shape(v)} (Lv={vs[-2]})")
+    if rank >= 3 and not (qs[0] == ks[0] == vs[0]):
         raise ShapeError(f"{_WHO}: batch dims differ: query {_shape(q)}, key {_shape(k)}, value {_shape(v)}")
-    if q.dim() == 4:
-        hq, hk, hv = q.shape[1], k.shape[1], v.shape[1]
+    if rank == 4:
+        hq, hk, hv = qs[1], ks[1], vs[1]
         if hk != hv:
             raise ShapeError(f"{_WHO}: key and value must have the same number of heads; got {hk} and {hv}")
         if (hk == 0 and hq != 0) or (hk and hq % hk):
