@@ -12,14 +12,6 @@ from attnkit import runtime
 from attnkit.errors import ArgumentError
 
 
-@pytest.fixture
-def mode():
-    def force(name):
-        runtime.set_low_precision_math(name)
-    yield force
-    runtime.set_low_precision_math("auto")
-
-
 def test_auto_follows_the_cpu_and_other_dtypes_are_left_alone(mode):
     cpu = torch.device("cpu")
     for dtype in (torch.bfloat16, torch.float16):

@@ -11,17 +11,9 @@ import pytest
 import torch
 
 import attnkit
-from attnkit import masks, runtime
+from attnkit import masks
 from attnkit.bias import ALiBi
 from tests.helpers import assert_close_to_oracle, rand_qkv
-
-
-@pytest.fixture
-def mode():
-    def force(name):
-        runtime.set_low_precision_math(name)
-    yield force
-    runtime.set_low_precision_math("auto")
 
 
 @pytest.mark.parametrize("name", ["native", "float32"])
