@@ -76,10 +76,10 @@ def test_biases_are_cached_per_size_on_masks_that_ignore_batch_and_head(monkeypa
         got = attnkit.attention(q, k, v, mask=mask, backend="blocksparse")
         torch.testing.assert_close(got, attnkit.attention(q, k, v, mask=mask, backend="reference"))
     cached = mask._cache_fused_biases
-    assert [key[:2] for key in cached] == [(40, 40), (56, 56)]  # least recently used (48) dropped
-    first = cached.get_or_build((56, 56, 8, 2, torch.float64, "cpu"), lambda: None)
-    assert first is not None
+    assert [plan_key[:2] for plan_key, _ in cached] == [(40, 40), (56, 56)]  # least recently used (48) dropped
     p = validate(*rand_qkv(1, 2, 56, 56, 4, dtype=torch.float64), mask=mask)
+    first = cached.get_or_build((block_plan.plan_key(p), torch.float64), lambda: None)
+    assert first is not None
     assert blocksparse_fused.slab_biases(p, block_plan.plan_for(p).slabs, 8, torch.float64) is first  # reused
     per_batch = masks.padding([20]) & masks.sliding_window(2, 2) | masks.global_tokens([0])
     got = attnkit.attention(q, k, v, mask=per_batch, backend="blocksparse")
@@ -109,3 +109,12 @@ def test_refusals_send_calls_to_the_hand_written_path(monkeypatch):
     assert torch.isnan(got[:, :, :20]).all() and torch.isfinite(got[:, :, 20:]).all()  # NaN stays in its document
     assert fallback
     assert "fused torch kernel" in str(attnkit.explain(q, k, v, mask=mask, backend="blocksparse"))
+
+
+def test_cached_biases_follow_the_plan_when_the_slab_size_changes(monkeypatch):
+    mask = masks.causal() & masks.strided(64)
+    q, k, v = rand_qkv(1, 2, 512, 512, 8, seed=9)
+    first = attnkit.attention(q, k, v, mask=mask, backend="blocksparse")
+    monkeypatch.setattr(block_plan, "SLAB", 1 << 14)  # other slabs: the cached biases must not be reused
+    torch.testing.assert_close(attnkit.attention(q, k, v, mask=mask, backend="blocksparse"), first)
+    assert len(mask._cache_fused_biases) == 2

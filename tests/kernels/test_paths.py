@@ -23,7 +23,7 @@ from attnkit.attention import _prepare
 from attnkit.bias import ALiBi, Softcap
 from attnkit.functional.mask_base import Mask
 from attnkit.functional.validate import BACKENDS, Problem
-from attnkit.kernels import dispatch, paths
+from attnkit.kernels import dispatch, paths, rules
 from tests.helpers import assert_close_to_oracle, oracle, rand_qkv
 
 SRC = FilePath(attnkit.__file__).parent
@@ -131,12 +131,15 @@ def test_common_calls_are_decided_without_layouts_pictures_or_data_passes(name, 
 
 
 def test_a_mask_reused_over_many_lengths_keeps_bounded_caches():
-    mask = masks.causal() & masks.sliding_window(32)
+    mask = masks.global_tokens([0]) | masks.sliding_window(32)
+    band = masks.causal() & masks.sliding_window(32)
     for length in range(200, 1000, 4):
         q = torch.zeros(1, 1, length, 8)
-        attnkit.explain(q, q, q, mask=mask)
+        attnkit.explain(q, q, q, mask=mask)  # builds (or reuses) its block plan for the density
+        assert attnkit.explain(q, q, q, mask=band).path == "band-windows"
     assert 0 < len(mask._cache_block_plans) <= 8
     assert all(0 < len(part._cache_layouts) <= 16 for part in mask.parts)
+    assert not hasattr(band, "_cache_block_plans")  # a band's density comes from its window plan: no layouts
 
 
 # ------------------------------------------------------------------ torch's kernel checks its own output
@@ -158,3 +161,76 @@ def test_non_finite_inputs_give_the_exact_answer(head_dim, where, value, mask_na
     expected = attnkit.attention(q, k, v, mask=mask, backend="reference")
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5, equal_nan=True)
     assert torch.isfinite(got[0]).all()  # the other batch element is untouched
+
+
+def test_nan_in_a_key_another_document_sees_never_reaches_this_one():
+    """Dense enough for torch's kernel after a block-sparse rule learnt the inputs are not finite (rule 3)."""
+    q, k, v = rand_qkv(1, 1, 128, 128, 16, seed=1)
+    k[0, 0, 100, 0] = float("nan")  # a key of document 1 only
+    mask = masks.segments(torch.arange(128) // 64)
+    got = attnkit.attention(q, k, v, mask=mask)
+    assert torch.isfinite(got[..., :64, :]).all() and torch.isnan(got[..., 64:, :]).all()
+    torch.testing.assert_close(got, attnkit.attention(q, k, v, mask=mask, backend="reference"), equal_nan=True)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_padded_keys_reach_neither_output_nor_gradients(value):
+    q, k, v = rand_qkv(2, 4, 1, 30, 16, seed=2)
+    k[0, :, 19:] = value
+    v[0, :, 19:] = value
+    mask = masks.padding([19, 30]) & masks.causal()  # decoding over a padded KV cache
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = attnkit.attention(q, k, v, mask=mask)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    ref = attnkit.attention(q, k, v, mask=mask, backend="reference")
+    ref_grads = torch.autograd.grad(ref.sum(), (q, k, v))
+    for got, want in zip((out, *grads), (ref, *ref_grads), strict=True):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_padded_minus_inf_key_gives_finite_query_gradients():
+    """-inf in a padded key: torch's output is finite, but 0 * inf in dQ; padded rows are zeroed under autograd."""
+    q = torch.rand(1, 1, 1, 4, requires_grad=True)
+    k = torch.randn(1, 1, 3, 4)
+    k[0, 0, 2] = -float("inf")
+    k.requires_grad_()
+    v = torch.randn(1, 1, 3, 4, requires_grad=True)
+    attnkit.attention(q, k, v, mask=masks.padding([2])).sum().backward()
+    q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    attnkit.attention(q2, k2, v2, mask=masks.padding([2]), backend="reference").sum().backward()
+    torch.testing.assert_close(q.grad, q2.grad)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, -1e-30])
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+def test_causal_with_a_scale_at_most_zero_is_exact(scale, align):
+    q, k, v = rand_qkv(1, 2, 4, 4, 8, dtype=torch.float64, seed=4)
+    mask = masks.causal(align=align)
+    got = attnkit.attention(q, k, v, mask=mask, scale=scale)
+    torch.testing.assert_close(got, oracle(q, k, v, mask=mask, scale=scale))
+    _, ran = dispatch.execute(_prepare(q, k, v, mask=mask, scale=scale))
+    if scale != 0.0:  # (scale 0 gives the one-key first row an lse of exactly log 1 = 0: run again, exactly)
+        assert ran.name == "torch-sdpa"  # a float mask instead of is_causal: trusted at once
+
+
+@pytest.mark.parametrize("mask", [masks.padding([0, 30]), masks.causal(), "tensor"],
+                         ids=["length 0", "Lq > Lk", "bool"])
+def test_rows_with_no_allowed_key_are_trusted_without_a_second_run(mask, monkeypatch):
+    q, k, v = rand_qkv(2, 2, 40, 30, 16, seed=5)
+    if mask == "tensor":
+        mask = torch.rand(40, 30, generator=torch.Generator().manual_seed(0)) > 0.5
+        mask[3] = False  # a query with no key (a left-padded row)
+    calls = []
+    kernel = rules.FLASH
+
+    class Counting:
+        @staticmethod
+        def default(*args, **kwargs):
+            calls.append(1)
+            return kernel.default(*args, **kwargs)
+    monkeypatch.setattr(rules, "FLASH", Counting)
+    _, ran = dispatch.execute(_prepare(q, k, v, mask=mask))
+    assert ran.name == "torch-sdpa" and len(calls) == 1  # the kernel's lse 0 there is expected: no second run
+    torch.testing.assert_close(attnkit.attention(q, k, v, mask=mask), oracle(q, k, v, mask=mask).float(),
+                               rtol=1e-5, atol=1e-5)

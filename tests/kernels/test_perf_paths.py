@@ -283,7 +283,7 @@ def test_explain_names_the_bias_path():
     built = attnkit.explain(q, k, v, bias=torch.randn(300, 300)).reasons["bias-slabs"]
     assert built.startswith("chosen:") and "built per slab" in built
     dropped = attnkit.explain(q, k, v, bias=ALiBi(2), dropout_p=0.1)
-    assert dropped.path == "online-softmax" and dropped.reasons["bias-slabs"] == "refused: no weights and no dropout"
+    assert dropped.path == "online-softmax" and dropped.reasons["bias-slabs"] == "refused: no dropout"
 
 
 # ------------------------------------------------------------------ soft-capping without a running max

@@ -76,6 +76,10 @@ class BoundedCache:
                 self._bytes -= self._sizes.pop(old)
             return self._items.get(key, value)
 
+    def __reduce__(self):
+        """Copies and pickles (of a mask, of a module holding one) start empty: caches are not state."""
+        return type(self), (self.max_entries, self.max_bytes)
+
     def keys(self) -> list:
         with self._lock:
             return list(self._items)

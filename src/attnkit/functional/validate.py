@@ -87,9 +87,9 @@ class Problem:
             self._finite = math.isfinite(sum(t.sum(dtype=self.compute_dtype).item() for t in distinct))
         return self._finite
 
-    def learn_finiteness(self, finite: bool | None) -> None:
-        """Record what a kernel found out about the inputs (None: forget it, e.g. after rows were zeroed)."""
-        self._finite = finite
+    def forget_finiteness(self) -> None:
+        """Forget what :meth:`inputs_finite` found (the inputs changed: padded rows were zeroed)."""
+        self._finite = None
 
     @property
     def finiteness_known(self) -> bool:

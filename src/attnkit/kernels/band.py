@@ -28,7 +28,7 @@ from . import rules
 from .path_cost import PathCost, fused_attention, itemsize
 from .pipeline import KernelOutput, Workspace
 
-__all__ = ["refusal", "plan", "run", "describe", "cost"]
+__all__ = ["refusal", "plan", "run", "describe", "cost", "density"]
 
 BLOCK_SIZES = (32, 64, 128)
 _NEG_INF = float("-inf")
@@ -127,6 +127,12 @@ class _BandAttention(torch.autograd.Function):
         dq, dk, dv = _backward(q3, k3, v3, out, dout, dlse, ctx.pl, ctx.scale, ctx.finite)
         qs, ks, vs = ctx.shapes
         return dq.view(qs), dk.view(ks), dv.view(vs), None, None, None, None
+
+
+def density(p: Problem) -> float:
+    """The fraction of the ``Lq x Lk`` scores the window blocks compute."""
+    pl = plan(p)
+    return pl.nq * pl.bs * pl.width / (p.sizes[2] * p.sizes[3])
 
 
 def describe(p: Problem) -> str:

@@ -28,9 +28,10 @@ from ..functional.masks import _Causal
 from ..functional.validate import Problem
 from ..runtime import low_precision_math
 from . import rules
-from .bias_slabs_grad import SlabAttention, learned
+from .bias_slabs_grad import SlabAttention
 from .path_cost import PathCost, fused_attention, itemsize
 from .pipeline import KernelOutput, dense_indices, upcast_inputs
+from .rules import learned
 
 __all__ = ["refusal", "run", "describe", "cost", "Plan"]
 
@@ -51,14 +52,6 @@ def _additive_bias(p: Problem) -> str | None:
     return None
 
 
-def _no_weights_or_dropout(p: Problem) -> str | None:
-    return "no weights and no dropout" if p.return_weights or p.dropout_p > 0 else None
-
-
-def _lse_without_grad(p: Problem) -> str | None:
-    return "returns lse without gradients only" if p.return_lse and _needs_grad(p) else None
-
-
 def _finite_bias(p: Problem) -> str | None:
     if p.bias is not None and not _bias_tensor_ok(p.bias):
         return "the bias holds NaN or +inf"
@@ -68,16 +61,13 @@ def _finite_bias(p: Problem) -> str | None:
 
 
 REFUSALS = (rules.fused_cpu_kernel, rules.softmax_of_dot_products, rules.equal_head_dims, _additive_bias,
-            _no_weights_or_dropout, rules.not_compiling, _lse_without_grad, rules.finite_inputs, _finite_bias)
+            rules.no_weights, rules.no_dropout, rules.not_compiling, rules.lse_without_grad, rules.finite_inputs,
+            _finite_bias)
 
 
 def refusal(p: Problem) -> str | None:
     """Why the slab path cannot compute ``p`` exactly (None: it can)."""
     return rules.first_refusal(p, REFUSALS)
-
-
-def _needs_grad(p: Problem) -> bool:
-    return rules.needs_grad(p, *learned(p))
 
 
 def _toeplitz(p: Problem) -> bool:
@@ -164,7 +154,7 @@ def run(p: Problem) -> KernelOutput:
     """Out in the compute dtype, or in bfloat16/float16 for such inputs; lse when asked (without autograd)."""
     q, k, v = _inputs(p)
     plan = Plan(p, p.compute_dtype)
-    if _needs_grad(p):
+    if rules.needs_grad(p):
         return KernelOutput(SlabAttention.apply(plan, q, k, v, *learned(p)), None, None)
     with torch.no_grad():
         out, lse = plan.forward(q, *plan.keys(k, v))

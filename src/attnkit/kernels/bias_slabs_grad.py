@@ -20,19 +20,9 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..bias import AdditiveModifier
 from .rules import FLASH_BACKWARD
 
-__all__ = ["SlabAttention", "learned"]
-
-def learned(p) -> list[torch.Tensor]:
-    """The bias tensors whose gradients autograd asks for (a tensor bias, a modifier's table)."""
-    if not torch.is_grad_enabled():
-        return []
-    if p.bias is not None:
-        return [p.bias] if p.bias.requires_grad else []
-    return list(p.modifier.parameters_needing_grad()) if isinstance(p.modifier, AdditiveModifier) else []
-
+__all__ = ["SlabAttention"]
 
 class SlabAttention(torch.autograd.Function):
     """``plan.forward`` saving only ``q, k, v, out, lse``; ``apply(plan, q, k, v, *learned)``."""

@@ -29,8 +29,8 @@ from ..functional.validate import Problem
 from .path_cost import PathCost, fused_attention, itemsize
 from .pipeline import KernelOutput
 
-__all__ = ["BlockPlan", "plan_for", "layouts", "width_groups", "gather_plan", "to_blocks", "from_blocks",
-           "BLOCK_SIZES", "SLAB"]
+__all__ = ["BlockPlan", "plan_for", "plan_key", "density", "softmax_cost", "layouts", "width_groups",
+           "gather_plan", "to_blocks", "from_blocks", "BLOCK_SIZES", "SLAB"]
 
 BLOCK_SIZES = (64, 128)
 SLAB = 1 << 21  # gathered score elements per slab: few large ops; temporaries small enough to reuse
@@ -120,12 +120,21 @@ def _build(p: Problem) -> BlockPlan:
     return BlockPlan(bs, slabs, active.float().mean().item() if active.numel() else 0.0)
 
 
+def plan_key(p: Problem) -> tuple:
+    """What a plan depends on besides the mask: sizes, device, and the block sizes and slab (tests change them)."""
+    batch, heads, lq, lk, _, _ = p.sizes
+    return lq, lk, batch, heads, str(p.q.device), BLOCK_SIZES, SLAB
+
+
 def plan_for(p: Problem) -> BlockPlan:
     """The plan of ``p``: built once per mask, sizes and device, then read from the mask's bounded cache."""
-    batch, heads, lq, lk, _, _ = p.sizes
     mask = p.mask if p.mask is not None else _FULL
-    key = (lq, lk, batch, heads, str(p.q.device), BLOCK_SIZES, SLAB)  # tests change the sizes
-    return cache.on(mask, "block_plans", max_entries=PLAN_CACHE_ENTRIES).get_or_build(key, lambda: _build(p))
+    return cache.on(mask, "block_plans", max_entries=PLAN_CACHE_ENTRIES).get_or_build(plan_key(p), lambda: _build(p))
+
+
+def density(p: Problem) -> float:
+    """The plan's block density: the fraction of (query block, key block) pairs some element or head attends."""
+    return plan_for(p).density
 
 
 def _pad_to(t: torch.Tensor, length: int) -> torch.Tensor:

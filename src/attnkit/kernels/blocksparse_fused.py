@@ -32,12 +32,13 @@ from torch.autograd.function import once_differentiable
 from ..functional import cache
 from ..functional.validate import Problem
 from . import block_plan, rules
+from .block_plan import density
 from .blocksparse_masked import allowed_in, put_query_blocks, query_blocks
 from .path_cost import PathCost
 from .pipeline import KernelOutput, Workspace, upcast_inputs
 from .rules import FLASH, FLASH_BACKWARD
 
-__all__ = ["refusal", "run", "cost", "slab_biases"]
+__all__ = ["refusal", "run", "cost", "density", "slab_biases"]
 
 BIAS_CACHE = 4  # cached (sizes -> biases) entries per mask; the oldest goes first
 BIAS_CACHE_BYTES = 1 << 26  # larger bias sets (long, dense layouts) are built per call instead
@@ -76,8 +77,7 @@ def slab_biases(p: Problem, slabs, bs: int, dtype) -> list[torch.Tensor | None]:
     """Every slab's bias; cached on the mask when the mask reads neither ``b`` nor ``h``."""
     if p.mask is None or {"b", "h"} & p.mask.uses:
         return [_bias(p, sl, bs, dtype) for sl in slabs]
-    batch, heads, lq, lk, _, _ = p.sizes
-    key = (lq, lk, bs, batch * heads, dtype, str(p.q.device))  # B*H sizes the slabs
+    key = (block_plan.plan_key(p), dtype)  # the slabs, and so the biases, follow the plan
     return cache.on(p.mask, "fused_biases", max_entries=BIAS_CACHE, max_bytes=BIAS_CACHE_BYTES).get_or_build(
         key, lambda: [_bias(p, sl, bs, dtype) for sl in slabs])
 

@@ -15,10 +15,11 @@ from torch.utils.checkpoint import checkpoint
 
 from ..functional.validate import Problem
 from . import block_plan, rules
+from .block_plan import density
 from .path_cost import PathCost, Product, itemsize
 from .pipeline import KernelOutput, block_scores, block_weights, concat_pieces, dropout, upcast_inputs
 
-__all__ = ["refusal", "run", "cost", "BUDGET"]
+__all__ = ["refusal", "run", "cost", "density", "BUDGET"]
 
 BUDGET = 1 << 25  # gathered score elements kept for the backward before slabs are checkpointed
 
@@ -81,8 +82,9 @@ def _general(p: Problem, slabs, blocks, bs: int):
     listed = torch.cat([rows for rows, _, _, _ in slabs]) if slabs else qb.new_zeros(0, dtype=torch.long)
     missing = nq - listed.numel()  # blocks in no slab attend nothing: output 0, lse -inf
     if missing:
+        with_lse = pieces[0][1] is not None if pieces else p.return_lse  # softmax gives every slab an lse
         pieces.append((qb.new_zeros(batch, heads, missing, bs, vb.shape[-1]),
-                       qb.new_full((batch, heads, missing, bs), float("-inf")) if p.return_lse else None))
+                       qb.new_full((batch, heads, missing, bs), float("-inf")) if with_lse else None))
         seen = torch.zeros(nq, dtype=torch.bool, device=qb.device)
         seen[listed] = True
         listed = torch.cat([listed, (~seen).nonzero().flatten()])

@@ -22,10 +22,11 @@ from torch.autograd.function import once_differentiable
 
 from ..functional.validate import Problem
 from . import block_plan, rules
+from .block_plan import density
 from .path_cost import PathCost
 from .pipeline import KernelOutput, Workspace, upcast_inputs
 
-__all__ = ["refusal", "run", "cost", "allowed_in", "query_blocks", "put_query_blocks"]
+__all__ = ["refusal", "run", "cost", "density", "allowed_in", "query_blocks", "put_query_blocks"]
 
 _NEG_INF = float("-inf")
 

@@ -5,12 +5,14 @@
 every other path's reason and the chosen path's cost). Policy for
 ``backend="auto"``, in order:
 
-1. ``torch-sdpa`` when it is exact and the mask needs no picture of our own (no
-   mask, causal in any alignment, key padding, a bool tensor): decided in O(1),
-   with no block layout, no mask evaluation and no pass over the data.
-2. The first block-sparse path that accepts the call, when the mask's block
-   density is under that path's ``sparse_below`` (the plan is built once per mask
-   and sizes and cached, bounded, on the mask).
+1. ``torch-sdpa`` when it is exact and the mask is one it reads as it is (no mask,
+   causal in either alignment, key padding, a bool tensor): decided in O(1), with no
+   block layout, no pass over the data, and no mask evaluation beyond the small
+   cached masks of :mod:`.sdpa` (a key-padding row, a bottom-right causal block).
+2. The first block-sparse path that accepts the call, when the fraction of scores it
+   computes is under that path's ``sparse_below`` (band windows from their window
+   plan; gathered paths from the block plan, built once per mask and sizes and
+   cached, bounded, on the mask).
 3. ``torch-sdpa`` with the mask as a dense float mask, when it is exact.
 4. ``dense-reference`` for small problems (``SMALL_SCORES``) or when no chunked
    path accepts (row normalisers, weights); else the first chunked path that
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 from ..errors import BackendError
 from ..functional.masks import _Full
 from ..functional.validate import Problem
-from . import block_plan, rules, sdpa
+from . import rules, sdpa
 from .path_cost import PathCost
 from .paths import BY_NAME, PATHS, Path, of_backend
 from .pipeline import KernelOutput, zero_padded_keys
@@ -74,28 +76,30 @@ def _first_able(paths, p: Problem) -> Path | None:
     return next((path for path in paths if path.refusal(p) is None), None)
 
 
-def _forced(p: Problem, backend: str) -> _Choice:
+_UNTRUSTED = "its output held NaN, inf or an lse of 0 it cannot explain, for this call"
+
+
+def _forced(p: Problem, backend: str, untrusted: bool) -> _Choice:
     paths = of_backend(backend)
-    chosen = _first_able(paths, p)
+    chosen = _first_able((path for path in paths if not (untrusted and path is _SDPA)), p)
     if chosen is None:
-        why = paths[-1].refusal(p)
+        why = (rules.finite_inputs(p) or _UNTRUSTED) if untrusted and backend == "sdpa" else paths[-1].refusal(p)
         raise BackendError(f"attnkit.attention: backend={backend!r} cannot honour this call: {why}")
     return _Choice(chosen, why_not={path.name: f"not asked: backend={backend!r} was forced"
                                     for path in PATHS if path.backend != backend})
 
 
-def _auto(p: Problem) -> _Choice:
-    sdpa_able = _SDPA.refusal(p) is None
-    if sdpa_able and sdpa.simple_mask(p):  # rule 1: O(1)
+def _auto(p: Problem, untrusted: bool) -> _Choice:
+    if not untrusted and sdpa.simple_mask(p) and _SDPA.refusal(p) is None:  # rule 1: O(1)
         return _Choice(_SDPA, why_not={"*": "torch's kernel takes this mask as it is"})
     sparse = None if p.mask is None or isinstance(p.mask, _Full) else _first_able(of_backend("blocksparse"), p)
-    density = block_plan.plan_for(p).density if sparse is not None else None
+    density = sparse.density(p) if sparse is not None else None
     if sparse is not None and density < sparse.sparse_below:  # rule 2
         return _Choice(sparse, density, {_SDPA.name: f"block density {density:.3f} < {sparse.sparse_below}: "
                                                      "skipping empty blocks beats torch's kernel with a dense mask"})
     dense_why = (f"block density {density:.3f} >= {sparse.sparse_below}: too dense for block skipping to pay"
                  if sparse is not None else None)
-    if sdpa_able:  # rule 3
+    if not untrusted and _SDPA.refusal(p) is None:  # rule 3 (the sparse paths' rules may have learnt finiteness)
         return _Choice(_SDPA, density, {"blocksparse": dense_why} if dense_why else {})
     chunked = _first_able(of_backend("chunked"), p)
     batch, heads, lq, lk, _, _ = p.sizes
@@ -105,32 +109,37 @@ def _auto(p: Problem) -> _Choice:
     return _Choice(chunked, density, {"blocksparse": dense_why, "reference": "memory O(Lq Lk); chunked is O(L)"})
 
 
-def choose(p: Problem, backend: str = "auto") -> _Choice:
-    """The path that runs ``p``; empty problems (a zero size) take the reference path."""
+def choose(p: Problem, backend: str = "auto", *, untrusted: bool = False) -> _Choice:
+    """The path that runs ``p``; empty problems (a zero size) take the reference path.
+
+    ``untrusted``: torch's kernel has already run this call and its output could not be
+    trusted (:class:`~.sdpa.UntrustedOutput`): choose among the other paths.
+    """
     if _empty(p):
         return _Choice(_REFERENCE, why_not={"*": "a size is zero: the empty result, on the exact path"})
-    return _auto(p) if backend == "auto" else _forced(p, backend)
+    return _auto(p, untrusted) if backend == "auto" else _forced(p, backend, untrusted)
 
 
 def execute(p: Problem, backend: str = "auto") -> tuple[KernelOutput, Path]:
     """Run the chosen path; returns its output and the path that produced it.
 
-    Paths that trust their inputs run after padded K/V rows holding NaN or inf are zeroed
-    (RELIABILITY row 22); torch's kernel checks its own output and, when it finds NaN or inf,
-    the call is decided again with the inputs' finiteness known (one exact pass over q, k, v,
-    only then).
+    Padded K/V rows holding NaN or inf are zeroed first (RELIABILITY row 22), with one
+    finiteness pass, except where torch's kernel checks its own output and no gradient
+    is asked for (a padded ``-inf`` key gives a finite output, but ``0 * inf`` in dQ).
+    When torch's kernel finds its output untrustworthy, the padded rows are zeroed and
+    the call is decided again without it.
     """
     path = choose(p, backend).path
-    if path is not _SDPA and zero_padded_keys(p):
+    clean_padding_first = path is not _SDPA or not sdpa.checks_output(p) or rules.needs_grad(p)
+    if clean_padding_first and zero_padded_keys(p):
         path = choose(p, backend).path  # the zeroed rows may have been the only non-finite ones
     try:
         return path.run(p), path
-    except sdpa.NonFiniteInputs:
-        p.learn_finiteness(None)
-        zero_padded_keys(p)
-        p.inputs_finite()
-        path = choose(p, backend).path
-        return path.run(p), path
+    except sdpa.UntrustedOutput:
+        pass
+    zero_padded_keys(p)
+    path = choose(p, backend, untrusted=True).path
+    return path.run(p), path
 
 
 def decide(p: Problem, backend: str = "auto") -> Decision:

@@ -61,6 +61,10 @@ class Path:
         """The file that holds this path's code, as ``kernels/<module>.py``."""
         return f"kernels/{self.module.__name__.rsplit('.', 1)[-1]}.py"
 
+    def density(self, p: Problem) -> float:
+        """Fraction of the ``Lq x Lk`` scores a block-sparse path computes (what ``sparse_below`` bounds)."""
+        return self.module.density(p)
+
     def describe(self, p: Problem) -> str:
         """What this path does on ``p`` (the module's own words where it has them)."""
         describe: Callable | None = getattr(self.module, "describe", None)

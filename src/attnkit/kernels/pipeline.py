@@ -182,5 +182,5 @@ def zero_padded_keys(p: Problem) -> bool:
     if not compiling and bool(keep.all()):  # the check needs the data: skip it when tracing
         return False
     p.k, p.v = p.k.masked_fill(~keep, 0.0), p.v.masked_fill(~keep, 0.0)
-    p.learn_finiteness(None)
+    p.forget_finiteness()
     return True

@@ -13,9 +13,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ..bias import AdditiveModifier
 from ..functional.validate import Problem
 
-__all__ = ["Rule", "first_refusal", "FLASH", "FLASH_BACKWARD", "needs_grad", "softmax_of_dot_products",
+__all__ = ["Rule", "first_refusal", "FLASH", "FLASH_BACKWARD", "needs_grad", "learned", "softmax_of_dot_products",
            "no_bias", "no_dropout", "no_weights", "no_lse", "not_compiling", "finite_inputs",
            "not_known_non_finite", "fused_cpu_kernel", "equal_head_dims", "lse_without_grad", "softmax_only"]
 
@@ -36,9 +37,18 @@ def first_refusal(p: Problem, rules: Sequence[Rule]) -> str | None:
     return None
 
 
-def needs_grad(p: Problem, *extra: torch.Tensor) -> bool:
-    """Whether autograd records this call (q, k, v or ``extra`` tensors need a gradient)."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in (p.q, p.k, p.v, *extra))
+def learned(p: Problem) -> list[torch.Tensor]:
+    """The bias tensors whose gradients autograd asks for (a tensor bias, an additive modifier's table)."""
+    if not torch.is_grad_enabled():
+        return []
+    if p.bias is not None:
+        return [p.bias] if p.bias.requires_grad else []
+    return list(p.modifier.parameters_needing_grad()) if isinstance(p.modifier, AdditiveModifier) else []
+
+
+def needs_grad(p: Problem) -> bool:
+    """Whether autograd records this call (q, k, v or a learned bias need a gradient)."""
+    return torch.is_grad_enabled() and (any(t.requires_grad for t in (p.q, p.k, p.v)) or bool(learned(p)))
 
 
 def softmax_only(p: Problem) -> str | None:
@@ -75,16 +85,17 @@ def not_compiling(p: Problem) -> str | None:
     return None
 
 
+_NON_FINITE = "non-finite inputs: torch's fused kernel can zero a NaN row and leaks NaN from masked keys"
+
+
 def finite_inputs(p: Problem) -> str | None:
-    """One summed pass over q, k, v (cached on the problem): torch's CPU kernel zeroes NaN rows."""
-    return None if p.inputs_finite() else "non-finite inputs: torch's fused kernel zeroes NaN rows and leaks masked NaN"
+    """One summed pass over each distinct q, k, v (cached on the problem)."""
+    return None if p.inputs_finite() else _NON_FINITE
 
 
 def not_known_non_finite(p: Problem) -> str | None:
     """Refuses only inputs already known to be non-finite (a path that checks its own output instead)."""
-    if p.finiteness_known and not p.inputs_finite():
-        return "non-finite inputs: torch's fused kernel zeroes NaN rows and leaks masked NaN"
-    return None
+    return _NON_FINITE if p.finiteness_known and not p.inputs_finite() else None
 
 
 def fused_cpu_kernel(p: Problem) -> str | None:

@@ -97,17 +97,14 @@ def _softcap_alone(p: Problem) -> str | None:
     return "a Softcap modifier alone" if type(p.modifier) is not Softcap or p.bias is not None else None
 
 
-def _no_dropout_or_weights(p: Problem) -> str | None:
-    return "no dropout, no weights" if p.dropout_p > 0 or p.return_weights else None
-
-
 def _shift_fits(p: Problem) -> str | None:
     if shift(p.modifier.cap, p.sizes[3], p.compute_dtype) is None:
         return f"cap={p.modifier.cap} too large for a fixed shift in {p.compute_dtype}"
     return None
 
 
-REFUSALS = (_softcap_alone, rules.softmax_of_dot_products, _no_dropout_or_weights, rules.not_compiling, _shift_fits)
+REFUSALS = (_softcap_alone, rules.softmax_of_dot_products, rules.no_dropout, rules.no_weights, rules.not_compiling,
+            _shift_fits)
 
 
 def refusal(p: Problem) -> str | None:
