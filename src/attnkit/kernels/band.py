@@ -19,6 +19,8 @@ one slab of scores (``SLAB`` elements) and the output.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -53,10 +55,17 @@ def refusal(p: Problem) -> str | None:
 
 
 def plan(p: Problem) -> ws.Plan:
-    """The block size with the fewest computed scores, small blocks paying a per-block overhead."""
+    """The block size with the fewest computed scores, small blocks paying a per-block overhead.
+
+    The dispatcher's density and the run read it in one call: it is computed once per band and sizes.
+    """
     _, _, lq, lk, _, _ = p.sizes
-    lo, hi = p.band
-    plans = [ws.make_plan(bs, lo, hi, lq, lk) for bs in BLOCK_SIZES]
+    return _best_plan(*p.band, lq, lk, BLOCK_SIZES)  # BLOCK_SIZES read at call time (tests change it)
+
+
+@functools.lru_cache(maxsize=64)
+def _best_plan(lo: int, hi: int, lq: int, lk: int, block_sizes: tuple[int, ...]) -> ws.Plan:
+    plans = [ws.make_plan(bs, lo, hi, lq, lk) for bs in block_sizes]
     return min(plans, key=lambda pl: pl.nq * pl.bs * pl.width * (1 + 16 / pl.bs))
 
 
