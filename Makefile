@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# Pin the CPU wheel first so no multi-GB CUDA build of torch is pulled in.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,plot,cli]'
+	$(BIN)/pip install --quiet -e '.[dev,plot,cli,hf]'
 	touch $(STAMP)
 
 setup: $(STAMP)
