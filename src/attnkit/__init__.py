@@ -8,12 +8,12 @@ torch.Size([1, 4, 16, 8])
 
 from . import bias, masks
 from .attention import AttentionOutput, attention, explain
-from .errors import ArgumentError, AttnkitError, BackendError, DeviceError, DTypeError, ShapeError
+from .errors import ArgumentError, AttnkitError, BackendError, DeviceError, DTypeError, ShapeError, UnsupportedFeature
 
 __version__ = "0.1.0"
 
 __all__ = [
     "attention", "explain", "AttentionOutput", "masks", "bias",
-    "AttnkitError", "ShapeError", "DTypeError", "DeviceError", "ArgumentError", "BackendError",
+    "AttnkitError", "ShapeError", "DTypeError", "DeviceError", "ArgumentError", "BackendError", "UnsupportedFeature",
     "__version__",
 ]

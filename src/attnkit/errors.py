@@ -16,6 +16,7 @@ __all__ = [
     "DeviceError",
     "ArgumentError",
     "BackendError",
+    "UnsupportedFeature",
     "check_int",
     "check_bool_mask",
 ]
@@ -43,6 +44,10 @@ class ArgumentError(AttnkitError, ValueError):
 
 class BackendError(AttnkitError, ValueError):
     """A forced backend cannot honour every argument of the call."""
+
+
+class UnsupportedFeature(AttnkitError, ValueError):
+    """A model asks attention for something attnkit cannot honour exactly (e.g. attention sinks)."""
 
 
 def check_int(who: str | None, name: str, value, minimum: int = 0, hint: str = "") -> int:

@@ -6,6 +6,7 @@ from .functional.masks import (
     TensorMask,
     block_layout,
     causal,
+    diagonals,
     dilated,
     fixed,
     from_function,
@@ -18,9 +19,11 @@ from .functional.masks import (
     sliding_window,
     strided,
 )
+from .functional.positions import positioned
 
 __all__ = [
     "Mask", "BlockLayout", "And", "Or", "Not", "TensorMask",
-    "full", "causal", "sliding_window", "dilated", "strided", "fixed", "global_tokens",
+    "full", "causal", "sliding_window", "diagonals", "dilated", "strided", "fixed", "global_tokens",
     "block_layout", "segments", "padding", "keys", "prefix_lm", "from_function", "parse",
+    "positioned",
 ]

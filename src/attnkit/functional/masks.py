@@ -38,7 +38,7 @@ from .indexed_masks import (
 from .mask_base import Mask, Or, _block_bounds
 
 __all__ = [
-    "full", "causal", "sliding_window", "dilated", "strided", "fixed", "global_tokens",
+    "full", "causal", "sliding_window", "diagonals", "dilated", "strided", "fixed", "global_tokens",
     "block_layout", "segments", "padding", "keys", "prefix_lm", "from_function",
     "TensorMask",
 ]
@@ -231,6 +231,25 @@ class _PrefixLM(Mask):
         return f"prefix_lm({self.n}, align={self.align!r})"
 
 
+class _Diagonals(_Band):
+    """Keys ``lo <= j - i <= hi`` (a side is open when None), positions counted from the first query and key."""
+
+    def __init__(self, lo, hi):
+        self.lo = None if lo is None else check_int(None, "lo", lo, -_FAR)
+        self.hi = None if hi is None else check_int(None, "hi", hi, -_FAR)
+
+    def bounds(self, q_idx, q_len, kv_len):
+        lo = torch.full_like(q_idx, -_FAR) if self.lo is None else q_idx + self.lo
+        hi = torch.full_like(q_idx, _FAR) if self.hi is None else q_idx + self.hi
+        return lo, hi
+
+    def band(self, q_len, kv_len):
+        return self.lo, self.hi
+
+    def __repr__(self):
+        return f"diagonals(lo={self.lo}, hi={self.hi})"
+
+
 class _KeyRange(_Band):
     """Keys ``j < n`` for every query (the bidirectional prefix of a prefix LM)."""
 
@@ -258,6 +277,21 @@ def causal(align: str = "bottom_right") -> Mask:
 def sliding_window(left: int, right: int = 0, *, align: str = "bottom_right") -> Mask:
     """Query i sees keys ``i' - left <= j <= i' + right`` where ``i'`` is i aligned as in causal."""
     return _SlidingWindow(left, right, align)
+
+
+def diagonals(lo: int | None = None, hi: int | None = None) -> Mask:
+    """Query i sees keys ``lo <= j - i <= hi`` (None: that side is open), with no alignment shift.
+
+    The general band: ``diagonals(hi=d)`` is a causal mask whose keys run ``d`` positions
+    ahead of the queries (a KV cache holding ``d`` earlier tokens), ``diagonals(-w + 1, 0)``
+    a causal window of ``w`` keys.
+
+    Example:
+        >>> from attnkit import masks
+        >>> masks.diagonals(-1, 1).materialize(3, 4)[0, 0].int().tolist()
+        [[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1]]
+    """
+    return _Diagonals(lo, hi)
 
 
 def dilated(window: int, dilation: int, *, align: str = "bottom_right") -> Mask:

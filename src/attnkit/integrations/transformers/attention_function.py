@@ -1,0 +1,142 @@
+"""The attention function a transformers model calls (the ``AttentionInterface`` side).
+
+transformers (5.x) calls ``fn(module, query, key, value, attention_mask, *, dropout,
+scaling, **kwargs)`` with ``query (B, H, Lq, D)``, ``key``/``value (B, H_kv, Lk, D)``
+(grouped-query heads unexpanded) and expects ``(output (B, Lq, H, Dv), weights or None)``.
+``attention_mask`` is what the registered mask function returned (a :class:`ModelMask`),
+None (no mask was built: causal when the module is causal, bottom-right), or a user's
+own 4-D mask (bool, or float added to the scores; it may be longer than the keys).
+
+Each keyword the model passes is honoured or refused:
+
+* ``scaling`` multiplies the scores (Gemma-2's is not ``1/sqrt(D)``); ``dropout`` is the
+  dropout probability on the weights (nonzero in training);
+* ``softcap`` caps the scaled scores, ``cap * tanh(s / cap)``, before the mask
+  (:func:`attnkit.bias.softcap`); ``position_bias`` (T5-style) is a float bias;
+* ``sliding_window`` is already in the mask (the mask function read it from the
+  layer's mask function), so it is not applied twice;
+* attention sinks (``s_aux``, ``sinks``) change the softmax's denominator: attnkit
+  refuses them with :class:`attnkit.UnsupportedFeature` naming the model.
+
+The weights are computed (on attnkit's exact dense path) only when the model collects
+them: ``output_attentions=True`` reaches the function as a keyword in some models and
+only as transformers' output collector in others (GPT-2), so both are read.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ... import bias as attnkit_bias
+from ... import masks
+from ...attention import attention
+from ...bias import ScoreModifier, apply_modifier
+from ...errors import UnsupportedFeature
+from ...functional.positions import positioned_modifier
+from .model_masks import ModelMask, with_extra
+
+try:  # where transformers keeps the outputs a forward pass collects (output_attentions without the keyword)
+    from transformers.utils.output_capturing import _active_collector
+except ImportError:  # pragma: no cover - an older layout: the keyword alone decides
+    _active_collector = None
+
+__all__ = ["make_attention_function"]
+
+_SINKS = ("s_aux", "sinks")
+
+
+def _model_name(module) -> str:
+    config = getattr(module, "config", None)
+    kind = getattr(config, "model_type", None)
+    return f"{type(module).__name__} ({kind})" if kind else type(module).__name__
+
+
+def weights_wanted(kwargs) -> bool:
+    """True when this forward pass returns attention weights to the user."""
+    if kwargs.get("output_attentions"):
+        return True
+    collected = _active_collector.get() if _active_collector is not None else None
+    return bool(collected) and any(key.endswith("attentions") for key in collected)
+
+
+def _as_model_mask(attention_mask, module, is_causal, q_len: int, kv_len: int) -> ModelMask:
+    """A mask that did not come from the mask function, as a :class:`ModelMask` (the keys end the sequence)."""
+    if isinstance(attention_mask, ModelMask):
+        return attention_mask
+    q_offset = kv_len - q_len if kv_len >= q_len else 0
+    if attention_mask is None:
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
+        return ModelMask(masks.causal() if causal else None, q_offset, 0, kv_len)
+    mask = attention_mask[..., :kv_len]  # a user's 4-D mask may cover a longer (static) cache
+    return ModelMask(mask, q_offset, 0, kv_len)
+
+
+def _float_mask_as_bool(mask: torch.Tensor):
+    """A float mask holding only 0 (attend) and the dtype's minimum (masked) as a bool mask, else the float."""
+    low = torch.finfo(mask.dtype).min / 2
+    return mask == 0 if bool(((mask == 0) | (mask <= low)).all()) else mask
+
+
+class _Chain(ScoreModifier):
+    """Modifiers applied in order (the model's soft-capping, then the registered bias)."""
+
+    def __init__(self, *modifiers):
+        self.modifiers = modifiers
+
+    def modify(self, scores, b, h, q_idx, kv_idx, q_len, kv_len):
+        for modifier in self.modifiers:
+            scores = apply_modifier(modifier, scores, b, h, q_idx, kv_idx, q_len, kv_len)
+        return scores
+
+    def __repr__(self):
+        return " then ".join(map(repr, self.modifiers))
+
+
+def _bias_of(module, model_mask: ModelMask, softcap, position_bias, extra):
+    """The bias argument: soft-capping, the model's position bias, the registered modifier."""
+    modifiers = [attnkit_bias.softcap(float(softcap))] if softcap else []
+    if extra is not None:
+        modifiers.append(positioned_modifier(extra, q_offset=model_mask.q_offset, kv_offset=model_mask.kv_offset,
+                                             length=model_mask.length))
+    tensors = [position_bias] if position_bias is not None else []
+    mask = model_mask.mask
+    if torch.is_tensor(mask) and mask.is_floating_point():
+        tensors.append(mask)  # an additive float mask that is not only 0 / -inf
+    if tensors and modifiers:
+        raise UnsupportedFeature(f"{_model_name(module)}: a float bias or mask together with soft-capping or a "
+                                 "registered bias is not supported; use attn_implementation='eager'")
+    if tensors:
+        return tensors[0] if len(tensors) == 1 else tensors[0].float() + tensors[1].float()
+    if not modifiers:
+        return None
+    return modifiers[0] if len(modifiers) == 1 else _Chain(*modifiers)
+
+
+def make_attention_function(extra_mask=None, extra_bias=None, backend: str = "auto"):
+    """A function for transformers' ``AttentionInterface`` (see the module docstring)."""
+
+    def attnkit_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                          softcap=None, position_bias=None, sliding_window=None, **kwargs):
+        for name in _SINKS:
+            if kwargs.get(name) is not None:
+                raise UnsupportedFeature(
+                    f"{_model_name(module)} uses attention sinks ({name!r}): attnkit cannot honour them exactly; "
+                    "use attn_implementation='eager' or 'flex_attention' for this model")
+        q_len, kv_len = query.shape[-2], key.shape[-2]
+        model_mask = _as_model_mask(attention_mask, module, is_causal, q_len, kv_len)
+        if not isinstance(attention_mask, ModelMask):
+            if torch.is_tensor(model_mask.mask) and model_mask.mask.is_floating_point():
+                model_mask = ModelMask(_float_mask_as_bool(model_mask.mask), model_mask.q_offset,
+                                       model_mask.kv_offset, model_mask.length)
+            model_mask = with_extra(model_mask, extra_mask)
+        bias = _bias_of(module, model_mask, softcap, position_bias, extra_bias)
+        mask = model_mask.mask
+        if torch.is_tensor(mask) and mask.is_floating_point():
+            mask = None  # it is in the bias
+        want_weights = weights_wanted(kwargs)
+        result = attention(query, key, value, mask=mask, bias=bias, scale=scaling, dropout_p=dropout,
+                           return_weights=want_weights, backend=backend)
+        out, weights = (result.output, result.weights) if want_weights else (result, None)
+        return out.transpose(1, 2).contiguous(), weights
+
+    return attnkit_attention

@@ -1,0 +1,155 @@
+"""The mask a transformers model asks for, as an attnkit mask (the ``AttentionMaskInterface`` side).
+
+transformers (5.x) describes a layer's mask as a predicate ``mask_function(b, h, q, kv)``
+over positions in the whole sequence, plus a 2-D padding mask ``(B, seen + Lq)`` and the
+block the layer computes: queries from ``q_offset``, ``kv_length`` keys from ``kv_offset``
+(a KV cache, a sliding-window cache that keeps only the last window). It calls the
+registered mask function with keywords only and hands whatever it returns to the
+attention function unchanged.
+
+Here the predicate is read back as an attnkit mask: the functions transformers builds
+its causal, bidirectional and sliding-window masks from are recognised (by their code,
+through ``and_masks``/``or_masks``), become :func:`attnkit.masks.diagonals` bands on the
+whole sequence, and are shifted to the block, so a plain causal layer keeps attnkit's
+O(1) causal path and a sliding-window layer its band path. A predicate that is not
+recognised (packed sequences, chunked attention, a model's own overlay) is evaluated by
+transformers' own ``sdpa_mask`` into a dense bool tensor: exact, only not sparse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import reduce
+
+import torch
+from transformers import masking_utils as hf_masks
+
+from ... import masks
+from ...functional.mask_base import Mask
+from ...functional.masks import _Diagonals
+
+__all__ = ["ModelMask", "make_mask_function", "whole_sequence_mask", "with_extra"]
+
+
+@dataclass(frozen=True)
+class ModelMask:
+    """What the mask function hands the attention function.
+
+    ``mask`` is the attnkit mask of the block (None: every key), ``q_offset``/``kv_offset``
+    the global positions of its first query and key, ``length`` the length of the whole
+    sequence the positions count in (so registered masks and biases are evaluated there).
+    """
+
+    mask: Mask | torch.Tensor | None
+    q_offset: int
+    kv_offset: int
+    length: int
+
+    # generate() with a static cache builds the masks before the forward pass and hands them to the model as
+    # its attention_mask; transformers then asks a prepared mask for its rank (4-D: a prepared mask, not padding)
+    ndim = 4
+
+
+def _free_vars(fn) -> dict:
+    cells = fn.__closure__ or ()
+    return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in cells), strict=True))
+
+
+_AND = hf_masks.and_masks(hf_masks.causal_mask_function).__code__
+_OR = hf_masks.or_masks(hf_masks.causal_mask_function).__code__
+_WINDOW = hf_masks.sliding_window_overlay(1).__code__
+_TWO_SIDED_WINDOW = hf_masks.sliding_window_bidirectional_overlay(1).__code__
+
+
+def _combine(parts: list[Mask], both: bool) -> Mask:
+    """AND (``both``) or OR of masks; an AND of bands is one band (``And.band`` intersects them)."""
+    def pair(a, b):
+        if not both:
+            return a | b
+        if isinstance(a, _Diagonals) and isinstance(b, _Diagonals):
+            return masks.diagonals(*(a & b).band(0, 0))
+        return a & b
+    return reduce(pair, parts)
+
+
+def whole_sequence_mask(mask_function) -> Mask | None:
+    """The attnkit mask, on positions of the whole sequence, of a transformers mask function (None: unknown)."""
+    if mask_function is hf_masks.causal_mask_function:
+        return masks.diagonals(hi=0)  # key position <= query position
+    if mask_function is hf_masks.bidirectional_mask_function:
+        return masks.full()
+    code = getattr(mask_function, "__code__", None)
+    if code is _WINDOW:
+        return masks.diagonals(lo=1 - _free_vars(mask_function)["sliding_window"])  # kv > q - w
+    if code is _TWO_SIDED_WINDOW:
+        w = _free_vars(mask_function)["sliding_window"]
+        return masks.diagonals(-w, w)  # |q - kv| <= w
+    if code in (_AND, _OR):
+        parts = [whole_sequence_mask(f) for f in _free_vars(mask_function)["mask_functions"]]
+        return None if None in parts else _combine(parts, both=code is _AND)
+    return None
+
+
+def _on_block(whole: Mask, q_length: int, kv_length: int, q_offset: int, kv_offset: int, length: int):
+    """The whole-sequence mask on the block, in the form with the fastest attnkit path."""
+    band = whole.band(length, length)
+    if band == (None, None):
+        return None
+    if band is not None:
+        lo, hi = (None if end is None else end + q_offset - kv_offset for end in band)
+        if lo is None and hi == kv_length - q_length:
+            return masks.causal()  # bottom-right: the O(1) causal path
+        return masks.diagonals(lo, hi)
+    return masks.positioned(whole, q_offset=q_offset, kv_offset=kv_offset, length=length)
+
+
+def _block_padding(attention_mask, kv_length: int, kv_offset: int) -> torch.Tensor | None:
+    """The keys of the block the 2-D padding mask keeps, ``(B, kv_length)``; None when it keeps all."""
+    if attention_mask is None:
+        return None
+    keep = attention_mask.to(torch.bool)
+    short = kv_offset + kv_length - keep.shape[-1]
+    if short > 0:  # transformers pads a short padding mask with "padded" (False) keys
+        keep = torch.nn.functional.pad(keep, (0, short), value=False)
+    keep = keep[:, kv_offset:kv_offset + kv_length]
+    return None if bool(keep.all()) else keep
+
+
+def with_extra(model_mask: ModelMask, extra: Mask | None) -> ModelMask:
+    """``model_mask`` AND ``extra``, a mask on whole-sequence positions evaluated on the block."""
+    if extra is None:
+        return model_mask
+    mine = masks.positioned(extra, q_offset=model_mask.q_offset, kv_offset=model_mask.kv_offset,
+                            length=model_mask.length)
+    block = model_mask.mask
+    if torch.is_tensor(block):
+        block = masks.TensorMask(block)
+    return ModelMask(mine if block is None else block & mine, model_mask.q_offset, model_mask.kv_offset,
+                     model_mask.length)
+
+
+def make_mask_function(extra: Mask | None = None):
+    """A function for ``AttentionMaskInterface``; ``extra`` (on whole-sequence positions) is AND-ed in."""
+
+    def attnkit_mask(*, batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
+                     mask_function=hf_masks.causal_mask_function, attention_mask=None, device="cpu",
+                     use_vmap=False, **_ignored) -> ModelMask:
+        if isinstance(attention_mask, ModelMask):  # prepared for this very call by generate()
+            return attention_mask
+        q_offset, kv_offset = int(q_offset), int(kv_offset)  # a static cache gives a tensor offset
+        length = max(q_offset + q_length, kv_offset + kv_length)
+        whole = whole_sequence_mask(mask_function)
+        if whole is not None:
+            block = _on_block(whole, q_length, kv_length, q_offset, kv_offset, length)
+            keep = _block_padding(attention_mask, kv_length, kv_offset)
+            if keep is not None:
+                pad = masks.keys(keep)
+                block = pad if block is None else block & pad
+        else:  # not a pattern attnkit knows: transformers evaluates it, exactly, as a dense bool tensor
+            block = hf_masks.sdpa_mask(
+                batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
+                allow_is_causal_skip=False, allow_is_bidirectional_skip=False, use_vmap=use_vmap, device=device)
+        return with_extra(ModelMask(block, q_offset, kv_offset, length), extra)
+
+    return attnkit_mask
