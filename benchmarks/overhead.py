@@ -170,14 +170,16 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write(path: Path, text: str) -> None:
+def write(path: Path, text: str, start: str = START, end: str = END,
+          title: str = "Dispatch overhead on common calls") -> None:
+    """Replace the section between ``start`` and ``end`` of a Markdown file (appended under ``title`` if absent)."""
     doc = path.read_text()
-    block = f"{START}\n{text}\n{END}"
-    if START in doc:
-        head, rest = doc.split(START, 1)
-        doc = head + block + rest.split(END, 1)[1]
+    block = f"{start}\n{text}\n{end}"
+    if start in doc:
+        head, rest = doc.split(start, 1)
+        doc = head + block + rest.split(end, 1)[1]
     else:
-        doc = doc.rstrip() + "\n\n## Dispatch overhead on common calls\n\n" + block + "\n"
+        doc = doc.rstrip() + f"\n\n## {title}\n\n" + block + "\n"
     path.write_text(doc)
 
 

@@ -1,0 +1,133 @@
+"""attnkit inside a transformers model, against the same model on torch's SDPA, as ratios in one run.
+
+The model is a Mistral-style decoder with a sliding window (seeded random weights, no
+download): 2 layers, width 512, 8 query heads over 2 key/value heads (head_dim 64),
+window 512, batch 1, float32, 1 thread. Rows (each pair interleaved, the ratio taken per
+round, median and range over the rounds):
+
+- attention time at a 4096-token prompt: one layer's attention function, called with
+  the inputs and the mask the model builds for it (``"attnkit"``: a band mask, served by
+  the band path; ``"sdpa"``: transformers' dense bool mask of the window): target
+  <= 0.33x (3x faster);
+- the whole prefill forward pass at 4096 tokens (mask building included);
+- greedy decoding: 32 tokens after a 4096-token prompt with the model's cache (the
+  sliding cache keeps the last window), tokens/s: target >= 1.0x (time <= 1.0x).
+
+Usage: ``python -m benchmarks.transformers_models [--rounds 5] [--write BENCHMARKS.md]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AttentionInterface, MistralConfig, MistralForCausalLM
+
+import attnkit.integrations.transformers  # noqa: F401  (registers "attnkit")
+from benchmarks.overhead import Row, measure, table, write
+
+START, END = "<!-- transformers:start -->", "<!-- transformers:end -->"
+PROMPT, WINDOW, NEW_TOKENS = 4096, 512, 32
+
+
+def _models() -> dict[str, MistralForCausalLM]:
+    config = MistralConfig(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                           num_attention_heads=8, num_key_value_heads=2, sliding_window=WINDOW,
+                           max_position_embeddings=2 * PROMPT)
+    torch.manual_seed(0)
+    models = {}
+    for name in ("attnkit", "sdpa"):
+        model = MistralForCausalLM(copy.deepcopy(config)).eval()
+        if models:
+            model.load_state_dict(next(iter(models.values())).state_dict())
+        model.set_attn_implementation(name)
+        models[name] = model
+    return models
+
+
+def _captured_attention_call(model, ids) -> tuple:
+    """The first layer's attention call during a forward pass: (function, args, kwargs)."""
+    name = model.config._attn_implementation
+    real = AttentionInterface._global_mapping[name]
+    captured = []
+
+    def spy(*args, **kwargs):
+        captured.append((args, kwargs))
+        return real(*args, **kwargs)
+    AttentionInterface._global_mapping[name] = spy
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        AttentionInterface._global_mapping[name] = real
+    args, kwargs = captured[0]
+    return real, args, kwargs
+
+
+def _decode(model, ids, cache):
+    """``NEW_TOKENS`` greedy steps from a prefilled cache (a copy: every round starts from the same state)."""
+    cache = copy.deepcopy(cache)
+    token, out = ids[:, -1:], []
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            logits = model(token, cache=cache, use_cache=True).logits
+            token = logits[:, -1:].argmax(-1)
+            out.append(token)
+    return torch.cat(out, 1)
+
+
+def rows() -> list[Row]:
+    models = _models()
+    ids = torch.randint(0, 1000, (1, PROMPT), generator=torch.Generator().manual_seed(1))
+    calls = {name: _captured_attention_call(model, ids) for name, model in models.items()}
+
+    def attention_of(name):
+        fn, args, kwargs = calls[name]
+        return lambda: fn(*args, **kwargs)[0]
+
+    def forward_of(name):
+        def run():
+            with torch.no_grad():
+                return models[name](ids).logits
+        return run
+
+    caches = {}
+    for name, model in models.items():
+        with torch.no_grad():
+            caches[name] = model(ids[:, :-1], use_cache=True).past_key_values
+    label = f"Mistral-style, 2 layers, width 512, 8/2 heads, window {WINDOW}"
+    return [
+        Row(f"{label}: one layer's attention, prompt {PROMPT}", 0.33, attention_of("attnkit"), attention_of("sdpa"),
+            '"sdpa" (dense bool window mask)'),
+        Row(f"{label}: prefill forward, prompt {PROMPT}", 1.0, forward_of("attnkit"), forward_of("sdpa"), '"sdpa"'),
+        Row(f"{label}: greedy decode, {NEW_TOKENS} tokens after {PROMPT}", 1.0,
+            lambda: _decode(models["attnkit"], ids, caches["attnkit"]),
+            lambda: _decode(models["sdpa"], ids, caches["sdpa"]), '"sdpa" (time per token)'),
+    ]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--write", type=Path, help="replace the transformers table in this Markdown file")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    results = []
+    for row in rows():
+        results.append(measure(row, args.rounds, budget_s=0.5))
+        print(f"{row.name}: {results[-1]['ratio']:.2f}x", file=sys.stderr)
+    text = (f"`python -m benchmarks.transformers_models --rounds {args.rounds}` (torch {torch.__version__}, "
+            f"transformers {transformers.__version__}, 1 thread; ratio = time with "
+            '`attn_implementation="attnkit"` / time with `"sdpa"`, per interleaved round)\n\n' + table(results))
+    print(text)
+    if args.write:
+        write(args.write, text, START, END, "Inside a transformers model")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
