@@ -102,3 +102,14 @@ def test_a_sliding_window_model_stays_banded_in_prefill_and_decoding(calls):
         assert mask is None or mask.band(1, 1) is not None
     prefill = calls[0][0]
     assert prefill.band(40, 40) == (-7, 0)
+
+
+def test_a_users_4d_mask_with_a_registered_mask():
+    q, k, v = _qkv()
+    allowed = torch.ones(2, 1, 3, 5, dtype=torch.bool)
+    allowed[1, ..., :2] = False
+    out, _ = make_attention_function(masks.sliding_window(1))(_Module(), q, k, v, allowed)
+    expected = dense_attention(q, k, v, mask=masks.TensorMask(allowed) & masks.sliding_window(1))
+    torch.testing.assert_close(out, expected.transpose(1, 2), rtol=0, atol=1e-12)
+    with pytest.raises(attnkit.UnsupportedFeature, match="additive float mask"):
+        make_attention_function(masks.sliding_window(1))(_Module(), q, k, v, torch.randn(2, 1, 3, 5))

@@ -59,22 +59,28 @@ def weights_wanted(kwargs) -> bool:
     return bool(collected) and any(key.endswith("attentions") for key in collected)
 
 
-def _as_model_mask(attention_mask, module, is_causal, q_len: int, kv_len: int) -> ModelMask:
-    """A mask that did not come from the mask function, as a :class:`ModelMask` (the keys end the sequence)."""
-    if isinstance(attention_mask, ModelMask):
-        return attention_mask
-    q_offset = kv_len - q_len if kv_len >= q_len else 0
-    if attention_mask is None:
-        causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
-        return ModelMask(masks.causal() if causal else None, q_offset, 0, kv_len)
-    mask = attention_mask[..., :kv_len]  # a user's 4-D mask may cover a longer (static) cache
-    return ModelMask(mask, q_offset, 0, kv_len)
-
-
-def _float_mask_as_bool(mask: torch.Tensor):
-    """A float mask holding only 0 (attend) and the dtype's minimum (masked) as a bool mask, else the float."""
+def _float_mask_as_bool(mask: torch.Tensor) -> torch.Tensor:
+    """A float mask holding only 0 (attend) and very negative values (masked) as a bool mask, else the float."""
     low = torch.finfo(mask.dtype).min / 2
     return mask == 0 if bool(((mask == 0) | (mask <= low)).all()) else mask
+
+
+def model_mask_of(attention_mask, module, is_causal, q_len: int, kv_len: int, extra) -> ModelMask:
+    """The :class:`ModelMask` of a call; one the mask function did not build is read here (the keys end the
+    sequence, as in a dynamic cache) and ``extra`` is AND-ed in, as the mask function would have."""
+    if isinstance(attention_mask, ModelMask):
+        return attention_mask
+    if attention_mask is None:
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
+        mask = masks.causal() if causal else None
+    else:
+        mask = attention_mask[..., :kv_len]  # a user's 4-D mask may cover a longer (static) cache
+        if mask.is_floating_point():
+            mask = _float_mask_as_bool(mask)
+            if mask.is_floating_point() and extra is not None:
+                raise UnsupportedFeature(f"{_model_name(module)}: an additive float mask cannot be combined with "
+                                         "a registered mask; pass a bool mask (True = attend)")
+    return with_extra(ModelMask(mask, max(kv_len - q_len, 0), 0, kv_len), extra)
 
 
 class _Chain(ScoreModifier):
@@ -122,13 +128,7 @@ def make_attention_function(extra_mask=None, extra_bias=None, backend: str = "au
                 raise UnsupportedFeature(
                     f"{_model_name(module)} uses attention sinks ({name!r}): attnkit cannot honour them exactly; "
                     "use attn_implementation='eager' or 'flex_attention' for this model")
-        q_len, kv_len = query.shape[-2], key.shape[-2]
-        model_mask = _as_model_mask(attention_mask, module, is_causal, q_len, kv_len)
-        if not isinstance(attention_mask, ModelMask):
-            if torch.is_tensor(model_mask.mask) and model_mask.mask.is_floating_point():
-                model_mask = ModelMask(_float_mask_as_bool(model_mask.mask), model_mask.q_offset,
-                                       model_mask.kv_offset, model_mask.length)
-            model_mask = with_extra(model_mask, extra_mask)
+        model_mask = model_mask_of(attention_mask, module, is_causal, query.shape[-2], key.shape[-2], extra_mask)
         bias = _bias_of(module, model_mask, softcap, position_bias, extra_bias)
         mask = model_mask.mask
         if torch.is_tensor(mask) and mask.is_floating_point():
