@@ -16,7 +16,7 @@ from .mask_base import Mask
 __all__ = ["parse"]
 
 _CONSTRUCTORS = {name: getattr(_masks, name) for name in (
-    "full", "causal", "sliding_window", "dilated", "strided", "fixed", "global_tokens", "segments",
+    "full", "causal", "sliding_window", "diagonals", "dilated", "strided", "fixed", "global_tokens", "segments",
     "padding", "prefix_lm")}
 
 
