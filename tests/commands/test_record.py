@@ -37,7 +37,7 @@ def fake_viz(monkeypatch):
         return fn
 
     module = types.ModuleType("attnkit.viz")
-    module.head_grid, module.html_page = draw("head_grid"), draw("html_page")
+    module.head_grid, module.html_page, module.overview_page = draw("head_grid"), draw("html_page"), draw("overview")
     monkeypatch.setitem(sys.modules, "attnkit.viz", module)
     return calls
 
@@ -70,10 +70,14 @@ def test_png_writes_the_head_grid_of_every_recorded_map_and_the_stats(fake_viz, 
 
 def test_html_format_and_out_dir(fake_viz, tmp_path, capsys):
     assert _run(["record", "co-attention-parallel", "--out", str(tmp_path / "o"), "--format", "html"]) == 0
-    ((kind, maps, path, _, _),) = fake_viz
+    (kind, maps, path, _, kwargs), (kind2, maps2, path2, _, kwargs2) = fake_viz
     assert kind == "html_page" and path == tmp_path / "o" / "co-attention-parallel.html"
     assert list(maps) == ["model", "model#1"] and all(w.shape == (1, 2, w.shape[-1]) for w in maps.values())
-    assert capsys.readouterr().out.split() == [str(path), str(tmp_path / "o" / "stats.md")]
+    # the all-heads overview beside the viewer, each linking to the other by a relative address
+    assert kind2 == "overview" and path2 == tmp_path / "o" / "co-attention-parallel-heads.html"
+    assert kwargs == {"overview": path2.name} and kwargs2 == {"viewer": path.name}
+    assert all(torch.equal(maps[n], maps2[n]) for n in maps)
+    assert capsys.readouterr().out.split() == [str(path), str(path2), str(tmp_path / "o" / "stats.md")]
 
 
 def test_stochastic_examples_follow_the_seed():

@@ -65,11 +65,11 @@ def _field(outputs, name: str):
 
 
 def _is_layer_tuple(value) -> bool:
-    return isinstance(value, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in value)
+    return isinstance(value, (tuple, list)) and all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in value)
 
 
 def is_attention_output(value) -> bool:
-    """True for a non-empty tuple/list of tensors, a transformers ``ModelOutput`` (a mapping with ``to_tuple``),
+    """True for a non-empty tuple/list of 4-D tensors, a transformers ``ModelOutput`` (a mapping with ``to_tuple``),
     and any mapping or object holding a tuple in one of the fields of :data:`STACKS`."""
     if isinstance(value, (tuple, list)):
         return bool(value) and _is_layer_tuple(value)
