@@ -35,16 +35,18 @@ def _data(page: str) -> dict:
 
 
 class _Dom(HTMLParser):
-    """Attributes and text of elements by id, and every tag seen."""
+    """Attributes and text of elements by id, every tag seen, and the attributes of every link."""
 
     def __init__(self, text: str):
         super().__init__()
-        self.attrs, self.text, self.tags, self._open = {}, {}, [], []
+        self.attrs, self.text, self.tags, self.links, self._open = {}, {}, [], [], []
         self.feed(text)
 
     def handle_starttag(self, tag, attrs):
         self.tags.append(tag)
         attrs = dict(attrs)
+        if tag == "a":
+            self.links.append(attrs)
         if "id" in attrs:
             self.attrs[attrs["id"]] = attrs
         self._open.append(attrs.get("id") or tag)

@@ -101,7 +101,7 @@ def to_bertviz(attentions, tokens=None, *, view="head", decoder_tokens=None, att
         attention_mask, decoder_attention_mask: ``(B, L)``, nonzero at real tokens: padded positions are left out.
         sentence_b_start: index of the first token of sentence B (self-attention models): adds bertviz's
             sentence-pair filters.
-        include_layers: the layers to include (all if None).
+        include_layers: the layers to include (all of each stack if None; given ones must exist in every stack).
         include_heads: model view: the heads to include; head view: the heads shown at first (all if None).
         sample: which batch entry.
         path: also write the object as JSON to this ``.json`` file.
@@ -123,17 +123,21 @@ def to_bertviz(attentions, tokens=None, *, view="head", decoder_tokens=None, att
     maps = layer_maps(attentions, attention_mask=attention_mask, decoder_attention_mask=decoder_attention_mask,
                       tokens=tokens, decoder_tokens=decoder_tokens, sample=sample)
     stacks = _stacks(maps)
-    layers = min(w.shape[0] for w, _, _ in stacks.values())  # indices must hold in every stack
-    total_heads = min(w.shape[1] for w, _, _ in stacks.values())
-    include_layers = _indices("include_layers", include_layers, layers, "layer")
-    heads = _indices("include_heads", include_heads, total_heads, "head")
+    # Given indices must hold in every stack; None keeps every layer / head of each (stacks may differ in size).
+    layers, total_heads = (max(w.shape[d] for w, _, _ in stacks.values()) for d in (0, 1))
+    bound = {d: min(w.shape[d] for w, _, _ in stacks.values()) for d in (0, 1)}
+    chosen_layers = None if include_layers is None else _indices("include_layers", include_layers, bound[0], "layer")
+    chosen_heads = None if include_heads is None else _indices("include_heads", include_heads, bound[1], "head")
     filters = _filters(stacks, sentence_b_start)
     for f in filters:
-        f["attn"] = f["attn"][include_layers][:, heads if view == "model" else slice(None)].tolist()
+        w = f["attn"] if chosen_layers is None else f["attn"][chosen_layers]
+        f["attn"] = (w if chosen_heads is None or view == "head" else w[:, chosen_heads]).tolist()
+    include_layers = list(range(layers)) if chosen_layers is None else chosen_layers
+    heads = list(range(total_heads)) if chosen_heads is None else chosen_heads
     params = {"attention": filters, "default_filter": "0", "root_div_id": ROOT_DIV_ID,
               "include_layers": include_layers}
     if view == "head":
-        params.update(layer=None, heads=None if include_heads is None else heads)
+        params.update(layer=None, heads=chosen_heads)
     else:
         params.update(display_mode="dark", include_heads=heads, total_heads=total_heads)
     if path is not None:
