@@ -25,10 +25,11 @@ from .stats import (
                     summary,
                     top_positions,
 )
-from .transformers_run import record_transformers
+from .transformers_run import load_transformers, record_transformers
 
 __all__ = [
     "AttentionRecorder", "Cost", "RecordedMap", "ScalingTable", "Summary", "SummaryRow", "TopPositions",
-    "attention_distance", "cost", "entropy", "fit_exponent", "head_agreement", "layer_maps", "record_transformers",
+    "attention_distance", "cost", "entropy", "fit_exponent", "head_agreement", "layer_maps", "load_transformers",
+    "record_transformers",
     "recording_from_outputs", "scaling", "sizes", "sparsity", "summary", "top_positions",
 ]
