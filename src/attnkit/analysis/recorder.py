@@ -70,6 +70,8 @@ class AttentionRecorder:
     the batch (memory, hierarchical words) give one step or sentence per sample.
 
     Shapes: whatever the attention calls compute; nothing is reshaped in :attr:`maps`.
+    :attr:`tokens` holds ``{name: (q_tokens, k_tokens)}`` labels where they are known (maps
+    given to :meth:`from_maps`, e.g. a transformers model's); pictures use them.
 
     Complexity: a forced reference pass (``O(B H Lq Lk)`` memory per call) and a copy
     of every map; ``max_maps`` bounds the number kept.
@@ -101,6 +103,7 @@ class AttentionRecorder:
             check_int("AttentionRecorder", "max_maps", max_maps, 1)
         self.model, self.to_cpu, self.max_maps = model, bool(to_cpu), max_maps
         self.maps: list[RecordedMap] = []
+        self.tokens: dict[str, tuple[list[str] | None, list[str] | None]] = {}  # name -> (query, key) labels
         self.dropped = 0  # maps not kept because of max_maps
         self._calls: dict[str, int] = {}  # name -> maps reported under it so far
         self._names: dict[nn.Module, str] = {}
@@ -108,6 +111,36 @@ class AttentionRecorder:
         self._thread: int | None = None  # the thread that entered: hooks on other threads are ignored
         self._seen = 0  # maps reported before the block (to warn about a block that records none)
         self._exit: contextlib.ExitStack | None = None
+
+    @classmethod
+    def from_maps(cls, maps, *, tokens=None, source=None) -> AttentionRecorder:
+        """An inactive recorder holding ``maps`` as if recorded in this order: ``{name: (B, H, Lq, Lk)}``
+        (float32 CPU copies), with optional labels ``tokens = {name: (q_tokens, k_tokens)}``.
+
+        Maps computed elsewhere (a transformers model's ``outputs.attentions``:
+        :func:`attnkit.analysis.recording_from_outputs`) then go wherever a recording goes.
+
+        Example:
+            >>> import torch
+            >>> maps = {"layer": torch.ones(1, 2, 3, 3) / 3}
+            >>> rec = AttentionRecorder.from_maps(maps, tokens={"layer": ("abc", "xyz")})
+            >>> rec.names(), tuple(rec.as_dict()["layer"].shape), rec.tokens["layer"][1]
+            (['layer'], (2, 3, 3), ['x', 'y', 'z'])
+        """
+        rec = cls()
+        for name, w in maps.items():
+            if not isinstance(w, torch.Tensor) or w.dim() not in (2, 3, 4):
+                got = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+                raise ShapeError(f"AttentionRecorder.from_maps: maps[{name!r}] must be a (B, H, Lq, Lk), (B, Lq, Lk) "
+                                 f"or (B, Lk) tensor; got {got}")
+            copy = w.detach().to("cpu", torch.float32, copy=True)
+            rec.maps.append(RecordedMap(str(name), len(rec.maps), copy, source))
+            rec._calls[str(name)] = 1
+        def labels(seq):
+            return None if seq is None else [str(t) for t in seq]
+
+        rec.tokens = {str(name): (labels(q), labels(k)) for name, (q, k) in (tokens or {}).items()}
+        return rec
 
     def __enter__(self) -> AttentionRecorder:
         if self._exit is not None:
@@ -199,4 +232,4 @@ class AttentionRecorder:
 
     def clear(self) -> None:
         """Forget the recorded maps; names count from the start again."""
-        self.maps, self.dropped, self._calls = [], 0, {}
+        self.maps, self.tokens, self.dropped, self._calls = [], {}, 0, {}

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 
 from ..errors import ArgumentError, DTypeError, ShapeError, check_int
+from .model_maps import is_attention_output, maps_and_tokens
 
 __all__ = ["SummaryRow", "Summary", "TopPositions", "attention_distance", "entropy", "head_agreement", "sparsity",
            "summary", "top_positions"]
@@ -186,7 +187,9 @@ class Summary(list):
 def summary(maps, *, sample: int = 0, eps: float = 1e-3) -> Summary:
     """One row per head of every map of an :class:`~attnkit.analysis.recorder.AttentionRecorder` or a dict.
 
-    A dict holds ``{name: (H, Lq, Lk) or (Lq, Lk)}``; a recorder gives ``as_dict(sample)``.
+    A dict holds ``{name: (H, Lq, Lk) or (Lq, Lk)}``; a recorder gives ``as_dict(sample)``; a
+    transformers model's ``outputs.attentions`` (or output) gives its layers of ``sample``
+    (:func:`~attnkit.analysis.model_maps.layer_maps`, named ``layers.0``, ...).
 
     Example:
         >>> import torch
@@ -196,11 +199,11 @@ def summary(maps, *, sample: int = 0, eps: float = 1e-3) -> Summary:
         |---|---:|---:|---:|---:|
         | layer | 0 | 0.0000 | 0.0000 | 0.6667 |
     """
-    if hasattr(maps, "as_dict"):
-        maps = maps.as_dict(sample)
+    if hasattr(maps, "as_dict") or is_attention_output(maps):
+        maps, _ = maps_and_tokens(maps, "summary", sample)
     if not isinstance(maps, Mapping):
-        raise DTypeError(f"summary: maps must be an AttentionRecorder or a mapping name -> tensor; "
-                         f"got {type(maps).__name__}")
+        raise DTypeError(f"summary: maps must be an AttentionRecorder, a mapping name -> tensor or a transformers "
+                         f"model's attentions (a tuple of (B, H, Lq, Lk) tensors); got {type(maps).__name__}")
     rows = Summary()
     rows.eps = eps
     for name, w in maps.items():

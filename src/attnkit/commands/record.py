@@ -1,9 +1,12 @@
-"""``attnkit record NAME``: run a registered mechanism's example or a small model, record its maps, draw them."""
+"""``attnkit record NAME``: run a registered mechanism's example, a small model or a transformers model
+(``hf:<folder or package> --text "..."``), record its maps, draw them (``--format html``: the one-head
+viewer and the all-heads overview beside it)."""
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import re
 import warnings
 from pathlib import Path
 
@@ -16,6 +19,7 @@ from ..analysis.stats import summary
 from ..errors import ArgumentError
 
 FORMATS = ("png", "svg", "html")
+HF_PREFIX = "hf:"
 
 
 def _models() -> dict[str, tuple[str, object]]:
@@ -93,28 +97,64 @@ def _write(out: Path, write) -> None:
                             f"({err.filename or out})") from None
 
 
+def record_model(spec: str, text: str, decoder_text: str | None = None) -> AttentionRecorder:
+    """The maps of a transformers model (a local folder or an installed package shipping one, offline) on ``text``,
+    labelled with its tokenizer's tokens (:func:`attnkit.analysis.record_transformers`)."""
+    from ..analysis import transformers_run
+
+    try:
+        model, tokenizer = transformers_run.load_transformers(spec)
+    except ImportError as err:
+        raise ArgumentError(str(err)) from None
+    except OSError as err:
+        raise ArgumentError(f"cannot load the model {spec!r}: {err}") from None
+    decoder = None if decoder_text is None else [decoder_text]
+    return transformers_run.record_transformers(model, tokenizer, [text], decoder_texts=decoder)[0]
+
+
+def _recording(args) -> tuple[AttentionRecorder, str, str]:
+    """(recording, file stem, title) of the NAME argument: a mechanism, a small model, or ``hf:<model>``."""
+    if not args.name.startswith(HF_PREFIX):
+        if args.text is not None or args.decoder_text is not None:
+            raise ArgumentError(f"--text and --decoder-text are for {HF_PREFIX}<model> names; got {args.name!r}")
+        rec = record_example(args.name, seed=args.seed)
+        paper = _models()[args.name][0] if args.name in MODELS else registry.get(args.name).paper
+        return rec, args.name, f"{args.name}: {paper}"
+    spec = args.name[len(HF_PREFIX):]
+    if not spec or args.text is None:
+        raise ArgumentError(f"{HF_PREFIX}<model> needs a model folder or package name and --text; got "
+                            f"{args.name!r}{'' if args.text is not None else ' without --text'}")
+    rec = record_model(spec, args.text, args.decoder_text)
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(spec).name or spec).strip("-.") or "model"
+    return rec, stem, f"{spec} ({type(rec.maps[0].source).__name__}): {args.text}"
+
+
 def _cmd_record(args) -> int:
-    rec = record_example(args.name, seed=args.seed)
+    rec, stem, title = _recording(args)
     maps = picture_maps(rec)
+    labels = {}
+    if rec.tokens:
+        labels = {"q_tokens": {n: q for n, (q, _) in rec.tokens.items()},
+                  "k_tokens": {n: k for n, (_, k) in rec.tokens.items()}}
     try:
         viz = importlib.import_module("attnkit.viz")
     except ImportError as err:
         raise ArgumentError(f"attnkit record needs attnkit.viz and its plotting extra: {err}") from None
-    out = Path(args.out) if args.out is not None else Path("attnkit-maps") / args.name
-    picture, stats = out / f"{args.name}.{args.format}", out / "stats.md"
-    paper = _models()[args.name][0] if args.name in MODELS else registry.get(args.name).paper
-    title = f"{args.name}: {paper}"
+    out = Path(args.out) if args.out is not None else Path("attnkit-maps") / stem
+    picture, heads, stats = out / f"{stem}.{args.format}", out / f"{stem}-heads.html", out / "stats.md"
+    written = (picture, heads, stats) if args.format == "html" else (picture, stats)
 
     def write() -> None:
         out.mkdir(parents=True, exist_ok=True)
         if args.format == "html":
-            viz.html_page(maps, title=title, path=picture)
+            viz.html_page(maps, title=title, path=picture, overview=heads.name, **labels)
+            viz.overview_page(maps, title=title, path=heads, viewer=picture.name)
         else:
-            viz.head_grid(maps, title=title, path=picture, max_heads=args.max_heads)
-        stats.write_text(f"# {args.name}\n\n{summary(maps).to_markdown()}\n", encoding="utf-8")
+            viz.head_grid(maps, title=title, path=picture, max_heads=args.max_heads, **labels)
+        stats.write_text(f"# {stem}\n\n{summary(maps).to_markdown()}\n", encoding="utf-8")
 
     _write(out, write)
-    for path in (picture, stats):
+    for path in written:
         print(path)
     return 0
 
@@ -122,7 +162,10 @@ def _cmd_record(args) -> int:
 def add(sub) -> None:
     p = sub.add_parser("record", help="run a mechanism's example or a small model, record its attention maps and "
                                       "draw them")
-    p.add_argument("name", help=f"a registered mechanism (see attnkit list) or a model: {', '.join(MODELS)}")
+    p.add_argument("name", help=f"a registered mechanism (see attnkit list), a model: {', '.join(MODELS)}, or "
+                                f"{HF_PREFIX}<folder or package> for a transformers model (local files only)")
+    p.add_argument("--text", default=None, help=f"the text a {HF_PREFIX} model reads (its tokens label the maps)")
+    p.add_argument("--decoder-text", default=None, help=f"the decoder's text of an encoder-decoder {HF_PREFIX} model")
     p.add_argument("--out", default=None, help="output folder (default: attnkit-maps/NAME)")
     p.add_argument("--format", default="png", choices=FORMATS)
     p.add_argument("--seed", type=int, default=0, help="torch seed for the weights and stochastic mechanisms")

@@ -1,6 +1,8 @@
 """The HTML/CSS/JS of :func:`attnkit.viz.html_page`, kept apart from the Python that fills it.
 
-Placeholders: ``__TITLE__`` (HTML-escaped text) and ``__DATA__`` (JSON with ``<``, ``>``
+:data:`COLOURS` (viridis, the colour range of a map, painting one) is shared with the overview page.
+Placeholders: ``__NAV__`` (a link to the overview, or nothing), ``__TITLE__`` (HTML-escaped text) and
+``__DATA__`` (JSON with ``<``, ``>``
 and ``&`` written as ``\\u003c`` etc., so no label can close the script element).
 Labels reach the page only through ``textContent`` and canvas ``fillText``, never
 as markup. After each draw the page writes what it drew into ``#render-info``
@@ -8,7 +10,40 @@ as markup. After each draw the page writes what it drew into ``#render-info``
 CSS pixels), which tests read.
 """
 
-TEMPLATE = r"""<!DOCTYPE html>
+COLOURS = r"""
+const ANCHORS = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"];
+const NAN_RGB = [200, 200, 200];
+const hexRgb = (h) => [1, 3, 5].map((i) => parseInt(h.slice(i, i + 2), 16));
+const LUT = Array.from({ length: 256 }, (_, n) => {  // viridis, linearly interpolated between 9 anchors
+  const t = (n / 255) * (ANCHORS.length - 1), i = Math.min(Math.floor(t), ANCHORS.length - 2), f = t - i;
+  const a = hexRgb(ANCHORS[i]), b = hexRgb(ANCHORS[i + 1]);
+  return a.map((c, k) => Math.round(c + f * (b[k] - c)));
+});
+const colour = (x, lo, hi) =>
+  (x === null ? NAN_RGB : LUT[Math.max(0, Math.min(255, Math.round(255 * (x - lo) / (hi - lo))))]);
+
+function scaleOf(w) {  // colour range 0 (or the minimum, if negative) .. maximum; sum and count of non-finite
+  let lo = Infinity, hi = -Infinity, sum = 0, bad = 0;
+  for (const x of w) {
+    if (x === null) { bad++; continue; }
+    lo = Math.min(lo, x); hi = Math.max(hi, x); sum += x;
+  }
+  lo = lo === Infinity ? 0 : Math.min(0, lo);
+  return { lo, hi: hi > lo ? hi : lo + 1, sum, bad };
+}
+
+function paint(ctx, w, lq, lk, s, x, y, width, height) {  // one map at (x, y), a cell per weight, not smoothed
+  const img = new ImageData(lk, lq);
+  for (let n = 0; n < w.length; n++) img.data.set([...colour(w[n], s.lo, s.hi), 255], 4 * n);
+  const off = document.createElement("canvas");
+  off.width = lk; off.height = lq;
+  off.getContext("2d").putImageData(img, 0, 0);
+  ctx.imageSmoothingEnabled = false;
+  ctx.drawImage(off, x, y, width, height);
+}
+"""
+
+_VIEWER = r"""<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
@@ -35,6 +70,7 @@ TEMPLATE = r"""<!DOCTYPE html>
   <label>layer <select id="layer"></select></label>
   <label>head <select id="head"></select></label>
   <span id="shape"></span>
+  __NAV__
 </div>
 <div id="hover">hover a cell to see its query, key and weight</div>
 <div id="stats"></div>
@@ -48,21 +84,12 @@ TEMPLATE = r"""<!DOCTYPE html>
 "use strict";
 const DATA = JSON.parse(document.getElementById("attnkit-data").textContent);
 const $ = (id) => document.getElementById(id);
-const ANCHORS = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"];
-const NAN_RGB = [200, 200, 200];
+__COLOURS__
 const FONT = "11px system-ui, sans-serif";
 const short = (t) => (t.length > 20 ? t.slice(0, 19) + "…" : t);
-const hexRgb = (h) => [1, 3, 5].map((i) => parseInt(h.slice(i, i + 2), 16));
-const LUT = Array.from({ length: 256 }, (_, n) => {  // viridis, linearly interpolated between 9 anchors
-  const t = (n / 255) * (ANCHORS.length - 1), i = Math.min(Math.floor(t), ANCHORS.length - 2), f = t - i;
-  const a = hexRgb(ANCHORS[i]), b = hexRgb(ANCHORS[i + 1]);
-  return a.map((c, k) => Math.round(c + f * (b[k] - c)));
-});
 let view = null;
 
 const fmt = (x) => (x === null ? "not finite" : Math.abs(x) >= 1e-3 || x === 0 ? x.toFixed(4) : x.toExponential(3));
-const colour = (x, lo, hi) =>
-  (x === null ? NAN_RGB : LUT[Math.max(0, Math.min(255, Math.round(255 * (x - lo) / (hi - lo))))]);
 
 function fillSelect(sel, labels) {
   sel.textContent = "";
@@ -97,16 +124,6 @@ function setCanvas(canvas, width, height) {
   const ctx = canvas.getContext("2d");
   ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
   return ctx;
-}
-
-function scaleOf(w) {
-  let lo = Infinity, hi = -Infinity, sum = 0, bad = 0;
-  for (const x of w) {
-    if (x === null) { bad++; continue; }
-    lo = Math.min(lo, x); hi = Math.max(hi, x); sum += x;
-  }
-  lo = lo === Infinity ? 0 : Math.min(0, lo);
-  return { lo, hi: hi > lo ? hi : lo + 1, sum, bad };
 }
 
 function drawLabels(ctx, labels, cell, at, rotate) {
@@ -145,13 +162,7 @@ function draw(layer, head) {
   const widest = (labels) => Math.max(...labels.map((t) => probe.measureText(short(t)).width));
   const left = 10 + widest(m.q), top = 10 + widest(m.k);
   const ctx = setCanvas($("map"), left + m.lk * cw + 8, top + m.lq * ch + 8);
-  const img = new ImageData(m.lk, m.lq);
-  for (let n = 0; n < w.length; n++) img.data.set([...colour(w[n], s.lo, s.hi), 255], 4 * n);
-  const off = document.createElement("canvas");
-  off.width = m.lk; off.height = m.lq;
-  off.getContext("2d").putImageData(img, 0, 0);
-  ctx.imageSmoothingEnabled = false;
-  ctx.drawImage(off, left, top, m.lk * cw, m.lq * ch);
+  paint(ctx, w, m.lq, m.lk, s, left, top, m.lk * cw, m.lq * ch);
   ctx.font = FONT;
   ctx.textBaseline = "middle";
   ctx.textAlign = "right";
@@ -218,3 +229,5 @@ fromLocation();
 </body>
 </html>
 """
+
+TEMPLATE = _VIEWER.replace("__COLOURS__", COLOURS)

@@ -19,7 +19,7 @@ import torch
 from ..errors import ArgumentError, DTypeError, ShapeError
 
 __all__ = ["save", "new_figure", "as_weights", "checked", "check_path", "set_token_ticks", "title_lines", "drawable",
-           "weight_norm", "MAX_TICK_LABELS"]
+           "weight_norm", "labels_or_recorded", "MAX_TICK_LABELS"]
 
 SUFFIXES = (".png", ".svg")
 WEIGHTS_CMAP = "viridis"  # sequential, perceptually uniform, readable in grey scale
@@ -109,6 +109,14 @@ def check_labels(labels, n: int, who: str, name: str) -> list[str] | None:
     if len(labels) != n:
         raise ShapeError(f"{who}: {name} must have one label per position ({n}); got {len(labels)}")
     return labels
+
+
+def labels_or_recorded(given, recorded: dict, side: int):
+    """The labels a caller gave, else those a recording carries (``{name: (q_tokens, k_tokens)}``; ``side`` 0 for
+    queries, 1 for keys) as a mapping name -> tokens, else None."""
+    if given is not None or not recorded:
+        return given
+    return {name: pair[side] for name, pair in recorded.items() if pair[side] is not None}
 
 
 @functools.lru_cache(maxsize=8)

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import torch
 
+from ..analysis.model_maps import maps_and_tokens
 from ..errors import ArgumentError, ShapeError, check_int
 from ._page import TEMPLATE
-from ._style import check_path, checked
+from ._style import check_path, checked, labels_or_recorded
 
-__all__ = ["html_page"]
+__all__ = ["html_page", "page_data", "write_page"]
 
 MAX_WEIGHTS = 4_000_000  # about 40 MB of page; more loads slowly or not at all in a browser
 
@@ -55,8 +56,36 @@ def _map_json(name: str, heads: torch.Tensor, batch: int, q_tokens, k_tokens) ->
     return json.dumps(meta)[:-1] + ',"w":[' + weights + "]}"
 
 
+def page_data(maps, *, q_tokens, k_tokens, max_weights: int, who: str) -> tuple[str, list[tuple[str, int]]]:
+    """The escaped JSON a page embeds, and ``[(name, heads), ...]``; ArgumentError past ``max_weights`` before any
+    copy. ``maps`` as :func:`html_page` takes them."""
+    check_int(who, "max_weights", max_weights, 1)
+    maps, found = maps_and_tokens(maps, who)
+    q_tokens, k_tokens = labels_or_recorded(q_tokens, found, 0), labels_or_recorded(k_tokens, found, 1)
+    views = {str(name): _heads(str(name), value) for name, value in maps.items()}
+    total = sum(heads.numel() for heads, _ in views.values())
+    if total > max_weights:
+        sizes = ", ".join(f"{name}: {tuple(heads.shape)}" for name, (heads, _) in list(views.items())[:4])
+        raise ArgumentError(f"{who}: the maps hold {total:,} weights (H, Lq, Lk per map: {sizes}"
+                            f"{', ...' if len(views) > 4 else ''}), a page of about {total * 10 / 2**20:,.0f} MiB; "
+                            f"the limit is max_weights={max_weights:,}. Pass fewer layers or heads, crop the "
+                            f"sequences, or raise max_weights")
+    parts = [_map_json(name, heads, batch, q_tokens, k_tokens) for name, (heads, batch) in views.items()]
+    data = '{"maps":[' + ",".join(parts) + "]}"
+    data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return data, [(name, heads.shape[0]) for name, (heads, _) in views.items()]
+
+
+def write_page(template: str, values: dict[str, str], path: Path) -> Path:
+    """Fill the ``__NAME__`` placeholders of ``template`` (values already escaped) and write it."""
+    page = re.sub(r"__([A-Z]+)__", lambda m: values.get(m.group(1), m.group(0)), template)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
 def html_page(maps, *, q_tokens=None, k_tokens=None, title="attention maps", path,
-              max_weights: int = MAX_WEIGHTS) -> Path:
+              max_weights: int = MAX_WEIGHTS, overview=None) -> Path:
     """Write one offline HTML page showing attention maps, with layer/head pickers and hover details.
 
     The page draws the chosen map on a canvas (viridis, 0 to the map's maximum; grey for
@@ -64,17 +93,22 @@ def html_page(maps, *, q_tokens=None, k_tokens=None, title="attention maps", pat
     the entropy (nats) of that query row normalised to sum 1. The URL hash selects
     what is shown, so views can be linked: ``page.html#layer=1&head=2`` (``layer`` is
     an index or a map name) and ``&q=3&k=4`` also shows the details of that cell.
+    :func:`attnkit.viz.overview_page` draws every head of every map on one page, each
+    linking here.
 
     Args:
         maps: ``Mapping[str, tensor]``, each ``(H, Lq, Lk)``, ``(B, H, Lq, Lk)`` (sample 0
-            is shown) or ``(Lq, Lk)`` (one head).
+            is shown) or ``(Lq, Lk)`` (one head); an :class:`~attnkit.analysis.AttentionRecorder`
+            (its tokens label the maps); or a transformers model's ``outputs.attentions``
+            (a tuple of ``(B, H, Lq, Lk)``, one per layer) or whole output.
         q_tokens, k_tokens: query / key token labels, one sequence for every map, or a
-            mapping map name -> tokens; positions are used where none are given.
+            mapping map name -> tokens; a recording's own tokens, else positions, where none are given.
         title: page title (escaped).
         path: the ``.html`` file to write.
         max_weights: the most weights the page may hold (about 10 bytes each); more raises
             before anything is converted or written. Pick layers/heads or crop the maps, or
             raise it knowingly.
+        overview: the address of an overview page (relative to this one) to link to, or None.
 
     Returns:
         The Path written.
@@ -87,22 +121,6 @@ def html_page(maps, *, q_tokens=None, k_tokens=None, title="attention maps", pat
         True
     """
     path = check_path(path, (".html", ".htm"))
-    if not isinstance(maps, Mapping) or not maps:
-        raise ArgumentError(f"html_page: maps must be a non-empty mapping name -> tensor; got {type(maps).__name__}")
-    check_int("html_page", "max_weights", max_weights, 1)
-    views = {str(name): _heads(str(name), value) for name, value in maps.items()}
-    total = sum(heads.numel() for heads, _ in views.values())
-    if total > max_weights:
-        sizes = ", ".join(f"{name}: {tuple(heads.shape)}" for name, (heads, _) in list(views.items())[:4])
-        raise ArgumentError(f"html_page: the maps hold {total:,} weights (H, Lq, Lk per map: {sizes}"
-                            f"{', ...' if len(views) > 4 else ''}), a page of about {total * 10 / 2**20:,.0f} MiB; "
-                            f"the limit is max_weights={max_weights:,}. Pass fewer layers or heads, crop the "
-                            f"sequences, or raise max_weights")
-    parts = [_map_json(name, heads, batch, q_tokens, k_tokens) for name, (heads, batch) in views.items()]
-    data = '{"maps":[' + ",".join(parts) + "]}"
-    data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    values = {"TITLE": html.escape(str(title)), "DATA": data}
-    page = re.sub(r"__(TITLE|DATA)__", lambda m: values[m.group(1)], TEMPLATE)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
-    return path
+    data, _ = page_data(maps, q_tokens=q_tokens, k_tokens=k_tokens, max_weights=max_weights, who="html_page")
+    nav = "" if overview is None else f'<a id="overview" href="{html.escape(str(overview), quote=True)}">all heads</a>'
+    return write_page(TEMPLATE, {"TITLE": html.escape(str(title)), "DATA": data, "NAV": nav}, path)

