@@ -17,19 +17,11 @@ from pathlib import Path
 import torch
 
 from ..errors import ArgumentError, DTypeError
+from ..integrations import require_transformers
 from .model_maps import recording_from_outputs
 from .recorder import AttentionRecorder
 
-__all__ = ["require_transformers", "resolve_model_dir", "load_transformers", "record_transformers"]
-
-
-def require_transformers():
-    """The transformers module, or an ImportError that says how to install it."""
-    try:
-        import transformers
-    except ImportError as err:
-        raise ImportError('attnkit\'s transformers support needs transformers: pip install "attnkit[hf]"') from err
-    return transformers
+__all__ = ["resolve_model_dir", "load_transformers", "record_transformers"]
 
 
 def _model_dir(folder: Path, spec: str) -> Path:

@@ -27,12 +27,16 @@ uniform average there, attnkit 0).
 
 from __future__ import annotations
 
-from transformers import AttentionInterface, AttentionMaskInterface
+from .. import require_transformers
 
-from ...errors import ArgumentError, DTypeError
-from ...functional.mask_base import Mask
-from .attention_function import make_attention_function, weights_wanted
-from .model_masks import ModelMask, make_mask_function, whole_sequence_mask
+require_transformers()  # a clear error, naming the extra, when transformers is missing
+
+from transformers import AttentionInterface, AttentionMaskInterface  # noqa: E402
+
+from ...errors import ArgumentError, DTypeError  # noqa: E402
+from ...functional.mask_base import Mask  # noqa: E402
+from .attention_function import make_attention_function, weights_wanted  # noqa: E402
+from .model_masks import ModelMask, make_mask_function, whole_sequence_mask  # noqa: E402
 
 __all__ = ["register", "ModelMask", "weights_wanted", "whole_sequence_mask"]
 
