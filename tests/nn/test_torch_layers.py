@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import itertools
 
 import pytest
@@ -208,3 +209,22 @@ def test_nested_inputs_need_the_same_layout_and_no_second_padding():
     seq_first = MultiHeadAttention(E, HEADS, dtype=F64)
     with pytest.raises(ShapeError, match="batch_first=True"):
         seq_first(nested, nested, nested, need_weights=False)
+
+
+def test_a_pickled_layer_keeps_declining_the_fused_path_and_its_mask():
+    from attnkit import masks
+    layer = nn.TransformerEncoderLayer(E, HEADS, FF, dropout=0.0, batch_first=True, dtype=F64)
+    layer.self_attn = MultiHeadAttention(E, HEADS, batch_first=True, dtype=F64, mask=masks.sliding_window(1, 1))
+    buffer = io.BytesIO()
+    torch.save(layer, buffer)
+    old = layer.self_attn.__getstate__()  # as pickled before the mask and the hook existed
+    del old["extra_mask"]
+    old["_forward_pre_hooks"] = type(old["_forward_pre_hooks"])()
+    restored = MultiHeadAttention.__new__(MultiHeadAttention)
+    restored.__setstate__(old)
+    assert restored.extra_mask is None and len(restored._forward_pre_hooks) == 1
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False).eval()
+    assert repr(loaded.self_attn.extra_mask) == repr(layer.self_attn.extra_mask)
+    x = _x(L, True, seed=10)
+    torch.testing.assert_close(_run(loaded, "no_grad", x), _run(layer.eval(), "eval", x), **TOL)

@@ -202,6 +202,12 @@ class MultiHeadAttention(nn.Module):
             if b is not None:
                 nn.init.xavier_normal_(b)
 
+    def __setstate__(self, state):
+        """Unpickling a module saved before the extra mask and the hook existed gives it both."""
+        super().__setstate__(state)
+        self.__dict__.setdefault("extra_mask", None)
+        torch_layers.decline_fused_layer(self)
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *args):
         torch_compat.merge_projection_keys(self, state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, *args)
