@@ -76,7 +76,7 @@ def torch_style_masks(kpm_kind, am_kind, *, unbatched=False, seed=2, dtype=torch
 
 
 MASK_KINDS = [("none", a) for a in ("none", "bool2", "bool3", "float2", "float3")] + [
-    ("bool", a) for a in ("none", "bool2", "bool3")] + [("float", a) for a in ("none", "float2", "float3")]
+    (kpm, a) for kpm in ("bool", "float") for a in ("none", "bool2", "bool3", "float2", "float3")]  # mixed too
 CONFIGS = [dict(zip(("batch_first", "kv", "add_bias_kv", "add_zero_attn", "bias"), c, strict=True))
            for c in itertools.product((False, True), repeat=5)]
 
@@ -237,6 +237,30 @@ def test_is_causal_with_attn_mask_is_their_logical_and():
     assert not torch.equal(both, am)  # the AND must matter
     out, _ = ours(x, x, x, attn_mask=am, is_causal=True)
     torch.testing.assert_close(out, theirs(x, x, x, attn_mask=both)[0], **TOL[torch.float32])
+
+
+def test_is_causal_hint_beside_a_float_causal_mask_and_bool_padding_matches_torch():
+    """What torch's decoder layers pass: a float causal attn_mask, the is_causal hint, a bool padding mask."""
+    theirs = torch_mha(23, batch_first=True)
+    ours = MultiHeadAttention.from_torch(theirs)
+    x = qkv(theirs, s=L)[0]
+    causal = nn.Transformer.generate_square_subsequent_mask(L)
+    kpm = torch.zeros(N, L, dtype=torch.bool)
+    kpm[1, 3:] = True
+    for need, average in ((False, True), (True, True), (True, False)):
+        kwargs = dict(key_padding_mask=kpm, attn_mask=causal, is_causal=True, need_weights=need,
+                      average_attn_weights=average)
+        assert_same_call(ours, theirs, (x, x, x), kwargs, torch.float32)
+
+
+def test_is_causal_hint_with_fewer_queries_than_keys_applies_attn_mask():
+    """L != S: the attn_mask the hint describes applies (torch reads it, or the top-left causal mask it equals)."""
+    theirs = torch_mha(24)
+    ours = MultiHeadAttention.from_torch(theirs)
+    ignore = torch.ones(L, S, dtype=torch.bool).triu(1)  # top-left causal, L=5 queries over S=7 keys
+    for need in (False, True):
+        assert_same_call(ours, theirs, qkv(theirs), dict(attn_mask=ignore, is_causal=True, need_weights=need),
+                         torch.float32)
 
 
 def test_attnkit_mask_keyword_has_attend_polarity():
@@ -491,8 +515,6 @@ def test_bad_inputs_raise_errors_naming_the_argument():
          r"key_padding_mask must have shape \(2, 7\); got \(7, 2\)"),
         ((q, k, v), dict(attn_mask=torch.zeros(S, L, dtype=torch.bool)), ShapeError,
          r"attn_mask must have shape \(5, 7\) or \(6, 5, 7\); got \(7, 5\)"),
-        ((q, k, v), dict(key_padding_mask=torch.zeros(N, S, dtype=torch.bool), attn_mask=torch.zeros(L, S)),
-         DTypeError, "key_padding_mask and attn_mask must both be bool or both be floating"),
         ((q, k, v), dict(mask=torch.zeros(L, S)), DTypeError, "mask must be an attnkit.masks.Mask or a bool"),
         ((q, k, v), dict(mask=torch.ones(S, L, dtype=torch.bool)), ShapeError, "mask must broadcast"),
     ]

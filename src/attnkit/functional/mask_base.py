@@ -183,10 +183,10 @@ def _as_mask(other) -> Mask:
 
 
 def _merge_owner(masks, attr):
-    sizes = {getattr(m, attr) for m in masks} - {None}
-    if len(sizes) > 1:
-        raise ArgumentError(f"combined masks disagree on {attr}: {sorted(sizes)}")
-    return sizes.pop() if sizes else None
+    sizes = [size for size in (getattr(m, attr) for m in masks) if size is not None]  # no set: a traced size is
+    if any(size != sizes[0] for size in sizes[1:]):  # a SymInt, which does not hash
+        raise ArgumentError(f"combined masks disagree on {attr}: {sorted(set(sizes))}")
+    return sizes[0] if sizes else None
 
 
 class _Combined(Mask):

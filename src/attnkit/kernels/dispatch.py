@@ -18,6 +18,11 @@ every other path's reason and the chosen path's cost). Policy for
    path accepts (row normalisers, weights); else the first chunked path that
    accepts (an additive bias, a soft-cap, or the general online softmax).
 
+Symbolic sizes (``torch.export`` with a ``Dim``, ``torch.compile(dynamic=True)``):
+every rule above reads a size (zero sizes, the block density, ``SMALL_SCORES``), and a
+traced comparison of a size pins it, so ``auto`` takes ``dense-reference`` at once,
+without reading one: one graph, exact for every size (:data:`TRACING`).
+
 A forced ``backend`` runs the first of its paths that accepts, or raises
 :class:`~attnkit.errors.BackendError` with the most general path's reason.
 """
@@ -25,6 +30,8 @@ A forced ``backend`` runs the first of its paths that accepts, or raises
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import torch
 
 from ..errors import BackendError
 from ..functional.masks import _Full
@@ -34,9 +41,11 @@ from .path_cost import PathCost
 from .paths import BY_NAME, PATHS, Path, of_backend
 from .pipeline import KernelOutput, zero_padded_keys
 
-__all__ = ["Decision", "choose", "decide", "execute", "SMALL_SCORES"]
+__all__ = ["Decision", "choose", "decide", "execute", "SMALL_SCORES", "TRACING", "symbolic_sizes"]
 
 SMALL_SCORES = 1 << 16  # B*H*Lq*Lk under which dense reference scores are cheap
+TRACING = ("tracing: sizes symbolic, size-dependent choices skipped (the dense exact path traces for any size; "
+           "the others loop over blocks or rows, which would pin the sizes)")
 _SDPA, _REFERENCE = BY_NAME["torch-sdpa"], BY_NAME["dense-reference"]
 
 
@@ -50,14 +59,18 @@ class Decision:
     block_density: float | None = None
     flops: float = 0.0
     peak_bytes: float = 0.0
-    cost: PathCost | None = None
+    cost: PathCost | None = None  # None (and the two numbers NaN) while the sizes are symbolic
 
     def __str__(self) -> str:
         lines = [f"path: {self.path} (backend {self.backend!r})"]
         lines += [f"  {name:<21} {why}" for name, why in self.reasons.items()]
         if self.block_density is not None:
             lines.append(f"block density: {self.block_density:.3f}")
-        lines.append(f"estimated FLOPs: {self.flops:.3g}   estimated extra memory: {self.peak_bytes / 2**20:.1f} MiB")
+        if self.cost is None:
+            lines.append("estimated cost: none while the sizes are symbolic")
+        else:
+            lines.append(f"estimated FLOPs: {self.flops:.3g}   "
+                         f"estimated extra memory: {self.peak_bytes / 2**20:.1f} MiB")
         return "\n".join(lines)
 
 
@@ -109,12 +122,31 @@ def _auto(p: Problem, untrusted: bool) -> _Choice:
     return _Choice(chunked, density, {"blocksparse": dense_why, "reference": "memory O(Lq Lk); chunked is O(L)"})
 
 
+def symbolic_sizes(p: Problem) -> bool:
+    """Whether a size of ``p`` is symbolic: torch traces it as a ``torch.SymInt`` with dynamic shapes.
+
+    Under dynamo a symbolic size passes for an ``int`` (``isinstance`` cannot tell), so
+    there torch's own test of a static value decides, which dynamo reads without a guard.
+    """
+    if not torch.compiler.is_compiling():  # eager, or a tracer without the flag (make_fx)
+        return any(isinstance(size, torch.SymInt) for size in p.sizes)
+    try:
+        from torch.fx.experimental.symbolic_shapes import has_static_value  # loaded by torch whenever it traces
+    except ImportError:  # a torch without it: any size may be symbolic
+        return True
+    return not all(has_static_value(size) for size in p.sizes)
+
+
 def choose(p: Problem, backend: str = "auto", *, untrusted: bool = False) -> _Choice:
     """The path that runs ``p``; empty problems (a zero size) take the reference path.
 
+    With symbolic sizes, ``auto`` takes the reference path before any rule reads a size
+    (:data:`TRACING`); a forced backend runs its first able path as always.
     ``untrusted``: torch's kernel has already run this call and its output could not be
     trusted (:class:`~.sdpa.UntrustedOutput`): choose among the other paths.
     """
+    if backend == "auto" and symbolic_sizes(p):
+        return _Choice(_REFERENCE, why_not={"*": TRACING})
     if _empty(p):
         return _Choice(_REFERENCE, why_not={"*": "a size is zero: the empty result, on the exact path"})
     return _auto(p, untrusted) if backend == "auto" else _forced(p, backend, untrusted)
@@ -155,6 +187,8 @@ def decide(p: Problem, backend: str = "auto") -> Decision:
         reasons[path.name] = (f"refused: {why}" if why else "able, not preferred: " + (
             choice.why_not.get(path.name) or choice.why_not.get(path.backend) or choice.why_not.get("*")
             or _order_reason(path, chosen)))
+    if symbolic_sizes(p):  # the formulas would give expressions in the sizes; reading them as floats pins them
+        return Decision(chosen.backend, chosen.name, reasons, choice.density, float("nan"), float("nan"), None)
     cost = chosen.cost(p, rules.needs_grad(p))
     return Decision(chosen.backend, chosen.name, reasons, choice.density, float(cost.flops),
                     float(cost.workspace_bytes), cost)

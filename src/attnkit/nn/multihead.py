@@ -9,8 +9,9 @@ from torch import nn
 from .. import masks
 from ..attention import attention
 from ..errors import ArgumentError, DTypeError, ShapeError
+from ..functional.mask_base import Mask
 from ..registry import Entry, register
-from . import torch_compat
+from . import torch_compat, torch_layers
 from .kv_cache import KVCache
 
 __all__ = ["DotProductAttention", "MultiHeadAttention", "KVCache"]
@@ -92,7 +93,8 @@ class MultiHeadAttention(nn.Module):
     Masks, all combined with logical AND (torch's arguments keep torch's polarity and are converted here):
     ``key_padding_mask`` ``(N, S)`` bool True = padding, ignored; ``attn_mask`` ``(L, S)`` or
     ``(N * num_heads, L, S)`` bool True = *not* allowed; a float one of either is added to the scores.
-    ``is_causal=True`` applies a causal mask (query ``i`` sees keys ``j <= i``; needs ``L == S``).
+    ``is_causal=True`` applies a causal mask (query ``i`` sees keys ``j <= i``; needs ``L == S``, except
+    beside an ``attn_mask``, which torch's hint says is the causal mask: then ``attn_mask`` alone applies).
     ``mask=`` takes an :mod:`attnkit.masks` mask or bool tensor, True = attend. Keys appended by
     ``add_bias_kv`` / ``add_zero_attn`` are always allowed. :meth:`forward_step` decodes against a
     :class:`KVCache` with bottom-right causal alignment (``t`` new queries after ``n - t`` cached keys)::
@@ -103,7 +105,9 @@ class MultiHeadAttention(nn.Module):
     Differences from the paper: torch's extensions (biases, kdim/vdim, bias_k/bias_v, zero attention).
     Differences from torch: a query with no allowed key gets 0 before ``out_proj`` where torch gives
     NaN; ``is_causal`` is applied, not a hint that needs ``attn_mask``; weights are returned before
-    dropout (torch: after; the same in eval); a bool mask beside a float mask raises (deprecated in torch).
+    dropout (torch: after; the same in eval). In torch's ``TransformerEncoderLayer`` the module is always
+    called (the layer's fused kernel is declined, :mod:`.torch_layers`); nested inputs from
+    ``TransformerEncoder`` are padded and the output nested again.
 
     Shapes:
         query ``(L, N, E)`` (``(N, L, E)`` if batch_first, ``(L, E)`` unbatched); key ``(S, N, kdim)``,
@@ -119,6 +123,8 @@ class MultiHeadAttention(nn.Module):
             dtype: as ``torch.nn.MultiheadAttention`` (``embed_dim % num_heads == 0``).
         num_kv_heads: key/value heads for grouped-query attention (dividing ``num_heads``; default
             ``num_heads``). Projections for K and V then output ``num_kv_heads * head_dim`` features.
+        mask: an :mod:`attnkit.masks` mask AND-ed into every call (``forward`` and ``forward_step``),
+            e.g. a sliding window inside a model built from torch's layers; kept as ``extra_mask``.
 
     Example:
         >>> import torch
@@ -140,7 +146,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
                  vdim: int | None = None, batch_first: bool = False, device=None, dtype=None, *,
-                 num_kv_heads: int | None = None):
+                 num_kv_heads: int | None = None, mask: Mask | None = None):
         super().__init__()
         who = "MultiHeadAttention"
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -161,8 +167,12 @@ class MultiHeadAttention(nn.Module):
         self.dropout = _check_dropout(who, dropout)
         self.batch_first, self.add_zero_attn = bool(batch_first), bool(add_zero_attn)
         self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        if mask is not None and not isinstance(mask, Mask):
+            raise DTypeError(f"{who}: mask must be an attnkit.masks.Mask or None; got {type(mask).__name__}")
+        self.extra_mask = mask
         self._build(bias, add_bias_kv, {"device": device, "dtype": dtype})
         self._reset_parameters()
+        torch_layers.decline_fused_layer(self)  # torch's encoder layer calls this module, never its own kernel
 
     def _build(self, bias, add_bias_kv, fk):
         e, kv = self.embed_dim, self.num_kv_heads * self.head_dim
@@ -191,6 +201,12 @@ class MultiHeadAttention(nn.Module):
         for b in (self.bias_k, self.bias_v):
             if b is not None:
                 nn.init.xavier_normal_(b)
+
+    def __setstate__(self, state):
+        """Unpickling a module saved before the extra mask and the hook existed gives it both."""
+        super().__setstate__(state)
+        self.__dict__.setdefault("extra_mask", None)
+        torch_layers.decline_fused_layer(self)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *args):
         torch_compat.merge_projection_keys(self, state_dict, prefix)
@@ -227,6 +243,8 @@ class MultiHeadAttention(nn.Module):
         return k, v
 
     def _attend(self, q, k, v, mask, bias, need_weights, average, batched):
+        if self.extra_mask is not None:
+            mask = self.extra_mask if mask is None else mask & self.extra_mask
         k, v = self._extra_keys(k, v)
         mask, bias = torch_compat.with_extra_keys(mask, bias, self._n_extra)
         res = attention(q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0,
@@ -245,6 +263,11 @@ class MultiHeadAttention(nn.Module):
                 average_attn_weights: bool = True, is_causal: bool = False, *, mask=None):
         """``(output, weights or None)``, as ``torch.nn.MultiheadAttention.forward`` (see the class docstring)."""
         who = type(self).__name__
+        nested = None
+        if torch_layers.is_nested(query, key, value):  # from torch's TransformerEncoder: padded here, nested after
+            nested = torch_layers.unnest(who, self, query, key, value, key_padding_mask=key_padding_mask,
+                                         attn_mask=attn_mask, need_weights=need_weights)
+            query, key, value, key_padding_mask = nested[:4]
         batched = torch_compat.check_inputs(who, self, query, key, value)
         query, key, value = (self._to_batch_first(t, batched) for t in (query, key, value))
         full = (query.shape[0], self.num_heads, query.shape[1], key.shape[1])
@@ -252,7 +275,8 @@ class MultiHeadAttention(nn.Module):
                                                 is_causal=is_causal, mask=mask, full=full, batched=batched,
                                                 device=query.device)
         q, k, v = self._project(query, key, value)
-        return self._attend(q, k, v, mask, bias, need_weights, average_attn_weights, batched)
+        out, weights = self._attend(q, k, v, mask, bias, need_weights, average_attn_weights, batched)
+        return (out, weights) if nested is None else (torch_layers.renest(out, nested), None)
 
     def new_cache(self, batch: int, max_len: int, *, dtype=None, device=None) -> KVCache:
         """An empty :class:`KVCache` for :meth:`forward_step` (the parameters' dtype and device by default)."""
@@ -283,17 +307,18 @@ class MultiHeadAttention(nn.Module):
         return self._attend(q, k, v, masks.causal(), None, need_weights, average_attn_weights, batched)
 
     @classmethod
-    def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:
-        """The equivalent module, with ``module``'s configuration, weights and training mode."""
-        return torch_compat.from_torch(cls, module)
+    def from_torch(cls, module: nn.MultiheadAttention, *, mask: Mask | None = None) -> MultiHeadAttention:
+        """The equivalent module, with ``module``'s configuration, weights and training mode (and ``mask``)."""
+        return torch_compat.from_torch(cls, module, mask=mask)
 
     def to_torch(self) -> nn.MultiheadAttention:
-        """The equivalent ``torch.nn.MultiheadAttention`` (raises for grouped-query heads)."""
+        """The equivalent ``torch.nn.MultiheadAttention`` (raises for grouped-query heads and an extra mask)."""
         return torch_compat.to_torch(self)
 
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
-                f"kdim={self.kdim}, vdim={self.vdim}, batch_first={self.batch_first}")
+                f"kdim={self.kdim}, vdim={self.vdim}, batch_first={self.batch_first}"
+                + ("" if self.extra_mask is None else f", mask={self.extra_mask!r}"))
 
 
 def _mha_example():

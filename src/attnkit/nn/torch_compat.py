@@ -133,13 +133,13 @@ def convert_masks(who, *, key_padding_mask, attn_mask, is_causal, mask, full, ba
     """Torch's masks (True = ignore) and attnkit's ``mask`` (True = attend) as ``(Mask | None, bias | None)``.
 
     ``full`` is ``(B, H, L, S)``. Bool masks are combined with logical AND; float
-    masks are added into one bias ``(B|1, H|1, L|1, S)``.
+    masks are added into one bias ``(B|1, H|1, L|1, S)``; a bool mask beside a float one
+    (torch's decoder layers pass a float causal mask and a bool padding mask) is the same
+    as torch's conversion of the bool one to ``-inf``. ``is_causal`` beside ``attn_mask``
+    is torch's hint that ``attn_mask`` is causal: AND-ed with it when ``L == S``; when
+    ``L != S`` (no alignment is implied) ``attn_mask`` alone applies.
     """
     b, h, lq, s = full
-    if key_padding_mask is not None and attn_mask is not None and (
-            key_padding_mask.dtype == torch.bool) != (attn_mask.dtype == torch.bool):
-        raise DTypeError(f"{who}: key_padding_mask and attn_mask must both be bool or both be floating; got "
-                         f"key_padding_mask {key_padding_mask.dtype} and attn_mask {attn_mask.dtype}")
     parts, biases = [], []
     if key_padding_mask is not None:
         _check_mask_tensor(who, "key_padding_mask", key_padding_mask, [(b, s)] if batched else [(s,)], device)
@@ -149,7 +149,7 @@ def convert_masks(who, *, key_padding_mask, attn_mask, is_causal, mask, full, ba
         parts.append(attn_mask.reshape(-1, h, lq, s) if attn_mask.dim() == 3 else attn_mask[None, None])
     bools = [masks.TensorMask(~t) for t in parts if t.dtype == torch.bool]
     biases = [t for t in parts if t.dtype != torch.bool]
-    if is_causal:
+    if is_causal and not (attn_mask is not None and lq != s):
         if lq != s:
             raise ArgumentError(f"{who}: is_causal=True needs as many queries as keys (the alignment is ambiguous "
                                 f"otherwise); got L={lq}, S={s}. Pass mask=attnkit.masks.causal(align=...) instead")
@@ -190,16 +190,20 @@ def merge_projection_keys(module, state_dict, prefix) -> None:
         state_dict[prefix + "in_proj_weight"] = torch.cat([state_dict.pop(n) for n in names])
 
 
-def from_torch(cls, module: nn.MultiheadAttention):
-    """A ``cls`` with ``module``'s configuration, weights, device, dtype and training mode."""
+def from_torch(cls, module: nn.MultiheadAttention, *, mask=None):
+    """A ``cls`` with ``module``'s configuration, weights (and which of them are frozen), device, dtype and
+    training mode; ``mask``: an extra attnkit mask for every call."""
     if not isinstance(module, nn.MultiheadAttention):
         raise DTypeError(f"{cls.__name__}.from_torch: module must be a torch.nn.MultiheadAttention; "
                          f"got {type(module).__name__}")
     w = module.out_proj.weight
     new = cls(module.embed_dim, module.num_heads, dropout=module.dropout, bias=module.in_proj_bias is not None,
               add_bias_kv=module.bias_k is not None, add_zero_attn=module.add_zero_attn, kdim=module.kdim,
-              vdim=module.vdim, batch_first=module.batch_first, device=w.device, dtype=w.dtype)
+              vdim=module.vdim, batch_first=module.batch_first, device=w.device, dtype=w.dtype, mask=mask)
     new.load_state_dict(module.state_dict())
+    frozen = {name for name, p in module.named_parameters() if not p.requires_grad}
+    for name, p in new.named_parameters():
+        p.requires_grad_(name not in frozen)
     return new.train(module.training)
 
 
@@ -208,6 +212,9 @@ def to_torch(module) -> nn.MultiheadAttention:
     if module.num_kv_heads != module.num_heads:
         raise ArgumentError(f"{type(module).__name__}.to_torch: torch has no grouped-query heads; got num_heads="
                             f"{module.num_heads}, num_kv_heads={module.num_kv_heads}")
+    if module.extra_mask is not None:
+        raise ArgumentError(f"{type(module).__name__}.to_torch: torch's module has no place for the extra mask "
+                            f"{module.extra_mask!r}")
     w = module.out_proj.weight
     out = nn.MultiheadAttention(module.embed_dim, module.num_heads, dropout=module.dropout,
                                 bias=module.in_proj_bias is not None, add_bias_kv=module.bias_k is not None,
