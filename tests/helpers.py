@@ -55,3 +55,13 @@ def assert_close_to_oracle(got, q, k, v, *, factor=2.0, cap=None, **kwargs):
     if cap is not None:
         assert err <= cap, f"error {err:.3g} above cap {cap}"
     return err
+
+
+def randomized_float64(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` in float64 with every parameter random (zero-initialised biases included), seeded."""
+    torch.manual_seed(0)
+    module = module.to(torch.float64)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, 0.3)
+    return module

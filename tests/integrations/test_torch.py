@@ -12,6 +12,7 @@ from attnkit import masks
 from attnkit.errors import ArgumentError, DTypeError
 from attnkit.integrations.torch import replace_attention
 from attnkit.nn.multihead import MultiHeadAttention
+from tests.helpers import randomized_float64
 
 E, HEADS, FF, N, L, S = 16, 4, 24, 2, 6, 9
 F64 = torch.float64
@@ -29,13 +30,6 @@ def _padding(length):
     return pad
 
 
-def _randomized(model):
-    torch.manual_seed(0)
-    model = model.to(F64)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.3)
-    return model
 
 
 def _torch_modules(model):
@@ -53,7 +47,7 @@ def _same_outputs(before, after, call):
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_an_encoder_computes_the_same_after_replacement(batch_first):
     layer = nn.TransformerEncoderLayer(E, HEADS, FF, dropout=0.0, batch_first=batch_first)
-    before = _randomized(nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=batch_first))
+    before = randomized_float64(nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=batch_first))
     after = copy.deepcopy(before)
     assert replace_attention(after) == 2
     assert not _torch_modules(after) and all(isinstance(m.self_attn, MultiHeadAttention) for m in after.layers)
@@ -65,7 +59,7 @@ def test_an_encoder_computes_the_same_after_replacement(batch_first):
 
 def test_a_decoder_computes_the_same_after_replacement():
     layer = nn.TransformerDecoderLayer(E, HEADS, FF, dropout=0.0, batch_first=True)
-    before = _randomized(nn.TransformerDecoder(layer, num_layers=2))
+    before = randomized_float64(nn.TransformerDecoder(layer, num_layers=2))
     after = copy.deepcopy(before)
     assert replace_attention(after) == 4  # self- and cross-attention in each layer
     tgt, memory = _x(L, 2), _x(S, 3)
@@ -96,7 +90,7 @@ class Custom(nn.Module):
 
 
 def test_a_custom_model_keeps_sharing_subclasses_frozen_weights_and_its_outputs():
-    before = _randomized(Custom())
+    before = randomized_float64(Custom())
     before.cross[1].out_proj.weight.requires_grad_(False)
     after = copy.deepcopy(before)
     assert replace_attention(after) == 2  # the shared module once, the cross-attention; not the subclass
@@ -113,7 +107,7 @@ def test_a_custom_model_keeps_sharing_subclasses_frozen_weights_and_its_outputs(
 
 
 def test_gradients_through_the_replaced_model_equal_torchs():
-    before = _randomized(nn.TransformerEncoder(nn.TransformerEncoderLayer(E, HEADS, FF, dropout=0.0), 1,
+    before = randomized_float64(nn.TransformerEncoder(nn.TransformerEncoderLayer(E, HEADS, FF, dropout=0.0), 1,
                                                enable_nested_tensor=False))
     after = copy.deepcopy(before)
     replace_attention(after)
@@ -127,7 +121,7 @@ def test_gradients_through_the_replaced_model_equal_torchs():
 
 
 def test_an_extra_mask_is_anded_into_every_call():
-    before = _randomized(nn.TransformerEncoderLayer(E, HEADS, FF, dropout=0.0, batch_first=True)).eval()
+    before = randomized_float64(nn.TransformerEncoderLayer(E, HEADS, FF, dropout=0.0, batch_first=True)).eval()
     after = copy.deepcopy(before)
     window = masks.sliding_window(2, 2)  # every row keeps an unpadded key: torch gives NaN otherwise
     assert replace_attention(after, mask=window) == 1 and after.self_attn.extra_mask is window

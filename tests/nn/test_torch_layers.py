@@ -19,6 +19,7 @@ from torch import nn
 
 from attnkit.errors import ArgumentError, ShapeError
 from attnkit.nn.multihead import MultiHeadAttention
+from tests.helpers import randomized_float64
 
 E, HEADS, FF, N, L, S = 16, 4, 24, 2, 5, 7  # an even head count: torch's fused path is eligible
 MODES = ("train", "eval", "no_grad", "inference_mode")
@@ -26,22 +27,8 @@ TOL = {"atol": 1e-10, "rtol": 1e-10}
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
-def _randomized(layer):
-    """Every parameter random (zero-initialised biases included), in float64."""
-    torch.manual_seed(0)
-    layer = layer.to(F64)
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.normal_(0, 0.3)
-    return layer
 
 
 def _with_attnkit(layer):
@@ -113,7 +100,7 @@ ENCODER_MASKS = {
 @pytest.mark.parametrize("batch_first", [True, False])
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_encoder_layer_gives_torchs_outputs_in_every_mode_and_mask_combination(batch_first, norm_first):
-    theirs = _randomized(nn.TransformerEncoderLayer(E, HEADS, FF, dropout=0.0, batch_first=batch_first,
+    theirs = randomized_float64(nn.TransformerEncoderLayer(E, HEADS, FF, dropout=0.0, batch_first=batch_first,
                                                     norm_first=norm_first))
     ours = _with_attnkit(theirs)
     x = _x(L, batch_first, seed=3)
@@ -141,7 +128,7 @@ DECODER_MASKS = {
 
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_decoder_layer_gives_torchs_outputs_in_every_mode_and_mask_combination(batch_first):
-    theirs = _randomized(nn.TransformerDecoderLayer(E, HEADS, FF, dropout=0.0, batch_first=batch_first))
+    theirs = randomized_float64(nn.TransformerDecoderLayer(E, HEADS, FF, dropout=0.0, batch_first=batch_first))
     ours = _with_attnkit(theirs)
     assert isinstance(ours.self_attn, MultiHeadAttention) and isinstance(ours.multihead_attn, MultiHeadAttention)
     tgt, memory = _x(L, batch_first, seed=4), _x(S, batch_first, seed=5)
@@ -153,7 +140,7 @@ def test_decoder_layer_gives_torchs_outputs_in_every_mode_and_mask_combination(b
 
 def test_encoder_stack_passes_nested_tensors_and_gets_torchs_output():
     """TransformerEncoder packs a padded batch into nested tensors in eval without autograd."""
-    layer = _randomized(nn.TransformerEncoderLayer(E, HEADS, FF, dropout=0.0, batch_first=True))
+    layer = randomized_float64(nn.TransformerEncoderLayer(E, HEADS, FF, dropout=0.0, batch_first=True))
     theirs = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=True).to(F64)
     ours = copy.deepcopy(theirs)
     for mod in ours.layers:
@@ -169,7 +156,7 @@ def test_encoder_stack_passes_nested_tensors_and_gets_torchs_output():
 
 def test_the_fused_encoder_layer_is_declined(monkeypatch):
     """Under no_grad the layer calls the module; torch's module would go to the fused kernel instead."""
-    theirs = _randomized(nn.TransformerEncoderLayer(E, HEADS, FF, dropout=0.0, batch_first=True)).eval()
+    theirs = randomized_float64(nn.TransformerEncoderLayer(E, HEADS, FF, dropout=0.0, batch_first=True)).eval()
     ours = _with_attnkit(theirs)
     expected = _run(theirs, "no_grad", _x(L, True, seed=7))
 
