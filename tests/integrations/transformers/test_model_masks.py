@@ -60,6 +60,12 @@ def test_plain_causal_over_a_dynamic_cache_is_attnkit_causal():
     assert fn(batch_size=1, q_length=4, kv_length=4, mask_function=hf.bidirectional_mask_function).mask is None
     window = fn(batch_size=1, q_length=64, kv_length=64, mask_function=hf.sliding_window_causal_mask_function(8))
     assert window.mask.band(64, 64) == (-7, 0)  # the band path serves it
+    # a window that cuts nothing of the block is no mask at all: the O(1) paths serve it
+    short = fn(batch_size=1, q_length=6, kv_length=6, mask_function=hf.sliding_window_causal_mask_function(8))
+    assert repr(short.mask) == repr(masks.causal())
+    step = fn(batch_size=1, q_length=1, kv_length=7, q_offset=12, kv_offset=6,
+              mask_function=hf.sliding_window_causal_mask_function(8))
+    assert step.mask is None
 
 
 def test_an_unknown_pattern_is_evaluated_exactly_by_transformers():

@@ -93,10 +93,12 @@ def whole_sequence_mask(mask_function) -> Mask | None:
 def _on_block(whole: Mask, q_length: int, kv_length: int, q_offset: int, kv_offset: int, length: int):
     """The whole-sequence mask on the block, in the form with the fastest attnkit path."""
     band = whole.band(length, length)
-    if band == (None, None):
-        return None
     if band is not None:
         lo, hi = (None if end is None else end + q_offset - kv_offset for end in band)
+        lo = None if lo is not None and lo <= 1 - q_length else lo  # drop a side that cuts no entry of the block
+        hi = None if hi is not None and hi >= kv_length - 1 else hi
+        if lo is None and hi is None:
+            return None  # e.g. a decoding step whose window still covers the whole cache
         if lo is None and hi == kv_length - q_length:
             return masks.causal()  # bottom-right: the O(1) causal path
         return masks.diagonals(lo, hi)
