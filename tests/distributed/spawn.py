@@ -1,0 +1,54 @@
+"""Run a function on W gloo processes on this machine and collect what each rank returns.
+
+``run(fn, world)`` spawns ``world`` processes (torch.multiprocessing), joins them in a
+gloo process group on 127.0.0.1 at a free port, calls ``fn(rank, world)`` on each and
+returns the list of their answers (rank order). An exception on any rank fails the call
+with that rank's traceback; a rank stuck in a collective is ended by the group timeout.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import socket
+import tempfile
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, fn, folder):
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    try:
+        answer = ("ok", fn(rank, world))
+    except BaseException:  # reported to the parent, which fails the test with it
+        answer = ("error", traceback.format_exc())
+    with open(os.path.join(folder, f"{rank}.pkl"), "wb") as f:
+        pickle.dump(answer, f)
+    dist.destroy_process_group()
+
+
+def run(fn, world: int):
+    """Answers of ``fn(rank, world)`` on every rank of a fresh gloo group (``fn`` must be importable)."""
+    with tempfile.TemporaryDirectory() as folder:
+        mp.spawn(_worker, args=(world, free_port(), fn, folder), nprocs=world, join=True)
+        answers = []
+        for rank in range(world):
+            with open(os.path.join(folder, f"{rank}.pkl"), "rb") as f:
+                status, value = pickle.load(f)
+            if status == "error":
+                raise AssertionError(f"rank {rank} failed:\n{value}")
+            answers.append(value)
+    return answers
