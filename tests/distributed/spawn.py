@@ -1,6 +1,6 @@
 """Run a function on W gloo processes on this machine and collect what each rank returns.
 
-``run(fn, world)`` spawns ``world`` processes (torch.multiprocessing), joins them in a
+``run(fn, world)`` starts ``world`` processes (torch.multiprocessing, forked), joins them in a
 gloo process group on 127.0.0.1 at a free port, calls ``fn(rank, world)`` on each and
 returns the list of their answers (rank order). An exception on any rank fails the call
 with that rank's traceback; a rank stuck in a collective is ended by the group timeout.
@@ -18,6 +18,11 @@ import traceback
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+# fork: the ranks start from this process's imports (seconds, not the 5-10 s of a fresh interpreter
+# importing torch on a busy machine). The parent keeps one intra-op thread (conftest), so no thread
+# pool is forked half-built.
+START_METHOD = "fork"
 
 
 def free_port() -> int:
@@ -43,7 +48,8 @@ def _worker(rank, world, port, fn, folder):
 def run(fn, world: int):
     """Answers of ``fn(rank, world)`` on every rank of a fresh gloo group (``fn`` must be importable)."""
     with tempfile.TemporaryDirectory() as folder:
-        mp.spawn(_worker, args=(world, free_port(), fn, folder), nprocs=world, join=True)
+        mp.start_processes(_worker, args=(world, free_port(), fn, folder), nprocs=world, join=True,
+                           start_method=START_METHOD)
         answers = []
         for rank in range(world):
             with open(os.path.join(folder, f"{rank}.pkl"), "rb") as f:

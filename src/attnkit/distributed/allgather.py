@@ -49,7 +49,7 @@ def _lse_dtype(v):
     return torch.float64 if v.dtype == torch.float64 else torch.float32
 
 
-def bytes_sent(*, batch, kv_heads, length, head_dim, value_dim, world, itemsize, backward=False) -> int:
-    """Bytes one rank sends in one call."""
+def bytes_sent(*, batch, kv_heads, length, head_dim, value_dim, world, itemsize) -> int:
+    """Bytes one rank sends in the forward of one call, or in its backward (the same: all-gather, reduce-scatter)."""
     block = batch * kv_heads * (length // world) * (head_dim + value_dim)
-    return (world - 1) * block * itemsize * (2 if backward else 1)
+    return (world - 1) * block * itemsize

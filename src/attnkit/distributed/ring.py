@@ -23,8 +23,9 @@ gradients of the merge: with ``w = exp(lse_j - lse)``::
     d out_j = w * d out,    d lse_j = w * (sum(d out * (out_j - out)) + d lse)
 
 Bytes sent per rank per call, with block ``b = B * H_kv * (L/W) * (D + Dv)``
-elements: forward ``sum of sends * b * itemsize``, ``(W - 1)`` sends with no mask;
-backward adds ``(W - 1)`` K/V sends and ``W`` accumulator sends (float32 for half inputs).
+elements of itemsize s: forward ``(W - 1) * b * s`` with no mask (fewer sends where
+blocks stop early); the backward sends the K/V blocks again and ``W`` accumulators
+(``W - 1`` hops and the trip home), in float32 for half inputs.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class RingPlan:
                        for src in range(w)] for dst in range(w)]
         self.hops = [max([t for t in range(w) if self.needs[(src + t) % w][src]], default=0) for src in range(w)]
         self.peak_positions = 0  # most K/V positions held at once (own block, current, incoming)
+        self.entries_computed = 0  # score entries of the blocks this rank computed in the forward
 
     # ------------------------------------------------------------- the schedule
     def source(self, rank: int, step: int) -> int:
@@ -64,9 +66,12 @@ class RingPlan:
         """Rank ``rank`` passes its block of this step on to ``rank + 1``."""
         return step + 1 <= self.hops[self.source(rank, step)]
 
-    def sends(self) -> int:
-        """Blocks this rank sends forward in one pass."""
-        return sum(self.forwards(self.comm.rank, s) for s in range(self.comm.world))
+    def sends(self) -> tuple[int, int]:
+        """``(K/V blocks, gradient accumulators)`` this rank sends in one pass (the accumulators in the backward)."""
+        r, w = self.comm.rank, self.comm.world
+        forward = sum(self.forwards(r, s) for s in range(w))
+        home = sum(0 < s == self.hops[self.source(r, s)] for s in range(w))  # last holder sends it home
+        return forward, forward + home
 
     def _pass_on(self, step, block, tag=_KV):
         """Post this step's transfer of ``block``: to the next rank if it travels on, from the previous one."""
@@ -104,6 +109,7 @@ class RingPlan:
             if block is not None and self.needs[r][self.source(r, step)]:
                 for i, a, j, b in self._pairs(self.source(r, step)):
                     acc[i] = merge(acc[i], self._block(qs[i], block, j, a, b, d))
+                    self.entries_computed += qs[i].shape[-2] ** 2
             self.comm.wait(requests)
             block = incoming
         return self._finish(acc, qs, v)
@@ -174,9 +180,10 @@ class RingPlan:
             share = weight(l_j.detach(), lse_i)
             g_out = share.unsqueeze(-1) * dout_i
             g_lse = share * ((dout_i * (o_j.detach() - out_i)).sum(-1) + dlse_i)
-            pairs = [(t, g.to(t.dtype)) for t, g in ((o_j, g_out), (l_j, g_lse)) if t.requires_grad]
-            grads = torch.autograd.grad([t for t, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True) \
-                if pairs else (None, None, None)
+            # A scalar surrogate with these upstream gradients (rows with lse_j = -inf have share 0: filled out).
+            terms = [(t.masked_fill(t == float("-inf"), 0) * g).sum() for t, g in ((o_j, g_out), (l_j, g_lse))
+                     if t.requires_grad]
+            grads = torch.autograd.grad(sum(terms), leaves, allow_unused=True) if terms else (None, None, None)
         return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves, strict=True)]
 
 
@@ -201,14 +208,13 @@ def ring_attention(q, k, v, setting: Setting, comm: Comm, layout: str, plan_clas
 
 def bytes_sent(*, batch, kv_heads, length, head_dim, value_dim, world, itemsize, grad_itemsize=None,
                sends=None, backward=False) -> int:
-    """Bytes one rank sends in one call: ``sends`` K/V blocks forward (``W - 1`` with no mask).
+    """Bytes one rank sends in one call; ``sends`` = ``RingPlan.sends()``, ``(W - 1, W)`` with no mask.
 
-    With ``backward``, the same K/V sends again plus ``sends + 1`` accumulators (one more: the trip home;
-    ``W`` with no mask), in ``grad_itemsize`` (float32 for half inputs).
+    Forward: ``sends[0]`` K/V blocks. Backward: the same K/V sends again, plus ``sends[1]``
+    gradient accumulators in ``grad_itemsize`` (float32 for half inputs).
     """
-    sends = world - 1 if sends is None else sends
+    kv_sends, grad_sends = (world - 1, world) if sends is None else sends
     block = batch * kv_heads * (length // world) * (head_dim + value_dim)
-    total = sends * block * itemsize
-    if backward:
-        total += sends * block * itemsize + (sends + 1) * block * (grad_itemsize or itemsize)
-    return total
+    if not backward:
+        return kv_sends * block * itemsize
+    return kv_sends * block * itemsize + grad_sends * block * (grad_itemsize or itemsize)

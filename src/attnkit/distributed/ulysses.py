@@ -15,7 +15,7 @@ Bytes sent per rank per call (itemsize s; ``f = (W - 1) / W``, the share bound
 for other ranks)::
 
     forward   f * B * (L/W) * (H * D + H_kv' * (D + Dv) + H * Dv) * s   (+ f * B * H * (L/W) * 4|8 for lse)
-    backward  the same again (dout in, dq, dk, dv back)
+    backward  the same (dout, and d lse when asked, in; dq, dk, dv back)
 """
 
 from __future__ import annotations
@@ -87,12 +87,13 @@ def ulysses_attention(q, k, v, setting: Setting, comm: Comm, layout: str, with_l
     return out, lse.squeeze(-1)
 
 
-def bytes_sent(*, batch, heads, kv_heads, length, head_dim, value_dim, world, itemsize, lse_itemsize=0,
-               backward=False) -> int:
-    """Bytes one rank sends in one call (``lse_itemsize`` 0 when the lse is not asked for)."""
+def bytes_sent(*, batch, heads, kv_heads, length, head_dim, value_dim, world, itemsize, lse_itemsize=0) -> int:
+    """Bytes one rank sends in the forward of one call, or in its backward (the same all-to-alls reversed).
+
+    ``lse_itemsize`` is 0 when the lse is not asked for.
+    """
     kv_heads *= kv_repeat(kv_heads, world)
     rows = batch * (length // world)
     forward = rows * (heads * head_dim + kv_heads * (head_dim + value_dim) + heads * value_dim) * itemsize
     forward += rows * heads * lse_itemsize
-    share = (world - 1) / world
-    return round(share * forward * (2 if backward else 1))
+    return forward * (world - 1) // world
