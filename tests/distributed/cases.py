@@ -15,7 +15,7 @@ import torch
 
 import attnkit
 from attnkit import bias, masks
-from attnkit.distributed import SCHEMES, attention, shard
+from attnkit.distributed import SCHEMES, attention, count_bytes, shard
 
 LAYOUTS = ("contiguous", "zigzag")
 # Sizes: L divisible by 2W for W = 2, 3, 4; H divisible by 2, 3, 4 (Ulysses); D != Dv.
@@ -78,3 +78,17 @@ def sweep(group=None, *, seed=0, length=LENGTH):
     """Every scheme x layout x case on ``group``: ``{(scheme, layout, case): errors}``."""
     return {(scheme, layout, name): compare(scheme, layout, kw, group=group, seed=seed, length=length)
             for (name, kw), scheme, layout in itertools.product(cases(length).items(), SCHEMES, LAYOUTS)}
+
+
+def measured_bytes(scheme, layout, *, mask=None, kv_heads=HEADS, length=LENGTH, dtype=torch.float64,
+                   return_lse=False):
+    """``(forward, backward)`` bytes this rank sent in one call, counted by attnkit.distributed.count_bytes."""
+    q, k, v, _, _ = _tensors(4, kv_heads, length)
+    local = [shard(t.to(dtype), layout=layout).requires_grad_() for t in (q, k, v)]
+    with count_bytes() as forward:
+        got = attention(*local, mask=mask, scheme=scheme, layout=layout, return_lse=return_lse)
+    out = got.output if return_lse else got
+    loss = out.sum() + (got.lse.masked_fill(got.lse == float("-inf"), 0).sum() if return_lse else 0)
+    with count_bytes() as backward:
+        loss.backward()
+    return forward.total, backward.total
