@@ -30,6 +30,7 @@ def cases(length=LENGTH, heads=HEADS):
         "none": {},
         "causal": {"mask": masks.causal()},
         "causal_window": {"mask": masks.causal() & masks.sliding_window(3)},
+        "window_both_sides": {"mask": masks.sliding_window(3, 4)},  # the ring's two-way halo
         "documents": {"mask": masks.segments(ids) & masks.causal()},
         "padding": {"mask": masks.padding([length - 5, 7])},
         "gqa": {"kv_heads": 4, "mask": masks.causal()},

@@ -1,5 +1,5 @@
 """The ring (distributed/ring.py): it never holds the whole K/V, skips and does not send empty blocks
-(a halo for causal windows), balances causal work under zigzag, and sends the bytes its formula says."""
+(a halo for windows, both ways), balances causal work under zigzag, and sends the bytes its formula says."""
 
 from __future__ import annotations
 
@@ -41,8 +41,9 @@ def _ring_facts(rank, world):
             _MADE.clear()
             fwd, bwd = cases.measured_bytes("ring", layout, mask=mask, length=LENGTH)
             plan = _MADE[-1]
-            found[layout, name] = {"bytes": (fwd, bwd), "sends": plan.sends(), "hops": plan.hops,
-                                   "peak": plan.peak_positions, "longest_block": max(plan.block_lengths, default=0),
+            found[layout, name] = {"bytes": (fwd, bwd), "sends": plan.sends(),
+                                   "hops": [lane.hops for lane in plan.lanes], "peak": plan.peak_positions,
+                                   "longest_block": max(plan.block_lengths, default=0),
                                    "entries": plan.entries_computed}
     return found
 
@@ -57,7 +58,7 @@ def facts():
 def test_no_rank_holds_the_whole_kv(facts, layout, name):
     for found in facts:
         f = found[layout, name]
-        assert f["peak"] <= 3 * LENGTH // WORLD < LENGTH  # own block, current, incoming
+        assert f["peak"] <= 3 * LENGTH // WORLD < LENGTH  # own block, current and incoming (or one per direction)
         assert f["longest_block"] <= LENGTH // WORLD
 
 
@@ -75,10 +76,12 @@ def test_bytes_measured_equal_the_formula(facts, layout, name):
 
 def test_causal_blocks_travel_only_as_far_as_needed(facts):
     causal = [found["contiguous", "causal"] for found in facts]
-    assert causal[0]["hops"] == [3, 2, 1, 0]
+    assert causal[0]["hops"] == [[3, 2, 1, 0]]
     assert [f["sends"][0] for f in causal] == [1, 2, 3, 0]  # W (W - 1) / 2 sends instead of W (W - 1)
     halo = [found["contiguous", "causal_window"] for found in facts]
-    assert halo[0]["hops"] == [1, 1, 1, 0] and [f["sends"][0] for f in halo] == [1, 1, 1, 0]
+    assert halo[0]["hops"] == [[1, 1, 1, 0]] and [f["sends"][0] for f in halo] == [1, 1, 1, 0]
+    both = [found["contiguous", "window_both_sides"] for found in facts]  # one hop each way, none around the ring
+    assert both[0]["hops"] == [[1, 1, 1, 0], [0, 1, 1, 1]] and [f["sends"][0] for f in both] == [1, 2, 2, 1]
     assert [found["zigzag", "causal"]["sends"][0] for found in facts] == [WORLD - 1] * WORLD  # every rank needs all
 
 
@@ -89,3 +92,13 @@ def test_zigzag_balances_causal_work(facts):
     assert contiguous == [(r + 1) * chunk ** 2 for r in range(WORLD)]  # the last rank does W times the first
     assert zigzag == [(2 * WORLD + 1) * (chunk // 2) ** 2] * WORLD
     assert sum(zigzag) < sum(contiguous)  # smaller chunks also skip more of the upper triangle
+
+
+def test_split_hops_takes_the_shortest_way_to_every_rank_that_needs_a_block():
+    w = 5
+    everyone = [[True] * w for _ in range(w)]
+    assert ring.split_hops(everyone, w) == ([4] * w, [0] * w)  # the plain ring
+    neighbours = [[abs(dst - src) <= 1 for src in range(w)] for dst in range(w)]
+    assert ring.split_hops(neighbours, w) == ([1, 1, 1, 1, 0], [0, 1, 1, 1, 1])
+    nobody = [[dst == src for src in range(w)] for dst in range(w)]
+    assert ring.split_hops(nobody, w) == ([0] * w, [0] * w)

@@ -4,17 +4,17 @@ Rank r holds its queries and, at step s, the K/V block of rank ``src = r - s``
 (mod W): it computes that block (every active pair of its query chunks and the
 block's key chunks, :mod:`.blocks`) while the block travels on to ``r + 1``
 (point-to-point, posted before the compute and waited after: overlap), and merges
-the partial results by lse (:mod:`.merge`). A rank holds at most its own block,
-the current one and the incoming one: never the whole K/V.
+the partial results by lse (:mod:`.merge`). A rank holds its own block, the
+current one and the incoming one per direction: never the whole K/V.
 
-Blocks whose mask is empty are skipped and not sent: block ``src`` travels only
-``hops[src]`` steps, the distance to the farthest rank along the ring that needs
-it. Causal, contiguous: rank j's block goes to ranks j+1..W-1 only (half the
-sends); a causal window no wider than a shard: one hop to the next rank (a halo
-exchange). A window that also reaches to the left carries its blocks around the
-ring to the left neighbour.
+Blocks whose mask is empty are skipped and not sent: block ``src`` travels only as
+far as the farthest rank that needs it (:func:`split_hops`), forward (to r + 1,
+r + 2, ...) and, where that is shorter, also backward (to r - 1, ...), as a second
+lane of the same schedule. Causal, contiguous: rank j's block goes to ranks
+j+1..W-1 only (half the sends); a window no wider than a shard: one hop to each
+neighbour it reaches (a halo exchange); no mask: the plain ring, W - 1 hops.
 
-Backward by the reverse ring, recomputing each block: the K/V block travels the
+Backward by the ring again, recomputing each block: the K/V block travels the
 same way again with its accumulator ``dK, dV``; each rank adds its share, and
 after the last hop the accumulator is sent home to the block's owner. A block's
 gradient is the autograd of its local ``attnkit.attention`` call with the upstream
@@ -30,6 +30,8 @@ blocks stop early); the backward sends the K/V blocks again and ``W`` accumulato
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from .blocks import Setting, block_attention
@@ -37,13 +39,38 @@ from .comm import Comm
 from .layouts import chunks_of
 from .merge import merge, weight
 
-__all__ = ["RingPlan", "ring_attention", "bytes_sent"]
+__all__ = ["RingPlan", "Lane", "split_hops", "ring_attention", "bytes_sent"]
 
-_KV, _GRAD, _HOME = 0, 1, 2  # message tags
+_KV, _GRAD, _HOME = 0, 1, 2  # message tags (plus 3 * lane)
+
+
+class Lane(NamedTuple):
+    """One direction of travel: blocks move to ``rank + direction``; ``hops[src]``: how far block src goes."""
+
+    direction: int
+    hops: list
+    tag: int
+
+
+def split_hops(needs, world: int) -> tuple[list, list]:
+    """Per source block, how far it travels forward (to rank + 1, ...) and backward (to rank - 1, ...).
+
+    The split reaches every rank that needs the block in the fewest hops, preferring
+    forward (the plain ring) on ties; a window reaching both sides goes one hop each way.
+    """
+    forward, backward = [], []
+    for src in range(world):
+        offsets = [t for t in range(1, world) if needs[(src + t) % world][src]]
+        options = [(max([t for t in offsets if t <= k], default=0), max([world - t for t in offsets if t > k],
+                                                                         default=0)) for k in range(world - 1, -1, -1)]
+        f, b = min(options, key=sum)  # min keeps the first: the most forward split among the shortest
+        forward.append(f)
+        backward.append(b)
+    return forward, backward
 
 
 class RingPlan:
-    """Who needs which block, how far each block travels, and the two passes over the ring."""
+    """Who needs which block, how far each block travels each way, and the two passes over the ring."""
 
     def __init__(self, comm: Comm, setting: Setting, layout: str):
         self.comm, self.s, self.layout = comm, setting, layout
@@ -51,38 +78,53 @@ class RingPlan:
         self.q_chunks = chunks_of(layout, r, w)
         self.needs = [[any(setting.active[a][b] for a in chunks_of(layout, dst, w) for b in chunks_of(layout, src, w))
                        for src in range(w)] for dst in range(w)]
-        self.hops = [max([t for t in range(w) if self.needs[(src + t) % w][src]], default=0) for src in range(w)]
-        self.peak_positions = 0  # most K/V positions held at once (own block, current, incoming)
+        forward, backward = split_hops(self.needs, w)
+        self.lanes = [Lane(1, forward, 0)] + ([Lane(-1, backward, 3)] if any(backward) else [])
+        self.peak_positions = 0  # most K/V positions held at once (own block, current and incoming ones)
         self.entries_computed = 0  # score entries of the blocks this rank computed in the forward
 
     # ------------------------------------------------------------- the schedule
-    def source(self, rank: int, step: int) -> int:
-        return (rank - step) % self.comm.world
+    def source(self, lane: Lane, rank: int, step: int) -> int:
+        return (rank - lane.direction * step) % self.comm.world
 
-    def holds(self, rank: int, step: int) -> bool:
-        return step <= self.hops[self.source(rank, step)]
+    def holds(self, lane: Lane, rank: int, step: int) -> bool:
+        return step <= lane.hops[self.source(lane, rank, step)]
 
-    def forwards(self, rank: int, step: int) -> bool:
-        """Rank ``rank`` passes its block of this step on to ``rank + 1``."""
-        return step + 1 <= self.hops[self.source(rank, step)]
+    def forwards(self, lane: Lane, rank: int, step: int) -> bool:
+        """Rank ``rank`` passes its block of this step on to ``rank + lane.direction``."""
+        return step + 1 <= lane.hops[self.source(lane, rank, step)]
 
     def sends(self) -> tuple[int, int]:
         """``(K/V blocks, gradient accumulators)`` this rank sends in one pass (the accumulators in the backward)."""
         r, w = self.comm.rank, self.comm.world
-        forward = sum(self.forwards(r, s) for s in range(w))
-        home = sum(0 < s == self.hops[self.source(r, s)] for s in range(w))  # last holder sends it home
-        return forward, forward + home
+        forward = sum(self.forwards(lane, r, s) for lane in self.lanes for s in range(w))
+        home = sum(0 < s == lane.hops[self.source(lane, r, s)] for lane in self.lanes for s in range(w))
+        return forward, forward + home  # the last holder of a block sends its accumulator home
 
-    def _pass_on(self, step, block, tag=_KV):
-        """Post this step's transfer of ``block``: to the next rank if it travels on, from the previous one."""
-        r = self.comm.rank
-        sends = [(block, r + 1, tag)] if block is not None and self.forwards(r, step) else []
-        incoming = torch.empty_like(block if block is not None else self._template) if self.forwards(r - 1, step) \
-            else None
-        recvs = [(incoming, r - 1, tag)] if incoming is not None else []
-        held = sum(t.shape[-2] for t in (block, incoming) if t is not None)
-        self.peak_positions = max(self.peak_positions, held + (self._template.shape[-2] if step else 0))
+    def _pass_on(self, lane, step, block):
+        """Post this step's transfer of ``block`` along ``lane``: on to the next rank, in from the previous one."""
+        r, ahead = self.comm.rank, lane.direction
+        sends = [(block, r + ahead, _KV + lane.tag)] if block is not None and self.forwards(lane, r, step) else []
+        incoming = torch.empty_like(self._own) if self.forwards(lane, r - ahead, step) else None
+        recvs = [(incoming, r - ahead, _KV + lane.tag)] if incoming is not None else []
         return self.comm.exchange(sends, recvs), incoming
+
+    def _note_held(self, *tensors):
+        distinct = {id(t): t for t in (self._own, *tensors) if t is not None}
+        self.peak_positions = max(self.peak_positions, sum(t.shape[-2] for t in distinct.values()))
+
+    def _step_blocks(self, step, blocks):
+        """The blocks this rank holds at this step, per lane (None: none), and the transfers for the next one."""
+        r, requests, incoming = self.comm.rank, [], []
+        for n, lane in enumerate(self.lanes):
+            blocks[n] = blocks[n] if blocks[n] is not None and self.holds(lane, r, step) else None
+            posted, arriving = self._pass_on(lane, step, blocks[n])
+            requests += posted
+            incoming.append(arriving)
+        self._note_held(*blocks, *incoming)
+        work = [(n, lane, self.source(lane, r, step)) for n, lane in enumerate(self.lanes)
+                if blocks[n] is not None and (step > 0 or n == 0)]  # step 0: the own block, computed once
+        return [(n, lane, src) for n, lane, src in work if self.needs[r][src]], requests, incoming
 
     def _pairs(self, src: int):
         """``(i, a, j, b)``: query chunk i (global a) against the block's key chunk j (global b), where active."""
@@ -99,19 +141,17 @@ class RingPlan:
 
     # ------------------------------------------------------------- forward
     def forward(self, q, k, v):
-        kv = torch.cat([k, v], -1)
-        self._template, d, r = kv, k.shape[-1], self.comm.rank
+        self._own, d = torch.cat([k, v], -1), k.shape[-1]
         qs, acc = q.chunk(len(self.q_chunks), -2), [None] * len(self.q_chunks)
-        block = kv
+        blocks = [self._own] * len(self.lanes)
         for step in range(self.comm.world):
-            block = block if self.holds(r, step) else None
-            requests, incoming = self._pass_on(step, block)
-            if block is not None and self.needs[r][self.source(r, step)]:
-                for i, a, j, b in self._pairs(self.source(r, step)):
-                    acc[i] = merge(acc[i], self._block(qs[i], block, j, a, b, d))
+            work, requests, incoming = self._step_blocks(step, blocks)
+            for n, _, src in work:
+                for i, a, j, b in self._pairs(src):
+                    acc[i] = merge(acc[i], self._block(qs[i], blocks[n], j, a, b, d))
                     self.entries_computed += qs[i].shape[-2] ** 2
             self.comm.wait(requests)
-            block = incoming
+            blocks = incoming
         return self._finish(acc, qs, v)
 
     def _finish(self, acc, qs, v):
@@ -127,47 +167,49 @@ class RingPlan:
 
     # ------------------------------------------------------------- backward
     def backward(self, q, k, v, out, lse, dout, dlse):
-        kv = torch.cat([k, v], -1)
+        self._own, d = torch.cat([k, v], -1), k.shape[-1]
         acc_dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
-        self._template, d, r, w = kv, k.shape[-1], self.comm.rank, self.comm.world
         m = len(self.q_chunks)
         rows = [t.chunk(m, -2) for t in (q, out, dout)] + [t.chunk(m, -1) for t in (lse, dlse)]
         dq = [torch.zeros(qc.shape, dtype=acc_dtype, device=q.device) for qc in rows[0]]
-        block, grad, own_grad = kv, torch.zeros(kv.shape, dtype=acc_dtype, device=kv.device), None
-        for step in range(w):
-            src = self.source(r, step)
-            block = block if self.holds(r, step) else None
-            requests, incoming = self._pass_on(step, block)
-            if block is not None and self.needs[r][src]:
+        blocks = [self._own] * len(self.lanes)
+        grads = [torch.zeros(self._own.shape, dtype=acc_dtype, device=q.device) for _ in self.lanes]
+        own_grad = torch.zeros_like(grads[0])
+        for step in range(self.comm.world):
+            work, requests, incoming = self._step_blocks(step, blocks)
+            for n, _, src in work:
                 for i, a, j, b in self._pairs(src):
-                    gq, gk, gv = self._block_grads([t[i] for t in rows], block, j, a, b, d)
+                    gq, gk, gv = self._block_grads([t[i] for t in rows], blocks[n], j, a, b, d)
                     dq[i] += gq
-                    grad.chunk(m, -2)[j].add_(torch.cat([gk, gv], -1))
+                    grads[n].chunk(m, -2)[j].add_(torch.cat([gk, gv], -1))
             self.comm.wait(requests)
-            grad, own_grad = self._pass_grad(step, block, grad, own_grad)
-            block = incoming
-        dk, dv = own_grad.split([d, kv.shape[-1] - d], -1)
+            grads, home = self._pass_grads(step, blocks, grads)
+            for part in home:
+                own_grad += part
+            blocks = incoming
+        dk, dv = own_grad.split([d, own_grad.shape[-1] - d], -1)
         return torch.cat(dq, -2).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
-    def _pass_grad(self, step, block, grad, own_grad):
-        """Send this step's accumulator on (or home after its last hop); receive the next one and our own."""
+    def _pass_grads(self, step, blocks, grads):
+        """Send each lane's accumulator on (or home after its last hop); receive the next ones and our own."""
         r, w = self.comm.rank, self.comm.world
-        sends, recvs = [], []
-        if block is not None and self.forwards(r, step):
-            sends.append((grad, r + 1, _GRAD))
-        elif block is not None and step > 0:
-            sends.append((grad, self.source(r, step), _HOME))
-        elif block is not None:
-            own_grad = grad  # the block never left home
-        incoming = torch.empty_like(grad) if self.forwards(r - 1, step) else None
-        if incoming is not None:
-            recvs.append((incoming, r - 1, _GRAD))
-        if step == self.hops[r] and step > 0:
-            own_grad = torch.empty_like(grad)
-            recvs.append((own_grad, (r + step) % w, _HOME))
+        sends, recvs, next_grads, home = [], [], [], []
+        for lane, block, grad in zip(self.lanes, blocks, grads, strict=True):
+            if block is not None and self.forwards(lane, r, step):
+                sends.append((grad, r + lane.direction, _GRAD + lane.tag))
+            elif block is not None and step > 0:
+                sends.append((grad, self.source(lane, r, step), _HOME + lane.tag))
+            elif block is not None:
+                home.append(grad)  # the block never left home
+            arriving = torch.empty_like(grad) if self.forwards(lane, r - lane.direction, step) else None
+            if arriving is not None:
+                recvs.append((arriving, r - lane.direction, _GRAD + lane.tag))
+            next_grads.append(arriving if arriving is not None else torch.zeros_like(grad))
+            if step == lane.hops[r] and step > 0:
+                home.append(torch.empty_like(grad))
+                recvs.append((home[-1], (r + lane.direction * step) % w, _HOME + lane.tag))
         self.comm.wait(self.comm.exchange(sends, recvs))
-        next_grad = incoming if incoming is not None else torch.zeros_like(grad)
-        return next_grad, own_grad
+        return next_grads, home
 
     def _block_grads(self, row, kv, j, a, b, d):
         """Gradients of one block (recomputed) for q, k, v under the merge's upstream gradients."""
