@@ -16,6 +16,7 @@ import torch
 import attnkit
 from attnkit import bias, masks
 from attnkit.distributed import SCHEMES, attention, count_bytes, shard
+from attnkit.distributed.accounting import expected_bytes
 
 LAYOUTS = ("contiguous", "zigzag")
 # Sizes: L divisible by 2W for W = 2, 3, 4; H divisible by 2, 3, 4 (Ulysses); D != Dv.
@@ -82,10 +83,17 @@ def sweep(group=None, *, seed=0, length=LENGTH):
 
 
 def measured_bytes(scheme, layout, *, mask=None, kv_heads=HEADS, length=LENGTH, dtype=torch.float64,
-                   return_lse=False):
-    """``(forward, backward)`` bytes this rank sent in one call, counted by attnkit.distributed.count_bytes."""
+                   return_lse=False, expected=False):
+    """``(forward, backward)`` bytes this rank sent in one call, counted by attnkit.distributed.count_bytes.
+
+    With ``expected``, also what :func:`attnkit.distributed.accounting.expected_bytes` says for that call.
+    """
     q, k, v, _, _ = _tensors(4, kv_heads, length)
     local = [shard(t.to(dtype), layout=layout).requires_grad_() for t in (q, k, v)]
+    if expected:
+        want = expected_bytes(*local, mask=mask, scheme=scheme, layout=layout, return_lse=return_lse)
+        return measured_bytes(scheme, layout, mask=mask, kv_heads=kv_heads, length=length, dtype=dtype,
+                              return_lse=return_lse), want
     with count_bytes() as forward:
         got = attention(*local, mask=mask, scheme=scheme, layout=layout, return_lse=return_lse)
     out = got.output if return_lse else got

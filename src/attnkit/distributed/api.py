@@ -33,7 +33,7 @@ from .blocks import Setting, chunk_plan
 from .comm import Comm
 from .layouts import check_layout, chunk_size
 
-__all__ = ["attention", "SCHEMES"]
+__all__ = ["attention", "prepare", "SCHEMES"]
 
 SCHEMES = ("ring", "ulysses", "allgather")
 _WHO = "attnkit.distributed.attention"
@@ -110,6 +110,18 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, scheme="ring", layou
         This rank's output shard ``(B, H, L/W, Dv)`` in q's dtype, or an
         :class:`~attnkit.AttentionOutput` ``(output, None, lse)`` with ``return_lse``.
     """
+    comm, setting = prepare(q, k, v, mask=mask, bias=bias, scale=scale, scheme=scheme, layout=layout, group=group)
+    if scheme == "ring":
+        out, lse = ring.ring_attention(q, k, v, setting, comm, layout, plan_class=ring.RingPlan)
+    elif scheme == "ulysses":
+        out, lse = ulysses.ulysses_attention(q, k, v, setting, comm, layout, with_lse=return_lse)
+    else:
+        out, lse = allgather.allgather_attention(q, k, v, setting, comm, layout)
+    return AttentionOutput(out, None, lse) if return_lse else out
+
+
+def prepare(q, k, v, *, mask, bias, scale, scheme, layout, group) -> tuple[Comm, Setting]:
+    """Validate a call and build what its blocks share (the chunk plan included)."""
     if scheme not in SCHEMES:
         raise ArgumentError(f"{_WHO}: scheme must be one of {SCHEMES}; got {scheme!r}")
     check_layout(layout)
@@ -125,10 +137,4 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, scheme="ring", layou
     setting = Setting(mask=mask, bias=_check_bias(bias, batch, heads, length),
                       scale=default_scale("scaled_dot", head_dim) if scale is None else scale,
                       length=length, chunk=chunk, active=active, full=full)
-    if scheme == "ring":
-        out, lse = ring.ring_attention(q, k, v, setting, comm, layout, plan_class=ring.RingPlan)
-    elif scheme == "ulysses":
-        out, lse = ulysses.ulysses_attention(q, k, v, setting, comm, layout, with_lse=return_lse)
-    else:
-        out, lse = allgather.allgather_attention(q, k, v, setting, comm, layout)
-    return AttentionOutput(out, None, lse) if return_lse else out
+    return comm, setting
