@@ -7,6 +7,7 @@ which counts what this rank puts on the wire (the same count under gloo and NCCL
     all_to_all(inputs)                sum of inputs[j].nbytes, j != rank
     all_gather(t)                     (W - 1) * t.nbytes   (t reaches the W - 1 other ranks)
     reduce_scatter(inputs)            sum of inputs[j].nbytes, j != rank
+    all_reduce(t)                     2 (W - 1) / W * t.nbytes   (a ring all-reduce)
 
 ``with count_bytes() as tally:`` collects those counts per operation kind;
 ``tally.total`` is the bytes this rank sent. Ranks are relative to the group
@@ -31,7 +32,7 @@ _TALLIES: list[Tally] = []
 
 @dataclass
 class Tally:
-    """Bytes this rank sent, per operation kind (``send``, ``all_to_all``, ``all_gather``, ``reduce_scatter``)."""
+    """Bytes this rank sent, per operation kind (``send``, ``all_to_all``, ``all_gather``, ``reduce_scatter``, ...)."""
 
     by_kind: Counter = field(default_factory=Counter)
 
@@ -104,6 +105,13 @@ class Comm:
         _record("all_gather", (self.world - 1) * t.nbytes)
         dist.all_gather(outputs, t, group=self.group)
         return outputs
+
+    def all_reduce_max(self, t: torch.Tensor) -> torch.Tensor:
+        """The elementwise max of ``t`` over ranks (a new tensor)."""
+        t = t.contiguous().clone()
+        _record("all_reduce", 2 * (self.world - 1) * t.nbytes // self.world)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return t
 
     def reduce_scatter(self, inputs: list[torch.Tensor]) -> torch.Tensor:
         """The sum over ranks of their ``inputs[rank]``."""
