@@ -25,10 +25,11 @@ TOL = 1e-12
 GROUPS = {4: None, 3: [1, 2, 3], 2: [0, 2]}
 
 
-def _errors_raised(rank):
+def _errors_raised(rank, pair):
     """Which attnkit error each bad call raises (name and message), on the world group of 4."""
     q = torch.randn(1, 6, 6, 4)
     calls = {
+        "learned_bias_ring": lambda: attention(q, q, q, bias=attnkit.bias.RelativePositionBias(6)),
         "ulysses_heads": lambda: attention(q, q, q, scheme="ulysses"),
         "length_zigzag": lambda: attention(q[..., :3, :], q[..., :3, :], q[..., :3, :], layout="zigzag"),
         "scheme": lambda: attention(q, q, q, scheme="tree"),
@@ -39,6 +40,8 @@ def _errors_raised(rank):
         "shard_length": lambda: shard(torch.randn(2, 10, 3), layout="zigzag"),
         "kv_length": lambda: attention(q, q[..., :4, :], q[..., :4, :]),
     }
+    if rank not in GROUPS[2]:
+        calls["not_a_member"] = lambda: attention(q, q, q, group=pair)
     found = {}
     for name, call in calls.items():
         try:
@@ -63,7 +66,23 @@ def _contract_checks(rank, world):
         found["bool_tensor_mask"] = (as_tensor - r.output).abs().max().item()
         low = attention(*(t.float() for t in local), mask=mask, layout="zigzag", return_lse=True)
         found["float32"] = (low.output.dtype, low.lse.dtype, (low.output.double() - r.output).abs().max().item())
+    found["learned_bias"] = {scheme: _learned_bias_error(scheme) for scheme in ("allgather", "ulysses")}
     return found
+
+
+def _learned_bias_error(scheme):
+    """A RelativePositionBias trained under a scheme: its gradient summed over ranks against one process."""
+    q, k, v, g_out, _ = cases._tensors(5, cases.HEADS, cases.LENGTH)
+    rel = attnkit.bias.RelativePositionBias(cases.HEADS, num_buckets=8, max_distance=16).double()
+    torch.nn.init.normal_(rel.table, generator=torch.Generator().manual_seed(6))
+    (attnkit.attention(q, k, v, bias=rel, mask=masks.causal()) * g_out).sum().backward()
+    want = rel.table.grad.clone()
+    rel.table.grad = None
+    out = attention(*(shard(t) for t in (q, k, v)), bias=rel, mask=masks.causal(), scheme=scheme)
+    (out * shard(g_out)).sum().backward()
+    got = rel.table.grad.clone()
+    dist.all_reduce(got)
+    return (got - want).abs().max().item()
 
 
 def _quick(rank, world):
@@ -72,7 +91,7 @@ def _quick(rank, world):
     for w, ranks in GROUPS.items():
         if ranks is None or rank in ranks:
             found["sweep"][w] = cases.sweep(groups[w])
-    found["errors"] = _errors_raised(rank)
+    found["errors"] = _errors_raised(rank, groups[2])
     found["contract"] = _contract_checks(rank, world)
     return found
 
@@ -99,15 +118,16 @@ def test_matches_one_process_in_float64(quick, world, scheme, layout, case):
     ("scheme", "ArgumentError", "'tree'"), ("layout", "ArgumentError", "'spiral'"),
     ("float_mask", "DTypeError", "bool"), ("mask_length", "ShapeError", "q_len=10"),
     ("bool_mask_shape", "ShapeError", "(B, H, L, L)"), ("shard_length", "ShapeError", "divisible by 8"),
-    ("kv_length", "ShapeError", "share their length"),
+    ("kv_length", "ShapeError", "share their length"), ("learned_bias_ring", "ArgumentError", "learned bias"),
+    ("not_a_member", "ArgumentError", "not a member"),
 ])
 def test_bad_calls_raise_clear_errors(quick, name, kind, words):
-    for rank in range(4):
+    for rank in [r for r in range(4) if name != "not_a_member" or r not in GROUPS[2]]:
         got_kind, message = quick[rank]["errors"][name]
         assert got_kind == kind and words in message, (got_kind, message)
 
 
-def test_no_grad_lse_dtypes_and_bool_tensor_masks(quick):
+def test_no_grad_lse_dtypes_bool_tensor_masks_and_learned_biases(quick):
     local = cases.LENGTH // 4
     for rank in range(4):
         found = quick[rank]["contract"]
@@ -115,6 +135,7 @@ def test_no_grad_lse_dtypes_and_bool_tensor_masks(quick):
         assert found["bool_tensor_mask"] <= TOL
         out_dtype, lse_dtype, error = found["float32"]
         assert (out_dtype, lse_dtype) == (torch.float32, torch.float32) and error < 1e-5
+        assert max(found["learned_bias"].values()) <= TOL, found["learned_bias"]
 
 
 def _slow(rank, world):

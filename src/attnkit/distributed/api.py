@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from ..attention import AttentionOutput
+from ..bias import AdditiveModifier
 from ..errors import ArgumentError, DTypeError, ShapeError
 from ..functional.scores import default_scale
 from ..masks import Mask, TensorMask
@@ -81,6 +82,14 @@ def _check_mask(mask, batch, heads, length):
     return mask
 
 
+def _learned(bias) -> bool:
+    if isinstance(bias, torch.Tensor):
+        return bias.requires_grad and torch.is_grad_enabled()
+    if isinstance(bias, AdditiveModifier):
+        return bool(bias.parameters_needing_grad())
+    return isinstance(bias, torch.nn.Module) and any(p.requires_grad for p in bias.parameters())
+
+
 def _check_bias(bias, batch, heads, length):
     if isinstance(bias, torch.Tensor):
         if not bias.is_floating_point():
@@ -100,7 +109,7 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, scheme="ring", layou
         mask: an attnkit mask or a bool tensor for the global ``L x L`` problem; True = attend.
         bias: an attnkit modifier (ALiBi, soft-cap, ...) or a float tensor for the global problem.
         scale: multiplies ``q . k``; default ``1 / sqrt(D)``.
-        scheme: "ring" (K/V passed around the ring, backward by the reverse ring), "ulysses"
+        scheme: "ring" (K/V passed around the ring, the backward runs the ring again), "ulysses"
             (all-to-all to head shards; needs H divisible by W) or "allgather" (gather K/V).
         layout: "contiguous" or "zigzag" (see :mod:`attnkit.distributed.layouts`).
         group: the process group (default: the world); ranks are relative to it.
@@ -133,8 +142,13 @@ def prepare(q, k, v, *, mask, bias, scale, scheme, layout, group) -> tuple[Comm,
     if scheme == "ulysses":
         ulysses.check_heads(heads, comm.world)
     mask = _check_mask(mask, batch, heads, length)
+    bias = _check_bias(bias, batch, heads, length)
+    if scheme == "ring" and _learned(bias):
+        raise ArgumentError(f"{_WHO}: scheme='ring' recomputes its blocks in its own backward and gives no gradient "
+                            "to a learned bias (a bias tensor or modifier with parameters that require grad); use "
+                            "scheme='ulysses' or 'allgather', whose backward is autograd's")
     active, full = chunk_plan(mask, length, chunk, batch, heads, q.device)
-    setting = Setting(mask=mask, bias=_check_bias(bias, batch, heads, length),
+    setting = Setting(mask=mask, bias=bias,
                       scale=default_scale("scaled_dot", head_dim) if scale is None else scale,
                       length=length, chunk=chunk, active=active, full=full)
     return comm, setting

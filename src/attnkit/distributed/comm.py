@@ -66,6 +66,9 @@ class Comm:
                                 "(torch.distributed.init_process_group)")
         self.group = group
         self.rank = dist.get_rank(group)
+        if self.rank < 0:
+            raise ArgumentError(f"this process (global rank {dist.get_rank()}) is not a member of the group it was "
+                                "given")
         self.world = dist.get_world_size(group)
 
     def global_rank(self, rank: int) -> int:

@@ -60,13 +60,18 @@ def split_hops(needs, world: int) -> tuple[list, list]:
     """
     forward, backward = [], []
     for src in range(world):
-        offsets = [t for t in range(1, world) if needs[(src + t) % world][src]]
-        options = [(max([t for t in offsets if t <= k], default=0), max([world - t for t in offsets if t > k],
-                                                                         default=0)) for k in range(world - 1, -1, -1)]
-        f, b = min(options, key=sum)  # min keeps the first: the most forward split among the shortest
+        offsets = [t for t in range(1, world) if needs[(src + t) % world][src]]  # ranks src + t that need it
+        splits = [_reach(offsets, split, world) for split in range(world - 1, -1, -1)]
+        f, b = min(splits, key=sum)  # ties: the most forward split
         forward.append(f)
         backward.append(b)
     return forward, backward
+
+
+def _reach(offsets, split, world):
+    """Hops forward and backward when offsets up to ``split`` are reached forward and the rest backward."""
+    return (max((t for t in offsets if t <= split), default=0),
+            max((world - t for t in offsets if t > split), default=0))
 
 
 class RingPlan:
