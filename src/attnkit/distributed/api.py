@@ -30,7 +30,7 @@ from ..errors import ArgumentError, DTypeError, ShapeError
 from ..functional.scores import default_scale
 from ..masks import Mask, TensorMask
 from . import allgather, ring, ulysses
-from .blocks import Setting, chunk_plan
+from .blocks import Setting, as_rows, chunk_maps
 from .comm import Comm
 from .layouts import check_layout, chunk_size
 
@@ -147,8 +147,9 @@ def prepare(q, k, v, *, mask, bias, scale, scheme, layout, group) -> tuple[Comm,
         raise ArgumentError(f"{_WHO}: scheme='ring' recomputes its blocks in its own backward and gives no gradient "
                             "to a learned bias (a bias tensor or modifier with parameters that require grad); use "
                             "scheme='ulysses' or 'allgather', whose backward is autograd's")
-    active, full = chunk_plan(mask, length, chunk, batch, heads, q.device)
+    active_map, full_map = chunk_maps(mask, length, chunk, batch, heads, q.device)
+    active, full = as_rows(active_map), as_rows(full_map)
     setting = Setting(mask=mask, bias=bias,
                       scale=default_scale("scaled_dot", head_dim) if scale is None else scale,
-                      length=length, chunk=chunk, active=active, full=full)
+                      length=length, chunk=chunk, active=active, full=full, active_map=active_map)
     return comm, setting

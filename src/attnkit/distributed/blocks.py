@@ -21,7 +21,7 @@ from ..attention import attention as local_attention
 from ..functional.shifted import shift_mask, shift_modifier
 from ..masks import Mask
 
-__all__ = ["Setting", "block_attention", "chunk_plan"]
+__all__ = ["Setting", "block_attention", "chunk_maps", "chunk_plan", "as_rows"]
 
 
 @dataclass(frozen=True)
@@ -35,18 +35,27 @@ class Setting:
     chunk: int
     active: tuple[tuple[bool, ...], ...]
     full: tuple[tuple[bool, ...], ...]
+    active_map: torch.Tensor  # ``active`` as a bool tensor (n, n) on the CPU
+
+
+def chunk_maps(mask: Mask | None, length: int, chunk: int, batch: int, heads: int, device):
+    """``(active, full)``: n x n bool tensors (CPU) over chunk pairs (any sample and head / every one)."""
+    n = length // chunk
+    if mask is None:
+        everything = torch.ones(n, n, dtype=torch.bool)
+        return everything, everything
+    layout = mask.block_layout(length, length, chunk, device=device, batch=batch, heads=heads)
+    return layout.active.flatten(0, 1).any(0).cpu(), layout.full.flatten(0, 1).all(0).cpu()
+
+
+def as_rows(chunk_map: torch.Tensor) -> tuple[tuple[bool, ...], ...]:
+    """A chunk map as tuples of bools, for reading one pair at a time without tensor indexing."""
+    return tuple(tuple(row) for row in chunk_map.tolist())
 
 
 def chunk_plan(mask: Mask | None, length: int, chunk: int, batch: int, heads: int, device):
     """``(active, full)``: n x n tuples of bools over chunk pairs (any sample and head / every one)."""
-    n = length // chunk
-    if mask is None:
-        everything = tuple((True,) * n for _ in range(n))
-        return everything, everything
-    layout = mask.block_layout(length, length, chunk, device=device, batch=batch, heads=heads)
-    active = layout.active.flatten(0, 1).any(0).tolist()
-    full = layout.full.flatten(0, 1).all(0).tolist()
-    return tuple(map(tuple, active)), tuple(map(tuple, full))
+    return tuple(as_rows(m) for m in chunk_maps(mask, length, chunk, batch, heads, device))
 
 
 def block_attention(s: Setting, q, k, v, *, q0: int, k0: int, h0: int = 0, full: bool = False):

@@ -39,7 +39,7 @@ from .comm import Comm
 from .layouts import chunks_of
 from .merge import merge, weight
 
-__all__ = ["RingPlan", "Lane", "split_hops", "ring_attention", "bytes_sent"]
+__all__ = ["RingPlan", "Lane", "split_hops", "rank_needs", "ring_attention", "bytes_sent"]
 
 _KV, _GRAD, _HOME = 0, 1, 2  # message tags (plus 3 * lane)
 
@@ -57,21 +57,28 @@ def split_hops(needs, world: int) -> tuple[list, list]:
 
     The split reaches every rank that needs the block in the fewest hops, preferring
     forward (the plain ring) on ties; a window reaching both sides goes one hop each way.
+    With the ranks that need block src at offsets ``0 = o_0 < o_1 < ... < o_m < o_{m+1} = W``
+    (rank ``src + o``), a split after ``o_i`` costs ``o_i`` hops forward plus ``W - o_{i+1}``
+    backward; all splits of all blocks are compared at once (``needs[dst][src]``, W x W).
     """
-    forward, backward = [], []
-    for src in range(world):
-        offsets = [t for t in range(1, world) if needs[(src + t) % world][src]]  # ranks src + t that need it
-        splits = [_reach(offsets, split, world) for split in range(world - 1, -1, -1)]
-        f, b = min(splits, key=sum)  # ties: the most forward split
-        forward.append(f)
-        backward.append(b)
-    return forward, backward
+    needs = torch.as_tensor(needs, dtype=torch.bool)
+    src, t = torch.arange(world)[:, None], torch.arange(world)[None, :]
+    reach = needs[(src + t) % world, src]  # (src, t): rank src + t needs block src
+    reach[:, 0] = True  # o_0: the split that sends nothing forward
+    offsets = torch.where(reach, t, world)
+    tail = torch.cat([offsets[:, 1:], torch.full((world, 1), world)], 1)
+    after = tail.flip(1).cummin(1).values.flip(1)  # the next offset after t (W: none)
+    hops = torch.where(reach, t + world - after, 3 * world)
+    best = (hops * world - t).argmin(1)  # fewest hops; on ties the largest t (most forward)
+    return best.tolist(), (world - after.gather(1, best[:, None])[:, 0]).tolist()
 
 
-def _reach(offsets, split, world):
-    """Hops forward and backward when offsets up to ``split`` are reached forward and the rest backward."""
-    return (max((t for t in offsets if t <= split), default=0),
-            max((world - t for t in offsets if t > split), default=0))
+def rank_needs(active: torch.Tensor, layout: str, world: int) -> list:
+    """``needs[dst, src]`` (W x W bool): some query chunk of rank dst may see some key chunk of rank src."""
+    order = [c for r in range(world) for c in chunks_of(layout, r, world)]  # chunk ids, rank by rank
+    per = len(order) // world
+    by_rank = active[order][:, order].view(world, per, world, per)
+    return by_rank.any(3).any(1)
 
 
 class RingPlan:
@@ -81,9 +88,9 @@ class RingPlan:
         self.comm, self.s, self.layout = comm, setting, layout
         w, r = comm.world, comm.rank
         self.q_chunks = chunks_of(layout, r, w)
-        self.needs = [[any(setting.active[a][b] for a in chunks_of(layout, dst, w) for b in chunks_of(layout, src, w))
-                       for src in range(w)] for dst in range(w)]
-        forward, backward = split_hops(self.needs, w)
+        needs = rank_needs(setting.active_map, layout, w)
+        forward, backward = split_hops(needs, w)
+        self.needs = needs.tolist()
         self.lanes = [Lane(1, forward, 0)] + ([Lane(-1, backward, 3)] if any(backward) else [])
         self.peak_positions = 0  # most K/V positions held at once (own block, current and incoming ones)
         self.entries_computed = 0  # score entries of the blocks this rank computed in the forward
