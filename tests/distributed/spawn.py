@@ -1,6 +1,6 @@
 """Run a function on W gloo processes on this machine and collect what each rank returns.
 
-``run(fn, world)`` starts ``world`` processes (torch.multiprocessing, forked), joins them in a
+``run(fn, world)`` starts ``world`` processes (torch.multiprocessing, see start_method), joins them in a
 gloo process group on 127.0.0.1 at a free port, calls ``fn(rank, world)`` on each and
 returns the list of their answers (rank order). An exception on any rank fails the call
 with that rank's traceback; a rank stuck in a collective is ended by the group timeout.
@@ -13,16 +13,19 @@ import os
 import pickle
 import socket
 import tempfile
+import threading
 import traceback
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-# fork: the ranks start from this process's imports (seconds, not the 5-10 s of a fresh interpreter
-# importing torch on a busy machine). The parent keeps one intra-op thread (conftest), so no thread
-# pool is forked half-built.
-START_METHOD = "fork"
+
+def start_method() -> str:
+    """fork while this process runs one thread: the ranks start from its imports (a fraction of a second, not
+    the 5-10 s of fresh interpreters importing torch on a busy machine; the parent keeps one intra-op thread,
+    see conftest). With other threads alive (a lock one holds would stay held in the child): spawn."""
+    return "fork" if threading.active_count() == 1 else "spawn"
 
 
 def free_port() -> int:
@@ -49,7 +52,7 @@ def run(fn, world: int):
     """Answers of ``fn(rank, world)`` on every rank of a fresh gloo group (``fn`` must be importable)."""
     with tempfile.TemporaryDirectory() as folder:
         mp.start_processes(_worker, args=(world, free_port(), fn, folder), nprocs=world, join=True,
-                           start_method=START_METHOD)
+                           start_method=start_method())
         answers = []
         for rank in range(world):
             with open(os.path.join(folder, f"{rank}.pkl"), "rb") as f:
