@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from attnkit import masks
 from attnkit.distributed import ring
@@ -93,36 +92,3 @@ def test_zigzag_balances_causal_work(facts):
     assert contiguous == [(r + 1) * chunk ** 2 for r in range(WORLD)]  # the last rank does W times the first
     assert zigzag == [(2 * WORLD + 1) * (chunk // 2) ** 2] * WORLD
     assert sum(zigzag) < sum(contiguous)  # smaller chunks also skip more of the upper triangle
-
-
-def test_split_hops_takes_the_shortest_way_to_every_rank_that_needs_a_block():
-    w = 5
-    everyone = [[True] * w for _ in range(w)]
-    assert ring.split_hops(everyone, w) == ([4] * w, [0] * w)  # the plain ring
-    neighbours = [[abs(dst - src) <= 1 for src in range(w)] for dst in range(w)]
-    assert ring.split_hops(neighbours, w) == ([1, 1, 1, 1, 0], [0, 1, 1, 1, 1])
-    nobody = [[dst == src for src in range(w)] for dst in range(w)]
-    assert ring.split_hops(nobody, w) == ([0] * w, [0] * w)
-
-
-def _fewest_hops_by_search(needs, world):
-    """Every split of every block tried in turn: the reference for split_hops."""
-    forward, backward = [], []
-    for src in range(world):
-        best = None
-        for split in range(world - 1, -1, -1):  # most forward first: the first of equal cost is kept
-            f = max((t for t in range(1, split + 1) if needs[(src + t) % world][src]), default=0)
-            b = max((world - t for t in range(split + 1, world) if needs[(src + t) % world][src]), default=0)
-            if best is None or f + b < sum(best):
-                best = (f, b)
-        forward.append(best[0])
-        backward.append(best[1])
-    return forward, backward
-
-
-def test_split_hops_equals_a_search_over_every_split():
-    g = torch.Generator().manual_seed(0)
-    for world in (1, 2, 3, 4, 5, 7, 9):
-        for density in (0.1, 0.3, 0.6, 0.9):
-            needs = (torch.rand(world, world, generator=g) < density).tolist()
-            assert ring.split_hops(needs, world) == _fewest_hops_by_search(needs, world), (world, needs)
