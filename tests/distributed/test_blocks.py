@@ -1,11 +1,11 @@
-"""blocks.py: the chunk plan read off the mask's block layout."""
+"""blocks.py: the chunk plan read off the mask's block layout; a block that allows nothing."""
 
 from __future__ import annotations
 
 import torch
 
-from attnkit import masks
-from attnkit.distributed.blocks import chunk_plan
+from attnkit import bias, masks
+from attnkit.distributed.blocks import Setting, block_attention, chunk_plan
 
 
 def _dense_truth(mask, length, chunk, batch, heads):
@@ -33,3 +33,17 @@ def test_causal_plan_is_exact_and_no_mask_is_all_full():
     assert active == tuple(tuple(j <= i for j in range(4)) for i in range(4))
     assert full == tuple(tuple(j < i for j in range(4)) for i in range(4))
     assert chunk_plan(None, 8, 4, 1, 1, None) == (((True, True),) * 2,) * 2
+
+
+def test_a_block_that_allows_nothing_stays_in_the_graph_with_zero_gradients():
+    """attnkit.attention answers such a block (a modifier with an all-masked mask) detached; the block is reattached."""
+    nothing = masks.from_function(lambda b, h, i, j: i < 0, "nothing")
+    active, full = chunk_plan(nothing, 8, 4, 1, 2, None)
+    setting = Setting(mask=nothing, bias=bias.alibi(2), scale=0.5, length=8, chunk=4, active=active, full=full,
+                      active_map=torch.zeros(2, 2, dtype=torch.bool))
+    q, k, v = (torch.randn(1, 2, 4, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out, lse = block_attention(setting, q, k, v, q0=4, k0=0)
+    assert out.requires_grad and torch.equal(out, torch.zeros_like(out))
+    assert torch.equal(lse, torch.full_like(lse, float("-inf")))
+    out.sum().backward()
+    assert all(torch.equal(t.grad, torch.zeros_like(t)) for t in (q, k, v))
