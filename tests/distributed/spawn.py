@@ -20,12 +20,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+# A fork server imports these once; every later group forks from it (a fraction of a second, not the
+# 5-10 s of fresh interpreters importing torch on a busy machine).
+mp.set_forkserver_preload(["torch", "torch.distributed", "attnkit", "attnkit.distributed", "tests.distributed.cases"])
+
 
 def start_method() -> str:
-    """fork while this process runs one thread: the ranks start from its imports (a fraction of a second, not
-    the 5-10 s of fresh interpreters importing torch on a busy machine; the parent keeps one intra-op thread,
-    see conftest). With other threads alive (a lock one holds would stay held in the child): spawn."""
-    return "fork" if threading.active_count() == 1 else "spawn"
+    """fork while this process runs one thread (the ranks start from its imports; the parent keeps one intra-op
+    thread, see conftest); with other threads alive (a lock one holds would stay held in a forked child), the
+    single-threaded fork server."""
+    return "fork" if threading.active_count() == 1 else "forkserver"
 
 
 def free_port() -> int:
