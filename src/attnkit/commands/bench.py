@@ -101,7 +101,20 @@ def _suite_rows(args, backward: bool) -> None:
         print("\n" + "\n".join(misses(rows)))
 
 
+def _distributed(args) -> int:
+    from ..distributed import bench as distributed_bench  # starts processes: imported only when asked
+
+    for backward in ([False, True] if args.backward == "both" else [args.backward == "yes"]):
+        spec = distributed_bench.Spec(procs=args.procs, batch=args.batch, heads=args.heads, length=args.q_len,
+                                      head_dim=args.head_dim, dtype=args.dtype, mask=args.mask, backward=backward,
+                                      repeats=args.repeats, threads=args.threads or 1)
+        print("\n" + "\n".join(distributed_bench.rows_table(spec, distributed_bench.measure(spec))))
+    return 0
+
+
 def _cmd_bench(args) -> int:
+    if args.distributed:
+        return _distributed(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.retain_memory:
@@ -127,6 +140,10 @@ def add(sub) -> None:
     p.add_argument("--profile", action="store_true", help="top operators of attnkit's side for a missed goal")
     p.add_argument("--memory", action="store_true", help="also measure peak memory in fresh processes")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--distributed", action="store_true",
+                   help="sequence-parallel attention: every scheme x layout on --procs local gloo processes "
+                        "(time per call, bytes sent measured and by formula; --q-len is the global length)")
+    p.add_argument("--procs", type=int, default=4, help="processes with --distributed")
     p.add_argument("--retain-memory", action="store_true",
                    help="keep freed memory for reuse (attnkit.runtime.retain_freed_memory); default: glibc's defaults")
     p.set_defaults(func=_cmd_bench)

@@ -1,0 +1,155 @@
+"""``attnkit.distributed.attention``: exact attention over a sequence split across the ranks of a process group.
+
+The contract:
+
+* q, k, v are this rank's shards along dim -2 under ``layout``: ``(B, H, L/W, D)``,
+  ``(B, H_kv, L/W, D)``, ``(B, H_kv, L/W, Dv)``; zigzag shards hold chunk r, then chunk 2W-1-r.
+  The answer is this rank's shard of the output (and of the lse, ``(B, H, L/W)``).
+* ``mask`` (any attnkit mask, or a bool tensor broadcastable to ``(B, H, L, L)``) and
+  ``bias`` (any modifier, or a float tensor broadcastable to ``(B, H, L, L)``) are read
+  at global positions and global head indices: q_len = kv_len = L; segment ids and
+  padding lengths are given for the full sequence.
+* Ranks are relative to ``group``. Backward is collective: each rank calls backward on
+  its own loss and every shard's gradient is that of the sum of all ranks' losses
+  (K/V gradients are summed across ranks).
+* A query row with no allowed key outputs 0, lse -inf and zero gradients, also when a
+  whole block or a whole rank's share is masked.
+* Every local computation is one ``attnkit.attention(..., return_lse=True)`` call.
+
+Nothing here is device-specific: tensors stay on their device and the collectives are
+``torch.distributed``'s, so NCCL on GPUs runs the same code as gloo on CPUs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..attention import AttentionOutput
+from ..bias import AdditiveModifier
+from ..errors import ArgumentError, DTypeError, ShapeError
+from ..functional.scores import default_scale
+from ..masks import Mask, TensorMask
+from . import allgather, ring, ulysses
+from .blocks import Setting, as_rows, chunk_maps
+from .comm import Comm
+from .layouts import check_layout, chunk_size
+
+__all__ = ["attention", "prepare", "SCHEMES"]
+
+SCHEMES = ("ring", "ulysses", "allgather")
+_WHO = "attnkit.distributed.attention"
+
+
+def _check_inputs(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise DTypeError(f"{_WHO}: {name} must be a tensor; got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ShapeError(f"{_WHO}: {name} must be a local shard (B, H, L/W, D); got shape {tuple(t.shape)}")
+    if not (q.shape[-2] == k.shape[-2] == v.shape[-2]):
+        raise ShapeError(f"{_WHO}: q, k and v shards must share their length (dim -2); got "
+                         f"{q.shape[-2]}, {k.shape[-2]}, {v.shape[-2]}")
+    if q.shape[0] != k.shape[0] or k.shape[:2] != v.shape[:2] or q.shape[1] % k.shape[1] or q.shape[-1] != k.shape[-1]:
+        raise ShapeError(f"{_WHO}: expected q (B, H, n, D), k (B, H_kv, n, D), v (B, H_kv, n, Dv) with H % H_kv == 0; "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+
+
+def _full_size(name, t, batch, heads, length):
+    """A tensor mask/bias broadcastable to ``(B, H, L, L)``, as 4-D."""
+    t4 = t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)) if t.dim() <= 4 else t
+    ok = t.dim() <= 4 and t4.shape[-1] == length and all(
+        s in (1, f) for s, f in zip(t4.shape, (batch, heads, length, length), strict=True))
+    if not ok:
+        raise ShapeError(f"{_WHO}: a {name} tensor must broadcast to the global scores (B, H, L, L) = "
+                         f"{(batch, heads, length, length)} (last dim exactly L); got {tuple(t.shape)}")
+    return t4
+
+
+def _check_mask(mask, batch, heads, length):
+    if mask is None:
+        return None
+    if isinstance(mask, torch.Tensor):
+        if mask.dtype != torch.bool:
+            raise DTypeError(f"{_WHO}: mask must be a bool tensor (True = attend) or an attnkit mask; got {mask.dtype}")
+        return TensorMask(_full_size("mask", mask, batch, heads, length))
+    if not isinstance(mask, Mask):
+        raise DTypeError(f"{_WHO}: mask must be an attnkit.masks.Mask or a bool tensor; got {type(mask).__name__}")
+    for name, want, got in (("batch", mask.batch_size, batch), ("heads", mask.num_heads, heads),
+                            ("q_len", mask.q_len, length), ("kv_len", mask.kv_len, length)):
+        if want is not None and want != got:
+            raise ShapeError(f"{_WHO}: mask {mask!r} holds data for {name}={want}; the global problem has {got} "
+                             "(masks are given for the full sequence)")
+    return mask
+
+
+def _learned(bias) -> bool:
+    if isinstance(bias, torch.Tensor):
+        return bias.requires_grad and torch.is_grad_enabled()
+    if isinstance(bias, AdditiveModifier):
+        return bool(bias.parameters_needing_grad())
+    return isinstance(bias, torch.nn.Module) and any(p.requires_grad for p in bias.parameters())
+
+
+def _check_bias(bias, batch, heads, length):
+    if isinstance(bias, torch.Tensor):
+        if not bias.is_floating_point():
+            raise DTypeError(f"{_WHO}: a bias tensor must be floating point; got {bias.dtype}")
+        return _full_size("bias", bias, batch, heads, length)
+    if bias is not None and not callable(bias):
+        raise DTypeError(f"{_WHO}: bias must be a modifier or a float tensor; got {type(bias).__name__}")
+    return bias
+
+
+def attention(q, k, v, *, mask=None, bias=None, scale=None, scheme="ring", layout="contiguous", group=None,
+              return_lse=False):
+    """Exact softmax attention of this rank's query shard against the whole sequence split over ``group``.
+
+    Args:
+        q, k, v: this rank's shards ``(B, H, L/W, D)``, ``(B, H_kv, L/W, D)``, ``(B, H_kv, L/W, Dv)``.
+        mask: an attnkit mask or a bool tensor for the global ``L x L`` problem; True = attend.
+        bias: an attnkit modifier (ALiBi, soft-cap, ...) or a float tensor for the global problem.
+        scale: multiplies ``q . k``; default ``1 / sqrt(D)``.
+        scheme: "ring" (K/V passed around the ring, the backward runs the ring again), "ulysses"
+            (all-to-all to head shards; needs H divisible by W) or "allgather" (gather K/V).
+        layout: "contiguous" or "zigzag" (see :mod:`attnkit.distributed.layouts`).
+        group: the process group (default: the world); ranks are relative to it.
+        return_lse: also return the lse shard ``(B, H, L/W)`` (float32; float64 for float64 inputs).
+
+    Returns:
+        This rank's output shard ``(B, H, L/W, Dv)`` in q's dtype, or an
+        :class:`~attnkit.AttentionOutput` ``(output, None, lse)`` with ``return_lse``.
+    """
+    comm, setting = prepare(q, k, v, mask=mask, bias=bias, scale=scale, scheme=scheme, layout=layout, group=group)
+    if scheme == "ring":
+        out, lse = ring.ring_attention(q, k, v, setting, comm, layout, plan_class=ring.RingPlan)
+    elif scheme == "ulysses":
+        out, lse = ulysses.ulysses_attention(q, k, v, setting, comm, layout, with_lse=return_lse)
+    else:
+        out, lse = allgather.allgather_attention(q, k, v, setting, comm, layout)
+    return AttentionOutput(out, None, lse) if return_lse else out
+
+
+def prepare(q, k, v, *, mask, bias, scale, scheme, layout, group) -> tuple[Comm, Setting]:
+    """Validate a call and build what its blocks share (the chunk plan included)."""
+    if scheme not in SCHEMES:
+        raise ArgumentError(f"{_WHO}: scheme must be one of {SCHEMES}; got {scheme!r}")
+    check_layout(layout)
+    _check_inputs(q, k, v)
+    comm = Comm(group)
+    batch, heads, local, head_dim = q.shape
+    length = local * comm.world
+    chunk = chunk_size(length, layout, comm.world, "the global length L = W * q.shape[-2]")
+    if scheme == "ulysses":
+        ulysses.check_heads(heads, comm.world)
+    mask = _check_mask(mask, batch, heads, length)
+    bias = _check_bias(bias, batch, heads, length)
+    if scheme == "ring" and _learned(bias):
+        raise ArgumentError(f"{_WHO}: scheme='ring' recomputes its blocks in its own backward and gives no gradient "
+                            "to a learned bias (a bias tensor or modifier with parameters that require grad); use "
+                            "scheme='ulysses' or 'allgather', whose backward is autograd's")
+    active_map, full_map = chunk_maps(mask, length, chunk, batch, heads, q.device)
+    active, full = as_rows(active_map), as_rows(full_map)
+    setting = Setting(mask=mask, bias=bias,
+                      scale=default_scale("scaled_dot", head_dim) if scale is None else scale,
+                      length=length, chunk=chunk, active=active, full=full, active_map=active_map)
+    return comm, setting

@@ -1,0 +1,72 @@
+"""A self-attention module for sequence-parallel models: the models' softmax attention on sequence shards.
+
+:class:`SequenceParallelSelfAttention` is :class:`~attnkit.models.self_attention.SoftmaxSelfAttention`
+(same parameters and state_dict keys) whose forward takes this rank's shard ``(B, L/W, dim)``
+of the sequence and attends over the whole sequence with :func:`attnkit.distributed.attention`.
+A model gets it through its ``attention=`` factory, so ``attnkit.models`` needs no
+knowledge of process groups::
+
+    factory = functools.partial(SequenceParallelSelfAttention, group=group, layout="zigzag")
+    lm = TransformerLM(vocab, positional=None, attention=factory)     # every rank: same parameters
+    logits_shard = lm(sp.shard(tokens, dim=1, layout="zigzag"))          # (B, L/W, vocab)
+
+Positions must come from the attention itself (``positional=None``; causal masks, or a
+``bias`` such as ALiBi read at global positions): the models' positional encodings add
+``PE[0 : L/W]`` to every shard. The loss of the whole sequence is the sum of the ranks' shard
+losses; parameter gradients are each rank's share, summed over ranks by DDP (which averages:
+scale the loss by W) or by hand. No dropout on the weights and no KV cache (decode on one process).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .. import masks
+from ..errors import ArgumentError
+from ..models._rnn import check_features, check_keep
+from ..models.self_attention import SoftmaxSelfAttention
+from .api import attention
+from .layouts import gather
+
+__all__ = ["SequenceParallelSelfAttention"]
+
+
+class SequenceParallelSelfAttention(SoftmaxSelfAttention):
+    """Multi-head softmax self-attention of a sequence shard against the whole sequence, across ``group``.
+
+    Vaswani et al. 2017, arXiv:1706.03762, eq. 1, computed by :func:`attnkit.distributed.attention`
+    (ring, Ulysses or all-gather). Differences from :class:`SoftmaxSelfAttention`: no rotary
+    positions, no dropout, no KV cache; an optional score ``bias`` (modifier) read at global positions.
+
+    Shapes: ``x`` ``(B, L/W, dim)``, ``key_keep_mask`` this rank's ``(B, L/W)`` -> ``(B, L/W, dim)``.
+
+    Args:
+        dim, num_heads: as :class:`SoftmaxSelfAttention`. causal: query i sees keys j <= i (global).
+        mask: an attnkit mask for the global sequence, ANDed in. bias: a score modifier (e.g. ALiBi).
+        scheme, layout, group: as :func:`attnkit.distributed.attention`.
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, causal: bool = False, mask: masks.Mask | None = None,
+                 bias=None, scheme: str = "ring", layout: str = "contiguous", group=None):
+        super().__init__(dim, num_heads, causal=causal, mask=mask)
+        self.bias, self.scheme, self.layout, self.group = bias, scheme, layout, group
+
+    def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        who = type(self).__name__
+        if cache is not None:
+            raise ArgumentError(f"{who}: no KV cache across ranks; decode on one process")
+        check_features(who, "x", x, self, self.embed_dim)
+        check_keep(who, "key_keep_mask", key_keep_mask, tuple(x.shape[:2]))  # this rank's shard
+        q, k, v = self._project(x, x, x)  # (B, H, L/W, d) each
+        parts = [masks.causal()] if self.causal else []
+        parts += [self.pattern] if self.pattern is not None else []
+        if key_keep_mask is not None:  # the keep mask of every position, from every rank's shard
+            parts.append(masks.keys(gather(key_keep_mask, dim=1, layout=self.layout, group=self.group)))
+        mask = functools.reduce(lambda a, b: a & b, parts) if parts else None
+        out = attention(q, k, v, mask=mask, bias=self.bias, scheme=self.scheme, layout=self.layout, group=self.group)
+        return self.out_proj(out.transpose(1, 2).flatten(2))  # (B, H, L/W, d) -> (B, L/W, dim)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, scheme={self.scheme!r}, layout={self.layout!r}, bias={self.bias!r}"

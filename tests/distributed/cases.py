@@ -1,0 +1,103 @@
+"""What the spawned ranks run: every scheme x layout x case against single-process attnkit.attention.
+
+Each rank builds the same full float64 tensors, computes the single-process answer
+(``attnkit.attention(..., backend="reference")`` on the full tensors: output, lse and the
+gradients of q, k, v for a loss on both), takes its shards, runs the distributed call
+with the same loss restricted to its shard, and reports the largest differences on its
+shard. The parent test asserts them; nothing is asserted inside the ranks.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+import attnkit
+from attnkit import bias, masks
+from attnkit.distributed import SCHEMES, attention, count_bytes, shard
+from attnkit.distributed.accounting import expected_bytes
+
+LAYOUTS = ("contiguous", "zigzag")
+# Sizes: L divisible by 2W for W = 2, 3, 4; H divisible by 2, 3, 4 (Ulysses); D != Dv.
+BATCH, HEADS, LENGTH, HEAD_DIM, VALUE_DIM = 2, 12, 24, 5, 3
+
+
+def cases(length=LENGTH, heads=HEADS):
+    """name -> keyword arguments of the call (``kv_heads`` picks grouped-query K/V heads)."""
+    ids = torch.tensor([[0] * 5 + [1] * 11 + [2] * (length - 16), [0] * 13 + [1] * (length - 13)])
+    half = length // 2
+    return {
+        "none": {},
+        "causal": {"mask": masks.causal()},
+        "causal_window": {"mask": masks.causal() & masks.sliding_window(3)},
+        "window_both_sides": {"mask": masks.sliding_window(3, 4)},  # the ring's two-way halo
+        "documents": {"mask": masks.segments(ids) & masks.causal()},
+        "padding": {"mask": masks.padding([length - 5, 7])},
+        "gqa": {"kv_heads": 4, "mask": masks.causal()},
+        "alibi": {"bias": bias.alibi(heads), "mask": masks.causal()},
+        # Rows past the middle see no key: whole blocks, and the last contiguous rank's whole share, are empty.
+        "empty_rows_alibi": {"bias": bias.alibi(heads),
+                             "mask": masks.from_function(lambda b, h, i, j: i < half, "first_half") & masks.causal()},
+    }
+
+
+def _tensors(seed, kv_heads, length):
+    g = torch.Generator().manual_seed(seed)
+    draw = lambda *shape: torch.randn(*shape, dtype=torch.float64, generator=g)
+    return (draw(BATCH, HEADS, length, HEAD_DIM), draw(BATCH, kv_heads, length, HEAD_DIM),
+            draw(BATCH, kv_heads, length, VALUE_DIM), draw(BATCH, HEADS, length, VALUE_DIM), draw(BATCH, HEADS, length))
+
+
+def _loss(out, lse, g_out, g_lse):
+    return (out * g_out).sum() + (lse.masked_fill(lse == float("-inf"), 0) * g_lse).sum()
+
+
+def _lse_error(got, want):
+    """Largest difference of two lse tensors; inf if they disagree on which rows are -inf."""
+    if not torch.equal(got == float("-inf"), want == float("-inf")):
+        return float("inf")
+    finite = want != float("-inf")
+    return (got[finite] - want[finite]).abs().max().item() if finite.any() else 0.0
+
+
+def compare(scheme, layout, kwargs, *, group=None, seed=0, length=LENGTH):
+    """``[output, lse, dq, dk, dv]`` largest differences on this rank's shard."""
+    kwargs = dict(kwargs)
+    q, k, v, g_out, g_lse = _tensors(seed, kwargs.pop("kv_heads", HEADS), length)
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = attnkit.attention(*full, return_lse=True, backend="reference", **kwargs)
+    _loss(want.output, want.lse, g_out, g_lse).backward()
+    cut = lambda t, dim=-2: shard(t, dim=dim, layout=layout, group=group)
+    local = [cut(t).requires_grad_() for t in (q, k, v)]
+    got = attention(*local, scheme=scheme, layout=layout, group=group, return_lse=True, **kwargs)
+    _loss(got.output, got.lse, cut(g_out), cut(g_lse, -1)).backward()
+    errors = [(got.output - cut(want.output)).abs().max().item(), _lse_error(got.lse, cut(want.lse, -1))]
+    return errors + [(a.grad - cut(b.grad)).abs().max().item() for a, b in zip(local, full, strict=True)]
+
+
+def sweep(group=None, *, seed=0, length=LENGTH):
+    """Every scheme x layout x case on ``group``: ``{(scheme, layout, case): errors}``."""
+    return {(scheme, layout, name): compare(scheme, layout, kw, group=group, seed=seed, length=length)
+            for (name, kw), scheme, layout in itertools.product(cases(length).items(), SCHEMES, LAYOUTS)}
+
+
+def measured_bytes(scheme, layout, *, mask=None, kv_heads=HEADS, length=LENGTH, dtype=torch.float64,
+                   return_lse=False, expected=False):
+    """``(forward, backward)`` bytes this rank sent in one call, counted by attnkit.distributed.count_bytes.
+
+    With ``expected``, also what :func:`attnkit.distributed.accounting.expected_bytes` says for that call.
+    """
+    q, k, v, _, _ = _tensors(4, kv_heads, length)
+    local = [shard(t.to(dtype), layout=layout).requires_grad_() for t in (q, k, v)]
+    if expected:
+        want = expected_bytes(*local, mask=mask, scheme=scheme, layout=layout, return_lse=return_lse)
+        return measured_bytes(scheme, layout, mask=mask, kv_heads=kv_heads, length=length, dtype=dtype,
+                              return_lse=return_lse), want
+    with count_bytes() as forward:
+        got = attention(*local, mask=mask, scheme=scheme, layout=layout, return_lse=return_lse)
+    out = got.output if return_lse else got
+    loss = out.sum() + (got.lse.masked_fill(got.lse == float("-inf"), 0).sum() if return_lse else 0)
+    with count_bytes() as backward:
+        loss.backward()
+    return forward.total, backward.total
