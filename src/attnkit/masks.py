@@ -19,11 +19,11 @@ from .functional.masks import (
     sliding_window,
     strided,
 )
-from .functional.positions import positioned
+from .functional.shifted import shift_mask as shifted
 
 __all__ = [
     "Mask", "BlockLayout", "And", "Or", "Not", "TensorMask",
     "full", "causal", "sliding_window", "diagonals", "dilated", "strided", "fixed", "global_tokens",
     "block_layout", "segments", "padding", "keys", "prefix_lm", "from_function", "parse",
-    "positioned",
+    "shifted",
 ]

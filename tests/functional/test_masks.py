@@ -200,3 +200,14 @@ def test_repr_is_readable():
 def test_bad_arguments_raise(make, error):
     with pytest.raises(error):
         make()
+
+
+def test_diagonals_is_the_general_band():
+    assert torch.equal(masks.diagonals(hi=0).materialize(5, 5), masks.causal().materialize(5, 5))
+    assert torch.equal(masks.diagonals(hi=3).materialize(2, 5), masks.causal().materialize(2, 5))
+    picture = masks.diagonals(-2, 1).materialize(4, 6)[0, 0]
+    i, j = torch.arange(4)[:, None], torch.arange(6)[None, :]
+    assert torch.equal(picture, (j - i >= -2) & (j - i <= 1))
+    assert masks.diagonals().band(3, 3) == (None, None)
+    with pytest.raises(ValueError, match="lo"):
+        masks.diagonals(lo=1.5)

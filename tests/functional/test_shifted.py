@@ -67,3 +67,53 @@ def test_shifted_modifier_is_the_slice_of_the_global_modifier(name, q0, nq, k0, 
         rel = idx(nk, 0).transpose(2, 3) - idx(nq, 0)
         term = local.relative_term(h[:, :3], rel, nq, nk)
         assert torch.allclose(block + term, whole[:, 1:, q0:q0 + nq, k0:k0 + nk], rtol=0, atol=1e-6)
+
+
+# As a KV cache uses them: the block of the whole picture, layouts included.
+WHOLE_LEN = 23
+CACHE_BLOCKS = [(0, 0, 23, 23), (22, 0, 1, 23), (5, 0, 7, 12), (9, 4, 6, 11), (17, 17, 6, 6), (3, 10, 4, 5)]
+CACHE_MASKS = [
+    masks.causal(),
+    masks.causal() & masks.sliding_window(4),
+    masks.sliding_window(3, 2),
+    masks.global_tokens([0, 7]) | masks.causal(),
+    masks.strided(4) & masks.causal(),
+    masks.segments(torch.tensor([0] * 9 + [1] * 8 + [2] * 6)),
+    masks.diagonals(-5, 2),
+]
+
+
+@pytest.mark.parametrize("whole", CACHE_MASKS, ids=repr)
+@pytest.mark.parametrize("block", CACHE_BLOCKS, ids=str)
+def test_shifted_mask_is_the_block_of_the_whole_picture(whole, block):
+    q0, k0, lq, lk = block
+    picture = whole.materialize(WHOLE_LEN, WHOLE_LEN)[..., q0:q0 + lq, k0:k0 + lk]
+    m = masks.shifted(whole, q0=q0, k0=k0, q_len=WHOLE_LEN, kv_len=WHOLE_LEN)
+    assert torch.equal(m.materialize(lq, lk), picture)
+    for bs in (2, 4):  # the layout: exact where computed from the band, else evaluated
+        layout, exact = m.block_layout(lq, lk, bs), m.block_layout(lq, lk, bs, exact=True)
+        assert torch.equal(layout.active | exact.active, layout.active)  # covers every allowed entry
+        assert torch.equal(layout.full & exact.full, layout.full)  # claims fullness only where true
+
+
+@pytest.mark.parametrize("block", CACHE_BLOCKS, ids=str)
+def test_a_band_stays_a_band_shifted_by_the_offsets(block):
+    q0, k0, lq, lk = block
+    whole = masks.causal() & masks.sliding_window(4)
+    assert whole.band(WHOLE_LEN, WHOLE_LEN) == (-4, 0)
+    assert masks.shifted(whole, q0=q0, k0=k0, q_len=WHOLE_LEN, kv_len=WHOLE_LEN).band(lq, lk) == (-4 + q0 - k0, q0 - k0)
+
+
+@pytest.mark.parametrize("modifier", [bias.alibi(3), bias.softcap(2.0),
+                                      lambda s, b, h, qi, ki: s + (qi * 100 + ki).to(s.dtype)], ids=repr)
+@pytest.mark.parametrize("block", CACHE_BLOCKS, ids=str)
+def test_shifted_modifier_is_the_block_of_the_whole(modifier, block):
+    q0, k0, lq, lk = block
+    scores = torch.randn(1, 3, WHOLE_LEN, WHOLE_LEN, dtype=torch.float64)
+    h = torch.arange(3).view(1, -1, 1, 1)
+    qi, ki = torch.arange(WHOLE_LEN).view(1, 1, -1, 1), torch.arange(WHOLE_LEN).view(1, 1, 1, -1)
+    whole = bias.apply_modifier(modifier, scores, 0, h, qi, ki, WHOLE_LEN, WHOLE_LEN)[..., q0:q0 + lq, k0:k0 + lk]
+    m = shift_modifier(modifier, q0=q0, k0=k0, q_len=WHOLE_LEN, kv_len=WHOLE_LEN)
+    part = bias.apply_modifier(m, scores[..., q0:q0 + lq, k0:k0 + lk].clone(), 0, h, qi[..., :lq, :],
+                               ki[..., :lk], lq, lk)
+    torch.testing.assert_close(part, whole, rtol=0, atol=1e-12)

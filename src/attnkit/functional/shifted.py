@@ -14,6 +14,11 @@ A band ``lo <= j - i <= hi`` stays a band (shifted by ``k0 - q0``), so band
 kernels still read contiguous key windows; a shifted band that is the plain lower
 triangle is returned as ``causal()``, so the common diagonal block takes the O(1) path.
 
+A model decoding over a KV cache is the same picture: its queries are rows ``q0 ..`` of the
+whole sequence, its cache the keys ``k0 ..``; a mask given for the whole sequence means the
+same in one pass and in cached decoding (``attnkit.integrations.transformers`` reads
+registered masks and biases this way).
+
 Example:
     >>> from attnkit import masks
     >>> m = shift_mask(masks.causal(), q0=4, k0=2, q_len=8, kv_len=8)
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 from ..bias import AdditiveModifier, ScoreModifier, Softcap, apply_modifier
 from .mask_base import Mask
-from .masks import causal
+from .masks import causal, diagonals
 
 __all__ = ["ShiftedMask", "shift_mask", "shift_modifier"]
 
@@ -56,6 +61,12 @@ class ShiftedMask(Mask):
             return None
         d = self.k0 - self.q0  # local j - i = global (j - i) - d
         return tuple(None if edge is None else edge - d for edge in band)
+
+    def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
+        band = self.band(q_len, kv_len)
+        if band is not None and self.uses <= {"q", "kv"}:  # analytic, from the shifted band
+            return diagonals(*band).block_layout(q_len, kv_len, bs, device=device)[:2]
+        return self._evaluated_layout(q_len, kv_len, bs, device, sizes)
 
     def key_padding(self):
         part = self.parent.key_padding()

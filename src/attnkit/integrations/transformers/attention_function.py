@@ -32,7 +32,7 @@ from ... import masks
 from ...attention import attention
 from ...bias import ScoreModifier, apply_modifier
 from ...errors import UnsupportedFeature
-from ...functional.positions import positioned_modifier
+from ...functional.shifted import shift_modifier
 from .model_masks import ModelMask, with_extra
 
 try:  # where transformers keeps the outputs a forward pass collects (output_attentions without the keyword)
@@ -102,8 +102,8 @@ def _bias_of(module, model_mask: ModelMask, softcap, position_bias, extra):
     """The bias argument: soft-capping, the model's position bias, the registered modifier."""
     modifiers = [attnkit_bias.softcap(float(softcap))] if softcap else []
     if extra is not None:
-        modifiers.append(positioned_modifier(extra, q_offset=model_mask.q_offset, kv_offset=model_mask.kv_offset,
-                                             length=model_mask.length))
+        modifiers.append(shift_modifier(extra, q0=model_mask.q_offset, k0=model_mask.kv_offset,
+                                        q_len=model_mask.length, kv_len=model_mask.length))
     tensors = [position_bias] if position_bias is not None else []
     mask = model_mask.mask
     if torch.is_tensor(mask) and mask.is_floating_point():

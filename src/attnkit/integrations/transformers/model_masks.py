@@ -102,7 +102,7 @@ def _on_block(whole: Mask, q_length: int, kv_length: int, q_offset: int, kv_offs
         if lo is None and hi == kv_length - q_length:
             return masks.causal()  # bottom-right: the O(1) causal path
         return masks.diagonals(lo, hi)
-    return masks.positioned(whole, q_offset=q_offset, kv_offset=kv_offset, length=length)
+    return masks.shifted(whole, q0=q_offset, k0=kv_offset, q_len=length, kv_len=length)
 
 
 def _block_padding(attention_mask, kv_length: int, kv_offset: int) -> torch.Tensor | None:
@@ -121,8 +121,8 @@ def with_extra(model_mask: ModelMask, extra: Mask | None) -> ModelMask:
     """``model_mask`` AND ``extra``, a mask on whole-sequence positions evaluated on the block."""
     if extra is None:
         return model_mask
-    mine = masks.positioned(extra, q_offset=model_mask.q_offset, kv_offset=model_mask.kv_offset,
-                            length=model_mask.length)
+    mine = masks.shifted(extra, q0=model_mask.q_offset, k0=model_mask.kv_offset, q_len=model_mask.length,
+                         kv_len=model_mask.length)
     block = model_mask.mask
     if torch.is_tensor(block):
         block = masks.TensorMask(block)
