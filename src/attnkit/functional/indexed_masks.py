@@ -21,7 +21,9 @@ def gather_at(t: torch.Tensor, b, h, q_idx, kv_idx) -> torch.Tensor:
 
 
 def _index_tensor(name, values, *, nonnegative: bool = False) -> torch.Tensor:
-    t = torch.as_tensor(values)
+    # An empty Python sequence holds no positions (torch would make it float32): it is a valid empty index.
+    empty_sequence = not isinstance(values, torch.Tensor) and hasattr(values, "__len__") and len(values) == 0
+    t = torch.zeros(0, dtype=torch.long) if empty_sequence else torch.as_tensor(values)
     if t.dtype in (torch.bool,) or t.is_floating_point() or t.is_complex():
         raise DTypeError(f"{name} must hold integer positions; got dtype {t.dtype}")
     if nonnegative and t.numel() and int(t.min()) < 0:

@@ -141,14 +141,19 @@ def orthogonal_random_features(num_features: int, dim: int, *, generator: torch.
                                dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``(num_features, dim)`` Gaussian rows, orthogonal within blocks of ``dim`` (Performer Sec. 2.4).
 
-    Each block is the Q factor of a square Gaussian matrix; rows are then rescaled by the norms of
-    independent Gaussian vectors so that every row is marginally ``N(0, I)``. Drawn on the CPU in
-    float64 from ``generator`` (the global RNG if None), so a seed gives the same features anywhere.
+    Each block is the Q factor of a square Gaussian matrix ``G = QR`` with its columns multiplied by
+    ``sign(diag(R))``: that makes the factorisation unique and Q Haar-distributed (uniform over the
+    orthogonal group; without it the QR routine's sign convention biases the rows, and Lemma 1's
+    estimator with them). Rows are then rescaled by the norms of independent Gaussian vectors so that
+    every row is marginally ``N(0, I)``. Drawn on the CPU in float64 from ``generator`` (the global
+    RNG if None), so a seed gives the same features anywhere.
     """
     blocks = []
     for _ in range(-(-num_features // dim)):
         gauss = torch.randn(dim, dim, generator=generator, dtype=torch.float64)
-        blocks.append(torch.linalg.qr(gauss).Q.T)  # rows orthonormal
+        q, r = torch.linalg.qr(gauss)
+        signs = torch.where(r.diagonal() < 0, -1.0, 1.0).to(q)  # sign(diag(R)); a zero (probability 0) counts +1
+        blocks.append((q * signs).T)  # rows orthonormal, Haar-distributed
     rows = torch.cat(blocks)[:num_features]
     norms = torch.randn(num_features, dim, generator=generator, dtype=torch.float64).norm(dim=1)
     return (rows * norms[:, None]).to(dtype)
