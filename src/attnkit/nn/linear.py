@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from ..errors import ArgumentError, DTypeError, ShapeError, check_bool_mask, check_int
 from ..registry import Entry, register
 from ._projections import ProjectedAttention
+from .padding import clear_padding
 
 __all__ = ["LinearAttention", "PerformerAttention", "orthogonal_random_features"]
 
@@ -91,7 +92,7 @@ class _FeatureMapAttention(ProjectedAttention):
     def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
         self.check_input(x)
         keep = check_keep_mask(type(self).__name__, "key_keep_mask", key_keep_mask, x.shape[0], x.shape[1])
-        q, k, v = self.project(x)  # (b, h, n, d) each
+        q, k, v = self.project(clear_padding(x, keep))  # (b, h, n, d) each
         if x.shape[1] == 0:
             return self.merge_heads(v)  # empty sequence: empty output
         keep = None if keep is None else keep[:, None, :, None]  # (b, 1, n, 1)

@@ -12,6 +12,7 @@ from ..errors import ArgumentError, DTypeError, ShapeError
 from ..registry import Entry, register
 from . import torch_compat
 from .kv_cache import KVCache
+from .padding import clear_key_padding
 
 __all__ = ["DotProductAttention", "MultiHeadAttention", "KVCache"]
 
@@ -246,11 +247,13 @@ class MultiHeadAttention(nn.Module):
         """``(output, weights or None)``, as ``torch.nn.MultiheadAttention.forward`` (see the class docstring)."""
         who = type(self).__name__
         batched = torch_compat.check_inputs(who, self, query, key, value)
+        self_attention = query is key
         query, key, value = (self._to_batch_first(t, batched) for t in (query, key, value))
         full = (query.shape[0], self.num_heads, query.shape[1], key.shape[1])
         mask, bias = torch_compat.convert_masks(who, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
                                                 is_causal=is_causal, mask=mask, full=full, batched=batched,
                                                 device=query.device)
+        query, key, value = clear_key_padding(query, key, value, key_padding_mask, self_attention=self_attention)
         q, k, v = self._project(query, key, value)
         return self._attend(q, k, v, mask, bias, need_weights, average_attn_weights, batched)
 
