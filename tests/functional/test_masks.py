@@ -200,3 +200,11 @@ def test_repr_is_readable():
 def test_bad_arguments_raise(make, error):
     with pytest.raises(error):
         make()
+
+
+def test_an_empty_list_of_global_tokens_is_a_valid_empty_set():
+    for idx in ([], (), torch.zeros(0, dtype=torch.long)):
+        mask = masks.global_tokens(idx)
+        assert not mask.materialize(4, 6).any()
+        assert torch.equal((mask | masks.causal()).materialize(4, 6), masks.causal().materialize(4, 6))
+    assert masks.padding([]).batch_size == 0

@@ -13,7 +13,7 @@ import torch
 
 import attnkit.nn as N
 from attnkit import masks
-from attnkit.nn.padding import clear_padding, clear_key_padding
+from attnkit.nn.padding import clear_key_padding, clear_padding
 
 B, L, E = 2, 7, 8
 KEEP = torch.tensor([[True] * 7, [True] * 4 + [False] * 3])  # sample 1: the last three positions are padding
