@@ -48,15 +48,17 @@ def _modified(modifier, s, lq, lk):
         return modifier.cap * torch.tanh(s / modifier.cap)
     if isinstance(modifier, ALiBi):
         shift = lk - lq if modifier.align == "bottom_right" else 0
-        return s - modifier.slopes.double()[h] * (i + shift - j).abs()
+        return s - modifier.slopes.to(s.dtype)[h] * (i + shift - j).abs()
     raise NotImplementedError(f"masked_softmax oracle: modifier {modifier!r}")
 
 
-def attend(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, normalize="softmax"):
-    """``(out, lse or None)`` in float64, differentiable in q, k, v and a tensor bias; out has q's rank."""
+def attend(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, normalize="softmax",
+           dtype=torch.float64):
+    """``(out, lse or None)`` computed in ``dtype`` (float64: the oracle; float32: the plain same-dtype
+    implementation the tolerances compare with), differentiable in q, k, v and a tensor bias; out has q's rank."""
     rank = q.dim()
     user_scores = (*q.shape[:-1], k.shape[-2])
-    q, k, v = (as_4d(t).double() for t in (q, k, v))
+    q, k, v = (as_4d(t).to(dtype) for t in (q, k, v))
     b, h, lq, d = q.shape
     lk = k.shape[2]
     if k.shape[1] not in (0, h):  # grouped queries: query head h reads key/value head h // group
@@ -68,7 +70,7 @@ def attend(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, nor
         k = k / torch.linalg.vector_norm(k, dim=-1, keepdim=True).clamp_min(1e-6)
     s = (q @ k.transpose(-1, -2)) * scale  # (B, H, Lq, Lk)
     if isinstance(bias, torch.Tensor):
-        s = s + torch.broadcast_to(as_4d(torch.broadcast_to(bias.double(), user_scores)), s.shape)
+        s = s + torch.broadcast_to(as_4d(torch.broadcast_to(bias.to(dtype), user_scores)), s.shape)
     elif bias is not None:
         s = _modified(bias, s, lq, lk)
     allowed = _allowed(mask, user_scores, b, h, lq, lk)

@@ -16,7 +16,7 @@ _FAR = 1 << 62  # an index bound beyond any sequence
 
 def gather_at(t: torch.Tensor, b, h, q_idx, kv_idx) -> torch.Tensor:
     """``t[b, h, q_idx, kv_idx]`` for a 4-D tensor whose size-1 dims broadcast."""
-    idx = [i if t.shape[d] > 1 else torch.zeros_like(i) for d, i in enumerate((b, h, q_idx, kv_idx))]
+    idx = [i if t.shape[d] != 1 else torch.zeros_like(i) for d, i in enumerate((b, h, q_idx, kv_idx))]
     return t[idx[0], idx[1], idx[2], idx[3]]
 
 
@@ -195,10 +195,11 @@ class TensorMask(Mask):
             raise DTypeError(f"TensorMask needs a 4-D bool tensor; got {tensor.dim()}-D {tensor.dtype}")
         self.tensor = tensor
         names = ("b", "h", "q", "kv")
-        self.uses = frozenset(n for n, s in zip(names, tensor.shape, strict=True) if s > 1 or n == "kv")
-        self.batch_size = tensor.shape[0] if tensor.shape[0] > 1 else None
-        self.num_heads = tensor.shape[1] if tensor.shape[1] > 1 else None
-        self.q_len = tensor.shape[2] if tensor.shape[2] > 1 else None
+        # A size-1 dim broadcasts; any other size, 0 included (an empty batch), is the mask's own.
+        self.uses = frozenset(n for n, s in zip(names, tensor.shape, strict=True) if s != 1 or n == "kv")
+        self.batch_size = tensor.shape[0] if tensor.shape[0] != 1 else None
+        self.num_heads = tensor.shape[1] if tensor.shape[1] != 1 else None
+        self.q_len = tensor.shape[2] if tensor.shape[2] != 1 else None
         self.kv_len = tensor.shape[3]
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
