@@ -91,7 +91,8 @@ def _leaf_mask(draw, batch, lq, lk):
     if kind == "strided":
         return masks.strided(draw(st.integers(1, 40)))
     if kind == "fixed":
-        return masks.fixed(draw(st.integers(1, 40)), draw(st.integers(1, 4)))
+        block = draw(st.integers(1, 40))
+        return masks.fixed(block, draw(st.integers(1, min(block, 4))))
     if kind == "global_tokens":
         return masks.global_tokens(draw(st.lists(st.integers(0, max(lq, lk, 1) + 3), max_size=4)))
     if kind == "segments":

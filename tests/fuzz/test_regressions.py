@@ -1,0 +1,22 @@
+"""Failures the differential fuzzer (tests/fuzz/test_differential.py) found, each kept as a named test."""
+
+from __future__ import annotations
+
+import torch
+
+import attnkit
+from attnkit import masks
+from tests.fuzz.cases import Case
+from tests.fuzz.differential import check
+
+
+def test_a_key_mask_for_an_empty_batch_materialises_inside_a_combination():
+    # A (0, Lk) keep mask: its size-0 batch dim was read as a broadcast dim, and indexing it failed.
+    keep = masks.keys(torch.zeros(0, 129, dtype=torch.bool))
+    combined = (masks.dilated(1, 4) & masks.full()) & keep
+    assert combined.materialize(142, 129, batch=0, heads=6).shape == (0, 1, 142, 129)  # size 1: ignores heads
+    assert keep.batch_size == 0
+    q, k = torch.randn(0, 6, 142, 11), torch.randn(0, 3, 129, 11)
+    assert attnkit.attention(q, k, k, mask=combined, bias=torch.randn(129)).shape == (0, 6, 142, 11)
+    check(Case(rank=4, batch=0, heads=6, kv_heads=3, lq=142, lk=129, d=11, dv=11, dtype=torch.bfloat16, seed=3283,
+               mask=combined, bias=("tensor", (129,), "-inf entries", False), scale=-0.7))
