@@ -67,7 +67,7 @@ def _additive_bias(p: Problem) -> str | None:
 
 def _finite_bias(p: Problem) -> str | None:
     if p.bias is not None and not _bias_tensor_ok(p.bias, p.compute_dtype):
-        return "the bias holds NaN, +inf, or a row whose largest entry is too far from 0 for the kernel's lse"
+        return "the bias holds NaN or +inf, or a row whose largest entry is too far from 0 for the kernel's lse"
     if p.modifier is not None and not p.modifier.term_is_finite():
         return "the modifier's parameters hold NaN or inf"
     return None
