@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import attnkit
@@ -20,3 +21,14 @@ def test_a_key_mask_for_an_empty_batch_materialises_inside_a_combination():
     assert attnkit.attention(q, k, k, mask=combined, bias=torch.randn(129)).shape == (0, 6, 142, 11)
     check(Case(rank=4, batch=0, heads=6, kv_heads=3, lq=142, lk=129, d=11, dv=11, dtype=torch.bfloat16, seed=3283,
                mask=combined, bias=("tensor", (129,), "-inf entries", False), scale=-0.7))
+
+
+@pytest.mark.parametrize(("lq", "lk"), [(88, 0), (0, 0), (0, 5)])
+def test_explain_with_a_bias_over_no_keys_or_no_queries(lq, lk):
+    # The bias check of the bias-slabs path reduced over an empty key dim (amax has no identity).
+    q, k = torch.randn(lq, 20, dtype=torch.float64), torch.randn(lk, 20, dtype=torch.float64)
+    bias = torch.randn(lq, lk, dtype=torch.float64)
+    assert attnkit.explain(q, k, k, bias=bias, mask=masks.causal("top_left")).path == "dense-reference"
+    assert attnkit.explain(q, k, k, bias=bias, backend="chunked").path == "dense-reference"  # empty: exact path
+    out = attnkit.attention(q, k, k, bias=bias, backend="chunked")
+    assert out.shape == (lq, 20) and not out.any()

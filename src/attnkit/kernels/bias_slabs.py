@@ -56,7 +56,7 @@ def _lse_resolves(row_max: torch.Tensor, dtype: torch.dtype) -> bool:
 
 def _bias_tensor_ok(bias: torch.Tensor, dtype: torch.dtype) -> bool:
     """No NaN, no ``+inf`` and no row whose largest entry is too large for the kernel's lse (one pass)."""
-    return _lse_resolves(bias.amax(-1), dtype)
+    return bias.numel() == 0 or _lse_resolves(bias.amax(-1), dtype)  # no key, or no row: nothing to resolve
 
 
 def _additive_bias(p: Problem) -> str | None:
