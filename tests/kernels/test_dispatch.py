@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import attnkit
+import attnkit.nn as N
 from attnkit import masks
 from attnkit.bias import softcap
 from attnkit.errors import BackendError
@@ -80,3 +81,13 @@ def test_meta_inputs_of_every_rank():
         q = torch.empty(shape, device="meta", dtype=torch.bfloat16)
         out = attnkit.attention(q, q, q, mask=masks.causal())
         assert out.shape == shape and out.device.type == "meta" and out.dtype == torch.bfloat16
+
+
+def test_modules_built_on_the_meta_device_give_meta_outputs():
+    x = torch.empty(2, 5, 16, device="meta")
+    keep = torch.ones(2, 5, dtype=torch.bool, device="meta")
+    mha = N.MultiHeadAttention(16, 4, batch_first=True, device="meta")
+    for out in (mha(x, x, x)[0], mha(x, x, x, key_padding_mask=~keep, need_weights=False)[0],
+                N.PerformerAttention(16, 4).to("meta")(x, key_keep_mask=keep),
+                N.PerceiverAttention(16, num_heads=2, head_dim=4).to("meta")(x, context_keep_mask=keep)):
+        assert out.device.type == "meta" and out.shape == (2, 5, 16)
