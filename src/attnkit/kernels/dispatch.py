@@ -151,7 +151,7 @@ def execute(p: Problem, backend: str = "auto") -> tuple[KernelOutput, Path]:
 def _differentiable(p: Problem, result: KernelOutput) -> KernelOutput:
     if not rules.needs_grad(p):
         return result
-    return in_graph(p, result, [t for t in (p.q, p.k, p.v, *rules.learned(p)) if t.requires_grad])
+    return in_graph(result, [t for t in (p.q, p.k, p.v, *rules.learned(p)) if t.requires_grad])
 
 
 def decide(p: Problem, backend: str = "auto") -> Decision:

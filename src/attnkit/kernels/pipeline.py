@@ -31,7 +31,7 @@ class KernelOutput(NamedTuple):
     lse: torch.Tensor | None  # (B, Hq, Lq)
 
 
-def in_graph(p: Problem, result: KernelOutput, differentiable: list[torch.Tensor]) -> KernelOutput:
+def in_graph(result: KernelOutput, differentiable: list[torch.Tensor]) -> KernelOutput:
     """``result`` with its output joined to autograd when a path never read the inputs.
 
     A call whose every row has no allowed key (an empty block layout, an all-False mask)
