@@ -74,6 +74,13 @@ class Case:
 
 
 @st.composite
+def _bools(draw, shape):
+    """A bool tensor of ``shape``: True with a drawn probability (0 and 1 included), from a drawn seed."""
+    density = draw(st.sampled_from([0.0, 0.2, 0.6, 0.9, 1.0]))
+    return torch.rand(shape, generator=torch.Generator().manual_seed(draw(st.integers(0, 999)))) < density
+
+
+@st.composite
 def _leaf_mask(draw, batch, lq, lk):
     kind = draw(st.sampled_from(["full", "causal", "sliding_window", "dilated", "strided", "fixed",
                                  "global_tokens", "segments", "padding", "keys", "prefix_lm", "from_function",
@@ -102,8 +109,7 @@ def _leaf_mask(draw, batch, lq, lk):
     if kind == "padding":
         return masks.padding(draw(st.lists(st.integers(0, lk + 2), min_size=batch, max_size=batch)))
     if kind == "keys":
-        keep = draw(st.lists(st.booleans(), min_size=batch * lk, max_size=batch * lk))
-        return masks.keys(torch.tensor(keep, dtype=torch.bool).view(batch, lk))
+        return masks.keys(draw(_bools((batch, lk))))
     if kind == "prefix_lm":
         return masks.prefix_lm(draw(small), align=align)
     if kind == "from_function":
@@ -111,8 +117,7 @@ def _leaf_mask(draw, batch, lq, lk):
         return masks.from_function(lambda b, h, i, j: (i + j) % period != 0, name=f"i + j not divisible by {period}")
     block = draw(st.sampled_from([1, 3, 16, 64]))
     nq, nk = -(-lq // block), -(-lk // block)
-    cells = draw(st.lists(st.booleans(), min_size=nq * nk, max_size=nq * nk))
-    return masks.block_layout(torch.tensor(cells, dtype=torch.bool).view(nq, nk), block)
+    return masks.block_layout(draw(_bools((nq, nk))), block)
 
 
 @st.composite
@@ -158,7 +163,7 @@ def cases(draw) -> Case:
     if use_mask == "expression":
         mask = draw(mask_expression(batch, lq, lk))
     elif use_mask == "bool tensor":
-        mask = torch.rand(user_scores, generator=torch.Generator().manual_seed(draw(st.integers(0, 9)))) < 0.7
+        mask = draw(_bools(user_scores))
     else:
         mask = None
     normalize = draw(st.sampled_from(["softmax"] * 5 + ["sigmoid", "sparsemax", "hard"]))
