@@ -123,9 +123,10 @@ class ALiBi(AdditiveModifier):
     relative = True
 
     def relative_term(self, h, rel, q_len, kv_len):
+        # In float64: the caller rounds once to its compute dtype (a float32 product would round float64 runs)
         offset = kv_len - q_len if self.align == "bottom_right" else 0
-        slope = self.slopes.to(rel.device)[h]
-        return slope * -(offset - rel).abs().to(slope.dtype)
+        slope = self.slopes.to(rel.device, torch.float64)[h]
+        return slope * -(offset - rel).abs().to(torch.float64)
 
     def modify(self, scores, b, h, q_idx, kv_idx, q_len, kv_len):
         offset = kv_len - q_len if self.align == "bottom_right" else 0

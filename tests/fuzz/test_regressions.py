@@ -9,6 +9,7 @@ import attnkit
 from attnkit import masks
 from tests.fuzz.cases import Case
 from tests.fuzz.differential import check
+from tests.fuzz.masked_softmax import attend
 
 
 def test_a_key_mask_for_an_empty_batch_materialises_inside_a_combination():
@@ -32,3 +33,15 @@ def test_explain_with_a_bias_over_no_keys_or_no_queries(lq, lk):
     assert attnkit.explain(q, k, k, bias=bias, backend="chunked").path == "dense-reference"  # empty: exact path
     out = attnkit.attention(q, k, k, bias=bias, backend="chunked")
     assert out.shape == (lq, 20) and not out.any()
+
+
+def test_alibi_on_the_fused_bias_path_is_exact_in_float64():
+    # The path built ALiBi's term as a float32 product (slope x distance) even for float64 calls.
+    case = Case(rank=4, batch=1, heads=9, kv_heads=3, lq=1, lk=5, d=1, dv=1, dtype=torch.float64, seed=0,
+                bias=attnkit.bias.alibi(9))
+    check(case)
+    q, k, v, _ = case.tensors()
+    assert attnkit.explain(q, k, v, bias=case.bias, backend="chunked").path == "bias-slabs"
+    exact, _ = attend(q, k, v, bias=case.bias)
+    torch.testing.assert_close(attnkit.attention(q, k, v, bias=case.bias, backend="chunked"), exact,
+                               rtol=1e-13, atol=1e-13)
