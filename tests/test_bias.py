@@ -16,7 +16,7 @@ from torch.autograd import gradcheck
 import attnkit
 from attnkit import masks
 from attnkit.bias import ALiBi, RelativePositionBias, alibi, t5_buckets
-from attnkit.errors import BackendError
+from attnkit.errors import BackendError, ShapeError
 
 B, H, LQ, LK, D = 2, 3, 5, 7, 11
 
@@ -210,3 +210,12 @@ def test_relative_position_bias_state_dict_round_trip():
     other.load_state_dict(rpb.state_dict())
     q, k, v = _qkv()
     assert torch.equal(attnkit.attention(q, k, v, bias=other), attnkit.attention(q, k, v, bias=rpb))
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference", "chunked", "blocksparse"])
+def test_a_modifier_with_other_head_count_raises_a_clear_error(backend):
+    q = torch.randn(1, 4, 5, 8)
+    for modifier in (ALiBi(2), RelativePositionBias(3)):
+        with pytest.raises(ShapeError, match=r"holds parameters for \d heads; got 4 query heads"):
+            attnkit.attention(q, q, q, bias=modifier, backend=backend)
+    assert attnkit.attention(q, q, q, bias=ALiBi(4), backend=backend).shape == q.shape

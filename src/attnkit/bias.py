@@ -6,6 +6,8 @@ elementwise in its index arguments (integer tensors broadcasting against
 to any block. Any callable with that signature works; subclasses of
 :class:`ScoreModifier` also receive the sequence lengths, which is what lets
 ALiBi follow the same bottom-right alignment as :func:`attnkit.masks.causal`.
+A modifier with per-head parameters says how many heads it holds in ``num_heads``
+(:func:`attnkit.attention` checks it against the query heads).
 Subclasses of :class:`AdditiveModifier` (ALiBi, RelativePositionBias) add a term
 that does not depend on the scores; kernels may then hand that term to a fused
 kernel as a float bias instead of calling :meth:`~ScoreModifier.modify`.
@@ -121,9 +123,10 @@ class ALiBi(AdditiveModifier):
     relative = True
 
     def relative_term(self, h, rel, q_len, kv_len):
+        # In float64: the caller rounds once to its compute dtype (a float32 product would round float64 runs)
         offset = kv_len - q_len if self.align == "bottom_right" else 0
-        slope = self.slopes.to(rel.device)[h]
-        return slope * -(offset - rel).abs().to(slope.dtype)
+        slope = self.slopes.to(rel.device, torch.float64)[h]
+        return slope * -(offset - rel).abs().to(torch.float64)
 
     def modify(self, scores, b, h, q_idx, kv_idx, q_len, kv_len):
         offset = kv_len - q_len if self.align == "bottom_right" else 0
@@ -132,6 +135,11 @@ class ALiBi(AdditiveModifier):
 
     def term_is_finite(self) -> bool:
         return bool(torch.isfinite(self.slopes).all())
+
+    @property
+    def num_heads(self) -> int:
+        """One slope per query head: attention checks that the call has exactly this many."""
+        return self.slopes.numel()
 
     def __repr__(self):
         return f"ALiBi(heads={self.slopes.numel()}, align={self.align!r})"
@@ -211,6 +219,11 @@ class RelativePositionBias(nn.Module, AdditiveModifier):
 
     def term_is_finite(self) -> bool:
         return bool(torch.isfinite(self.table.detach()).all())
+
+    @property
+    def num_heads(self) -> int:
+        """One table row per query head: attention checks that the call has exactly this many."""
+        return self.table.shape[0]
 
     def parameters_needing_grad(self) -> list[torch.Tensor]:
         return [self.table] if self.table.requires_grad and torch.is_grad_enabled() else []

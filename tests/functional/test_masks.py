@@ -211,3 +211,11 @@ def test_diagonals_is_the_general_band():
     assert masks.diagonals().band(3, 3) == (None, None)
     with pytest.raises(ValueError, match="lo"):
         masks.diagonals(lo=1.5)
+
+
+def test_an_empty_list_of_global_tokens_is_a_valid_empty_set():
+    for idx in ([], (), torch.zeros(0, dtype=torch.long)):
+        mask = masks.global_tokens(idx)
+        assert not mask.materialize(4, 6).any()
+        assert torch.equal((mask | masks.causal()).materialize(4, 6), masks.causal().materialize(4, 6))
+    assert masks.padding([]).batch_size == 0

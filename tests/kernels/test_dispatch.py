@@ -1,19 +1,24 @@
-"""The dispatcher with symbolic sizes: no choice may read a size that torch traces as dynamic.
+"""kernels/dispatch.py: no choice reads a size torch traces as dynamic; execute() joins an output no input
+produced to autograd; meta tensors give shapes.
 
 A traced comparison of a dynamic size becomes a guard: ``torch.export`` then refuses the
 ``Dim`` (its range no longer holds) and ``torch.compile(dynamic=True)`` recompiles per
-size. The checks below fail on a dispatcher that decides on a size while tracing (the
+size. The symbolic-size checks fail on a dispatcher that decides on a size while tracing (the
 ``SMALL_SCORES`` rule pinned ``6 * L * L <= 65536``, so only L <= 104 exported).
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import attnkit
+import attnkit.nn as N
 from attnkit import masks
+from attnkit.bias import softcap
+from attnkit.errors import BackendError
 from attnkit.kernels.dispatch import SMALL_SCORES, TRACING
-from tests.helpers import assert_close_to_oracle, rand_qkv
+from tests.helpers import BACKENDS, assert_close_to_oracle, rand_qkv
 
 
 class CausalAttention(torch.nn.Module):
@@ -67,3 +72,84 @@ def test_concrete_sizes_keep_every_size_rule():
         decision = attnkit.explain(q, k, v, score="cosine")  # no torch kernel, no mask: only the size decides
         assert decision.path == path and decision.cost is not None
         assert TRACING not in str(decision)
+
+
+EMPTY_CALLS = {
+    # an empty block layout: a window no key falls in, negated twice over
+    "empty layout, soft-cap": dict(mask=~(masks.sliding_window(12, 69) & masks.sliding_window(12, 69)),
+                                   bias=softcap(5.0)),
+    "all-False mask, sparsemax": dict(mask=torch.zeros(2, 2, dtype=torch.bool), normalize="sparsemax"),
+    "all-False mask, softmax": dict(mask=torch.zeros(2, 2, dtype=torch.bool)),
+    "all-False mask, learned bias": dict(mask=torch.zeros(2, 2, dtype=torch.bool),
+                                         bias=torch.zeros(2, 2, requires_grad=True)),
+}
+
+
+@pytest.mark.parametrize("backend", ("auto", *BACKENDS))
+@pytest.mark.parametrize("name", list(EMPTY_CALLS))
+def test_a_call_with_no_allowed_key_has_zero_gradients(name, backend):
+    kwargs = EMPTY_CALLS[name]
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 2, 33, generator=g, requires_grad=True)
+    k, v = (torch.randn(1, 2, 2, 33, generator=g, requires_grad=True) for _ in range(2))
+    try:
+        out = attnkit.attention(q, k, v, backend=backend, **kwargs)
+    except BackendError:
+        assert backend != "auto"  # a forced backend that cannot honour the call says so, and nothing else
+        return
+    assert out.requires_grad and torch.equal(out, torch.zeros_like(out))
+    inputs = [q, k, v] + ([kwargs["bias"]] if isinstance(kwargs.get("bias"), torch.Tensor) else [])
+    grads = torch.autograd.grad((out * torch.randn(out.shape, generator=g)).sum(), inputs)
+    for t, grad in zip(inputs, grads, strict=True):
+        assert grad.shape == t.shape and torch.equal(grad, torch.zeros_like(grad))
+
+
+def test_the_link_to_autograd_reads_no_value():
+    # NaN in an input the mask hides from every query: the zero output and zero gradients stay NaN-free
+    q = torch.full((1, 1, 3, 4), float("nan"), requires_grad=True)
+    out = attnkit.attention(q, q, q, mask=torch.zeros(3, 3, dtype=torch.bool))
+    (grad,) = torch.autograd.grad(out.sum(), [q])
+    assert torch.equal(out, torch.zeros_like(out)) and torch.equal(grad, torch.zeros_like(grad))
+
+
+META_CALLS = {
+    "no mask": {},
+    "causal": dict(mask=masks.causal()),
+    "window and global tokens": dict(mask=(masks.causal() & masks.sliding_window(2)) | masks.global_tokens([1])),
+    "padding": dict(mask=masks.padding([3, 7])),
+    "bool tensor": dict(mask=torch.ones(5, 7, dtype=torch.bool, device="meta")),
+    "bias tensor": dict(bias=torch.zeros(5, 7, device="meta")),
+    "ALiBi": dict(bias=attnkit.bias.alibi(4)),
+    "sparsemax": dict(normalize="sparsemax"),
+}
+
+
+@pytest.mark.parametrize("backend", ("auto", *BACKENDS))
+@pytest.mark.parametrize("name", list(META_CALLS))
+def test_meta_tensors_give_meta_results_of_the_right_shape(name, backend):
+    q = torch.empty(2, 4, 5, 8, device="meta", requires_grad=True)
+    k, v = torch.empty(2, 2, 7, 8, device="meta"), torch.empty(2, 2, 7, 6, device="meta")
+    softmax = META_CALLS[name].get("normalize", "softmax") == "softmax"
+    res = attnkit.attention(q, k, v, backend=backend, return_weights=True, return_lse=softmax, **META_CALLS[name])
+    assert res.output.device.type == "meta" and res.output.shape == (2, 4, 5, 6)
+    assert res.output.dtype == torch.float32 and res.output.requires_grad
+    assert res.weights.shape == (2, 4, 5, 7)
+    assert not softmax or res.lse.shape == (2, 4, 5)
+    assert attnkit.explain(q, k, v, backend=backend, **META_CALLS[name]).path == "dense-reference"
+
+
+def test_meta_inputs_of_every_rank():
+    for shape in ((5, 8), (2, 5, 8)):
+        q = torch.empty(shape, device="meta", dtype=torch.bfloat16)
+        out = attnkit.attention(q, q, q, mask=masks.causal())
+        assert out.shape == shape and out.device.type == "meta" and out.dtype == torch.bfloat16
+
+
+def test_modules_built_on_the_meta_device_give_meta_outputs():
+    x = torch.empty(2, 5, 16, device="meta")
+    keep = torch.ones(2, 5, dtype=torch.bool, device="meta")
+    mha = N.MultiHeadAttention(16, 4, batch_first=True, device="meta")
+    for out in (mha(x, x, x)[0], mha(x, x, x, key_padding_mask=~keep, need_weights=False)[0],
+                N.PerformerAttention(16, 4).to("meta")(x, key_keep_mask=keep),
+                N.PerceiverAttention(16, num_heads=2, head_dim=4).to("meta")(x, context_keep_mask=keep)):
+        assert out.device.type == "meta" and out.shape == (2, 5, 16)

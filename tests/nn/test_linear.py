@@ -231,3 +231,59 @@ def test_bad_constructor_and_call_arguments_raise_attnkit_errors():
         BigBirdAttention(8, 2, block_size=2)(torch.randn(1, 12, 8), generator=5)
     with pytest.raises(attnkit.DTypeError, match="global_tokens"):
         LongformerAttention(8, 2, window=4)(torch.randn(2, 12, 8), global_tokens=[[0], [3, 4]])
+
+
+# ------------------------------------------------------------------ Lemma 1 holds for the drawn features
+def _positive_feature(w, x):
+    """``exp(w.x - |x|^2 / 2)`` for each row w of ``w`` (Lemma 1's positive random feature)."""
+    return torch.exp(w @ x - x.dot(x) / 2)
+
+
+def _within(samples, target, sigmas=5.0):
+    """The sample mean is within ``sigmas`` standard errors of ``target`` (the samples' own spread)."""
+    err = samples.std() / math.sqrt(samples.numel())
+    return abs(samples.mean().item() - target) <= sigmas * err.item(), (samples.mean().item(), target, err.item())
+
+
+def test_orthogonal_features_are_unbiased_at_every_row_of_a_block():
+    # Every row of a block must be N(0, I) on its own: with the QR signs unfixed, the first row of every
+    # block leans one way and E[exp(w.x - |x|^2/2)] is about 0.62 there instead of 1.
+    d, blocks = 8, 1024
+    w = orthogonal_random_features(d * blocks, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    g = torch.Generator().manual_seed(1)
+    for x in (0.5 * torch.eye(d, dtype=torch.float64)[0], 0.6 * F.normalize(torch.randn(d, generator=g,
+                                                                                      dtype=torch.float64), dim=0)):
+        for row in range(d):
+            for sign in (1.0, -1.0):
+                ok, info = _within(_positive_feature(w[row::d], sign * x), 1.0)
+                assert ok, (row, sign, info)
+
+
+def test_lemma_1_estimator_mean_is_the_softmax_kernel():
+    # E_w[exp(w.x - |x|^2/2) exp(w.y - |y|^2/2)] = exp(x.y), for orthogonal features as for i.i.d. ones.
+    d = 8
+    g = torch.Generator().manual_seed(2)
+    w = orthogonal_random_features(d * 2048, d, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    for _ in range(4):
+        x, y = (0.7 * torch.randn(d, generator=g, dtype=torch.float64) / math.sqrt(d) for _ in range(2))
+        ok, info = _within(_positive_feature(w, x) * _positive_feature(w, y), math.exp(x.dot(y).item()))
+        assert ok, info
+
+
+def test_performer_error_falls_like_one_over_sqrt_of_the_features():
+    # Monte Carlo rate: the mean attention error against exact softmax scales as m^(-1/2). Biased features
+    # stall (a slope near -0.2); the bound leaves room for seed noise on both sides of -0.5.
+    x = _x(b=1, n=24, dim=16, seed=3) * 0.5
+    sizes, errors = (16, 64, 256, 1024, 4096), []
+    for m in sizes:
+        err = 0.0
+        for seed in range(6):
+            layer = PerformerAttention(16, 2, num_features=m, seed=seed).double()
+            q, k, v = project_heads(layer, x)
+            exact = output(layer, attnkit.attention(q, k, v, backend="reference"))
+            err += (layer(x) - exact).abs().mean().item() / 6
+        errors.append(err)
+    logs = torch.tensor([[math.log(m), 1.0] for m in sizes], dtype=torch.float64)
+    slope = torch.linalg.lstsq(logs, torch.tensor(errors, dtype=torch.float64).log()[:, None]).solution[0].item()
+    assert -0.75 <= slope <= -0.35, (slope, errors)
+    assert errors[-1] < 0.1 * errors[0], errors  # 256 x the features: the rate gives 1/16

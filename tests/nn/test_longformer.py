@@ -191,3 +191,12 @@ def test_empty_and_length_one_inputs(shape):
     if shape[1] == 1:  # softmax over one key: that key's value
         expected = reference(layer, x, torch.ones(shape[0], 1, dtype=torch.bool))  # token 0 is global
         torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_the_window_mask_reused_over_many_lengths_keeps_bounded_caches():
+    layer = LongformerAttention(8, 2, window=32, dilation=2)
+    with torch.no_grad():
+        for n in range(300, 600, 5):
+            layer(torch.randn(1, n, 8))
+    caches = {name: len(c) for name, c in vars(layer._window).items() if name.startswith("_cache")}
+    assert caches and all(0 < size <= 16 for size in caches.values()), caches

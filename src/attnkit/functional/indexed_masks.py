@@ -16,12 +16,14 @@ _FAR = 1 << 62  # an index bound beyond any sequence
 
 def gather_at(t: torch.Tensor, b, h, q_idx, kv_idx) -> torch.Tensor:
     """``t[b, h, q_idx, kv_idx]`` for a 4-D tensor whose size-1 dims broadcast."""
-    idx = [i if t.shape[d] > 1 else torch.zeros_like(i) for d, i in enumerate((b, h, q_idx, kv_idx))]
+    idx = [i if t.shape[d] != 1 else torch.zeros_like(i) for d, i in enumerate((b, h, q_idx, kv_idx))]
     return t[idx[0], idx[1], idx[2], idx[3]]
 
 
 def _index_tensor(name, values, *, nonnegative: bool = False) -> torch.Tensor:
-    t = torch.as_tensor(values)
+    # An empty Python sequence holds no positions (torch would make it float32): it is a valid empty index.
+    empty_sequence = not isinstance(values, torch.Tensor) and hasattr(values, "__len__") and len(values) == 0
+    t = torch.zeros(0, dtype=torch.long) if empty_sequence else torch.as_tensor(values)
     if t.dtype in (torch.bool,) or t.is_floating_point() or t.is_complex():
         raise DTypeError(f"{name} must hold integer positions; got dtype {t.dtype}")
     if nonnegative and t.numel() and int(t.min()) < 0:
@@ -193,10 +195,11 @@ class TensorMask(Mask):
             raise DTypeError(f"TensorMask needs a 4-D bool tensor; got {tensor.dim()}-D {tensor.dtype}")
         self.tensor = tensor
         names = ("b", "h", "q", "kv")
-        self.uses = frozenset(n for n, s in zip(names, tensor.shape, strict=True) if s > 1 or n == "kv")
-        self.batch_size = tensor.shape[0] if tensor.shape[0] > 1 else None
-        self.num_heads = tensor.shape[1] if tensor.shape[1] > 1 else None
-        self.q_len = tensor.shape[2] if tensor.shape[2] > 1 else None
+        # A size-1 dim broadcasts; any other size, 0 included (an empty batch), is the mask's own.
+        self.uses = frozenset(n for n, s in zip(names, tensor.shape, strict=True) if s != 1 or n == "kv")
+        self.batch_size = tensor.shape[0] if tensor.shape[0] != 1 else None
+        self.num_heads = tensor.shape[1] if tensor.shape[1] != 1 else None
+        self.q_len = tensor.shape[2] if tensor.shape[2] != 1 else None
         self.kv_len = tensor.shape[3]
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):

@@ -103,8 +103,8 @@ class Mask:
 
         ``batch``/``heads`` default to the sizes the mask is tied to, else 1.
         """
-        batch = batch if batch is not None else (self.batch_size or 1)
-        heads = heads if heads is not None else (self.num_heads or 1)
+        batch = batch if batch is not None else (1 if self.batch_size is None else self.batch_size)
+        heads = heads if heads is not None else (1 if self.num_heads is None else self.num_heads)
         b = torch.arange(batch if "b" in self.uses else 1, device=device).view(-1, 1, 1, 1)
         h = torch.arange(heads if "h" in self.uses else 1, device=device).view(1, -1, 1, 1)
         qi = torch.arange(q_len, device=device).view(1, 1, -1, 1)

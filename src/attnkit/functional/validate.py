@@ -80,8 +80,10 @@ class Problem:
         as Python floats (float64, so that addition cannot overflow), one reduction
         per distinct tensor and no other tensor op. A huge finite input can overflow
         a float32 sum: that only makes the answer a cautious False (an exact kernel
-        then runs), never a wrong result.
+        then runs), never a wrong result. Meta tensors hold no values: True, unread.
         """
+        if self._finite is None and self.q.is_meta:
+            self._finite = True
         if self._finite is None:
             distinct = {id(t): t for t in (self.q, self.k, self.v)}.values()  # q is k is v: sum once
             self._finite = math.isfinite(sum(t.sum(dtype=self.compute_dtype).item() for t in distinct))
@@ -183,6 +185,10 @@ def _check_bias(bias, q4, user_q, user_k):
             raise DeviceError(f"{_WHO}: bias is on {bias.device} but query is on {q4.device}")
         return _check_broadcast("bias", bias, user_q, user_k, user_q.dim()), None
     if callable(bias):
+        heads = getattr(bias, "num_heads", None)  # a modifier with per-head parameters (ALiBi, relative positions)
+        if isinstance(heads, int) and heads != q4.shape[1]:
+            raise ShapeError(f"{_WHO}: bias {bias!r} holds parameters for {heads} heads; got {q4.shape[1]} "
+                             f"query heads (shape {_shape(user_q)})")
         return None, bias
     raise DTypeError(f"{_WHO}: bias must be a float tensor or a modifier (scores, b, h, q_idx, kv_idx) -> scores; "
                      f"got {type(bias).__name__}")

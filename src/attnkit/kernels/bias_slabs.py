@@ -40,10 +40,23 @@ MIN_ROWS = 64  # the fused kernel's query blocks are 32-256 rows: smaller slabs 
 _NEG_INF = float("-inf")
 
 
-def _bias_tensor_ok(bias: torch.Tensor) -> bool:
-    """No NaN and no ``+inf`` (one summed pass): a NaN makes the sum NaN, a ``+inf`` makes it ``+inf`` or NaN."""
-    total = bias.sum(dtype=torch.float64 if bias.dtype == torch.float64 else torch.float32).item()
-    return total == total and total != float("inf")
+def _lse_resolves(row_max: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether a float lse ``m + log(l)`` keeps ``log(l)`` for rows whose largest score is ``row_max``.
+
+    The kernel's backward rebuilds the weights as ``exp(S - lse)``. Rounding ``lse`` to the
+    dtype moves it by up to half an ulp of ``|m|``: the weights then err by that factor,
+    and a row whose every score is ``finfo.min`` (a "mask" written as a bias) has weights
+    ``exp(0) = 1`` instead of ``1/Lk``. Rows whose largest entry stays within
+    ``2^-12 / eps`` of 0 (2048 in float32) keep the weights within ``2^-13``; a row of
+    ``-inf`` (no allowed key) is exact. NaN and ``+inf`` fail too.
+    """
+    limit = 2.0 ** -12 / torch.finfo(dtype).eps
+    return bool(((row_max.abs() <= limit) | (row_max == _NEG_INF)).all())
+
+
+def _bias_tensor_ok(bias: torch.Tensor, dtype: torch.dtype) -> bool:
+    """No NaN, no ``+inf`` and no row whose largest entry is too large for the kernel's lse (one pass)."""
+    return bias.numel() == 0 or _lse_resolves(bias.amax(-1), dtype)  # no key, or no row: nothing to resolve
 
 
 def _additive_bias(p: Problem) -> str | None:
@@ -53,8 +66,8 @@ def _additive_bias(p: Problem) -> str | None:
 
 
 def _finite_bias(p: Problem) -> str | None:
-    if p.bias is not None and not _bias_tensor_ok(p.bias):
-        return "the bias holds NaN or +inf"
+    if p.bias is not None and not _bias_tensor_ok(p.bias, p.compute_dtype):
+        return "the bias holds NaN or +inf, or a row whose largest entry is too far from 0 for the kernel's lse"
     if p.modifier is not None and not p.modifier.term_is_finite():
         return "the modifier's parameters hold NaN or inf"
     return None

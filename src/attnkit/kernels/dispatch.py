@@ -39,7 +39,7 @@ from ..functional.validate import Problem
 from . import rules, sdpa
 from .path_cost import PathCost
 from .paths import BY_NAME, PATHS, Path, of_backend
-from .pipeline import KernelOutput, zero_padded_keys
+from .pipeline import KernelOutput, in_graph, shapes_only, zero_padded_keys
 
 __all__ = ["Decision", "choose", "decide", "execute", "SMALL_SCORES", "TRACING", "symbolic_sizes"]
 
@@ -149,6 +149,8 @@ def choose(p: Problem, backend: str = "auto", *, untrusted: bool = False) -> _Ch
         return _Choice(_REFERENCE, why_not={"*": TRACING})
     if _empty(p):
         return _Choice(_REFERENCE, why_not={"*": "a size is zero: the empty result, on the exact path"})
+    if p.q.is_meta:
+        return _Choice(_REFERENCE, why_not={"*": "meta tensors: the result's shapes only, no path runs"})
     return _auto(p, untrusted) if backend == "auto" else _forced(p, backend, untrusted)
 
 
@@ -159,19 +161,29 @@ def execute(p: Problem, backend: str = "auto") -> tuple[KernelOutput, Path]:
     finiteness pass, except where torch's kernel checks its own output and no gradient
     is asked for (a padded ``-inf`` key gives a finite output, but ``0 * inf`` in dQ).
     When torch's kernel finds its output untrustworthy, the padded rows are zeroed and
-    the call is decided again without it.
+    the call is decided again without it. Meta tensors get the result's shapes
+    (:func:`.pipeline.shapes_only`). An output that no input produced (every row
+    empty) is joined to autograd, so the backward gives zero gradients (:func:`.pipeline.in_graph`).
     """
     path = choose(p, backend).path
+    if p.q.is_meta:
+        return _differentiable(p, shapes_only(p)), path
     clean_padding_first = path is not _SDPA or not sdpa.checks_output(p) or rules.needs_grad(p)
     if clean_padding_first and zero_padded_keys(p):
         path = choose(p, backend).path  # the zeroed rows may have been the only non-finite ones
     try:
-        return path.run(p), path
+        return _differentiable(p, path.run(p)), path
     except sdpa.UntrustedOutput:
         pass
     zero_padded_keys(p)
     path = choose(p, backend, untrusted=True).path
-    return path.run(p), path
+    return _differentiable(p, path.run(p)), path
+
+
+def _differentiable(p: Problem, result: KernelOutput) -> KernelOutput:
+    if not rules.needs_grad(p):
+        return result
+    return in_graph(result, [t for t in (p.q, p.k, p.v, *rules.learned(p)) if t.requires_grad])
 
 
 def decide(p: Problem, backend: str = "auto") -> Decision:
@@ -183,7 +195,7 @@ def decide(p: Problem, backend: str = "auto") -> Decision:
         if path is chosen:
             reasons[path.name] = f"chosen: {path.describe(p)} ({path.source})"
             continue
-        why = path.refusal(p)
+        why = None if p.q.is_meta else path.refusal(p)  # refusals may read data that meta tensors lack
         reasons[path.name] = (f"refused: {why}" if why else "able, not preferred: " + (
             choice.why_not.get(path.name) or choice.why_not.get(path.backend) or choice.why_not.get("*")
             or _order_reason(path, chosen)))

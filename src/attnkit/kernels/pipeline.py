@@ -22,13 +22,43 @@ from ..functional.scores import SCORES
 from ..functional.validate import Problem
 
 __all__ = ["KernelOutput", "upcast_inputs", "block_scores", "block_weights", "zero_padded_keys",
-           "dense_indices", "run_row_chunks", "Workspace"]
+           "dense_indices", "run_row_chunks", "Workspace", "in_graph", "shapes_only"]
 
 
 class KernelOutput(NamedTuple):
     out: torch.Tensor  # (B, Hq, Lq, Dv) in the compute dtype
     weights: torch.Tensor | None  # (B, Hq, Lq, Lk)
     lse: torch.Tensor | None  # (B, Hq, Lq)
+
+
+def in_graph(result: KernelOutput, differentiable: list[torch.Tensor]) -> KernelOutput:
+    """``result`` with its output joined to autograd when a path never read the inputs.
+
+    A call whose every row has no allowed key (an empty block layout, an all-False mask)
+    is answered with zeros that no input produced; autograd must still reach q, k, v and
+    the learned biases (``differentiable``), with zero gradients (RELIABILITY row 1). The
+    link is a sum over an empty slice of each input: exactly 0, NaN-free whatever the
+    inputs hold, and its backward writes zeros.
+    """
+    if result.out.requires_grad or not differentiable:
+        return result
+    link = sum(t[..., :0].sum() for t in differentiable)  # 0-dim zero in the graph of every input
+    return result._replace(out=result.out + link.to(result.out.dtype))
+
+
+def shapes_only(p: Problem) -> KernelOutput:
+    """The result of a call on meta tensors: its shapes and dtypes on the meta device, no data.
+
+    Meta tensors carry no values, so no path can run (finiteness checks, mask layouts and
+    row checks read data); models built on the meta device (FSDP, shape inference) need
+    only the result's shapes: output ``(B, Hq, Lq, Dv)``, weights ``(B, Hq, Lq, Lk)`` and
+    lse ``(B, Hq, Lq)`` in the compute dtype.
+    """
+    batch, heads, lq, lk, _, dv = p.sizes
+    like = p.q.new_empty(0, dtype=p.compute_dtype)
+    return KernelOutput(like.new_empty(batch, heads, lq, dv),
+                        like.new_empty(batch, heads, lq, lk) if p.return_weights else None,
+                        like.new_empty(batch, heads, lq) if p.return_lse else None)
 
 
 def upcast_inputs(p: Problem):

@@ -162,8 +162,9 @@ def run(p: Problem) -> KernelOutput:
         if not p.finiteness_known and not trustworthy(out, lse, km.empty_rows):
             raise UntrustedOutput
         return KernelOutput(out, None, None)
+    # bool(): under torch.jit.trace sizes are traced tensors, and torch wants a Python bool here
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=km.float_mask, dropout_p=p.dropout_p,
-                                         is_causal=km.is_causal, scale=p.scale, enable_gqa=p.groups > 1)
+                                         is_causal=km.is_causal, scale=p.scale, enable_gqa=bool(p.groups > 1))
     return KernelOutput(out, None, None)
 
 

@@ -15,6 +15,7 @@ from ..errors import ArgumentError, ShapeError
 from ..functional.validate import validate
 from ..registry import Entry, register
 from .additive_scores import DEFAULT_MAX_ELEMENTS, additive_scores
+from .padding import clear_padding
 
 __all__ = ["AdditiveAttention", "AdditiveOutput", "additive_scores", "dense_allowed", "padded_keys",
            "drop_unseen", "check_input", "check_memory", "DEFAULT_MAX_ELEMENTS"]
@@ -163,7 +164,10 @@ class AdditiveAttention(nn.Module):
         check_input("AdditiveAttention", "query", query, self.query_dim)
         check_input("AdditiveAttention", "key", key, self.key_dim)
         check_memory("AdditiveAttention", query, key, value)
-        key, value = drop_unseen(padded_keys(mask, query, key), key, value)  # before W_k: no 0 * NaN in its grad
+        keep = padded_keys(mask, query, key)  # (B|1, 1, Lk) or None
+        if keep is not None and query is key:  # self-attention: a padded key is a padded query too
+            query = clear_padding(query, keep[:, 0])
+        key, value = drop_unseen(keep, key, value)  # before W_k: no 0 * NaN in its grad
         fn = lambda q, k: additive_scores(q, k, self.v, max_elements=self.max_elements)
         out = attention(self.query_proj(query), self.key_proj(key), value, mask=mask, score=fn, scale=1.0,
                         dropout_p=self.dropout if self.training else 0.0, return_weights=need_weights)

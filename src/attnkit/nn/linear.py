@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from ..errors import ArgumentError, DTypeError, ShapeError, check_bool_mask, check_int
 from ..registry import Entry, register
 from ._projections import ProjectedAttention
+from .padding import clear_padding
 
 __all__ = ["LinearAttention", "PerformerAttention", "orthogonal_random_features"]
 
@@ -91,7 +92,7 @@ class _FeatureMapAttention(ProjectedAttention):
     def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
         self.check_input(x)
         keep = check_keep_mask(type(self).__name__, "key_keep_mask", key_keep_mask, x.shape[0], x.shape[1])
-        q, k, v = self.project(x)  # (b, h, n, d) each
+        q, k, v = self.project(clear_padding(x, keep))  # (b, h, n, d) each
         if x.shape[1] == 0:
             return self.merge_heads(v)  # empty sequence: empty output
         keep = None if keep is None else keep[:, None, :, None]  # (b, 1, n, 1)
@@ -141,14 +142,19 @@ def orthogonal_random_features(num_features: int, dim: int, *, generator: torch.
                                dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``(num_features, dim)`` Gaussian rows, orthogonal within blocks of ``dim`` (Performer Sec. 2.4).
 
-    Each block is the Q factor of a square Gaussian matrix; rows are then rescaled by the norms of
-    independent Gaussian vectors so that every row is marginally ``N(0, I)``. Drawn on the CPU in
-    float64 from ``generator`` (the global RNG if None), so a seed gives the same features anywhere.
+    Each block is the Q factor of a square Gaussian matrix ``G = QR`` with its columns multiplied by
+    ``sign(diag(R))``: that makes the factorisation unique and Q Haar-distributed (uniform over the
+    orthogonal group; without it the QR routine's sign convention biases the rows, and Lemma 1's
+    estimator with them). Rows are then rescaled by the norms of independent Gaussian vectors so that
+    every row is marginally ``N(0, I)``. Drawn on the CPU in float64 from ``generator`` (the global
+    RNG if None), so a seed gives the same features anywhere.
     """
     blocks = []
     for _ in range(-(-num_features // dim)):
         gauss = torch.randn(dim, dim, generator=generator, dtype=torch.float64)
-        blocks.append(torch.linalg.qr(gauss).Q.T)  # rows orthonormal
+        q, r = torch.linalg.qr(gauss)
+        signs = torch.where(r.diagonal() < 0, -1.0, 1.0).to(q)  # sign(diag(R)); a zero (probability 0) counts +1
+        blocks.append((q * signs).T)  # rows orthonormal, Haar-distributed
     rows = torch.cat(blocks)[:num_features]
     norms = torch.randn(num_features, dim, generator=generator, dtype=torch.float64).norm(dim=1)
     return (rows * norms[:, None]).to(dtype)

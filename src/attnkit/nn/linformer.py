@@ -10,6 +10,7 @@ from ..errors import ArgumentError, ShapeError
 from ..registry import Entry, register
 from ._projections import ProjectedAttention
 from .linear import check_keep_mask
+from .padding import clear_padding
 
 __all__ = ["LinformerAttention", "SequenceProjection"]
 
@@ -111,7 +112,7 @@ class LinformerAttention(ProjectedAttention):
         if x.shape[1] > self.max_len:
             raise ShapeError(f"x has length {x.shape[1]} but this Linformer was built for max_len={self.max_len}")
         keep = check_keep_mask(type(self).__name__, "key_keep_mask", key_keep_mask, x.shape[0], x.shape[1])
-        q, k, v = self.project(x)  # (b, h, n, d) each
+        q, k, v = self.project(clear_padding(x, keep))  # (b, h, n, d) each
         if keep is not None:  # select, not multiply: NaN in a padded position cannot reach E K
             k = k.masked_fill(~keep[:, None, :, None], 0.0)
             v = v.masked_fill(~keep[:, None, :, None], 0.0)

@@ -13,6 +13,7 @@ from ..functional.mask_base import Mask
 from ..registry import Entry, register
 from . import torch_compat, torch_layers
 from .kv_cache import KVCache
+from .padding import clear_key_padding
 
 __all__ = ["DotProductAttention", "MultiHeadAttention", "KVCache"]
 
@@ -269,11 +270,13 @@ class MultiHeadAttention(nn.Module):
                                          attn_mask=attn_mask, need_weights=need_weights)
             query, key, value, key_padding_mask = nested[:4]
         batched = torch_compat.check_inputs(who, self, query, key, value)
+        self_attention = query is key
         query, key, value = (self._to_batch_first(t, batched) for t in (query, key, value))
         full = (query.shape[0], self.num_heads, query.shape[1], key.shape[1])
         mask, bias = torch_compat.convert_masks(who, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
                                                 is_causal=is_causal, mask=mask, full=full, batched=batched,
                                                 device=query.device)
+        query, key, value = clear_key_padding(query, key, value, key_padding_mask, self_attention=self_attention)
         q, k, v = self._project(query, key, value)
         out, weights = self._attend(q, k, v, mask, bias, need_weights, average_attn_weights, batched)
         return (out, weights) if nested is None else (torch_layers.renest(out, nested), None)

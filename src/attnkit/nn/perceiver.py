@@ -10,6 +10,7 @@ from ..attention import attention
 from ..errors import ArgumentError
 from ..registry import Entry, register
 from .linear import check_keep_mask, check_sequence, merge_heads, split_heads
+from .padding import clear_padding
 
 __all__ = ["PerceiverAttention", "PerceiverEncoder"]
 
@@ -60,11 +61,14 @@ class PerceiverAttention(nn.Module):
 
     def forward(self, latents: torch.Tensor, context: torch.Tensor | None = None, *,
                 context_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
+        self_attention = context is None
         context = latents if context is None else context
         check_sequence("latents", latents, self.query_dim)
         check_sequence("context", context, self.context_dim)
         keep = check_keep_mask(type(self).__name__, "context_keep_mask", context_keep_mask,
                                context.shape[0], context.shape[1])
+        context = clear_padding(context, keep)
+        latents = context if self_attention else latents
         q = split_heads(self.q_proj(latents), self.num_heads)  # (b, h, N, d)
         k, v = split_heads(self.k_proj(context), self.num_heads), split_heads(self.v_proj(context), self.num_heads)
         out = attention(q, k, v, mask=None if keep is None else masks.keys(keep),
@@ -124,6 +128,7 @@ class PerceiverEncoder(nn.Module):
 
     def forward(self, x: torch.Tensor, *, input_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
         check_sequence("x", x, self.input_dim)
+        x = clear_padding(x, check_keep_mask(type(self).__name__, "input_keep_mask", input_keep_mask, *x.shape[:2]))
         z = self.latents.to(x.dtype).expand(x.shape[0], -1, -1)  # (b, N, D)
         z = z + self.cross_attn(self.norm_latents(z), self.norm_input(x), context_keep_mask=input_keep_mask)
         z = z + self.cross_ff(z)

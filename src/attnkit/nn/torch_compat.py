@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import masks
+from ..attention import _autocast_enabled
 from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError
 from ..functional.mask_base import Mask
 
@@ -79,7 +80,7 @@ def check_inputs(who: str, module, query, key, value) -> bool:
             got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
             raise DTypeError(f"{who}: {name} must be a floating tensor; got {got}")
     want = module.out_proj.weight.dtype
-    autocast = torch.is_autocast_enabled(query.device.type)  # projections cast the inputs then
+    autocast = _autocast_enabled(query.device.type)  # projections cast the inputs then
     if not (query.dtype == key.dtype == value.dtype and (autocast or query.dtype == want)):
         raise DTypeError(f"{who}: query, key and value must have the parameters' dtype {want}; "
                          f"got {query.dtype}, {key.dtype}, {value.dtype}")

@@ -1,0 +1,105 @@
+"""The fuzzer's check: one :class:`~tests.fuzz.cases.Case` on every backend against the float64 oracles.
+
+Softmax and sigmoid calls are compared with :mod:`tests.fuzz.masked_softmax` (forward, lse and
+gradients by autograd in float64); sparsemax and hard, and returned weights, with the dense
+oracle of :mod:`tests.oracle` (forward only). Every backend runs: ``auto`` must answer; a forced
+backend either answers within tolerance or raises :class:`~attnkit.errors.BackendError`, nothing else.
+Tolerances scale with the size of the exact answer: ``|got - exact| <= tol * (1 + max |exact|)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+import attnkit
+from attnkit.errors import BackendError
+from tests.fuzz.cases import Case
+from tests.fuzz.masked_softmax import attend
+from tests.helpers import BACKENDS
+from tests.oracle import dense_attention
+
+OUT_TOL = {torch.float64: 1e-9, torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 3e-3}
+GRAD_TOL = {torch.float64: 1e-8, torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
+PLAIN_FACTOR = 3.0  # DESIGN.md: at most 3x the plain same-dtype implementation's error (gradients)
+
+
+def _max_err(got, exact):
+    finite = torch.isfinite(exact)
+    return (got.double()[finite] - exact.double()[finite]).abs().max().item() if finite.any() else 0.0
+
+
+def _close(what, got, exact, tol, plain=None):
+    """``|got - exact| <= tol (1 + max |exact|) + 3 |plain - exact|``, infinities equal, no NaN."""
+    assert got.shape == exact.shape, f"{what}: shape {tuple(got.shape)} != {tuple(exact.shape)}"
+    got, exact = got.double(), exact.double()
+    same_inf = torch.equal(torch.isinf(got), torch.isinf(exact)) and torch.equal(got[torch.isinf(got)],
+                                                                                  exact[torch.isinf(exact)])
+    assert same_inf, f"{what}: infinities differ"
+    assert not torch.isnan(got).any(), f"{what}: NaN for finite inputs"
+    finite = torch.isfinite(exact)
+    err = _max_err(got, exact)
+    bound = tol * (1.0 + (exact[finite].abs().max().item() if finite.any() else 0.0))
+    plain_err = _max_err(plain, exact) if plain is not None else 0.0
+    if math.isfinite(plain_err):  # a plain float32 run that overflows (finfo.min scores) sets no bound
+        bound += PLAIN_FACTOR * plain_err
+    assert err <= bound, f"{what}: error {err:.3g} > {bound:.3g}"
+
+
+def _exact(case: Case, q, k, v, bias, dtype=torch.float64):
+    """``(out, lse, differentiable)`` in ``dtype``, from the masked-softmax oracle where it applies."""
+    kwargs = dict(mask=case.mask, bias=bias, score=case.score, scale=case.scale, normalize=case.normalize)
+    if case.normalize in ("softmax", "sigmoid"):
+        out, lse = attend(q, k, v, dtype=dtype, **kwargs)
+        return out, lse, True
+    return dense_attention(q, k, v, dtype=dtype, **kwargs), None, False
+
+
+def _grad_inputs(q, k, v, bias):
+    return [t for t in (q, k, v, bias) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def _grads(out, probe, inputs):
+    grads = torch.autograd.grad((out * probe.to(out.dtype)).sum(), inputs, allow_unused=True)
+    return [torch.zeros_like(t, dtype=torch.float64) if g is None else g for g, t in zip(grads, inputs, strict=True)]
+
+
+def check(case: Case) -> list[str]:
+    """Run ``case`` on every backend; raise AssertionError naming the backend on any mismatch.
+
+    Returns the paths that ran (for the caller's statistics).
+    """
+    q, k, v, bias = case.tensors()
+    exact, exact_lse, differentiable = _exact(case, q, k, v, bias)
+    plain = None if case.dtype == torch.float64 else _exact(case, q, k, v, bias, torch.float32)[0]
+    weights = None
+    if case.return_weights:
+        weights = dense_attention(q, k, v, **{**case.kwargs(bias), "return_lse": False}).weights
+    inputs = _grad_inputs(q, k, v, bias)
+    want_grads = bool(case.grad and differentiable and inputs and exact.numel())
+    if want_grads:
+        probe = torch.randn(exact.shape, generator=torch.Generator().manual_seed(case.seed + 1), dtype=torch.float64)
+        exact_grads = _grads(exact, probe, inputs)
+        plain_grads = [None] * len(inputs) if plain is None else _grads(plain, probe, inputs)
+    ran = []
+    for backend in ("auto", *BACKENDS):
+        try:
+            res = attnkit.attention(q, k, v, backend=backend, **case.kwargs(bias))
+        except BackendError:
+            assert backend != "auto", "backend='auto' raised BackendError"
+            continue
+        ran.append(attnkit.explain(q, k, v, backend=backend, **case.kwargs(bias)).path)
+        out = res.output if isinstance(res, tuple) else res
+        where = f"backend={backend} ({ran[-1]})"
+        assert out.dtype == q.dtype, f"{where}: output dtype {out.dtype}"
+        _close(f"{where}: output", out, exact, OUT_TOL[case.dtype], plain)
+        if case.return_lse:
+            _close(f"{where}: lse", res.lse, exact_lse, OUT_TOL[case.dtype])
+        if case.return_weights:
+            _close(f"{where}: weights", res.weights, weights, OUT_TOL[case.dtype])
+        if want_grads:
+            for name, g, e, p in zip(("dq", "dk", "dv", "dbias"), _grads(out, probe, inputs), exact_grads,
+                                     plain_grads, strict=False):
+                _close(f"{where}: {name}", g, e, GRAD_TOL[case.dtype], p)
+    return ran

@@ -1,0 +1,97 @@
+"""A differentiable float64 oracle written from the masked-softmax definition, for forward and gradients.
+
+For one attention call, with ``A`` the allowed pairs (the mask, True = attend)::
+
+    S = scale * score(q, k) + bias            then a modifier, if any: S = f(S, b, h, i, j)
+    W[i, j] = exp(S[i, j] - m_i) / sum_{l in A_i} exp(S[i, l] - m_i)   for j in A_i, else 0
+    m_i = max_{l in A_i} S[i, l];  a row with no allowed key (A_i empty, or every S -inf) has W = 0
+    out = W @ V;  lse_i = m_i + log sum_{l in A_i} exp(S[i, l] - m_i)  (-inf for an empty row)
+
+Every score is built at once in float64 from the inputs (upcast, never the library's kernels,
+scores, normalisers or validation), so ``torch.autograd.grad`` through it gives the exact gradients
+of that definition. Sigmoid weights are ``sigmoid(S)`` on allowed pairs. The modifiers it knows are
+written from their papers here: ALiBi ``-m_h |i + Lk - Lq - j|`` (bottom-right) or ``-m_h |i - j|``
+(top-left), soft-capping ``c tanh(S / c)``. A mask is read only through ``Mask.materialize``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnkit.bias import ALiBi, Softcap
+from attnkit.masks import Mask
+
+__all__ = ["attend", "as_4d"]
+
+_NEG_INF = float("-inf")
+
+
+def as_4d(t: torch.Tensor) -> torch.Tensor:
+    """``(L, D)`` -> ``(1, 1, L, D)``; ``(B, L, D)`` -> ``(B, 1, L, D)``; 4-D unchanged (a view: grads flow)."""
+    return t[None, None] if t.dim() == 2 else t[:, None] if t.dim() == 3 else t
+
+
+def _allowed(mask, user_scores, b, h, lq, lk):
+    if mask is None:
+        return torch.ones(b, h, lq, lk, dtype=torch.bool)
+    if isinstance(mask, Mask):
+        return torch.broadcast_to(mask.materialize(lq, lk, batch=b, heads=h), (b, h, lq, lk))
+    return torch.broadcast_to(as_4d(torch.broadcast_to(mask, user_scores)), (b, h, lq, lk))
+
+
+def _modified(modifier, s, lq, lk):
+    h = torch.arange(s.shape[1]).view(1, -1, 1, 1)
+    i, j = torch.arange(lq).view(1, 1, -1, 1), torch.arange(lk).view(1, 1, 1, -1)
+    if isinstance(modifier, Softcap):
+        return modifier.cap * torch.tanh(s / modifier.cap)
+    if isinstance(modifier, ALiBi):
+        shift = lk - lq if modifier.align == "bottom_right" else 0
+        return s - modifier.slopes.to(s.dtype)[h] * (i + shift - j).abs()
+    raise NotImplementedError(f"masked_softmax oracle: modifier {modifier!r}")
+
+
+def attend(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, normalize="softmax",
+           dtype=torch.float64):
+    """``(out, lse or None)`` computed in ``dtype`` (float64: the oracle; float32: the plain same-dtype
+    implementation the tolerances compare with), differentiable in q, k, v and a tensor bias; out has q's rank."""
+    rank = q.dim()
+    user_scores = (*q.shape[:-1], k.shape[-2])
+    q, k, v = (as_4d(t).to(dtype) for t in (q, k, v))
+    b, h, lq, d = q.shape
+    lk = k.shape[2]
+    if k.shape[1] not in (0, h):  # grouped queries: query head h reads key/value head h // group
+        k, v = (t.repeat_interleave(h // k.shape[1], dim=1) for t in (k, v))
+    if scale is None:
+        scale = 1.0 / math.sqrt(d) if score == "scaled_dot" and d else 1.0
+    if score == "cosine":
+        q = q / torch.linalg.vector_norm(q, dim=-1, keepdim=True).clamp_min(1e-6)
+        k = k / torch.linalg.vector_norm(k, dim=-1, keepdim=True).clamp_min(1e-6)
+    s = (q @ k.transpose(-1, -2)) * scale  # (B, H, Lq, Lk)
+    if isinstance(bias, torch.Tensor):
+        s = s + torch.broadcast_to(as_4d(torch.broadcast_to(bias.to(dtype), user_scores)), s.shape)
+    elif bias is not None:
+        s = _modified(bias, s, lq, lk)
+    allowed = _allowed(mask, user_scores, b, h, lq, lk)
+    if normalize == "sigmoid":
+        weights, lse = torch.sigmoid(s).masked_fill(~allowed, 0.0), None
+    elif normalize == "softmax":
+        weights, lse = _softmax(s, allowed)
+    else:
+        raise NotImplementedError(f"masked_softmax oracle: normalize {normalize!r}")
+    out = weights @ v
+    back = (lambda t: t[0, 0]) if rank == 2 else (lambda t: t[:, 0]) if rank == 3 else (lambda t: t)
+    return back(out), (back(lse) if lse is not None else None)
+
+
+def _softmax(s, allowed):
+    s = s.masked_fill(~allowed, _NEG_INF)
+    m = s.amax(-1, keepdim=True).detach() if s.shape[-1] else s.new_full((*s.shape[:-1], 1), _NEG_INF)
+    empty = m == _NEG_INF
+    e = torch.exp(s - torch.where(empty, torch.zeros_like(m), m))
+    total = e.sum(-1, keepdim=True)
+    weights = torch.where(empty, torch.zeros_like(e), e / torch.where(empty, torch.ones_like(total), total))
+    lse = torch.where(empty, torch.full_like(m, _NEG_INF), m + torch.log(torch.where(empty, torch.ones_like(total),
+                                                                                       total)))
+    return weights, lse.squeeze(-1)

@@ -1,0 +1,59 @@
+"""Differential fuzzing: random calls on every backend against float64 oracles (tests/fuzz/differential.py).
+
+The quick profile runs in the default suite: a fixed seed and a fixed number of cases, so it is
+deterministic and bounded. The long profile (``-m slow``) runs at least 5,000 cases::
+
+    .venv/bin/python -m pytest -m slow tests/fuzz/test_differential.py
+
+Every failure the fuzzer finds becomes a named test in tests/fuzz/test_regressions.py.
+"""
+
+from __future__ import annotations
+
+import warnings
+from unittest import mock
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, seed, settings
+
+import attnkit
+from attnkit.kernels import online_softmax
+from tests.fuzz.cases import Case, cases
+from tests.fuzz.differential import check
+
+_COMMON = dict(deadline=None, suppress_health_check=list(HealthCheck), print_blob=True)
+
+
+def _run(case: Case):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # once-only fallback notes are not failures
+        check(case)
+
+
+@seed(20261201)
+@settings(max_examples=60, derandomize=True, database=None, **_COMMON)
+@given(cases())
+def test_quick_profile(case):
+    _run(case)
+
+
+@pytest.mark.slow
+@settings(max_examples=5000, database=None, **_COMMON)
+@given(cases())
+def test_long_profile(case):
+    _run(case)
+
+
+def test_the_check_catches_a_kernel_off_by_five_in_ten_thousand():
+    real = online_softmax._slab
+
+    def off(*args):
+        out, lse = real(*args)
+        return out * 1.0005, lse
+
+    case = Case(rank=4, batch=2, heads=2, kv_heads=1, lq=70, lk=90, d=8, dv=5, dtype=torch.float32, seed=3,
+                mask=attnkit.masks.causal(), normalize="softmax", grad=True)
+    _run(case)  # the real kernel passes
+    with mock.patch.object(online_softmax, "_slab", off), pytest.raises(AssertionError, match="online-softmax"):
+        _run(case)
