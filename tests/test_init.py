@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import tomllib
 from importlib import metadata
 from pathlib import Path
+
+import tomllib
 
 import attnkit
 

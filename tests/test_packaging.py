@@ -7,11 +7,11 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 # What a fresh clone holds that the build reads; tests/ and benchmarks/ are copied too, to show they stay out.
@@ -32,7 +32,8 @@ def _clean_copy(dest: Path) -> Path:
 def _build(tmp_path: Path) -> tuple[Path, Path]:
     """(wheel, sdist) built with the environment's setuptools (no download: no build isolation)."""
     project, out = _clean_copy(tmp_path / "project"), tmp_path / "dist"
-    code = "import sys; from setuptools import build_meta as b; out = sys.argv[1]; b.build_sdist(out); b.build_wheel(out)"
+    # setuptools rewrites sys.argv while it builds: the folder is read once, first.
+    code = "import sys; from setuptools import build_meta as b; d = sys.argv[1]; b.build_sdist(d); b.build_wheel(d)"
     out.mkdir()
     subprocess.run([sys.executable, "-c", code, str(out)], cwd=project, check=True, capture_output=True, timeout=300)
     return next(out.glob("*.whl")), next(out.glob("*.tar.gz"))

@@ -13,7 +13,6 @@ from .attention import AttentionOutput, attention, explain
 from .errors import ArgumentError, AttnkitError, BackendError, DeviceError, DTypeError, ShapeError, UnsupportedFeature
 
 
-
 def _version() -> str:
     """The installed distribution's version: pyproject.toml is the one place the number is written.
 
@@ -23,8 +22,9 @@ def _version() -> str:
     try:
         return _metadata.version("attnkit")
     except _metadata.PackageNotFoundError:
-        import tomllib
         from pathlib import Path
+
+        import tomllib
 
         pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
         try:
