@@ -22,14 +22,14 @@ demo: $(STAMP)
 	$(BIN)/attnkit tour --out tour-report
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks docs/site
 
 test: lint
 	$(BIN)/python -m pytest
 
 docs: $(STAMP)
 	$(BIN)/python -m sphinx -W --keep-going -q -b html docs/site docs/_build/html
-	@echo "docs/_build/html/generated/index.html"
+	@echo "built: docs/_build/html/index.html"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
