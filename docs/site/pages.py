@@ -246,6 +246,25 @@ def _api_target(entry) -> str:
     return f"`{getattr(target, '__module__', 'attnkit')}.{name}`"
 
 
+def _core_components(keywords: dict) -> list[tuple[str, str]]:
+    """``(directive, dotted name)`` of what defines a core entry: its score, normaliser, bias and mask constructors."""
+    from attnkit import bias, masks
+    from attnkit.functional import normalize, scores
+
+    found = [scores.SCORES[keywords.get("score", "scaled_dot")]]
+    if isinstance(keywords.get("normalize"), str):
+        found.append(normalize.NORMALIZERS[keywords["normalize"]])
+    if "bias" in keywords:
+        kind = type(keywords["bias"])
+        found.append(getattr(bias, kind.__name__.lower(), kind) if kind.__name__.lower() in bias.__all__ else kind)
+    if "mask" in keywords:
+        for name in dict.fromkeys(re.findall(r"\b([a-z_]+)\(", repr(keywords["mask"]))):
+            if name in masks.__all__:
+                found.append(getattr(masks, name))
+    return [("autoclass" if isinstance(obj, type) else "autofunction", f"{obj.__module__}.{obj.__qualname__}")
+            for obj in found]
+
+
 def mechanism_pages() -> list[str]:
     """One page per registry entry: paper, equation, complexity, example, a picture of its pattern."""
     from attnkit import registry
@@ -261,7 +280,11 @@ def mechanism_pages() -> list[str]:
             arguments = ", ".join(f"{k}={v!r}" for k, v in fn.keywords.items())
             lines += ["## Equation", "", "`attnkit.attention`'s pipeline, "
                       "`normalize(score(q, k) * scale + bias, mask) @ v`, with "
-                      + (f"`{arguments}`." if arguments else "its defaults (softmax of scaled dot products)."), ""]
+                      + (f"`{arguments}`." if arguments else "its defaults (softmax of scaled dot products)."),
+                      "", "What defines it, from the docstrings:", "", "```{eval-rst}"]
+            for directive, dotted in _core_components(fn.keywords):
+                lines += [f".. {directive}:: {dotted}", "   :no-index:", ""]
+            lines += ["```", ""]
         else:
             directive = "autoclass" if isinstance(entry.target, type) else "autofunction"
             lines += ["## Equation", "", "From the docstring of the implementation (paper, equation, notation):", "",
