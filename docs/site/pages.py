@@ -165,7 +165,7 @@ def api_pages() -> list[str]:
     names = []
     for module in api_modules():
         name = f"api/{module}"
-        _write(OUT / f"{name}.md", f"# `{module}`\n\n```{{eval-rst}}\n.. automodule:: {module}\n"
+        _write(OUT / f"{name}.md", f"# {module}\n\n```{{eval-rst}}\n.. automodule:: {module}\n"
                "   :members:\n   :show-inheritance:\n```\n")
         names.append(name)
     return names
