@@ -1,17 +1,18 @@
-# The two commands of the README: `make demo` (set up + main job) and `make test` (set up + tests).
+# The two commands of the README: `make demo` (set up + main job) and `make test` (set up + tests);
+# `make docs` builds the API reference site offline (docs/_build/html), warnings as errors.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# Pin the CPU wheel first so no multi-GB CUDA build of torch is pulled in.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,plot,cli,hf]'
+	$(BIN)/pip install --quiet -e '.[all,dev,docs]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -21,13 +22,17 @@ demo: $(STAMP)
 	$(BIN)/attnkit tour --out tour-report
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks docs/site
 
 test: lint
 	$(BIN)/python -m pytest
+
+docs: $(STAMP)
+	$(BIN)/python -m sphinx -W --keep-going -q -b html docs/site docs/_build/html
+	@echo "built: docs/_build/html/index.html"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis docs/_build docs/site/generated

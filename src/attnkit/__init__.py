@@ -6,11 +6,35 @@
 torch.Size([1, 4, 16, 8])
 """
 
+from importlib import metadata as _metadata
+
 from . import bias, masks
 from .attention import AttentionOutput, attention, explain
 from .errors import ArgumentError, AttnkitError, BackendError, DeviceError, DTypeError, ShapeError, UnsupportedFeature
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    """The installed distribution's version: pyproject.toml is the one place the number is written.
+
+    A source tree that is not installed (``src`` on ``sys.path``) reads pyproject.toml beside ``src``;
+    anything else says ``0+unknown`` rather than a number that may be wrong.
+    """
+    try:
+        return _metadata.version("attnkit")
+    except _metadata.PackageNotFoundError:
+        from pathlib import Path
+
+        import tomllib
+
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        try:
+            project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "0+unknown"
+        return project.get("version", "0+unknown") if project.get("name") == "attnkit" else "0+unknown"
+
+
+__version__ = _version()
 
 __all__ = [
     "attention", "explain", "AttentionOutput", "masks", "bias",

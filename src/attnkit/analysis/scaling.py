@@ -180,12 +180,15 @@ def scaling(mechanisms: Iterable, lengths: Sequence[int], *, repeats: int = 3, b
     """Time (median of ``repeats``) and peak memory of each mechanism at each length, each in a fresh process.
 
     Args:
-        mechanisms: registry names, "dense" (attnkit.attention, no mask), "sdpa" (torch), mask
-            expressions such as ``"sliding_window(128, 128)"``, or ``(label, name, sizes)`` rows.
+        mechanisms: registry names, "dense" (attnkit.attention, no mask), "sdpa" (torch), mask expressions such as
+            ``"sliding_window(128, 128)"``, or ``(label, name, sizes)`` rows.
         lengths: sequence lengths L (every length size of a mechanism is set to L).
-        repeats: timed runs after one warm-up. backward: time forward + backward (else forward only).
-        memory: measure the peak resident memory (Linux ``/proc``). timeout: seconds per child.
-        progress: called with a label before each measurement. threads: torch threads per child.
+        repeats: timed runs after one warm-up.
+        backward: time forward + backward (else forward only).
+        memory: measure the peak resident memory (Linux ``/proc``).
+        timeout: seconds per child.
+        progress: called with a label before each measurement.
+        threads: torch threads per child.
         sizes: common sizes given to every mechanism that accepts them (default :data:`DEFAULT_SIZES`).
 
     Example:

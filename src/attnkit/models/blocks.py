@@ -74,9 +74,13 @@ class TransformerEncoderLayer(_Sublayers):
     Complexity: ``O(B n dim ff_dim)`` plus the self-attention's cost.
 
     Args:
-        dim: model width. self_attn: the self-attention module. ff_dim: hidden width of the FFN (``4 dim``).
-        dropout: on each sublayer output and inside the FFN, training only. activation: "relu" or "gelu".
-        norm_first: pre-norm instead of post-norm. eps: LayerNorm epsilon.
+        dim: model width.
+        self_attn: the self-attention module.
+        ff_dim: hidden width of the FFN (``4 dim``).
+        dropout: on each sublayer output and inside the FFN, training only.
+        activation: "relu" or "gelu".
+        norm_first: pre-norm instead of post-norm.
+        eps: LayerNorm epsilon.
 
     Example:
         >>> import torch
@@ -120,9 +124,11 @@ class TransformerDecoderLayer(_Sublayers):
     Complexity: ``O(B t (n + s) dim + B t dim ff_dim)`` plus projections.
 
     Args:
-        dim: model width. self_attn: causal self-attention module. num_heads: heads of the cross-attention.
-        cross: whether the layer has cross-attention. ff_dim, dropout, activation, norm_first, eps: as
-        :class:`TransformerEncoderLayer`.
+        dim: model width.
+        self_attn: causal self-attention module.
+        num_heads: heads of the cross-attention.
+        cross: whether the layer has cross-attention.
+        ff_dim, dropout, activation, norm_first, eps: as :class:`TransformerEncoderLayer`.
 
     Example:
         >>> import torch

@@ -36,11 +36,14 @@ class TransformerLM(nn.Module):
     generation step ``O(L B n dim)`` plus the projections.
 
     Args:
-        vocab_size: vocabulary. dim, num_heads, num_layers: width, heads, depth. causal: decoder-only
-        (True) or bidirectional. ff_dim, dropout, activation, norm_first: as :class:`TransformerEncoder`.
-        positional: "sinusoidal", "learned", "rotary" or None. attention, attention_mask: see
-        :class:`TransformerEncoder`. max_len: longest sequence (learned positions, linformer,
-        lambda-layer). tie_embeddings: ``W_out = E^T`` (Press & Wolf 2017).
+        vocab_size: vocabulary.
+        dim, num_heads, num_layers: width, heads, depth.
+        causal: decoder-only (True) or bidirectional.
+        ff_dim, dropout, activation, norm_first: as :class:`TransformerEncoder`.
+        positional: "sinusoidal", "learned", "rotary" or None.
+        attention, attention_mask: see :class:`TransformerEncoder`.
+        max_len: longest sequence (learned positions, linformer, lambda-layer).
+        tie_embeddings: ``W_out = E^T`` (Press & Wolf 2017).
 
     Example:
         >>> import torch

@@ -58,11 +58,15 @@ class Perceiver(nn.Module):
     Complexity: ``O(B M N D)`` for the cross-attention (linear in M) plus ``O(depth B N^2 D)``.
 
     Args:
-        input_dim: channels C. num_classes: classes. vocab_size: token vocabulary (None: float input).
-        index_dims: number of index axes (1: sequence, 2: image). positions: "fourier", "learned"
-        (needs ``max_len``) or None. num_bands: Fourier bands per axis. max_len: most positions M.
-        num_latents, latent_dim, depth, latent_heads: the latent array and Transformer. dropout:
-        training only.
+        input_dim: channels C.
+        num_classes: classes.
+        vocab_size: token vocabulary (None: float input).
+        index_dims: number of index axes (1: sequence, 2: image).
+        positions: "fourier", "learned" (needs ``max_len``) or None.
+        num_bands: Fourier bands per axis.
+        max_len: most positions M.
+        num_latents, latent_dim, depth, latent_heads: the latent array and Transformer.
+        dropout: training only.
 
     Example:
         >>> import torch

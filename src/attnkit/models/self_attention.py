@@ -69,8 +69,11 @@ class SoftmaxSelfAttention(MultiHeadAttention):
     Complexity: ``O(B t n dim + B t dim^2)``.
 
     Args:
-        dim: model width. num_heads: heads (``dim % num_heads == 0``). dropout: on the weights, training only.
-        causal: query ``i`` sees keys ``j <= i``. mask: an :mod:`attnkit.masks` mask ANDed in.
+        dim: model width.
+        num_heads: heads (``dim % num_heads == 0``).
+        dropout: on the weights, training only.
+        causal: query ``i`` sees keys ``j <= i``.
+        mask: an :mod:`attnkit.masks` mask ANDed in.
         rotary: rotate queries and keys by position (RoPE) before the scores.
 
     Example:

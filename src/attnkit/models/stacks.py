@@ -62,11 +62,18 @@ class TransformerEncoder(nn.Module):
     Complexity: ``num_layers`` x (``O(B n dim ff_dim)`` + the attention's cost; softmax ``O(B n^2 dim)``).
 
     Args:
-        dim: model width. num_heads: heads. num_layers: layers. ff_dim: FFN width (``4 dim``).
-        dropout: sublayer, FFN and softmax-weight dropout, training only. activation: "relu" or "gelu".
-        norm_first: pre-norm. attention: see above. attention_mask: an attnkit mask (softmax only).
-        rotary: rotary positions in the softmax attention. max_len: longest input (linformer,
-        lambda-layer). eps: LayerNorm epsilon.
+        dim: model width.
+        num_heads: heads.
+        num_layers: layers.
+        ff_dim: FFN width (``4 dim``).
+        dropout: sublayer, FFN and softmax-weight dropout, training only.
+        activation: "relu" or "gelu".
+        norm_first: pre-norm.
+        attention: see above.
+        attention_mask: an attnkit mask (softmax only).
+        rotary: rotary positions in the softmax attention.
+        max_len: longest input (linformer, lambda-layer).
+        eps: LayerNorm epsilon.
 
     Example:
         >>> import torch
@@ -121,8 +128,9 @@ class TransformerDecoder(nn.Module):
     Complexity: ``num_layers`` x (``O(B t (n + s) dim + B t dim ff_dim)`` for softmax attention).
 
     Args:
-        dim, num_heads, num_layers, ff_dim, dropout, activation, norm_first, attention, attention_mask,
-        rotary, max_len, eps: as :class:`TransformerEncoder`. cross: with cross-attention to ``memory``.
+        dim, num_heads, num_layers, ff_dim, dropout, activation: as :class:`TransformerEncoder`.
+        norm_first, attention, attention_mask, rotary, max_len, eps: as :class:`TransformerEncoder`.
+        cross: with cross-attention to ``memory``.
 
     Example:
         >>> import torch

@@ -64,8 +64,11 @@ class TokenEmbedding(nn.Module):
     Complexity: ``O(B n dim)``.
 
     Args:
-        who: the owning model's name, for error messages. vocab_size, dim: table size and width.
-        positional: see above. max_len: longest sequence (learned positions). dropout: training only.
+        who: the owning model's name, for error messages.
+        vocab_size, dim: table size and width.
+        positional: see above.
+        max_len: longest sequence (learned positions).
+        dropout: training only.
 
     Example:
         >>> import torch

@@ -36,14 +36,17 @@ class Transformer(nn.Module):
     Complexity: softmax attention ``O(L B (s^2 + t^2 + s t) dim + L B (s + t) dim ff_dim)``, ``L`` layers.
 
     Args:
-        src_vocab: source vocabulary. tgt_vocab: target vocabulary (None: shared with the source).
-        dim, num_heads: width and heads. num_encoder_layers, num_decoder_layers: depths.
+        src_vocab: source vocabulary.
+        tgt_vocab: target vocabulary (None: shared with the source).
+        dim, num_heads: width and heads.
+        num_encoder_layers, num_decoder_layers: depths.
         ff_dim, dropout, activation, norm_first: as :class:`TransformerEncoder`.
-        positional: "sinusoidal", "learned", "rotary" or None. attention: encoder self-attention
-        (name or factory). decoder_attention: decoder self-attention (default: ``attention``).
+        positional: "sinusoidal", "learned", "rotary" or None.
+        attention: encoder self-attention (a registry name or a factory).
+        decoder_attention: decoder self-attention (default: ``attention``).
         attention_mask: attnkit mask for softmax self-attention (ANDed with causal in the decoder).
-        max_len: longest sequence (learned positions, linformer, lambda-layer). tie_embeddings: share
-        ``W_out`` with the target embedding.
+        max_len: longest sequence (learned positions, linformer, lambda-layer).
+        tie_embeddings: share ``W_out`` with the target embedding.
 
     Example:
         >>> import torch

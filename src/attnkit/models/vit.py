@@ -46,10 +46,14 @@ class VisionTransformer(nn.Module):
     Complexity: ``O(L B N^2 dim + L B N dim ff_dim)`` for softmax attention, ``L = depth``.
 
     Args:
-        image_size: int or (H, W). patch_size: int or (P_h, P_w), dividing ``image_size``.
-        in_channels: image channels. num_classes: classes. dim, depth, num_heads: encoder width, layers,
-        heads (MLP width ``4 dim``). dropout: after the embeddings and in every layer, training only.
-        attention: self-attention (name or factory, see :class:`TransformerEncoder`). pool: "cls" or "mean".
+        image_size: int or (H, W).
+        patch_size: int or (P_h, P_w), dividing ``image_size``.
+        in_channels: image channels.
+        num_classes: classes.
+        dim, depth, num_heads: encoder width, layers, heads (MLP width ``4 dim``).
+        dropout: after the embeddings and in every layer, training only.
+        attention: self-attention (name or factory, see :class:`TransformerEncoder`).
+        pool: "cls" or "mean".
 
     Example:
         >>> import torch

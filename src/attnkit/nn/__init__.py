@@ -1,4 +1,4 @@
-"""Attention mechanisms as ``nn.Module``s, one file per family or paper."""
+"""Attention mechanisms as torch modules (``nn.Module``), one file per family or paper."""
 
 from .additive import AdditiveAttention
 from .bigbird import BigBirdAttention

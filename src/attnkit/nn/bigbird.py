@@ -46,10 +46,15 @@ class BigBirdAttention(ProjectedAttention):
         ``O(B H g b n d)`` for the global rows and ``O(B n dim^2)`` for the projections.
 
     Args:
-        dim: model width. num_heads: number of heads (``dim % num_heads == 0``).
-        block_size: ``b``. window_blocks: ``w``, odd. global_blocks: ``g``. random_blocks: ``r``.
-        seed: seeds the random blocks when no generator is given. dropout: on the weights,
-        training only. bias: projections with bias.
+        dim: model width.
+        num_heads: number of heads (``dim % num_heads == 0``).
+        block_size: ``b``.
+        window_blocks: ``w``, odd.
+        global_blocks: ``g``.
+        random_blocks: ``r``.
+        seed: seeds the random blocks when no generator is given.
+        dropout: on the weights, training only.
+        bias: projections with bias.
 
     Example:
         >>> import torch

@@ -95,10 +95,12 @@ class BlockSparseAttention(ProjectedAttention):
         (block density times ``n``), plus ``O(B n dim^2)`` for the projections.
 
     Args:
-        dim: model width. num_heads: number of heads (``dim % num_heads == 0``).
-        pattern: a bool layout ``(nq, nk)``, ``(H, nq, nk)`` or ``(B, H, nq, nk)`` (True = attend;
-            needs ``block_size``), or any :mod:`attnkit.masks` mask (then no ``block_size``).
-        block_size: tokens per layout block. dropout: on the weights, training only.
+        dim: model width.
+        num_heads: number of heads (``dim % num_heads == 0``).
+        pattern: a bool layout ``(nq, nk)``, ``(H, nq, nk)`` or ``(B, H, nq, nk)`` (True = attend; needs
+            ``block_size``), or any :mod:`attnkit.masks` mask (then no ``block_size``).
+        block_size: tokens per layout block.
+        dropout: on the weights, training only.
         bias: projections with bias.
 
     Example:

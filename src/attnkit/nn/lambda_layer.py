@@ -16,14 +16,14 @@ __all__ = ["LambdaLayer"]
 class LambdaLayer(nn.Module):
     """Lambda layer with content and position lambdas (Bello 2021, arXiv:2102.08602, Sec. 3 and 4.3).
 
-    With ``Q = X W_Q`` (|h| query heads of size |k|), ``K = softmax_m(X W_K)`` (normalised over the
-    context positions m) and ``V = X W_V`` (|v| = dim_out / |h|)::
+    With ``Q = X W_Q`` (``|h|`` query heads of size ``|k|``), ``K = softmax_m(X W_K)`` (normalised over the
+    context positions m) and ``V = X W_V`` (``|v| = dim_out / |h|``)::
 
         lambda^c = K^T V                 (|k| x |v|, shared by every query)
         lambda^p_n = E_n^T V             (E_nm = R[m - n], relative position embeddings)
         y_n = concat_h((lambda^c + lambda^p_n)^T q_n^h)
 
-    Multi-query heads: the |h| heads share one lambda, so the cost does not grow with |h|. Global
+    Multi-query heads: the ``|h|`` heads share one lambda, so the cost does not grow with ``|h|``. Global
     context (``max_len``): m ranges over the whole sequence, R has ``2 max_len - 1`` rows. Local context
     (``local_context=r``): m within ``n +- r // 2`` (zero padded at the ends), and the position lambdas
     are a 1-D convolution of V with the ``r`` embeddings (the paper's lambda convolution, Sec. 4.3).
@@ -34,13 +34,17 @@ class LambdaLayer(nn.Module):
 
     Shapes: ``x`` ``(b, n, dim)`` -> ``(b, n, dim_out)``; global context needs ``n <= max_len``.
 
-    Complexity: content O(n |k| |v|); position lambdas O(n m |k| |v|) global (as O(n m (|k| + |v|))
-    via relative logits) or O(n r |k| |v|) local. Memory O(n m) global, O(n |k| |v|) local.
+    Complexity: content ``O(n |k| |v|)``; position lambdas ``O(n m |k| |v|)`` global (as
+    ``O(n m (|k| + |v|))`` via relative logits) or ``O(n r |k| |v|)`` local. Memory ``O(n m)`` global,
+    ``O(n |k| |v|)`` local.
 
     Args:
-        dim: input width. key_dim: query/key depth |k|. num_heads: query heads |h|. dim_out: output width
-        (default ``dim``; divisible by ``num_heads``). max_len: global context for sequences up to this
-        length. local_context: odd scope size r of a local context (give exactly one of the two).
+        dim: input width.
+        key_dim: query/key depth ``|k|``.
+        num_heads: query heads ``|h|``.
+        dim_out: output width (default ``dim``; divisible by ``num_heads``).
+        max_len: global context for sequences up to this length.
+        local_context: odd scope size r of a local context (give exactly one of the two).
 
     Example:
         >>> import torch

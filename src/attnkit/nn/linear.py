@@ -119,8 +119,11 @@ class LinearAttention(_FeatureMapAttention):
     Complexity: O(n d dv) time and O(d dv) state per head (causal: O(n (c + dv) d) time, c = chunk).
 
     Args:
-        dim: model width. num_heads: number of heads (head width ``dim // num_heads``).
-        causal: sum over ``j <= i`` only. eps: added to the normaliser. chunk_size: causal chunk length.
+        dim: model width.
+        num_heads: number of heads (head width ``dim // num_heads``).
+        causal: sum over ``j <= i`` only.
+        eps: added to the normaliser.
+        chunk_size: causal chunk length.
 
     Example:
         >>> import torch
@@ -181,10 +184,13 @@ class PerformerAttention(_FeatureMapAttention):
     Complexity: O(n m (d + dv)) time, O(m dv) state per head (causal: plus O(n c m), c = chunk).
 
     Args:
-        dim: model width. num_heads: number of heads (head width ``d = dim // num_heads``).
+        dim: model width.
+        num_heads: number of heads (head width ``d = dim // num_heads``).
         num_features: random features m (default ``d * ceil(log(d))``, the paper's d log d).
-        causal: sum over ``j <= i`` only. eps: added to each feature. chunk_size: causal chunk length
-            (the causal form loops over chunks in Python: keep it in the hundreds for long inputs).
+        causal: sum over ``j <= i`` only.
+        eps: added to each feature.
+        chunk_size: causal chunk length (the causal form loops over chunks in Python: keep it in the hundreds for long
+            inputs).
         seed: seed of the generator the first features are drawn from.
 
     Example:

@@ -25,7 +25,8 @@ class SequenceProjection(nn.Module):
     Entries start as ``N(0, 1/k)`` (a Johnson-Lindenstrauss projection, the paper's Theorem 1).
 
     Args:
-        max_len: longest sequence the projection accepts. k_proj_dim: projected length k.
+        max_len: longest sequence the projection accepts.
+        k_proj_dim: projected length k.
         heads: number of separate matrices (1 = shared by all heads).
 
     Example:
@@ -75,9 +76,12 @@ class LinformerAttention(ProjectedAttention):
     Complexity: O(n k d) time and O(n k) memory per head.
 
     Args:
-        dim: model width. num_heads: number of heads. max_len: longest input. k_proj_dim: projected length k.
-        sharing: one of "none", "headwise", "key-value", "layerwise". shared_projection: the
-            :class:`SequenceProjection` shared across layers (only with "layerwise").
+        dim: model width.
+        num_heads: number of heads.
+        max_len: longest input.
+        k_proj_dim: projected length k.
+        sharing: one of "none", "headwise", "key-value", "layerwise".
+        shared_projection: the :class:`SequenceProjection` shared across layers (only with "layerwise").
         dropout: dropout on the attention weights while training.
 
     Example:

@@ -48,10 +48,13 @@ class LocalAttention(ProjectedAttention):
         (``D + 1`` causal; ``D`` for blocks), plus ``O(B n dim^2)`` for the projections.
 
     Args:
-        dim: model width. num_heads: number of heads (``dim % num_heads == 0``).
+        dim: model width.
+        num_heads: number of heads (``dim % num_heads == 0``).
         size: window half-width ``D`` (mode "window") or block length (mode "blocks").
-        mode: "window" or "blocks". causal: only keys at or before the query.
-        dropout: on the weights, training only. bias: projections with bias.
+        mode: "window" or "blocks".
+        causal: only keys at or before the query.
+        dropout: on the weights, training only.
+        bias: projections with bias.
 
     Example:
         >>> import torch

@@ -77,9 +77,12 @@ class LongformerAttention(ProjectedAttention):
         plus ``O(B n dim^2)`` for the seven projections.
 
     Args:
-        dim: model width. num_heads: number of heads (``dim % num_heads == 0``).
+        dim: model width.
+        num_heads: number of heads (``dim % num_heads == 0``).
         window: ``w``, an even number of keys (``w / 2`` on each side; ``0`` = itself only).
-        dilation: ``d >= 1``. dropout: on the weights, training only. bias: projections with bias.
+        dilation: ``d >= 1``.
+        dropout: on the weights, training only.
+        bias: projections with bias.
 
     Example:
         >>> import torch

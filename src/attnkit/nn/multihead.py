@@ -120,8 +120,9 @@ class MultiHeadAttention(nn.Module):
         memory with ``need_weights=True`` (torch's default), else as :func:`attnkit.attention` picks.
 
     Args:
-        embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim, vdim, batch_first, device,
-            dtype: as ``torch.nn.MultiheadAttention`` (``embed_dim % num_heads == 0``).
+        embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn: as ``torch.nn.MultiheadAttention``
+            (``embed_dim % num_heads == 0``).
+        kdim, vdim, batch_first, device, dtype: as ``torch.nn.MultiheadAttention``.
         num_kv_heads: key/value heads for grouped-query attention (dividing ``num_heads``; default
             ``num_heads``). Projections for K and V then output ``num_kv_heads * head_dim`` features.
         mask: an :mod:`attnkit.masks` mask AND-ed into every call (``forward`` and ``forward_step``),

@@ -33,8 +33,11 @@ class PerceiverAttention(nn.Module):
     Complexity: O(N M d) time, O(N M) memory per head (less on the chunked/SDPA backends).
 
     Args:
-        query_dim: width of the latents. context_dim: width of the context (default ``query_dim``).
-        num_heads: number of heads. head_dim: width per head. dropout: on the weights while training.
+        query_dim: width of the latents.
+        context_dim: width of the context (default ``query_dim``).
+        num_heads: number of heads.
+        head_dim: width per head.
+        dropout: on the weights while training.
 
     Example:
         >>> import torch
@@ -99,8 +102,12 @@ class PerceiverEncoder(nn.Module):
     Complexity: O(M N D) for the cross-attend plus O(depth N^2 D) for the latent blocks: linear in M.
 
     Args:
-        input_dim: width C of the input. num_latents: N. latent_dim: D. depth: latent self-attention
-        blocks. cross_heads / latent_heads: heads of the two attentions. head_dim: width per head.
+        input_dim: width C of the input.
+        num_latents: N.
+        latent_dim: D.
+        depth: latent self-attention blocks.
+        cross_heads, latent_heads: heads of the two attentions.
+        head_dim: width per head.
         dropout: on the attention weights and inside the MLPs while training.
 
     Example:

@@ -52,9 +52,13 @@ class LSHAttention(nn.Module):
     Complexity: O(R n c (d + dv)) time and O(R n c) memory for R rounds and chunk c, plus the sort.
 
     Args:
-        head_dim: d. n_buckets: 1 or an even number of buckets. n_hashes: rounds R. chunk_size: c.
-        causal: attend only to earlier positions. dropout: on the weights while training. seed: seed
-        of the first rotations.
+        head_dim: d.
+        n_buckets: 1 or an even number of buckets.
+        n_hashes: rounds R.
+        chunk_size: c.
+        causal: attend only to earlier positions.
+        dropout: on the weights while training.
+        seed: seed of the first rotations.
 
     Example:
         >>> import torch
@@ -175,8 +179,10 @@ class ReformerAttention(nn.Module):
     Complexity: O(R n c D) time, O(R n c) memory (R rounds, chunk c); buckets add O(n log n).
 
     Args:
-        dim: model width (a multiple of num_heads). num_heads: number of heads. n_buckets, n_hashes,
-        chunk_size, causal, seed: see :class:`LSHAttention`. dropout: on the weights while training.
+        dim: model width (a multiple of num_heads).
+        num_heads: number of heads.
+        n_buckets, n_hashes, chunk_size, causal, seed: see :class:`LSHAttention`.
+        dropout: on the weights while training.
 
     Example:
         >>> import torch

@@ -103,9 +103,14 @@ class SparseTransformerAttention(ProjectedAttention):
         ``O(B H n (l + c n / l) d)``; plus ``O(B n dim^2)`` for the projections.
 
     Args:
-        dim: model width. num_heads: number of heads (``dim % num_heads == 0``).
-        pattern: "strided" or "fixed". stride: ``l``. summary: ``c`` (fixed only), ``1 <= c <= l``.
-        causal: keys ``j <= i`` only. dropout: on the weights, training only. bias: projections with bias.
+        dim: model width.
+        num_heads: number of heads (``dim % num_heads == 0``).
+        pattern: "strided" or "fixed".
+        stride: ``l``.
+        summary: ``c`` (fixed only), ``1 <= c <= l``.
+        causal: keys ``j <= i`` only.
+        dropout: on the weights, training only.
+        bias: projections with bias.
 
     Example:
         >>> import torch
