@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(BIN)/attnkit tour --out tour-report
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks docs/site
+	$(BIN)/ruff check src tests benchmarks examples docs/site
 
 test: lint
 	$(BIN)/python -m pytest
