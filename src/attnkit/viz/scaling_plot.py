@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 
 from ..errors import ArgumentError
-from ._style import check_path, finish, matplotlib, new_figure
+from ._style import check_path, finish, matplotlib, new_figure, series_styles
 
 __all__ = ["scaling_plot"]
 
@@ -57,10 +57,10 @@ def _guides(ax, xs: list[int], ys: list[float]) -> None:
 
 def _panel(ax, data, column: int, ylabel: str, scale: float) -> None:
     xs, ys = [], []
-    for colour, (name, points) in zip(data["colours"], data["series"].items(), strict=False):
+    for style, (name, points) in zip(data["styles"], data["series"].items(), strict=True):
         pts = [(p[0], p[column] / scale) for p in points if p[column] is not None]
         if pts:
-            ax.plot(*zip(*pts, strict=True), "o-", color=colour, label=name, markersize=4, linewidth=1.6)
+            ax.plot(*zip(*pts, strict=True), label=name, markersize=4, linewidth=1.6, **style)
             xs += [p[0] for p in pts]
             ys += [p[1] for p in pts]
     if not xs:
@@ -106,8 +106,7 @@ def scaling_plot(series, *, path=None, title=None):
         raise ArgumentError(f"scaling_plot: series must be a non-empty mapping name -> points; "
                             f"got {type(series).__name__}")
     data = {"series": {str(k): _points(str(k), v) for k, v in series.items()}}
-    mpl = matplotlib()
-    data["colours"] = [mpl.colormaps["tab10"](i % 10) for i in range(len(data["series"]))]
+    data["styles"] = series_styles(len(data["series"]))
     fig = new_figure(11.0, 4.4)
     time_ax, mem_ax = fig.subplots(1, 2)
     _panel(time_ax, data, 1, "time per call (s)", 1.0)
