@@ -9,7 +9,7 @@ from pathlib import Path
 from ..errors import ArgumentError
 from ..progress import progress
 from .common import add_command, positive_float, positive_int, require_plot
-from .sizes import add_size_args, mechanism_sizes, title, values
+from .sizes import VOCABULARY, add_size_args, mechanism_sizes, title, values
 
 NAME_HELP = 'a registry name (attnkit list), "dense", "sdpa" or a mask expression such as "sliding_window(128, 128)"'
 SIZE_HELP = ("a mechanism's own size or option, e.g. --size window=128 (repeatable; attnkit.analysis.cost.sizes "
@@ -36,10 +36,18 @@ def _cmd_cost(args) -> int:
 
 
 def _cmd_scaling(args) -> int:
+    from ..analysis.cost import sizes
     from ..analysis.scaling import Mechanism, scaling
 
-    given = dict(args.size or [])
-    rows = [Mechanism(name, name, mechanism_sizes(name, values(args), given, lengths=False)) for name in args.names]
+    viz = require_plot("scaling --out") if args.out else None  # before minutes of measuring, not after
+    given, accepted = dict(args.size or []), {name: sizes(name) for name in args.names}
+    unused = set(given) - set(VOCABULARY) - {key for keys in accepted.values() for key in keys}
+    if unused:  # each mechanism takes the options it has; one that none has is a typo
+        raise ArgumentError(f"--size {', '.join(sorted(unused))}: no mechanism of {', '.join(args.names)} takes it")
+    rows = [Mechanism(name, name, mechanism_sizes(name, values(args), {k: v for k, v in given.items()
+                                                                      if k in accepted[name] or k in VOCABULARY},
+                                                  lengths=False))
+            for name in args.names]
     step = progress(len(args.names) * len(args.lengths), "scaling")
     table = scaling(rows, args.lengths, repeats=args.repeats, backward=not args.forward_only,
                     timeout=args.timeout, progress=step, sizes={}, threads=args.threads)
@@ -52,8 +60,7 @@ def _cmd_scaling(args) -> int:
             raise ArgumentError("attnkit scaling: nothing finished, so there is nothing to plot")
         passes = "forward only" if args.forward_only else "forward + backward"
         sizes = title(values(args))
-        require_plot("scaling").scaling_plot(table.series(), path=args.out,
-                                             title=f"time and peak memory against L ({passes}; {sizes})")
+        viz.scaling_plot(table.series(), path=args.out, title=f"time and peak memory against L ({passes}; {sizes})")
         print(f"plot: {args.out}")
     return 0
 

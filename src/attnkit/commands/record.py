@@ -4,6 +4,7 @@ viewer and the all-heads overview beside it)."""
 
 from __future__ import annotations
 
+import importlib
 import re
 import warnings
 from pathlib import Path
@@ -141,9 +142,9 @@ def _recording(args) -> tuple[AttentionRecorder, str, str]:
 def _cmd_record(args) -> int:
     from ..analysis.stats import summary
 
-    if args.format != "html":  # the HTML pages need no matplotlib; ask before the (slow) recording
-        require_plot(f"record --format {args.format}")
-    import attnkit.viz as viz
+    # the HTML pages need no matplotlib; png and svg ask for it before the recording, not after
+    viz = importlib.import_module("attnkit.viz") if args.format == "html" else require_plot(f"record --format "
+                                                                                           f"{args.format}")
 
     rec, stem, title = _recording(args)
     maps = picture_maps(rec)

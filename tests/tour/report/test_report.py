@@ -159,8 +159,10 @@ def test_command_list_and_run(tmp_path, fake, capsys):  # noqa: F811
 
 def test_command_rejects_unknown_task_and_reports_failures(tmp_path, fake, capsys):  # noqa: F811
     fake(FakeAPI(fail={"dates/additive"}))
-    with pytest.raises(ArgumentError, match="unknown nope"):
+    with pytest.raises(ArgumentError, match="unknown 'nope'"):
         _command(["--tasks", "nope", "--out", str(tmp_path)])
+    with pytest.raises(ArgumentError, match=r"--tasks: unknown 'mqr'; did you mean 'mqar'\?"):
+        _command(["--tasks", "mqr", "--out", str(tmp_path)])
     argv = ["--quick", "--out", str(tmp_path), "--tasks", "dates", "--seeds", "0", "--threads", "1", "--no-progress"]
     assert _command(argv) == 1
     assert "failed: dates/additive seed 0" in capsys.readouterr().out
