@@ -90,3 +90,13 @@ def test_scaling_without_matplotlib_fails_before_measuring_and_names_the_extra(f
     assert fake_scaling == [] and not (tmp_path / "p.png").exists()
     assert run(["scaling", "dense", "--lengths", "64", "--forward-only"]) == 0  # no plot asked: no matplotlib needed
     assert fake_scaling[0][2]["backward"] is False
+
+
+def test_cost_defaults_are_the_realistic_sizes_of_explain_and_bench(capsys):
+    assert run(["cost", "dense"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    for size in ("batch=1", "heads=8", "q_len=4096", "kv_len=4096", "head_dim=64"):
+        assert size in head, head
+    assert run(["cost", "longformer", "--size", "q_len=4096"]) == 0  # the README's example
+    head = capsys.readouterr().out.splitlines()[0]
+    assert "length=4096" in head and "dim=512" in head and "heads=8" in head
