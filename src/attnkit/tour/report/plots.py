@@ -106,7 +106,18 @@ def _picture(example: dict, maps: dict[str, torch.Tensor], path: Path) -> Path:
         q, k = _tokens(example.get("q_tokens"), name), _tokens(example.get("k_tokens"), name)
         if w2.dim() == 2 and q is not None and k is not None and (len(q), len(k)) == tuple(w2.shape):
             return _save(alignment(w2, k, q, title=title), path)
-    return _save(head_grid(maps, title=title, max_heads=8), path)
+    q_tokens, k_tokens = _fitting(example.get("q_tokens"), maps, -2), _fitting(example.get("k_tokens"), maps, -1)
+    return _save(head_grid(maps, title=title, max_heads=8, q_tokens=q_tokens, k_tokens=k_tokens), path)
+
+
+def _fitting(tokens, maps: dict[str, torch.Tensor], dim: int) -> dict[str, list]:
+    """The example's tokens of each map whose length along ``dim`` they fit (the others are drawn with positions)."""
+    out = {}
+    for name, w in maps.items():
+        labels = _tokens(tokens, name)
+        if isinstance(labels, list) and len(labels) == w.shape[dim]:
+            out[name] = labels
+    return out
 
 
 def _page(key: str, examples: list[dict], path: Path) -> Path:
