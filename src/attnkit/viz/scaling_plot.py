@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 
 from ..errors import ArgumentError
-from ._style import check_path, finish, matplotlib, new_figure, series_styles
+from ._style import check_path, finish, matplotlib, new_figure, series_styles, title_lines
 
 __all__ = ["scaling_plot"]
 
@@ -90,10 +90,10 @@ def scaling_plot(series, *, path=None, title=None):
             peak bytes must be > 0 (log axes); a series without memory is left out of
             the memory panel.
         path: ``.png`` or ``.svg`` file to write.
-        title: figure title.
+        title: figure title (wrapped to the width); say what was measured and at which sizes.
 
     Returns:
-        The Figure (two axes: time, memory).
+        The Figure (two axes: time, memory). Each series has its own colour, marker and line style.
 
     Example:
         >>> from attnkit.viz import scaling_plot
@@ -114,5 +114,5 @@ def scaling_plot(series, *, path=None, title=None):
     handles, labels = time_ax.get_legend_handles_labels()
     time_ax.legend(handles, labels, fontsize=8, loc="upper left")
     if title:
-        fig.suptitle(str(title))
+        fig.suptitle(title_lines(str(title), fig.get_figwidth(), 11), fontsize=11)
     return finish(fig, path)
