@@ -54,7 +54,7 @@ def _cmd_tour(args) -> int:
     keys = _selected(args, experiments, list(api.default_set(args.quick)))
     command = "attnkit " + " ".join(shlex.quote(a) for a in (args.argv if args.argv is not None else sys.argv[1:]))
     summary = runner.tour(keys, args.seeds, quick=args.quick, out=args.out, fresh=args.fresh,
-                          progress=not args.no_progress, command=command)
+                          progress=not args.no_progress, command=command, isolate=not args.in_process)
     markdown, page = report.write(args.out)
     print(f"{len(summary.ran)} run(s) trained, {len(summary.cached)} reused from the cache, "
           f"{len(summary.failed)} failed, in {summary.seconds:.1f} s")
@@ -83,4 +83,7 @@ def add(sub) -> None:
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
     p.add_argument("--list", action="store_true", help="list the experiments and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--in-process", action="store_true",
+                   help="train every run in this process instead of a fresh one each (no process start per run; "
+                        "peak memory is then not measured)")
     p.set_defaults(func=_cmd_tour, argv=None)
