@@ -88,6 +88,8 @@ def test_version(capsys):
     (["bench", "--bias", "alibe"], ["unknown bias 'alibe'; did you mean 'alibi'?"]),
     (["bench", "--repeats", "0"], ["--repeats: must be an integer >= 1"]),
     (["bench", "--q-len", "16", "--backends", "auto,chunkd"], ["unknown backend 'chunkd'; did you mean 'chunked'?"]),
+    (["bench", "--compare", "flx"], ["unknown comparison 'flx'; did you mean 'flex'?"]),
+    (["bench", "--compare", "sdpa", "--q-len", "16", "--backend", "chunkd"], ["did you mean 'chunked'?"]),
     (["cost", "longformr"], ["unknown mechanism 'longformr'; did you mean 'longformer'"]),
     (["cost", "longformer", "--kv-len", "100"], ["longformer takes one sequence length", "--q-len only"]),
     (["cost", "sliding-window", "--size", "windw=3"], ["unknown size(s) windw"]),

@@ -116,6 +116,8 @@ def _backends_table(args, backward: bool) -> None:
 
 
 def _suite_rows(args, backward: bool) -> None:
+    if len(_backends(args.backend)) != 1:
+        raise ArgumentError(f"--backend: one attnkit backend with --compare; got {args.backend!r}")
     ceiling = harness("machine").ceiling
     misses, rows_table = harness("report").misses, harness("report").rows_table
     Spec, run_spec = harness("rows").Spec, harness("rows").run_spec
