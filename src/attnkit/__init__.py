@@ -6,12 +6,12 @@
 torch.Size([1, 4, 16, 8])
 """
 
+import importlib
+import sys
+import types
 from importlib import metadata as _metadata
 
-from . import bias, masks
-from .attention import AttentionOutput, attention, explain
 from .errors import ArgumentError, AttnkitError, BackendError, DeviceError, DTypeError, ShapeError, UnsupportedFeature
-
 
 def _version() -> str:
     """The installed distribution's version: pyproject.toml is the one place the number is written.
@@ -41,3 +41,35 @@ __all__ = [
     "AttnkitError", "ShapeError", "DTypeError", "DeviceError", "ArgumentError", "BackendError", "UnsupportedFeature",
     "__version__",
 ]
+
+# The names below import torch; they load on first use, so that ``attnkit --help`` and
+# ``attnkit --version`` answer without importing torch (the commands that run import it).
+_LAZY = {"attention": ".attention", "explain": ".attention", "AttentionOutput": ".attention",
+         "masks": ".masks", "bias": ".bias"}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'attnkit' has no attribute {name!r}")
+    module = importlib.import_module(_LAZY[name], __name__)
+    value = module if _LAZY[name] == f".{name}" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+class _Package(types.ModuleType):
+    """The package module: importing the submodule ``attnkit.attention`` (which every part of attnkit does)
+    must not replace the public function ``attnkit.attention`` by that module, as Python's import system
+    would when it binds a loaded submodule to its parent's attribute."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "attention" and isinstance(value, types.ModuleType):
+            value = value.attention
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -7,7 +7,8 @@ working and ``except attnkit.AttnkitError`` catches everything attnkit raises.
 
 from __future__ import annotations
 
-import torch
+import difflib
+from collections.abc import Iterable
 
 __all__ = [
     "AttnkitError",
@@ -19,6 +20,7 @@ __all__ = [
     "UnsupportedFeature",
     "check_int",
     "check_bool_mask",
+    "did_you_mean",
 ]
 
 
@@ -70,6 +72,8 @@ def check_bool_mask(who: str, name: str, mask, shape: tuple[int, ...], *, true_m
     each naming ``who``, the argument and expected vs actual. ``true_means`` and ``dims`` (e.g.
     ``"(batch, n)"``) only word the message.
     """
+    import torch  # here, not at the top: the command line's help and errors import this module without torch
+
     if mask is None:
         return None
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
@@ -79,3 +83,17 @@ def check_bool_mask(who: str, name: str, mask, shape: tuple[int, ...], *, true_m
         expected = f"{dims} = {tuple(shape)}" if dims else f"{tuple(shape)}"
         raise ShapeError(f"{who}: {name} must have shape {expected}; got {tuple(mask.shape)}")
     return mask
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``"did you mean 'causal'? "`` for the close matches of ``name`` among ``known`` (difflib), else ``""``.
+
+    The one wording of a suggestion, put in front of the list of known names in every
+    "unknown name" message (mechanisms, masks, comparisons, tasks, subcommands).
+
+    Example:
+        >>> did_you_mean("causl", ["causal", "full", "sliding_window"])
+        "did you mean 'causal'? "
+    """
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+    return f"did you mean {' or '.join(map(repr, close))}? " if close else ""

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .errors import did_you_mean
+
 __all__ = ["Entry", "register", "get", "entries"]
 
 
@@ -75,7 +77,8 @@ def get(name: str) -> Entry:
     """The entry called ``name`` (KeyError listing the known names otherwise)."""
     _load_all()
     if name not in _REGISTRY:
-        raise KeyError(f"unknown mechanism {name!r}; known: {', '.join(sorted(_REGISTRY))}")
+        raise KeyError(f"unknown mechanism {name!r}; {did_you_mean(name, _REGISTRY)}"
+                       f"known: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]
 
 

@@ -8,6 +8,7 @@ tests check the command's options, output and files without starting child proce
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 import pytest
@@ -16,6 +17,8 @@ from attnkit.analysis.cost import cost
 from attnkit.analysis.scaling import ScalingRow, ScalingTable
 from attnkit.commands import measure
 from attnkit.errors import ArgumentError
+
+scaling_module = importlib.import_module("attnkit.analysis.scaling")  # the package's `scaling` is the function
 
 
 def run(argv):
@@ -29,13 +32,14 @@ def run(argv):
 def fake_scaling(monkeypatch):
     calls = []
 
-    def fake(names, lengths, **kwargs):
-        calls.append((names, lengths, kwargs))
+    def fake(mechanisms, lengths, **kwargs):
+        calls.append((mechanisms, lengths, kwargs))
+        names = [m.label for m in mechanisms]
         rows = [ScalingRow(n, L, 1e-6 * L**2, 0.0, 1000 * L) for n in names for L in sorted(lengths)]
         for label in (f"{n} L={L}" for n in names for L in lengths):
             kwargs["progress"](label)
         return ScalingTable(tuple(rows), tuple(sorted(lengths)), kwargs["repeats"])
-    monkeypatch.setattr(measure, "scaling", fake)
+    monkeypatch.setattr(scaling_module, "scaling", fake)
     return calls
 
 
@@ -65,20 +69,34 @@ def test_cost_errors_name_the_size():
 
 def test_scaling_prints_writes_the_table_and_plots(fake_scaling, tmp_path, capsys):
     md, png = tmp_path / "table.md", tmp_path / "plot.png"
-    assert run(["scaling", "dense", "sliding_window(8,8)", "--lengths", "64", "128", "--repeats", "1",
-                "--size", "heads=2", "--markdown", str(md), "--out", str(png)]) == 0
-    (names, lengths, kwargs), = fake_scaling
-    assert names == ["dense", "sliding_window(8,8)"] and lengths == [64, 128]
-    assert kwargs["repeats"] == 1 and kwargs["backward"] and kwargs["sizes"]["heads"] == 2
-    assert kwargs["sizes"]["head_dim"] == 64  # the defaults stay for the sizes not given
+    assert run(["scaling", "dense", "sliding_window(8,8)", "longformer", "--lengths", "64", "128", "--repeats", "1",
+                "--heads", "2", "--size", "window=3", "--markdown", str(md), "--out", str(png)]) == 0
+    (mechanisms, lengths, kwargs), = fake_scaling
+    assert [m.name for m in mechanisms] == ["dense", "sliding_window(8,8)", "longformer"] and lengths == [64, 128]
+    assert kwargs["repeats"] == 1 and kwargs["backward"]
+    dense, _, longformer = (dict(m.sizes) for m in mechanisms)
+    assert dense == {"batch": 1, "heads": 2, "head_dim": 64}  # the vocabulary; the lengths are scaling's
+    assert longformer == {"batch": 1, "heads": 2, "dim": 128, "window": 3}  # its width is heads x head_dim
     out = capsys.readouterr().out
     assert "| dense |" in out and f"table: {md}" in out and f"plot: {png}" in out
     assert md.read_text().startswith("| mechanism |") and png.stat().st_size > 0
 
 
-def test_scaling_without_viz_skips_the_plot_with_a_note(fake_scaling, tmp_path, capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "attnkit.viz", None)  # as if attnkit.viz were not there
-    assert run(["scaling", "dense", "--lengths", "64", "128", "--forward-only", "--out", str(tmp_path / "p.png")]) == 0
-    assert "no plot written" in capsys.readouterr().out and not (tmp_path / "p.png").exists()
-    (_, _, kwargs), = fake_scaling
-    assert kwargs["backward"] is False and kwargs["sizes"] is None
+def test_scaling_without_matplotlib_fails_before_measuring_and_names_the_extra(fake_scaling, tmp_path,
+                                                                               monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if matplotlib were not installed
+    with pytest.raises(ArgumentError, match=r'pip install "attnkit\[plot\]"'):
+        run(["scaling", "dense", "--lengths", "64", "128", "--out", str(tmp_path / "p.png")])
+    assert fake_scaling == [] and not (tmp_path / "p.png").exists()
+    assert run(["scaling", "dense", "--lengths", "64", "--forward-only"]) == 0  # no plot asked: no matplotlib needed
+    assert fake_scaling[0][2]["backward"] is False
+
+
+def test_cost_defaults_are_the_realistic_sizes_of_explain_and_bench(capsys):
+    assert run(["cost", "dense"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    for size in ("batch=1", "heads=8", "q_len=4096", "kv_len=4096", "head_dim=64"):
+        assert size in head, head
+    assert run(["cost", "longformer", "--size", "q_len=4096"]) == 0  # the README's example
+    head = capsys.readouterr().out.splitlines()[0]
+    assert "length=4096" in head and "dim=512" in head and "heads=8" in head

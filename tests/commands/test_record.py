@@ -93,9 +93,10 @@ def test_errors_are_argument_errors(fake_viz, monkeypatch):
         _run(["record", "multihead"])
     with pytest.raises(ArgumentError, match="'linear-attention' computes no attention map"):
         _run(["record", "linear-attention"])
-    monkeypatch.setitem(sys.modules, "attnkit.viz", None)  # import fails
-    with pytest.raises(ArgumentError, match=r"needs attnkit\.viz"):
-        _run(["record", "multi-head"])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the plot extra were not installed
+    for fmt in ("png", "svg"):
+        with pytest.raises(ArgumentError, match=r'record --format .* matplotlib.*pip install "attnkit\[plot\]"'):
+            _run(["record", "multi-head", "--format", fmt])
     assert not fake_viz
 
 

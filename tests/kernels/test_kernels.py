@@ -167,7 +167,7 @@ def test_dispatch_choices_and_reasons():
     d = _explained(1024, bias=attnkit.bias.alibi(2))
     assert d.path == "bias-slabs"
     assert d.reasons["torch-sdpa"].startswith("refused: no bias")
-    assert d.reasons["online-softmax"] == "able, not preferred: bias-slabs comes first in the table of paths"
+    assert d.reasons["online-softmax"].startswith("able, not preferred: bias-slabs comes first in the table of paths")
     assert "path: bias-slabs (backend 'chunked')" in str(d) and d.flops > 0
 
 

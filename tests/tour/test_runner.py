@@ -102,6 +102,7 @@ def fake(monkeypatch):
 
 def _tour(out, **kw):
     kw.setdefault("progress", False)
+    kw.setdefault("isolate", False)  # the fake experiments live in this process
     kw.setdefault("scaling", False)
     return runner.tour(out=out, **kw)
 

@@ -68,3 +68,21 @@ def test_scaling_plot_rejects_bad_series(series, words):
     with pytest.raises(ArgumentError) as info:
         scaling_plot(series)
     assert words in str(info.value)
+
+
+def test_every_series_has_its_own_colour_marker_and_line_style():
+    series = {f"m{i}": [(256, 1e-3 * (i + 1), 2**20), (512, 4e-3 * (i + 1), 2**21)] for i in range(12)}
+    fig = scaling_plot(series, title="forward + backward; B=1 H=8 D=64 " * 4)
+    time_ax = fig.axes[0]
+    lines = [line for line in time_ax.get_lines() if line.get_label() in series]
+    looks = {(str(line.get_color()), line.get_marker(), line.get_linestyle()) for line in lines}
+    assert len(lines) == 12 and len(looks) == 12
+    assert len({str(line.get_color()) for line in lines}) == 10  # tab10: the marker tells the 11th from the 1st
+    assert "B=1 H=8 D=64" in fig.get_suptitle() and "\n" in fig.get_suptitle()  # long titles are wrapped
+
+
+def test_series_styles_stay_distinct_well_past_the_colour_count():
+    from attnkit.viz._style import series_styles
+
+    styles = series_styles(60)
+    assert len({(s["color"], s["marker"], s["linestyle"]) for s in styles}) == 60

@@ -16,13 +16,22 @@ import importlib
 import sys
 from pathlib import Path
 
-import torch
-
-from ..analysis.patterns import BIASES
-from ..analysis.timing import peak_memory, run_case
+from ..errors import ArgumentError, did_you_mean
 from ..progress import progress
-from ..runtime import retain_freed_memory
+from .common import add_command, positive_float, positive_int
 from .inspect import add_case_args, case_from_args
+
+BIAS_NAMES = ("alibi", "relpos", "softcap")  # attnkit.analysis.patterns.BIASES, which imports torch (a test checks)
+
+DESCRIPTION = """\
+Time attnkit against torch on the same inputs, or run any row of the benchmark suite.
+
+Without --compare: attnkit's backends side by side with torch SDPA (no mask, and the
+dense bool mask a torch user would build), medians of --repeats runs, and the max abs
+difference of each output from SDPA's. With --compare KIND[,KIND...]: the suite's own
+row code for these sizes (attnkit and each comparison interleaved, max |diff| of every
+pair, GFLOP/s, optional memory); that code lives in benchmarks/harness/ of the source
+tree, so --compare needs a source checkout (pip install -e .)."""
 
 COMPARE_HELP = ("backends (default): attnkit's backends and SDPA; or comma-separated suite comparisons: "
                 "sdpa (SDPA as called for the mask: no mask, is_causal, key mask), sdpa-mask (dense bool mask), "
@@ -52,9 +61,11 @@ def _compare(text: str) -> tuple[str, ...]:
     except LookupError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())
-    bad = [k for k in kinds if k not in (*kinds_known, "additive")]
+    known = ("backends", "additive", *kinds_known)
+    bad = [k for k in kinds if k not in known]
     if not kinds or bad:
-        raise argparse.ArgumentTypeError(f"unknown comparison {', '.join(bad) or repr(text)}; "
+        hint = did_you_mean(bad[0], known) if bad else ""
+        raise argparse.ArgumentTypeError(f"unknown comparison {', '.join(map(repr, bad)) or repr(text)}; {hint}"
                                          f"use backends, additive, or any of {', '.join(kinds_known)}")
     if "additive" in kinds and len(kinds) > 1:
         raise argparse.ArgumentTypeError("additive is compared alone (it is another module, not attention())")
@@ -65,8 +76,29 @@ def _case(args, backward: bool):
     return dataclasses.replace(case_from_args(args, backward), bias=args.bias)
 
 
+def _bias(text: str) -> str:
+    if text not in BIAS_NAMES:
+        raise argparse.ArgumentTypeError(f"unknown bias {text!r}; {did_you_mean(text, BIAS_NAMES)}"
+                                         f"biases: {', '.join(BIAS_NAMES)}")
+    return text
+
+
+def _backends(text: str) -> tuple[str, ...]:
+    """``--backends``: attnkit backends, comma-separated (did-you-mean for a typo)."""
+    from ..functional.validate import BACKENDS
+
+    names = tuple(b.strip() for b in text.split(",") if b.strip())
+    for name in names:
+        if name not in BACKENDS:
+            raise ArgumentError(f"--backends: unknown backend {name!r}; {did_you_mean(name, BACKENDS)}"
+                                f"backends: {', '.join(BACKENDS)}")
+    return names
+
+
 def _backends_table(args, backward: bool) -> None:
-    backends = tuple(args.backends.split(","))
+    from ..analysis.timing import peak_memory, run_case
+
+    backends = _backends(args.backends)
     case = _case(args, backward)
     rows = run_case(case, repeats=args.repeats, backends=backends, progress=progress(len(backends) + 2, "bench"))
     base = next((r for r in rows if r.method == "torch sdpa (dense bool mask)"), rows[0])
@@ -84,6 +116,8 @@ def _backends_table(args, backward: bool) -> None:
 
 
 def _suite_rows(args, backward: bool) -> None:
+    if len(_backends(args.backend)) != 1:
+        raise ArgumentError(f"--backend: one attnkit backend with --compare; got {args.backend!r}")
     ceiling = harness("machine").ceiling
     misses, rows_table = harness("report").misses, harness("report").rows_table
     Spec, run_spec = harness("rows").Spec, harness("rows").run_spec
@@ -115,6 +149,10 @@ def _distributed(args) -> int:
 def _cmd_bench(args) -> int:
     if args.distributed:
         return _distributed(args)
+    import torch
+
+    from ..runtime import retain_freed_memory
+
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.retain_memory:
@@ -125,25 +163,31 @@ def _cmd_bench(args) -> int:
 
 
 def add(sub) -> None:
-    p = sub.add_parser("bench", help="time attnkit against torch SDPA / FlexAttention on the same inputs",
-                       description=__doc__.splitlines()[0])
+    p = add_command(sub, "bench", summary="time attnkit against torch SDPA / FlexAttention on the same inputs",
+                    description=DESCRIPTION,
+                    examples=['attnkit bench --q-len 4096 --mask "sliding_window(128, 128)" --memory',
+                              'attnkit bench --compare flex --q-len 4096 --mask "sliding_window(128, 128)"   '
+                              '# a row of BENCHMARKS.md',
+                              "attnkit bench --bias alibi --backward no --repeats 3"])
     add_case_args(p)
-    p.add_argument("--bias", choices=BIASES, default=None, help="a score modifier (suite: target 4)")
+    p.add_argument("--bias", type=_bias, default=None, metavar="NAME",
+                   help=f"a score modifier: {', '.join(BIAS_NAMES)} (suite: target 4; default: none)")
     p.add_argument("--compare", type=_compare, default=(), metavar="KINDS", help=COMPARE_HELP)
-    p.add_argument("--backward", choices=["no", "yes", "both"], default="both")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--backends", default="auto,blocksparse,chunked,sdpa", help="without --compare")
+    p.add_argument("--backward", choices=["no", "yes", "both"], default="both", help="time the backward pass too")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed runs per method (the median is shown)")
+    p.add_argument("--backends", default="auto,blocksparse,chunked,sdpa", help="attnkit backends, without --compare")
     p.add_argument("--backend", default="auto", help="attnkit's backend with --compare")
-    p.add_argument("--goal", type=float, default=None, help="largest allowed time ratio vs the first comparison")
-    p.add_argument("--memory-goal", type=float, default=None, help="largest allowed peak memory ratio")
+    p.add_argument("--goal", type=positive_float, default=None,
+                   help="largest allowed time ratio vs the first comparison")
+    p.add_argument("--memory-goal", type=positive_float, default=None, help="largest allowed peak memory ratio")
     p.add_argument("--ceiling", action="store_true", help="measure the matmul ceiling for GFLOP/s fractions")
     p.add_argument("--profile", action="store_true", help="top operators of attnkit's side for a missed goal")
     p.add_argument("--memory", action="store_true", help="also measure peak memory in fresh processes")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--distributed", action="store_true",
                    help="sequence-parallel attention: every scheme x layout on --procs local gloo processes "
                         "(time per call, bytes sent measured and by formula; --q-len is the global length)")
-    p.add_argument("--procs", type=int, default=4, help="processes with --distributed")
+    p.add_argument("--procs", type=positive_int, default=4, help="processes with --distributed")
     p.add_argument("--retain-memory", action="store_true",
                    help="keep freed memory for reuse (attnkit.runtime.retain_freed_memory); default: glibc's defaults")
     p.set_defaults(func=_cmd_bench)

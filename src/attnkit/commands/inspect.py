@@ -4,33 +4,36 @@ from __future__ import annotations
 
 import argparse
 
-from .. import registry
-from ..analysis.timing import Case
-from ..attention import explain
-from ..functional.mask_parse import parse
+from ..errors import ArgumentError, did_you_mean
+from .common import add_command
+from .sizes import add_size_args
+
+DTYPES = ("float32", "float64", "bfloat16", "float16")
 
 
 def add_case_args(p: argparse.ArgumentParser) -> None:
-    """The problem-size options shared by ``explain`` and ``bench``."""
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--q-len", type=int, default=4096)
-    p.add_argument("--kv-len", type=int, default=None, help="default: q-len")
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])
-    p.add_argument("--mask", default=None, help='e.g. "causal() & sliding_window(128, 128)"')
+    """The problem-size options shared by ``explain`` and ``bench``: the size vocabulary, dtype and mask."""
+    add_size_args(p)
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="dtype of q, k, v")
+    p.add_argument("--mask", default=None, help='a mask expression, e.g. "causal() & sliding_window(128, 128)" '
+                                                '(default: no mask)')
 
 
-def case_from_args(args, backward: bool = False) -> Case:
+def case_from_args(args, backward: bool = False):
     """The :class:`~attnkit.analysis.timing.Case` the size options describe."""
+    from ..analysis.timing import Case
+
     return Case(args.batch, args.heads, args.q_len, args.kv_len, args.head_dim, args.dtype, args.mask, backward)
 
 
 def _cmd_list(args) -> int:
+    from .. import registry
+
     rows = [e for e in registry.entries() if args.family in (None, e.family)]
     if not rows:
         families = sorted({e.family for e in registry.entries()})
-        raise ValueError(f"no mechanism in family {args.family!r}; families: {', '.join(families)}")
+        raise ArgumentError(f"no mechanism in family {args.family!r}; {did_you_mean(args.family, families)}"
+                            f"families: {', '.join(families)}")
     name_w, fam_w, cx_w = (max(len(getattr(e, a)) for e in rows) for a in ("name", "family", "complexity"))
     print(f"{'name':<{name_w}}  {'family':<{fam_w}}  {'complexity':<{cx_w}}  paper")
     for e in rows:
@@ -40,16 +43,29 @@ def _cmd_list(args) -> int:
 
 
 def _cmd_explain(args) -> int:
+    from ..attention import explain
+    from ..functional.mask_parse import parse
+
+    mask = parse(args.mask) if args.mask else None  # before the tensors: a bad expression fails at once
     q, k, v = case_from_args(args).inputs()
     print(f"attention(q{tuple(q.shape)}, k{tuple(k.shape)}, v{tuple(v.shape)}, mask={args.mask or None})")
-    print(explain(q, k, v, mask=parse(args.mask) if args.mask else None))
+    print(explain(q, k, v, mask=mask))
     return 0
 
 
 def add(sub) -> None:
-    p = sub.add_parser("list", help="every registered mechanism with its paper and complexity")
-    p.add_argument("--family", default=None)
+    p = add_command(sub, "list", summary="every registered mechanism with its paper and complexity",
+                    description="List the registered mechanisms: name (as the other commands take it), family, "
+                                "time complexity in the sequence lengths, and the paper.",
+                    examples=["attnkit list", "attnkit list --family sparse"])
+    p.add_argument("--family", default=None, help="only this family (default: every family)")
     p.set_defaults(func=_cmd_list)
-    p = sub.add_parser("explain", help="which backend attnkit.attention picks for given sizes, and why")
+    p = add_command(sub, "explain", summary="which execution path attnkit.attention takes for given sizes, and why",
+                    description="Build q, k, v of the given sizes and print attnkit.explain(): the execution path "
+                                "the dispatcher picks, why every other path was refused or not preferred, the "
+                                "block density of the mask and the estimated FLOPs and extra memory. Nothing is "
+                                "computed but the mask's block layout.",
+                    examples=['attnkit explain --q-len 4096 --mask "sliding_window(128, 128)"',
+                              'attnkit explain --q-len 1 --kv-len 4096 --mask "causal()"   # one decoding step'])
     add_case_args(p)
     p.set_defaults(func=_cmd_explain)

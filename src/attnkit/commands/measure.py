@@ -6,48 +6,51 @@ import argparse
 import ast
 from pathlib import Path
 
-from ..analysis.cost import cost
-from ..analysis.scaling import DEFAULT_SIZES, scaling
 from ..errors import ArgumentError
 from ..progress import progress
+from .common import add_command, positive_float, positive_int, require_plot
+from .sizes import VOCABULARY, add_size_args, mechanism_sizes, title, values
+
+NAME_HELP = 'a registry name (attnkit list), "dense", "sdpa" or a mask expression such as "sliding_window(128, 128)"'
+SIZE_HELP = ("a mechanism's own size or option, e.g. --size window=128 (repeatable; attnkit.analysis.cost.sizes "
+             "lists them; q_len=, kv_len=, batch=, heads=, head_dim= are the options of those names)")
 
 
 def _size(text: str) -> tuple[str, object]:
     """``k=v`` with v a Python literal (``4``, ``True``, ``"blocks"``, ``(0, 5)``) or a bare word (a string)."""
     key, sep, value = text.partition("=")
     if not sep or not key.isidentifier():
-        raise argparse.ArgumentTypeError(f"a size is key=value, e.g. q_len=4096; got {text!r}")
+        raise argparse.ArgumentTypeError(f"a size is key=value, e.g. window=128; got {text!r}")
     try:
         return key, ast.literal_eval(value)
     except (ValueError, SyntaxError):
         return key, value
 
 
-def _sizes(pairs) -> dict:
-    return dict(pairs or [])
-
-
 def _cmd_cost(args) -> int:
-    print(cost(args.name, backward=args.backward, **_sizes(args.size)).table())
+    from ..analysis.cost import cost
+
+    sizes = mechanism_sizes(args.name, values(args), dict(args.size or []))
+    print(cost(args.name, backward=args.backward, **sizes).table())
     return 0
 
 
-def _plot(table, path: str) -> str:
-    """Draw the plot, or say why not (attnkit.viz or matplotlib missing)."""
-    try:
-        from ..viz import scaling_plot
-
-        scaling_plot(table.series(), path=path)
-    except ImportError as err:
-        return f"no plot written: {err}"
-    return f"plot: {path}"
-
-
 def _cmd_scaling(args) -> int:
-    sizes = {**DEFAULT_SIZES, **_sizes(args.size)} if args.size else None
+    from ..analysis.cost import sizes
+    from ..analysis.scaling import Mechanism, scaling
+
+    viz = require_plot("scaling --out") if args.out else None  # before minutes of measuring, not after
+    given, accepted = dict(args.size or []), {name: sizes(name) for name in args.names}
+    unused = set(given) - set(VOCABULARY) - {key for keys in accepted.values() for key in keys}
+    if unused:  # each mechanism takes the options it has; one that none has is a typo
+        raise ArgumentError(f"--size {', '.join(sorted(unused))}: no mechanism of {', '.join(args.names)} takes it")
+    rows = [Mechanism(name, name, mechanism_sizes(name, values(args), {k: v for k, v in given.items()
+                                                                      if k in accepted[name] or k in VOCABULARY},
+                                                  lengths=False))
+            for name in args.names]
     step = progress(len(args.names) * len(args.lengths), "scaling")
-    table = scaling(args.names, args.lengths, repeats=args.repeats, backward=not args.forward_only,
-                    timeout=args.timeout, progress=step, sizes=sizes, threads=args.threads)
+    table = scaling(rows, args.lengths, repeats=args.repeats, backward=not args.forward_only,
+                    timeout=args.timeout, progress=step, sizes={}, threads=args.threads)
     print(table.markdown())
     if args.markdown:
         Path(args.markdown).write_text(table.markdown() + "\n")
@@ -55,26 +58,46 @@ def _cmd_scaling(args) -> int:
     if args.out:
         if not table.series():
             raise ArgumentError("attnkit scaling: nothing finished, so there is nothing to plot")
-        print(_plot(table, args.out))
+        passes = "forward only" if args.forward_only else "forward + backward"
+        sizes = title(values(args))
+        viz.scaling_plot(table.series(), path=args.out, title=f"time and peak memory against L ({passes}; {sizes})")
+        print(f"plot: {args.out}")
     return 0
 
 
 def add(sub) -> None:
-    p = sub.add_parser("cost", help="analytic FLOPs, bytes and peak memory of a mechanism at given sizes")
-    p.add_argument("name", help='a registry name (attnkit list), "dense", "sdpa" or a mask expression')
-    p.add_argument("--size", type=_size, action="append", metavar="K=V",
-                   help="a size or option, e.g. --size q_len=4096 --size window=128 (repeatable)")
+    p = add_command(sub, "cost", summary="analytic FLOPs, bytes and peak memory of a mechanism at given sizes",
+                    description="Count a mechanism's cost at given sizes without running it: matrix-product FLOPs "
+                                "(as torch's FlopCounterMode counts them), elementwise FLOPs, bytes moved and peak "
+                                "memory (estimates), term by term, with the formula. The size options go to every "
+                                "mechanism in its own names: a module with one sequence length takes --q-len as it, "
+                                "its model width is heads x head-dim.",
+                    examples=["attnkit cost longformer --q-len 4096", "attnkit cost longformer --size q_len=4096",
+                              'attnkit cost "causal() & sliding_window(128, 0)" --backward',
+                              "attnkit cost sliding-window --size window=256"])
+    p.add_argument("name", help=NAME_HELP)
+    add_size_args(p)
+    p.add_argument("--size", type=_size, action="append", metavar="K=V", help=SIZE_HELP)
     p.add_argument("--backward", action="store_true", help="include the backward pass")
     p.set_defaults(func=_cmd_cost)
-    p = sub.add_parser("scaling", help="time and peak memory over sequence lengths, each in a fresh process")
-    p.add_argument("names", nargs="+", help='registry names, "dense", "sdpa" or mask expressions')
-    p.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--size", type=_size, action="append", metavar="K=V",
-                   help="sizes for every mechanism that takes them (default batch=1 heads=8 head_dim=64 dim=512)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds per (mechanism, L); longer L are skipped")
-    p.add_argument("--threads", type=int, default=None, help="torch threads in each child process")
+    p = add_command(sub, "scaling", summary="time and peak memory over sequence lengths, each in a fresh process",
+                    description="Time each mechanism (median of --repeats runs after one warm-up) and measure its "
+                                "peak resident memory at each length L, each (mechanism, L) in a fresh process; print "
+                                "the table with the fitted exponents of time ~ L^p, and optionally plot it. Every "
+                                "length of a mechanism is set to L.",
+                    examples=['attnkit scaling dense "sliding_window(128,128)" --lengths 1024 2048 4096 '
+                              '--out scaling.png',
+                              "attnkit scaling longformer linformer --lengths 512 1024 --forward-only --threads 1"])
+    p.add_argument("names", nargs="+", help=NAME_HELP + " (several)")
+    add_size_args(p, lengths=False)
+    p.add_argument("--lengths", type=positive_int, nargs="+", default=[512, 1024, 2048, 4096],
+                   help="sequence lengths L")
+    p.add_argument("--repeats", type=positive_int, default=3, help="timed runs per (mechanism, L)")
+    p.add_argument("--size", type=_size, action="append", metavar="K=V", help=SIZE_HELP)
+    p.add_argument("--timeout", type=positive_float, default=120.0,
+                   help="seconds per (mechanism, L); longer L are skipped")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads in each child process")
     p.add_argument("--forward-only", action="store_true", help="time the forward pass only")
-    p.add_argument("--out", default=None, metavar="PNG", help="write a log-log plot (needs attnkit.viz, matplotlib)")
+    p.add_argument("--out", default=None, metavar="PNG", help="write a log-log plot (needs matplotlib)")
     p.add_argument("--markdown", default=None, metavar="FILE", help="also write the table to FILE")
     p.set_defaults(func=_cmd_scaling)

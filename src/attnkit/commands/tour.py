@@ -6,9 +6,8 @@ import os
 import shlex
 import sys
 
-import torch
-
-from ..errors import ArgumentError, check_int
+from ..errors import ArgumentError, did_you_mean
+from .common import add_command, positive_int
 
 
 def _selected(args, experiments: dict, default: list[str]) -> list[str]:
@@ -23,8 +22,8 @@ def _selected(args, experiments: dict, default: list[str]) -> list[str]:
         present = {getattr(e, attr) for e in experiments.values()}
         unknown = sorted(set(wanted) - present)
         if unknown:
-            raise ArgumentError(f"attnkit tour: {option}: unknown {', '.join(unknown)}; known: "
-                                f"{', '.join(sorted(present))}")
+            raise ArgumentError(f"attnkit tour: {option}: unknown {', '.join(map(repr, unknown))}; "
+                                f"{did_you_mean(unknown[0], present)}known: {', '.join(sorted(present))}")
         pool = [k for k in pool if getattr(experiments[k], attr) in wanted]
     if not pool:
         raise ArgumentError(f"attnkit tour: no experiment has task in {args.tasks} and mechanism in "
@@ -42,6 +41,8 @@ def _print_list(experiments: dict, default: set[str], quick_default: set[str]) -
 
 
 def _cmd_tour(args) -> int:
+    import torch
+
     from ..tour import report, runner
 
     api = runner.api()
@@ -49,12 +50,11 @@ def _cmd_tour(args) -> int:
     if args.list:
         _print_list(experiments, set(api.default_set(False)), set(api.default_set(True)))
         return 0
-    threads = check_int("attnkit tour", "--threads", args.threads, 1) if args.threads is not None else os.cpu_count()
-    torch.set_num_threads(threads or 1)
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
     keys = _selected(args, experiments, list(api.default_set(args.quick)))
     command = "attnkit " + " ".join(shlex.quote(a) for a in (args.argv if args.argv is not None else sys.argv[1:]))
     summary = runner.tour(keys, args.seeds, quick=args.quick, out=args.out, fresh=args.fresh,
-                          progress=not args.no_progress, command=command)
+                          progress=not args.no_progress, command=command, isolate=not args.in_process)
     markdown, page = report.write(args.out)
     print(f"{len(summary.ran)} run(s) trained, {len(summary.cached)} reused from the cache, "
           f"{len(summary.failed)} failed, in {summary.seconds:.1f} s")
@@ -66,14 +66,24 @@ def _cmd_tour(args) -> int:
 
 
 def add(sub) -> None:
-    p = sub.add_parser("tour", help="train the mechanisms on generated tasks (3 seeds) and write a report folder")
+    p = add_command(sub, "tour", summary="train the mechanisms on generated tasks (3 seeds) and write a report folder",
+                    description="The main job: train the mechanisms side by side on generated tasks, several seeds "
+                                "each, and write a report folder (README.md and an offline index.html: accuracy "
+                                "table, learning curves, attention maps of the trained models, cost and scaling "
+                                "plots). Every finished run is cached in the folder, so an interrupted tour resumes.",
+                    examples=["attnkit tour --quick", "attnkit tour --list",
+                              "attnkit tour --tasks mqar --mechanisms linear performer --seeds 0"])
     p.add_argument("--quick", action="store_true", help="the short budget (about 2 minutes on 2 cores)")
-    p.add_argument("--out", default="tour-report", help="report folder (default: %(default)s)")
-    p.add_argument("--tasks", nargs="+", default=None, help="only experiments on these tasks")
-    p.add_argument("--mechanisms", nargs="+", default=None, help="only experiments with these mechanisms")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="default: %(default)s")
+    p.add_argument("--out", default="tour-report", help="report folder")
+    p.add_argument("--tasks", nargs="+", default=None, help="only experiments on these tasks (default: all)")
+    p.add_argument("--mechanisms", nargs="+", default=None,
+                   help="only experiments with these mechanisms (default: all)")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="training seeds")
     p.add_argument("--fresh", action="store_true", help="ignore cached runs and run everything again")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
     p.add_argument("--list", action="store_true", help="list the experiments and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--in-process", action="store_true",
+                   help="train every run in this process instead of a fresh one each (no process start per run; "
+                        "peak memory is then not measured)")
     p.set_defaults(func=_cmd_tour, argv=None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 
-from ..errors import ArgumentError
+from ..errors import ArgumentError, did_you_mean
 from . import masks as _masks
 from .mask_base import Mask
 
@@ -26,13 +26,19 @@ def _build(node: ast.AST, text: str) -> Mask:
         return left & right if isinstance(node.op, ast.BitAnd) else left | right
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Invert):
         return ~_build(node.operand, text)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CONSTRUCTORS:
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in _CONSTRUCTORS:
+        raise ArgumentError(f"cannot parse mask {text!r}: unknown mask {node.func.id!r}; "
+                            f"{did_you_mean(node.func.id, _CONSTRUCTORS)}masks: {', '.join(sorted(_CONSTRUCTORS))}")
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
         try:
             args = [ast.literal_eval(a) for a in node.args]
             kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
         except ValueError as err:
             raise ArgumentError(f"mask arguments must be literals in {text!r}") from err
-        return _CONSTRUCTORS[node.func.id](*args, **kwargs)
+        try:
+            return _CONSTRUCTORS[node.func.id](*args, **kwargs)
+        except TypeError as err:  # wrong arguments: say which call of the expression
+            raise ArgumentError(f"cannot parse mask {text!r}: {err}") from None
     raise ArgumentError(f"cannot parse mask {text!r}: use calls to {sorted(_CONSTRUCTORS)} joined by & | ~")
 
 

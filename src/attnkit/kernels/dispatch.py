@@ -104,16 +104,22 @@ def _forced(p: Problem, backend: str, untrusted: bool) -> _Choice:
 
 def _auto(p: Problem, untrusted: bool) -> _Choice:
     if not untrusted and sdpa.simple_mask(p) and _SDPA.refusal(p) is None:  # rule 1: O(1)
-        return _Choice(_SDPA, why_not={"*": "torch's kernel takes this mask as it is"})
+        return _Choice(_SDPA, why_not={"*": "torch's fused kernel takes this mask as it is (no mask, causal, key "
+                                            "padding or a bool tensor) and is the fastest exact path for it"})
     sparse = None if p.mask is None or isinstance(p.mask, _Full) else _first_able(of_backend("blocksparse"), p)
     density = sparse.density(p) if sparse is not None else None
     if sparse is not None and density < sparse.sparse_below:  # rule 2
+        every = (f"computes all Lq x Lk scores, {sparse.name} only the {density:.1%} in non-empty blocks "
+                 f"(block density {density:.3f} < {sparse.sparse_below})")
         return _Choice(sparse, density, {_SDPA.name: f"block density {density:.3f} < {sparse.sparse_below}: "
-                                                     "skipping empty blocks beats torch's kernel with a dense mask"})
+                                                     "skipping empty blocks beats torch's kernel with a dense mask",
+                                         "chunked": every, "reference": every})
     dense_why = (f"block density {density:.3f} >= {sparse.sparse_below}: too dense for block skipping to pay"
                  if sparse is not None else None)
     if not untrusted and _SDPA.refusal(p) is None:  # rule 3 (the sparse paths' rules may have learnt finiteness)
-        return _Choice(_SDPA, density, {"blocksparse": dense_why} if dense_why else {})
+        fused = "torch's fused kernel with the mask as a dense float mask is exact here and faster than plain torch"
+        return _Choice(_SDPA, density, {"blocksparse": dense_why, "chunked": fused, "reference": fused}
+                       if dense_why else {"chunked": fused, "reference": fused})
     chunked = _first_able(of_backend("chunked"), p)
     batch, heads, lq, lk, _, _ = p.sizes
     if chunked is None or batch * heads * lq * lk <= SMALL_SCORES:  # rule 4
@@ -208,5 +214,5 @@ def decide(p: Problem, backend: str = "auto") -> Decision:
 
 def _order_reason(path: Path, chosen: Path) -> str:
     if path.backend == chosen.backend:
-        return f"{chosen.name} comes first in the table of paths"
+        return f"{chosen.name} comes first in the table of paths: it is more specialised, so faster where it applies"
     return f"the {chosen.backend} backend is preferred for this call"

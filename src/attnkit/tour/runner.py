@@ -22,6 +22,8 @@ import inspect
 import json
 import os
 import platform
+import subprocess
+import sys
 import time
 import traceback
 from collections.abc import Iterable, Sequence
@@ -117,16 +119,55 @@ def _as_dict(result) -> dict:
     return json.loads(data) if isinstance(data, str) else dict(data)
 
 
-def _run_one(key: str, exp, seed: int, quick: bool, version: str, step) -> dict:
-    """One run as a cache record; an exception is recorded as a failed run, never raised."""
+class ChildFailed(RuntimeError):
+    """A run in a fresh process ended without a result; the message is its last log line, ``log`` the rest."""
+
+    def __init__(self, message: str, log: str):
+        super().__init__(message)
+        self.log = log
+
+
+def _run_in_child(key: str, seed: int, quick: bool, step) -> dict:
+    """``api().run(...)`` in a fresh process (:mod:`attnkit.tour.child`): its result as JSON data."""
+    from .child import PROGRESS, RESULT
+
+    job = json.dumps({"key": key, "seed": seed, "quick": quick, "threads": torch.get_num_threads()})
+    log, result = [], None
+    with subprocess.Popen([sys.executable, "-m", "attnkit.tour.child", job], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as child:
+        for line in child.stdout:
+            if line.startswith(PROGRESS):
+                if step is not None:
+                    step(line[len(PROGRESS):].rstrip("\n"))
+            elif line.startswith(RESULT):
+                result = json.loads(line[len(RESULT):])
+            else:
+                log.append(line)
+    if child.returncode or result is None:
+        last = next((line.strip() for line in reversed(log) if line.strip()), f"exit status {child.returncode}")
+        raise ChildFailed(f"the run's process failed: {last}", "".join(log)[-8000:])
+    return result
+
+
+def _run_one(key: str, exp, seed: int, quick: bool, version: str, step, isolate: bool = True) -> dict:
+    """One run as a cache record; an exception is recorded as a failed run, never raised.
+
+    ``isolate``: train in a fresh process, so its peak memory is measured; in this process instead,
+    the peak is dropped (None): memory freed by an earlier run would be reused without being counted.
+    """
     record = {"format": FORMAT, "key": key, "task": exp.task, "mechanism": exp.mechanism, "seed": seed,
               "mode": mode_name(quick), "version": version, "status": "ok", "result": None,
               "error": None, "traceback": None}
     start = time.perf_counter()
     try:
-        result = _as_dict(api().run(key, seed, quick=quick, progress=step))
+        if isolate:
+            result = _run_in_child(key, seed, quick, step)
+        else:
+            result = {**_as_dict(api().run(key, seed, quick=quick, progress=step)), "peak_bytes": None}
         json.dumps(result)  # a result that cannot be cached is a failed run, not a crash of the tour
         record["result"] = result
+    except ChildFailed as err:
+        record.update(status="failed", error=str(err), traceback=err.log)
     except Exception as err:  # a broken experiment must not stop the tour: it is reported as failed
         record.update(status="failed", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
     record["wall_seconds"] = time.perf_counter() - start
@@ -168,7 +209,7 @@ def _check(keys, seeds, known: dict, quick: bool) -> tuple[list[str], list[int]]
 
 def tour(keys: Iterable[str] | None = None, seeds: Sequence[int] = (0, 1, 2), *, quick: bool = False,
          out="tour-report", fresh: bool = False, progress: bool = True, command: str | None = None,
-         scaling: bool | None = None) -> TourSummary:
+         scaling: bool | None = None, isolate: bool = True) -> TourSummary:
     """Run every (experiment, seed) of the tour not already cached under ``out``, caching each as it finishes.
 
     Args:
@@ -180,6 +221,8 @@ def tour(keys: Iterable[str] | None = None, seeds: Sequence[int] = (0, 1, 2), *,
         progress: show an overall bar (runs) and a bar per run (steps).
         command: the command line to record in the report (default: "python API").
         scaling: measure the scaling plot's data; None: only in default mode.
+        isolate: train each run in a fresh process (:mod:`attnkit.tour.child`), which measures its
+            peak memory; False: in this process, with the peak memory left out (None).
 
     Returns:
         A :class:`TourSummary`. Failed runs are recorded and reported, not raised.
@@ -206,7 +249,7 @@ def tour(keys: Iterable[str] | None = None, seeds: Sequence[int] = (0, 1, 2), *,
         for key, seed, path in todo:
             name = f"{key} seed {seed}"
             with bars(progress, getattr(known[key], "steps", None), name, position=1, per_step=True) as step:
-                record = _run_one(key, known[key], seed, quick, version, step)
+                record = _run_one(key, known[key], seed, quick, version, step, isolate)
             write_json(path, record)
             (summary.ran if record["status"] == "ok" else summary.failed).append(name)
             if overall:

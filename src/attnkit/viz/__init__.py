@@ -1,6 +1,6 @@
 """Pictures of attention: maps, head grids, alignments, mask patterns, scaling plots, an offline HTML page.
 
-matplotlib is an optional extra (``pip install 'attnkit[plot]'``), imported only
+matplotlib is an optional extra (``pip install "attnkit[plot]"``), imported only
 when a picture is drawn; figures are drawn on an Agg canvas outside pyplot, so
 they work headless and never leak. :func:`html_page` (one head, large, with its tokens) and
 :func:`overview_page` (every head, small, each linking to the first) need no matplotlib at all.

@@ -31,7 +31,8 @@ _OVERVIEW = r"""<!DOCTYPE html>
 <body>
 <h1>__TITLE__</h1>
 <p class="note">Every head of every map: one row per map, sharing one colour scale (viridis, 0 to the row's
-largest weight; grey: not finite). Click a map to open it in <a id="viewer" href="__VIEWER__">the one-head
+largest weight; grey: not finite); in each map queries run down and keys across, and a map's sizes show when
+the pointer rests on it. Click a map to open it in <a id="viewer" href="__VIEWER__">the one-head
 viewer</a>.</p>
 <table id="grid"></table>
 <div id="render-info" hidden></div>

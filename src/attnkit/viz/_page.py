@@ -173,7 +173,7 @@ function draw(layer, head) {
   $("mark").style.display = "none";
   view = { m, w, left, top, cw, ch };
   const sample = m.batch > 1 ? " (sample 0 of " + m.batch + ")" : "";
-  $("shape").textContent = m.lq + " queries × " + m.lk + " keys" + sample;
+  $("shape").textContent = m.lq + " queries (rows, down) × " + m.lk + " keys (columns, across)" + sample;
   const info = $("render-info");
   Object.assign(info.dataset, { layer: String(layer), head: String(head), cells: String(w.length),
     nonfinite: String(s.bad), checksum: s.sum.toPrecision(10), cellw: String(cw), cellh: String(ch) });

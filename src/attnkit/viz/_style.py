@@ -19,7 +19,7 @@ import torch
 from ..errors import ArgumentError, DTypeError, ShapeError
 
 __all__ = ["save", "new_figure", "as_weights", "checked", "check_path", "set_token_ticks", "title_lines", "drawable",
-           "weight_norm", "labels_or_recorded", "MAX_TICK_LABELS"]
+           "weight_norm", "labels_or_recorded", "series_styles", "MAX_TICK_LABELS"]
 
 SUFFIXES = (".png", ".svg")
 WEIGHTS_CMAP = "viridis"  # sequential, perceptually uniform, readable in grey scale
@@ -34,8 +34,23 @@ def matplotlib():
         import matplotlib as mpl
         from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401  (Agg must be importable)
     except ImportError as err:  # pragma: no cover - exercised only without the extra
-        raise ImportError("attnkit.viz needs matplotlib: pip install 'attnkit[plot]'") from err
+        raise ImportError('attnkit.viz needs matplotlib: pip install "attnkit[plot]"') from err
     return mpl
+
+
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">")  # 11: with 10 colours, no pair repeats
+_LINESTYLES = ("-", "--", "-.", ":")
+
+
+def series_styles(n: int) -> list[dict]:
+    """``n`` distinct line styles for plot(): a colour of tab10, a marker and a line style each.
+
+    Colours repeat after 10 series, markers after 11, so no two of the first 110 series look alike;
+    the line style changes every 10 series as well, for readers who cannot tell the colours apart.
+    """
+    cmap = matplotlib().colormaps["tab10"]
+    return [{"color": cmap(i % 10), "marker": _MARKERS[i % len(_MARKERS)], "linestyle": _LINESTYLES[i // 10 % 4]}
+            for i in range(n)]
 
 
 def new_figure(width: float, height: float):

@@ -99,22 +99,25 @@ def _row_tokens(tokens, name: str, n: int, arg: str) -> list[str] | None:
     return check_labels(tokens, n, f"head_grid: maps[{name!r}]", arg)
 
 
-def _label_first_head(ax, name: str, w: torch.Tensor, q_tokens, k_tokens) -> None:
-    """Token labels on the axes of a row's first head, when there are any."""
-    q = _row_tokens(q_tokens, name, w.shape[1], "q_tokens")
-    k = _row_tokens(k_tokens, name, w.shape[2], "k_tokens")
-    if k is not None:
-        set_token_ticks(ax, "x", k, len(k))
-    if q is not None:
-        set_token_ticks(ax, "y", q, len(q))
+def _label_first_head(ax, name: str, w: torch.Tensor, q_tokens, k_tokens, row_in: float) -> None:
+    """The axes of a row's first head: its tokens (or positions) and what each axis is, with its length."""
+    _, lq, lk = w.shape
+    q = _row_tokens(q_tokens, name, lq, "q_tokens")
+    k = _row_tokens(k_tokens, name, lk, "k_tokens")
+    set_token_ticks(ax, "x", k, lk)
+    set_token_ticks(ax, "y", q, lq)
+    ax.tick_params(labelsize=7)
+    ax.set_xlabel(f"key ({lk})", fontsize=8)
+    ax.set_ylabel(f"{_row_label(name, row_in)}\nquery ({lq})", fontsize=9)
 
 
 def head_grid(maps, *, path=None, title=None, max_heads=None, q_tokens=None, k_tokens=None):
     """Draw every head of every layer: one row per map name, one column per head.
 
     Each row shares one colour scale (its own colour bar), so heads of a layer can be
-    compared; rows are scaled independently. With tokens, the first head of each row
-    carries them on its axes.
+    compared; rows are scaled independently. The first head of each row carries the
+    axes: keys across, queries down, with their tokens (or positions) and lengths; the
+    title adds the number of maps and heads and the map sizes.
 
     Args:
         maps: ``Mapping[str, tensor]``, each ``(H, Lq, Lk)``; ``(Lq, Lk)`` is one head and
@@ -147,7 +150,11 @@ def head_grid(maps, *, path=None, title=None, max_heads=None, q_tokens=None, k_t
     rows = {name: w for name, (w, _) in heads.items()}
     total = max(h for _, h in heads.values())
     ncols = max(w.shape[0] for w in rows.values())
-    width, height = min(max(1.9 * ncols + 1.4, 4.5), 22.0), min(1.9 * len(rows) + 0.8, 24.0)
+    panel, extra = 1.9, 0.0  # inches per head; tokens need room: a cell per token label, the labels beside
+    if q_tokens is not None or k_tokens is not None:
+        longest = max(max(w.shape[1:]) for w in rows.values())
+        panel, extra = min(max(1.9, 0.15 * longest), 4.2), 0.7
+    width, height = min(max(panel * ncols + 1.4 + extra, 4.5), 22.0), min((panel + extra) * len(rows) + 0.8, 24.0)
     fig = new_figure(width, height)
     grid = fig.subplots(len(rows), ncols, squeeze=False)
     for r, (name, w) in enumerate(rows.items()):
@@ -163,14 +170,15 @@ def head_grid(maps, *, path=None, title=None, max_heads=None, q_tokens=None, k_t
             ax.set_xticks([])
             ax.set_yticks([])
             if h == 0:
-                _label_first_head(ax, name, w, q_tokens, k_tokens)
+                _label_first_head(ax, name, w, q_tokens, k_tokens, (height - 0.8) / len(rows))
             if r == 0 or h >= rows[list(rows)[r - 1]].shape[0]:
                 ax.set_title(f"head {h}", fontsize=9)
-        grid[r][0].set_ylabel(_row_label(name, (height - 0.8) / len(rows)), fontsize=9)
-        fig.colorbar(image, ax=list(grid[r]), shrink=0.85, aspect=12)
-    shown = f" (first {ncols} of {total} heads)" if ncols < total else ""
-    if title or shown:
-        fig.suptitle(title_lines(f"{title or ''}{shown}".strip(), width, 11), fontsize=11)
+        fig.colorbar(image, ax=list(grid[r]), shrink=0.85, aspect=12, label="weight" if vmin >= 0 else "score")
+    shown = f"first {ncols} of {total} heads" if ncols < total else f"{total} head{'s' * (total > 1)}"
+    sizes = sorted({tuple(w.shape[1:]) for w in rows.values()})
+    shapes = ", ".join(f"{lq} queries x {lk} keys" for lq, lk in sizes)
+    suffix = f"{len(rows)} map{'s' * (len(rows) > 1)}, {shown}, {shapes}"
+    fig.suptitle(title_lines(f"{title}: {suffix}" if title else suffix, width, 11), fontsize=11)
     return finish(fig, path)
 
 

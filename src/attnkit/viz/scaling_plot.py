@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 
 from ..errors import ArgumentError
-from ._style import check_path, finish, matplotlib, new_figure
+from ._style import check_path, finish, matplotlib, new_figure, series_styles, title_lines
 
 __all__ = ["scaling_plot"]
 
@@ -57,10 +57,10 @@ def _guides(ax, xs: list[int], ys: list[float]) -> None:
 
 def _panel(ax, data, column: int, ylabel: str, scale: float) -> None:
     xs, ys = [], []
-    for colour, (name, points) in zip(data["colours"], data["series"].items(), strict=False):
+    for style, (name, points) in zip(data["styles"], data["series"].items(), strict=True):
         pts = [(p[0], p[column] / scale) for p in points if p[column] is not None]
         if pts:
-            ax.plot(*zip(*pts, strict=True), "o-", color=colour, label=name, markersize=4, linewidth=1.6)
+            ax.plot(*zip(*pts, strict=True), label=name, markersize=4, linewidth=1.6, **style)
             xs += [p[0] for p in pts]
             ys += [p[1] for p in pts]
     if not xs:
@@ -90,10 +90,10 @@ def scaling_plot(series, *, path=None, title=None):
             peak bytes must be > 0 (log axes); a series without memory is left out of
             the memory panel.
         path: ``.png`` or ``.svg`` file to write.
-        title: figure title.
+        title: figure title (wrapped to the width); say what was measured and at which sizes.
 
     Returns:
-        The Figure (two axes: time, memory).
+        The Figure (two axes: time, memory). Each series has its own colour, marker and line style.
 
     Example:
         >>> from attnkit.viz import scaling_plot
@@ -106,8 +106,7 @@ def scaling_plot(series, *, path=None, title=None):
         raise ArgumentError(f"scaling_plot: series must be a non-empty mapping name -> points; "
                             f"got {type(series).__name__}")
     data = {"series": {str(k): _points(str(k), v) for k, v in series.items()}}
-    mpl = matplotlib()
-    data["colours"] = [mpl.colormaps["tab10"](i % 10) for i in range(len(data["series"]))]
+    data["styles"] = series_styles(len(data["series"]))
     fig = new_figure(11.0, 4.4)
     time_ax, mem_ax = fig.subplots(1, 2)
     _panel(time_ax, data, 1, "time per call (s)", 1.0)
@@ -115,5 +114,5 @@ def scaling_plot(series, *, path=None, title=None):
     handles, labels = time_ax.get_legend_handles_labels()
     time_ax.legend(handles, labels, fontsize=8, loc="upper left")
     if title:
-        fig.suptitle(str(title))
+        fig.suptitle(title_lines(str(title), fig.get_figwidth(), 11), fontsize=11)
     return finish(fig, path)

@@ -16,7 +16,7 @@ from tests.tour.test_runner import ACCURACY, EXPERIMENTS, FakeAPI, fake  # noqa:
 
 
 def _tour(out, **kw):
-    return runner.tour(out=out, progress=False, scaling=False, **kw)
+    return runner.tour(out=out, progress=False, scaling=False, isolate=False, **kw)  # the fakes live here
 
 
 def _split(line: str) -> list[str]:
@@ -49,14 +49,24 @@ def test_table_mean_and_sample_std_over_seeds(tmp_path, fake):  # noqa: F811
         assert rows[key].accuracy[0] == pytest.approx(mean, abs=1e-12)
         assert rows[key].accuracy[1] == pytest.approx(std, abs=1e-12)
         assert rows[key].train_seconds == pytest.approx(2.0)  # 1 + seed over seeds 0, 1, 2
-        assert rows[key].peak_bytes == pytest.approx(2 * 2**20)
+        assert rows[key].peak_bytes is None  # trained in this process: memory not measured, not a false 0
         assert rows[key].extra["attention_on_key"][0] == pytest.approx(0.6)
     table = {r["mechanism"]: r for r in _parse(report.markdown_table(tmp_path))}
     assert table["softmax"]["accuracy % (mean ± std)"] == "90.0 ± 10.0"
     assert table["linear"]["accuracy % (mean ± std)"] == "40.0 ± 10.0"
     assert table["additive"]["accuracy % (mean ± std)"] == "98.0 ± 1.0"
     assert table["softmax"]["seeds"] == "3" and table["softmax"]["train time s"] == "2.0"
-    assert table["softmax"]["peak memory MiB"] == "2.0" and table["softmax"]["parameters"] == "1,234"
+    assert table["softmax"]["peak memory MiB"] == "-" and table["softmax"]["parameters"] == "1,234"
+
+
+def test_peak_memory_is_the_mean_over_seeds_of_the_runs_that_measured_it(tmp_path, fake):  # noqa: F811
+    fake(FakeAPI())
+    _tour(tmp_path)
+    records = report.load_records(tmp_path)
+    for r in records:  # as each run's fresh process would have measured it (runner.tour's default)
+        r["result"]["peak_bytes"] = (r["seed"] + 1) * 2**20 if r["seed"] < 2 else None
+    rows = {r.key: r for r in report.summarize(records)}
+    assert all(rows[key].peak_bytes == pytest.approx(1.5 * 2**20) for key in EXPERIMENTS)
 
 
 def test_readme_holds_the_same_parseable_table_and_how_it_was_run(tmp_path, fake):  # noqa: F811
@@ -137,7 +147,7 @@ def test_report_shows_measured_scaling_from_its_cache(tmp_path, fake):  # noqa: 
 def _command(argv):
     parser = argparse.ArgumentParser(prog="attnkit")
     tour_command.add(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["tour", *argv])
+    args = parser.parse_args(["tour", *argv, "--in-process"])  # the fake experiments live in this process
     args.argv = ["tour", *argv]
     return args.func(args)
 
@@ -159,8 +169,10 @@ def test_command_list_and_run(tmp_path, fake, capsys):  # noqa: F811
 
 def test_command_rejects_unknown_task_and_reports_failures(tmp_path, fake, capsys):  # noqa: F811
     fake(FakeAPI(fail={"dates/additive"}))
-    with pytest.raises(ArgumentError, match="unknown nope"):
+    with pytest.raises(ArgumentError, match="unknown 'nope'"):
         _command(["--tasks", "nope", "--out", str(tmp_path)])
+    with pytest.raises(ArgumentError, match=r"--tasks: unknown 'mqr'; did you mean 'mqar'\?"):
+        _command(["--tasks", "mqr", "--out", str(tmp_path)])
     argv = ["--quick", "--out", str(tmp_path), "--tasks", "dates", "--seeds", "0", "--threads", "1", "--no-progress"]
     assert _command(argv) == 1
     assert "failed: dates/additive seed 0" in capsys.readouterr().out

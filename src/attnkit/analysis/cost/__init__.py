@@ -35,7 +35,7 @@ from typing import NamedTuple
 from torch import nn
 
 from ... import registry
-from ...errors import ArgumentError
+from ...errors import ArgumentError, did_you_mean
 from . import additive, core, linear, pooling, positional, sparse
 from .tally import ITEMSIZE, Spec, Tally
 
@@ -114,7 +114,8 @@ def spec(name_or_module) -> Spec:
     if "(" in name_or_module:  # a mask expression such as "sliding_window(128, 128)"
         return core.mask_spec(name_or_module)
     known = sorted({e.name for e in registry.entries()} | {"dense", "sdpa"})
-    raise ArgumentError(f"cost: unknown mechanism {name_or_module!r}; known: {', '.join(known)} "
+    raise ArgumentError(f"unknown mechanism {name_or_module!r}; {did_you_mean(name_or_module, known)}"
+                        f"known: {', '.join(known)} "
                         "or a mask expression such as 'sliding_window(128, 128)'")
 
 

@@ -106,7 +106,18 @@ def _picture(example: dict, maps: dict[str, torch.Tensor], path: Path) -> Path:
         q, k = _tokens(example.get("q_tokens"), name), _tokens(example.get("k_tokens"), name)
         if w2.dim() == 2 and q is not None and k is not None and (len(q), len(k)) == tuple(w2.shape):
             return _save(alignment(w2, k, q, title=title), path)
-    return _save(head_grid(maps, title=title, max_heads=8), path)
+    q_tokens, k_tokens = _fitting(example.get("q_tokens"), maps, -2), _fitting(example.get("k_tokens"), maps, -1)
+    return _save(head_grid(maps, title=title, max_heads=8, q_tokens=q_tokens, k_tokens=k_tokens), path)
+
+
+def _fitting(tokens, maps: dict[str, torch.Tensor], dim: int) -> dict[str, list]:
+    """The example's tokens of each map whose length along ``dim`` they fit (the others are drawn with positions)."""
+    out = {}
+    for name, w in maps.items():
+        labels = _tokens(tokens, name)
+        if isinstance(labels, list) and len(labels) == w.shape[dim]:
+            out[name] = labels
+    return out
 
 
 def _page(key: str, examples: list[dict], path: Path) -> Path:
@@ -155,24 +166,27 @@ def cost_plot(rep: Report) -> tuple[Path | None, list[str]]:
         return None, []
     notes = []
     try:
-        fig = _figure(6.4, 4.2)
+        from ...viz._style import series_styles
+
+        fig = _figure(7.4, 4.8)
         ax = fig.add_subplot()
-        for e in entries:
+        for e, style in zip(entries, series_styles(len(entries)), strict=True):  # a colour, marker and dash each
             try:
                 pts = [(n, cost(e["name"], **{**e["sizes"], **length_sizes(e["name"], n)}).flops)
                        for n in PLOT_LENGTHS]
             except (ValueError, TypeError) as err:
                 notes.append(f"cost of {e['name']} against length: {err}")
                 continue
-            ax.plot(*zip(*pts, strict=True), "o-", markersize=3, label=f"{e['mechanism']} ({e['name']})")
+            ax.plot(*zip(*pts, strict=True), markersize=4, linewidth=1.4, label=f"{e['mechanism']} ({e['name']})",
+                    **style)
         ax.set_xscale("log", base=2)
         ax.set(yscale="log", xlabel="sequence length L", ylabel="matmul FLOPs (forward, analytic)",
-               title="analytic cost against length (other sizes as in the table)")
+               title="analytic cost against length L\n(forward; other sizes as in the cost table)")
         ax.set_xticks(PLOT_LENGTHS, [str(n) for n in PLOT_LENGTHS])
         ax.minorticks_off()
         ax.grid(True, which="major", alpha=0.25)
         if ax.lines:
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
         return _save(fig, rep.out / "img" / "cost.png"), notes
     except Exception as err:  # noted in the report
         return None, [*notes, f"cost plot: {type(err).__name__}: {err}"]
@@ -184,10 +198,13 @@ def scaling_picture(rep: Report) -> tuple[Path | None, list[str]]:
     if not series:
         return None, []
     try:
+        from ...analysis.scaling import DEFAULT_SIZES  # the sizes the tour measures with (scaling's defaults)
         from ...viz import scaling_plot
 
         points = {k: [(int(p[0]), p[1], p[2] if len(p) > 2 else None) for p in v] for k, v in series.items() if v}
-        fig = scaling_plot(points, title="measured: forward + backward, one repeat, fresh process per point")
+        sizes = ", ".join(f"{k}={v}" for k, v in DEFAULT_SIZES.items())
+        fig = scaling_plot(points, title=f"measured time and peak memory against L: forward + backward, one repeat, "
+                                         f"fresh process per point ({sizes}; dim: a module's width)")
         return _save(fig, rep.out / "img" / "scaling.png"), []
     except Exception as err:  # noted in the report
         return None, [f"scaling plot: {type(err).__name__}: {err}"]
