@@ -13,6 +13,7 @@ from importlib import metadata as _metadata
 
 from .errors import ArgumentError, AttnkitError, BackendError, DeviceError, DTypeError, ShapeError, UnsupportedFeature
 
+
 def _version() -> str:
     """The installed distribution's version: pyproject.toml is the one place the number is written.
 
