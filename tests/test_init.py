@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 
+import pytest
 import tomllib
 
 import attnkit
@@ -27,3 +30,15 @@ def test_a_source_tree_without_metadata_reads_pyproject(monkeypatch):
 
     monkeypatch.setattr(attnkit._metadata, "version", not_installed)
     assert attnkit._version() == _declared_version()
+
+
+@pytest.mark.parametrize("first", ["", "from attnkit import masks", "import attnkit.bias", "import attnkit.attention"])
+def test_the_public_names_in_a_fresh_interpreter(first):
+    # attnkit loads its torch names on first use: whatever is imported first, attnkit.attention is the function
+    code = (f"import attnkit\n{first}\nimport types\n"
+            "assert callable(attnkit.attention) and not isinstance(attnkit.attention, types.ModuleType)\n"
+            "assert callable(attnkit.explain) and isinstance(attnkit.masks, types.ModuleType)\n"
+            "from attnkit import attention, AttentionOutput\nassert callable(attention)\n"
+            "import torch\nq = torch.randn(1, 2, 5, 4)\nassert attnkit.attention(q, q, q).shape == q.shape\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -45,15 +45,16 @@ __all__ = [
 
 # The names below import torch; they load on first use, so that ``attnkit --help`` and
 # ``attnkit --version`` answer without importing torch (the commands that run import it).
-_LAZY = {"attention": ".attention", "explain": ".attention", "AttentionOutput": ".attention",
-         "masks": ".masks", "bias": ".bias"}
+_LAZY = {"attention": (".attention", "attention"), "explain": (".attention", "explain"),
+         "AttentionOutput": (".attention", "AttentionOutput"), "masks": (".masks", None), "bias": (".bias", None)}
 
 
 def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module 'attnkit' has no attribute {name!r}")
-    module = importlib.import_module(_LAZY[name], __name__)
-    value = module if _LAZY[name] == f".{name}" else getattr(module, name)
+    module_name, attribute = _LAZY[name]
+    module = importlib.import_module(module_name, __name__)
+    value = module if attribute is None else getattr(module, attribute)
     globals()[name] = value
     return value
 
