@@ -110,7 +110,8 @@ def rows() -> list[Row]:
         Row(f"{label}: prefill forward, prompt {PROMPT}", 1.0, forward_of("attnkit"), forward_of("sdpa"), '"sdpa"'),
         Row(f"{label}: greedy decode, {NEW_TOKENS} tokens after {PROMPT}", 1.0,
             lambda: _decode(models["attnkit"], ids, caches["attnkit"]),
-            lambda: _decode(models["sdpa"], ids, caches["sdpa"]), '"sdpa" (time of the 32 steps; tokens/s is its inverse)'),
+            lambda: _decode(models["sdpa"], ids, caches["sdpa"]),
+            '"sdpa" (time of the 32 steps; tokens/s is its inverse)'),
     ]
 
 
