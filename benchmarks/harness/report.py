@@ -125,10 +125,28 @@ def render(*, title: str, intro: Sequence[str], info: Mapping, ceiling: Mapping,
     return "\n".join(lines) + "\n"
 
 
+# Sections other scripts write into BENCHMARKS.md (scaling.py, overhead.py, the distributed bench,
+# transformers_models.py): the suite keeps each byte for byte, with the heading just above its marker.
+KEPT_SECTIONS = ("scaling", "overhead", "distributed", "transformers")
+
+
+def _kept_section(old: str, name: str) -> str | None:
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    if start not in old or end not in old:
+        return None
+    i = old.index(start)
+    before = old[:i].rstrip("\n")
+    heading = before.rfind("\n") + 1
+    if before[heading:].startswith("## ") and not before[heading:].startswith("## Benchmark suite"):
+        i = heading
+    return old[i:old.index(end, i) + len(end)]
+
+
 def rewrite(old: str, suite: str, header: str = "# Benchmarks") -> str:
-    """BENCHMARKS.md with ``suite`` as its content and the scaling section kept byte for byte."""
+    """BENCHMARKS.md with ``suite`` as its content and the other scripts' sections kept byte for byte."""
     parts = [header, "", suite.strip()]
-    if SCALING_START in old and SCALING_END in old:
-        start = old.index(SCALING_START)
-        parts += ["", old[start:old.index(SCALING_END, start) + len(SCALING_END)]]
+    for name in KEPT_SECTIONS:
+        section = _kept_section(old, name)
+        if section is not None:
+            parts += ["", section]
     return "\n".join(parts) + "\n"

@@ -44,3 +44,12 @@ def test_goal_ratio_of_five_times_faster_is_shown_as_such():
     from benchmarks.harness.report import goal_text
     assert goal_text(0.2) == "≥ 5x faster" and goal_text(1.05) == "≤ 1.05x"
     assert goal_text(None, 0.25) == "memory ≤ 0.25x" and goal_text(None) == "—"
+
+
+def test_rewrite_keeps_the_sections_other_scripts_write_with_their_headings():
+    overhead = "## Dispatch overhead on common calls\n\n<!-- overhead:start -->\n| o |\n<!-- overhead:end -->"
+    models = "## Inside a transformers model\n\n<!-- transformers:start -->\n| t |\n<!-- transformers:end -->"
+    old = f"# Benchmarks\n\n<!-- suite:start -->\nold\n<!-- suite:end -->\n\n{overhead}\n\n{models}\n"
+    once = rewrite(old, _render(_fake_rows()))
+    assert overhead in once and models in once and "\nold\n" not in once
+    assert rewrite(once, _render(_fake_rows())) == once
