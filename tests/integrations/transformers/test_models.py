@@ -146,3 +146,14 @@ def test_static_cache_generation(batch):
     ids = tokens(batch=batch, length=7)
     kwargs = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, cache_implementation="static")
     assert torch.equal(ours.generate(ids, **kwargs), eager.generate(ids, **kwargs))
+
+
+def test_a_training_step_has_eager_gradients_with_right_padding():
+    eager, ours = twins(LlamaForCausalLM, llama())
+    keep = right_padded(pad=4)
+    labels = tokens().masked_fill(keep == 0, -100)
+    for model in (eager, ours):
+        model.train()
+        model(tokens(), attention_mask=keep, labels=labels).loss.backward()
+    for (name, a), b in zip(eager.named_parameters(), ours.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=1e-6, msg=name)
