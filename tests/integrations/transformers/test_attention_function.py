@@ -113,3 +113,22 @@ def test_a_users_4d_mask_with_a_registered_mask():
     torch.testing.assert_close(out, expected.transpose(1, 2), rtol=0, atol=1e-12)
     with pytest.raises(attnkit.UnsupportedFeature, match="additive float mask"):
         make_attention_function(masks.sliding_window(1))(_Module(), q, k, v, torch.randn(2, 1, 3, 5))
+
+
+@pytest.mark.parametrize("keyword", ["sinks", "indices", "block_indices"])
+def test_sparse_indices_and_sinks_are_refused(keyword):
+    q, k, v = _qkv()
+    with pytest.raises(attnkit.UnsupportedFeature, match=keyword):
+        make_attention_function()(_Module(), q, k, v, None, **{keyword: torch.zeros(2, dtype=torch.long)})
+
+
+def test_registered_names_refuse_encoder_decoders():
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    from attnkit.integrations.transformers import register
+
+    config = BartConfig(vocab_size=97, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64)
+    _, ours = twins(BartForConditionalGeneration, config, register("attnkit-test-window3", mask=masks.causal()))
+    with pytest.raises(attnkit.UnsupportedFeature, match="encoder-decoder"):
+        ours(tokens(), decoder_input_ids=tokens(length=4))

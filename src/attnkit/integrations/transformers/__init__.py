@@ -21,7 +21,9 @@ and whose score modifier is added, both evaluated on positions of the whole sequ
     register("attnkit-window", mask=attnkit.masks.sliding_window(256))
     model.set_attn_implementation("attnkit-window")    # a dense model, now windowed
 
-Outputs at padded query positions are unspecified (transformers' eager path gives a
+Registered names are for decoder-only and encoder models: on an encoder-decoder they raise
+:class:`attnkit.UnsupportedFeature` (cross-attention has two sequences' positions). Outputs at
+padded query positions are unspecified (transformers' eager path gives a
 uniform average there, attnkit 0).
 """
 

@@ -15,8 +15,10 @@ Each keyword the model passes is honoured or refused:
   (:func:`attnkit.bias.softcap`); ``position_bias`` (T5-style) is a float bias;
 * ``sliding_window`` is already in the mask (the mask function read it from the
   layer's mask function), so it is not applied twice;
-* attention sinks (``s_aux``, ``sinks``) change the softmax's denominator: attnkit
-  refuses them with :class:`attnkit.UnsupportedFeature` naming the model.
+* attention sinks (``s_aux``, ``sinks``) change the softmax's denominator and sparse
+  indexers' key indices (``indices``, ``block_indices``) its support: attnkit refuses them
+  with :class:`attnkit.UnsupportedFeature` naming the model; so are names from
+  :func:`register` on encoder-decoders (cross-attention has no shared positions).
 
 The weights are computed (on attnkit's exact dense path) only when the model collects
 them: ``output_attentions=True`` reaches the function as a keyword in some models and
@@ -42,7 +44,12 @@ except ImportError:  # pragma: no cover - an older layout: the keyword alone dec
 
 __all__ = ["make_attention_function"]
 
-_SINKS = ("s_aux", "sinks")
+# Keywords that change what attention computes and that attnkit cannot honour: attention sinks (a term in
+# the softmax's denominator) and the top-k key indices of sparse-attention indexers. Other keywords models pass
+# (cu_seq_lens_*/max_length_*: packing hints whose mask transformers builds from position_ids; position_ids,
+# deterministic) change nothing attnkit computes.
+_REFUSED = {"s_aux": "attention sinks", "sinks": "attention sinks", "indices": "top-k sparse key indices",
+            "block_indices": "sparse key block indices"}
 
 
 def _model_name(module) -> str:
@@ -123,11 +130,17 @@ def make_attention_function(extra_mask=None, extra_bias=None, backend: str = "au
 
     def attnkit_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                           softcap=None, position_bias=None, sliding_window=None, **kwargs):
-        for name in _SINKS:
+        for name, feature in _REFUSED.items():
             if kwargs.get(name) is not None:
                 raise UnsupportedFeature(
-                    f"{_model_name(module)} uses attention sinks ({name!r}): attnkit cannot honour them exactly; "
-                    "use attn_implementation='eager' or 'flex_attention' for this model")
+                    f"{_model_name(module)} uses {feature} ({name!r}): attnkit cannot honour them exactly; "
+                    "use attn_implementation='eager' for this model")
+        if (extra_mask is not None or extra_bias is not None) and getattr(
+                getattr(module, "config", None), "is_encoder_decoder", False):
+            raise UnsupportedFeature(
+                f"{_model_name(module)}: a registered mask or bias is read at positions of one sequence, and an "
+                "encoder-decoder's cross-attention has two; register() names are for decoder-only and encoder "
+                "models")
         model_mask = model_mask_of(attention_mask, module, is_causal, query.shape[-2], key.shape[-2], extra_mask)
         bias = _bias_of(module, model_mask, softcap, position_bias, extra_bias)
         mask = model_mask.mask
