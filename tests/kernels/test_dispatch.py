@@ -17,7 +17,7 @@ import attnkit.nn as N
 from attnkit import masks
 from attnkit.bias import softcap
 from attnkit.errors import BackendError
-from attnkit.kernels.dispatch import SMALL_SCORES, TRACING
+from attnkit.kernels.dispatch import OPERATOR, SMALL_SCORES, TRACING
 from tests.helpers import BACKENDS, assert_close_to_oracle, rand_qkv
 
 
@@ -26,30 +26,44 @@ class CausalAttention(torch.nn.Module):
         return attnkit.attention(q, k, v, mask=masks.causal())
 
 
-class ExplainedCausalAttention(torch.nn.Module):
+class ExplainedAttention(torch.nn.Module):
     """Records what explain() says while torch traces the call (in a list torch does not copy)."""
 
-    def __init__(self, decisions: list):
+    def __init__(self, decisions: list, **kwargs):
         super().__init__()
-        self.record = decisions.append
+        self.record, self.kwargs = decisions.append, kwargs
 
     def forward(self, q, k, v):
-        self.record(attnkit.explain(q, k, v, mask=masks.causal()))
-        return attnkit.attention(q, k, v, mask=masks.causal())
+        self.record(attnkit.explain(q, k, v, **self.kwargs))
+        return attnkit.attention(q, k, v, **self.kwargs)
+
+
+def _export_dynamic(**kwargs):
+    decisions = []
+    length = torch.export.Dim("L", max=4096)
+    q, k, v = rand_qkv(1, 2, 7, 7, 8, seed=1)
+    exported = torch.export.export(ExplainedAttention(decisions, **kwargs), (q, k, v),
+                                   dynamic_shapes=({2: length},) * 3, strict=False)
+    return exported, decisions[-1]
 
 
 def test_export_with_a_dynamic_length_takes_the_traceable_path_and_explain_says_so():
-    decisions = []
-    module = ExplainedCausalAttention(decisions)
-    length = torch.export.Dim("L", max=4096)
-    q, k, v = rand_qkv(1, 2, 7, 7, 8, seed=1)
-    exported = torch.export.export(module, (q, k, v), dynamic_shapes=({2: length},) * 3, strict=False)
-    decision = decisions[-1]
+    """A call the custom operator cannot take (a soft-cap) is traced on the dense exact path, reading no size."""
+    kwargs = dict(mask=masks.causal(), bias=softcap(5.0))
+    exported, decision = _export_dynamic(**kwargs)
     assert decision.path == "dense-reference" and decision.cost is None
     assert TRACING in decision.reasons["online-softmax"]
     assert "tracing: sizes symbolic" in str(decision) and "estimated cost: none" in str(decision)
     q, k, v = rand_qkv(1, 2, 300, 300, 8, seed=2)  # 2 * 300^2 > SMALL_SCORES: eager reads sizes here
     assert SMALL_SCORES < 2 * 300 * 300
+    assert_close_to_oracle(exported.module()(q, k, v), q, k, v, **kwargs)
+
+
+def test_export_with_a_dynamic_length_keeps_the_operator_and_explain_says_so():
+    exported, decision = _export_dynamic(mask=masks.causal())
+    assert decision.path == "torch-sdpa" and decision.cost is None
+    assert OPERATOR in decision.reasons["online-softmax"]
+    q, k, v = rand_qkv(1, 2, 300, 300, 8, seed=2)
     assert_close_to_oracle(exported.module()(q, k, v), q, k, v, mask=masks.causal())
 
 

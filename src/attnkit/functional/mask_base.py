@@ -71,9 +71,12 @@ class Mask:
         num_heads: number of heads the mask is tied to, else None.
         q_len, kv_len: sequence lengths the mask's data is for (tensor masks,
             segment ids), else None; attention() checks them against the inputs.
+        textual: the mask holds no tensor or function, and its ``repr`` is the text that
+            :func:`attnkit.masks.parse` rebuilds it from (what compiled graphs carry).
     """
 
     uses: frozenset = frozenset({"b", "h", "q", "kv"})
+    textual: bool = False
     batch_size: int | None = None
     num_heads: int | None = None
     q_len: int | None = None
@@ -197,6 +200,7 @@ class _Combined(Mask):
         self.num_heads = _merge_owner(parts, "num_heads")
         self.q_len = _merge_owner(parts, "q_len")
         self.kv_len = _merge_owner(parts, "kv_len")
+        self.textual = all(p.textual for p in parts)
 
     def _part_layouts(self, q_len, kv_len, bs, device, sizes):
         return [p.block_layout(q_len, kv_len, bs, device=device, batch=sizes[0], heads=sizes[1])[:2]

@@ -82,6 +82,8 @@ class _Band(Mask):
 
 
 class _Causal(_Band):
+    textual = True  # repr is the constructor call parse() reads
+
     def __init__(self, align):
         self.align = _check_align(align)
 
@@ -96,6 +98,8 @@ class _Causal(_Band):
 
 
 class _SlidingWindow(_Band):
+    textual = True  # repr is the constructor call parse() reads
+
     def __init__(self, left, right, align):
         self.left, self.right = check_int(None, "left", left), check_int(None, "right", right)
         self.align = _check_align(align)
@@ -136,6 +140,7 @@ class _Dilated(_SlidingWindow):
 
 
 class _Strided(Mask):
+    textual = True  # repr is the constructor call parse() reads
     uses = frozenset({"q", "kv"})
 
     def __init__(self, stride):
@@ -160,6 +165,7 @@ class _Strided(Mask):
 
 
 class _Fixed(Mask):
+    textual = True  # repr is the constructor call parse() reads
     uses = frozenset({"q", "kv"})
 
     def __init__(self, block, summary):
@@ -196,6 +202,7 @@ class _Fixed(Mask):
 
 
 class _Full(Mask):
+    textual = True  # repr is the constructor call parse() reads
     uses = frozenset()
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
@@ -214,6 +221,7 @@ class _Full(Mask):
 
 
 class _PrefixLM(Mask):
+    textual = True  # repr is the constructor call parse() reads
     uses = frozenset({"q", "kv"})
 
     def __init__(self, n, align):
@@ -233,6 +241,8 @@ class _PrefixLM(Mask):
 
 class _Diagonals(_Band):
     """Keys ``lo <= j - i <= hi`` (a side is open when None), positions counted from the first query and key."""
+
+    textual = True  # repr is the constructor call parse() reads
 
     def __init__(self, lo, hi):
         self.lo = None if lo is None else check_int(None, "lo", lo, -_FAR)

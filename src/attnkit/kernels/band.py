@@ -30,7 +30,7 @@ from . import rules
 from .path_cost import PathCost, fused_attention, itemsize
 from .pipeline import KernelOutput, Workspace
 
-__all__ = ["refusal", "plan", "run", "describe", "cost", "density"]
+__all__ = ["refusal", "plan", "run", "forward", "backward", "describe", "cost", "density"]
 
 BLOCK_SIZES = (32, 64, 128)
 _NEG_INF = float("-inf")
@@ -60,7 +60,8 @@ def plan(p: Problem) -> ws.Plan:
     The dispatcher's density and the run read it in one call: it is computed once per band and sizes.
     """
     _, _, lq, lk, _, _ = p.sizes
-    return _best_plan(*p.band, lq, lk, BLOCK_SIZES)  # BLOCK_SIZES read at call time (tests change it)
+    best = _best_plan.__wrapped__ if torch.compiler.is_compiling() else _best_plan  # dynamo skips the cache anyway
+    return best(*p.band, lq, lk, BLOCK_SIZES)  # BLOCK_SIZES read at call time (tests change it)
 
 
 @functools.lru_cache(maxsize=64)
@@ -114,28 +115,44 @@ def _backward(q, k, v, out, dout, dlse, pl: ws.Plan, scale: float, finite: bool)
     return dq.mul_(scale), dk, dv
 
 
+def _grouped(q, k, v):
+    """``(B, H, L, E)`` views as ``(N, G, Lq, D)`` queries and ``(N, Lk, E)`` keys and values (``N = B*H_kv``)."""
+    batch, heads, lq, d = q.shape
+    hkv = k.shape[1]
+    return (q.view(batch * hkv, heads // hkv, lq, d), k.view(batch * hkv, *k.shape[2:]),
+            v.view(batch * hkv, *v.shape[2:]))
+
+
+def forward(q, k, v, pl: ws.Plan, scale: float, need_lse: bool):
+    """Out ``(B, H, Lq, Dv)`` and lse ``(B, H, Lq)`` (or None) of contiguous ``(B, H, L, E)`` inputs."""
+    q3, k3, v3 = _grouped(q, k, v)
+    out, lse = _forward(q3, k3, v3, pl, scale, need_lse)
+    return out.view(*q.shape[:3], -1), (lse.view(q.shape[:3]) if need_lse else None)
+
+
+def backward(q, k, v, out, dout, dlse, pl: ws.Plan, scale: float, finite: bool):
+    """``dq, dk, dv`` shaped like ``q, k, v`` from the forward's output (no saved lse: probabilities recomputed)."""
+    q3, k3, v3 = _grouped(q, k, v)
+    out3 = out.reshape(*q3.shape[:3], -1)
+    dout3 = dout.reshape(out3.shape).contiguous()
+    dlse3 = dlse.reshape(out3.shape[:3]) if dlse is not None and dlse.numel() else None
+    dq, dk, dv = _backward(q3, k3, v3, out3, dout3, dlse3, pl, scale, finite)
+    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+
+
 class _BandAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, pl: ws.Plan, scale: float, finite: bool, need_lse: bool):
-        batch, heads, lq, d = q.shape
-        hkv = k.shape[1]
-        q3 = q.view(batch * hkv, heads // hkv, lq, d)  # grouped queries: (N, G, Lq, D)
-        k3, v3 = k.view(batch * hkv, *k.shape[2:]), v.view(batch * hkv, *v.shape[2:])
-        out, lse = _forward(q3, k3, v3, pl, scale, need_lse)
-        ctx.save_for_backward(q3, k3, v3, out)
-        ctx.pl, ctx.scale, ctx.finite, ctx.shapes = pl, scale, finite, (q.shape, k.shape, v.shape)
-        out4 = out.view(batch, heads, lq, -1)
-        return out4, (lse.view(batch, heads, lq) if need_lse else out4.new_empty(0))
+        out, lse = forward(q, k, v, pl, scale, need_lse)
+        ctx.save_for_backward(q, k, v, out)
+        ctx.pl, ctx.scale, ctx.finite = pl, scale, finite
+        return out, (lse if need_lse else out.new_empty(0))
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dout, dlse):
-        q3, k3, v3, out = ctx.saved_tensors
-        dout = dout.reshape(out.shape).contiguous()
-        dlse = dlse.reshape(out.shape[:3]) if dlse is not None and dlse.numel() else None
-        dq, dk, dv = _backward(q3, k3, v3, out, dout, dlse, ctx.pl, ctx.scale, ctx.finite)
-        qs, ks, vs = ctx.shapes
-        return dq.view(qs), dk.view(ks), dv.view(vs), None, None, None, None
+        q, k, v, out = ctx.saved_tensors
+        return (*backward(q, k, v, out, dout, dlse, ctx.pl, ctx.scale, ctx.finite), None, None, None, None)
 
 
 def density(p: Problem) -> float:

@@ -38,7 +38,7 @@ from .path_cost import PathCost
 from .pipeline import KernelOutput, Workspace, upcast_inputs
 from .rules import FLASH, FLASH_BACKWARD
 
-__all__ = ["refusal", "run", "cost", "density", "slab_biases"]
+__all__ = ["refusal", "run", "forward", "backward", "cost", "density", "slab_biases"]
 
 BIAS_CACHE = 4  # cached (sizes -> biases) entries per mask; the oldest goes first
 BIAS_CACHE_BYTES = 1 << 26  # larger bias sets (long, dense layouts) are built per call instead
@@ -151,6 +151,25 @@ def run(p: Problem) -> KernelOutput:
     biases = slab_biases(p, pl.slabs, pl.bs, qb.dtype)
     out, lse = _FusedBlockSparse.apply(qb, kb, vb, p, pl.slabs, biases)
     return block_plan.from_blocks(p, out, lse if p.return_lse else None)
+
+
+def forward(p: Problem):
+    """Out ``(B, H, Lq, Dv)`` and the kernel's own lse ``(B, H, Lq)`` (0 on rows with no key), without autograd."""
+    pl = block_plan.plan_for(p)
+    qb, kb, vb = block_plan.to_blocks(*upcast_inputs(p), pl.bs)
+    out, lse = _forward(p, pl.slabs, slab_biases(p, pl.slabs, pl.bs, qb.dtype), qb, kb, vb)
+    return block_plan.from_blocks(p, out, lse)[::2]
+
+
+def backward(p: Problem, out, lse, dout):
+    """``dq, dk, dv`` (key/value heads repeated for grouped queries) from :func:`forward`'s output and lse."""
+    pl = block_plan.plan_for(p)
+    q, k, v = upcast_inputs(p)
+    qb, kb, vb = block_plan.to_blocks(q, k, v, pl.bs)
+    outb, doutb, lseb = block_plan.to_blocks(out, dout.to(out.dtype), lse[..., None], pl.bs)
+    biases = slab_biases(p, pl.slabs, pl.bs, qb.dtype)
+    grads = _backward(p, pl.slabs, biases, qb, kb, vb, outb.contiguous(), lseb[..., 0], doutb.contiguous())
+    return tuple(g.flatten(2, 3)[:, :, :t.shape[2]] for g, t in zip(grads, (q, k, v), strict=True))
 
 
 def cost(p: Problem, grad: bool = False) -> PathCost:

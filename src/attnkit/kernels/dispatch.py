@@ -18,10 +18,14 @@ every other path's reason and the chosen path's cost). Policy for
    path accepts (row normalisers, weights); else the first chunked path that
    accepts (an additive bias, a soft-cap, or the general online softmax).
 
-Symbolic sizes (``torch.export`` with a ``Dim``, ``torch.compile(dynamic=True)``):
-every rule above reads a size (zero sizes, the block density, ``SMALL_SCORES``), and a
-traced comparison of a size pins it, so ``auto`` takes ``dense-reference`` at once,
-without reading one: one graph, exact for every size (:data:`TRACING`).
+Tracing (``torch.compile``, ``torch.export``): the rules above read data (finiteness,
+torch's output check, block layouts), which fake tensors do not have. A call the fused
+paths can serve becomes one ``attnkit::attention`` custom operator node, which runs this
+same dispatcher at run time with the data in hand (:mod:`.custom_op`, :data:`OPERATOR`).
+Other calls are traced as plain torch operations; with symbolic sizes (a ``Dim``,
+``dynamic=True``) every rule also reads a size, and a traced comparison of a size pins
+it, so ``auto`` takes ``dense-reference`` at once, without reading one: one graph, exact
+for every size (:data:`TRACING`).
 
 A forced ``backend`` runs the first of its paths that accepts, or raises
 :class:`~attnkit.errors.BackendError` with the most general path's reason.
@@ -36,16 +40,18 @@ import torch
 from ..errors import BackendError
 from ..functional.masks import _Full
 from ..functional.validate import Problem
-from . import rules, sdpa
+from . import custom_op, rules, sdpa
 from .path_cost import PathCost
 from .paths import BY_NAME, PATHS, Path, of_backend
 from .pipeline import KernelOutput, in_graph, shapes_only, zero_padded_keys
 
-__all__ = ["Decision", "choose", "decide", "execute", "SMALL_SCORES", "TRACING", "symbolic_sizes"]
+__all__ = ["Decision", "choose", "decide", "execute", "SMALL_SCORES", "TRACING", "OPERATOR", "symbolic_sizes"]
 
 SMALL_SCORES = 1 << 16  # B*H*Lq*Lk under which dense reference scores are cheap
 TRACING = ("tracing: sizes symbolic, size-dependent choices skipped (the dense exact path traces for any size; "
            "the others loop over blocks or rows, which would pin the sizes)")
+OPERATOR = (f"tracing: the call is one {custom_op.OPERATOR} operator node, which decides at run time, with the "
+            "data, as eager attention does (this path is the one expected when traced)")
 _SDPA, _REFERENCE = BY_NAME["torch-sdpa"], BY_NAME["dense-reference"]
 
 
@@ -79,6 +85,7 @@ class _Choice:
     path: Path
     density: float | None = None
     why_not: dict[str, str] = field(default_factory=dict)  # able paths not taken, and why
+    operator: str | None = None  # traced: the call is one custom operator node expecting this path
 
 
 def _empty(p: Problem) -> bool:
@@ -151,7 +158,12 @@ def choose(p: Problem, backend: str = "auto", *, untrusted: bool = False) -> _Ch
     ``untrusted``: torch's kernel has already run this call and its output could not be
     trusted (:class:`~.sdpa.UntrustedOutput`): choose among the other paths.
     """
-    if backend == "auto" and symbolic_sizes(p):
+    symbolic = symbolic_sizes(p)
+    if (symbolic or torch.compiler.is_compiling()) and custom_op.accepts(p, backend):
+        planned = custom_op.planned_path(p, static_sizes=not symbolic)
+        return _Choice(BY_NAME.get(planned, BY_NAME["blocksparse-fused"]), operator=planned,
+                       why_not={"*": OPERATOR})
+    if backend == "auto" and symbolic:
         return _Choice(_REFERENCE, why_not={"*": TRACING})
     if _empty(p):
         return _Choice(_REFERENCE, why_not={"*": "a size is zero: the empty result, on the exact path"})
@@ -171,7 +183,10 @@ def execute(p: Problem, backend: str = "auto") -> tuple[KernelOutput, Path]:
     (:func:`.pipeline.shapes_only`). An output that no input produced (every row
     empty) is joined to autograd, so the backward gives zero gradients (:func:`.pipeline.in_graph`).
     """
-    path = choose(p, backend).path
+    choice = choose(p, backend)
+    if choice.operator is not None:
+        return custom_op.run(p, choice.operator), choice.path
+    path = choice.path
     if p.q.is_meta:
         return _differentiable(p, shapes_only(p)), path
     clean_padding_first = path is not _SDPA or not sdpa.checks_output(p) or rules.needs_grad(p)

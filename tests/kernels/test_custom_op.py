@@ -1,0 +1,191 @@
+"""kernels/custom_op.py: the fused paths as the ``attnkit::attention`` operator under torch.compile and export.
+
+The operator must pass torch's own checks (``torch.library.opcheck``: schema, fake
+implementation, autograd registration, AOT dispatch); compiled and exported graphs must
+contain it, naming the path expected; and what they compute, output and gradients, must
+equal the independent float64 oracle, including calls the operator hands back to the
+exact path (non-finite inputs).
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+import attnkit
+from attnkit import masks
+from attnkit.kernels import custom_op
+from tests.helpers import rand_qkv
+from tests.oracle import dense_attention
+
+OP = torch.ops.attnkit.attention.default
+
+MASKS = {  # mask, the path expected when traced at L = 256
+    "none": (None, "torch-sdpa"),
+    "causal": (masks.causal(), "torch-sdpa"),
+    "window": (masks.sliding_window(32, 32), "band-windows"),
+    "causal window": (masks.causal() & masks.sliding_window(20), "band-windows"),
+    "strided": (masks.causal() & masks.strided(64), "blocksparse"),
+    "fixed": (masks.fixed(64), "blocksparse"),
+}
+
+
+def _args(mask, length=256, hkv=None, dtype=torch.float32, seed=0):
+    q, k, v = rand_qkv(1, 4, length, length, 16, hkv=hkv, dtype=dtype, seed=seed, requires_grad=True)
+    return q, k, v, custom_op.mask_text(mask), 16 ** -0.5, "auto"
+
+
+def _oracle_and_grads(q, k, v, mask, dout):
+    """Float64 softmax(q k^T / sqrt(D), masked) v written out here, and its gradients by autograd."""
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    groups = q.shape[1] // k.shape[1]
+    kr, vr = k64.repeat_interleave(groups, 1), v64.repeat_interleave(groups, 1)
+    scores = q64 @ kr.transpose(-1, -2) * q.shape[-1] ** -0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask.materialize(q.shape[2], k.shape[2]), float("-inf"))
+    out = torch.softmax(scores, -1) @ vr
+    return out, torch.autograd.grad(out, (q64, k64, v64), dout.double())
+
+
+def _assert_matches_oracle(out, grads, q, k, v, mask, dout, tol):
+    exact, exact_grads = _oracle_and_grads(q, k, v, mask, dout)
+    torch.testing.assert_close(out.double(), exact, atol=tol, rtol=tol)
+    for got, want in zip(grads, exact_grads, strict=True):
+        torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("name", ["causal", "window", "strided"])
+@pytest.mark.parametrize("hkv", [None, 2])
+def test_the_operator_passes_opcheck(name, hkv):
+    mask, _ = MASKS[name]
+    torch.library.opcheck(OP, _args(mask, length=160, hkv=hkv))
+
+
+def test_the_operator_passes_opcheck_in_float64():
+    torch.library.opcheck(OP, _args(masks.sliding_window(16, 8), length=96, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name", sorted(MASKS))
+def test_a_compiled_call_is_one_operator_node_and_equals_the_float64_oracle(name):
+    mask, planned = MASKS[name]
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(lambda q, k, v: attnkit.attention(q, k, v, mask=mask), backend=backend, fullgraph=True)
+    q, k, v, *_ = _args(mask, seed=3)
+    out = compiled(q, k, v)
+    nodes = [n for n in graphs[0].graph.nodes if n.op == "call_function" and "attnkit" in str(n.target)]
+    assert len(nodes) == 1 and nodes[0].args[-1] == planned
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    _assert_matches_oracle(out, grads, q, k, v, mask, dout, 2e-5)
+
+
+def test_inductor_compiled_training_step_equals_eager_bit_for_bit():
+    """Inductor calls the operator as an extern kernel: the same path runs, so the same numbers come out."""
+    mask = masks.sliding_window(32, 32)
+    fn = lambda q, k, v: attnkit.attention(q, k, v, mask=mask)
+    compiled = torch.compile(fn, fullgraph=True)
+    q, k, v, *_ = _args(mask, seed=4)
+    got = compiled(q, k, v)
+    want = fn(q, k, v)
+    assert torch.equal(got, want)
+    dout = torch.randn_like(got)
+    for a, b in zip(torch.autograd.grad(got, (q, k, v), dout), torch.autograd.grad(want, (q, k, v), dout),
+                    strict=True):
+        assert torch.equal(a, b)
+
+
+class Windowed(torch.nn.Module):
+    def __init__(self, mask):
+        super().__init__()
+        self.mask = mask
+
+    def forward(self, q, k, v):
+        return attnkit.attention(q, k, v, mask=self.mask)
+
+
+def test_an_exported_program_keeps_the_band_path_at_every_length_and_after_saving():
+    mask = masks.sliding_window(32, 32)
+    q, k, v, *_ = _args(mask)
+    length = torch.export.Dim("L", min=2, max=4096)
+    exported = torch.export.export(Windowed(mask), (q.detach(), k.detach(), v.detach()),
+                                   dynamic_shapes=({2: length},) * 3)
+    nodes = [n for n in exported.graph.nodes if n.op == "call_function" and "attnkit" in str(n.target)]
+    assert len(nodes) == 1 and nodes[0].args[3] == repr(mask)
+    buffer = io.BytesIO()
+    torch.export.save(exported, buffer)
+    buffer.seek(0)
+    loaded = torch.export.load(buffer)
+    for n in (5, 300, 1000):
+        q, k, v = rand_qkv(1, 4, n, n, 16, seed=n)
+        exact = dense_attention(q.double(), k.double(), v.double(), mask=mask)
+        torch.testing.assert_close(loaded.module()(q, k, v).double(), exact, atol=2e-6, rtol=1e-5)
+
+
+def test_the_static_export_names_the_band_path():
+    mask = masks.sliding_window(32, 32)
+    q, k, v, *_ = _args(mask)
+    exported = torch.export.export(Windowed(mask), (q.detach(), k.detach(), v.detach()))
+    planned = [n.args[-1] for n in exported.graph.nodes if "attnkit" in str(n.target)]
+    assert planned == ["band-windows"]
+
+
+@pytest.mark.parametrize("name", ["causal", "window", "strided"])
+def test_non_finite_inputs_run_the_exact_path_inside_the_operator(name):
+    """The data checks are part of the operator: a NaN key is handled as eager attention handles it."""
+    mask, _ = MASKS[name]
+    q, k, v, *_ = _args(mask, seed=5)
+    with torch.no_grad():
+        k[0, 1, 200] = float("nan")
+    fn = lambda q, k, v: attnkit.attention(q, k, v, mask=mask)
+    got = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v)
+    want = fn(q, k, v)
+    torch.testing.assert_close(got, want, equal_nan=True)
+    dout = torch.ones_like(got)
+    for a, b in zip(torch.autograd.grad(got, (q, k, v), dout), torch.autograd.grad(want, (q, k, v), dout),
+                    strict=True):
+        torch.testing.assert_close(a, b, equal_nan=True)
+
+
+def test_grouped_queries_and_bfloat16_through_the_operator():
+    mask = masks.sliding_window(32, 0)
+    q, k, v = rand_qkv(2, 4, 200, 200, 16, hkv=2, dtype=torch.bfloat16, seed=6, requires_grad=True)
+    compiled = torch.compile(lambda q, k, v: attnkit.attention(q, k, v, mask=mask), fullgraph=True,
+                             backend="aot_eager")
+    out = compiled(q, k, v)
+    assert out.dtype == torch.bfloat16
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert [g.dtype for g in grads] == [torch.bfloat16] * 3 and grads[1].shape == k.shape
+    _assert_matches_oracle(out, grads, q, k, v, mask, dout, 3e-2)
+
+
+def test_calls_the_operator_cannot_take_are_traced_on_the_exact_path():
+    """A tensor mask and a bias have no text: the graph holds plain torch operations, and the result is exact."""
+    q, k, v = rand_qkv(1, 2, 64, 64, 8, seed=7)
+    keep = torch.rand(1, 1, 64, 64, generator=torch.Generator().manual_seed(0)) > 0.3
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(lambda q, k, v, m: attnkit.attention(q, k, v, mask=m), backend=backend, fullgraph=True)
+    got = compiled(q, k, v, keep)
+    assert not any("attnkit" in str(n.target) for n in graphs[0].graph.nodes)
+    torch.testing.assert_close(got.double(), dense_attention(q.double(), k.double(), v.double(), mask=keep),
+                               atol=2e-6, rtol=1e-5)
+
+
+def test_mask_text_rebuilds_the_mask_and_is_none_for_masks_holding_data():
+    for mask, _ in MASKS.values():
+        text = custom_op.mask_text(mask)
+        assert text == "" if mask is None else repr(masks.parse(text)) == text
+    assert custom_op.mask_text(masks.padding(torch.tensor([3, 5]))) is None
+    assert custom_op.mask_text(masks.causal() & masks.keys(torch.ones(2, 5, dtype=torch.bool))) is None
