@@ -15,6 +15,12 @@ Comparison kinds (``theirs``):
 - ``eager``: plain torch, ``softmax(modify(q k^T * scale)) v`` with dense scores.
 - ``flex``: FlexAttention compiled with ``torch.compile`` (:mod:`.flex`).
 - ``fp32``: attnkit itself on float32 copies of the inputs (for bfloat16 rows).
+- ``compiled-sdpa-mask``: ``sdpa-mask`` under ``torch.compile(fullgraph=True)``.
+- ``attnkit-eager``: attnkit itself, not compiled (for rows whose attnkit side is compiled).
+
+With ``compiled=True`` attnkit's side is ``torch.compile(fullgraph=True)`` of the same
+call. Compiled sides are compiled and run once, forward and backward, when built, so
+compile time stays out of the timing (it is shown in the row's notes).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from attnkit.bias import apply_modifier
 
 __all__ = ["KINDS", "Method", "Unavailable", "ours", "theirs", "problem"]
 
-KINDS = ("sdpa", "sdpa-mask", "sdpa-bias", "eager", "flex", "fp32")
+KINDS = ("sdpa", "sdpa-mask", "sdpa-bias", "eager", "flex", "fp32", "compiled-sdpa-mask", "attnkit-eager")
 
 
 class Unavailable(Exception):
@@ -53,12 +59,28 @@ def problem(case):
     return q, k, v, make_mask(case.mask, q.shape[2]), make_bias(case.bias, case.heads)
 
 
-def ours(case, q, k, v, mask, modifier, backend: str = "auto") -> Method:
-    """``attnkit.attention`` with the case's mask and bias on ``backend``."""
+def ours(case, q, k, v, mask, modifier, backend: str = "auto", compiled: bool = False) -> Method:
+    """``attnkit.attention`` with the case's mask and bias on ``backend`` (``compiled``: under torch.compile)."""
     label = f"attnkit {backend}"
     if backend == "auto":
         label = f"attnkit auto -> {explain(q, k, v, mask=mask, bias=modifier).backend}"
-    return Method(label, lambda: attention(q, k, v, mask=mask, bias=modifier, backend=backend), (q, k, v))
+    method = Method(label, lambda: attention(q, k, v, mask=mask, bias=modifier, backend=backend), (q, k, v))
+    return _compiled(method, "compiled ") if compiled else method
+
+
+def _compiled(method: Method, prefix: str) -> Method:
+    """``method`` under ``torch.compile(fullgraph=True)``, compiled and run once (forward and backward) here."""
+    import time
+
+    fn = torch.compile(method.fn, fullgraph=True)
+    start = time.perf_counter()
+    out = fn()
+    if out.requires_grad:
+        out.sum().backward()
+        for leaf in method.leaves:
+            leaf.grad = None
+    notes = {**(method.notes or {}), "compile s": round(time.perf_counter() - start, 1)}
+    return Method(prefix + method.name, fn, method.leaves, notes, method.same)
 
 
 def _dense_mask(mask, q, k) -> torch.Tensor:
@@ -130,6 +152,10 @@ def theirs(kind: str, case, q, k, v, mask, modifier) -> Method:
     if kind == "flex":
         from .flex import flex_method
         return flex_method(case, q, k, v, mask, modifier)
+    if kind == "compiled-sdpa-mask":
+        return _compiled(_sdpa_mask(case, q, k, v, mask, modifier), "compiled ")
+    if kind == "attnkit-eager":
+        return ours(case, q, k, v, mask, modifier)
     builders = {"sdpa": _sdpa, "sdpa-mask": _sdpa_mask, "sdpa-bias": _sdpa_bias, "eager": _eager, "fp32": _fp32}
     if kind not in builders:
         raise ValueError(f"unknown comparison {kind!r}; one of {', '.join(KINDS)}")

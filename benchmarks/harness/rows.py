@@ -55,6 +55,7 @@ class Spec:
     memory: bool = False
     mem_goal: float | None = None
     backend: str = "auto"
+    compiled: bool = False  # attnkit's side under torch.compile(fullgraph=True)
 
     def to_json(self) -> dict:
         return {**dataclasses.asdict(self), "compare": list(self.compare), "goals": list(self.goals)}
@@ -112,7 +113,7 @@ def _sides(spec: Spec):
         mine, other = additive_methods(case)
         return mine, {"additive": other}, additive_flops(case), None
     q, k, v, mask, modifier = problem(case)
-    mine = ours(case, q, k, v, mask, modifier, spec.backend)
+    mine = ours(case, q, k, v, mask, modifier, spec.backend, spec.compiled)
     others = {}
     for kind in spec.compare:
         try:

@@ -36,7 +36,9 @@ tree, so --compare needs a source checkout (pip install -e .)."""
 COMPARE_HELP = ("backends (default): attnkit's backends and SDPA; or comma-separated suite comparisons: "
                 "sdpa (SDPA as called for the mask: no mask, is_causal, key mask), sdpa-mask (dense bool mask), "
                 "sdpa-bias (dense float bias), eager (plain torch), flex (compiled FlexAttention), fp32 "
-                "(attnkit in float32; for --dtype bfloat16), additive (AdditiveAttention vs broadcast-then-tanh: "
+                "(attnkit in float32; for --dtype bfloat16), compiled-sdpa-mask (sdpa-mask under torch.compile), "
+                "attnkit-eager (attnkit not compiled; with --compile), "
+                "additive (AdditiveAttention vs broadcast-then-tanh: "
                 "--batch, --q-len, --kv-len and --head-dim as the width)")
 
 
@@ -125,7 +127,7 @@ def _suite_rows(args, backward: bool) -> None:
     case = _case(args, backward)
     label = "additive" if args.compare == ("additive",) else args.mask or args.bias or "no mask"
     spec = Spec(0, label, case, args.compare, (args.goal,) if args.goal is not None else (), args.repeats,
-                memory=args.memory, mem_goal=args.memory_goal, backend=args.backend)
+                memory=args.memory, mem_goal=args.memory_goal, backend=args.backend, compiled=args.compile)
     peak = {k: v["all"] for k, v in ceiling(seconds=0.5).items()} if args.ceiling else None
     steps = 3 + bool(args.memory) + bool(args.profile)
     rows = run_spec(spec, ceiling=peak, progress=progress(steps, "bench"), profile_misses=args.profile)
@@ -180,6 +182,9 @@ def add(sub) -> None:
     p.add_argument("--goal", type=positive_float, default=None,
                    help="largest allowed time ratio vs the first comparison")
     p.add_argument("--memory-goal", type=positive_float, default=None, help="largest allowed peak memory ratio")
+    p.add_argument("--compile", action="store_true",
+                   help="with --compare: attnkit's side under torch.compile(fullgraph=True) (compile time excluded); "
+                        "compare compiled-sdpa-mask and attnkit-eager")
     p.add_argument("--ceiling", action="store_true", help="measure the matmul ceiling for GFLOP/s fractions")
     p.add_argument("--profile", action="store_true", help="top operators of attnkit's side for a missed goal")
     p.add_argument("--memory", action="store_true", help="also measure peak memory in fresh processes")
