@@ -22,6 +22,7 @@ from .digits import Digits
 from .event_logs import EventLogs
 from .han_documents import HANDocuments
 from .listops import ListOps
+from .long_listops import LongListOps
 from .mqar import MQAR
 from .reversal import Reversal
 from .selective_copy import SelectiveCopy
@@ -32,5 +33,5 @@ from .sorting import Sorting
 __all__ = [
     "Task", "get", "names", "IGNORE_INDEX", "CharSeq2Seq",
     "MQAR", "SelectiveCopy", "ListOps", "Sorting", "ConvexHull", "Dates", "Reversal", "HANDocuments",
-    "EventLogs", "Shapes", "Digits",
+    "EventLogs", "Shapes", "Digits", "LongListOps",
 ]
