@@ -16,6 +16,8 @@ True
 """
 
 from .base import IGNORE_INDEX, Task, get, names
+from .byte_retrieval import ByteRetrieval
+from .byte_text import ByteText
 from .convex_hull import ConvexHull
 from .dates import Dates
 from .digits import Digits
@@ -33,5 +35,5 @@ from .sorting import Sorting
 __all__ = [
     "Task", "get", "names", "IGNORE_INDEX", "CharSeq2Seq",
     "MQAR", "SelectiveCopy", "ListOps", "Sorting", "ConvexHull", "Dates", "Reversal", "HANDocuments",
-    "EventLogs", "Shapes", "Digits", "LongListOps",
+    "EventLogs", "Shapes", "Digits", "LongListOps", "ByteText", "ByteRetrieval",
 ]

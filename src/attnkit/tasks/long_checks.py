@@ -26,11 +26,13 @@ Example:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import torch
 
 from ..errors import ArgumentError, check_int
+from .byte_docs import decode
 from .listops import evaluate
 
 __all__ = ["solve", "SOLVERS", "token_counts", "bag_of_tokens_accuracy"]
@@ -40,8 +42,28 @@ def _solve_long_listops(task, inputs: torch.Tensor) -> torch.Tensor:
     return torch.tensor([evaluate(task.decode(row)) for row in inputs])
 
 
+def _solve_byte_text(task, inputs: torch.Tensor) -> torch.Tensor:
+    answers = []
+    for row in inputs:
+        text = decode(row)
+        key = re.search(r"\?([A-Z])", text).group(1)
+        answers.append(int(re.search(key + r"=(\d)", text).group(1)))
+    return torch.tensor(answers)
+
+
+def _solve_byte_retrieval(task, inputs: torch.Tensor) -> torch.Tensor:
+    answers = []
+    for row in inputs.tolist():
+        cut = row.index(task.vocab_size - 1)  # the separator, the highest id
+        first, second = decode(row[:cut]), decode(row[cut + 1:])
+        answers.append(int(set(re.findall("#(.)", first)) == set(re.findall("#(.)", second))))
+    return torch.tensor(answers)
+
+
 SOLVERS: dict[str, Callable[[object, torch.Tensor], torch.Tensor]] = {
     "long_listops": _solve_long_listops,
+    "byte_text": _solve_byte_text,
+    "byte_retrieval": _solve_byte_retrieval,
 }
 """Task name -> ``solver(task, inputs) -> predictions (n,)``."""
 
