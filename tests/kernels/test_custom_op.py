@@ -34,7 +34,7 @@ MASKS = {  # mask, the path expected when traced at L = 256
 
 def _args(mask, length=256, hkv=None, dtype=torch.float32, seed=0):
     q, k, v = rand_qkv(1, 4, length, length, 16, hkv=hkv, dtype=dtype, seed=seed, requires_grad=True)
-    return q, k, v, custom_op.mask_text(mask), 16 ** -0.5, "auto"
+    return q, k, v, None, custom_op.mask_text(mask), 0.0, 16 ** -0.5, "auto"
 
 
 def _oracle_and_grads(q, k, v, mask, dout):
@@ -117,7 +117,7 @@ def test_an_exported_program_keeps_the_band_path_at_every_length_and_after_savin
     exported = torch.export.export(Windowed(mask), (q.detach(), k.detach(), v.detach()),
                                    dynamic_shapes=({2: length},) * 3)
     nodes = [n for n in exported.graph.nodes if n.op == "call_function" and "attnkit" in str(n.target)]
-    assert len(nodes) == 1 and nodes[0].args[3] == repr(mask)
+    assert len(nodes) == 1 and nodes[0].args[4] == repr(mask)
     buffer = io.BytesIO()
     torch.export.save(exported, buffer)
     buffer.seek(0)
@@ -166,8 +166,38 @@ def test_grouped_queries_and_bfloat16_through_the_operator():
     _assert_matches_oracle(out, grads, q, k, v, mask, dout, 3e-2)
 
 
+def test_the_operator_passes_opcheck_with_a_learned_bias_and_a_softcap():
+    q, k, v, _, mask, _, scale, path = _args(masks.causal(), length=64)
+    bias = torch.randn(1, 4, 64, 64, dtype=torch.float32, requires_grad=True)
+    torch.library.opcheck(OP, (q, k, v, bias, mask, 0.0, scale, path))
+    torch.library.opcheck(OP, (q, k, v, None, mask, 30.0, scale, path))
+
+
+@pytest.mark.parametrize("kind", ["bias", "softcap"])
+def test_a_compiled_call_with_a_bias_or_softcap_equals_eager_with_its_gradients(kind):
+    mask = masks.sliding_window(40, 0)
+    q, k, v, *_ = _args(mask, seed=8)
+    bias = (torch.randn(1, 4, 256, 256, generator=torch.Generator().manual_seed(1)).requires_grad_()
+            if kind == "bias" else attnkit.bias.softcap(2.0))
+    fn = lambda q, k, v, b: attnkit.attention(q, k, v, mask=mask, bias=b)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    got = torch.compile(fn, fullgraph=True, backend=backend)(q, k, v, bias)
+    assert sum("attnkit" in str(n.target) for n in graphs[0].graph.nodes) == 1
+    want = fn(q, k, v, bias)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    leaves = (q, k, v, bias) if kind == "bias" else (q, k, v)
+    dout = torch.randn_like(got)
+    for a, b in zip(torch.autograd.grad(got, leaves, dout), torch.autograd.grad(want, leaves, dout), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
 def test_calls_the_operator_cannot_take_are_traced_on_the_exact_path():
-    """A tensor mask and a bias have no text: the graph holds plain torch operations, and the result is exact."""
+    """A tensor mask has no text: the graph holds plain torch operations, and the result is exact."""
     q, k, v = rand_qkv(1, 2, 64, 64, 8, seed=7)
     keep = torch.rand(1, 1, 64, 64, generator=torch.Generator().manual_seed(0)) > 0.3
     graphs = []

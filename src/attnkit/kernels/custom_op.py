@@ -6,8 +6,8 @@ density that picks a block-sparse path), so on its own the dispatcher could only
 trace the dense reference. Instead, a traced call that the fused paths can serve
 becomes one opaque operator, registered with :mod:`torch.library`::
 
-    attnkit::attention(q, k, v, mask: str, scale: float, path: str) -> (out, saved, ran)
-    attnkit::attention_backward(q, k, v, out, saved, ran, dout, mask: str, scale: float) -> (dq, dk, dv)
+    attnkit::attention(q, k, v, bias?, mask: str, softcap: float, scale: float, path: str) -> (out, saved, ran)
+    attnkit::attention_backward(q, k, v, bias?, out, saved, ran, dout, mask, softcap, scale) -> (dq, dk, dv, dbias)
 
 - ``mask`` is the mask's text (its ``repr``, which :func:`attnkit.masks.parse` reads
   back, so an exported program holds no Python object); layouts and block plans are
@@ -22,12 +22,14 @@ becomes one opaque operator, registered with :mod:`torch.library`::
   path's own backward (band windows, fused slabs, torch's fused kernel); a call that
   ran another path (non-finite inputs, zeroed padding, an untrusted output) is
   differentiated by running it again under autograd: exact, and rare.
+- An additive bias tensor (``bias-slabs``) and a soft-cap (``softcap``, 0 for none:
+  ``softcap-loop``) ride along; their paths are differentiated by recomputation.
 - The fake implementations give shapes only, so symbolic sizes trace too.
 
-Calls with a bias, a score modifier, other scores or normalisers, dropout, weights
-or an lse, masks without a text (tensors, functions), and exports to ONNX (whose
-runtimes know only standard operators) are traced as plain torch operations on the
-dense reference path instead (:func:`accepts` says which).
+Calls with other score modifiers, scores or normalisers, dropout, weights or an lse,
+masks without a text (tensors, functions), and exports to ONNX (whose runtimes know
+only standard operators) are traced as plain torch operations on the dense reference
+path instead (:func:`accepts` says which).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import functools
 
 import torch
 
+from ..bias import Softcap
 from ..functional.mask_parse import parse
 from ..functional.validate import Problem
 from . import band, blocksparse_fused, rules, sdpa
@@ -70,13 +73,15 @@ def accepts(p: Problem, backend: str) -> bool:
     Not in an export to ONNX, whose runtimes know only standard operators.
     """
     return (backend == "auto" and not p.q.is_meta and not torch.onnx.is_in_onnx_export()
-            and rules.softmax_of_dot_products(p) is None
-            and rules.no_bias(p) is None and rules.no_dropout(p) is None and not p.return_weights
+            and rules.softmax_of_dot_products(p) is None and (p.modifier is None or type(p.modifier) is Softcap)
+            and rules.no_dropout(p) is None and not p.return_weights
             and not p.return_lse and mask_text(p.mask) is not None)
 
 
 def planned_path(p: Problem, static_sizes: bool) -> str:
     """The path the traced call is expected to take, named in the graph; decided again at run time."""
+    if p.bias is not None or p.modifier is not None:
+        return "bias-slabs" if p.bias is not None else "softcap-loop"
     if sdpa.simple_mask(p):
         return "torch-sdpa"
     band_rules = tuple(rule for rule in band.REFUSALS if rule is not rules.not_compiling)  # it runs in the operator
@@ -85,8 +90,9 @@ def planned_path(p: Problem, static_sizes: bool) -> str:
     return "blocksparse"
 
 
-def _problem(q, k, v, mask: str, scale: float) -> Problem:
-    return Problem(q, k, v, _mask(mask), None, None, "scaled_dot", scale, "softmax", 0.0, False, False, 4)
+def _problem(q, k, v, bias, mask: str, cap: float, scale: float) -> Problem:
+    modifier = Softcap(cap) if cap else None
+    return Problem(q, k, v, _mask(mask), bias, modifier, "scaled_dot", scale, "softmax", 0.0, False, False, 4)
 
 
 def _contiguous(p: Problem):
@@ -142,18 +148,18 @@ def _own(p: Problem):
     return (name, entry) if entry is not None and entry[0](p) else None
 
 
-def _recomputed(q, k, v, mask: str, scale: float, dout=None):
-    """The call through eager attention: its output, or with ``dout`` the gradients of q, k, v (autograd)."""
+def _recomputed(q, k, v, bias, mask: str, cap: float, scale: float, dout=None):
+    """The call through eager attention: its output, or with ``dout`` the gradients of q, k, v and the bias."""
     from .dispatch import execute
 
     if dout is None:
-        p = _problem(q, k, v, mask, scale)
-        return execute(p)[0].out
+        return execute(_problem(q, k, v, bias, mask, cap, scale))[0].out
     with torch.enable_grad(), torch._C._ForceDispatchKeyGuard(*_EAGER_DISPATCH):
-        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        out = execute(_problem(*leaves, mask, scale))[0].out
+        leaves = [t.detach().requires_grad_() for t in (q, k, v, bias) if t is not None]
+        out = execute(_problem(*leaves[:3], leaves[3] if bias is not None else None, mask, cap, scale))[0].out
         grads = torch.autograd.grad(out, leaves, dout.to(out.dtype), allow_unused=True)
-    return tuple(torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves, strict=True))
+    grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves, strict=True)]
+    return (*grads[:3], grads[3] if bias is not None else q.new_empty(0))
 
 
 def _like_inputs(p: Problem, grads):
@@ -168,9 +174,9 @@ def _like_inputs(p: Problem, grads):
 
 
 @torch.library.custom_op(OPERATOR, mutates_args=())
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: str, scale: float,
-               path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    p = _problem(q, k, v, mask, scale)
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, mask: str,
+               softcap: float, scale: float, path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    p = _problem(q, k, v, bias, mask, softcap, scale)
     batch, heads, lq, _, _, _ = p.sizes
     empty_saved = q.new_zeros(batch, heads, lq, dtype=p.compute_dtype)
     own = None if zero_padded_keys(p) else _own(p)
@@ -182,11 +188,12 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: str, sca
             return out.contiguous(), saved, torch.tensor(_INDEX[name])
         except sdpa.UntrustedOutput:
             pass
-    return _recomputed(q, k, v, mask, scale).contiguous(), empty_saved, torch.tensor(_GENERIC)
+    out = _recomputed(q, k, v, bias, mask, softcap, scale)
+    return out.contiguous(), empty_saved, torch.tensor(_GENERIC)
 
 
 @_attention.register_fake
-def _(q, k, v, mask, scale, path):
+def _(q, k, v, bias, mask, softcap, scale, path):
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
     batch, heads, lq, _ = q.shape
     return (q.new_empty(batch, heads, lq, v.shape[3], dtype=dt), q.new_empty(batch, heads, lq, dtype=dt),
@@ -194,34 +201,36 @@ def _(q, k, v, mask, scale, path):
 
 
 @torch.library.custom_op(OPERATOR + "_backward", mutates_args=())
-def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, saved: torch.Tensor,
-                        ran: torch.Tensor, dout: torch.Tensor, mask: str,
-                        scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
+                        out: torch.Tensor, saved: torch.Tensor, ran: torch.Tensor, dout: torch.Tensor, mask: str,
+                        softcap: float, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     index = int(ran)
     if index == _GENERIC:
-        return tuple(g.contiguous() for g in _recomputed(q, k, v, mask, scale, dout))
-    p = _problem(q, k, v, mask, scale)
+        return tuple(g.contiguous() for g in _recomputed(q, k, v, bias, mask, softcap, scale, dout))
+    p = _problem(q, k, v, bias, mask, softcap, scale)
     backward = _OWN[PATHS[index].name][2]
-    return tuple(g.contiguous() for g in _like_inputs(p, backward(p, out, saved, dout)))
+    return (*(g.contiguous() for g in _like_inputs(p, backward(p, out, saved, dout))), q.new_empty(0))
 
 
 @_attention_backward.register_fake
-def _(q, k, v, out, saved, ran, dout, mask, scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _(q, k, v, bias, out, saved, ran, dout, mask, softcap, scale):
+    dbias = torch.empty_like(bias) if bias is not None else q.new_empty(0)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, mask, scale, _ = inputs
+    q, k, v, bias, mask, softcap, scale, _ = inputs
     out, saved, ran = output
-    ctx.save_for_backward(q, k, v, out, saved, ran)
-    ctx.mask, ctx.scale = mask, scale
+    ctx.save_for_backward(q, k, v, bias, out, saved, ran)
+    ctx.mask, ctx.softcap, ctx.scale = mask, softcap, scale
     ctx.mark_non_differentiable(saved, ran)
 
 
 def _backward(ctx, dout, _dsaved, _dran):
-    q, k, v, out, saved, ran = ctx.saved_tensors
-    grads = torch.ops.attnkit.attention_backward(q, k, v, out, saved, ran, dout.contiguous(), ctx.mask, ctx.scale)
-    return (*grads, None, None, None)
+    q, k, v, bias, out, saved, ran = ctx.saved_tensors
+    dq, dk, dv, dbias = torch.ops.attnkit.attention_backward(q, k, v, bias, out, saved, ran, dout.contiguous(),
+                                                             ctx.mask, ctx.softcap, ctx.scale)
+    return dq, dk, dv, (dbias if bias is not None else None), None, None, None, None
 
 
 _attention.register_autograd(_backward, setup_context=_setup_context)
@@ -229,5 +238,6 @@ _attention.register_autograd(_backward, setup_context=_setup_context)
 
 def run(p: Problem, path: str) -> KernelOutput:
     """The traced call as one operator node (``path``: the path expected, see :func:`planned_path`)."""
-    out, _, _ = torch.ops.attnkit.attention(p.q, p.k, p.v, mask_text(p.mask), float(p.scale), path)
+    cap = p.modifier.cap if p.modifier is not None else 0.0
+    out, _, _ = torch.ops.attnkit.attention(p.q, p.k, p.v, p.bias, mask_text(p.mask), cap, float(p.scale), path)
     return KernelOutput(out, None, None)
