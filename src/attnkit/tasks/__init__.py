@@ -18,11 +18,14 @@ True
 from .base import IGNORE_INDEX, Task, get, names
 from .convex_hull import ConvexHull
 from .dates import Dates
+from .deciding_position import DecidingPosition
 from .digits import Digits
+from .document_questions import DocumentQuestions
 from .event_logs import EventLogs
 from .han_documents import HANDocuments
 from .listops import ListOps
 from .mqar import MQAR
+from .repeated_block import RepeatedBlock
 from .reversal import Reversal
 from .selective_copy import SelectiveCopy
 from .seq2seq import CharSeq2Seq
@@ -32,5 +35,5 @@ from .sorting import Sorting
 __all__ = [
     "Task", "get", "names", "IGNORE_INDEX", "CharSeq2Seq",
     "MQAR", "SelectiveCopy", "ListOps", "Sorting", "ConvexHull", "Dates", "Reversal", "HANDocuments",
-    "EventLogs", "Shapes", "Digits",
+    "EventLogs", "Shapes", "Digits", "DecidingPosition", "RepeatedBlock", "DocumentQuestions",
 ]

@@ -18,6 +18,8 @@ from ...models.han import HierarchicalAttentionNetwork
 from ...models.log_anomaly import LogAnomalyDetector
 from ...models.pointer_network import PointerNetwork
 from . import Built, Experiment
+from .classic import (HardObjective, MemoryLM, MemoryObjective, OnePositionClassifier, QuestionModel,
+                      QuestionObjective)
 from .seq2seq import NoAttention, Seq2SeqObjective, seq2seq_model
 from .structured import AnomalyObjective, HANObjective, ImageObjective, PointerObjective
 from .tokens import CopyObjective, MQARObjective, language_model
@@ -26,6 +28,7 @@ from .train import Budget
 __all__ = ["catalog", "DEFAULT", "QUICK", "MQAR", "WINDOW"]
 
 MQAR = {"num_pairs": 4, "num_keys": 16, "num_values": 16, "gap": 8}
+STEPS, QUICK_STEPS = 300, 150  # the classic experiments' budgets
 WINDOW = 4  # each query sees 4 tokens back; two layers reach 2 x 4 = 8 = gap positions: still no pair token
 
 
@@ -135,9 +138,53 @@ def _model_experiments() -> list[Experiment]:
     ]
 
 
+def _deciding(mode: str) -> Built:
+    task = tasks.get("deciding_position")
+    return Built(OnePositionClassifier(task.vocab_size, task.num_classes, mode=mode), task, task, HardObjective())
+
+
+def _repeated(memory_size: int | None) -> Built:
+    task = tasks.get("repeated_block")
+    return Built(MemoryLM(task.vocab_size, memory_size=memory_size), task, task, MemoryObjective())
+
+
+def _questions(reader: str) -> Built:
+    task = tasks.get("document_questions")
+    return Built(QuestionModel(task.vocab_size, task.num_classes, reader=reader), task, task, QuestionObjective())
+
+
+def _classic_experiments() -> list[Experiment]:
+    hard = "one marked token among 16 decides the label; a learned query attends once (Xu et al. 2015)"
+    period = tasks.get("repeated_block").period
+    lm = f"LSTM language model on a repeated block of {period} tokens (the next token is {period} back)"
+    qa = "question over a document of 6 subject-value segments, bidirectional-GRU encoder"
+    b = Budget(steps=STEPS, lr=3e-3)
+    q = Budget(steps=QUICK_STEPS, lr=3e-3)
+    return [
+        Experiment("deciding_position", "soft", f"{hard}: soft attention (deterministic, backpropagation)",
+                   partial(_deciding, "soft"), b, q, "additive"),
+        Experiment("deciding_position", "hard-reinforce", f"{hard}: stochastic hard attention trained with "
+                   "REINFORCE (batch-mean baseline), the most likely location at test", partial(_deciding, "stochastic"),
+                   b, q, "additive"),
+        Experiment("repeated_block", "lstm", f"{lm}: no memory, the LSTM state must carry the block",
+                   partial(_repeated, None), b, q),
+        Experiment("repeated_block", "memory-8", f"{lm}: random access memory over the last 8 states "
+                   "(Yogatama et al. 2018): the needed state is inside", partial(_repeated, 8), b, q),
+        Experiment("repeated_block", "memory-4", f"{lm}: memory over the last 4 states: the needed state "
+                   f"({period - 1} back) is outside", partial(_repeated, 4), b, q),
+        Experiment("document_questions", "segment", f"{qa}: the question attends over mean-pooled segments",
+                   partial(_questions, "segment"), b, q),
+        Experiment("document_questions", "co-attention", f"{qa}: parallel co-attention of question words and "
+                   "document tokens (Lu et al. 2016)", partial(_questions, "co-attention"), b, q),
+        Experiment("document_questions", "none", f"{qa}: no attention, the document's mean state",
+                   partial(_questions, "none"), b, q),
+    ]
+
+
 def catalog() -> list[Experiment]:
     """Every experiment, in tour order."""
-    return [*_mqar_experiments(), *_dates_experiments(), *_copy_experiments(), *_model_experiments()]
+    return [*_mqar_experiments(), *_dates_experiments(), *_copy_experiments(), *_model_experiments(),
+            *_classic_experiments()]
 
 
 DEFAULT = ("mqar/softmax-2layer", "mqar/softmax-1layer", "mqar/linear", "mqar/sliding-window", "mqar/performer",
