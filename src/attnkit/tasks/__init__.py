@@ -23,6 +23,7 @@ from .digits import Digits
 from .document_questions import DocumentQuestions
 from .event_logs import EventLogs
 from .han_documents import HANDocuments
+from .key_summaries import KeySummaries
 from .listops import ListOps
 from .mqar import MQAR
 from .repeated_block import RepeatedBlock
@@ -35,5 +36,5 @@ from .sorting import Sorting
 __all__ = [
     "Task", "get", "names", "IGNORE_INDEX", "CharSeq2Seq",
     "MQAR", "SelectiveCopy", "ListOps", "Sorting", "ConvexHull", "Dates", "Reversal", "HANDocuments",
-    "EventLogs", "Shapes", "Digits", "DecidingPosition", "RepeatedBlock", "DocumentQuestions",
+    "EventLogs", "Shapes", "Digits", "DecidingPosition", "RepeatedBlock", "DocumentQuestions", "KeySummaries",
 ]

@@ -16,19 +16,19 @@ from ... import tasks
 from ...models import VisionTransformer
 from ...models.han import HierarchicalAttentionNetwork
 from ...models.log_anomaly import LogAnomalyDetector
+from ...models.pointer_generator import PointerGenerator
 from ...models.pointer_network import PointerNetwork
 from . import Built, Experiment
-from .classic import (HardObjective, MemoryLM, MemoryObjective, OnePositionClassifier, QuestionModel,
-                      QuestionObjective)
+from .classic import HardObjective, MemoryLM, MemoryObjective, OnePositionClassifier, QuestionModel, QuestionObjective
+from .coverage import SummaryObjective
 from .seq2seq import NoAttention, Seq2SeqObjective, seq2seq_model
 from .structured import AnomalyObjective, HANObjective, ImageObjective, PointerObjective
 from .tokens import CopyObjective, MQARObjective, language_model
 from .train import Budget
 
-__all__ = ["catalog", "DEFAULT", "QUICK", "MQAR", "WINDOW"]
+__all__ = ["catalog", "DEFAULT", "QUICK", "CLASSIC", "MQAR", "WINDOW"]
 
 MQAR = {"num_pairs": 4, "num_keys": 16, "num_values": 16, "gap": 8}
-STEPS, QUICK_STEPS = 300, 150  # the classic experiments' budgets
 WINDOW = 4  # each query sees 4 tokens back; two layers reach 2 x 4 = 8 = gap positions: still no pair token
 
 
@@ -125,16 +125,16 @@ def _model_experiments() -> list[Experiment]:
     logs = "event logs, anomaly score = worst event NLL (ROC AUC), Brown et al. 2018 LSTM"
     return [
         Experiment("han_documents", "han", "hierarchical attention network: word attention, then sentence attention",
-                   _han, Budget(steps=200, lr=3e-3), Budget(steps=100, lr=3e-3), "additive"),
+                   _han, Budget(steps=120, lr=3e-3), Budget(steps=100, lr=3e-3), "additive"),
         Experiment("shapes", "vit", "Vision Transformer on 16x16 shapes: 4x4 patches, 2 layers, 2 heads", _vit,
                    Budget(steps=200, lr=3e-3), Budget(steps=100, lr=3e-3), "scaled-dot-product",
                    (("batch", 64), ("heads", 2), ("head_dim", 16), ("q_len", 17), ("kv_len", 17))),
         Experiment("sorting", "pointer", "pointer network sorting 6 numbers (the attention is the output)",
                    _sorting, Budget(steps=600, lr=3e-3), Budget(steps=300, lr=3e-3), "additive"),
         Experiment("event_logs", "semantic", f"{logs} with semantic attention over its past states",
-                   partial(_event_logs, "semantic"), Budget(steps=300, lr=5e-3), Budget(steps=150, lr=5e-3)),
+                   partial(_event_logs, "semantic"), Budget(steps=150, lr=5e-3), Budget(steps=100, lr=5e-3)),
         Experiment("event_logs", "none", f"{logs} without attention (the paper's baseline)",
-                   partial(_event_logs, "none"), Budget(steps=300, lr=5e-3), Budget(steps=150, lr=5e-3)),
+                   partial(_event_logs, "none"), Budget(steps=150, lr=5e-3), Budget(steps=100, lr=5e-3)),
     ]
 
 
@@ -153,25 +153,35 @@ def _questions(reader: str) -> Built:
     return Built(QuestionModel(task.vocab_size, task.num_classes, reader=reader), task, task, QuestionObjective())
 
 
+def _summaries(coverage: bool) -> Built:
+    task = tasks.get("key_summaries")
+    model = PointerGenerator(task.vocab_size, embed_dim=32, hidden_dim=64, coverage=coverage)
+    return Built(model, task, task, SummaryObjective(coverage_weight=1.0 if coverage else 0.0))
+
+
 def _classic_experiments() -> list[Experiment]:
     hard = "one marked token among 16 decides the label; a learned query attends once (Xu et al. 2015)"
     period = tasks.get("repeated_block").period
     lm = f"LSTM language model on a repeated block of {period} tokens (the next token is {period} back)"
     qa = "question over a document of 6 subject-value segments, bidirectional-GRU encoder"
-    b = Budget(steps=STEPS, lr=3e-3)
-    q = Budget(steps=QUICK_STEPS, lr=3e-3)
+    b, q = Budget(steps=300, lr=3e-3), Budget(steps=150, lr=3e-3)
+    one, one_q = Budget(steps=100, lr=3e-3), Budget(steps=60, lr=3e-3)  # both pick the position by step ~60
+    lm_b, lm_q = Budget(steps=120, lr=3e-3), Budget(steps=80, lr=3e-3)  # memory solves it by step ~60
+    pg = "pointer-generator summaries listing a document's 5 key words once (2 are mentioned twice)"
     return [
+        Experiment("key_summaries", "pointer-generator", f"{pg}: no coverage (See et al. 2017's baseline)",
+                   partial(_summaries, False), b, q, "additive"),
+        Experiment("key_summaries", "coverage", f"{pg}: with coverage in the scores and the coverage loss (eq. 11-13)",
+                   partial(_summaries, True), b, q, "coverage-attention"),
         Experiment("deciding_position", "soft", f"{hard}: soft attention (deterministic, backpropagation)",
-                   partial(_deciding, "soft"), b, q, "additive"),
+                   partial(_deciding, "soft"), one, one_q, "additive"),
         Experiment("deciding_position", "hard-reinforce", f"{hard}: stochastic hard attention trained with "
-                   "REINFORCE (batch-mean baseline), the most likely location at test", partial(_deciding, "stochastic"),
-                   b, q, "additive"),
+                   "REINFORCE (batch-mean baseline), the most likely location at test",
+                   partial(_deciding, "stochastic"), one, one_q, "additive"),
         Experiment("repeated_block", "lstm", f"{lm}: no memory, the LSTM state must carry the block",
-                   partial(_repeated, None), b, q),
+                   partial(_repeated, None), lm_b, lm_q),
         Experiment("repeated_block", "memory-8", f"{lm}: random access memory over the last 8 states "
-                   "(Yogatama et al. 2018): the needed state is inside", partial(_repeated, 8), b, q),
-        Experiment("repeated_block", "memory-4", f"{lm}: memory over the last 4 states: the needed state "
-                   f"({period - 1} back) is outside", partial(_repeated, 4), b, q),
+                   "(Yogatama et al. 2018): the needed state is inside", partial(_repeated, 8), lm_b, lm_q),
         Experiment("document_questions", "segment", f"{qa}: the question attends over mean-pooled segments",
                    partial(_questions, "segment"), b, q),
         Experiment("document_questions", "co-attention", f"{qa}: parallel co-attention of question words and "
@@ -187,9 +197,13 @@ def catalog() -> list[Experiment]:
             *_classic_experiments()]
 
 
+CLASSIC = ("key_summaries/pointer-generator", "key_summaries/coverage", "deciding_position/soft",
+           "deciding_position/hard-reinforce", "repeated_block/lstm", "repeated_block/memory-8",
+           "document_questions/segment", "document_questions/co-attention", "document_questions/none")
 DEFAULT = ("mqar/softmax-2layer", "mqar/softmax-1layer", "mqar/linear", "mqar/sliding-window", "mqar/performer",
            "dates/additive", "dates/luong-general", "dates/none", "selective_copy/softmax",
            "selective_copy/sparse-fixed", "han_documents/han", "shapes/vit",
-           "sorting/pointer", "event_logs/semantic", "event_logs/none")
+           "sorting/pointer", "event_logs/semantic", "event_logs/none", *CLASSIC)
 QUICK = ("mqar/softmax-2layer", "mqar/softmax-1layer", "mqar/sliding-window", "dates/additive",
-         "han_documents/han", "shapes/vit", "sorting/pointer", "event_logs/semantic")
+         "han_documents/han", "shapes/vit", "sorting/pointer", "event_logs/semantic",
+         "deciding_position/hard-reinforce", "repeated_block/memory-8", "document_questions/segment")
