@@ -1,0 +1,53 @@
+"""What the classic modules' papers claim, on the tour's classic experiments at their default budgets, seeds 0-2.
+
+- Hard attention (Xu et al. 2015): trained with REINFORCE, stochastic hard attention learns to pick
+  the one position that decides the label, as soft attention does.
+- Random access memory (Yogatama et al. 2018): an LSTM language model with attention over its last
+  8 states predicts a block repeated 6 tokens back, reading the state that holds the token; the
+  plain LSTM, which must carry the block in its state, is far behind at the same budget.
+- Question-guided attention (Lu et al. 2016) and attention over segments: both find the segment the
+  question asks about and answer; without attention the document's mean cannot bind subject to value.
+
+The coverage pair (See et al. 2017) makes no claim here: at this budget coverage does not reduce the
+repeated words of the summaries (the tour's report shows both numbers).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+
+import attnkit.tour as tour
+
+pytestmark = pytest.mark.slow  # 7 experiments x 3 seeds at their default budgets: run with -m slow
+
+SEEDS = (0, 1, 2)
+
+
+@cache
+def result(key: str, seed: int):
+    return tour.run(key, seed)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("mechanism", ["soft", "hard-reinforce"])
+def test_hard_and_soft_attention_find_the_deciding_position(mechanism, seed):
+    r = result(f"deciding_position/{mechanism}", seed)
+    assert r.accuracy >= 0.95 and r.extra["attention_on_deciding_position"] >= 0.95, (r.accuracy, r.extra)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_memory_over_the_last_states_beats_the_plain_lstm(seed):
+    memory, lstm = result("repeated_block/memory-8", seed), result("repeated_block/lstm", seed)
+    assert memory.accuracy >= 0.95 and memory.extra["memory_on_needed_state"] >= 0.9, memory.extra
+    assert lstm.accuracy <= memory.accuracy - 0.3, (lstm.accuracy, memory.accuracy)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_question_guided_attention_answers_and_the_mean_does_not(seed):
+    none = result("document_questions/none", seed)
+    for reader in ("segment", "co-attention"):
+        r = result(f"document_questions/{reader}", seed)
+        assert r.accuracy >= 0.85 and r.extra["attention_on_answer_segment"] >= 0.85, (reader, r.accuracy, r.extra)
+        assert none.accuracy <= r.accuracy - 0.4, (reader, none.accuracy, r.accuracy)
