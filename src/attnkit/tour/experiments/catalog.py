@@ -166,7 +166,7 @@ def _classic_experiments() -> list[Experiment]:
     lm = f"LSTM language model on a repeated block of {period} tokens (the next token is {period} back)"
     qa = "question over a document of 6 subject-value segments, bidirectional-GRU encoder"
     b, q = Budget(steps=300, lr=3e-3), Budget(steps=150, lr=3e-3)
-    one, one_q = Budget(steps=100, lr=3e-3), Budget(steps=60, lr=3e-3)  # both pick the position by step ~60
+    one, one_q = Budget(steps=200, lr=3e-3), Budget(steps=100, lr=3e-3)  # both pick the position by step ~100
     pg_b, pg_q = Budget(steps=200, lr=3e-3), Budget(steps=100, lr=3e-3)  # both plateau by step ~100
     lm_b, lm_q = Budget(steps=120, lr=3e-3), Budget(steps=80, lr=3e-3)  # memory solves it by step ~60
     pg = "pointer-generator summaries listing a document's 5 key words once (2 are mentioned twice)"
