@@ -126,7 +126,7 @@ def _model_experiments() -> list[Experiment]:
             "the user's role through these sessions, so both detect nearly every anomaly")
     return [
         Experiment("han_documents", "han", "hierarchical attention network: word attention, then sentence attention",
-                   _han, Budget(steps=120, lr=3e-3), Budget(steps=100, lr=3e-3), "additive"),
+                   _han, Budget(steps=200, lr=3e-3), Budget(steps=100, lr=3e-3), "additive"),
         Experiment("shapes", "vit", "Vision Transformer on 16x16 shapes: 4x4 patches, 2 layers, 2 heads", _vit,
                    Budget(steps=200, lr=3e-3), Budget(steps=100, lr=3e-3), "scaled-dot-product",
                    (("batch", 64), ("heads", 2), ("head_dim", 16), ("q_len", 17), ("kv_len", 17))),
