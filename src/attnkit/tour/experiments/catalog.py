@@ -133,9 +133,9 @@ def _model_experiments() -> list[Experiment]:
         Experiment("sorting", "pointer", "pointer network sorting 6 numbers (the attention is the output)",
                    _sorting, Budget(steps=600, lr=3e-3), Budget(steps=300, lr=3e-3), "additive"),
         Experiment("event_logs", "semantic", f"{logs} with semantic attention over its past states",
-                   partial(_event_logs, "semantic"), Budget(steps=150, lr=5e-3), Budget(steps=100, lr=5e-3)),
+                   partial(_event_logs, "semantic"), Budget(steps=300, lr=5e-3), Budget(steps=150, lr=5e-3)),
         Experiment("event_logs", "none", f"{logs} without attention (the paper's baseline)",
-                   partial(_event_logs, "none"), Budget(steps=150, lr=5e-3), Budget(steps=100, lr=5e-3)),
+                   partial(_event_logs, "none"), Budget(steps=300, lr=5e-3), Budget(steps=150, lr=5e-3)),
     ]
 
 
