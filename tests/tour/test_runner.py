@@ -233,23 +233,23 @@ def test_progress_gives_each_run_a_step_callback(tmp_path, fake):
 def test_scaling_is_measured_once_and_cached(tmp_path, fake, monkeypatch):
     calls = []
 
-    class Table:
-        def series(self):
-            return {"dense": [(256, 1e-3, 2**20), (512, 4e-3, 2**22)]}
+    from attnkit.analysis.scaling import ScalingRow, ScalingTable
+    from attnkit.tour.report import scaling as report_scaling
 
-        def markdown(self):
-            return "| mechanism | L |\n|---|---|\n| dense | 256 |"
+    rows = (ScalingRow("dense", 256, 1e-3, 1e-4, 2**20), ScalingRow("dense", 512, 4e-3, 2e-4, 2**22))
 
     def scaling(names, lengths, **kw):
-        calls.append((list(names), list(lengths), kw.get("repeats")))
-        return Table()
+        calls.append((list(names), list(lengths), kw.get("repeats"), kw.get("threads")))
+        return ScalingTable(rows, (256, 512))
 
     monkeypatch.setitem(sys.modules, "attnkit.analysis.scaling", types.SimpleNamespace(scaling=scaling))
     fake(FakeAPI())
     _tour(tmp_path, keys=["mqar/softmax"], seeds=(0,), scaling=None)
     _tour(tmp_path, keys=["mqar/softmax"], seeds=(0,), scaling=None)
-    assert calls == [(["dense", "scaled-dot-product"], list(runner.SCALING_LENGTHS), 1)]
+    assert calls == [(["dense", "scaled-dot-product"], list(runner.SCALING_LENGTHS), report_scaling.REPEATS, 1)]
+    assert report_scaling.REPEATS >= 3  # a median and a spread, not one sample
     data = json.loads((tmp_path / "runs" / "default" / "scaling.json").read_text())
     assert data["status"] == "ok" and data["series"]["dense"][1] == [512, 4e-3, 2**22]
+    assert data["points"]["dense"][0] == [256, 1e-3, 1e-4, 2**20, "ok"]
     _tour(tmp_path, keys=["mqar/softmax"], seeds=(0,), quick=True, scaling=None)
     assert len(calls) == 1  # the quick mode measures nothing

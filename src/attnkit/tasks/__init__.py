@@ -20,14 +20,18 @@ from .byte_retrieval import ByteRetrieval
 from .byte_text import ByteText
 from .convex_hull import ConvexHull
 from .dates import Dates
+from .deciding_position import DecidingPosition
 from .digits import Digits
+from .document_questions import DocumentQuestions
 from .event_logs import EventLogs
 from .han_documents import HANDocuments
+from .key_summaries import KeySummaries
 from .listops import ListOps
 from .long_listops import LongListOps
 from .mqar import MQAR
 from .pathfinder import Pathfinder
 from .pixel_images import PixelImages
+from .repeated_block import RepeatedBlock
 from .reversal import Reversal
 from .selective_copy import SelectiveCopy
 from .seq2seq import CharSeq2Seq
@@ -38,4 +42,5 @@ __all__ = [
     "Task", "get", "names", "IGNORE_INDEX", "CharSeq2Seq",
     "MQAR", "SelectiveCopy", "ListOps", "Sorting", "ConvexHull", "Dates", "Reversal", "HANDocuments",
     "EventLogs", "Shapes", "Digits", "LongListOps", "ByteText", "ByteRetrieval", "PixelImages", "Pathfinder",
+    "DecidingPosition", "RepeatedBlock", "DocumentQuestions", "KeySummaries",
 ]

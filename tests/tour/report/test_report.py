@@ -138,9 +138,10 @@ def test_report_shows_measured_scaling_from_its_cache(tmp_path, fake):  # noqa: 
     _tour(tmp_path, keys=["mqar/softmax"], seeds=(0,))
     runner.write_json(tmp_path / "runs" / "default" / "scaling.json", {
         "status": "ok", "series": {"dense": [[256, 1e-3, 2**20], [512, 4e-3, 2**22]]},
-        "markdown": "| mechanism | exponent |\n|---|---|\n| dense | 2.00 |", "seconds": 3.0})
+        "points": {"dense": [[256, 1e-3, 2e-4, 2**20, "ok"], [512, 4e-3, 4e-4, 2**22, "ok"]]},
+        "lengths": [256, 512], "repeats": 3, "threads": 1, "sizes": {"heads": 4}, "seconds": 3.0})
     md_path, html_path = report.write(tmp_path)
-    assert "| dense | 2.00 |" in md_path.read_text()
+    assert "| dense | 1.0 ± 0.1 | 4.0 ± 0.2 | 1.0 | 4.0 | 2.00 | 2.00 |" in md_path.read_text()
     assert (tmp_path / "img" / "scaling.png").exists() and "measured scaling" in html_path.read_text()
 
 

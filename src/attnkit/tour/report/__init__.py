@@ -27,7 +27,14 @@ TASK_PURPOSE = {
     "dates": "alignment: normalise dates written in many formats to ISO (seq2seq with attention)",
     "reversal": "alignment: reverse a string (a monotone anti-diagonal alignment)",
     "han_documents": "hierarchical attention: the label is decided by one sentence; attention should find it",
-    "event_logs": "explaining anomalies: next-event prediction whose attention points at the anomalous event",
+    "event_logs": "explaining anomalies: next-event prediction whose attention points at the anomalous event "
+                  "(the pair is kept for its maps: an LSTM carries the user's role through these short sessions, "
+                  "so derived-key attention cannot add detection accuracy here)",
+    "key_summaries": "repetition: summaries listing a document's key words once; the repeated words of the "
+                     "decoded summaries are measured with and without coverage (See et al. 2017)",
+    "deciding_position": "hard attention: one marked position decides the label; REINFORCE against backpropagation",
+    "repeated_block": "memory: the next token is 6 back, inside a memory of the last 8 states (Yogatama et al. 2018)",
+    "document_questions": "question-guided attention: find the segment the question asks about (Lu et al. 2016)",
     "shapes": "vision: classify small generated shapes from image patches (ViT)",
     "digits": "vision: classify sklearn's 8x8 digits from image patches (ViT)",
 }

@@ -15,7 +15,7 @@ from pathlib import Path
 from . import Report, table_rows
 from .markdown import descriptions, extra_rows, run_info, task_lines
 from .plots import attention_maps, cost_plot, curves, scaling_picture
-from .scaling import cost_table
+from .scaling import cost_table, scaling_markdown
 
 __all__ = ["write_html"]
 
@@ -84,7 +84,7 @@ def _cost_section(rep: Report, notes: list[str]) -> list[str]:
         path, more = scaling_picture(rep)
         notes += more
         parts += ["<h3>Measured scaling</h3>", _img(path, "measured scaling"),
-                  f"<pre>{_e(scaling.get('markdown', ''))}</pre>"]
+                  f"<pre>{_e(scaling_markdown(scaling))}</pre>"]
     elif scaling and scaling.get("error"):
         parts.append(f'<p class="note">The scaling measurement failed: {_e(scaling["error"])}</p>')
     else:

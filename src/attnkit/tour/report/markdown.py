@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from . import TASK_PURPOSE, Report, Row, cell, markdown_table
-from .scaling import cost_table
+from .scaling import cost_table, scaling_markdown
 
 __all__ = ["write_markdown", "run_info", "task_lines", "descriptions", "extra_rows"]
 
@@ -95,8 +95,8 @@ def write_markdown(rep: Report) -> Path:
         text += ["## Failed runs", ""] + [f"- `{k}` seed {s}: {e}" for k, s, e in failed] + [""]
     if rep.costs:
         text += ["## Analytic cost at the tour's sizes (forward pass)", ""] + _md(cost_table(rep.costs)) + [""]
-    if rep.scaling and rep.scaling.get("markdown"):
-        text += ["## Measured scaling", "", rep.scaling["markdown"], ""]
+    if rep.scaling and scaling_markdown(rep.scaling):
+        text += ["## Measured scaling", "", scaling_markdown(rep.scaling), ""]
     elif rep.scaling and rep.scaling.get("error"):
         text += ["## Measured scaling", "", f"The measurement failed: {rep.scaling['error']}", ""]
     text += ["## How it was run", ""] + [f"- {label}: {value}" for label, value in run_info(rep)]

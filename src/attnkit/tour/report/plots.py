@@ -198,13 +198,15 @@ def scaling_picture(rep: Report) -> tuple[Path | None, list[str]]:
     if not series:
         return None, []
     try:
-        from ...analysis.scaling import DEFAULT_SIZES  # the sizes the tour measures with (scaling's defaults)
         from ...viz import scaling_plot
+        from .scaling import REPEATS, SIZES
 
         points = {k: [(int(p[0]), p[1], p[2] if len(p) > 2 else None) for p in v] for k, v in series.items() if v}
-        sizes = ", ".join(f"{k}={v}" for k, v in DEFAULT_SIZES.items())
-        fig = scaling_plot(points, title=f"measured time and peak memory against L: forward + backward, one repeat, "
-                                         f"fresh process per point ({sizes}; dim: a module's width)")
+        data = rep.scaling or {}
+        sizes = ", ".join(f"{k}={v}" for k, v in (data.get("sizes") or SIZES).items())
+        fig = scaling_plot(points, title=f"measured time (median of {data.get('repeats', REPEATS)}) and peak memory "
+                                         f"against L: forward + backward, fresh process per point at "
+                                         f"{data.get('threads', 1)} thread ({sizes}; dim: a module's width)")
         return _save(fig, rep.out / "img" / "scaling.png"), []
     except Exception as err:  # noted in the report
         return None, [f"scaling plot: {type(err).__name__}: {err}"]
