@@ -148,12 +148,11 @@ def _group(op: str) -> str | None:
 
 
 def bounds(fn: Callable[[], object], backward: bool) -> dict[str, float]:
-    """Share of one call's wall time per group of operators (self CPU time), and the rest as Python/dispatch."""
+    """Share of one profiled call's wall time per group of operators (self CPU time); the rest: Python, dispatch."""
     from torch.profiler import ProfilerActivity, profile
 
-    wall = _timed(fn)
     with torch.set_grad_enabled(backward), profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
+        wall = _timed(fn)  # the profiled call's own wall time: a busy machine changes it from call to call
     shares: dict[str, float] = {}
     for event in prof.key_averages():
         if event.self_cpu_time_total <= 0 or not event.key.startswith("aten::"):
@@ -161,7 +160,7 @@ def bounds(fn: Callable[[], object], backward: bool) -> dict[str, float]:
         name = _group(event.key) or "other elementwise"
         shares[name] = shares.get(name, 0.0) + event.self_cpu_time_total / 1e6
     ops = sum(shares.values())
-    scale = min(1.0, wall / ops) if ops else 1.0  # the profiler's own cost inflates op times a little
+    scale = min(1.0, wall / ops) if ops else 1.0  # operator times can add up past the wall time by rounding
     out = {name: t * scale / wall for name, t in shares.items()}
     out["Python, dispatch (no operator)"] = max(0.0, 1.0 - ops * scale / wall)
     return out
@@ -261,7 +260,27 @@ def report(cfg: Config, rows: list[Row], alone: dict[str, float], command: str, 
     return text + ("\n\n" + notes if notes else "")
 
 
-NOTES = ""
+NOTES = """What bounds the rest (the profile column, and each path's code):
+
+- `band-windows` (`kernels/band.py`): per slab, two torch `bmm` calls on thin products \
+(`(n, bs, D) @ (n, D, W)` and `(n, bs, W) @ (n, W, Dv)`, D = 64), which run near the bmm rows of the \
+ceiling rather than the square matmul, and between them one in-place pass of torch's fused softmax and a \
+fill of the two masked corners over the slab's scores (in memory, not in registers); the copies are the \
+edge blocks' zero-padded windows and, backward, the window gradients added back. The slab size and \
+block sizes in use (`band_blocks.SLAB`, `band.BLOCK_SIZES`) measured no slower, forward at L = 4096, \
+than slabs of 2^19, 2^20 or 2^22 score elements or blocks of 128 alone. Beyond this the softmax pass \
+would have to move into the matmul's tiles (a fused kernel).
+- `blocksparse-fused` (`kernels/blocksparse_fused.py`): torch's fused kernel per slab does most of the \
+work; the rest is gathering each slab's key and value blocks (`index_select`: every key block is copied \
+once per query block that reads it, a memory-bound copy of as many bytes as the slab's K and V) and, \
+backward, adding their gradients back (`index_add_`).
+- `torch-sdpa`: torch's fused kernel alone (scores, softmax and both products in cache-sized tiles); \
+its fraction is torch's.
+- `dense-reference`: scores and weights exist in memory; its softmax passes over `Lq x Lk` elements \
+come on top of the two products.
+
+On a shared machine the ceiling moves with the load; each round divides by the ceiling measured in \
+that round, so a row's fraction can exceed 100% in a round where the load changed between the two."""
 
 
 def main(argv=None) -> int:
