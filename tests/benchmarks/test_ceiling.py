@@ -9,7 +9,6 @@ import torch
 from benchmarks.harness.report import KEPT_SECTIONS, rewrite
 
 import attnkit
-from attnkit import cli
 from attnkit.analysis.patterns import make_mask
 from benchmarks import ceiling
 
@@ -66,15 +65,3 @@ def test_the_report_table_and_its_section(measured, tmp_path):
     assert doc.read_text().count(ceiling.START) == 1 and f"## {ceiling.TITLE}" in doc.read_text()
     assert "ceiling" in KEPT_SECTIONS and ceiling.START in rewrite(doc.read_text(), "<!-- suite:start -->\nnew")
 
-
-def test_bench_roofline_runs_the_section_with_the_given_sizes(monkeypatch, capsys, measured):
-    seen = []
-
-    def fake_run(cfg, log):
-        seen.append(cfg)
-        return measured
-
-    monkeypatch.setattr(ceiling, "run", fake_run)
-    assert cli.main(["bench", "--roofline", "512", "1024", "--heads", "2", "--head-dim", "16", "--repeats", "3"]) == 0
-    assert seen[0].lengths == (512, 1024) and (seen[0].heads, seen[0].head_dim, seen[0].rounds) == (2, 16, 3)
-    assert "attnkit bench --roofline 512 1024 --repeats 3" in capsys.readouterr().out
