@@ -25,6 +25,7 @@ Usage: ``python benchmarks/ceiling.py [--lengths 4096 16384] [--rounds 5] [--wri
 from __future__ import annotations
 
 import argparse
+import datetime
 import statistics
 import sys
 import time
@@ -254,7 +255,9 @@ def write(path: Path, text: str) -> None:
 
 def report(cfg: Config, rows: list[Row], alone: dict[str, float], command: str, notes: str = "") -> str:
     ceiling = "; ".join(f"{name}: {rate:.1f}" for name, rate in alone.items())
-    text = (f"`{command}` (torch {torch.__version__}, 1 thread, B=1 H={cfg.heads} D={cfg.head_dim} float32)\n\n"
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    text = (f"`{command}`, run {when} (torch {torch.__version__}, 1 thread, B=1 H={cfg.heads} D={cfg.head_dim} "
+            "float32)\n\n"
             f"Ceiling products measured alone (GFLOP/s, best of 5): {ceiling}. Each row's ceiling is the best of "
             "them, measured again in every round beside the path's call.\n\n" + table(rows))
     return text + ("\n\n" + notes if notes else "")
