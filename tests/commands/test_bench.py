@@ -42,3 +42,17 @@ def test_compare_without_the_harness_is_a_clear_usage_error(monkeypatch, tmp_pat
         cli.build_parser().parse_args(["bench", "--compare", "sdpa"])
     assert err.value.code == 2
     assert "benchmarks/harness/" in capsys.readouterr().err
+
+
+def test_bench_roofline_runs_the_ceiling_section_with_the_given_sizes(monkeypatch, capsys):
+    """``--roofline L...`` hands the lengths, --heads, --head-dim and --repeats to benchmarks/ceiling.py."""
+    from benchmarks import ceiling
+
+    seen = []
+    monkeypatch.setattr(ceiling, "run", lambda cfg, log: seen.append(cfg) or ([], {"mm": 1.0}))
+    assert cli.main(["bench", "--roofline", "512", "1024", "--heads", "2", "--head-dim", "16", "--repeats", "3"]) == 0
+    assert seen[0].lengths == (512, 1024) and (seen[0].heads, seen[0].head_dim, seen[0].rounds) == (2, 16, 3)
+    out = capsys.readouterr().out
+    assert "attnkit bench --roofline 512 1024 --repeats 3" in out and "| path | mask | L |" in out
+    assert cli.main(["bench", "--roofline", "--repeats", "2"]) == 0
+    assert seen[1].lengths == ceiling.Config.lengths

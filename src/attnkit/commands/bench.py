@@ -137,6 +137,21 @@ def _suite_rows(args, backward: bool) -> None:
         print("\n" + "\n".join(misses(rows)))
 
 
+def _roofline(args) -> int:
+    """The ceiling section of BENCHMARKS.md (``benchmarks/ceiling.py``) for the given lengths and sizes."""
+    try:
+        harness("machine")  # a source checkout: puts it on sys.path
+    except LookupError as err:
+        raise ArgumentError(str(err).replace("--compare", "--roofline")) from None
+    ceiling = importlib.import_module("benchmarks.ceiling")
+    lengths = tuple(args.roofline) or ceiling.Config.lengths
+    cfg = ceiling.Config(lengths=lengths, heads=args.heads, head_dim=args.head_dim, rounds=args.repeats)
+    rows, alone = ceiling.run(cfg, log=lambda line: print(line, file=sys.stderr))
+    command = f"attnkit bench --roofline {' '.join(map(str, lengths))} --repeats {args.repeats}"
+    print(ceiling.report(cfg, rows, alone, command))
+    return 0
+
+
 def _distributed(args) -> int:
     from ..distributed import bench as distributed_bench  # starts processes: imported only when asked
 
@@ -151,6 +166,8 @@ def _distributed(args) -> int:
 def _cmd_bench(args) -> int:
     if args.distributed:
         return _distributed(args)
+    if args.roofline is not None:
+        return _roofline(args)
     import torch
 
     from ..runtime import retain_freed_memory
@@ -170,7 +187,8 @@ def add(sub) -> None:
                     examples=['attnkit bench --q-len 4096 --mask "sliding_window(128, 128)" --memory',
                               'attnkit bench --compare flex --q-len 4096 --mask "sliding_window(128, 128)"   '
                               '# a row of BENCHMARKS.md',
-                              "attnkit bench --bias alibi --backward no --repeats 3"])
+                              "attnkit bench --bias alibi --backward no --repeats 3",
+                              "attnkit bench --roofline 4096   # fraction of the matmul ceiling per path"])
     add_case_args(p)
     p.add_argument("--bias", type=_bias, default=None, metavar="NAME",
                    help=f"a score modifier: {', '.join(BIAS_NAMES)} (suite: target 4; default: none)")
@@ -192,6 +210,10 @@ def add(sub) -> None:
     p.add_argument("--distributed", action="store_true",
                    help="sequence-parallel attention: every scheme x layout on --procs local gloo processes "
                         "(time per call, bytes sent measured and by formula; --q-len is the global length)")
+    p.add_argument("--roofline", type=positive_int, nargs="*", default=None, metavar="L",
+                   help="how close the window, block-sparse and dense paths run to the one-thread float32 matmul "
+                        "ceiling at these lengths (default 4096 16384; --repeats rounds, --heads, --head-dim): "
+                        "the ceiling section of BENCHMARKS.md")
     p.add_argument("--procs", type=positive_int, default=4, help="processes with --distributed")
     p.add_argument("--retain-memory", action="store_true",
                    help="keep freed memory for reuse (attnkit.runtime.retain_freed_memory); default: glibc's defaults")

@@ -27,7 +27,7 @@ from .pipeline import Workspace
 
 __all__ = ["SoftcapAttention"]
 
-BACKWARD_BLOCKS = (256, 1 << 19)  # (query rows, score elements) per block; measured on 1 core at L = 2048 and 4096
+BACKWARD_BLOCKS = (128, 1 << 18)  # (query rows, score elements) per block; softcap_loop.FORWARD_BLOCKS says why
 
 _tanh_backward = torch.ops.aten.tanh_backward.grad_input  # grad * (1 - t^2), one pass
 
