@@ -48,8 +48,8 @@ def _export_dynamic(**kwargs):
 
 
 def test_export_with_a_dynamic_length_takes_the_traceable_path_and_explain_says_so():
-    """A call the custom operator cannot take (a soft-cap) is traced on the dense exact path, reading no size."""
-    kwargs = dict(mask=masks.causal(), bias=softcap(5.0))
+    """A call the custom operator cannot take (cosine scores) is traced on the dense exact path, reading no size."""
+    kwargs = dict(mask=masks.causal(), score="cosine")
     exported, decision = _export_dynamic(**kwargs)
     assert decision.path == "dense-reference" and decision.cost is None
     assert TRACING in decision.reasons["online-softmax"]
@@ -59,12 +59,14 @@ def test_export_with_a_dynamic_length_takes_the_traceable_path_and_explain_says_
     assert_close_to_oracle(exported.module()(q, k, v), q, k, v, **kwargs)
 
 
-def test_export_with_a_dynamic_length_keeps_the_operator_and_explain_says_so():
-    exported, decision = _export_dynamic(mask=masks.causal())
-    assert decision.path == "torch-sdpa" and decision.cost is None
-    assert OPERATOR in decision.reasons["online-softmax"]
+@pytest.mark.parametrize("kwargs", [dict(mask=masks.causal()), dict(mask=masks.causal(), bias=softcap(5.0))],
+                         ids=["causal", "softcap"])
+def test_export_with_a_dynamic_length_keeps_the_operator_and_explain_says_so(kwargs):
+    exported, decision = _export_dynamic(**kwargs)
+    assert decision.path in ("torch-sdpa", "softcap-loop") and decision.cost is None
+    assert OPERATOR in decision.reasons["dense-reference"]
     q, k, v = rand_qkv(1, 2, 300, 300, 8, seed=2)
-    assert_close_to_oracle(exported.module()(q, k, v), q, k, v, mask=masks.causal())
+    assert_close_to_oracle(exported.module()(q, k, v), q, k, v, **kwargs)
 
 
 def test_compile_with_dynamic_shapes_traces_one_graph_for_every_length():

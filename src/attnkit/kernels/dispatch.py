@@ -214,7 +214,9 @@ def decide(p: Problem, backend: str = "auto") -> Decision:
     reasons = {}
     for path in PATHS:
         if path is chosen:
-            reasons[path.name] = f"chosen: {path.describe(p)} ({path.source})"
+            reasons[path.name] = (f"chosen: {path.describe(p)} ({path.source})" if choice.operator is None else
+                                  f"expected: the {custom_op.OPERATOR} operator decides at run time "
+                                  "(kernels/custom_op.py)")
             continue
         why = None if p.q.is_meta else path.refusal(p)  # refusals may read data that meta tensors lack
         reasons[path.name] = (f"refused: {why}" if why else "able, not preferred: " + (
