@@ -164,12 +164,14 @@ def breakdown(lk: int = 128, calls: int = 3000) -> str:
     return "\n".join(lines)
 
 
-def table(results: list[dict]) -> str:
-    lines = ["| row | against | attnkit µs | torch µs | ratio (median, range) | target | met |",
+def table(results: list[dict], unit: str = "µs") -> str:
+    """The results as a Markdown table, times in ``unit`` ("µs" or "ms")."""
+    per = {"µs": 1.0, "ms": 1e3}[unit]
+    lines = [f"| row | against | attnkit {unit} | torch {unit} | ratio (median, range) | target | met |",
              "|---|---|---|---|---|---|---|"]
     for r in results:
         met = "yes" if r["ratio"] <= r["goal"] else "no"
-        lines.append(f"| {r['name']} | {r['against']} | {r['ours_us']:.1f} | {r['theirs_us']:.1f} | "
+        lines.append(f"| {r['name']} | {r['against']} | {r['ours_us'] / per:.1f} | {r['theirs_us'] / per:.1f} | "
                      f"{r['ratio']:.2f}x ({r['lo']:.2f}-{r['hi']:.2f}) | <= {r['goal']:.2f}x | {met} |")
     return "\n".join(lines)
 

@@ -204,10 +204,16 @@ def command(args) -> str:
 
 def report(args, results: list[dict]) -> str:
     return (f"`{command(args)}` (torch {torch.__version__}, 1 thread; ratio = attnkit time / torch time per "
-            f"interleaved round, one call each; `attnkit bench --models` runs the same rows)\n\n" + table(results))
+            f"interleaved round, one call each; `attnkit bench --models` runs the same rows)\n\n" + table(results, "ms"))
+
+
+def parse_sizes(text: str) -> Sizes:
+    """:meth:`Sizes.parse` (ValueError for a bad size)."""
+    return Sizes.parse(text)
 
 
 def parse_rows(text: str) -> tuple[str, ...]:
+    """``"all"`` or comma-separated names of :data:`ROWS` -> those names in table order; ValueError otherwise."""
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     if text == "all":
         return ROWS
@@ -230,7 +236,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rows", type=_argparse_type(parse_rows), default=ROWS, help="all or " + ",".join(ROWS))
-    ap.add_argument("--sizes", type=_argparse_type(Sizes.parse), default=Sizes(), help="e.g. length=256,batch=2")
+    ap.add_argument("--sizes", type=_argparse_type(parse_sizes), default=Sizes(), help="e.g. length=256,batch=2")
     ap.add_argument("--compiled", action="store_true", help="also every row with both sides torch.compile'd")
     ap.add_argument("--write", type=Path, help="replace the whole-model table in this Markdown file")
     args = ap.parse_args(argv)
