@@ -32,7 +32,6 @@ Usage: ``python -m benchmarks.whole_models [--rounds 5] [--rows causal,window,lm
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import sys
 from dataclasses import dataclass
@@ -204,7 +203,8 @@ def command(args) -> str:
 
 def report(args, results: list[dict]) -> str:
     return (f"`{command(args)}` (torch {torch.__version__}, 1 thread; ratio = attnkit time / torch time per "
-            f"interleaved round, one call each; `attnkit bench --models` runs the same rows)\n\n" + table(results, "ms"))
+            "interleaved round, one call each; `attnkit bench --models` runs the same rows)\n\n"
+            + table(results, "ms"))
 
 
 def parse_sizes(text: str) -> Sizes:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from benchmarks import whole_models as wm
 from benchmarks.overhead import write
 from benchmarks.plain_gpt import PlainGPT
+
+from benchmarks import whole_models as wm
 
 TINY = wm.Sizes.parse("batch=2,length=16,window_length=24,window=5,width=32,heads=4,layers=2,vocab=37,prompt=5,"
                       "new_tokens=4,gen_batch=2")

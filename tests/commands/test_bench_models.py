@@ -6,7 +6,8 @@ import pytest
 
 from attnkit import cli
 
-TINY = "batch=2,length=12,window_length=16,window=3,width=16,heads=2,layers=1,vocab=23,prompt=4,new_tokens=3,gen_batch=1"
+TINY = ("batch=2,length=12,window_length=16,window=3,width=16,heads=2,layers=1,vocab=23,prompt=4,new_tokens=3,"
+        "gen_batch=1")
 
 
 def test_bench_models_runs_the_rows_asked_for(capsys):
