@@ -116,11 +116,15 @@ def _time(fn: Callable[[], object], calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
-def measure(row: Row, rounds: int, budget_s: float = 0.05) -> dict:
-    """Per round: both sides for about ``budget_s`` each (order alternating), the ratio ours/theirs."""
+def measure(row: Row, rounds: int, budget_s: float = 0.05, min_calls: int = 5, warmup: int = 0) -> dict:
+    """Per round: both sides for about ``budget_s`` each (at least ``min_calls``; order alternating), the ratio.
+
+    Before timing: one call of each side (their results must agree), then ``warmup`` more calls each.
+    """
     torch.testing.assert_close(row.ours(), row.theirs(), rtol=1e-4, atol=1e-5)  # same function, first
-    per_call = max(_time(row.theirs, 3), 1e-7)
-    calls = max(5, int(budget_s / per_call))
+    for _ in range(warmup):
+        row.ours(), row.theirs()
+    calls = min_calls if budget_s <= 0 else max(min_calls, int(budget_s / max(_time(row.theirs, 3), 1e-7)))
     ratios, ours_t, theirs_t = [], [], []
     for r in range(rounds):
         if r % 2:
@@ -160,12 +164,14 @@ def breakdown(lk: int = 128, calls: int = 3000) -> str:
     return "\n".join(lines)
 
 
-def table(results: list[dict]) -> str:
-    lines = ["| row | against | attnkit µs | torch µs | ratio (median, range) | target | met |",
+def table(results: list[dict], unit: str = "µs") -> str:
+    """The results as a Markdown table, times in ``unit`` ("µs" or "ms")."""
+    per = {"µs": 1.0, "ms": 1e3}[unit]
+    lines = [f"| row | against | attnkit {unit} | torch {unit} | ratio (median, range) | target | met |",
              "|---|---|---|---|---|---|---|"]
     for r in results:
         met = "yes" if r["ratio"] <= r["goal"] else "no"
-        lines.append(f"| {r['name']} | {r['against']} | {r['ours_us']:.1f} | {r['theirs_us']:.1f} | "
+        lines.append(f"| {r['name']} | {r['against']} | {r['ours_us'] / per:.1f} | {r['theirs_us'] / per:.1f} | "
                      f"{r['ratio']:.2f}x ({r['lo']:.2f}-{r['hi']:.2f}) | <= {r['goal']:.2f}x | {met} |")
     return "\n".join(lines)
 

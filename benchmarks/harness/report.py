@@ -126,9 +126,9 @@ def render(*, title: str, intro: Sequence[str], info: Mapping, ceiling: Mapping,
 
 
 # Sections other scripts write into BENCHMARKS.md (scaling.py, overhead.py, the distributed bench,
-# transformers_models.py, ceiling.py, compiled.py): the suite keeps each byte for byte, with the heading just above
-# its marker.
-KEPT_SECTIONS = ("scaling", "overhead", "distributed", "transformers", "ceiling", "compiled")
+# transformers_models.py, ceiling.py, compiled.py, whole_models.py): the suite keeps each byte for byte, with the
+# heading just above its marker.
+KEPT_SECTIONS = ("scaling", "overhead", "distributed", "transformers", "ceiling", "compiled", "models")
 
 
 def _kept_section(old: str, name: str) -> str | None:

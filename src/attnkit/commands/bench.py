@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..errors import ArgumentError, did_you_mean
 from ..progress import progress
+from .bench_models import add_model_args
 from .common import add_command, positive_float, positive_int
 from .inspect import add_case_args, case_from_args
 
@@ -45,14 +46,20 @@ COMPARE_HELP = ("backends (default): attnkit's backends and SDPA; or comma-separ
 ROOT = Path(__file__).resolve().parents[3]  # a source checkout: src/attnkit/commands/bench.py -> the repository
 
 
-def harness(name: str):
-    """``benchmarks.harness.<name>`` of the source checkout this attnkit runs from; LookupError if there is none."""
+def source_module(name: str):
+    """``benchmarks.<name>`` of the source checkout this attnkit runs from; LookupError if there is none."""
     if not (ROOT / "benchmarks" / "harness" / "__init__.py").is_file():
-        raise LookupError("--compare runs the benchmark suite's harness (benchmarks/harness/), which is not part of "
-                          "the installed package: run it from a source checkout of attnkit (pip install -e .)")
+        raise LookupError("--compare and --models run the benchmark suite's code (benchmarks/harness/, "
+                          "benchmarks/whole_models.py), which is not part of the installed package: run it from a "
+                          "source checkout of attnkit (pip install -e .)")
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    return importlib.import_module(f"benchmarks.harness.{name}")
+    return importlib.import_module(f"benchmarks.{name}")
+
+
+def harness(name: str):
+    """``benchmarks.harness.<name>`` of the source checkout (see :func:`source_module`)."""
+    return source_module(f"harness.{name}")
 
 
 def _compare(text: str) -> tuple[str, ...]:
@@ -168,6 +175,10 @@ def _cmd_bench(args) -> int:
         return _distributed(args)
     if args.roofline is not None:
         return _roofline(args)
+    if args.models:
+        from .bench_models import run_models
+
+        return run_models(args)
     import torch
 
     from ..runtime import retain_freed_memory
@@ -188,7 +199,8 @@ def add(sub) -> None:
                               'attnkit bench --compare flex --q-len 4096 --mask "sliding_window(128, 128)"   '
                               '# a row of BENCHMARKS.md',
                               "attnkit bench --bias alibi --backward no --repeats 3",
-                              "attnkit bench --roofline 4096   # fraction of the matmul ceiling per path"])
+                              "attnkit bench --roofline 4096   # fraction of the matmul ceiling per path",
+                              "attnkit bench --models all --compiled   # the whole-model rows of BENCHMARKS.md"])
     add_case_args(p)
     p.add_argument("--bias", type=_bias, default=None, metavar="NAME",
                    help=f"a score modifier: {', '.join(BIAS_NAMES)} (suite: target 4; default: none)")
@@ -215,6 +227,7 @@ def add(sub) -> None:
                         "ceiling at these lengths (default 4096 16384; --repeats rounds, --heads, --head-dim): "
                         "the ceiling section of BENCHMARKS.md")
     p.add_argument("--procs", type=positive_int, default=4, help="processes with --distributed")
+    add_model_args(p)
     p.add_argument("--retain-memory", action="store_true",
                    help="keep freed memory for reuse (attnkit.runtime.retain_freed_memory); default: glibc's defaults")
     p.set_defaults(func=_cmd_bench)

@@ -223,6 +223,9 @@ class MultiHeadAttention(nn.Module):
 
     def _project(self, query, key, value):
         e, kv = self.embed_dim, self.num_kv_heads * self.head_dim
+        if self._qkv_same_embed_dim and query is key and key is value:  # self-attention: one matmul for all three
+            q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).split([e, kv, kv], dim=-1)
+            return self._heads(q, self.num_heads), self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
         if self._qkv_same_embed_dim:
             wq, wk, wv = self.in_proj_weight.split([e, kv, kv])
         else:
