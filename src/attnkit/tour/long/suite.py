@@ -63,8 +63,8 @@ TASKS: dict[str, SuiteTask] = {t.name: t for t in [
               image=True),
 ]}
 
-BUDGET = Budget(steps=120, batch_size=8, lr=2e-3, warmup=0.1, eval_size=64, test_size=256)
-QUICK_BUDGET = Budget(steps=4, batch_size=4, lr=2e-3, warmup=0.1, eval_size=8, test_size=16)
+BUDGET = Budget(steps=60, batch_size=8, lr=3e-3, warmup=0.1, eval_size=64, test_size=256)
+QUICK_BUDGET = Budget(steps=4, batch_size=4, lr=3e-3, warmup=0.1, eval_size=8, test_size=16)
 QUICK_TASKS = ("byte_retrieval", "pixel_images")
 EVALS, QUICK_EVALS = 4, 2
 

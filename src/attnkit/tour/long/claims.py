@@ -1,0 +1,111 @@
+"""The papers' orderings on the long-range suite, written once as data and checked against measured numbers.
+
+The report shows each :class:`Claim` as held or not held at this scale, with the numbers, and
+the slow test (``tests/tour/long/test_claims.py``) trains the subset a claim needs for three seeds
+and asserts the claims marked ``reproduces``: the ones this suite's scale does show. Mechanism
+groups come from the roster's flags (:mod:`.roster`), so a new mechanism joins its claims.
+
+A claim compares two groups of mechanisms on one measure: ``"accuracy"`` (mean over seeds) on every
+retrieval-style task of the suite (:attr:`.suite.SuiteTask.retrieval`), or ``"speed"`` (training
+steps per second at the longest length, :mod:`.speed`). It holds when every mechanism of ``better``
+is above every mechanism of ``worse`` (on each retrieval task, for accuracy).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from .roster import MECHANISMS
+from .suite import TASKS
+
+__all__ = ["Claim", "Verdict", "CLAIMS", "check", "needed_pairs", "RETRIEVAL_TASKS"]
+
+RETRIEVAL_TASKS = tuple(t.name for t in TASKS.values() if t.retrieval)
+_GLOBAL = tuple(m.name for m in MECHANISMS.values() if m.global_tokens)
+_LOCAL = tuple(m.name for m in MECHANISMS.values() if m.local_only)
+_FIXED_STATE = tuple(m.name for m in MECHANISMS.values() if m.fixed_state)
+_LINEAR_TIME = tuple(m.name for m in MECHANISMS.values() if m.linear_time and not m.images_only)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A stated ordering: ``better`` above ``worse`` on ``measure``; ``reproduces``: the slow test asserts it."""
+
+    key: str
+    statement: str
+    source: str
+    measure: str
+    better: tuple[str, ...]
+    worse: tuple[str, ...]
+    reproduces: bool
+
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim("global-beats-local",
+          "On retrieval-style tasks, dense attention and global-token mechanisms (Longformer, BigBird) beat "
+          "local and sliding-window attention.",
+          "Tay et al. 2020, arXiv:2011.04006, Sec. 4 (Table 1, Retrieval); Beltagy et al. 2020; Zaheer et al. 2020",
+          "accuracy", ("softmax", *_GLOBAL), _LOCAL, reproduces=False),
+    Claim("fixed-state-behind-softmax",
+          "Linformer, Performer and linear attention fall behind softmax on exact recall.",
+          "Arora et al. 2023 (Zoology), arXiv:2312.04927, Sec. 3-4",
+          "accuracy", ("softmax",), _FIXED_STATE, reproduces=False),
+    Claim("linear-time-faster",
+          "Linear-time mechanisms train faster than dense softmax at the longest length.",
+          "Tay et al. 2020, arXiv:2011.04006, Sec. 4.2 (Table 3, Figure 3)",
+          "speed", _LINEAR_TIME, ("softmax",), reproduces=False),
+)
+
+
+@dataclass
+class Verdict:
+    """A claim checked against numbers: ``held`` (None: a mechanism it needs was not measured) and the evidence."""
+
+    claim: Claim
+    held: bool | None
+    detail: str
+    failures: list[str]
+
+
+def _fmt(measure: str, value: float) -> str:
+    return f"{100 * value:.1f} %" if measure == "accuracy" else f"{value:.2f} steps/s"
+
+
+def _compare(claim: Claim, values: dict[str, float], where: str) -> tuple[bool | None, str, list[str]]:
+    missing = [m for m in (*claim.better, *claim.worse) if m not in values]
+    if missing:
+        return None, f"{where}: not measured: {', '.join(missing)}", []
+    failures = [f"{b} ({_fmt(claim.measure, values[b])}) not above {w} ({_fmt(claim.measure, values[w])})"
+                for b in claim.better for w in claim.worse if not values[b] > values[w]]
+    shown = "; ".join(f"{m} {_fmt(claim.measure, values[m])}" for m in (*claim.better, *claim.worse))
+    return not failures, f"{where}: {shown}", [f"{where}: {f}" for f in failures]
+
+
+def check(claim: Claim, accuracy: dict[tuple[str, str], list[float]], speed: dict[str, float]) -> Verdict:
+    """``claim`` against ``accuracy`` ((task, mechanism) -> per-seed accuracies) and ``speed`` (mechanism -> steps/s).
+
+    Example:
+        >>> acc = {("byte_retrieval", m): [a] * 3 for m, a in [("softmax", 0.9), ("linear", 0.6),
+        ...                                                    ("linformer", 0.7), ("performer", 0.5)]}
+        >>> check(CLAIMS[1], acc, {}).held
+        True
+    """
+    if claim.measure == "speed":
+        held, detail, failures = _compare(claim, speed, "at the longest length")
+        return Verdict(claim, held, detail, failures)
+    parts, fails, helds = [], [], []
+    for task in RETRIEVAL_TASKS:
+        means = {m: statistics.fmean(v) for (t, m), v in accuracy.items() if t == task and v}
+        held, detail, failures = _compare(claim, means, task)
+        helds.append(held)
+        parts.append(detail)
+        fails += failures
+    held = None if not helds or None in helds else all(helds)
+    return Verdict(claim, held, " | ".join(parts), fails)
+
+
+def needed_pairs() -> tuple[tuple[str, str], ...]:
+    """The (task, mechanism) pairs the accuracy claims compare (the slow test trains these)."""
+    names = dict.fromkeys(m for c in CLAIMS if c.measure == "accuracy" for m in (*c.better, *c.worse))
+    return tuple((t, m) for t in RETRIEVAL_TASKS for m in names)
