@@ -8,8 +8,11 @@ blocks by a :class:`~attnkit.nn.perceiver.PerceiverEncoder` (latents cross-atten
 ``N - 1`` latent blocks) and pools its latents.
 
 Padding is never masked inside the attention (most long-sequence modules take no key mask), the
-same for every mechanism; pooling skips it. :func:`build` picks the feed-forward width that brings
-each mechanism's parameter count closest to dense softmax's (:func:`matched_ff_dim`).
+same for every mechanism; pooling skips it. :func:`build` matches each mechanism's parameter count
+to dense softmax's (:func:`matched_width`): the feed-forward width of the blocks absorbs what the
+mechanism adds or saves (Longformer's global projections, Linformer's ``k x L`` sequence
+projection, the Lambda layer's smaller projections), and the Perceiver's number of latents does
+(its MLPs are ``4 dim`` wide).
 
 Shapes: ``inputs`` ``(B, L)`` int64 ids (0 = padding) -> logits ``(B, num_classes)``.
 """
@@ -27,9 +30,10 @@ from ...nn.perceiver import PerceiverEncoder
 from ..experiments.train import count_parameters
 from .roster import Sizes, mechanism
 
-__all__ = ["LongClassifier", "build", "matched_ff_dim", "LATENTS"]
+__all__ = ["LongClassifier", "build", "matched_width", "MIN_LATENTS", "TOLERANCE"]
 
-LATENTS = 32  # the Perceiver's latent array: N x dim
+MIN_LATENTS = 8  # the Perceiver's latent array is N x dim, N >= this
+TOLERANCE = 0.02  # every mechanism's parameter count is within 2 % of dense softmax's (tests check it)
 
 
 class LongClassifier(nn.Module):
@@ -39,11 +43,11 @@ class LongClassifier(nn.Module):
         vocab_size, num_classes: input ids and classes.
         sizes: length, width, heads (and image side) of the suite.
         layers: encoder blocks.
-        ff_dim: feed-forward width of each block (unused by the Perceiver, whose MLPs are ``4 dim``).
+        width: the feed-forward width of each block, or the Perceiver's number of latents.
         name: the roster mechanism.
     """
 
-    def __init__(self, vocab_size: int, num_classes: int, sizes: Sizes, *, layers: int, ff_dim: int, name: str):
+    def __init__(self, vocab_size: int, num_classes: int, sizes: Sizes, *, layers: int, width: int, name: str):
         super().__init__()
         mech = mechanism(name)
         factory = mech.factory(sizes)
@@ -51,10 +55,10 @@ class LongClassifier(nn.Module):
         self.embed = TokenEmbedding("LongClassifier", vocab_size, dim=sizes.dim, positional="sinusoidal",
                                     max_len=sizes.length, dropout=0.0)
         if factory is None:
-            self.body = PerceiverEncoder(sizes.dim, num_latents=LATENTS, latent_dim=sizes.dim, depth=layers - 1,
+            self.body = PerceiverEncoder(sizes.dim, num_latents=width, latent_dim=sizes.dim, depth=layers - 1,
                                          latent_heads=sizes.heads, head_dim=sizes.dim // sizes.heads)
         else:
-            self.body = TransformerEncoder(sizes.dim, sizes.heads, layers, ff_dim=ff_dim, norm_first=True,
+            self.body = TransformerEncoder(sizes.dim, sizes.heads, layers, ff_dim=width, norm_first=True,
                                            attention=factory, max_len=sizes.length)
         self.head = nn.Linear(sizes.dim, num_classes)
 
@@ -69,27 +73,27 @@ class LongClassifier(nn.Module):
         return self.head(pooled)
 
 
-def _count(vocab_size, num_classes, sizes, layers, ff_dim, name) -> int:
+def _count(vocab_size, num_classes, sizes, layers, width, name) -> int:
     with torch.random.fork_rng(devices=[]):
-        return count_parameters(LongClassifier(vocab_size, num_classes, sizes, layers=layers, ff_dim=ff_dim,
-                                               name=name))
+        return count_parameters(LongClassifier(vocab_size, num_classes, sizes, layers=layers, width=width, name=name))
 
 
 @lru_cache(maxsize=256)
-def matched_ff_dim(vocab_size: int, num_classes: int, sizes: Sizes, layers: int, name: str) -> int:
-    """The feed-forward width (>= 1) that brings ``name``'s parameter count closest to softmax's at ``4 dim``.
+def matched_width(vocab_size: int, num_classes: int, sizes: Sizes, layers: int, name: str) -> int:
+    """The width (see :class:`LongClassifier`) that brings ``name``'s parameter count closest to softmax's at ``4 dim``.
 
-    The count is linear in the width, so two counts give the slope; the Perceiver keeps its own.
+    The count is linear in the width, so two counts give the slope. Softmax itself: ``4 dim``.
     """
     target = _count(vocab_size, num_classes, sizes, layers, 4 * sizes.dim, "softmax")
-    if name == "softmax" or mechanism(name).build is None:
+    if name == "softmax":
         return 4 * sizes.dim
-    one = _count(vocab_size, num_classes, sizes, layers, 1, name)
-    slope = _count(vocab_size, num_classes, sizes, layers, 2, name) - one
-    return max(1, 1 + round((target - one) / slope))
+    low = MIN_LATENTS if mechanism(name).build is None else 1
+    one = _count(vocab_size, num_classes, sizes, layers, low, name)
+    slope = _count(vocab_size, num_classes, sizes, layers, low + 1, name) - one
+    return max(low, low + round((target - one) / slope))
 
 
 def build(vocab_size: int, num_classes: int, sizes: Sizes, *, layers: int, name: str) -> LongClassifier:
     """``name``'s :class:`LongClassifier` at the parameter count of dense softmax's (from the global RNG)."""
-    ff_dim = matched_ff_dim(vocab_size, num_classes, sizes, layers, name)
-    return LongClassifier(vocab_size, num_classes, sizes, layers=layers, ff_dim=ff_dim, name=name)
+    width = matched_width(vocab_size, num_classes, sizes, layers, name)
+    return LongClassifier(vocab_size, num_classes, sizes, layers=layers, width=width, name=name)

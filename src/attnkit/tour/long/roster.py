@@ -34,7 +34,9 @@ from ...nn.longformer import LongformerAttention
 from ...nn.reformer import ReformerAttention
 from ...nn.sparse_transformer import SparseTransformerAttention
 
-__all__ = ["Sizes", "Mechanism", "MECHANISMS", "mechanism", "block"]
+__all__ = ["Sizes", "Mechanism", "MECHANISMS", "mechanism", "block", "LINFORMER_K"]
+
+LINFORMER_K = 8  # Linformer's projected length k: its k x L projection (shared by keys and values) is parameters
 
 
 @dataclass(frozen=True)
@@ -121,11 +123,11 @@ _ENTRIES = [
     Mechanism("block-sparse", "Child et al. 2019, arXiv:1904.10509, Sec. 5.5",
               lambda s: lambda d, h: BlockSparseAttention(d, h, masks.fixed(block(s.length), 1)), linear_time=True),
     Mechanism("reformer", "Kitaev et al. 2020, arXiv:2001.04451",
-              lambda s: lambda d, h: ReformerAttention(d, h, n_buckets=max(2, s.length // 64), n_hashes=2,
+              lambda s: lambda d, h: ReformerAttention(d, h, n_buckets=max(2, 2 * (s.length // 128)), n_hashes=2,
                                                        chunk_size=block(s.length) * 2),
               linear_time=True),
     Mechanism("linformer", "Wang et al. 2020, arXiv:2006.04768",
-              lambda s: lambda d, h: LinformerAttention(d, h, max_len=s.length, k_proj_dim=block(s.length),
+              lambda s: lambda d, h: LinformerAttention(d, h, max_len=s.length, k_proj_dim=LINFORMER_K,
                                                         sharing="key-value"),
               linear_time=True, fixed_state=True),
     Mechanism("linear", "Katharopoulos et al. 2020, arXiv:2006.16236",
