@@ -16,12 +16,15 @@ True
 """
 
 from .base import IGNORE_INDEX, Task, get, names
+from .byte_retrieval import ByteRetrieval
+from .byte_text import ByteText
 from .convex_hull import ConvexHull
 from .dates import Dates
 from .digits import Digits
 from .event_logs import EventLogs
 from .han_documents import HANDocuments
 from .listops import ListOps
+from .long_listops import LongListOps
 from .mqar import MQAR
 from .reversal import Reversal
 from .selective_copy import SelectiveCopy
@@ -32,5 +35,5 @@ from .sorting import Sorting
 __all__ = [
     "Task", "get", "names", "IGNORE_INDEX", "CharSeq2Seq",
     "MQAR", "SelectiveCopy", "ListOps", "Sorting", "ConvexHull", "Dates", "Reversal", "HANDocuments",
-    "EventLogs", "Shapes", "Digits",
+    "EventLogs", "Shapes", "Digits", "LongListOps", "ByteText", "ByteRetrieval",
 ]

@@ -1,0 +1,120 @@
+"""Ceiling checks for the long-range tasks: an exact solver reads everything; counts and windows do not suffice.
+
+A long-range task is only a test of long range if (a) its label is a function of the whole input,
+so a model that sees everything can reach accuracy 1.0, and (b) the cheap shortcuts do not decide
+it: a classifier on the token counts of the input ("bag of tokens") and one on the counts of the
+last ``window`` tokens stay near chance. Long Range Arena (Tay et al. 2021, arXiv:2011.04006) and
+Pathfinder (Linsley et al. 2018, arXiv:1805.08315) make the same argument for their tasks.
+
+- ``solve(task, batch)``: the exact solver of each task, written from the task's definition and
+  reading only ``batch["inputs"]`` (it shares no code with the generator).
+- ``bag_of_tokens_accuracy(task, window=None)``: held-out accuracy of multinomial logistic
+  regression on token frequencies (of the whole input, or of its last ``window`` non-padding
+  tokens), and the chance level (the share of the most common class among the held-out labels).
+
+Shapes: ``inputs (n, L)`` token ids (0 = padding), ``targets (n,)``; ``token_counts`` gives ``(n, V)``.
+
+Example:
+    >>> import torch
+    >>> from attnkit import tasks
+    >>> from attnkit.tasks.long_checks import solve
+    >>> task = tasks.get("long_listops", length=64)
+    >>> batch = task.sample(8, generator=torch.Generator().manual_seed(0))
+    >>> task.accuracy(solve(task, batch), batch)
+    1.0
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import torch
+
+from ..errors import ArgumentError, check_int
+from .byte_docs import decode
+from .listops import evaluate
+
+__all__ = ["solve", "SOLVERS", "token_counts", "bag_of_tokens_accuracy"]
+
+
+def _solve_long_listops(task, inputs: torch.Tensor) -> torch.Tensor:
+    return torch.tensor([evaluate(task.decode(row)) for row in inputs])
+
+
+def _solve_byte_text(task, inputs: torch.Tensor) -> torch.Tensor:
+    answers = []
+    for row in inputs:
+        text = decode(row)
+        key = re.search(r"\?([A-Z])", text).group(1)
+        answers.append(int(re.search(key + r"=(\d)", text).group(1)))
+    return torch.tensor(answers)
+
+
+def _solve_byte_retrieval(task, inputs: torch.Tensor) -> torch.Tensor:
+    answers = []
+    for row in inputs.tolist():
+        cut = row.index(task.vocab_size - 1)  # the separator, the highest id
+        first, second = decode(row[:cut]), decode(row[cut + 1:])
+        answers.append(int(set(re.findall("#(.)", first)) == set(re.findall("#(.)", second))))
+    return torch.tensor(answers)
+
+
+SOLVERS: dict[str, Callable[[object, torch.Tensor], torch.Tensor]] = {
+    "long_listops": _solve_long_listops,
+    "byte_text": _solve_byte_text,
+    "byte_retrieval": _solve_byte_retrieval,
+}
+"""Task name -> ``solver(task, inputs) -> predictions (n,)``."""
+
+
+def solve(task, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Predictions ``(n,)`` of the exact solver of ``task`` on ``batch["inputs"]`` (labels are never read)."""
+    if task.name not in SOLVERS:
+        raise ArgumentError(f"long_checks.solve: task must be one of {sorted(SOLVERS)}; got {task.name!r}")
+    return SOLVERS[task.name](task, batch["inputs"])
+
+
+def token_counts(inputs: torch.Tensor, vocab_size: int, window: int | None = None) -> torch.Tensor:
+    """Per-row counts ``(n, vocab_size)`` of the non-padding tokens, or of the last ``window`` of them."""
+    kept = inputs != 0
+    if window is not None:
+        check_int("long_checks.token_counts", "window", window, 1)
+        from_end = kept.flip(1).cumsum(1).flip(1)  # 1 at the last non-padding token, 2 before it, ...
+        kept = kept & (from_end <= window)
+    counts = torch.zeros(inputs.shape[0], vocab_size, dtype=torch.float64)
+    return counts.scatter_add_(1, inputs, kept.double())
+
+
+def bag_of_tokens_accuracy(task, *, window: int | None = None, train: int = 2000, test: int = 1000,
+                           steps: int = 300, seed: int = 0) -> tuple[float, float]:
+    """``(held-out accuracy, chance)`` of logistic regression on the token frequencies of ``task``'s inputs.
+
+    Features: counts (``token_counts``) divided by the number of counted tokens, standardised with
+    the training set's mean and spread; a linear layer to ``num_classes`` trained by Adam (full batch,
+    ``steps`` steps, lr 0.05) on ``train`` fresh examples, scored on ``test`` others. ``chance`` is
+    the share of the most common class among the held-out labels.
+    """
+    check_int("long_checks.bag_of_tokens_accuracy", "train", train, 1)
+    check_int("long_checks.bag_of_tokens_accuracy", "test", test, 1)
+    check_int("long_checks.bag_of_tokens_accuracy", "steps", steps, 1)
+    generator = torch.Generator().manual_seed(seed)
+    batch = task.sample(train + test, generator=generator)
+    counts = token_counts(batch["inputs"], task.vocab_size, window)
+    features = counts / counts.sum(1, keepdim=True).clamp_min(1)
+    mean, spread = features[:train].mean(0), features[:train].std(0).clamp_min(1e-6)
+    features = ((features - mean) / spread).float()
+    targets = batch["targets"]
+    torch.manual_seed(seed)
+    layer = torch.nn.Linear(task.vocab_size, task.num_classes)
+    optimiser = torch.optim.Adam(layer.parameters(), lr=0.05)
+    for _ in range(steps):
+        optimiser.zero_grad()
+        torch.nn.functional.cross_entropy(layer(features[:train]), targets[:train]).backward()
+        optimiser.step()
+    with torch.no_grad():
+        predictions = layer(features[train:]).argmax(1)
+    held_out = targets[train:]
+    accuracy = (predictions == held_out).double().mean().item()
+    chance = torch.bincount(held_out, minlength=task.num_classes).max().item() / test
+    return accuracy, chance
