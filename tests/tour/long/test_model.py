@@ -32,7 +32,7 @@ def test_every_roster_entry_matches_softmax_parameter_count_on_every_task(quick)
 
 
 def test_the_suite_sizes_are_the_stated_ones():
-    for task_name, _, task, sizes in _suite_models(False):
+    for task_name, _, _, sizes in _suite_models(False):
         assert (sizes.dim, sizes.heads) == (DIM, HEADS) and 512 <= sizes.length <= 2048, task_name
 
 

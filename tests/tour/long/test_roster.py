@@ -1,4 +1,4 @@
-"""The long suite's roster (src/attnkit/tour/long/roster.py): every long-sequence mechanism, built from attnkit modules."""
+"""The long suite's roster (src/attnkit/tour/long/roster.py): every long-sequence mechanism, from attnkit modules."""
 
 from __future__ import annotations
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from attnkit.tour.experiments.train import count_parameters
 from attnkit.tour.long.model import build
 from attnkit.tour.long.speed import CLASSES, VOCAB, measure_speed
 from attnkit.tour.long.suite import LAYERS, QUICK_BUDGET, TASKS, plan, sizes_of
 from attnkit.tour.long.train import ClassifyObjective, train_pair
-from attnkit.tour.experiments.train import count_parameters
 
 
 def test_a_pair_trains_each_seed_reproducibly_and_reports_speed_and_memory():
