@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from attnkit.tour.long import claims
-from attnkit.tour.long.claims import CLAIMS, RETRIEVAL_TASKS, check, needed_pairs
+from attnkit.tour.long.claims import CLAIMS, RETRIEVAL_TASKS, check, needed_pairs, needed_speed
 from attnkit.tour.long.roster import MECHANISMS
 
 BY_KEY = {c.key: c for c in CLAIMS}
@@ -52,6 +52,7 @@ def test_needed_pairs_cover_every_accuracy_claim_on_every_retrieval_task():
         if claim.measure == "accuracy":
             assert {(t, m) for t in RETRIEVAL_TASKS for m in (*claim.better, *claim.worse)} <= set(pairs)
     assert all(m in MECHANISMS for _, m in pairs)
+    assert set(needed_speed()) == {*BY_KEY["linear-time-faster"].better, "softmax"}
 
 
 @pytest.mark.slow
@@ -59,7 +60,7 @@ def test_the_orderings_that_reproduce_hold_over_three_seeds(tmp_path):
     """Trains the claims' subset at the suite's default budget (3 seeds) and measures the speeds."""
     from attnkit.tour.long import report, run_suite
 
-    summary = run_suite(tmp_path, pairs=needed_pairs(), seeds=(0, 1, 2), progress=False)
+    summary = run_suite(tmp_path, pairs=needed_pairs(), seeds=(0, 1, 2), speed=needed_speed(), progress=False)
     assert not summary.failed, summary.failed
     verdicts = {v.claim.key: v for v in report.verdicts(report.load(tmp_path))}
     assert all(v.held is not None for v in verdicts.values()), {k: v.detail for k, v in verdicts.items()}

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from .roster import MECHANISMS
 from .suite import TASKS
 
-__all__ = ["Claim", "Verdict", "CLAIMS", "check", "needed_pairs", "RETRIEVAL_TASKS"]
+__all__ = ["Claim", "Verdict", "CLAIMS", "check", "needed_pairs", "needed_speed", "RETRIEVAL_TASKS"]
 
 RETRIEVAL_TASKS = tuple(t.name for t in TASKS.values() if t.retrieval)
 _GLOBAL = tuple(m.name for m in MECHANISMS.values() if m.global_tokens)
@@ -109,3 +109,8 @@ def needed_pairs() -> tuple[tuple[str, str], ...]:
     """The (task, mechanism) pairs the accuracy claims compare (the slow test trains these)."""
     names = dict.fromkeys(m for c in CLAIMS if c.measure == "accuracy" for m in (*c.better, *c.worse))
     return tuple((t, m) for t in RETRIEVAL_TASKS for m in names)
+
+
+def needed_speed() -> tuple[str, ...]:
+    """The mechanisms the speed claims compare (the slow test measures these at the longest length)."""
+    return tuple(dict.fromkeys(m for c in CLAIMS if c.measure == "speed" for m in (*c.better, *c.worse)))

@@ -118,7 +118,7 @@ def _speed(out, mechanism, the_plan: Plan, version, summary) -> None:
 
 
 def run_suite(out="docs/tour-long", *, quick: bool = False, fresh: bool = False, progress: bool = True,
-              command: str | None = None, pairs=None, seeds=None) -> SuiteSummary:
+              command: str | None = None, pairs=None, seeds=None, speed=None) -> SuiteSummary:
     """Run every (task, mechanism, seed) and speed measurement of the suite not already cached under ``out``.
 
     Args:
@@ -129,6 +129,7 @@ def run_suite(out="docs/tour-long", *, quick: bool = False, fresh: bool = False,
         command: the command line to record in the report.
         pairs: (task, mechanism) pairs to run instead of the mode's (at the mode's budget).
         seeds: seeds instead of the mode's.
+        speed: mechanisms whose speed to measure at the longest length (default: those of the pairs).
 
     Returns:
         A :class:`SuiteSummary`; failed runs are recorded and reported, not raised.
@@ -155,7 +156,7 @@ def run_suite(out="docs/tour-long", *, quick: bool = False, fresh: bool = False,
                 missing.append(seed)
         if missing:
             todo.append((task, mech, missing))
-    mechanisms = list(dict.fromkeys(m for _, m in the_plan.pairs))
+    mechanisms = list(dict.fromkeys(m for _, m in the_plan.pairs) if speed is None else speed)
     speed_todo = [m for m in mechanisms if fresh or load_speed(speed_path(out, m, mode), mode=mode, version=version)
                   is None or load_speed(speed_path(out, m, mode))["status"] != "ok"]
     summary.cached += [f"speed {m}" for m in mechanisms if m not in speed_todo]
