@@ -45,6 +45,11 @@ def test_shortcuts_stay_at_chance():
     contract.check_shortcuts("byte_retrieval", length=256)
 
 
+@pytest.mark.slow
+def test_shortcuts_stay_at_chance_at_full_length():
+    contract.check_shortcuts("byte_retrieval", train=2000, test=1000)
+
+
 @pytest.mark.parametrize(("sizes", "arg"), [
     ({"length": 61, "topic_size": 2}, "length"), ({"topic_size": 0}, "topic_size"), ({"topic_size": 14}, "topic_size"),
 ])

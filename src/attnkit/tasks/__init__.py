@@ -26,6 +26,8 @@ from .han_documents import HANDocuments
 from .listops import ListOps
 from .long_listops import LongListOps
 from .mqar import MQAR
+from .pathfinder import Pathfinder
+from .pixel_images import PixelImages
 from .reversal import Reversal
 from .selective_copy import SelectiveCopy
 from .seq2seq import CharSeq2Seq
@@ -35,5 +37,5 @@ from .sorting import Sorting
 __all__ = [
     "Task", "get", "names", "IGNORE_INDEX", "CharSeq2Seq",
     "MQAR", "SelectiveCopy", "ListOps", "Sorting", "ConvexHull", "Dates", "Reversal", "HANDocuments",
-    "EventLogs", "Shapes", "Digits", "LongListOps", "ByteText", "ByteRetrieval",
+    "EventLogs", "Shapes", "Digits", "LongListOps", "ByteText", "ByteRetrieval", "PixelImages", "Pathfinder",
 ]

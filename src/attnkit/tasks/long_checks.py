@@ -60,10 +60,53 @@ def _solve_byte_retrieval(task, inputs: torch.Tensor) -> torch.Tensor:
     return torch.tensor(answers)
 
 
+def _flood(on: set[tuple[int, int]], start: tuple[int, int], diagonal: bool) -> set[tuple[int, int]]:
+    """The pixels of ``on`` joined to ``start`` through ``on`` (4- or 8-neighbours), by breadth-first search."""
+    moves = [(dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1) if (dy or dx) and (diagonal or not (dy and dx))]
+    seen, frontier = {start}, [start]
+    while frontier:
+        y, x = frontier.pop()
+        for dy, dx in moves:
+            nxt = (y + dy, x + dx)
+            if nxt in on and nxt not in seen:
+                seen.add(nxt)
+                frontier.append(nxt)
+    return seen
+
+
+def _pixels(row: torch.Tensor, side: int, keep) -> set[tuple[int, int]]:
+    return {(i // side, i % side) for i, v in enumerate(row.tolist()) if keep(v)}
+
+
+def _solve_pixel_images(task, inputs: torch.Tensor) -> torch.Tensor:
+    answers = []
+    for row in inputs:
+        bright = _pixels(row, task.side, lambda v: v > 128)  # ids are levels + 1; objects are brighter
+        boxes = set()
+        while bright:
+            blob = _flood(bright, next(iter(bright)), diagonal=False)
+            bright -= blob
+            ys, xs = [p[0] for p in blob], [p[1] for p in blob]
+            boxes.add((max(ys) - min(ys), max(xs) - min(xs), len(blob)))
+        answers.append(len(boxes) - 1)
+    return torch.tensor(answers)
+
+
+def _solve_pathfinder(task, inputs: torch.Tensor) -> torch.Tensor:
+    answers = []
+    for row in inputs:
+        drawn = _pixels(row, task.side, lambda v: v >= 2)  # curve 2, mark 3
+        first, second = sorted(_pixels(row, task.side, lambda v: v == 3))
+        answers.append(int(second in _flood(drawn, first, diagonal=True)))
+    return torch.tensor(answers)
+
+
 SOLVERS: dict[str, Callable[[object, torch.Tensor], torch.Tensor]] = {
     "long_listops": _solve_long_listops,
     "byte_text": _solve_byte_text,
     "byte_retrieval": _solve_byte_retrieval,
+    "pixel_images": _solve_pixel_images,
+    "pathfinder": _solve_pathfinder,
 }
 """Task name -> ``solver(task, inputs) -> predictions (n,)``."""
 

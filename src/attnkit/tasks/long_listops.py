@@ -10,7 +10,7 @@ import torch
 
 from ..errors import ArgumentError, check_int
 from .base import Task, check_float, register
-from .listops import OPERATORS, TOKENS, _apply
+from .listops import OPERATORS, TOKENS, apply_operator
 
 __all__ = ["LongListOps"]
 
@@ -165,7 +165,7 @@ class LongListOps(Task):
                     value = self._grow(draw, out, child, depth + 1)
                 args.append(value)
         out.append(_CLOSE)
-        return _apply(OPERATORS[op], args)
+        return apply_operator(OPERATORS[op], args)
 
     def _sample(self, n, generator):
         draw = _uniforms(generator)
