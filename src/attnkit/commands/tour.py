@@ -128,7 +128,10 @@ def add(sub) -> None:
                     description="The main job: train the mechanisms side by side on generated tasks, several seeds "
                                 "each, and write a report folder (README.md and an offline index.html: accuracy "
                                 "table, learning curves, attention maps of the trained models, cost and scaling "
-                                "plots). Every finished run is cached in the folder, so an interrupted tour resumes.",
+                                "plots). Every finished run is cached in the folder, so an interrupted tour resumes. "
+                                "--suite long runs the long-range suite instead: every long-sequence mechanism at "
+                                "matched parameters on five LRA-style tasks, and the Long Range Arena picture "
+                                "(accuracy against speed, memory as bubble size) in docs/tour-long.",
                     examples=["attnkit tour --quick", "attnkit tour --list",
                               "attnkit tour --tasks mqar --mechanisms linear performer --seeds 0",
                               "attnkit tour --suite long --quick"])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import inspect
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,7 +25,7 @@ from ... import __version__
 from ...progress import bars
 from ..runner import FORMAT, ChildFailed, load_run, machine, run_child, run_path, slug, write_json
 from .jobs import speed_job, train_job
-from .suite import Plan, plan
+from .suite import TASKS, Plan, plan
 
 __all__ = ["run_suite", "SuiteSummary", "suite_version", "speed_path", "load_speed", "SUITE"]
 
@@ -32,10 +33,15 @@ SUITE = "long"
 
 
 def suite_version() -> str:
-    """attnkit's version and a short hash of the code that defines, builds and trains the suite's runs."""
+    """attnkit's version and a short hash of the code that defines, builds and trains the suite's runs.
+
+    Hashed: this package but its runner, report, picture and claims (which change no result), the
+    tour's training loop, and the source files of the suite's task generators.
+    """
     here = Path(__file__).parent
-    sources = sorted({*here.glob("*.py"), here.parent / "experiments" / "train.py"} - {here / "runner.py"} -
-                     set(here.glob("report*.py")) - {here / "claims.py"} - {here / "picture.py"})
+    generators = {Path(inspect.getsourcefile(type(TASKS[name].make(True)))) for name in TASKS}
+    sources = sorted({*here.glob("*.py"), here.parent / "experiments" / "train.py", *generators} -
+                     {here / "runner.py", here / "report.py", here / "picture.py", here / "claims.py"})
     digest = hashlib.sha256()
     for src in sources:
         digest.update(src.name.encode() + b"\0" + src.read_bytes())
