@@ -20,7 +20,7 @@ from ..report.markdown import run_info
 from .claims import CLAIMS, Verdict, check
 from .picture import draw, points
 from .roster import MECHANISMS
-from .runner import load_speed, speed_path
+from .runner import load_speed
 from .suite import TASKS
 
 __all__ = ["LongReport", "load", "write", "accuracy_table", "speed_table", "verdicts"]
@@ -47,12 +47,13 @@ def load(out) -> LongReport:
     manifest = load_manifest(out)
     records = load_records(out, manifest)
     mode, version = (manifest or {}).get("mode", "default"), (manifest or {}).get("version")
-    mechs = dict.fromkeys(r["mechanism"] for r in records)
     speed = {}
-    for mech in mechs:
-        rec = load_speed(speed_path(out, mech, mode), mode=mode, version=version)
+    for path in sorted((out / "runs" / mode).glob("speed__*.json")):
+        rec = load_speed(path, mode=mode, version=version)
         if rec is not None and rec.get("status") == "ok":
-            speed[mech] = rec["result"]
+            speed[rec["mechanism"]] = rec["result"]
+    order = {m: i for i, m in enumerate(MECHANISMS)}
+    speed = dict(sorted(speed.items(), key=lambda item: order.get(item[0], len(order))))
     return LongReport(out, manifest, records, summarize(records), speed)
 
 
