@@ -47,6 +47,7 @@ def draw(pts: list[Point], path: Path, *, title: str) -> Path:
     """Write the picture to ``path`` (PNG); raises ImportError without matplotlib."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FormatStrFormatter
 
     fig = Figure(figsize=(8.5, 5.5), layout="constrained")
     FigureCanvasAgg(fig)
@@ -59,6 +60,8 @@ def draw(pts: list[Point], path: Path, *, title: str) -> Path:
         label = p.mechanism + ("" if p.peak_bytes is None else f"\n{p.peak_bytes / 2**20:.0f} MiB")
         ax.annotate(label, (p.steps_per_second, 100 * p.accuracy), fontsize=8, ha="center", va="center")
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.xaxis.set_minor_formatter(FormatStrFormatter("%g"))
     ax.set_xlabel("training steps per second (1 thread, mean over tasks; log scale)")
     ax.set_ylabel("test accuracy % (mean over tasks and seeds)")
     ax.set_title(title)
