@@ -10,7 +10,7 @@ import torch
 from ..errors import ArgumentError, check_int
 from .base import Task, python_rng, register
 
-__all__ = ["ListOps", "evaluate", "apply_operator", "OPERATORS", "TOKENS"]
+__all__ = ["ListOps", "evaluate", "OPERATORS", "TOKENS"]
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 TOKENS = ("<pad>", *(str(d) for d in range(10)), *OPERATORS, "]")
@@ -18,8 +18,7 @@ _ID = {tok: i for i, tok in enumerate(TOKENS)}
 _VALUE_P = 0.25  # LRA: probability that a node above max_depth is an operator
 
 
-def apply_operator(op: str, args: list[int]) -> int:
-    """The value of operator ``op`` (one of ``OPERATORS``) on the digit values ``args``."""
+def _apply(op: str, args: list[int]) -> int:
     if op == "[MIN":
         return min(args)
     if op == "[MAX":
@@ -50,7 +49,7 @@ def evaluate(expression: str | list[str]) -> int:
             if not stack or not stack[-1][1]:
                 raise ArgumentError(f"listops.evaluate: expression has ']' without arguments; got {expression!r}")
             op, args = stack.pop()
-            value = apply_operator(op, args)
+            value = _apply(op, args)
         elif tok.isdigit() and len(tok) == 1:
             value = int(tok)
         else:
@@ -78,7 +77,7 @@ def _grow(rng, out: list[str], depth: int, max_depth: int, max_args: int, max_le
         out.append(op)
         args = [_grow(rng, out, depth + 1, max_depth, max_args, max_len) for _ in range(rng.randint(2, max_args))]
         out.append("]")
-        value = apply_operator(op, args)
+        value = _apply(op, args)
     if len(out) > max_len:
         raise _TooLong
     return value

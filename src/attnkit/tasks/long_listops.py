@@ -10,13 +10,49 @@ import torch
 
 from ..errors import ArgumentError, check_int
 from .base import Task, check_float, register
-from .listops import OPERATORS, TOKENS, apply_operator
+from .listops import OPERATORS, TOKENS
 
 __all__ = ["LongListOps"]
 
 _OPERATOR_IDS = tuple(TOKENS.index(op) for op in OPERATORS)
-_CLOSE = TOKENS.index("]")
-assert all(TOKENS.index(str(d)) == d + 1 for d in range(10))
+_CLOSE = TOKENS.index("]")  # digit d has id TOKENS.index(str(d)) = d + 1
+_OPEN, _DIGIT, _CLOSE_KIND = 1, 2, 3  # token kinds while the shape is grown
+
+
+def _values(kind: torch.Tensor, operator: torch.Tensor, digit: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """The value ``(n,)`` of each row's expression, evaluated level by level from the deepest (vectorised).
+
+    The rules of ``listops.evaluate``: ``MIN``, ``MAX``, ``MED`` (the floor of the mean of the middle
+    pair for an even count), ``SM`` (sum mod 10); the tests hold the two to agreement.
+
+    ``kind (n, L)``: token kinds; ``operator``, ``digit (n, L)``: the operator index (into
+    ``OPERATORS``) or digit drawn at each position (read where the kind says). A child at nesting
+    level ``d`` belongs to the latest operator opened at level ``d - 1`` before it.
+    """
+    n, length = kind.shape
+    opens, closes = (kind == _OPEN).long(), (kind == _CLOSE_KIND).long()
+    level = (opens.cumsum(1) - closes.cumsum(1) - opens).view(-1)  # brackets open before each token (root: 0)
+    kind, operator, value = kind.view(-1), operator.view(-1), digit.view(-1).clone()
+    is_open = kind == _OPEN
+    is_child = is_open | (kind == _DIGIT)
+    for d in range(max_depth - 1, 0, -1):
+        parents = (is_open & (level == d - 1)).nonzero().view(-1)  # flat positions, ascending
+        if len(parents) == 0:
+            continue
+        children = (is_child & (level == d)).nonzero().view(-1)
+        # a child's parent is the last parent before it (in its own row, as every row starts with its root)
+        rank = torch.searchsorted(parents, children, right=True) - 1
+        what = value[children]
+        count = torch.bincount(rank, minlength=len(parents))
+        low = torch.full((len(parents),), 10).scatter_reduce(0, rank, what, "amin")
+        high = torch.zeros(len(parents), dtype=torch.long).scatter_reduce(0, rank, what, "amax")
+        total = torch.zeros(len(parents), dtype=torch.long).scatter_add(0, rank, what) % 10
+        ordered = (rank * 10 + what).sort().values % 10  # children grouped by parent, ascending values
+        first = count.cumsum(0) - count
+        median = (ordered[first + (count - 1) // 2] + ordered[first + count // 2]) // 2
+        by_operator = torch.stack([low, high, median, total], 1)  # the order of OPERATORS
+        value[parents] = by_operator.gather(1, operator[parents].view(-1, 1)).view(-1)
+    return value.view(n, length)[:, 0]
 
 
 def _uniforms(generator: torch.Generator | None):
@@ -58,7 +94,8 @@ class LongListOps(Task):
     Shapes:
         ``inputs (n, length)`` long, padded with 0; ``lengths (n,)``; ``targets (n,)`` in 0..9.
 
-    Complexity: ``O(n length)`` Python steps per batch (one pass over the tokens, no rejection).
+    Complexity: ``O(n length / max_args)`` Python steps per batch (one per operator, to grow the
+    shape; no rejection); digits, operators and values are drawn and evaluated vectorised.
 
     Args:
         length: padded sequence length (and the longest expression), >= 4.
@@ -98,6 +135,8 @@ class LongListOps(Task):
             raise ArgumentError(f"LongListOps: length must be <= {self._capacity(1)}, the longest expression of "
                                 f"max_depth {self.max_depth} and max_args {self.max_args}; got {self.length}")
         object.__setattr__(self, "_capacities", tuple(self._capacity(d) for d in range(self.max_depth + 2)))
+        bundles = tuple([_OPEN] + [_DIGIT] * k + [_CLOSE_KIND] for k in range(self.max_args + 1))
+        object.__setattr__(self, "_bundles", bundles)  # the kinds of an operator over k digits
 
     @property
     def num_classes(self) -> int:
@@ -118,12 +157,10 @@ class LongListOps(Task):
     def _split(self, draw, inner: int, cap: int) -> list[int]:
         """Sizes of the children of an operator with ``inner`` tokens between its brackets.
 
-        Each child is a digit (size 1) or a subtree of size ``4 .. cap``; there are ``2 .. max_args``
-        children. ``inner <= max_args`` tokens are all digits half the time. ``draw()`` is uniform in [0, 1).
+        Each child is a digit (size 1) or a subtree of size ``4 .. cap``, at least one a subtree; there
+        are ``2 .. max_args`` children. ``draw()`` is uniform in [0, 1).
         """
         most = self.max_args
-        if inner <= most and (cap == 1 or inner < 5 or draw() < 0.5):
-            return [1] * inner
         # subtrees s and digits d: 4 s + d <= inner <= cap s + d, 2 <= s + d <= max_args
         s_low = max(1 if inner >= 5 else 2, -(-(inner - most) // (cap - 1)))
         s_high = min(most, inner // 4)
@@ -132,9 +169,12 @@ class LongListOps(Task):
         d_high = min(most - subtrees, inner - 4 * subtrees)
         digits = d_low + int(draw() * (d_high - d_low + 1))
         extra = inner - digits - 4 * subtrees  # spread over the subtrees, none past its cap
-        cuts = sorted(int(draw() * (extra + 1)) for _ in range(subtrees - 1))
-        sizes = [4 + b - a for a, b in zip([0, *cuts], [*cuts, extra], strict=True)]
-        overflow = sum(max(0, size - cap) for size in sizes)
+        if subtrees == 1:
+            sizes = [4 + extra]
+        else:
+            cuts = sorted([int(draw() * (extra + 1)) for _ in range(subtrees - 1)])
+            sizes = [4 + b - a for a, b in zip([0, *cuts], [*cuts, extra], strict=True)]
+        overflow = sum(max(0, size - cap) for size in sizes) if extra + 4 > cap else 0
         if overflow:
             sizes = [min(size, cap) for size in sizes]
             for i in range(subtrees):
@@ -147,39 +187,40 @@ class LongListOps(Task):
             children[i], children[j] = children[j], children[i]
         return children
 
-    def _grow(self, draw, out: list[int], size: int, depth: int) -> int:
-        """Append an operator subtree of exactly ``size >= 4`` tokens to ``out`` (token ids); return its value."""
-        op = int(draw() * 4)
-        out.append(_OPERATOR_IDS[op])
-        children = self._split(draw, size - 2, self._capacities[depth + 1])
-        if len(children) == size - 2:  # all digits; digit d has id d + 1
-            args = [int(draw() * 10) for _ in children]
-            out.extend([a + 1 for a in args])
-        else:
-            args = []
-            for child in children:
-                if child == 1:
-                    value = int(draw() * 10)
-                    out.append(value + 1)
-                else:
-                    value = self._grow(draw, out, child, depth + 1)
-                args.append(value)
-        out.append(_CLOSE)
-        return apply_operator(OPERATORS[op], args)
+    def _shape(self, draw, out: list[int], size: int, depth: int) -> None:
+        """Append the token kinds (``_OPEN``, ``_DIGIT``, ``_CLOSE``) of an operator subtree of ``size >= 4``."""
+        inner = size - 2
+        cap = self._capacities[depth + 1]
+        if inner <= self.max_args and (cap == 1 or inner < 5 or draw() < 0.5):  # all digits: the common case
+            out.extend(self._bundles[inner])
+            return
+        out.append(_OPEN)
+        for child in self._split(draw, inner, cap):
+            if child == 1:
+                out.append(_DIGIT)
+            else:
+                self._shape(draw, out, child, depth + 1)
+        out.append(_CLOSE_KIND)
 
     def _sample(self, n, generator):
         draw = _uniforms(generator)
-        low, high = self.min_length, self.length
-        tokens: list[int] = []
-        lengths, targets = [], []
+        low, high, length = self.min_length, self.length, self.length
+        kinds: list[int] = []
+        lengths = []
         for _ in range(n):
             size = low + int(draw() * (high - low + 1))
-            start = len(tokens)
-            targets.append(self._grow(draw, tokens, size, 1))
-            tokens.extend([0] * (self.length - size))  # padding
-            lengths.append(len(tokens) - start - (self.length - size))
-        inputs = torch.tensor(tokens, dtype=torch.long).view(n, self.length)
-        return {"inputs": inputs, "lengths": torch.tensor(lengths), "targets": torch.tensor(targets)}
+            self._shape(draw, kinds, size, 1)
+            kinds.extend([0] * (length - size))  # padding
+            lengths.append(size)
+        kind = torch.frombuffer(bytearray(kinds), dtype=torch.uint8).long().view(n, length)
+        operator = torch.randint(0, 4, (n, length), generator=generator)
+        digit = torch.randint(0, 10, (n, length), generator=generator)
+        inputs = torch.zeros(n, length, dtype=torch.long)
+        inputs = torch.where(kind == _OPEN, torch.tensor(_OPERATOR_IDS)[operator], inputs)
+        inputs = torch.where(kind == _DIGIT, digit + 1, inputs)  # digit d has id d + 1
+        inputs = torch.where(kind == _CLOSE_KIND, _CLOSE, inputs)
+        targets = _values(kind, operator, digit, self.max_depth)
+        return {"inputs": inputs, "lengths": torch.tensor(lengths), "targets": targets}
 
     def decode(self, ids) -> str:
         """The expression text of a row of ``inputs`` (padding dropped)."""
