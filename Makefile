@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint docs bench clean
+.PHONY: setup demo demo-long test lint docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/attnkit list
 	$(BIN)/attnkit tour --out tour-report
+
+demo-long: $(STAMP)
+	$(BIN)/attnkit tour --suite long --out docs/tour-long
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples docs/site

@@ -36,7 +36,8 @@ from .. import __version__
 from ..errors import ArgumentError, check_int
 from ..progress import bars
 
-__all__ = ["tour", "TourSummary", "run_path", "load_run", "write_json", "mode_name", "code_version", "api", "slug"]
+__all__ = ["tour", "TourSummary", "run_path", "load_run", "write_json", "mode_name", "code_version", "api", "slug",
+           "run_child", "ChildFailed", "machine"]
 
 FORMAT = 1
 SCALING_LENGTHS = (256, 512, 1024, 2048)
@@ -127,26 +128,38 @@ class ChildFailed(RuntimeError):
         self.log = log
 
 
-def _run_in_child(key: str, seed: int, quick: bool, step) -> dict:
-    """``api().run(...)`` in a fresh process (:mod:`attnkit.tour.child`): its result as JSON data."""
+def run_child(job: dict, step, on_result=None) -> list[dict]:
+    """``job`` in a fresh process (:mod:`attnkit.tour.child`) at this process's thread count: its results as JSON data.
+
+    ``step(label)`` gets each progress line, ``on_result(data)`` each result as it arrives (so a caller
+    can cache finished runs before the process ends). Raises :class:`ChildFailed` when the process
+    fails or prints no result; results printed before a failure were already passed to ``on_result``.
+    """
     from .child import PROGRESS, RESULT
 
-    job = json.dumps({"key": key, "seed": seed, "quick": quick, "threads": torch.get_num_threads()})
-    log, result = [], None
-    with subprocess.Popen([sys.executable, "-m", "attnkit.tour.child", job], stdout=subprocess.PIPE,
+    job = {"threads": torch.get_num_threads(), **job}
+    log, results = [], []
+    with subprocess.Popen([sys.executable, "-m", "attnkit.tour.child", json.dumps(job)], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True) as child:
         for line in child.stdout:
             if line.startswith(PROGRESS):
                 if step is not None:
                     step(line[len(PROGRESS):].rstrip("\n"))
             elif line.startswith(RESULT):
-                result = json.loads(line[len(RESULT):])
+                results.append(json.loads(line[len(RESULT):]))
+                if on_result is not None:
+                    on_result(results[-1])
             else:
                 log.append(line)
-    if child.returncode or result is None:
+    if child.returncode or not results:
         last = next((line.strip() for line in reversed(log) if line.strip()), f"exit status {child.returncode}")
         raise ChildFailed(f"the run's process failed: {last}", "".join(log)[-8000:])
-    return result
+    return results
+
+
+def _run_in_child(key: str, seed: int, quick: bool, step) -> dict:
+    """``api().run(...)`` in a fresh process (:mod:`attnkit.tour.child`): its result as JSON data."""
+    return run_child({"key": key, "seed": seed, "quick": quick}, step)[-1]
 
 
 def _run_one(key: str, exp, seed: int, quick: bool, version: str, step, isolate: bool = True) -> dict:
