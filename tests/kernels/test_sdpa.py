@@ -43,3 +43,24 @@ def test_multi_head_attention_traces_in_training_and_eval():
     module.eval()
     traced = _trace(module, (x,))
     torch.testing.assert_close(traced(x), module(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("layout", ["cache view", "permuted heads", "innermost strided"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_strided_inputs_give_the_oracle_answer_whether_copied_or_read_in_place(layout, grad):
+    """Only a non-unit innermost stride is copied before torch's kernel (a KV cache's view is read in place)."""
+    from tests.helpers import assert_close_to_oracle
+
+    g = torch.Generator().manual_seed(1)
+    if layout == "cache view":
+        buffer = torch.randn(2, 4, 64, 16, generator=g)
+        q, k, v = torch.randn(2, 4, 3, 16, generator=g), buffer[:, :, :37], buffer.flip(2)[:, :, :37]
+    elif layout == "permuted heads":
+        q, k, v = (torch.randn(2, 37, 4, 16, generator=g).permute(0, 2, 1, 3) for _ in range(3))
+    else:
+        q, k, v = (torch.randn(2, 4, 16, 37, generator=g).transpose(-1, -2) for _ in range(3))
+    q, k, v = (t.requires_grad_(grad) for t in (q, k, v))
+    assert not k.is_contiguous()
+    causal = attnkit.masks.causal()
+    assert attnkit.explain(q, k, v, mask=causal).path == "torch-sdpa"
+    assert_close_to_oracle(attnkit.attention(q, k, v, mask=causal), q, k, v, mask=causal)

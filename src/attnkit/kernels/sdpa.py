@@ -151,13 +151,20 @@ def trustworthy(out: torch.Tensor, lse: torch.Tensor, empty_rows: torch.Tensor |
     return math.isfinite(torch.addcdiv(lse, _ONES[lse.dtype], lse).sum().item() + out.sum().item())
 
 
+def _readable(t: torch.Tensor, grad: bool) -> torch.Tensor:
+    """``t`` as the CPU kernel reads it right: torch 2.13's forward misreads an innermost stride other than 1
+    (RELIABILITY row 28) but reads any other strides (a KV cache's view of its buffer, permuted heads) as they
+    are, so only those are copied; with a gradient every input is made contiguous for the backward kernel."""
+    return t.contiguous() if grad or t.stride(-1) != 1 else t
+
+
 def run(p: Problem) -> KernelOutput:
     """bfloat16/float16 inputs run in float32 where the CPU has no matmul units for them (attnkit.runtime)."""
     dtype = low_precision_math(p.q.dtype, p.q.device)
     q, k, v = (t if t.dtype == dtype else t.to(dtype) for t in (p.q, p.k, p.v))
     km = kernel_mask(p, dtype)
-    if checks_output(p):  # the kernel reads strided inputs wrongly (torch 2.13): contiguous, a no-op when already
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if checks_output(p):
+        q, k, v = (_readable(t, rules.needs_grad(p)) for t in (q, k, v))
         out, lse = rules.FLASH.default(q, k, v, 0.0, km.is_causal, attn_mask=km.float_mask, scale=p.scale)
         if not p.finiteness_known and not trustworthy(out, lse, km.empty_rows):
             raise UntrustedOutput
