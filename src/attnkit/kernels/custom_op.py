@@ -214,8 +214,8 @@ def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias:
 
 @_attention_backward.register_fake
 def _(q, k, v, bias, out, saved, ran, dout, mask, softcap, scale):
-    dbias = torch.empty_like(bias) if bias is not None else q.new_empty(0)
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias
+    dbias = bias.new_empty(bias.shape) if bias is not None else q.new_empty(0)  # contiguous, as the kernels give
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
 
 
 def _setup_context(ctx, inputs, output):
