@@ -106,7 +106,7 @@ def test_inductor_backward_with_inputs_viewed_from_a_model_layout(name):
     """Models view (B, L, H, D) projections as (B, H, L, D): the gradients come back contiguous, as the fake says."""
     mask, _ = MASKS[name]
     x = torch.randn(1, 256, 4, 16, generator=torch.Generator().manual_seed(9), requires_grad=True)
-    fn = lambda x: attnkit.attention(*(x.transpose(1, 2),) * 3, mask=mask).sum()  # noqa: E731
+    fn = lambda x: attnkit.attention(*(x.transpose(1, 2),) * 3, mask=mask).sum()
     grad = torch.autograd.grad(torch.compile(fn, fullgraph=True)(x), x)[0]
     torch.testing.assert_close(grad, torch.autograd.grad(fn(x), x)[0], atol=1e-5, rtol=1e-4)
 
