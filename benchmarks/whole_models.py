@@ -53,11 +53,12 @@ NOTES = """What bounds the rows. Training: attention is a part of the step (the 
 output head and AdamW are the same code on both sides), so the causal and model rows sit near 1 and \
 the window row's gain is the attention's gain diluted by the rest of the step. Generation: a step's \
 attention is one query over the cached keys, where torch's kernel takes microseconds and attnkit's \
-constant work per call (validating, choosing the path, copying the cache's strided key and value views \
-to contiguous ones for the fused kernel, checking its output: the dispatch-overhead section) is of the \
-same order, once per layer and token; the models' own Python (input checks, `KVCache.append`, the mask \
-objects) is a small part of it. Compiled: under tracing attnkit's data-dependent fast paths step aside, \
-so the compiled window row runs attention dense until they are registered as custom operators."""
+constant work per call (validating, choosing the path, checking the kernel's output: the \
+dispatch-overhead section) is of the same order, once per layer and token; the models' own Python \
+(input checks, `KVCache.append`, the mask objects) is a small part of it. Compiled: each attention \
+call is one `attnkit::attention` custom operator node that runs the eager path (torch's kernel for \
+causal, band windows for the window), so the compiled rows compare the same kernels inside graphs \
+that inductor compiles on both sides."""
 
 
 @dataclass(frozen=True)
