@@ -84,8 +84,12 @@ def _cmd_long(args, command: str) -> int:
     out = args.out or "docs/tour-long"
     summary = run_suite(out, quick=args.quick, fresh=args.fresh, progress=not args.no_progress, command=command,
                         pairs=_long_pairs(args), seeds=args.seeds)
-    markdown, page = report.write(out)
-    print(f"{len(summary.ran)} run(s) done, {len(summary.cached)} reused from the cache, "
+    return _finish(summary, *report.write(out), "done")
+
+
+def _finish(summary, markdown, page, verb: str) -> int:
+    """Print what a tour call did and where its report is; exit status 1 when a run failed."""
+    print(f"{len(summary.ran)} run(s) {verb}, {len(summary.cached)} reused from the cache, "
           f"{len(summary.failed)} failed, in {summary.seconds:.1f} s")
     for item in summary.failed:
         print(f"  failed: {item}")
@@ -113,14 +117,7 @@ def _cmd_tour(args) -> int:
     keys = _selected(args, experiments, list(api.default_set(args.quick)))
     summary = runner.tour(keys, args.seeds, quick=args.quick, out=args.out, fresh=args.fresh,
                           progress=not args.no_progress, command=command, isolate=not args.in_process)
-    markdown, page = report.write(args.out)
-    print(f"{len(summary.ran)} run(s) trained, {len(summary.cached)} reused from the cache, "
-          f"{len(summary.failed)} failed, in {summary.seconds:.1f} s")
-    for item in summary.failed:
-        print(f"  failed: {item}")
-    print(markdown)
-    print(page)
-    return 1 if summary.failed else 0
+    return _finish(summary, *report.write(args.out), "trained")
 
 
 def add(sub) -> None:

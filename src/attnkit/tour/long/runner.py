@@ -18,12 +18,12 @@ import datetime
 import hashlib
 import inspect
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 from ... import __version__
 from ...progress import bars
-from ..runner import FORMAT, ChildFailed, load_run, machine, run_child, run_path, slug, write_json
+from ..runner import FORMAT, ChildFailed, TourSummary, load_run, machine, run_child, run_path, slug, write_json
 from .jobs import speed_job, train_job
 from .suite import TASKS, Plan, plan
 
@@ -68,16 +68,7 @@ def load_speed(path, *, mode: str | None = None, version: str | None = None) -> 
     return data
 
 
-@dataclass
-class SuiteSummary:
-    """What one call of :func:`run_suite` did: the runs it trained, reused and saw fail."""
-
-    out: Path
-    mode: str
-    ran: list[str] = field(default_factory=list)
-    cached: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-    seconds: float = 0.0
+SuiteSummary = TourSummary  # what one call of run_suite did: the same record as the default tour's
 
 
 def _record(task: str, mechanism: str, seed: int, mode: str, version: str) -> dict:
