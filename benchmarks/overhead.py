@@ -141,7 +141,7 @@ def measure(row: Row, rounds: int, budget_s: float = 0.05, min_calls: int = 5, w
 
 def breakdown(lk: int = 128, calls: int = 3000) -> str:
     """Where one decode call's time goes (B=1, H=8, q=1 over ``lk`` keys, causal): medians of 5 timings each."""
-    from attnkit.attention import _prepare
+    from attnkit.core import _prepare
     from attnkit.kernels import dispatch, rules, sdpa
 
     q, k, v = _qkv(1, 8, 8, 1, lk)

@@ -47,7 +47,7 @@ from benchmarks.suite import TITLES, specs  # noqa: E402
 
 # Relative to the repository root: attnkit's sources and the harness files a row runs.
 MEASURED_CODE = tuple(f"src/attnkit/{name}" for name in (
-    "attention.py", "bias.py", "masks.py", "runtime.py", "kernels", "functional", "nn/additive.py",
+    "core.py", "bias.py", "masks.py", "runtime.py", "kernels", "functional", "nn/additive.py",
     "nn/additive_scores.py", "analysis/timing.py")) + tuple(f"benchmarks/harness/{name}.py" for name in (
     "methods", "flex", "isolated"))
 

@@ -32,7 +32,7 @@ def test_a_source_tree_without_metadata_reads_pyproject(monkeypatch):
     assert attnkit._version() == _declared_version()
 
 
-@pytest.mark.parametrize("first", ["", "from attnkit import masks", "import attnkit.bias", "import attnkit.attention"])
+@pytest.mark.parametrize("first", ["", "from attnkit import masks", "import attnkit.bias", "import attnkit.core"])
 def test_the_public_names_in_a_fresh_interpreter(first):
     # attnkit loads its torch names on first use: whatever is imported first, attnkit.attention is the function
     code = (f"import attnkit\n{first}\nimport types\n"

@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from attnkit.analysis.patterns import dense_bias, make_bias, make_mask
-from attnkit.attention import attention, explain
 from attnkit.bias import apply_modifier
+from attnkit.core import attention, explain
 
 __all__ = ["KINDS", "Method", "Unavailable", "ours", "theirs", "problem"]
 

@@ -26,7 +26,7 @@ import torch
 
 from attnkit.analysis.patterns import active_pairs
 from attnkit.analysis.timing import Case, time_interleaved
-from attnkit.attention import explain
+from attnkit.core import explain
 
 from .check import max_diff, outputs_and_grads, timed_call, tolerance, verdict
 from .methods import Method, Unavailable, ours, problem, theirs

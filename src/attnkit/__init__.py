@@ -7,8 +7,6 @@ torch.Size([1, 4, 16, 8])
 """
 
 import importlib
-import sys
-import types
 from importlib import metadata as _metadata
 
 from .errors import ArgumentError, AttnkitError, BackendError, DeviceError, DTypeError, ShapeError, UnsupportedFeature
@@ -45,8 +43,8 @@ __all__ = [
 
 # The names below import torch; they load on first use, so that ``attnkit --help`` and
 # ``attnkit --version`` answer without importing torch (the commands that run import it).
-_LAZY = {"attention": (".attention", "attention"), "explain": (".attention", "explain"),
-         "AttentionOutput": (".attention", "AttentionOutput"), "masks": (".masks", None), "bias": (".bias", None)}
+_LAZY = {"attention": (".core", "attention"), "explain": (".core", "explain"),
+         "AttentionOutput": (".core", "AttentionOutput"), "masks": (".masks", None), "bias": (".bias", None)}
 
 
 def __getattr__(name: str):
@@ -62,16 +60,3 @@ def __getattr__(name: str):
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
-
-class _Package(types.ModuleType):
-    """The package module: importing the submodule ``attnkit.attention`` (which every part of attnkit does)
-    must not replace the public function ``attnkit.attention`` by that module, as Python's import system
-    would when it binds a loaded submodule to its parent's attribute."""
-
-    def __setattr__(self, name: str, value) -> None:
-        if name == "attention" and isinstance(value, types.ModuleType):
-            value = value.attention
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -13,7 +13,7 @@ import torch
 from . import bias as bias_mod
 from . import masks
 from . import nn as _modules  # noqa: F401  (each mechanism file registers itself on import)
-from .attention import attention
+from .core import attention
 from .registry import Entry, register
 
 

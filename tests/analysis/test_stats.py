@@ -19,7 +19,7 @@ from attnkit.analysis.stats import (
     summary,
     top_positions,
 )
-from attnkit.attention import attention
+from attnkit.core import attention
 from attnkit.errors import ArgumentError, DTypeError, ShapeError
 from tests.helpers import rand_qkv
 

@@ -1,4 +1,4 @@
-"""functional/shifted.py: a shifted mask or modifier equals the slice of the global one, on every kind."""
+"""masks.shifted and functional/shifted.py: a shifted mask or modifier is the slice of the global one."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from attnkit import bias, masks
-from attnkit.functional.shifted import ShiftedMask, shift_mask, shift_modifier
+from attnkit.functional.shifted import shift_modifier
+from attnkit.masks import ShiftedMask
 
 L = 24
 _IDS = torch.tensor([[0] * 5 + [1] * 9 + [2] * 10, [0] * 12 + [3] * 12])
@@ -26,7 +27,7 @@ def test_shifted_mask_is_the_slice_of_the_global_mask(name, q0, nq, k0, nk):
     mask = MASKS[name]
     whole = torch.broadcast_to(mask.materialize(L, L, batch=2, heads=4), (2, 4, L, L))
     for h0, nh in ((0, 4), (2, 2)):
-        local = shift_mask(mask, q0=q0, k0=k0, h0=h0, q_len=L, kv_len=L)
+        local = masks.shifted(mask, q0=q0, k0=k0, h0=h0, q_len=L, kv_len=L)
         got = local.materialize(nq, nk, batch=2, heads=nh)
         want = whole[:, h0:h0 + nh, q0:q0 + nq, k0:k0 + nk]
         assert torch.equal(torch.broadcast_to(got, want.shape), want)
@@ -38,10 +39,10 @@ def test_shifted_mask_is_the_slice_of_the_global_mask(name, q0, nq, k0, nk):
 
 
 def test_diagonal_causal_block_is_plain_causal_and_data_masks_stay_shifted():
-    assert repr(shift_mask(masks.causal(), q0=6, k0=6, q_len=L, kv_len=L)) == "causal(align='top_left')"
-    assert isinstance(shift_mask(masks.causal() & masks.padding([3, 4]), q0=6, k0=6, q_len=L, kv_len=L), ShiftedMask)
-    assert shift_mask(None, q_len=L, kv_len=L) is None
-    kp = shift_mask(masks.padding([20, 7]) & masks.causal(), q0=0, k0=12, q_len=L, kv_len=L).key_padding()
+    assert repr(masks.shifted(masks.causal(), q0=6, k0=6, q_len=L, kv_len=L)) == "causal(align='top_left')"
+    assert isinstance(masks.shifted(masks.causal() & masks.padding([3, 4]), q0=6, k0=6, q_len=L, kv_len=L), ShiftedMask)
+    assert masks.shifted(None, q_len=L, kv_len=L) is None
+    kp = masks.shifted(masks.padding([20, 7]) & masks.causal(), q0=0, k0=12, q_len=L, kv_len=L).key_padding()
     assert kp.materialize(1, 12, batch=2)[:, 0, 0].tolist() == [[j + 12 < 20 for j in range(12)], [False] * 12]
 
 

@@ -19,8 +19,8 @@ import torch
 
 import attnkit
 from attnkit import masks
-from attnkit.attention import _prepare
 from attnkit.bias import ALiBi, Softcap
+from attnkit.core import _prepare
 from attnkit.functional.mask_base import Mask
 from attnkit.functional.validate import BACKENDS, Problem
 from attnkit.kernels import dispatch, paths, rules

@@ -20,8 +20,8 @@ import torch
 
 import attnkit
 from attnkit import masks
-from attnkit.attention import _prepare
 from attnkit.bias import ALiBi, RelativePositionBias, Softcap
+from attnkit.core import _prepare
 from attnkit.kernels import bias_slabs, dispatch, softcap_grad, softcap_loop
 from tests.helpers import assert_close_to_oracle, oracle, rand_qkv
 

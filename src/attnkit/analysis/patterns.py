@@ -24,10 +24,9 @@ import re
 import torch
 
 from .. import bias as _bias
+from .. import masks as _masks
 from ..errors import ArgumentError
-from ..functional import masks as _masks
 from ..functional.mask_base import Mask
-from ..functional.mask_parse import parse
 
 __all__ = ["BIASES", "ADDITIVE_BIASES", "make_mask", "make_bias", "dense_bias", "active_pairs"]
 
@@ -68,7 +67,7 @@ def make_mask(text: str | None, length: int) -> Mask | None:
         return None
     match = _EXTRA.match(text)
     if match is None:
-        return parse(text)
+        return _masks.parse(text)
     try:
         args = ast.literal_eval(f"({match.group(2)},)") if match.group(2).strip() else ()
     except (ValueError, SyntaxError) as err:

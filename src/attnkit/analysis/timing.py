@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..attention import attention, explain
+from ..core import attention, explain
 from .patterns import make_bias, make_mask
 
 __all__ = ["Case", "Timing", "time_call", "time_interleaved", "methods", "run_case", "peak_memory", "with_backward"]

@@ -43,8 +43,8 @@ def _cmd_list(args) -> int:
 
 
 def _cmd_explain(args) -> int:
-    from ..attention import explain
-    from ..functional.mask_parse import parse
+    from ..core import explain
+    from ..masks import parse
 
     mask = parse(args.mask) if args.mask else None  # before the tensors: a bad expression fails at once
     q, k, v = case_from_args(args).inputs()

@@ -8,7 +8,7 @@ from .sizes import add_size_args
 
 
 def _cmd_plot_mask(args) -> int:
-    from ..functional.mask_parse import parse
+    from ..masks import parse
 
     mask = parse(args.expr)  # a bad expression is reported before matplotlib is asked for
     viz = require_plot("plot-mask")

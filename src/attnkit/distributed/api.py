@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import AttentionOutput
 from ..bias import AdditiveModifier
+from ..core import AttentionOutput
 from ..errors import ArgumentError, DTypeError, ShapeError
 from ..functional.scores import default_scale
 from ..masks import Mask, TensorMask

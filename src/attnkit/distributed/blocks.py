@@ -3,7 +3,7 @@
 Every scheme cuts the global ``L x L`` scores into blocks (query chunk x key
 chunk, or all positions of some heads) and computes each block with
 ``attnkit.attention(..., return_lse=True)`` on its shifted mask and modifier
-(:mod:`attnkit.functional.shifted`), so any of attnkit's kernels runs it.
+(:func:`attnkit.masks.shifted`, :mod:`attnkit.functional.shifted`), so any of attnkit's kernels runs it.
 
 The chunk plan is the mask's block layout at the chunk size:
 ``active[I, J]`` (some query of chunk I may see some key of chunk J, for some
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..attention import attention as local_attention
-from ..functional.shifted import shift_mask, shift_modifier
-from ..masks import Mask
+from ..core import attention as local_attention
+from ..functional.shifted import shift_modifier
+from ..masks import Mask, shifted
 
 __all__ = ["Setting", "block_attention", "chunk_maps", "chunk_plan", "as_rows"]
 
@@ -64,7 +64,7 @@ def block_attention(s: Setting, q, k, v, *, q0: int, k0: int, h0: int = 0, full:
     ``full``: every entry of the block is allowed (the caller read it off the chunk plan), so no mask is passed.
     """
     nq, nk, nh = q.shape[-2], k.shape[-2], q.shape[1]
-    mask = None if full else shift_mask(s.mask, q0=q0, k0=k0, h0=h0, q_len=s.length, kv_len=s.length)
+    mask = None if full else shifted(s.mask, q0=q0, k0=k0, h0=h0, q_len=s.length, kv_len=s.length)
     if isinstance(s.bias, torch.Tensor):
         heads = slice(h0, h0 + nh) if s.bias.shape[1] > 1 else slice(None)
         bias = s.bias[:, heads, q0:q0 + nq, k0:k0 + nk]

@@ -1,7 +1,7 @@
 """Masks that hold data: positions, layouts, ids, lengths, dense tensors, functions.
 
 Each is a :class:`~attnkit.functional.mask_base.Mask`; the constructors users
-call live in :mod:`attnkit.functional.masks`.
+call live in :mod:`attnkit.masks`.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError
+from .indexed_masks import TensorMask
 from .mask_base import Mask
-from .masks import TensorMask
 from .normalize import NORMALIZERS
 from .scores import SCORES, default_scale
 

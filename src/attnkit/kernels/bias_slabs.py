@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 
 from ..bias import AdditiveModifier
-from ..functional.masks import _Causal
 from ..functional.validate import Problem
+from ..masks import _Causal
 from ..runtime import low_precision_math
 from . import rules
 from .bias_slabs_grad import SlabAttention

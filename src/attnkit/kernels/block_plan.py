@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from ..functional import cache
-from ..functional.masks import full as full_mask
 from ..functional.validate import Problem
+from ..masks import full as full_mask
 from .path_cost import PathCost, fused_attention, itemsize
 from .pipeline import KernelOutput
 

@@ -39,8 +39,8 @@ import functools
 import torch
 
 from ..bias import Softcap
-from ..functional.mask_parse import parse
 from ..functional.validate import Problem
+from ..masks import parse
 from . import band, blocksparse_fused, rules, sdpa
 from .paths import BY_NAME, PATHS
 from .pipeline import KernelOutput, zero_padded_keys

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import BackendError
-from ..functional.masks import _Full
 from ..functional.validate import Problem
+from ..masks import _Full
 from . import custom_op, rules, sdpa
 from .path_cost import PathCost
 from .paths import BY_NAME, PATHS, Path, of_backend

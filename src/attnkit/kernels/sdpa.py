@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from ..functional import cache
-from ..functional.masks import TensorMask, _Causal, _Full
 from ..functional.validate import Problem
+from ..masks import TensorMask, _Causal, _Full
 from ..runtime import low_precision_math
 from . import rules
 from .path_cost import PathCost, fused_attention, itemsize

@@ -10,7 +10,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..attention import attention
+from ..core import attention
 from ..errors import ArgumentError, ShapeError
 from ..functional.validate import validate
 from ..registry import Entry, register

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import attention
+from ..core import attention
 from ..errors import ArgumentError, DTypeError, check_int
 from ..registry import Entry, register
 from ._projections import ProjectedAttention

@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..attention import attention
+from ..core import attention
 from ..errors import ArgumentError, ShapeError, check_bool_mask
 from ..registry import Entry, register
 

@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..attention import attention
+from ..core import attention
 from ..errors import ArgumentError, DTypeError, ShapeError
 from ..functional.mask_base import Mask
 from ..registry import Entry, register

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..attention import attention
+from ..core import attention
 from ..errors import ArgumentError, ShapeError
 from ..registry import Entry, register
 from ._projections import ProjectedAttention

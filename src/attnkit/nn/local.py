@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import masks
-from ..attention import attention
+from ..core import attention
 from ..errors import ArgumentError, check_int
 from ..registry import Entry, register
 from ._projections import ProjectedAttention

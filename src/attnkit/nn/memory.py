@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import attention
+from ..core import attention
 from ..errors import ShapeError, check_bool_mask, check_int
 from ..registry import Entry, register
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import masks
-from ..attention import attention
+from ..core import attention
 from ..errors import ArgumentError, DTypeError, ShapeError
 from ..functional.mask_base import Mask
 from ..registry import Entry, register

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from .. import masks
-from ..attention import attention
+from ..core import attention
 from ..errors import ArgumentError
 from ..registry import Entry, register
 from .linear import check_keep_mask, check_sequence, merge_heads, split_heads

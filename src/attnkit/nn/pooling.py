@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..attention import attention
+from ..core import attention
 from ..errors import ArgumentError, ShapeError
 from ..errors import check_bool_mask as _check_mask
 from ..registry import Entry, register

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import bias as bias_mod
-from ..attention import attention
+from ..core import attention
 from ..errors import ArgumentError, DTypeError, ShapeError
 from ..registry import Entry, register
 from .rotary import RotaryEmbedding, angle_dtype, check_base, check_dim, check_offset

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import attention
+from ..core import attention
 from ..errors import ArgumentError, ShapeError
 from ..registry import Entry, register
 from .linear import check_keep_mask, check_sequence, merge_heads, split_heads

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .. import recording
-from ..attention import attention
+from ..core import attention
 from ..errors import ArgumentError, DTypeError, ShapeError
 from ..functional.normalize import softmax
 from ..registry import Entry, register

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import masks
-from ..attention import attention
+from ..core import attention
 from ..errors import ArgumentError, check_int
 from ..functional.mask_base import Mask
 from ..registry import Entry, register

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import masks
-from ..attention import _autocast_enabled
+from ..core import _autocast_enabled
 from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError
 from ..functional.mask_base import Mask
 

@@ -17,8 +17,7 @@ import torch
 
 from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 from ..functional.mask_base import Mask
-from ..functional.mask_parse import parse
-from ..functional.masks import TensorMask
+from ..masks import TensorMask, parse
 
 __all__ = ["as_mask", "element_view", "block_states", "element_fraction"]
 

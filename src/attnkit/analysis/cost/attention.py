@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ...attention import explain
+from ...core import explain
 from .tally import Tally, zeros
 
 __all__ = ["attend"]

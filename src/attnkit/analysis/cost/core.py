@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ... import bias as bias_mod
 from ... import masks
-from ...attention import attention
+from ...core import attention
 from ...errors import ArgumentError
 from ...nn.multihead import DotProductAttention, MultiHeadAttention
 from .attention import attend

@@ -37,12 +37,11 @@ from transformers import AttentionInterface, AttentionMaskInterface  # noqa: E40
 
 from ...errors import ArgumentError, DTypeError  # noqa: E402
 from ...functional.mask_base import Mask  # noqa: E402
+from ...functional.validate import BACKENDS  # noqa: E402
 from .attention_function import make_attention_function, weights_wanted  # noqa: E402
 from .model_masks import ModelMask, make_mask_function, whole_sequence_mask  # noqa: E402
 
 __all__ = ["register", "ModelMask", "weights_wanted", "whole_sequence_mask"]
-
-_BACKENDS = ("auto", "reference", "chunked", "sdpa", "blocksparse")
 
 
 def register(name: str = "attnkit", *, mask: Mask | None = None, bias=None, backend: str = "auto") -> str:
@@ -60,8 +59,8 @@ def register(name: str = "attnkit", *, mask: Mask | None = None, bias=None, back
         raise DTypeError(f"mask must be an attnkit.masks mask (a function of positions); got {type(mask).__name__}")
     if bias is not None and not callable(bias) and not hasattr(bias, "modify"):
         raise DTypeError(f"bias must be an attnkit score modifier; got {type(bias).__name__}")
-    if backend not in _BACKENDS:
-        raise ArgumentError(f"backend must be one of {_BACKENDS}; got {backend!r}")
+    if backend not in BACKENDS:
+        raise ArgumentError(f"backend must be one of {BACKENDS}; got {backend!r}")
     AttentionInterface.register(name, make_attention_function(mask, bias, backend))
     AttentionMaskInterface.register(name, make_mask_function(mask))
     return name

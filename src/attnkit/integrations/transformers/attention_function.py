@@ -31,8 +31,8 @@ import torch
 
 from ... import bias as attnkit_bias
 from ... import masks
-from ...attention import attention
 from ...bias import ScoreModifier, apply_modifier
+from ...core import attention
 from ...errors import UnsupportedFeature
 from ...functional.shifted import shift_modifier
 from .model_masks import ModelMask, with_extra

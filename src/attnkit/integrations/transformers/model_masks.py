@@ -26,7 +26,7 @@ from transformers import masking_utils as hf_masks
 
 from ... import masks
 from ...functional.mask_base import Mask
-from ...functional.masks import _Diagonals
+from ...masks import _Diagonals
 
 __all__ = ["ModelMask", "make_mask_function", "whole_sequence_mask", "with_extra"]
 

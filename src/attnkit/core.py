@@ -1,4 +1,4 @@
-"""``attnkit.attention``: the one entry point. Validate once, dispatch, return.
+"""``attnkit.core``: the one entry point, :func:`attention` (and :func:`explain`). Validate once, dispatch, return.
 
 The pipeline every mechanism shares::
 
