@@ -1,9 +1,10 @@
-"""Shared pieces of the sparse-pattern modules: q/k/v/out projections and input checks.
+"""Shared pieces of the sparse-pattern modules: q/k/v/out projections, input checks and cost.
 
 :class:`ProjectedAttention` owns the four ``dim -> dim`` linear maps of multi-head
 self-attention (state-dict keys ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``)
 and the head split/merge; a mechanism subclasses it and only says which keys each
-query may see.
+query may see. The cost specs of those modules share :data:`PROJECTED_SIZES`,
+:data:`PROJECTED_FORMULA`, :func:`count_self_attention` and :func:`sequence_input`.
 """
 
 from __future__ import annotations
@@ -11,9 +12,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..costing.attend import attend
+from ..costing.tally import dtype_of, randn
 from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 
-__all__ = ["ProjectedAttention", "check_int"]
+__all__ = ["ProjectedAttention", "check_int", "count_self_attention", "sequence_input", "projected_config",
+           "PROJECTED_SIZES", "PROJECTED_FORMULA"]
+
+PROJECTED_SIZES = {"batch": 2, "length": 12, "dim": 16, "heads": 2, "dtype": "float32"}
+PROJECTED_FORMULA = "projections 2 B n dim^2 each (q, k, v, out); "
 
 
 class ProjectedAttention(nn.Module):
@@ -64,3 +71,19 @@ class ProjectedAttention(nn.Module):
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-head ``q, k, v``, each ``(B, H, n, dim / H)``."""
         return tuple(self.split_heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
+
+
+def count_self_attention(t, label: str, s, module: ProjectedAttention, mask, **kwargs) -> None:
+    """One ``attention(q, k, v, mask=mask)`` of the module's heads over its ``length`` positions."""
+    b, n, h = s["batch"], s["length"], s["heads"]
+    attend(t, label, b, h, n, n, s["dim"] // h, s["dim"] // h, dtype=dtype_of(s), mask=mask,
+           dropout_p=module.dropout_p, **kwargs)
+
+
+def sequence_input(s, module):
+    """``(module, (x,))`` with ``x`` ``(batch, length, dim)`` at the sizes ``s``."""
+    return module, (randn(s["batch"], s["length"], s["dim"], dtype=dtype_of(s)),)
+
+
+def projected_config(m: ProjectedAttention) -> dict:
+    return {"dim": m.dim, "heads": m.num_heads}

@@ -6,10 +6,20 @@ import torch
 import torch.nn.functional as F
 
 from ..core import attention
+from ..costing.attend import ATTENTION_FORMULA, projections
+from ..costing.spec import Spec
+from ..costing.tally import dtype_of
 from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 from ..functional.mask_base import Mask
 from ..registry import Entry, register
-from ._projections import ProjectedAttention
+from ._projections import (
+    PROJECTED_FORMULA,
+    PROJECTED_SIZES,
+    ProjectedAttention,
+    count_self_attention,
+    projected_config,
+    sequence_input,
+)
 
 __all__ = ["BlockPattern", "BlockSparseAttention"]
 
@@ -146,6 +156,27 @@ def _example():
     return BlockSparseAttention(16, 2, layout, block_size=4), (torch.randn(2, 14, 16, generator=g),)
 
 
+def _make(s):
+    nb = -(-s["length"] // s["block_size"])
+    if s["layout"] == "random":
+        layout = torch.rand(nb, nb, generator=torch.Generator().manual_seed(s["seed"])) < s["density"]
+        layout |= torch.eye(nb, dtype=torch.bool)
+    else:  # a band of `band` blocks on each side and the first `columns` block columns
+        idx = torch.arange(nb)
+        layout = (idx[:, None] - idx[None, :]).abs() <= s["band"]
+        layout[:, :s["columns"]] = True
+    return BlockSparseAttention(s["dim"], s["heads"], layout, block_size=s["block_size"]).to(dtype_of(s))
+
+
+def _count(t, s, module):
+    projections(t, s)
+    count_self_attention(t, "", s, module, module.pattern)
+
+
 register(Entry("block-sparse", BlockSparseAttention, "Child et al. 2019, arXiv:1904.10509, Sec. 5.5",
                "O(L w D), w = computed keys per query", "attention only in the blocks a layout or mask allows",
-               "long-sequence", _example))
+               "long-sequence", _example,
+               spec=Spec({**PROJECTED_SIZES, "length": 14, "block_size": 4, "layout": "random", "density": 0.5,
+                          "seed": 0, "band": 1, "columns": 1}, _count, sequence_input,
+                         PROJECTED_FORMULA + ATTENTION_FORMULA, make=_make, reads_module=True,
+                         module_type=BlockSparseAttention, config=projected_config)))

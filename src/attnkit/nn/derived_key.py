@@ -8,6 +8,9 @@ import torch
 from torch import nn
 
 from ..core import attention
+from ..costing.attend import attend
+from ..costing.spec import Spec
+from ..costing.tally import dtype_of, randn
 from ..errors import ArgumentError, DTypeError, ShapeError
 from ..functional.mask_base import Mask
 from ..registry import Entry, register
@@ -126,6 +129,25 @@ def _example():
     return DerivedKeyAttention(8, 6), (torch.randn(2, 7, 8, generator=g), torch.randn(2, 5, 6, generator=g))
 
 
+def _count(t, s, module=None):
+    b, lq, n, dv, la = s["batch"], s["q_len"], s["kv_len"], s["value_dim"], s["attn_dim"]
+    t.mm("keys: V W_a", 1, b * n, dv, la)
+    t.ew("keys: tanh", b * n * la)
+    t.inter(b * n * la)
+    attend(t, "", b, 1, lq, n, la, dv, dtype=dtype_of(s), score="dot", scale=1.0, return_weights=True)
+
+
+def _inputs(s, module):
+    dt = dtype_of(s)
+    return module, (randn(s["batch"], s["kv_len"], s["value_dim"], dtype=dt),
+                    randn(s["batch"], s["q_len"], s["attn_dim"], seed=1, dtype=dt))
+
+
 register(Entry("derived-key", DerivedKeyAttention,
                "Brown et al. 2018, arXiv:1803.04967, eqs. 5-7", "O(Lq n (La + Dv) + n Dv La)",
-               "keys computed from the values: softmax(q tanh(V W_a)^T) V", family="module", example=_example))
+               "keys computed from the values: softmax(q tanh(V W_a)^T) V", family="module", example=_example,
+               spec=Spec({"batch": 2, "q_len": 5, "kv_len": 7, "value_dim": 8, "attn_dim": 6, "dtype": "float32"},
+                         _count, _inputs, "keys 2 B n Dv La; attention 2 B Lq n (La + Dv)",
+                         length=("q_len", "kv_len"), module_type=DerivedKeyAttention,
+                         make=lambda s: DerivedKeyAttention(s["value_dim"], s["attn_dim"]).to(dtype_of(s)),
+                         config=lambda m: {"value_dim": m.value_dim, "attn_dim": m.attn_dim})))

@@ -9,8 +9,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import attention
+from ..costing.attend import attend
+from ..costing.spec import Spec
+from ..costing.tally import dtype_of, ones, randn, zeros
 from ..errors import ShapeError, check_bool_mask, check_int
 from ..registry import Entry, register
+from .pooling import POOL_SCORES
 
 __all__ = ["MemoryAttention", "MemoryOutput"]
 
@@ -132,8 +136,22 @@ def _example():
     return MemoryAttention(8, 4), (torch.randn(2, 9, 8, generator=g),)
 
 
+def _count(t, s, module=None):
+    b, steps, d, k = s["batch"], s["length"], s["dim"], s["memory_size"]
+    t.mm("slot scores: h W_m^T", 1, b * steps, d, k)
+    t.ew("state score: h . w_mh (matrix-vector, not counted)", b * steps * d, 2)
+    t.inter(b * steps * k, b * steps * k * d)
+    attend(t, "", b * steps, 1, 1, k, 1, d, dtype=dtype_of(s), grads=(False, False, True), weights_grad=True,
+           bias=zeros(dtype_of(s), b * steps, 1, 1, k), mask=ones(b * steps, 1, 1, k), **POOL_SCORES)
+
+
 register(Entry("memory-attention", MemoryAttention,
                "Yogatama et al. 2018, ICLR, 'Memory Architectures in Recurrent Neural Network Language Models', "
                "Sec. 2 (random access memory)", "O(T K D)",
                "each step attends over the previous K hidden states, weights from per-slot vectors",
-               family="module", example=_example))
+               family="module", example=_example,
+               spec=Spec({"batch": 2, "length": 9, "dim": 8, "memory_size": 4, "dtype": "float32"}, _count,
+                         lambda s, m: (m, (randn(s["batch"], s["length"], s["dim"], dtype=dtype_of(s)),)),
+                         "slot scores 2 B T D K; weights @ slots 2 B T K D",
+                         make=lambda s: MemoryAttention(s["dim"], s["memory_size"]).to(dtype_of(s)),
+                         module_type=MemoryAttention, config=lambda m: {"dim": m.dim, "memory_size": m.memory_size})))

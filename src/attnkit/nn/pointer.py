@@ -6,6 +6,8 @@ import torch
 from torch import nn
 
 from .. import recording
+from ..costing.spec import Spec
+from ..costing.tally import dtype_of, randn
 from ..errors import DTypeError, ShapeError
 from ..functional.normalize import softmax
 from ..functional.scores import additive
@@ -117,6 +119,29 @@ def _example():
     return PointerAttention(8, 6, 5), (torch.randn(2, 3, 6, generator=g), torch.randn(2, 7, 8, generator=g))
 
 
+def _count(t, s, module=None):
+    b, lq, n, a = s["batch"], s["q_len"], s["kv_len"], s["hidden_dim"]
+    t.mm("W_2 d (decoder)", 1, b * lq, s["decoder_dim"], a)
+    t.mm("W_1 e (encoder)", 1, b * n, s["encoder_dim"], a)
+    t.ew("u = v^T tanh(W_1 e + W_2 d) (matrix-vector, not counted)", b * lq * n * a, 4)
+    t.ew("log-softmax", b * lq * n, 5)
+    t.inter(b * lq * a, b * n * a, b * lq * n)
+
+
+def _inputs(s, module):
+    dt = dtype_of(s)
+    return module, (randn(s["batch"], s["q_len"], s["decoder_dim"], dtype=dt),
+                    randn(s["batch"], s["kv_len"], s["encoder_dim"], seed=1, dtype=dt))
+
+
 register(Entry("pointer", PointerAttention, "Vinyals et al. 2015, arXiv:1506.03134, eq. 3", "O(Lq n A)",
                "attention weights as the output distribution over input positions (log-probabilities)",
-               family="module", example=_example))
+               family="module", example=_example,
+               spec=Spec({"batch": 2, "q_len": 3, "kv_len": 7, "encoder_dim": 8, "decoder_dim": 6, "hidden_dim": 5,
+                          "dtype": "float32"}, _count, _inputs,
+                         "W_1 e, W_2 d: 2 B (n De + Lq Dd) A; v^T tanh(.): 2 B Lq n A (other)",
+                         length=("q_len", "kv_len"), module_type=PointerAttention,
+                         make=lambda s: PointerAttention(s["encoder_dim"], s["decoder_dim"],
+                                                         s["hidden_dim"]).to(dtype_of(s)),
+                         config=lambda m: {"encoder_dim": m.encoder_dim, "decoder_dim": m.decoder_dim,
+                                           "hidden_dim": m.v.shape[0]})))

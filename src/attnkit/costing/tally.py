@@ -1,24 +1,22 @@
-"""The bookkeeping behind :func:`attnkit.analysis.cost`: a tally of named terms, and one spec per mechanism.
+"""The bookkeeping of a cost count: a tally of named terms, and the stand-in tensors counts and runs use.
 
-A spec's ``count(tally, sizes, module)`` walks the mechanism's forward pass and
-records every matrix product with :meth:`Tally.mm` (or :meth:`Tally.conv`,
-:meth:`Tally.sdpa`), elementwise work with :meth:`Tally.ew`, and the tensors it
-reads and writes with :meth:`Tally.io` / :meth:`Tally.inter`. Each product says
-how many of its two operands need a gradient: its backward then costs that many
-times its forward (one product per operand gradient), as
-``torch.utils.flop_counter.FlopCounterMode`` counts it.
+A spec's ``count(tally, sizes, module)`` (:class:`attnkit.costing.spec.Spec`) walks the
+mechanism's forward pass and records every matrix product with :meth:`Tally.mm` (or
+:meth:`Tally.conv`, :meth:`Tally.sdpa`), elementwise work with :meth:`Tally.ew`, and the
+tensors it reads and writes with :meth:`Tally.io` / :meth:`Tally.inter`. Each product says
+how many of its two operands need a gradient: its backward then costs that many times its
+forward (one product per operand gradient), as ``torch.utils.flop_counter.FlopCounterMode``
+counts it. Counting is arithmetic on the sizes; no tensor of a sequence's size is made.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-
 import torch
 
-__all__ = ["Tally", "Spec", "ITEMSIZE"]
+__all__ = ["Tally", "ITEMSIZE", "DTYPES", "dtype_of", "dropout_of", "zeros", "ones", "randn"]
 
-ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ITEMSIZE = {name: dtype.itemsize for name, dtype in DTYPES.items()}
 
 
 class Tally:
@@ -89,36 +87,9 @@ class Tally:
         self.peak = max(self.peak, self.resident + int(nbytes))
 
 
-@dataclass(frozen=True)
-class Spec:
-    """How to count and how to run one registry entry.
-
-    Attributes:
-        name: registry name.
-        defaults: every accepted size or option with its default; ``None`` = derived by ``derive``.
-        count: ``count(tally, sizes, module)`` records the terms (``module`` None for attention()).
-        make: ``make(sizes) -> module`` (None for attention() entries).
-        inputs: ``inputs(sizes, module) -> (callable, args)`` for one forward call.
-        formula: the cost in words and symbols.
-        length: the sizes a sequence length L sets (scaling).
-        derive: fills the ``None`` defaults from the other sizes.
-        config: ``config(module) -> sizes`` read from a module instance; ``module_type`` selects it.
-        matches: for a module type shared by several entries, whether an instance is this entry's.
-        nullable: sizes that also accept None (with a meaning of their own, e.g. "no top-k").
-    """
-
-    name: str
-    defaults: Mapping[str, object]
-    count: Callable
-    inputs: Callable
-    formula: str
-    make: Callable | None = None
-    length: tuple[str, ...] = ("length",)
-    derive: Callable | None = None
-    config: Callable | None = None
-    module_type: type | None = None
-    matches: Callable | None = field(default=None, compare=False)
-    nullable: frozenset = frozenset()
+def dtype_of(sizes) -> torch.dtype:
+    """The torch dtype a spec's ``dtype`` size names."""
+    return DTYPES[sizes["dtype"]]
 
 
 def dropout_of(module) -> float:
@@ -133,6 +104,11 @@ def zeros(dtype: torch.dtype, *shape: int, requires_grad: bool = False) -> torch
     return torch.zeros((), dtype=dtype, requires_grad=requires_grad).expand(*shape)
 
 
+def ones(*shape: int) -> torch.Tensor:
+    """An all-true bool tensor of ``shape`` backed by one element (a mask a module passes, all kept)."""
+    return torch.ones((), dtype=torch.bool).expand(*shape)
+
+
 def randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Seeded Gaussian inputs for :attr:`Spec.inputs`."""
+    """Seeded Gaussian inputs for a spec's ``inputs`` (drawn in float64, so every dtype sees the same values)."""
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
