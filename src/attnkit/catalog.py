@@ -84,7 +84,7 @@ _core("prefix-lm", "Raffel et al. 2020, arXiv:1910.10683, Sec. 3.2.1", _DENSE,
 _core("segment-level", "Krell et al. 2021, arXiv:2107.02027 (packing)", "O(sum_s L_s^2 D)",
       "tokens attend within their own segment", "mask",
       lambda s: {"mask": masks.segments(torch.arange(s["q_len"]) // s["segment"],
-                                        torch.arange(s["kv_len"]) // s["segment"])}, segment=5)
+                                        torch.arange(s["kv_len"]) // s["segment"])}, segment=5, sized_mask=True)
 _core("alibi", "Press et al. 2022, arXiv:2108.12409", _DENSE,
       "per-head linear distance penalty", "bias",
       lambda s: {"mask": masks.causal(), "bias": bias_mod.alibi(s["heads"])})

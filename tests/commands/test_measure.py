@@ -97,6 +97,6 @@ def test_cost_defaults_are_the_realistic_sizes_of_explain_and_bench(capsys):
     head = capsys.readouterr().out.splitlines()[0]
     for size in ("batch=1", "heads=8", "q_len=4096", "kv_len=4096", "head_dim=64"):
         assert size in head, head
-    assert run(["cost", "longformer", "--size", "q_len=4096"]) == 0  # the README's example
+    assert run(["cost", "longformer", "--q-len", "4096"]) == 0  # the README's example
     head = capsys.readouterr().out.splitlines()[0]
     assert "length=4096" in head and "dim=512" in head and "heads=8" in head

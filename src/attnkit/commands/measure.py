@@ -9,7 +9,7 @@ from pathlib import Path
 from ..errors import ArgumentError
 from ..progress import progress
 from .common import add_command, positive_float, positive_int, require_plot
-from .sizes import VOCABULARY, add_size_args, mechanism_sizes, title, values
+from .sizes import DEFAULTS, VOCABULARY, add_size_args, mechanism_sizes, title, values
 
 NAME_HELP = 'a registry name (attnkit list), "dense", "sdpa" or a mask expression such as "sliding_window(128, 128)"'
 SIZE_HELP = ("a mechanism's own size or option, e.g. --size window=128 (repeatable; attnkit.analysis.cost.sizes "
@@ -28,10 +28,14 @@ def _size(text: str) -> tuple[str, object]:
 
 
 def _cmd_cost(args) -> int:
-    from ..analysis.cost import cost
+    from ..analysis.cost import cost, spec
 
-    sizes = mechanism_sizes(args.name, values(args), dict(args.size or []))
-    print(cost(args.name, backward=args.backward, **sizes).table())
+    given = dict(args.size or [])
+    sizes = {k: v for k, v in values(args).items() if v is not None}  # the options typed (the layer's otherwise)
+    sizes.update({k: given.pop(k) for k in VOCABULARY if k in given})
+    if not {"q_len", *spec(args.name).length} & {*sizes, *given}:
+        sizes["q_len"] = DEFAULTS["q_len"]  # the command prices a realistic layer
+    print(cost(args.name, backward=args.backward, **sizes, **given).table())
     return 0
 
 
@@ -67,16 +71,19 @@ def _cmd_scaling(args) -> int:
 
 def add(sub) -> None:
     p = add_command(sub, "cost", summary="analytic FLOPs, bytes and peak memory of a mechanism at given sizes",
-                    description="Count a mechanism's cost at given sizes without running it: matrix-product FLOPs "
-                                "(as torch's FlopCounterMode counts them), elementwise FLOPs, bytes moved and peak "
-                                "memory (estimates), term by term, with the formula. The size options go to every "
-                                "mechanism in its own names: a module with one sequence length takes --q-len as it, "
-                                "its model width is heads x head-dim.",
-                    examples=["attnkit cost longformer --q-len 4096", "attnkit cost longformer --size q_len=4096",
+                    description="Count a mechanism's cost at given sizes without running it (arithmetic: no tensor "
+                                "of the sequence's size is made): matrix-product FLOPs (as torch's FlopCounterMode "
+                                "counts them once given torch's SDPA formulas for the fused CPU kernel, which torch "
+                                "2.13's counter counts as 0), elementwise FLOPs, bytes moved and peak memory "
+                                "(estimates), term by term, with the formula. The size options go to every mechanism "
+                                "in its own names: a module with one sequence length takes --q-len as it, its model "
+                                "width is heads x head-dim. The options not given take the paper's settings "
+                                "(Longformer's window of 512, BigBird's blocks of 64, Reformer's chunks of 64, ...).",
+                    examples=["attnkit cost longformer --q-len 4096", "attnkit cost bigbird --q-len 16384 --heads 12",
                               'attnkit cost "causal() & sliding_window(128, 0)" --backward',
-                              "attnkit cost sliding-window --size window=256"])
+                              "attnkit cost sliding-window --size window=256", "attnkit cost dense --q-len 1000000000"])
     p.add_argument("name", help=NAME_HELP)
-    add_size_args(p)
+    add_size_args(p, defaults=False)
     p.add_argument("--size", type=_size, action="append", metavar="K=V", help=SIZE_HELP)
     p.add_argument("--backward", action="store_true", help="include the backward pass")
     p.set_defaults(func=_cmd_cost)

@@ -8,10 +8,10 @@ records that path's own cost formula (``cost(p, grad)`` beside its code in
 autograd differentiates (the backward costs once per operand needing a gradient, once more when a
 slab is checkpointed), or a fused kernel's forward and backward formulas.
 
-The decision reads nothing for a call with no mask and no bias. With one, the dispatcher reads
-the mask's blocks and passes over q, k and v once: stand-ins of more than :data:`QUESTION_LIMIT`
-elements are not asked about (ArgumentError), so that no cost question builds a layout of a
-billion-token sequence.
+The decision reads nothing for a call with no mask (or a causal mask that torch's kernel takes
+as its flag) and no bias. Otherwise the dispatcher reads the mask's blocks and passes over q, k
+and v once: stand-ins of more than :data:`QUESTION_LIMIT` elements are not asked about
+(ArgumentError), so that no cost question builds a layout of a billion-token sequence.
 
 Elementwise work (scaling, masking, softmax at ~5 operations per score) goes to
 ``other_flops``; the path's workspace is the peak memory beyond q, k, v and the output.
@@ -29,11 +29,12 @@ from ..errors import ArgumentError
 from ..functional.validate import validate
 from ..kernels.dispatch import choose
 from ..kernels.rules import needs_grad
+from ..kernels.sdpa import causal_flag
 from .spec import Spec
 from .tally import Tally, dtype_of, randn, zeros
 
-__all__ = ["attend", "projections", "attention_spec", "attention_inputs", "derive_lengths", "ATTENTION_SIZES",
-           "ATTENTION_FORMULA", "QUESTION_LIMIT"]
+__all__ = ["attend", "check_question", "projections", "attention_spec", "attention_inputs", "derive_lengths",
+           "ATTENTION_SIZES", "ATTENTION_FORMULA", "QUESTION_LIMIT"]
 
 QUESTION_LIMIT = 1 << 31  # q, k, v elements a masked call's decision may read (one pass: about a second)
 ATTENTION_FORMULA = ("attention: 2 B H Lq Lk (D + Dv) on the sdpa/reference/chunked kernels; "
@@ -83,16 +84,26 @@ def attend(t: Tally, label: str, b: int, h: int, lq: int, lk: int, d: int, dv: i
 
 
 def _check_askable(p, label: str) -> None:
-    """Refuse a masked call whose decision would read more than :data:`QUESTION_LIMIT` stand-in elements."""
-    if p.mask is None and p.bias is None:
+    """Refuse a call whose decision would read more than :data:`QUESTION_LIMIT` stand-in elements.
+
+    No mask, or causality as torch's kernel flag (no weights asked), is decided without a look at
+    the data or a block layout; any other mask, a bias or a score modifier is not, past the limit.
+    """
+    biased = p.bias is not None or p.modifier is not None
+    if not biased and (p.mask is None or (causal_flag(p) and not p.return_weights)):
         return
-    size = sum(x.numel() for x in (p.q, p.k, p.v))
+    check_question(p.sizes, "bias" if p.mask is None else "mask and bias" if biased else "mask", label)
+
+
+def check_question(sizes, what: str, label: str = "") -> None:
+    """ArgumentError when a call of ``sizes`` (B, H, Lq, Lk, D, Dv) with a ``what`` (mask, bias) is too large to ask."""
+    b, h, lq, lk, d, dv = sizes
+    size = b * h * (lq * d + lk * (d + dv))
     if size > QUESTION_LIMIT:
-        what = "mask" if p.bias is None else "bias" if p.mask is None else "mask and bias"
-        b, h, lq, lk, d, dv = p.sizes
-        raise ArgumentError(f"cost: the {label or 'attention '}call (B, H, Lq, Lk, D, Dv) = {(b, h, lq, lk, d, dv)} "
-                            f"has a {what}: the dispatcher would decide its path from the mask's blocks and a pass "
-                            f"over q, k and v ({size} elements, over {QUESTION_LIMIT}); price a shorter sequence")
+        raise ArgumentError(f"cost: the {label.rstrip(': ') or 'attention'} call (B, H, Lq, Lk, D, Dv) = "
+                            f"{tuple(sizes)} has a {what}: the dispatcher decides its path from the data (a pass over "
+                            f"q, k and v, the mask's blocks), here {size} elements, over {QUESTION_LIMIT}; price a "
+                            "shorter sequence")
 
 
 def _kernel(t: Tally, label: str, cost, grads, pairwise: bool) -> int:
@@ -139,10 +150,13 @@ def attention_inputs(s) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def attention_spec(kwargs_of, formula: str = ATTENTION_FORMULA, *, at_scale=None, source: str = "", name: str = "",
-                   derive=None, nullable: frozenset = frozenset(), **extra) -> Spec:
+                   derive=None, nullable: frozenset = frozenset(), sized_mask: bool = False, **extra) -> Spec:
     """The spec of ``attention(q, k, v, **kwargs_of(sizes))``: the sizes of :data:`ATTENTION_SIZES` plus ``extra``
-    (the options ``kwargs_of`` reads, with the example's values); ``derive`` fills ``extra``'s None values."""
+    (the options ``kwargs_of`` reads, with the example's values); ``derive`` fills ``extra``'s None values.
+    ``sized_mask``: the mask holds tensors of the sequence's length, so the size check comes before it is made."""
     def count(t, s, module=None):
+        if sized_mask:
+            check_question(tuple(s[k] for k in ("batch", "heads", "q_len", "kv_len", "head_dim", "value_dim")), "mask")
         attend(t, "", s["batch"], s["heads"], s["q_len"], s["kv_len"], s["head_dim"], s["value_dim"],
                hkv=s["kv_heads"], dtype=dtype_of(s), backend=s["backend"], **kwargs_of(s))
 

@@ -157,7 +157,7 @@ class Spec:
         if "q_len" not in self.defaults and (q, kv) != (None, None):
             if q is not None and kv is not None and q != kv:
                 raise ArgumentError(f"{self.name} takes one sequence length ({', '.join(self.length)}): give "
-                                    f"q_len only; got q_len={q}, kv_len={kv}")
+                                    f"q_len (--q-len only on the command line); got q_len={q}, kv_len={kv}")
             own.update(dict.fromkeys(self.length, q if q is not None else kv))
         if widths and ("heads" in vocabulary or "head_dim" in vocabulary):
             heads = vocabulary.get("heads", self.defaults.get("heads")) or 1
