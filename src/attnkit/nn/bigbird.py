@@ -155,8 +155,8 @@ register(Entry("bigbird", BigBirdAttention, "Zaheer et al. 2020, arXiv:2007.1406
                          PROJECTED_FORMULA + "global rows 2 B H g b n 2D; other rows over their layout's blocks",
                          reads_module=True,
                          at_scale={"block_size": 64, "window_blocks": 3, "global_blocks": 2, "random_blocks": 3},
-                         source="Zaheer et al. 2020, App. E (BigBird-ITC): blocks of b = 64, window 3 b, "
-                                "global 2 b, random 3 b",
+                         source="Zaheer et al. 2020, arXiv:2007.14062, App. E (BigBird-ITC): blocks of b = 64, "
+                                "window 3 b, global 2 b, random 3 b",
                          make=lambda s: BigBirdAttention(s["dim"], s["heads"],
                                                          **{k: s[k] for k in _BLOCKS}).to(dtype_of(s)),
                          module_type=BigBirdAttention,

@@ -204,8 +204,8 @@ register(Entry("longformer", LongformerAttention, "Beltagy et al. 2020, arXiv:20
                          _count, _inputs, PROJECTED_FORMULA + "global projections 2 B (g + 2 n) dim^2; window rows as "
                          "the mask's blocks; global rows 2 B H g n 2D", reads_module=True,
                          at_scale={"window": 512, "dilation": 1, "global_tokens": (0,)},
-                         source="Beltagy et al. 2020, Sec. 5: window 512 in every layer, no dilation (the pretrained "
-                                "model); Sec. 3.1: global attention on the [CLS] token for classification",
+                         source="Beltagy et al. 2020, arXiv:2004.05150, Sec. 5: window 512 in every layer, no "
+                                "dilation (the pretrained model); Sec. 3.1: global attention on the [CLS] token",
                          make=lambda s: LongformerAttention(s["dim"], s["heads"], window=s["window"],
                                                             dilation=s["dilation"]).to(dtype_of(s)),
                          module_type=LongformerAttention,

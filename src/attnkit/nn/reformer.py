@@ -251,8 +251,8 @@ register(Entry("reformer", ReformerAttention, "Kitaev et al. 2020, arXiv:2001.04
                          "projections 2 B n dim^2 (qk, v, out); hashing 2 B H n d R n_buckets/2; "
                          "chunks 2 B H R ceil(n/c) c (2c) 2d",
                          at_scale={"chunk_size": 64, "n_buckets": None, "n_hashes": 4},
-                         source="Kitaev et al. 2020, Sec. 2: chunks of m = 64 and n_buckets = 2 n / m; Sec. 5 "
-                                "(Fig. 4) compares 1 to 8 hash rounds, 4 taken here",
+                         source="Kitaev et al. 2020, arXiv:2001.04451, Sec. 2: chunks of m = 2 n / n_buckets "
+                                "(m = 64 here, so n_buckets = 2 n / 64); Sec. 5, Fig. 4: 1 to 8 hash rounds (4 here)",
                          make=lambda s: ReformerAttention(s["dim"], s["heads"], **{k: s[k] for k in _LSH},
                                                           seed=s["seed"]).to(dtype_of(s)),
                          derive=_derive, module_type=ReformerAttention, nullable=frozenset({"n_buckets"}),
