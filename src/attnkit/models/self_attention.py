@@ -33,21 +33,6 @@ from ._rnn import check_features, check_keep
 __all__ = ["SoftmaxSelfAttention", "MECHANISMS", "self_attention_maker", "self_attend"]
 
 
-class _ShiftedRows(masks.Mask):
-    """``inner`` evaluated for the last ``q_len`` rows of a square ``total x total`` problem (decoding steps)."""
-
-    def __init__(self, inner: masks.Mask, total: int):
-        self.inner, self.total = inner, total
-        self.uses = inner.uses | {"q", "kv"}
-        self.batch_size, self.num_heads = inner.batch_size, inner.num_heads
-
-    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
-        return self.inner.allows(b, h, q_idx + (self.total - q_len), kv_idx, self.total, self.total)
-
-    def __repr__(self):
-        return f"rows_of({self.inner!r}, total={self.total})"
-
-
 class SoftmaxSelfAttention(MultiHeadAttention):
     """Multi-head softmax self-attention with an optional attnkit mask, rotary positions and a KV cache.
 
@@ -117,7 +102,8 @@ class SoftmaxSelfAttention(MultiHeadAttention):
     def _mask(self, t: int, n: int, keep):
         parts = [masks.causal()] if self.causal else []
         if self.pattern is not None:
-            parts.append(self.pattern if t == n else _ShiftedRows(self.pattern, n))
+            # decoding: the t new queries are the last rows of the n x n problem
+            parts.append(self.pattern if t == n else masks.shifted(self.pattern, q0=n - t, q_len=n, kv_len=n))
         if keep is not None:
             parts.append(masks.keys(keep))
         return functools.reduce(lambda a, b: a & b, parts) if parts else None
