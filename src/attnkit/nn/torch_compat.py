@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -136,12 +137,18 @@ def convert_masks(who, *, key_padding_mask, attn_mask, is_causal, mask, full, ba
     ``full`` is ``(B, H, L, S)``. Bool masks are combined with logical AND; float
     masks are added into one bias ``(B|1, H|1, L|1, S)``; a bool mask beside a float one
     (torch's decoder layers pass a float causal mask and a bool padding mask) is the same
-    as torch's conversion of the bool one to ``-inf``. ``is_causal`` beside ``attn_mask``
+    as torch's conversion of the bool one to ``-inf``. A ``key_padding_mask`` and an
+    ``attn_mask`` of different dtypes warn, as torch 2.13's module does (it deprecates the
+    pair), naming both arguments and their dtypes (RELIABILITY row 10). ``is_causal`` beside ``attn_mask``
     is torch's hint that ``attn_mask`` is causal: AND-ed with it when ``L == S``; when
     ``L != S`` (no alignment is implied) ``attn_mask`` alone applies.
     """
     b, h, lq, s = full
     parts, biases = [], []
+    if key_padding_mask is not None and attn_mask is not None and key_padding_mask.dtype != attn_mask.dtype:
+        warnings.warn(f"{who}: key_padding_mask ({key_padding_mask.dtype}) and attn_mask ({attn_mask.dtype}) differ in "
+                      "type; as torch.nn.MultiheadAttention (torch 2.13 deprecates such pairs), a bool mask is read as "
+                      "-inf where True and added to the float one. Give both the same type", UserWarning, stacklevel=3)
     if key_padding_mask is not None:
         _check_mask_tensor(who, "key_padding_mask", key_padding_mask, [(b, s)] if batched else [(s,)], device)
         parts.append(key_padding_mask.reshape(-1, 1, 1, s))  # (B|1, 1, 1, S)
