@@ -25,8 +25,8 @@ import torch
 
 from .. import masks
 from ..errors import ArgumentError
-from ..models._rnn import check_features, check_keep
 from ..models.self_attention import SoftmaxSelfAttention
+from ..nn._inputs import check_keep_mask, check_sequence
 from .api import attention
 from .layouts import gather
 
@@ -57,8 +57,8 @@ class SequenceParallelSelfAttention(SoftmaxSelfAttention):
         who = type(self).__name__
         if cache is not None:
             raise ArgumentError(f"{who}: no KV cache across ranks; decode on one process")
-        check_features(who, "x", x, self, self.embed_dim)
-        check_keep(who, "key_keep_mask", key_keep_mask, tuple(x.shape[:2]))  # this rank's shard
+        check_sequence(who, "x", x, self.embed_dim, named=True, like=self)
+        check_keep_mask(who, "key_keep_mask", key_keep_mask, *x.shape[:2])  # this rank's shard
         q, k, v = self._project(x, x, x)  # (B, H, L/W, d) each
         parts = [masks.causal()] if self.causal else []
         parts += [self.pattern] if self.pattern is not None else []

@@ -16,6 +16,7 @@ from torch import nn
 
 from .. import masks
 from ..errors import ArgumentError, DTypeError, ShapeError
+from ..nn._inputs import check_keep_mask, check_sequence
 from ..nn.bigbird import BigBirdAttention
 from ..nn.blocksparse import BlockSparseAttention
 from ..nn.kv_cache import KVCache
@@ -28,7 +29,6 @@ from ..nn.multihead import MultiHeadAttention
 from ..nn.reformer import ReformerAttention
 from ..nn.rotary import RotaryEmbedding
 from ..nn.sparse_transformer import SparseTransformerAttention
-from ._rnn import check_features, check_keep
 
 __all__ = ["SoftmaxSelfAttention", "MECHANISMS", "self_attention_maker", "self_attend"]
 
@@ -88,9 +88,9 @@ class SoftmaxSelfAttention(MultiHeadAttention):
         who = type(self).__name__
         if cache is not None and not isinstance(cache, KVCache):
             raise DTypeError(f"{who}: cache must be a KVCache; got {type(cache).__name__}")
-        check_features(who, "x", x, self, self.embed_dim)
+        check_sequence(who, "x", x, self.embed_dim, named=True, like=self)
         start = 0 if cache is None else len(cache)
-        check_keep(who, "key_keep_mask", key_keep_mask, (x.shape[0], start + x.shape[1]))  # n = cached + new
+        check_keep_mask(who, "key_keep_mask", key_keep_mask, x.shape[0], start + x.shape[1])  # n = cached + new
         q, k, v = self._project(x, x, x)  # (B, H, t, d) each
         if self.rotary is not None:
             q, k = self.rotary(q, k, q_offset=start, k_offset=start)

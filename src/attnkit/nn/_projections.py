@@ -14,7 +14,8 @@ from torch import nn
 
 from ..costing.attend import attend
 from ..costing.tally import dtype_of, randn
-from ..errors import ArgumentError, DTypeError, ShapeError, check_int
+from ..errors import ArgumentError, ShapeError, check_int
+from ._inputs import check_sequence
 
 __all__ = ["ProjectedAttention", "check_int", "count_self_attention", "sequence_input", "projected_config",
            "PROJECTED_SIZES", "PROJECTED_FORMULA"]
@@ -53,12 +54,7 @@ class ProjectedAttention(nn.Module):
 
     def check_input(self, x) -> None:
         """Raise unless ``x`` is a floating ``(batch, n, dim)`` tensor."""
-        who = type(self).__name__
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
-            raise DTypeError(f"{who}: x must be a floating tensor; got {got}")
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ShapeError(f"{who}: x must have shape (batch, n, dim={self.dim}); got {tuple(x.shape)}")
+        check_sequence(type(self).__name__, "x", x, self.dim, named=True)
 
     def split_heads(self, t: torch.Tensor) -> torch.Tensor:
         """``(B, n, dim) -> (B, H, n, dim / H)``."""

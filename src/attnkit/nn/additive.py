@@ -15,34 +15,15 @@ from ..core import attention
 from ..costing.attend import attend
 from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of, randn
-from ..errors import ArgumentError, ShapeError
+from ..errors import ArgumentError
 from ..functional.validate import validate
 from ..registry import Entry, register
+from ._inputs import check_memory, check_sequence
 from .additive_scores import DEFAULT_MAX_ELEMENTS, additive_scores
 from .padding import clear_padding
 
 __all__ = ["AdditiveAttention", "AdditiveOutput", "additive_scores", "dense_allowed", "padded_keys",
-           "drop_unseen", "check_input", "check_memory", "DEFAULT_MAX_ELEMENTS"]
-
-
-def check_input(who: str, name: str, t, dim: int) -> None:
-    """Raise :class:`~attnkit.errors.ShapeError` unless ``t`` is ``(batch, length, dim)``."""
-    if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.shape[-1] != dim:
-        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ShapeError(f"{who}: {name} must have shape (batch, length, {dim}); got {got}")
-
-
-def check_memory(who: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None = None,
-                 key_name: str = "key") -> None:
-    """Batch sizes of query and key (and value) agree; value is ``(batch, key_len, *)``."""
-    if query.shape[0] != key.shape[0]:
-        raise ShapeError(f"{who}: query and {key_name} must share the batch size; got query {tuple(query.shape)} "
-                         f"and {key_name} {tuple(key.shape)}")
-    if value is not None and (not isinstance(value, torch.Tensor) or value.dim() != 3
-                              or value.shape[:2] != key.shape[:2]):
-        got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-        raise ShapeError(f"{who}: value must have shape (batch, key_len, value_dim) = ({key.shape[0]}, "
-                         f"{key.shape[1]}, ...); got {got}")
+           "drop_unseen", "DEFAULT_MAX_ELEMENTS"]
 
 
 def dense_allowed(mask, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
@@ -165,8 +146,8 @@ class AdditiveAttention(nn.Module):
         A query with no allowed key gets context 0 and weights 0.
         """
         value = key if value is None else value
-        check_input("AdditiveAttention", "query", query, self.query_dim)
-        check_input("AdditiveAttention", "key", key, self.key_dim)
+        check_sequence("AdditiveAttention", "query", query, self.query_dim, length="length")
+        check_sequence("AdditiveAttention", "key", key, self.key_dim, length="length")
         check_memory("AdditiveAttention", query, key, value)
         keep = padded_keys(mask, query, key)  # (B|1, 1, Lk) or None
         if keep is not None and query is key:  # self-attention: a padded key is a padded query too

@@ -10,8 +10,9 @@ from torch import nn
 from ..core import attention
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
-from ..errors import ArgumentError, ShapeError, check_bool_mask
+from ..errors import ArgumentError
 from ..registry import Entry, register
+from ._inputs import check_keep_mask, check_sequence
 from .pooling import count_pool
 
 __all__ = ["CoAttention", "CoAttentionOutput"]
@@ -38,14 +39,6 @@ def _pool(hidden, w, x, keep):
     out = attention(query, hidden, x, score="dot", scale=1.0, return_weights=True,
                     mask=None if keep is None else keep[:, None, :])
     return out.output[:, 0], out.weights[:, 0]
-
-
-def _check(name, t, dim, batch=None):
-    if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.shape[-1] != dim or (batch is not None and
-                                                                                 t.shape[0] != batch):
-        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ShapeError(f"{_WHO}: {name} must have shape (batch{'=' + str(batch) if batch else ''}, length, {dim}); "
-                         f"got {got}")
 
 
 class CoAttention(nn.Module):
@@ -130,10 +123,10 @@ class CoAttention(nn.Module):
     def forward(self, question: torch.Tensor, image: torch.Tensor, *, question_mask: torch.Tensor | None = None,
                 image_mask: torch.Tensor | None = None) -> CoAttentionOutput:
         """Co-attend; masks are bool, True = a real word / region."""
-        _check("question", question, self.question_dim)
-        _check("image", image, self.image_dim, batch=question.shape[0])
-        q_keep = check_bool_mask(_WHO, "question_mask", question_mask, question.shape[:2])
-        v_keep = check_bool_mask(_WHO, "image_mask", image_mask, image.shape[:2])
+        check_sequence(_WHO, "question", question, self.question_dim, length="length")
+        check_sequence(_WHO, "image", image, self.image_dim, batch=question.shape[0], length="length")
+        q_keep = check_keep_mask(_WHO, "question_mask", question_mask, *question.shape[:2], true_means="keep", dims="")
+        v_keep = check_keep_mask(_WHO, "image_mask", image_mask, *image.shape[:2], true_means="keep", dims="")
         # Zeroed padding gives zero affinity and projections (no biases), and NaN there cannot leak.
         if q_keep is not None:
             question = question.masked_fill(~q_keep[..., None], 0.0)

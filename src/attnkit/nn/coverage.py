@@ -10,16 +10,15 @@ from torch import nn
 from .. import recording
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError
 from ..functional.normalize import softmax
 from ..registry import Entry, register
+from ._inputs import check_memory, check_sequence, check_shape
 from .additive import (
     ADDITIVE_FORMULA,
     ADDITIVE_SIZES,
     DEFAULT_MAX_ELEMENTS,
     additive_scores,
-    check_input,
-    check_memory,
     dense_allowed,
     drop_unseen,
     query_key_inputs,
@@ -107,8 +106,8 @@ class CoverageAttention(nn.Module):
                 coverage: torch.Tensor | None = None, *, mask=None) -> CoverageOutput:
         """Run ``Lq`` decoder steps from ``coverage`` (default zeros); ``mask``: True = attend."""
         value = key if value is None else value
-        check_input("CoverageAttention", "query", query, self.query_dim)
-        check_input("CoverageAttention", "key", key, self.key_dim)
+        check_sequence("CoverageAttention", "query", query, self.query_dim, length="length")
+        check_sequence("CoverageAttention", "key", key, self.key_dim, length="length")
         check_memory("CoverageAttention", query, key, value)
         batch, lk = key.shape[:2]
         if coverage is None:
@@ -116,9 +115,9 @@ class CoverageAttention(nn.Module):
         elif not isinstance(coverage, torch.Tensor):
             raise DTypeError(f"CoverageAttention: coverage must be a tensor (batch, key_len); "
                              f"got {type(coverage).__name__}")
-        elif coverage.shape != (batch, lk):
-            raise ShapeError(f"CoverageAttention: coverage must have shape (batch, key_len) = ({batch}, {lk}); "
-                             f"got {tuple(coverage.shape)}")
+        else:
+            check_shape("CoverageAttention", "coverage", coverage, lambda t: t.shape == (batch, lk),
+                        f"have shape (batch, key_len) = ({batch}, {lk})")
         allowed = dense_allowed(mask, query, key)  # (B|1, Lq|1, Lk)
         key, value = drop_unseen(allowed, key, value)
         compute = torch.promote_types(query.dtype, torch.float32)

@@ -11,9 +11,9 @@ from ..core import attention
 from ..costing.attend import attend
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
-from ..errors import ArgumentError, DTypeError, ShapeError
-from ..functional.mask_base import Mask
+from ..errors import ArgumentError
 from ..registry import Entry, register
+from ._inputs import check_key_mask, check_sequence, check_shape
 
 __all__ = ["DerivedKeyAttention", "DerivedKeyOutput"]
 
@@ -25,21 +25,6 @@ class DerivedKeyOutput(NamedTuple):
 
     output: torch.Tensor
     weights: torch.Tensor
-
-
-def _key_mask(mask, batch, lq, n):
-    """A bool ``(B, n)`` key mask or ``(B, Lq, n)`` mask, or an :mod:`attnkit.masks` mask, for 3-D attention."""
-    if mask is None or isinstance(mask, Mask):
-        return mask
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise DTypeError(f"{_WHO}: mask must be a bool tensor (True = attend) or an attnkit.masks mask; got {got}")
-    if tuple(mask.shape) == (batch, n):
-        return mask[:, None, :]
-    if tuple(mask.shape) == (batch, lq, n):
-        return mask
-    raise ShapeError(f"{_WHO}: mask must have shape (batch, n) = {(batch, n)} or (batch, Lq, n) = "
-                     f"{(batch, lq, n)}; got {tuple(mask.shape)}")
 
 
 class DerivedKeyAttention(nn.Module):
@@ -103,20 +88,16 @@ class DerivedKeyAttention(nn.Module):
             if self.query is None:
                 raise ArgumentError(f"{_WHO}: query is required unless the module was built with learned_query=True")
             return self.query.expand(batch, 1, -1), True
-        if not isinstance(query, torch.Tensor) or query.dim() not in (2, 3) or query.shape[-1] != self.attn_dim \
-                or query.shape[0] != batch:
-            got = tuple(query.shape) if isinstance(query, torch.Tensor) else type(query).__name__
-            raise ShapeError(f"{_WHO}: query must have shape (batch, {self.attn_dim}) or (batch, Lq, {self.attn_dim}) "
-                             f"with batch={batch}; got {got}")
+        check_shape(_WHO, "query", query, lambda t: t.dim() in (2, 3) and t.shape[-1] == self.attn_dim
+                    and t.shape[0] == batch,
+                    f"have shape (batch, {self.attn_dim}) or (batch, Lq, {self.attn_dim}) with batch={batch}")
         return (query[:, None, :], True) if query.dim() == 2 else (query, False)
 
     def forward(self, value: torch.Tensor, query: torch.Tensor | None = None, *, mask=None) -> DerivedKeyOutput:
         """Attend over ``value`` with keys derived from it; see the class docstring for shapes."""
-        if not isinstance(value, torch.Tensor) or value.dim() != 3 or value.shape[-1] != self.value_dim:
-            got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-            raise ShapeError(f"{_WHO}: value must have shape (batch, n, {self.value_dim}); got {got}")
+        check_sequence(_WHO, "value", value, self.value_dim)
         q, single = self._queries(query, value.shape[0])  # (B, Lq, La)
-        allowed = _key_mask(mask, value.shape[0], q.shape[1], value.shape[1])
+        allowed = check_key_mask(_WHO, "mask", mask, value.shape[0], q.shape[1], value.shape[1], masks_too=True)
         out = attention(q.to(value.dtype), self.keys(value), value, mask=allowed, score="dot", scale=1.0,
                         return_weights=True)
         if single:

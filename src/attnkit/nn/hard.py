@@ -14,13 +14,12 @@ from ..costing.tally import dtype_of
 from ..errors import ArgumentError
 from ..functional.normalize import gumbel_softmax, hard, softmax
 from ..registry import Entry, register
+from ._inputs import check_memory, check_sequence
 from .additive import (
     ADDITIVE_FORMULA,
     ADDITIVE_SIZES,
     DEFAULT_MAX_ELEMENTS,
     AdditiveAttention,
-    check_input,
-    check_memory,
     count_additive_score,
     dense_allowed,
     drop_unseen,
@@ -113,8 +112,8 @@ class HardAttention(nn.Module):
         ``generator`` drives the sampling ("stochastic", "gumbel"); None uses torch's global RNG.
         """
         value = key if value is None else value
-        check_input("HardAttention", "query", query, self.f_att.query_dim)
-        check_input("HardAttention", "key", key, self.f_att.key_dim)
+        check_sequence("HardAttention", "query", query, self.f_att.query_dim, length="length")
+        check_sequence("HardAttention", "key", key, self.f_att.key_dim, length="length")
         check_memory("HardAttention", query, key, value)
         compute = torch.promote_types(query.dtype, torch.float32)
         allowed = dense_allowed(mask, query, key)  # (B|1, Lq|1, Lk)

@@ -10,8 +10,9 @@ from ..costing.spec import Spec
 from ..costing.tally import dtype_of
 from ..errors import ArgumentError, ShapeError, check_int
 from ..registry import Entry, register
+from ._inputs import check_sequence
 from ._projections import sequence_input
-from .linear import check_sequence, merge_heads, split_heads
+from .linear import merge_heads, split_heads
 
 __all__ = ["LambdaLayer"]
 
@@ -79,7 +80,7 @@ class LambdaLayer(nn.Module):
         self.rel_pos = nn.Parameter(torch.randn(offsets, key_dim) * key_dim ** -0.5)  # row o: offset m - n
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_sequence("x", x, self.dim)
+        check_sequence("LambdaLayer", "x", x, self.dim)
         n = x.shape[1]
         if self.max_len is not None and n > self.max_len:
             raise ShapeError(f"x has length {n} but this LambdaLayer's global context has max_len={self.max_len}")

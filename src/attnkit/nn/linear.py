@@ -15,26 +15,13 @@ import torch.nn.functional as F
 from ..costing.attend import projections
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of
-from ..errors import ArgumentError, DTypeError, ShapeError, check_bool_mask, check_int
+from ..errors import ArgumentError, check_int
 from ..registry import Entry, register
+from ._inputs import check_keep_mask
 from ._projections import ProjectedAttention, sequence_input
 from .padding import clear_padding
 
 __all__ = ["LinearAttention", "PerformerAttention", "orthogonal_random_features"]
-
-
-def check_sequence(name: str, x: torch.Tensor, dim: int) -> None:
-    """Raise unless ``x`` is a floating ``(batch, n, dim)`` tensor."""
-    if isinstance(x, torch.Tensor) and not x.is_floating_point():
-        raise DTypeError(f"{name} must be a floating tensor; got {x.dtype}")
-    if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != dim:
-        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ShapeError(f"{name} must have shape (batch, n, {dim}); got {got}")
-
-
-def check_keep_mask(who: str, name: str, keep, batch: int, n: int):
-    """Validate a ``(batch, n)`` bool mask, True = real token (may be attended)."""
-    return check_bool_mask(who, name, keep, (batch, n), dims="(batch, n)")
 
 
 def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:

@@ -11,8 +11,8 @@ from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of
 from ..errors import ArgumentError, ShapeError
 from ..registry import Entry, register
+from ._inputs import check_keep_mask
 from ._projections import ProjectedAttention, sequence_input
-from .linear import check_keep_mask
 from .padding import clear_padding
 
 __all__ = ["LinformerAttention", "SequenceProjection"]

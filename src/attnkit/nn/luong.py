@@ -13,11 +13,10 @@ from ..costing.tally import dtype_of
 from ..errors import ArgumentError, ShapeError, check_int
 from ..functional.normalize import softmax
 from ..registry import Entry, register
+from ._inputs import check_memory, check_sequence
 from .additive import (
     ADDITIVE_SIZES,
     AdditiveAttention,
-    check_input,
-    check_memory,
     count_additive_score,
     dense_allowed,
     drop_unseen,
@@ -144,8 +143,8 @@ class LuongAttention(nn.Module):
         ``step``: decoder time of ``query[:, 0]`` (local-m centres ``t = step + i``).
         ``source_lengths``: ``S`` per sample for local-p ``(B,)``; default ``Lk``.
         """
-        check_input("LuongAttention", "query", query, self.query_dim)
-        check_input("LuongAttention", "memory", memory, self.key_dim)
+        check_sequence("LuongAttention", "query", query, self.query_dim, length="length")
+        check_sequence("LuongAttention", "memory", memory, self.key_dim, length="length")
         check_memory("LuongAttention", query, memory, key_name="memory")
         check_int("LuongAttention", "step", step, 0)
         compute = torch.promote_types(query.dtype, torch.float32)  # softmax in float32 or better

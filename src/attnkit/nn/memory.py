@@ -12,8 +12,9 @@ from ..core import attention
 from ..costing.attend import attend
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, ones, randn, zeros
-from ..errors import ShapeError, check_bool_mask, check_int
+from ..errors import check_int
 from ..registry import Entry, register
+from ._inputs import check_keep_mask, check_sequence, check_shape
 from .pooling import POOL_SCORES
 
 __all__ = ["MemoryAttention", "MemoryOutput"]
@@ -28,17 +29,10 @@ class MemoryOutput(NamedTuple):
     weights: torch.Tensor
 
 
-def _check(name, t, shape_text, ok):
-    if not isinstance(t, torch.Tensor) or not ok(t):
-        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ShapeError(f"{_WHO}: {name} must have shape {shape_text}; got {got}")
-
-
-def _check_mask(mask, shape):
+def _keep(mask, shape):
     """The ``shape`` bool mask (True = a real state), all True when None."""
-    if mask is None:
-        return torch.ones(shape, dtype=torch.bool)
-    return check_bool_mask(_WHO, "mask", mask, shape, true_means="a real state")
+    mask = check_keep_mask(_WHO, "mask", mask, *shape, true_means="a real state", dims="")
+    return torch.ones(shape, dtype=torch.bool) if mask is None else mask
 
 
 def _mix(logits, slots, allowed):
@@ -101,10 +95,10 @@ class MemoryAttention(nn.Module):
 
     def forward(self, h: torch.Tensor, *, mask: torch.Tensor | None = None) -> MemoryOutput:
         """``m_t`` for every step ``t`` of ``h``."""
-        _check("h", h, f"(batch, T, {self.dim})", lambda t: t.dim() == 3 and t.shape[-1] == self.dim)
+        check_sequence(_WHO, "h", h, self.dim, length="T")
         b, steps, _ = h.shape
         k = self.memory_size
-        mask = _check_mask(mask, (b, steps)).to(h.device)
+        mask = _keep(mask, (b, steps)).to(h.device)
         rows = torch.arange(steps, device=h.device)[:, None] + torch.arange(k, device=h.device)  # (T, K)
         slot_scores = F.pad(h @ self.slot_weight.to(h.dtype).T, (0, 0, k, 0))  # (B, K + T, K): row K + i is h_i
         logits = slot_scores.gather(1, rows.expand(b, steps, k))  # (B, T, K): w_{m,j} h_{t-K+j}
@@ -120,12 +114,13 @@ class MemoryAttention(nn.Module):
 
         Returns memory ``(B, dim)`` and weights ``(B, P)``; equal to :meth:`forward` at that step.
         """
-        _check("h_t", h_t, f"(batch, {self.dim})", lambda t: t.dim() == 2 and t.shape[-1] == self.dim)
-        _check("past", past, f"(batch={h_t.shape[0]}, P <= {self.memory_size}, {self.dim})",
-               lambda t: t.dim() == 3 and t.shape[0] == h_t.shape[0] and t.shape[1] <= self.memory_size
-               and t.shape[2] == self.dim)
+        check_shape(_WHO, "h_t", h_t, lambda t: t.dim() == 2 and t.shape[-1] == self.dim,
+                    f"have shape (batch, {self.dim})")
+        check_shape(_WHO, "past", past, lambda t: t.dim() == 3 and t.shape[0] == h_t.shape[0]
+                    and t.shape[1] <= self.memory_size and t.shape[2] == self.dim,
+                    f"have shape (batch={h_t.shape[0]}, P <= {self.memory_size}, {self.dim})")
         p = past.shape[1]
-        mask = _check_mask(mask, past.shape[:2]).to(past.device)
+        mask = _keep(mask, tuple(past.shape[:2])).to(past.device)
         logits = (past * self.slot_weight[self.memory_size - p:].to(past.dtype)).sum(-1)  # (B, P)
         logits = logits + (h_t @ self.state_weight.to(h_t.dtype))[:, None]
         return MemoryOutput(*_mix(logits, past, mask))

@@ -17,6 +17,7 @@ from ..errors import ArgumentError, DTypeError, ShapeError
 from ..functional.mask_base import Mask
 from ..registry import Entry, register
 from . import torch_compat, torch_layers
+from ._inputs import check_shape
 from .kv_cache import KVCache
 from .padding import clear_key_padding
 
@@ -72,9 +73,9 @@ class DotProductAttention(nn.Module):
     def forward(self, q, k, v, *, mask=None, need_weights: bool = False):
         """``out``, or ``(out, weights)`` when ``need_weights``; ``mask`` as in :func:`attnkit.attention`."""
         for name, t in (("q", q), ("k", k), ("v", v)):
-            if isinstance(t, torch.Tensor) and t.dim() not in (3, 4):
-                raise ShapeError(f"DotProductAttention: {name} must be 3-D (B, L, D) or 4-D (B, H, L, D); "
-                                 f"got shape {tuple(t.shape)}")
+            if isinstance(t, torch.Tensor):  # anything else: attention() names it
+                check_shape("DotProductAttention", name, t, lambda t: t.dim() in (3, 4),
+                            "be 3-D (B, L, D) or 4-D (B, H, L, D)")
         res = attention(q, k, v, mask=mask, score="scaled_dot" if self.scaled else "dot",
                         dropout_p=self.dropout if self.training else 0.0, return_weights=need_weights)
         return (res.output, res.weights) if need_weights else res

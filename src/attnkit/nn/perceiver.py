@@ -12,7 +12,8 @@ from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of, randn
 from ..errors import ArgumentError
 from ..registry import Entry, register
-from .linear import check_keep_mask, check_sequence, merge_heads, split_heads
+from ._inputs import check_keep_mask, check_sequence
+from .linear import merge_heads, split_heads
 from .padding import clear_padding
 
 __all__ = ["PerceiverAttention", "PerceiverEncoder"]
@@ -69,8 +70,9 @@ class PerceiverAttention(nn.Module):
                 context_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
         self_attention = context is None
         context = latents if context is None else context
-        check_sequence("latents", latents, self.query_dim)
-        check_sequence("context", context, self.context_dim)
+        who = type(self).__name__
+        check_sequence(who, "latents", latents, self.query_dim)
+        check_sequence(who, "context", context, self.context_dim)
         keep = check_keep_mask(type(self).__name__, "context_keep_mask", context_keep_mask,
                                context.shape[0], context.shape[1])
         context = clear_padding(context, keep)
@@ -137,7 +139,7 @@ class PerceiverEncoder(nn.Module):
         self.norm_out = nn.LayerNorm(latent_dim)
 
     def forward(self, x: torch.Tensor, *, input_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
-        check_sequence("x", x, self.input_dim)
+        check_sequence(type(self).__name__, "x", x, self.input_dim)
         x = clear_padding(x, check_keep_mask(type(self).__name__, "input_keep_mask", input_keep_mask, *x.shape[:2]))
         z = self.latents.to(x.dtype).expand(x.shape[0], -1, -1)  # (b, N, D)
         z = z + self.cross_attn(self.norm_latents(z), self.norm_input(x), context_keep_mask=input_keep_mask)

@@ -8,18 +8,14 @@ from torch import nn
 from .. import recording
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
-from ..errors import DTypeError, ShapeError
 from ..functional.normalize import softmax
 from ..functional.scores import additive
 from ..registry import Entry, register
+from ._inputs import check_key_mask, check_sequence, check_shape
 
 __all__ = ["PointerAttention"]
 
 _WHO = "PointerAttention"
-
-
-def _shape(t):
-    return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
 
 
 class PointerAttention(nn.Module):
@@ -77,31 +73,17 @@ class PointerAttention(nn.Module):
         return additive(decoder, encoder, self.decoder_proj.weight.T.to(dtype), self.encoder_proj.weight.T.to(dtype),
                         self.v.to(dtype))
 
-    def _allowed(self, mask, b, lq, n):
-        if mask is None:
-            return None
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-            got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-            raise DTypeError(f"{_WHO}: mask must be a bool tensor (True = may be chosen); got {got}")
-        if tuple(mask.shape) == (b, n):
-            return mask[:, None, :]
-        if tuple(mask.shape) == (b, lq, n):
-            return mask
-        raise ShapeError(f"{_WHO}: mask must have shape (batch, n) = {(b, n)} or (batch, Lq, n) = {(b, lq, n)}; "
-                         f"got {tuple(mask.shape)}")
-
     def forward(self, decoder: torch.Tensor, encoder: torch.Tensor, *, mask: torch.Tensor | None = None):
         """Log-probabilities of pointing at each encoder position; see the class docstring."""
-        if not isinstance(encoder, torch.Tensor) or encoder.dim() != 3 or encoder.shape[-1] != self.encoder_dim:
-            raise ShapeError(f"{_WHO}: encoder must have shape (batch, n, {self.encoder_dim}); got {_shape(encoder)}")
+        check_sequence(_WHO, "encoder", encoder, self.encoder_dim)
         single = isinstance(decoder, torch.Tensor) and decoder.dim() == 2
-        if not isinstance(decoder, torch.Tensor) or decoder.dim() not in (2, 3) \
-                or decoder.shape[-1] != self.decoder_dim or decoder.shape[0] != encoder.shape[0]:
-            raise ShapeError(f"{_WHO}: decoder must have shape (batch, {self.decoder_dim}) or (batch, Lq, "
-                             f"{self.decoder_dim}) with batch={encoder.shape[0]}; got {_shape(decoder)}")
+        check_shape(_WHO, "decoder", decoder, lambda t: t.dim() in (2, 3) and t.shape[-1] == self.decoder_dim
+                    and t.shape[0] == encoder.shape[0],
+                    f"have shape (batch, {self.decoder_dim}) or (batch, Lq, {self.decoder_dim}) "
+                    f"with batch={encoder.shape[0]}")
         dec = decoder[:, None, :] if single else decoder  # (B, Lq, Dd)
         b, lq, n = dec.shape[0], dec.shape[1], encoder.shape[1]
-        allowed = self._allowed(mask, b, lq, n)
+        allowed = check_key_mask(_WHO, "mask", mask, b, lq, n, true_means="may be chosen")
         u = self.scores(dec.to(encoder.dtype), encoder)  # (B, Lq, n)
         if allowed is not None:
             allowed = allowed.expand(b, lq, n)

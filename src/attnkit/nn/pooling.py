@@ -12,9 +12,9 @@ from ..core import attention
 from ..costing.attend import attend
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, ones, randn
-from ..errors import ArgumentError, ShapeError
-from ..errors import check_bool_mask as _check_mask
+from ..errors import ArgumentError
 from ..registry import Entry, register
+from ._inputs import check_keep_mask, check_sequence, check_shape
 
 __all__ = ["AttentionPooling", "PoolingOutput", "HierarchicalAttention", "HierarchicalOutput"]
 
@@ -68,10 +68,8 @@ class AttentionPooling(nn.Module):
 
     def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None = None) -> PoolingOutput:
         """Pool ``x`` over its positions; ``mask`` (B, n) bool, True = keep."""
-        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
-            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ShapeError(f"AttentionPooling: x must have shape (batch, length, {self.dim}); got {got}")
-        _check_mask("AttentionPooling", "mask", mask, x.shape[:2])
+        check_sequence("AttentionPooling", "x", x, self.dim, length="length")
+        check_keep_mask("AttentionPooling", "mask", mask, *x.shape[:2], true_means="keep", dims="")
         u = torch.tanh(self.proj(x))  # (B, n, A)
         query = self.context.to(u.dtype).expand(x.shape[0], 1, -1)  # (B, 1, A)
         out = attention(query, u, x, score="dot", scale=1.0, return_weights=True,
@@ -191,17 +189,16 @@ class HierarchicalAttention(nn.Module):
     def forward(self, x: torch.Tensor, *, word_mask: torch.Tensor | None = None,
                 sentence_mask: torch.Tensor | None = None) -> HierarchicalOutput:
         """Encode a batch of documents; masks are bool, True = a real word / sentence."""
-        if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[-1] != self.input_dim:
-            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ShapeError(f"HierarchicalAttention: x must have shape (batch, sentences, words, "
-                             f"{self.input_dim}); got {got}")
+        check_shape("HierarchicalAttention", "x", x, lambda t: t.dim() == 4 and t.shape[-1] == self.input_dim,
+                    f"have shape (batch, sentences, words, {self.input_dim})")
         b, s, w, d = x.shape
-        word_mask = _check_mask("HierarchicalAttention", "word_mask", word_mask, (b, s, w))
+        word_mask = check_keep_mask("HierarchicalAttention", "word_mask", word_mask, b, s, w, true_means="keep",
+                                    dims="")
         if word_mask is None:
             word_mask = torch.ones(b, s, w, dtype=torch.bool, device=x.device)
         if sentence_mask is None:
             sentence_mask = word_mask.any(-1)
-        _check_mask("HierarchicalAttention", "sentence_mask", sentence_mask, (b, s))
+        check_keep_mask("HierarchicalAttention", "sentence_mask", sentence_mask, b, s, true_means="keep", dims="")
         flat_mask = word_mask.reshape(b * s, w)
         h = self._encode(self.word_encoder, x.reshape(b * s, w, d), flat_mask, "word_mask")  # (B*S, W, Dw)
         sentences, word_weights = self.word_attention(h, mask=flat_mask)  # (B*S, Dw), (B*S, W)

@@ -18,19 +18,12 @@ from ..core import attention
 from ..costing.attend import attention_spec
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
-from ..errors import ArgumentError, DTypeError, ShapeError
+from ..errors import ArgumentError, ShapeError
 from ..registry import Entry, register
+from ._inputs import check_sequence
 from .rotary import RotaryEmbedding, angle_dtype, check_base, check_dim, check_offset
 
 __all__ = ["SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "RotaryEmbedding"]
-
-
-def _check_input(who: str, x, dim: int) -> None:
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
-        raise DTypeError(f"{who}: x must be a floating tensor; got {got}")
-    if x.dim() != 3 or x.shape[-1] != dim:
-        raise ShapeError(f"{who}: x must have shape (batch, n, dim={dim}); got {tuple(x.shape)}")
 
 
 def _check_length(who: str, max_len: int | None, length: int, offset: int) -> None:
@@ -108,7 +101,7 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def forward(self, x: torch.Tensor, *, offset: int = 0) -> torch.Tensor:
         """``dropout(x + PE[offset : offset + n])`` for ``x`` of shape ``(batch, n, dim)``."""
-        _check_input("SinusoidalPositionalEncoding", x, self.dim)
+        check_sequence("SinusoidalPositionalEncoding", "x", x, self.dim, named=True)
         out = x + self.encoding(x.shape[1], offset=offset, device=x.device, dtype=x.dtype)
         return F.dropout(out, self.dropout, training=self.training) if self.dropout > 0 else out
 
@@ -165,7 +158,7 @@ class LearnedPositionalEmbedding(nn.Module):
     def forward(self, x: torch.Tensor, *, offset: int = 0) -> torch.Tensor:
         """``x + weight[offset : offset + n]`` for ``x`` of shape ``(batch, n, dim)``."""
         who = "LearnedPositionalEmbedding"
-        _check_input(who, x, self.dim)
+        check_sequence(who, "x", x, self.dim, named=True)
         offset = check_offset(who, "offset", offset)
         _check_length(who, self.max_len, x.shape[1], offset)
         return x + self.weight[offset: offset + x.shape[1]].to(x.dtype)  # (n, dim) broadcasts over batch

@@ -12,8 +12,9 @@ from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of, ones, zeros
 from ..errors import ArgumentError, ShapeError
 from ..registry import Entry, register
+from ._inputs import check_keep_mask, check_sequence
 from ._projections import sequence_input
-from .linear import check_keep_mask, check_sequence, merge_heads, split_heads
+from .linear import merge_heads, split_heads
 from .padding import clear_padding
 
 __all__ = ["LSHAttention", "ReformerAttention", "bucket_order"]
@@ -208,8 +209,9 @@ class ReformerAttention(nn.Module):
                                 causal=causal, dropout=dropout, seed=seed)
 
     def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
-        check_sequence("x", x, self.dim)
-        x = clear_padding(x, check_keep_mask(type(self).__name__, "key_keep_mask", key_keep_mask, *x.shape[:2]))
+        who = type(self).__name__
+        check_sequence(who, "x", x, self.dim)
+        x = clear_padding(x, check_keep_mask(who, "key_keep_mask", key_keep_mask, *x.shape[:2]))
         qk, v = split_heads(self.qk_proj(x), self.num_heads), split_heads(self.v_proj(x), self.num_heads)
         return self.out_proj(merge_heads(self.lsh(qk, v, key_keep_mask=key_keep_mask)))
 

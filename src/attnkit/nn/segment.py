@@ -13,9 +13,10 @@ from ..core import attention
 from ..costing.attend import attend
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, ones, randn, zeros
-from ..errors import ArgumentError, DTypeError, ShapeError
+from ..errors import ArgumentError, DTypeError
 from ..functional.normalize import softmax
 from ..registry import Entry, register
+from ._inputs import check_keep_mask, check_sequence, check_shape
 from .pooling import POOL_SCORES, AttentionPooling, count_mean
 
 __all__ = ["SegmentAttention", "TieredAttention", "SegmentOutput"]
@@ -30,17 +31,9 @@ class SegmentOutput(NamedTuple):
 
 
 def _check_inputs(who, query, x, query_dim, dim, keep):
-    batch = x.shape[0] if isinstance(x, torch.Tensor) and x.dim() == 3 else None
-    for name, t, d in (("x", x, dim), ("query", query, query_dim)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.shape[-1] != d or t.shape[0] != batch:
-            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ShapeError(f"{who}: {name} must have shape (batch{'' if batch is None else '=' + str(batch)}, "
-                             f"length, {d}); got {got}")
-    if keep is not None and (not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool):
-        got = keep.dtype if isinstance(keep, torch.Tensor) else type(keep).__name__
-        raise DTypeError(f"{who}: mask must be a bool tensor (True = a real token); got {got}")
-    if keep is not None and tuple(keep.shape) != tuple(x.shape[:2]):
-        raise ShapeError(f"{who}: mask must have shape {tuple(x.shape[:2])}; got {tuple(keep.shape)}")
+    check_sequence(who, "x", x, dim, length="length")
+    check_sequence(who, "query", query, query_dim, batch=x.shape[0], length="length")
+    check_keep_mask(who, "mask", keep, *x.shape[:2], true_means="a real token", dims="")
 
 
 def _membership(who, ids, x, keep, num):
@@ -50,8 +43,8 @@ def _membership(who, ids, x, keep, num):
         raise DTypeError(f"{who}: segment ids must be an integer tensor; got {got}")
     b, n = x.shape[:2]
     ids = ids[None] if ids.dim() == 1 else ids
-    if ids.dim() != 2 or ids.shape[0] not in (1, b) or ids.shape[1] != n:
-        raise ShapeError(f"{who}: segment ids must have shape ({n},) or ({b}, {n}); got {tuple(ids.shape)}")
+    check_shape(who, "segment ids", ids, lambda t: t.dim() == 2 and t.shape[0] in (1, b) and t.shape[1] == n,
+                f"have shape ({n},) or ({b}, {n})")
     num = (int(ids.max()) + 1 if ids.numel() else 0) if num is None else num
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num):
         raise ArgumentError(f"{who}: segment ids must lie in [0, {num}); got values in "

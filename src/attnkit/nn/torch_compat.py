@@ -22,6 +22,7 @@ from .. import masks
 from ..core import _autocast_enabled
 from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError
 from ..functional.mask_base import Mask
+from ._inputs import check_floating
 
 __all__ = ["ExtraKeys", "check_inputs", "convert_masks", "with_extra_keys", "merge_projection_keys",
            "from_torch", "to_torch"]
@@ -77,9 +78,7 @@ class ExtraKeys(Mask):
 def check_inputs(who: str, module, query, key, value) -> bool:
     """Torch's input contract (2-D unbatched or 3-D batched); returns whether the input is batched."""
     for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-            raise DTypeError(f"{who}: {name} must be a floating tensor; got {got}")
+        check_floating(who, name, t)
     want = module.out_proj.weight.dtype
     autocast = _autocast_enabled(query.device.type)  # projections cast the inputs then
     if not (query.dtype == key.dtype == value.dtype and (autocast or query.dtype == want)):
