@@ -4,7 +4,7 @@
 self-attention (state-dict keys ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``)
 and the head split/merge; a mechanism subclasses it and only says which keys each
 query may see. The cost specs of those modules share :data:`PROJECTED_SIZES`,
-:data:`PROJECTED_FORMULA`, :func:`count_self_attention` and :func:`sequence_input`.
+:func:`projected_spec` and :func:`count_self_attention`.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ import torch
 from torch import nn
 
 from ..costing.attend import attend
+from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
 from ..errors import ArgumentError, ShapeError, check_int
 from ._inputs import check_sequence
 
-__all__ = ["ProjectedAttention", "check_int", "count_self_attention", "sequence_input", "projected_config",
+__all__ = ["ProjectedAttention", "check_int", "count_self_attention", "sequence_input", "projected_spec",
            "PROJECTED_SIZES", "PROJECTED_FORMULA"]
 
 PROJECTED_SIZES = {"batch": 2, "length": 12, "dim": 16, "heads": 2, "dtype": "float32"}
@@ -81,5 +82,16 @@ def sequence_input(s, module):
     return module, (randn(s["batch"], s["length"], s["dim"], dtype=dtype_of(s)),)
 
 
-def projected_config(m: ProjectedAttention) -> dict:
-    return {"dim": m.dim, "heads": m.num_heads}
+def projected_spec(module_type: type, count, formula: str, *, sizes, options: tuple[str, ...] = (),
+                   make=None, inputs=sequence_input, **kwargs) -> Spec:
+    """The cost spec of ``module_type(dim, heads, **options)``, a :class:`ProjectedAttention`.
+
+    ``sizes``: the example's values beyond :data:`PROJECTED_SIZES` (``options`` among them, read back from a
+    module); ``count`` reads the module's own masks (``reads_module``); ``formula`` follows the projections'.
+    """
+    def build(s):
+        return module_type(s["dim"], s["heads"], **{k: s[k] for k in options}).to(dtype_of(s))
+
+    return Spec({**PROJECTED_SIZES, **sizes}, count, inputs, PROJECTED_FORMULA + formula, make=make or build,
+                reads_module=True, module_type=module_type,
+                config=lambda m: {"dim": m.dim, "heads": m.num_heads, **{k: getattr(m, k) for k in options}}, **kwargs)

@@ -6,17 +6,10 @@ import torch
 
 from ..core import attention
 from ..costing.attend import attend, projections
-from ..costing.spec import Spec
 from ..costing.tally import dtype_of
 from ..errors import ArgumentError, DTypeError, check_int
 from ..registry import Entry, register
-from ._projections import (
-    PROJECTED_FORMULA,
-    PROJECTED_SIZES,
-    ProjectedAttention,
-    projected_config,
-    sequence_input,
-)
+from ._projections import ProjectedAttention, projected_spec
 from .blocksparse import BlockPattern
 
 __all__ = ["BigBirdAttention"]
@@ -150,14 +143,10 @@ _BLOCKS = ("block_size", "window_blocks", "global_blocks", "random_blocks", "see
 register(Entry("bigbird", BigBirdAttention, "Zaheer et al. 2020, arXiv:2007.14062, eq. 1, Sec. 2 and App. D",
                "O(L (w + g + r) b D)", "blocked window, global and random attention, reproducible random blocks",
                "long-sequence", _example,
-               spec=Spec({**PROJECTED_SIZES, "length": 15, "block_size": 2, "window_blocks": 3, "global_blocks": 1,
-                          "random_blocks": 2, "seed": 0}, _count, sequence_input,
-                         PROJECTED_FORMULA + "global rows 2 B H g b n 2D; other rows over their layout's blocks",
-                         reads_module=True,
-                         at_scale={"block_size": 64, "window_blocks": 3, "global_blocks": 2, "random_blocks": 3},
-                         source="Zaheer et al. 2020, arXiv:2007.14062, App. E (BigBird-ITC): blocks of b = 64, "
-                                "window 3 b, global 2 b, random 3 b",
-                         make=lambda s: BigBirdAttention(s["dim"], s["heads"],
-                                                         **{k: s[k] for k in _BLOCKS}).to(dtype_of(s)),
-                         module_type=BigBirdAttention,
-                         config=lambda m: {**projected_config(m), **{k: getattr(m, k) for k in _BLOCKS}})))
+               spec=projected_spec(
+                   BigBirdAttention, _count, "global rows 2 B H g b n 2D; other rows over their layout's blocks",
+                   options=_BLOCKS, sizes={"length": 15, "block_size": 2, "window_blocks": 3, "global_blocks": 1,
+                                           "random_blocks": 2, "seed": 0},
+                   at_scale={"block_size": 64, "window_blocks": 3, "global_blocks": 2, "random_blocks": 3},
+                   source="Zaheer et al. 2020, arXiv:2007.14062, App. E (BigBird-ITC): blocks of b = 64, window 3 b, "
+                          "global 2 b, random 3 b")))

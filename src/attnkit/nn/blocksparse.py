@@ -7,19 +7,11 @@ import torch.nn.functional as F
 
 from ..core import attention
 from ..costing.attend import ATTENTION_FORMULA, projections
-from ..costing.spec import Spec
 from ..costing.tally import dtype_of
 from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 from ..functional.mask_base import Mask
 from ..registry import Entry, register
-from ._projections import (
-    PROJECTED_FORMULA,
-    PROJECTED_SIZES,
-    ProjectedAttention,
-    count_self_attention,
-    projected_config,
-    sequence_input,
-)
+from ._projections import ProjectedAttention, count_self_attention, projected_spec
 
 __all__ = ["BlockPattern", "BlockSparseAttention"]
 
@@ -176,7 +168,6 @@ def _count(t, s, module):
 register(Entry("block-sparse", BlockSparseAttention, "Child et al. 2019, arXiv:1904.10509, Sec. 5.5",
                "O(L w D), w = computed keys per query", "attention only in the blocks a layout or mask allows",
                "long-sequence", _example,
-               spec=Spec({**PROJECTED_SIZES, "length": 14, "block_size": 4, "layout": "random", "density": 0.5,
-                          "seed": 0, "band": 1, "columns": 1}, _count, sequence_input,
-                         PROJECTED_FORMULA + ATTENTION_FORMULA, make=_make, reads_module=True,
-                         module_type=BlockSparseAttention, config=projected_config)))
+               spec=projected_spec(BlockSparseAttention, _count, ATTENTION_FORMULA, make=_make,
+                                   sizes={"length": 14, "block_size": 4, "layout": "random", "density": 0.5, "seed": 0,
+                                          "band": 1, "columns": 1})))

@@ -7,18 +7,9 @@ import torch
 from .. import masks
 from ..core import attention
 from ..costing.attend import ATTENTION_FORMULA, projections
-from ..costing.spec import Spec
-from ..costing.tally import dtype_of
 from ..errors import ArgumentError, check_int
 from ..registry import Entry, register
-from ._projections import (
-    PROJECTED_FORMULA,
-    PROJECTED_SIZES,
-    ProjectedAttention,
-    count_self_attention,
-    projected_config,
-    sequence_input,
-)
+from ._projections import ProjectedAttention, count_self_attention, projected_spec
 
 __all__ = ["LocalAttention"]
 
@@ -114,9 +105,5 @@ def _count(t, s, module):
 register(Entry("local", LocalAttention, "Luong et al. 2015, arXiv:1508.04025, Sec. 3.2 (local-m)",
                "O(L w D)", "each query attends a window of 2D+1 keys, or its own block",
                "long-sequence", _example,
-               spec=Spec({**PROJECTED_SIZES, "size": 3, "mode": "window", "causal": False}, _count, sequence_input,
-                         PROJECTED_FORMULA + ATTENTION_FORMULA, reads_module=True,
-                         make=lambda s: LocalAttention(s["dim"], s["heads"], s["size"], mode=s["mode"],
-                                                       causal=s["causal"]).to(dtype_of(s)),
-                         module_type=LocalAttention,
-                         config=lambda m: {**projected_config(m), "size": m.size, "mode": m.mode, "causal": m.causal})))
+               spec=projected_spec(LocalAttention, _count, ATTENTION_FORMULA, options=("size", "mode", "causal"),
+                                   sizes={"size": 3, "mode": "window", "causal": False})))

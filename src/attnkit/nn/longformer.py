@@ -9,19 +9,11 @@ from torch import nn
 from .. import masks
 from ..core import attention
 from ..costing.attend import attend, projections
-from ..costing.spec import Spec
 from ..costing.tally import dtype_of
 from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 from ..functional.mask_base import Mask
 from ..registry import Entry, register
-from ._projections import (
-    PROJECTED_FORMULA,
-    PROJECTED_SIZES,
-    ProjectedAttention,
-    count_self_attention,
-    projected_config,
-    sequence_input,
-)
+from ._projections import ProjectedAttention, count_self_attention, projected_spec, sequence_input
 
 __all__ = ["LongformerAttention", "GlobalKeys"]
 
@@ -200,13 +192,10 @@ def _inputs(s, module):
 register(Entry("longformer", LongformerAttention, "Beltagy et al. 2020, arXiv:2004.05150, Sec. 3.1",
                "O(L (w + g) D)", "dilated sliding window plus global tokens with their own projections",
                "long-sequence", _example,
-               spec=Spec({**PROJECTED_SIZES, "length": 14, "window": 4, "dilation": 2, "global_tokens": (0, 5)},
-                         _count, _inputs, PROJECTED_FORMULA + "global projections 2 B (g + 2 n) dim^2; window rows as "
-                         "the mask's blocks; global rows 2 B H g n 2D", reads_module=True,
-                         at_scale={"window": 512, "dilation": 1, "global_tokens": (0,)},
-                         source="Beltagy et al. 2020, arXiv:2004.05150, Sec. 5: window 512 in every layer, no "
-                                "dilation (the pretrained model); Sec. 3.1: global attention on the [CLS] token",
-                         make=lambda s: LongformerAttention(s["dim"], s["heads"], window=s["window"],
-                                                            dilation=s["dilation"]).to(dtype_of(s)),
-                         module_type=LongformerAttention,
-                         config=lambda m: {**projected_config(m), "window": m.window, "dilation": m.dilation})))
+               spec=projected_spec(
+                   LongformerAttention, _count, "global projections 2 B (g + 2 n) dim^2; window rows as the mask's "
+                   "blocks; global rows 2 B H g n 2D", inputs=_inputs, options=("window", "dilation"),
+                   sizes={"length": 14, "window": 4, "dilation": 2, "global_tokens": (0, 5)},
+                   at_scale={"window": 512, "dilation": 1, "global_tokens": (0,)},
+                   source="Beltagy et al. 2020, arXiv:2004.05150, Sec. 5: window 512 in every layer, no dilation (the "
+                          "pretrained model); Sec. 3.1: global attention on the [CLS] token")))

@@ -10,19 +10,11 @@ import torch.nn.functional as F
 from .. import masks
 from ..core import attention
 from ..costing.attend import attend, projections
-from ..costing.spec import Spec
 from ..costing.tally import dtype_of
 from ..errors import ArgumentError, check_int
 from ..functional.mask_base import Mask
 from ..registry import Entry, register
-from ._projections import (
-    PROJECTED_FORMULA,
-    PROJECTED_SIZES,
-    ProjectedAttention,
-    count_self_attention,
-    projected_config,
-    sequence_input,
-)
+from ._projections import ProjectedAttention, count_self_attention, projected_spec
 
 __all__ = ["SparseTransformerAttention"]
 
@@ -234,12 +226,7 @@ register(Entry("sparse-transformer", SparseTransformerAttention,
                "Child et al. 2019, arXiv:1904.10509, Sec. 4 and 5.1", "O(L sqrt(L) D)",
                "strided or fixed factorized pattern, merged head, causal by default",
                "long-sequence", _example,
-               spec=Spec({**PROJECTED_SIZES, "length": 18, "pattern": "strided", "stride": None, "summary": None,
-                          "causal": True}, _count, sequence_input,
-                         PROJECTED_FORMULA + "local set (band or own block) + strided set (folded to (l, n/l)) or "
-                         "summary keys, each as the dispatcher runs it", reads_module=True, derive=_derive,
-                         make=lambda s: SparseTransformerAttention(s["dim"], s["heads"], s["pattern"],
-                                                                   stride=s["stride"], summary=s["summary"],
-                                                                   causal=s["causal"]).to(dtype_of(s)),
-                         module_type=SparseTransformerAttention,
-                         config=lambda m: {**projected_config(m), **{k: getattr(m, k) for k in _SETTINGS}})))
+               spec=projected_spec(
+                   SparseTransformerAttention, _count, "local set (band or own block) + strided set (folded to "
+                   "(l, n/l)) or summary keys, each as the dispatcher runs it", options=_SETTINGS, derive=_derive,
+                   sizes={"length": 18, "pattern": "strided", "stride": None, "summary": None, "causal": True})))
