@@ -36,9 +36,9 @@ from pathlib import Path
 import torch
 
 import attnkit
-from attnkit.analysis.cost.attention import _kernel
-from attnkit.analysis.cost.tally import Tally
 from attnkit.analysis.patterns import make_mask
+from attnkit.costing.attend import _kernel
+from attnkit.costing.tally import Tally
 
 START, END = "<!-- ceiling:start -->", "<!-- ceiling:end -->"
 TITLE = "How close each path runs to the matmul ceiling"
