@@ -27,14 +27,14 @@ MASKS = {  # mask, the path expected when traced at L = 256
     "causal": (masks.causal(), "torch-sdpa"),
     "window": (masks.sliding_window(32, 32), "band-windows"),
     "causal window": (masks.causal() & masks.sliding_window(20), "band-windows"),
-    "strided": (masks.causal() & masks.strided(64), "blocksparse"),
-    "fixed": (masks.fixed(64), "blocksparse"),
+    "strided": (masks.causal() & masks.strided(64), "blocksparse-fused"),
+    "fixed": (masks.fixed(64), "blocksparse-fused"),
 }
 
 
 def _args(mask, length=256, hkv=None, dtype=torch.float32, seed=0):
     q, k, v = rand_qkv(1, 4, length, length, 16, hkv=hkv, dtype=dtype, seed=seed, requires_grad=True)
-    return q, k, v, None, custom_op.mask_text(mask), 0.0, 16 ** -0.5, "auto"
+    return q, k, v, None, custom_op.mask_text(mask), 0.0, 16 ** -0.5, "scaled_dot", "softmax", "auto"
 
 
 def _oracle_and_grads(q, k, v, mask, dout):
@@ -177,10 +177,10 @@ def test_grouped_queries_and_bfloat16_through_the_operator():
 
 
 def test_the_operator_passes_opcheck_with_a_learned_bias_and_a_softcap():
-    q, k, v, _, mask, _, scale, path = _args(masks.causal(), length=64)
+    q, k, v, _, mask, _, scale, score, normalize, path = _args(masks.causal(), length=64)
     bias = torch.randn(1, 4, 64, 64, dtype=torch.float32, requires_grad=True)
-    torch.library.opcheck(OP, (q, k, v, bias, mask, 0.0, scale, path))
-    torch.library.opcheck(OP, (q, k, v, None, mask, 30.0, scale, path))
+    torch.library.opcheck(OP, (q, k, v, bias, mask, 0.0, scale, score, normalize, path))
+    torch.library.opcheck(OP, (q, k, v, None, mask, 30.0, scale, score, normalize, path))
 
 
 @pytest.mark.parametrize("kind", ["bias", "softcap"])

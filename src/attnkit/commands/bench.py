@@ -94,7 +94,7 @@ def _bias(text: str) -> str:
 
 def _backends(text: str) -> tuple[str, ...]:
     """``--backends``: attnkit backends, comma-separated (did-you-mean for a typo)."""
-    from ..functional.validate import BACKENDS
+    from ..kernels.paths import BACKENDS
 
     names = tuple(b.strip() for b in text.split(",") if b.strip())
     for name in names:
