@@ -201,13 +201,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
 def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask | torch.Tensor | None = None,
             bias: torch.Tensor | Callable[..., torch.Tensor] | None = None, score: str | Score = "scaled_dot",
             scale: float | None = None, normalize: str | Normalizer = "softmax", dropout_p: float = 0.0,
-            return_weights: bool = False, return_lse: bool = False, backend: str = "auto") -> Decision:
+            return_weights: bool = False, return_lse: bool = False, backend: str = "auto",
+            read_data: bool = True) -> Decision:
     """Which execution path ``attention(q, k, v, ...)`` would run, why no other path, its cost, how it compiles.
 
     ``str()`` of the answer lists every path of :mod:`attnkit.kernels.paths` with the
     reason it was not taken (refused, or able but not preferred), names the fast lane
     when the call takes it, and says how the call runs under ``torch.compile`` and
-    ``torch.export`` (``Decision.compiled``).
+    ``torch.export`` (``Decision.compiled``). With ``read_data=False`` nothing reads the
+    values of q, k, v or the mask's block layout: the checks of the values are taken to
+    pass (the decision a traced call expects), so sizes no machine could hold can be
+    explained from zero-stride views (``torch.zeros(()).expand(B, H, L, D)``); a
+    block-sparse density and its cost are then left to run time.
 
     Example:
         >>> import torch, attnkit
@@ -223,5 +228,5 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask | t
     with _autocast_off(p.q.device.type):
         if p.tracing and rules.operator_carries(p, backend):
             return custom_op.traced_decision(p, backend)
-        return decide(p, backend, lane=lane.describe(fast) if fast is not None else None,
+        return decide(p, backend, data=read_data, lane=lane.describe(fast) if fast is not None else None,
                       compiled=custom_op.compiled_route(p, backend))

@@ -229,3 +229,39 @@ def test_mask_text_rebuilds_the_mask_and_is_none_for_masks_holding_data():
         assert text == "" if mask is None else repr(masks.parse(text)) == text
     assert custom_op.mask_text(masks.padding(torch.tensor([3, 5]))) is None
     assert custom_op.mask_text(masks.causal() & masks.keys(torch.ones(2, 5, dtype=torch.bool))) is None
+
+
+def test_the_masks_the_operator_parses_are_kept_within_a_byte_budget(monkeypatch):
+    """Each text's mask keeps layouts and plans; 40 texts at L = 512 must not keep them all."""
+    monkeypatch.setattr(custom_op, "MASK_CACHE_BYTES", 1 << 20)
+    monkeypatch.setattr(custom_op, "_MASKS", custom_op._ParsedMasks())
+    q, k, v = rand_qkv(1, 2, 512, 512, 16, seed=1)
+    for width in range(1, 41):
+        text = repr(masks.causal() & masks.strided(width + 7))
+        out, _, _ = OP(q, k, v, None, text, 0.0, 0.25, "scaled_dot", "softmax", "blocksparse-fused")
+        assert out.shape == q.shape
+    kept = list(custom_op._MASKS._masks.values())
+    assert 1 <= len(kept) < 40
+    assert sum(m.cached_bytes() for m in kept[:-1]) <= custom_op.MASK_CACHE_BYTES  # the newest is always kept
+
+
+def test_a_mask_captured_in_a_closure_compiles_with_dynamic_shapes():
+    def attend_with(mask):
+        return lambda q, k, v: attnkit.attention(q, k, v, mask=mask)
+
+    fn = attend_with(masks.sliding_window(8, 8) & masks.causal())
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend="aot_eager")
+    for length in (40, 90):
+        q, k, v = rand_qkv(1, 2, length, length, 8, seed=length)
+        torch.testing.assert_close(compiled(q, k, v), fn(q, k, v), atol=1e-6, rtol=1e-5)
+
+
+def test_export_refuses_one_tensor_passed_as_two_inputs():
+    """The exported program would read q for k and v: the README's old example computed attention(q, q, q)."""
+    q = torch.randn(1, 2, 16, 8)
+    with pytest.raises(attnkit.ArgumentError, match="distinct tensors"):
+        torch.export.export(Windowed(masks.causal()), (q, q, q))
+    k, v = q.clone(), q.clone()
+    exported = torch.export.export(Windowed(masks.causal()), (q, k, v))
+    q2, k2, v2 = rand_qkv(1, 2, 16, 16, 8, seed=9)
+    torch.testing.assert_close(exported.module()(q2, k2, v2), attnkit.attention(q2, k2, v2, mask=masks.causal()))

@@ -81,7 +81,7 @@ class Decision:
         if self.compiled:
             lines.append(f"compiled: {self.compiled}")
         if self.cost is None:
-            lines.append("estimated cost: none while the sizes are symbolic")
+            lines.append("estimated cost: none (the sizes are symbolic, or the mask's layout is read at run time)")
         else:
             lines.append(f"estimated FLOPs: {self.flops:.3g}   "
                          f"estimated extra memory: {self.peak_bytes / 2**20:.1f} MiB")
@@ -255,7 +255,8 @@ def decide(p: Problem, backend: str = "auto", *, data: bool = True, lane: str | 
         reasons[path.name] = (f"refused: {why}" if why else "able, not preferred: " + (
             why_not.get(path.name) or why_not.get(path.backend) or why_not.get("*")
             or _order_reason(path, chosen)))
-    if symbolic_sizes(p):  # the formulas would give expressions in the sizes; reading them as floats pins them
+    layout_unread = not data and getattr(getattr(chosen.module, "density", None), "reads_data", False)
+    if symbolic_sizes(p) or layout_unread:  # symbolic: reading a formula as a float pins the sizes
         return Decision(chosen.backend, chosen.name, reasons, choice.density, float("nan"), float("nan"), None,
                         lane, compiled)
     cost = chosen.module.cost(p, p.needs_grad)
