@@ -14,8 +14,8 @@ import torch
 
 import attnkit
 from tests.helpers import rand_qkv
-from tests.oracle import dense_attention
 from tests.kernels.test_paths import REACH
+from tests.oracle import dense_attention
 
 
 def _penalty_grads(fn, q, k, v, bias=None):
