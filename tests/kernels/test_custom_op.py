@@ -265,3 +265,31 @@ def test_export_refuses_one_tensor_passed_as_two_inputs():
     exported = torch.export.export(Windowed(masks.causal()), (q, k, v))
     q2, k2, v2 = rand_qkv(1, 2, 16, 16, 8, seed=9)
     torch.testing.assert_close(exported.module()(q2, k2, v2), attnkit.attention(q2, k2, v2, mask=masks.causal()))
+
+
+def test_compiled_and_eager_decisions_agree_on_every_row_of_the_table():
+    """For one call per path, the path named by the compiled graph's operator node is eager's choice."""
+    from tests.kernels.test_paths import REACH
+    textual = masks.prefix_lm(64) & masks.sliding_window(64, 0)  # the operator carries masks that have a text
+    carried = {"blocksparse-fused": dict(mask=textual), "blocksparse-masked": dict(mask=textual),
+               "blocksparse-gathered": dict(mask=textual, score="cosine")}
+    for name, (sizes, kwargs) in REACH.items():
+        kwargs = carried.get(name, kwargs)
+        if name == "bias-slabs":  # an ALiBi modifier is a Python object: the operator carries a bias tensor
+            kwargs = dict(bias=torch.randn(1, 3, sizes["lq"], sizes["lk"]))
+        q, k, v = rand_qkv(2, 3, sizes["lq"], sizes["lk"], 11, sizes.get("dv"), seed=5)
+        eager = attnkit.explain(q, k, v, **kwargs)
+        assert eager.path == name and eager.compiled.startswith(f"one {custom_op.OPERATOR} node, expected path "
+                                                                f"{name}:"), (name, eager.compiled)
+        graphs = []
+        torch._dynamo.reset()  # one compilation per row, not recompilations of one lambda
+
+        def backend(gm, example_inputs, graphs=graphs):
+            graphs.append(gm)
+            return gm.forward
+
+        fn = lambda q, k, v, kwargs=kwargs: attnkit.attention(q, k, v, **kwargs)  # noqa: E731
+        torch.testing.assert_close(torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)(q, k, v), fn(q, k, v),
+                                   atol=2e-5, rtol=1e-4)
+        nodes = [n for n in graphs[0].graph.nodes if "attnkit" in str(n.target)]
+        assert len(nodes) == 1 and nodes[0].args[-1] == name, (name, [n.args[-1] for n in nodes])
