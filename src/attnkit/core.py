@@ -187,15 +187,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
             result = custom_op.run(p)
         else:
             result, _ = execute(p, backend)
-    if record:
-        recording.report(result.weights.to(p.q.dtype))
     rank, dtype = p.user_rank, p.q.dtype
+    weights = result.weights.to(dtype) if result.weights is not None else None  # asked for (or recorded)
+    if record and weights is not None:
+        recording.report(weights)
     out = _to_user_rank(result.out if result.out.dtype == dtype else result.out.to(dtype), rank)
     if not (return_weights or return_lse):
         return out
-    weights = _to_user_rank(result.weights.to(p.q.dtype), rank) if return_weights else None
-    lse = _to_user_rank(result.lse, rank) if return_lse else None
-    return AttentionOutput(out, weights, lse)
+    return AttentionOutput(out, _to_user_rank(weights, rank) if return_weights and weights is not None else None,
+                           _to_user_rank(result.lse, rank) if return_lse and result.lse is not None else None)
 
 
 def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask | torch.Tensor | None = None,
@@ -221,10 +221,9 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask | t
         >>> d.backend, d.path
         ('blocksparse', 'band-windows')
     """
-    options = dict(mask=mask, bias=bias, score=score, scale=scale, normalize=normalize, dropout_p=dropout_p,
-                   return_weights=return_weights, return_lse=return_lse)
-    fast = lane.route(q, k, v, *options.values(), backend)
-    p = _prepare(q, k, v, backend=backend, **options)
+    fast = lane.route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse, backend)
+    p = _prepare(q, k, v, backend=backend, mask=mask, bias=bias, score=score, scale=scale, normalize=normalize,
+                 dropout_p=dropout_p, return_weights=return_weights, return_lse=return_lse)
     with _autocast_off(p.q.device.type):
         if p.tracing and rules.operator_carries(p, backend):
             return custom_op.traced_decision(p, backend)
