@@ -182,8 +182,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
     p = _prepare(q, k, v, mask=mask, bias=bias, score=score, scale=scale, normalize=normalize, dropout_p=dropout_p,
                  return_weights=return_weights or record, return_lse=return_lse, backend=backend)
     with _autocast_off(p.q.device.type):  # scores and softmax stay in float32
-        if p.tracing and rules.operator_carries(p, backend):
+        if p.tracing:
             _refuse_baked_aliasing(q, k, v)
+        if p.tracing and rules.operator_carries(p, backend):
             result = custom_op.run(p)
         else:
             result, _ = execute(p, backend)
