@@ -11,11 +11,11 @@ import json
 import shlex
 
 import pytest
-from benchmarks.harness.rows import Row, Spec
+from attnkit.benchmarking.rows import Row, Spec
 
 from attnkit import cli
 from tests.benchmarks.helpers import render_suite as _render
-from tests.benchmarks.helpers import tiny as _tiny
+from tests.benchmarking.helpers import tiny as _tiny
 
 
 def _suite_module(name):

@@ -1,7 +1,7 @@
 """The machine section of the suite: CPU, versions and the measured matmul ceiling (benchmarks.harness.machine)."""
 
 import torch
-from benchmarks.harness.machine import machine_info, matmul_gflops
+from attnkit.benchmarking.machine import machine_info, matmul_gflops
 
 
 def test_machine_info_and_matmul_ceiling():

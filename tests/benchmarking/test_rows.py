@@ -10,12 +10,12 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from benchmarks.harness import methods as bench_methods
-from benchmarks.harness.methods import Method
-from benchmarks.harness.rows import Spec, run_spec, verdict
+from attnkit.benchmarking import methods as bench_methods
+from attnkit.benchmarking.methods import Method
+from attnkit.benchmarking.rows import Spec, run_spec, verdict
 
 from attnkit.analysis.timing import Case
-from tests.benchmarks.helpers import tiny as _tiny
+from tests.benchmarking.helpers import tiny as _tiny
 
 
 @pytest.mark.parametrize("backward", [False, True])

@@ -1,7 +1,7 @@
 """Peak memory of one side of a spec, measured in a fresh child process (benchmarks.harness.child)."""
 
-from benchmarks.harness.child import side_peak
-from benchmarks.harness.rows import Spec
+from attnkit.benchmarking.child import side_peak
+from attnkit.benchmarking.rows import Spec
 
 from attnkit.analysis.timing import Case
 
