@@ -1,6 +1,7 @@
-"""The top operators shown for a missed target (benchmarks.harness.profiling)."""
+"""The top operators shown for a missed target (attnkit.benchmarking.profiling)."""
 
 import torch
+
 from attnkit.benchmarking.profiling import top_ops
 
 

@@ -47,4 +47,5 @@ def test_write_section_creates_the_file_with_its_title(tmp_path):
     path = tmp_path / "out" / "BENCHMARKS.md"
     write_section(path, "suite", "rows", "Benchmark suite")
     write_section(path, "suite", "rows again", "Benchmark suite")
-    assert path.read_text() == "# Benchmarks\n\n## Benchmark suite\n\n<!-- suite:start -->\nrows again\n<!-- suite:end -->\n"
+    start, end = markers("suite")
+    assert path.read_text() == f"# Benchmarks\n\n## Benchmark suite\n\n{start}\nrows again\n{end}\n"
