@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from attnkit.analysis.timing import Case
 from attnkit.benchmarking import methods as bench_methods
-from attnkit.benchmarking.methods import Method
 from attnkit.benchmarking.rows import Spec, run_spec, verdict
+from attnkit.benchmarking.side import Method
 from tests.benchmarking.helpers import tiny as _tiny
 
 

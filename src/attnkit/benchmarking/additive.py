@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .methods import Method
+from .side import Method
 
 __all__ = ["additive_methods", "additive_flops"]
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from ..analysis.timing import with_backward
-from .methods import Method
+from .side import Method
 
 __all__ = ["tolerance", "verdict", "timed_call", "outputs_and_grads", "max_diff"]
 

@@ -10,11 +10,14 @@ it once (forward, or forward+backward), and prints the bytes the peak grew by.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 
 import torch
+
+from ..analysis.timing import Case
 
 __all__ = ["side_peak", "child_output"]
 
@@ -34,27 +37,28 @@ def child_output(module: str, payload: dict, timeout: float) -> str:
 
 
 def side_peak(spec, side: str, timeout: float = 900.0) -> int | None:
-    """Bytes the peak grows by for ``side`` ("ours" or a comparison kind); None if the child failed."""
+    """Bytes the peak grows by for ``side`` ("ours" or a comparison kind) of a spec; None if the child failed."""
+    payload = {"case": dataclasses.asdict(spec.case), "additive": spec.compare == ("additive",),
+               "backend": spec.backend, "side": side}
     try:
-        return int(child_output("attnkit.benchmarking.child", {"spec": spec.to_json(), "side": side}, timeout))
+        return int(child_output("attnkit.benchmarking.child", payload, timeout))
     except RuntimeError:
         return None
 
 
-def _measure(spec, side: str) -> int:
+def _measure(case: Case, additive: bool, backend: str, side: str) -> int:
     from ..analysis.memory import peak_bytes, reset_peak
     from .check import timed_call
     from .methods import ours, problem, theirs
 
-    case = spec.case
-    if spec.compare == ("additive",):
+    if additive:
         from .additive import additive_methods
         base = reset_peak(case.device)
         method = additive_methods(case)[0 if side == "ours" else 1]
     else:
         q, k, v, mask, modifier = problem(case)
         base = reset_peak(case.device)
-        method = (ours(case, q, k, v, mask, modifier, spec.backend) if side == "ours"
+        method = (ours(case, q, k, v, mask, modifier, backend) if side == "ours"
                   else theirs(side, case, q, k, v, mask, modifier))
     with torch.set_grad_enabled(case.backward):
         timed_call(method, case.backward)()
@@ -62,9 +66,8 @@ def _measure(spec, side: str) -> int:
 
 
 def main(payload: str) -> None:
-    from .rows import Spec
     data = json.loads(payload)
-    print(_measure(Spec.from_json(data["spec"]), data["side"]))
+    print(_measure(Case(**data["case"]), data["additive"], data["backend"], data["side"]))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import torch
 
 from ..analysis.timing import time_once
 from ..bias import apply_modifier
-from .methods import Method, Unavailable
+from .side import Method, Unavailable
 
 __all__ = ["flex_method"]
 

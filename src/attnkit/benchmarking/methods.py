@@ -1,9 +1,8 @@
 """The two sides of a benchmark comparison: attnkit, and what a torch user would write instead.
 
-A :class:`Method` is a zero-argument forward callable plus the leaf tensors its
-backward fills, so that timing, the correctness check and the memory child all
-run exactly the same code. Anything a comparison needs once (a dense mask, a
-dense bias, a compiled kernel) is built when the method is made, outside timing.
+Each side is a :class:`~.side.Method` (a forward callable and the leaves its backward
+fills). Anything a comparison needs once (a dense mask, a dense bias, a compiled kernel)
+is built when the method is made, outside timing.
 
 Comparison kinds (``theirs``):
 
@@ -26,8 +25,6 @@ compile time stays out of the timing (it is shown in the row's notes).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -36,22 +33,11 @@ from ..analysis.patterns import dense_bias, make_bias, make_mask
 from ..analysis.timing import time_once
 from ..bias import apply_modifier
 from ..core import attention, explain
+from .side import Method, Unavailable
 
 __all__ = ["KINDS", "Method", "Unavailable", "ours", "theirs", "problem"]
 
 KINDS = ("sdpa", "sdpa-mask", "sdpa-bias", "eager", "flex", "fp32", "compiled-sdpa-mask", "attnkit-eager")
-
-
-class Unavailable(Exception):
-    """A comparison that cannot run here; the message is shown as ``n/a: <message>``."""
-
-
-class Method(NamedTuple):
-    name: str
-    fn: Callable[[], torch.Tensor]
-    leaves: tuple[torch.Tensor, ...]
-    notes: dict | None = None  # e.g. compile seconds, shown next to the row
-    same: bool = True  # computes the same function as attnkit's side (False: a throughput reference only)
 
 
 def problem(case):

@@ -28,7 +28,8 @@ from ..analysis.patterns import active_pairs
 from ..analysis.timing import Case, time_interleaved
 from ..core import explain
 from .check import max_diff, outputs_and_grads, timed_call, tolerance, verdict
-from .methods import Method, Unavailable, ours, problem, theirs
+from .methods import ours, problem, theirs
+from .side import Method, Unavailable
 
 __all__ = ["Spec", "Row", "run_spec", "verdict", "tolerance"]
 
