@@ -1,6 +1,7 @@
 """The one timing loop (attnkit.analysis.timing) and the default table of `attnkit bench`: peak memory in a child."""
 
 import time
+import types
 
 import pytest
 import torch
@@ -28,14 +29,22 @@ def test_time_interleaved_cuts_rounds_to_the_budget():
     assert time_interleaved({"x": lambda: time.sleep(0.05)}, repeats=2, budget_s=0.001)["x"][3] == 1
 
 
-def test_a_sample_of_several_calls_is_their_mean_and_before_runs_untimed_before_each():
+def test_a_sample_of_several_calls_is_their_mean_and_before_runs_untimed_before_each(monkeypatch):
+    clock = [0.0]  # a fake clock: each call takes 2 s, each `before` 100 s
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     events = []
-    times = time_rounds({"a": lambda: events.append("a")}, repeats=2, warmup=0, calls=3,
-                        before=lambda: events.append("before"))
-    assert events == ["before", "a", "a", "a", "before", "a", "a", "a"] and len(times["a"]) == 2
-    slept = time_rounds({"s": lambda: time.sleep(0.01)}, repeats=1, warmup=0, calls=2,
-                        before=lambda: time.sleep(0.2))["s"][0]
-    assert 0.01 <= slept < 0.2  # per call, and the slow `before` is outside the clock
+
+    def call():
+        events.append("a")
+        clock[0] += 2.0
+
+    def before():
+        events.append("before")
+        clock[0] += 100.0
+
+    times = time_rounds({"a": call}, repeats=2, warmup=0, calls=3, before=before)
+    assert events == ["before", "a", "a", "a", "before", "a", "a", "a"]
+    assert times == {"a": [2.0, 2.0]}  # per call, and `before` is outside the clock
 
 
 def test_time_once_returns_the_result_of_its_single_call():
