@@ -288,8 +288,8 @@ def test_compiled_and_eager_decisions_agree_on_every_row_of_the_table():
             graphs.append(gm)
             return gm.forward
 
-        fn = lambda q, k, v, kwargs=kwargs: attnkit.attention(q, k, v, **kwargs)  # noqa: E731
-        torch.testing.assert_close(torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)(q, k, v), fn(q, k, v),
-                                   atol=2e-5, rtol=1e-4)
+        fn = lambda q, k, v, kwargs=kwargs: attnkit.attention(q, k, v, **kwargs)
+        compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
+        torch.testing.assert_close(compiled(q, k, v), fn(q, k, v), atol=2e-5, rtol=1e-4)
         nodes = [n for n in graphs[0].graph.nodes if "attnkit" in str(n.target)]
         assert len(nodes) == 1 and nodes[0].args[-1] == name, (name, [n.args[-1] for n in nodes])

@@ -1,4 +1,4 @@
-"""The fast block-sparse paths (issue 7, targets 2-3): band windows, slot-masked softmax.
+"""The fast block-sparse paths (benchmark targets 2-3): band windows, slot-masked softmax.
 
 The masks' bands and analytic layouts they rely on are tested in tests/functional/test_mask_base.py.
 
