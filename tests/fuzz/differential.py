@@ -2,9 +2,10 @@
 
 Softmax and sigmoid calls are compared with :mod:`tests.fuzz.masked_softmax` (forward, lse,
 gradients and second derivatives of a gradient penalty, by autograd in float64); sparsemax and
-hard, and returned weights, with the dense oracle of :mod:`tests.oracle` (forward only). Every backend runs: ``auto`` must answer; a forced
-backend either answers within tolerance or raises :class:`~attnkit.errors.BackendError`, nothing else.
-Tolerances scale with the size of the exact answer: ``|got - exact| <= tol * (1 + max |exact|)``.
+hard, and returned weights, with the dense oracle of :mod:`tests.oracle` (forward only). Every
+backend runs: ``auto`` must answer; a forced backend either answers within tolerance or raises
+:class:`~attnkit.errors.BackendError`, nothing else. Tolerances scale with the size of the exact
+answer: ``|got - exact| <= tol * (1 + max |exact|)``.
 """
 
 from __future__ import annotations
