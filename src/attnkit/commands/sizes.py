@@ -5,7 +5,7 @@ D=64: a realistic layer, :data:`attnkit.costing.vocabulary.LAYER`), and so does
 :func:`attnkit.analysis.cost.cost`. Mechanisms name some sizes their own way (``length`` for a
 self-attention module, ``dim`` for its model width, ``words`` for a hierarchical model):
 :meth:`attnkit.costing.spec.Spec.translate` is the one translation, :func:`mechanism_sizes`
-applies it for the commands.
+applies it for the commands. The commands that measure also take ``--device`` (:func:`add_device_arg`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from ..costing.vocabulary import LAYER, VOCABULARY
 from .common import positive_int
 
-__all__ = ["DEFAULTS", "VOCABULARY", "add_size_args", "values", "mechanism_sizes", "title"]
+__all__ = ["DEFAULTS", "VOCABULARY", "add_size_args", "add_device_arg", "device", "values", "mechanism_sizes",
+           "title"]
 
 DEFAULTS = LAYER  # kv_len None: q_len
 
@@ -41,6 +42,36 @@ def add_size_args(p: argparse.ArgumentParser, *, lengths: bool = True, shape: bo
         p.add_argument("--kv-len", type=positive_int, default=None, help="key/value length Lk (default: --q-len)")
     if shape:
         option("--head-dim", "head_dim", "features per head D (a module's width is H * D)")
+
+
+def device(text: str) -> str:
+    """An argparse type: ``cpu``, or ``cuda`` / ``cuda:N`` when torch sees that GPU here.
+
+    The CPU needs no check (and no torch import, so parsing stays cheap); a CUDA device
+    is refused with what torch sees: no CUDA at all, or fewer devices than the index.
+    """
+    if text == "cpu":
+        return text
+    kind, colon, index = text.partition(":")
+    if kind != "cuda" or (colon and not index.isdigit()):
+        raise argparse.ArgumentTypeError(f"must be cpu, cuda or cuda:N; got {text!r}")
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not available: torch {torch.__version__} sees no CUDA device "
+                                         "here (use cpu)")
+    if colon and int(index) >= count:
+        raise argparse.ArgumentTypeError(f"{text!r} is not available: torch sees {count} CUDA device(s), "
+                                         f"cuda:0 to cuda:{count - 1}")
+    return text
+
+
+def add_device_arg(p: argparse.ArgumentParser, what: str) -> None:
+    """``--device`` (default cpu): ``what`` runs there; times wait for the device, memory is its allocator's."""
+    p.add_argument("--device", type=device, default="cpu",
+                   help=f"{what}: cpu, cuda or cuda:N (on cuda each timed call waits for the GPU, and peak memory "
+                        "is the CUDA allocator's)")
 
 
 def values(args) -> dict:

@@ -28,7 +28,6 @@ from ..core import attention
 from ..errors import ArgumentError
 from ..functional.validate import validate
 from ..kernels.dispatch import choose
-from ..kernels.rules import needs_grad
 from ..kernels.sdpa import causal_flag
 from .spec import Spec
 from .tally import Tally, dtype_of, randn, zeros
@@ -67,13 +66,14 @@ def attend(t: Tally, label: str, b: int, h: int, lq: int, lk: int, d: int, dv: i
     with torch.enable_grad() if grad else torch.no_grad():
         q, k, v = (zeros(dtype, *shape, requires_grad=grad) for shape in
                    ((b, h, lq, d), (b, hkv, lk, d), (b, hkv, lk, dv)))
+        backend = kwargs.pop("backend", "auto")
         p = validate(q, k, v, **kwargs)
         _check_askable(p, label)
-        path = choose(p, kwargs.get("backend", "auto")).path
+        path = choose(p, backend).path
         t.io(q.numel() + k.numel() + v.numel() + b * h * lq * dv)
         if 0 in (b, h, lq, lk):
             return path.backend
-        cost = path.cost(p, needs_grad(p))
+        cost = path.module.cost(p, p.needs_grad)
         grads = (gq or gk or gv, int(gq) + int(gk), int(gq or gk or weights_grad) + int(gv))
         computed = _kernel(t, label, cost, grads, pairwise)
     t.transient(cost.workspace_bytes)
