@@ -104,8 +104,50 @@ def _ddp_and_fsdp(layout):
     return found
 
 
+def _padded(scheme, layout, fill):
+    """The module alone (causal) on shards with ``fill`` at the padded positions: outputs at real positions,
+    parameter gradients summed over ranks, the input gradient (a loss over the real positions only)."""
+    torch.manual_seed(0)
+    module = SequenceParallelSelfAttention(12, 4, causal=True, scheme=scheme, layout=layout).double()
+    cut = lambda t: shard(t, dim=1, layout=layout)
+    keep = cut(torch.arange(LENGTH)[None, :] < torch.tensor([[LENGTH], [LENGTH - 9]]))
+    x = cut(torch.randn(2, LENGTH, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(3)))
+    x[~keep] = fill
+    x.requires_grad_()
+    out = module(x, key_keep_mask=keep)
+    out[keep].sum().backward()
+    grads = [p.grad.clone() for p in module.parameters()]
+    for g in grads:
+        dist.all_reduce(g)
+    return out[keep].detach(), grads, x.grad
+
+
+def _padding_is_inert(scheme, layout):
+    """Per non-finite fill: (everything finite, largest difference from the run with zeros at the padding)."""
+    ref = _padded(scheme, layout, 0.0)
+    found = {}
+    for fill in (float("nan"), float("inf"), -float("inf")):
+        out, grads, x_grad = _padded(scheme, layout, fill)
+        finite = all(bool(torch.isfinite(t).all()) for t in (out, x_grad, *grads))
+        diff = max((a - b).abs().max().item() for a, b in zip((out, *grads), (ref[0], *ref[1]), strict=True))
+        found[fill] = (finite, diff if finite else float("inf"))
+    return found
+
+
+def _empty(scheme, layout):
+    module = SequenceParallelSelfAttention(12, 4, causal=True, scheme=scheme, layout=layout).double()
+    x = torch.zeros(2, 0, 12, dtype=torch.float64, requires_grad=True)
+    out = module(x, key_keep_mask=torch.zeros(2, 0, dtype=torch.bool))
+    out.sum().backward()
+    return tuple(out.shape), tuple(x.grad.shape), all(p.grad is not None for p in module.parameters())
+
+
 def _run(rank, world):
-    found = {(s, lay): _compare(s, lay) for s, lay in itertools.product(("ring", "ulysses", "allgather"),
+    found = {("padding", s, lay): _padding_is_inert(s, lay) for s, lay in itertools.product(
+        ("ring", "ulysses", "allgather"), ("contiguous", "zigzag"))}
+    found.update({("empty", s, lay): _empty(s, lay) for s, lay in itertools.product(
+        ("ring", "ulysses", "allgather"), ("contiguous", "zigzag"))})
+    found |= {(s, lay): _compare(s, lay) for s, lay in itertools.product(("ring", "ulysses", "allgather"),
                                                                           ("contiguous", "zigzag"))}
     found["wrappers"] = {lay: _ddp_and_fsdp(lay) for lay in ("contiguous", "zigzag")}
     try:
@@ -138,3 +180,19 @@ def test_one_sgd_step_under_ddp_and_fsdp2_equals_one_process(results, layout, wr
 
 def test_a_kv_cache_is_refused(results):
     assert "no KV cache across ranks" in results[0]["cache_error"]
+
+
+@pytest.mark.parametrize("scheme", ["ring", "ulysses", "allgather"])
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_non_finite_padding_reaches_no_output_and_no_gradient(results, scheme, layout):
+    """The padding promise of the one-process modules (tests/nn/test_padding.py), across ranks."""
+    for rank, found in enumerate(results):
+        for fill, (finite, diff) in found["padding", scheme, layout].items():
+            assert finite and diff == 0.0, (rank, fill, finite, diff)
+
+
+@pytest.mark.parametrize("scheme", ["ring", "ulysses", "allgather"])
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_a_sequence_of_length_zero_gives_an_empty_output(results, scheme, layout):
+    for found in results:
+        assert found["empty", scheme, layout] == ((2, 0, 12), (2, 0, 12), True)
