@@ -114,10 +114,11 @@ def record_model(spec: str, text: str, decoder_text: str | None = None) -> Atten
         model, tokenizer = transformers_run.load_transformers(spec)
     except ImportError as err:
         raise ArgumentError(str(err)) from None
-    except OSError as err:
-        raise ArgumentError(f"cannot load the model {spec!r}: {err}") from None
     decoder = None if decoder_text is None else [decoder_text]
-    return transformers_run.record_transformers(model, tokenizer, [text], decoder_texts=decoder)[0]
+    try:
+        return transformers_run.record_transformers(model, tokenizer, [text], decoder_texts=decoder)[0]
+    except (RuntimeError, IndexError) as err:  # the model's own failure on this input: one line, not a traceback
+        raise ArgumentError(f"{spec} ({type(model).__name__}) failed on --text: {type(err).__name__}: {err}") from None
 
 
 def _recording(args) -> tuple[AttentionRecorder, str, str]:
