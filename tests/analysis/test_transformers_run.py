@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ import torch
 from attnkit.analysis import AttentionRecorder, record_transformers
 from attnkit.analysis import transformers_run as run
 from attnkit.errors import ArgumentError
-from tests.analysis.tiny_transformers import TEXTS, minilm, tiny_bart, tiny_bert, tokenizer, transformers
+from tests.analysis.tiny_transformers import TEXTS, cache_model, minilm, tiny_bart, tiny_bert, tokenizer, transformers
 
 
 def _eager_weights(model, text: str) -> tuple[torch.Tensor, ...]:
@@ -91,21 +90,6 @@ def hub_cache(tmp_path, monkeypatch):
     return cache
 
 
-def cache_model(cache, repo_id: str, files) -> Path:
-    """Put a model into a Hugging Face cache as a download would leave it: ``models--org--name/snapshots/<commit>/``
-    holding the files (links to ``files``' entries, as the cache links its blobs) and ``refs/main`` naming the commit."""
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    repo = Path(cache) / ("models--" + repo_id.replace("/", "--"))
-    snapshot = repo / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    for f in Path(files).iterdir():
-        if f.is_file():
-            (snapshot / f.name).symlink_to(f.resolve())
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
-    return snapshot
-
-
 def test_models_are_found_in_folders_and_packages(tmp_path, hub_cache):
     folder = minilm.get_model_path()
     assert run.resolve_model_dir(str(folder)) == folder
@@ -178,7 +162,8 @@ BROKEN = {  # how the files are spoiled -> what the error must say
                              "cannot load the .*no-such-architecture"),
     "corrupt tokenizer": (lambda f: (f / "tokenizer.json").write_text("{oops"),
                           "cannot load the tokenizer of model .*JSONDecodeError"),
-    "no tokenizer": (lambda f: [p.unlink() for p in f.iterdir() if p.name.startswith(("tokenizer", "vocab", "special"))],
+    "no tokenizer": (lambda f: [p.unlink() for p in f.iterdir() if p.name.startswith(("tokenizer", "vocab",
+                                                                                        "special"))],
                      "holds no tokenizer files"),
 }
 
