@@ -106,8 +106,8 @@ def _row_tokens(tokens, name: str, n: int, arg: str) -> list[str] | None:
 
 
 def _label_first_head(ax, name: str, w: torch.Tensor, q_tokens, k_tokens, row_in: float, panel: float) -> None:
-    """The axes of a row's first head: its tokens (or positions, as many as the panel fits) and what each axis is,
-    with its length."""
+    """The axes of a row's first head: its tokens (or positions, as many as ``panel`` inches fit) and what each
+    axis is, with its length."""
     _, lq, lk = w.shape
     q = _row_tokens(q_tokens, name, lq, "q_tokens")
     k = _row_tokens(k_tokens, name, lk, "k_tokens")
@@ -116,6 +116,13 @@ def _label_first_head(ax, name: str, w: torch.Tensor, q_tokens, k_tokens, row_in
     ax.tick_params(labelsize=7)
     ax.set_xlabel(f"key ({lk})", fontsize=8)
     ax.set_ylabel(f"{_row_label(name, row_in)}\nquery ({lq})", fontsize=9)
+
+
+def _panel_inches(fig, ax) -> float:
+    """The shorter side of ``ax`` in inches once the layout has placed everything (labels, colour bars)."""
+    fig.get_layout_engine().execute(fig)
+    box = ax.get_position()
+    return min(box.width * fig.get_figwidth(), box.height * fig.get_figheight())
 
 
 def head_grid(maps, *, path=None, title=None, max_heads=None, q_tokens=None, k_tokens=None, scale="linear",
@@ -196,6 +203,9 @@ def head_grid(maps, *, path=None, title=None, max_heads=None, q_tokens=None, k_t
     shapes = ", ".join(f"{lq} queries x {lk} keys" for lq, lk in sizes)
     suffix = f"{len(rows)} map{'s' * (len(rows) > 1)}, {shown}, {shapes}"
     fig.suptitle(title_lines(f"{title}: {suffix}" if title else suffix, width, 11, max_lines=3), fontsize=11)
+    panel = _panel_inches(fig, grid[0][0])  # the labels set above used an estimate: thin them to the real panel
+    for r, (name, w) in enumerate(rows.items()):
+        _label_first_head(grid[r][0], name, w, q_tokens, k_tokens, row_in, panel)
     return finish(fig, path)
 
 
