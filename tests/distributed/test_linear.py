@@ -17,7 +17,7 @@ from attnkit.distributed import count_bytes, shard
 from attnkit.distributed.linear import feature_attention, sequence_parallel
 from attnkit.nn import LinearAttention, PerformerAttention
 
-from . import spawn
+from . import cases, spawn
 
 LAYERS = {"linear_causal": lambda: LinearAttention(12, 3, causal=True, chunk_size=4),
           "linear": lambda: LinearAttention(12, 3, chunk_size=4),
@@ -52,37 +52,6 @@ def _compare(name, layout, masked, group):
             "bytes": tally.by_kind.get("all_gather", 0)}
 
 
-def _padded(name, layout, fill):
-    """Outputs at real positions, parameter gradients summed over ranks and the input gradient, with ``fill`` at
-    the padded positions (a loss over the real positions only)."""
-    torch.manual_seed(0)
-    layer = LAYERS[name]().double()
-    g = torch.Generator().manual_seed(2)
-    cut = lambda t: shard(t, dim=1, layout=layout)
-    keep = cut(torch.arange(LENGTH)[None, :] < torch.tensor([[LENGTH], [LENGTH - 7]]))
-    x = cut(torch.randn(2, LENGTH, 12, dtype=torch.float64, generator=g))
-    x[~keep] = fill
-    x.requires_grad_()
-    out = sequence_parallel(layer, x, key_keep_mask=keep, layout=layout)
-    out[keep].sum().backward()
-    grads = [p.grad.clone() for p in layer.parameters()]
-    for p in grads:
-        dist.all_reduce(p)
-    return out[keep].detach(), grads, x.grad
-
-
-def _padding_is_inert(name, layout):
-    """Largest differences from the run with zeros at the padded positions; whether everything stayed finite."""
-    ref = _padded(name, layout, 0.0)
-    found = {}
-    for fill in (float("nan"), float("inf")):
-        out, grads, x_grad = _padded(name, layout, fill)
-        finite = all(torch.isfinite(t).all() for t in (out, x_grad, *grads))
-        diff = max((a - b).abs().max().item() for a, b in zip((out, *grads), (ref[0], *ref[1]), strict=True))
-        found[fill] = (bool(finite), diff if finite else float("inf"))
-    return found
-
-
 def _empty(name, layout):
     """A sequence of length 0 on every rank: the output's shape and the gradient of the input."""
     layer = LAYERS[name]().double()
@@ -97,7 +66,9 @@ def _run(rank, world):
     groups = {4: None, 3: dist.new_group([1, 2, 3])}
     found = {}
     for name, layout in itertools.product(LAYERS, ("contiguous", "zigzag")):
-        found["padding", name, layout] = _padding_is_inert(name, layout)
+        found["padding", name, layout] = cases.padding_is_inert(
+            LAYERS[name], lambda m, x, keep, lay=layout: sequence_parallel(m, x, key_keep_mask=keep, layout=lay),
+            layout=layout, padded=7)
         found["empty", name, layout] = _empty(name, layout)
     for w, group in groups.items():
         if group is None or rank in (1, 2, 3):

@@ -22,7 +22,7 @@ from attnkit.distributed import shard
 from attnkit.distributed.modules import SequenceParallelSelfAttention
 from attnkit.models import TransformerLM
 
-from . import spawn
+from . import cases, spawn
 
 VOCAB, LENGTH, WORLD, TOL = 11, 24, 4, 1e-10
 
@@ -104,36 +104,6 @@ def _ddp_and_fsdp(layout):
     return found
 
 
-def _padded(scheme, layout, fill):
-    """The module alone (causal) on shards with ``fill`` at the padded positions: outputs at real positions,
-    parameter gradients summed over ranks, the input gradient (a loss over the real positions only)."""
-    torch.manual_seed(0)
-    module = SequenceParallelSelfAttention(12, 4, causal=True, scheme=scheme, layout=layout).double()
-    cut = lambda t: shard(t, dim=1, layout=layout)
-    keep = cut(torch.arange(LENGTH)[None, :] < torch.tensor([[LENGTH], [LENGTH - 9]]))
-    x = cut(torch.randn(2, LENGTH, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(3)))
-    x[~keep] = fill
-    x.requires_grad_()
-    out = module(x, key_keep_mask=keep)
-    out[keep].sum().backward()
-    grads = [p.grad.clone() for p in module.parameters()]
-    for g in grads:
-        dist.all_reduce(g)
-    return out[keep].detach(), grads, x.grad
-
-
-def _padding_is_inert(scheme, layout):
-    """Per non-finite fill: (everything finite, largest difference from the run with zeros at the padding)."""
-    ref = _padded(scheme, layout, 0.0)
-    found = {}
-    for fill in (float("nan"), float("inf"), -float("inf")):
-        out, grads, x_grad = _padded(scheme, layout, fill)
-        finite = all(bool(torch.isfinite(t).all()) for t in (out, x_grad, *grads))
-        diff = max((a - b).abs().max().item() for a, b in zip((out, *grads), (ref[0], *ref[1]), strict=True))
-        found[fill] = (finite, diff if finite else float("inf"))
-    return found
-
-
 def _empty(scheme, layout):
     module = SequenceParallelSelfAttention(12, 4, causal=True, scheme=scheme, layout=layout).double()
     x = torch.zeros(2, 0, 12, dtype=torch.float64, requires_grad=True)
@@ -143,8 +113,10 @@ def _empty(scheme, layout):
 
 
 def _run(rank, world):
-    found = {("padding", s, lay): _padding_is_inert(s, lay) for s, lay in itertools.product(
-        ("ring", "ulysses", "allgather"), ("contiguous", "zigzag"))}
+    found = {("padding", s, lay): cases.padding_is_inert(
+        functools.partial(SequenceParallelSelfAttention, 12, 4, causal=True, scheme=s, layout=lay),
+        lambda m, x, keep: m(x, key_keep_mask=keep), layout=lay, padded=9)
+        for s, lay in itertools.product(("ring", "ulysses", "allgather"), ("contiguous", "zigzag"))}
     found.update({("empty", s, lay): _empty(s, lay) for s, lay in itertools.product(
         ("ring", "ulysses", "allgather"), ("contiguous", "zigzag"))})
     found |= {(s, lay): _compare(s, lay) for s, lay in itertools.product(("ring", "ulysses", "allgather"),
