@@ -84,7 +84,9 @@ def _difference(field: Field, column: list[int], rank: int) -> str:
     if isinstance(field.value, int):
         return f"{field.label}: " + "; ".join(f"{value} on {_ranks(r)}" for value, r in groups.items())
     others = [r for value, group in groups.items() if value != column[rank] for r in group]
-    return f"{field.label}: {field.value!s} on {_ranks(groups[column[rank]])}, another on {_ranks(sorted(others))}"
+    text = str(field.value)
+    text = text if len(text) <= 160 else text[:159] + "…"  # a mask holding data can print at length
+    return f"{field.label}: {text} on {_ranks(groups[column[rank]])}, another on {_ranks(sorted(others))}"
 
 
 def agree(comm: Comm, who: str, fields: list[Field], failure: BaseException | None = None,
