@@ -61,6 +61,12 @@ def test_encoder_decoder_models_give_encoder_decoder_and_cross_maps():
         record_transformers(model, tok, TEXTS, decoder_texts=["x"])
 
 
+def test_decoder_texts_for_a_model_without_a_decoder_are_refused():
+    """BertModel takes decoder_input_ids and reads nothing: the decoder text would vanish without a word."""
+    with pytest.raises(ArgumentError, match="decoder_texts are for encoder-decoder models; BertModel has no decoder"):
+        record_transformers(tiny_bert(), tokenizer(), TEXTS[0], decoder_texts="Le chat")
+
+
 def test_a_model_that_returns_no_weights_is_told_how_to_load():
     with pytest.raises(ArgumentError, match=r'attn_implementation="eager"'):
         record_transformers(tiny_bert("sdpa"), tokenizer(), TEXTS[0])

@@ -179,6 +179,10 @@ def record_transformers(model, tokenizer, texts, *, decoder_texts=None, **model_
     device = next(model.parameters()).device
     inputs = _encode(tokenizer, batch, "texts", device)
     decoder = None
+    encoder_decoder = getattr(getattr(model, "config", None), "is_encoder_decoder", False)
+    if decoder_texts is not None and not encoder_decoder:  # the model would take them and read nothing
+        raise ArgumentError(f"decoder_texts are for encoder-decoder models; {type(model).__name__} has no decoder "
+                            f"(config.is_encoder_decoder is False)")
     if decoder_texts is not None:
         decoder = _encode(tokenizer, _texts(decoder_texts, "decoder_texts"), "decoder_texts", device)
         if decoder["input_ids"].shape[0] != len(batch):
@@ -187,7 +191,7 @@ def record_transformers(model, tokenizer, texts, *, decoder_texts=None, **model_
         inputs["decoder_input_ids"] = decoder["input_ids"]
         if "attention_mask" in decoder:
             inputs["decoder_attention_mask"] = decoder["attention_mask"]
-    elif getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+    elif encoder_decoder:
         raise ArgumentError(f"{type(model).__name__} is an encoder-decoder model: pass decoder_texts")
     _check_positions(model, inputs, "texts")
     if decoder is not None:
