@@ -10,11 +10,11 @@ transformers model's ``outputs.attentions``; :func:`to_bertviz` exports them for
 
 from ._style import save
 from .bertviz import to_bertviz
-from .html import html_page
+from .html import MAX_WEIGHTS, fit_maps, html_page
 from .maps import alignment, head_grid, heatmap
 from .overview import overview_page
 from .patterns import mask_density, mask_picture
 from .scaling_plot import scaling_plot
 
 __all__ = ["heatmap", "head_grid", "alignment", "mask_picture", "mask_density", "scaling_plot", "html_page",
-           "overview_page", "to_bertviz", "save"]
+           "overview_page", "to_bertviz", "save", "fit_maps", "MAX_WEIGHTS"]
