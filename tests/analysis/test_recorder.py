@@ -15,7 +15,7 @@ from torch import nn
 
 import attnkit
 from attnkit import recording, registry
-from attnkit.analysis.recorder import NOTEBOOK_WEIGHTS, AttentionRecorder, RecordedMap
+from attnkit.analysis.recorder import AttentionRecorder, RecordedMap
 from attnkit.analysis.stats import entropy
 from attnkit.errors import ArgumentError, DTypeError, ShapeError
 from attnkit.kernels import reference
@@ -501,29 +501,3 @@ def test_picture_maps_and_labels():
     labels = rec.labels()
     assert labels["q_tokens"]["layers.2"] == list("abcde") and labels["k_tokens"]["layers.2"] == list("vwxyz")
     assert AttentionRecorder.from_maps({"m": torch.ones(1, 2, 2)}).labels() == {}
-
-
-def test_notebooks_show_the_viewer_pooled_to_fit_and_a_png():
-    import html as html_lib
-
-    from tests.viz.test_html import _data
-
-    big = AttentionRecorder.from_maps({"long": torch.softmax(torch.randn(1, 12, 400, 400), -1)})  # 1.9M weights
-    frame = big._repr_html_()
-    assert frame.startswith("<iframe srcdoc=") and "<script" not in frame  # the page is an escaped attribute
-    page = html_lib.unescape(frame.split('srcdoc="', 1)[1].split('" style=', 1)[0])
-    (m,) = _data(page)["maps"]
-    assert m["n"] == [400, 400] and 12 * m["lq"] * m["lk"] <= NOTEBOOK_WEIGHTS < 12 * (m["lq"] + 1) ** 2
-    assert _data(page)["scale"] == "log"
-    assert "no attention map" in AttentionRecorder()._repr_html_()
-    pytest.importorskip("matplotlib")
-    small, _ = _model_like()
-    assert small._repr_png_()[:8] == b"\x89PNG\r\n\x1a\n" and AttentionRecorder()._repr_png_() is None
-
-
-def test_without_matplotlib_a_notebook_gets_no_png(monkeypatch):
-    import sys
-
-    rec, _ = _model_like()
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
-    assert rec._repr_png_() is None

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import html
-import io
 import threading
 import warnings
 from collections.abc import Iterator
@@ -17,9 +15,8 @@ from torch import nn
 from .. import recording
 from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 
-__all__ = ["AttentionRecorder", "RecordedMap", "pick_names", "pick_heads", "NOTEBOOK_WEIGHTS"]
+__all__ = ["AttentionRecorder", "RecordedMap", "pick_names", "pick_heads"]
 
-NOTEBOOK_WEIGHTS = 1_000_000  # a recording shown in a notebook is pooled to at most this many weights (about 10 MB)
 
 
 class RecordedMap(NamedTuple):
@@ -325,31 +322,3 @@ class AttentionRecorder:
             return {}
         return {"q_tokens": {n: q for n, (q, _) in self.tokens.items()},
                 "k_tokens": {n: k for n, (_, k) in self.tokens.items()}}
-
-    def _repr_html_(self) -> str:
-        """Notebooks: the one-head viewer (:func:`attnkit.viz.html_page`, log scale) in a frame, pooled to fit
-        :data:`NOTEBOOK_WEIGHTS`."""
-        from ..viz import html as pages  # the pictures sit above analysis: imported when a notebook asks
-
-        if not self.maps:
-            return "<p>AttentionRecorder: no attention map recorded</p>"
-        maps = self.picture_maps()
-        page = pages.viewer_html(maps, title=f"{len(maps)} attention maps", scale="log",
-                                 max_size=pages.fit_maps(maps, NOTEBOOK_WEIGHTS, "AttentionRecorder"),
-                                 max_weights=NOTEBOOK_WEIGHTS, **self.labels())
-        return (f'<iframe srcdoc="{html.escape(page, quote=True)}" style="width: 100%; height: 720px; border: 0" '
-                f'title="attention maps"></iframe>')
-
-    def _repr_png_(self) -> bytes | None:
-        """Notebooks: every head of every map (:func:`attnkit.viz.head_grid`, log scale) as PNG; None without
-        matplotlib (the notebook then shows the HTML view)."""
-        try:
-            from ..viz import head_grid
-            fig = head_grid(self.picture_maps(), scale="log", **self.labels()) if self.maps else None
-        except ImportError:
-            return None
-        if fig is None:
-            return None
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", dpi=100)
-        return buffer.getvalue()
