@@ -88,7 +88,7 @@ def run(q, k, v, mask, lane: tuple) -> torch.Tensor | None:
     Under autograd the output is made twice differentiable (torch's kernel has no second derivative).
     """
     is_causal, float_mask, scale = lane
-    out, lse = rules.FLASH.default(q, k, v, 0.0, is_causal, attn_mask=float_mask, scale=scale)
+    out, lse = rules.FLASH(q, k, v, 0.0, is_causal, attn_mask=float_mask, scale=scale)
     # Each row's output sum plus lse / lse: NaN or inf for NaN or inf in the output (an overflow, a leak) and for
     # an lse of NaN, +-inf or exactly 0 (a row torch zeroed: no row is empty here). One reduction, one read.
     if not math.isfinite(torch.addcdiv(out.sum(-1), lse, lse).sum().item()):

@@ -31,8 +31,11 @@ __all__ = ["Rule", "reads_data", "fact", "first_refusal", "FLASH", "FLASH_BACKWA
 Rule = Callable[[Problem], "str | None"]
 
 # torch's fused CPU attention kernel (flash-style tiles), forward and backward, called directly where a
-# path needs its log-sum-exp or a float mask per slab; None on builds without it.
-FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+# path needs its log-sum-exp or a float mask per slab; None on builds without it. torch's own binding
+# (torch._...) when it has one: its call costs less than torch.ops.aten's Python overload (a few µs, which a
+# decoding step over a short cache notices).
+FLASH = getattr(torch, "_scaled_dot_product_flash_attention_for_cpu", None) or getattr(
+    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 FLASH_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 
 

@@ -164,7 +164,7 @@ def run(p: Problem) -> KernelOutput:
     km = kernel_mask(p, dtype)
     if checks_output(p):
         q, k, v = (_readable(t, p.needs_grad) for t in (q, k, v))
-        out, lse = rules.FLASH.default(q, k, v, 0.0, km.is_causal, attn_mask=km.float_mask, scale=p.scale)
+        out, lse = rules.FLASH(q, k, v, 0.0, km.is_causal, attn_mask=km.float_mask, scale=p.scale)
         if not p.finiteness_known and not trustworthy(out, lse, km.empty_rows):
             raise UntrustedOutput
         return KernelOutput(out, None, None)
@@ -205,7 +205,7 @@ def op_forward(p: Problem):
         return None
     q, k, v = _kernel_inputs(p)
     km = kernel_mask(p, q.dtype)
-    out, lse = rules.FLASH.default(q, k, v, 0.0, km.is_causal, attn_mask=km.float_mask, scale=p.scale)
+    out, lse = rules.FLASH(q, k, v, 0.0, km.is_causal, attn_mask=km.float_mask, scale=p.scale)
     if not trustworthy(out, lse, km.empty_rows):
         raise UntrustedOutput
     return out, lse
