@@ -640,6 +640,7 @@ def test_a_key_padding_mask_keeps_the_call_on_torchs_kernel(monkeypatch):
     monkeypatch.setattr(dispatch, "execute", lambda p, backend="auto": ran.append(execute(p, backend)[1].name)
                         or execute(p, backend))
     monkeypatch.setattr("attnkit.core.execute", dispatch.execute)
+    monkeypatch.setattr(masks.Mask, "block_layout", lambda *a, **k: pytest.fail("a block layout was built"))
     m = MultiHeadAttention(32, 4, batch_first=True)
     x = torch.randn(2, 300, 32)
     pad = torch.zeros(2, 300, dtype=torch.bool)
