@@ -3,8 +3,8 @@
 The families come from transformers itself (families.py); the refusals from the one table in the
 README's transformers section, so a family refused for a reason the README does not state fails,
 and so does a stale row (a family the README lists that runs, or that transformers no longer has).
-The whole enumeration is marked slow; the quick test runs one family of each convention and the
-families whose own code reads the mask.
+Only families whose own code reads the mask build its dense form. The whole enumeration is marked
+slow; the quick test runs one family of each convention and the families that read the mask.
 """
 
 import re
@@ -13,17 +13,21 @@ from pathlib import Path
 import pytest
 
 import attnkit
+from attnkit.integrations.transformers import ModelMask
 
 from .families import compare_with_eager, families
 
 README = Path(__file__).parents[3] / "README.md"
 FAMILIES = families()
+# Their own code reads the mask: sparse-attention indexers, an encoder adding it to its scores, dynamic masks.
+# Only they build its dense form.
+READS_THE_MASK = ("deepseek_v32", "glm_moe_dsa", "axk2", "dots3_note_text", "hy_v4", "qwen4_exp_text",
+                  "bigbird_pegasus", "doge")
 QUICK = [
     "llama", "mistral", "gemma2", "gpt2", "qwen3_next", "deepseek_v3", "llama4_text",  # decoders
     "bert", "modernbert", "t5", "bart",  # encoders, encoder-decoders
     "gpt_oss",  # refused
-    # their own code reads the mask: indexers, an encoder adding it to its scores, dynamic masks
-    "deepseek_v32", "glm_moe_dsa", "axk2", "dots3_note_text", "hy_v4", "qwen4_exp_text", "bigbird_pegasus", "doge",
+    *READS_THE_MASK,
 ]
 
 
@@ -44,14 +48,18 @@ def refusals() -> dict[str, list[str]]:
 REFUSED = refusals()
 
 
-def _check(family):
+def _check(family, monkeypatch):
     head, model_class = FAMILIES[family]
+    built = []
+    real = ModelMask.dense
+    monkeypatch.setattr(ModelMask, "dense", lambda self: built.append(family) or real(self))
     if family not in REFUSED:
         compare_with_eager(family, head, model_class)
-        return
-    keywords = "|".join(map(re.escape, REFUSED[family]))
-    with pytest.raises(attnkit.UnsupportedFeature, match=keywords):
-        compare_with_eager(family, head, model_class)
+    else:
+        keywords = "|".join(map(re.escape, REFUSED[family]))
+        with pytest.raises(attnkit.UnsupportedFeature, match=keywords):
+            compare_with_eager(family, head, model_class)
+    assert family in READS_THE_MASK or not built, f"{family} built a dense mask"
 
 
 def test_the_families_come_from_transformers():
@@ -63,11 +71,11 @@ def test_the_families_come_from_transformers():
 
 
 @pytest.mark.parametrize("family", QUICK)
-def test_one_family_of_each_convention(family):
-    _check(family)
+def test_one_family_of_each_convention(family, monkeypatch):
+    _check(family, monkeypatch)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_every_family(family):
-    _check(family)
+def test_every_family(family, monkeypatch):
+    _check(family, monkeypatch)

@@ -85,3 +85,21 @@ def test_copies_keep_the_structure():
     got, expected = _both("causal", (3, 6, 3, 0))
     for twin in (copy.deepcopy(got), pickle.loads(pickle.dumps(got))):
         assert repr(twin.mask) == repr(got.mask) and torch.equal(twin.dense(), expected)
+
+
+@pytest.mark.parametrize("name", ["causal", "sliding causal"])
+def test_model_code_reading_the_mask_compiles_whole(name):
+    block = (4, 13, 9, 0)
+    scores = torch.randn(2, 3, 4, 13, generator=torch.Generator().manual_seed(1))
+
+    def read(scores, padding):  # what indexers and encoders do with it
+        model_mask = make_mask_function()(batch_size=2, q_length=4, kv_length=13, q_offset=9,
+                                          mask_function=RECOGNISED[name], attention_mask=padding)
+        return scores + model_mask, model_mask[:, 0], scores.masked_fill(model_mask != 0, 5.0)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(read, fullgraph=True, backend="aot_eager")
+    _, expected = _both(name, block)
+    for got, want in zip(compiled(scores, _padding(block)), (scores + expected, expected[:, 0],
+                                                            scores.masked_fill(expected != 0, 5.0)), strict=True):
+        assert torch.equal(got, want)

@@ -14,6 +14,10 @@ whole sequence, and are shifted to the block, so a plain causal layer keeps attn
 O(1) causal path and a sliding-window layer its band path. A predicate that is not
 recognised (packed sequences, chunked attention, a model's own overlay) is evaluated by
 transformers' own ``sdpa_mask`` into a dense bool tensor: exact, only not sparse.
+
+Under ``torch.compile`` nothing here reads data: a padding mask is kept whether or not it pads
+(that is data), and a mask function built while tracing (windows, combinations: dynamo reads no
+closure of such a function) or a static cache's tensor offsets take the dense, exact form.
 """
 
 from __future__ import annotations
@@ -138,15 +142,17 @@ def make_mask_function(extra: Mask | None = None):
         if isinstance(attention_mask, ModelMask):  # prepared for this very call by generate()
             return attention_mask
         whole = whole_sequence_mask(mask_function)
-        # A static cache gives the query offset as a tensor: read once in eager code; traced, it stays a tensor
-        # (its value is data) and transformers evaluates the mask at it.
-        traced_offset = torch.compiler.is_compiling() and torch.is_tensor(q_offset)
-        if whole is not None and not traced_offset:
+        # A static cache gives its offsets as tensors: read once in eager code; traced, they stay tensors (their
+        # values are data), the mask is transformers' evaluated at them, and the cache holds the whole sequence.
+        traced = torch.compiler.is_compiling() and (torch.is_tensor(q_offset) or torch.is_tensor(kv_offset))
+        if traced:
+            length = kv_offset + kv_length
+        else:
             q_offset, kv_offset = int(q_offset), int(kv_offset)
             length = max(q_offset + q_length, kv_offset + kv_length)
+        if whole is not None and not traced:
             block = _structured_block(whole, q_length, kv_length, q_offset, kv_offset, length, attention_mask)
         else:  # not a pattern attnkit knows: transformers evaluates it, exactly, as a dense bool tensor
-            length = kv_offset + kv_length if traced_offset else max(q_offset + q_length, kv_offset + kv_length)
             block = hf_masks.sdpa_mask(
                 batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                 kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
