@@ -4,6 +4,7 @@ Every command that takes sizes takes these, with the same defaults (B=1, H=8, L=
 D=64: a realistic layer). Mechanisms name their own sizes (``length`` for a
 self-attention module, ``dim`` for its model width, ``words`` for a hierarchical
 model); :func:`mechanism_sizes` is the one translation from the vocabulary to them.
+The commands that measure also take ``--device`` (:func:`add_device_arg`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from collections.abc import Mapping
 from ..errors import ArgumentError
 from .common import positive_int
 
-__all__ = ["DEFAULTS", "VOCABULARY", "add_size_args", "values", "mechanism_sizes", "title"]
+__all__ = ["DEFAULTS", "VOCABULARY", "add_size_args", "add_device_arg", "device", "values", "mechanism_sizes",
+           "title"]
 
 DEFAULTS = {"batch": 1, "heads": 8, "q_len": 4096, "kv_len": None, "head_dim": 64}  # kv_len None: q_len
 VOCABULARY = tuple(DEFAULTS)
@@ -32,6 +34,36 @@ def add_size_args(p: argparse.ArgumentParser, *, lengths: bool = True, shape: bo
     if shape:
         p.add_argument("--head-dim", type=positive_int, default=DEFAULTS["head_dim"],
                        help="features per head D (a module's width is H * D)")
+
+
+def device(text: str) -> str:
+    """An argparse type: ``cpu``, or ``cuda`` / ``cuda:N`` when torch sees that GPU here.
+
+    The CPU needs no check (and no torch import, so parsing stays cheap); a CUDA device
+    is refused with what torch sees: no CUDA at all, or fewer devices than the index.
+    """
+    if text == "cpu":
+        return text
+    kind, colon, index = text.partition(":")
+    if kind != "cuda" or (colon and not index.isdigit()):
+        raise argparse.ArgumentTypeError(f"must be cpu, cuda or cuda:N; got {text!r}")
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not available: torch {torch.__version__} sees no CUDA device "
+                                         "here (use cpu)")
+    if colon and int(index) >= count:
+        raise argparse.ArgumentTypeError(f"{text!r} is not available: torch sees {count} CUDA device(s), "
+                                         f"cuda:0 to cuda:{count - 1}")
+    return text
+
+
+def add_device_arg(p: argparse.ArgumentParser, what: str) -> None:
+    """``--device`` (default cpu): ``what`` runs there; times wait for the device, memory is its allocator's."""
+    p.add_argument("--device", type=device, default="cpu",
+                   help=f"{what}: cpu, cuda or cuda:N (on cuda each timed call waits for the GPU, and peak memory "
+                        "is the CUDA allocator's)")
 
 
 def values(args) -> dict:

@@ -27,7 +27,7 @@ import torch
 from ..bias import AdditiveModifier
 from ..core import AttentionOutput
 from ..errors import ArgumentError, DTypeError, ShapeError
-from ..functional.scores import default_scale
+from ..functional.validate import default_scale
 from ..masks import Mask, TensorMask
 from . import allgather, ring, ulysses
 from .blocks import Setting, as_rows, chunk_maps

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
+
+from ..analysis.timing import time_once
 
 __all__ = ["top_ops"]
 
@@ -24,9 +25,7 @@ def top_ops(fn: Callable[[], object], backward: bool = False, n: int = 6) -> lis
     from torch.profiler import ProfilerActivity, profile
 
     with torch.set_grad_enabled(backward):
-        start = time.perf_counter()  # callers have warmed fn up (layouts, allocator): steady state
-        fn()
-        wall = time.perf_counter() - start
+        wall, _ = time_once(fn)  # callers have warmed fn up (layouts, allocator): steady state
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             fn()
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]

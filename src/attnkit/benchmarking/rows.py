@@ -1,11 +1,11 @@
-"""One row of the benchmark suite (issue 7): attnkit against a comparison, timed interleaved in one run.
+"""One row of the benchmark suite: attnkit against a comparison, timed interleaved in one run.
 
 A :class:`Spec` names a case, the comparisons and their targets; :func:`run_spec`
 times attnkit and every comparison interleaved on the same inputs, checks that
 each pair computes the same function (max |diff| of the outputs and, for
 forward+backward, of every input gradient), and returns one :class:`Row` per
-comparison. The suite (``benchmarks/run.py``) and ``attnkit bench --compare``
-both call it, so a row of BENCHMARKS.md is reproduced by the same code.
+comparison. The suite (``benchmarks/run.py`` of the repository) and ``attnkit bench
+--compare`` both call it, so a row of BENCHMARKS.md is reproduced by the same code.
 
 Achieved GFLOP/s count the work the pattern needs, whatever a kernel computes:
 forward ``2 (D + Dv)`` flops per allowed (query, key) pair (``4 B H Lq Lk_active D``
@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnkit.analysis.patterns import active_pairs
-from attnkit.analysis.timing import Case, time_interleaved
-from attnkit.core import explain
-
+from ..analysis.patterns import active_pairs
+from ..analysis.timing import Case, time_interleaved
+from ..core import explain
 from .check import max_diff, outputs_and_grads, timed_call, tolerance, verdict
-from .methods import Method, Unavailable, ours, problem, theirs
+from .methods import ours, problem, theirs
+from .side import Method, Unavailable
 
 __all__ = ["Spec", "Row", "run_spec", "verdict", "tolerance"]
 
@@ -135,11 +135,13 @@ def _density(q, k, v, mask) -> float | None:
 
 
 def sizes_text(case: Case, additive: bool = False) -> str:
+    """The sizes column: ``B=1 H=8 L=4096 D=64 float32`` (the device named when it is not the CPU)."""
     lk = case.kv_len or case.q_len
+    device = "" if case.device == "cpu" else f" {case.device}"
     if additive:
-        return f"B={case.batch} Lq={case.q_len} Lk={lk} hidden={case.head_dim} {case.dtype}"
+        return f"B={case.batch} Lq={case.q_len} Lk={lk} hidden={case.head_dim} {case.dtype}{device}"
     length = f"L={case.q_len}" if lk == case.q_len else f"Lq={case.q_len} Lk={lk}"
-    return f"B={case.batch} H={case.heads} {length} D={case.head_dim} {case.dtype}"
+    return f"B={case.batch} H={case.heads} {length} D={case.head_dim} {case.dtype}{device}"
 
 
 def run_spec(spec: Spec, *, ceiling: dict | None = None, progress: Callable[[str], None] | None = None,
@@ -154,7 +156,7 @@ def run_spec(spec: Spec, *, ceiling: dict | None = None, progress: Callable[[str
     calls = {"ours": timed_call(mine, case.backward)}
     calls.update({kind: timed_call(m, case.backward) for kind, m in ready.items()})
     with torch.set_grad_enabled(case.backward):
-        stats = time_interleaved(calls, spec.repeats, spec.warmup, spec.budget_s)
+        stats = time_interleaved(calls, spec.repeats, spec.warmup, spec.budget_s, device=case.device)
     step(f"{spec.label}: checking")
     reference = outputs_and_grads(mine, case.backward)
     rows = [_row(spec, i, kind, mine, others[kind], stats, reference, flops, density, ceiling)

@@ -9,13 +9,11 @@ has no FlexAttention backward: the error torch raises is reported as the reason.
 
 from __future__ import annotations
 
-import time
-
 import torch
 
-from attnkit.bias import apply_modifier
-
-from .methods import Method, Unavailable
+from ..analysis.timing import time_once
+from ..bias import apply_modifier
+from .side import Method, Unavailable
 
 __all__ = ["flex_method"]
 
@@ -49,22 +47,24 @@ def flex_method(case, q, k, v, mask, modifier) -> Method:
     leaves = (q, k, v)
     if not case.backward:  # torch refuses CPU inputs that require grad even under no_grad
         q, k, v = (t.detach() for t in (q, k, v))
-    start = time.perf_counter()
+    build = lambda: None if mask_mod is None else create_block_mask(mask_mod, None, None, lq, lk, device=q.device)
     try:
-        block_mask = None if mask_mod is None else create_block_mask(mask_mod, None, None, lq, lk, device="cpu")
+        built, block_mask = time_once(build, q.device)
     except Exception as err:  # any failure of torch's mask builder is a reason to report
         raise Unavailable(f"create_block_mask failed: {type(err).__name__}: {_first_line(err)}") from err
-    built = time.perf_counter() - start
     flex = _compiled()
     run = lambda: flex(q, k, v, score_mod=score_mod, block_mask=block_mask)
-    start = time.perf_counter()
-    try:
+
+    def first_call():
         out = run()
         if case.backward:
             out.sum().backward()
+
+    try:
+        compiled, _ = time_once(first_call, q.device)
     except Exception as err:  # compile errors come in many types; all mean "not here"
         raise Unavailable(f"{type(err).__name__}: {_first_line(err)}") from err
-    notes = {"block mask s": round(built, 2), "first call (compile) s": round(time.perf_counter() - start, 2)}
+    notes = {"block mask s": round(built, 2), "first call (compile) s": round(compiled, 2)}
     return Method("flex_attention (compiled)", run, leaves, notes)
 
 

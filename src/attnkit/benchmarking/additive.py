@@ -1,4 +1,4 @@
-"""Additive (Bahdanau) attention against the broadcast-then-tanh implementation (issue 7, target 6).
+"""Additive attention (Bahdanau et al. 2014, arXiv:1409.0473) against the broadcast-then-tanh implementation.
 
 The case's sizes are read as: ``batch`` = B, ``q_len`` = Lq, ``kv_len`` = Lk,
 ``head_dim`` = the width of queries, keys and the hidden layer (``heads`` is
@@ -12,28 +12,28 @@ from __future__ import annotations
 
 import torch
 
-from .methods import Method
+from .side import Method
 
 __all__ = ["additive_methods", "additive_flops"]
 
 
-def _module(width: int):
-    from attnkit.nn.additive import AdditiveAttention
+def _module(width: int, device):
+    from ..nn.additive import AdditiveAttention
     torch.manual_seed(0)
-    return AdditiveAttention(width, width, width)
+    return AdditiveAttention(width, width, width).to(device)
 
 
 def _inputs(case):
     g = torch.Generator().manual_seed(0)
     lk = case.kv_len or case.q_len
-    query = torch.randn(case.batch, case.q_len, case.head_dim, generator=g)
-    key = torch.randn(case.batch, lk, case.head_dim, generator=g)
+    query = torch.randn(case.batch, case.q_len, case.head_dim, generator=g).to(case.device)
+    key = torch.randn(case.batch, lk, case.head_dim, generator=g).to(case.device)
     return query.requires_grad_(case.backward), key.requires_grad_(case.backward)
 
 
 def additive_methods(case) -> tuple[Method, Method]:
     """``(attnkit AdditiveAttention, broadcast-then-tanh)`` on the same inputs and parameters."""
-    module = _module(case.head_dim)
+    module = _module(case.head_dim, case.device)
     query, key = _inputs(case)
     leaves = (query, key, *module.parameters())
 

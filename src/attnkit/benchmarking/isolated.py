@@ -1,4 +1,4 @@
-"""Run one :class:`~benchmarks.harness.rows.Spec` in a fresh child process, both sides interleaved there.
+"""Run one :class:`~.rows.Spec` in a fresh child process, both sides interleaved there.
 
 A long benchmark run leaves its process in a state no user's process is in: a heap
 grown and fragmented by gigabyte-sized dense masks of earlier rows, and caches
@@ -28,15 +28,14 @@ def run_spec_isolated(spec, *, ceiling: dict, retain_memory: bool = False, profi
     payload = {"spec": spec.to_json(), "ceiling": ceiling, "threads": torch.get_num_threads(),
                "retain": retain_memory, "profile": profile_misses}
     try:
-        line = child_output("benchmarks.harness.isolated", payload, timeout)
+        line = child_output("attnkit.benchmarking.isolated", payload, timeout)
     except RuntimeError as err:
         raise RuntimeError(f"the child measuring {spec.label!r} failed: {err}") from None
     return [Row(**row) for row in json.loads(line)]
 
 
 def main(payload: str) -> None:
-    from attnkit.runtime import retain_freed_memory
-
+    from ..runtime import retain_freed_memory
     from .rows import Spec, run_spec
 
     data = json.loads(payload)

@@ -1,9 +1,8 @@
 """The two sides of a benchmark comparison: attnkit, and what a torch user would write instead.
 
-A :class:`Method` is a zero-argument forward callable plus the leaf tensors its
-backward fills, so that timing, the correctness check and the memory child all
-run exactly the same code. Anything a comparison needs once (a dense mask, a
-dense bias, a compiled kernel) is built when the method is made, outside timing.
+Each side is a :class:`~.side.Method` (a forward callable and the leaves its backward
+fills). Anything a comparison needs once (a dense mask, a dense bias, a compiled kernel)
+is built when the method is made, outside timing.
 
 Comparison kinds (``theirs``):
 
@@ -26,37 +25,28 @@ compile time stays out of the timing (it is shown in the row's notes).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from attnkit.analysis.patterns import dense_bias, make_bias, make_mask
-from attnkit.bias import apply_modifier
-from attnkit.core import attention, explain
+from ..analysis.patterns import dense_bias, make_bias, make_mask
+from ..analysis.timing import time_once
+from ..bias import apply_modifier
+from ..core import attention, explain
+from .side import Method, Unavailable
 
 __all__ = ["KINDS", "Method", "Unavailable", "ours", "theirs", "problem"]
 
 KINDS = ("sdpa", "sdpa-mask", "sdpa-bias", "eager", "flex", "fp32", "compiled-sdpa-mask", "attnkit-eager")
 
 
-class Unavailable(Exception):
-    """A comparison that cannot run here; the message is shown as ``n/a: <message>``."""
-
-
-class Method(NamedTuple):
-    name: str
-    fn: Callable[[], torch.Tensor]
-    leaves: tuple[torch.Tensor, ...]
-    notes: dict | None = None  # e.g. compile seconds, shown next to the row
-    same: bool = True  # computes the same function as attnkit's side (False: a throughput reference only)
-
-
 def problem(case):
-    """``(q, k, v, mask, modifier)`` of a case (same seed, so every side sees the same numbers)."""
+    """``(q, k, v, mask, modifier)`` of a case (same seed, so every side sees the same numbers), on its device."""
     q, k, v = case.inputs()
-    return q, k, v, make_mask(case.mask, q.shape[2]), make_bias(case.bias, case.heads)
+    modifier = make_bias(case.bias, case.heads)
+    if isinstance(modifier, torch.nn.Module):  # a learned table lives where the inputs do
+        modifier = modifier.to(q.device)
+    return q, k, v, make_mask(case.mask, q.shape[2]), modifier
 
 
 def ours(case, q, k, v, mask, modifier, backend: str = "auto", compiled: bool = False) -> Method:
@@ -70,21 +60,22 @@ def ours(case, q, k, v, mask, modifier, backend: str = "auto", compiled: bool = 
 
 def _compiled(method: Method, prefix: str) -> Method:
     """``method`` under ``torch.compile(fullgraph=True)``, compiled and run once (forward and backward) here."""
-    import time
-
     fn = torch.compile(method.fn, fullgraph=True)
-    start = time.perf_counter()
-    out = fn()
-    if out.requires_grad:
-        out.sum().backward()
-        for leaf in method.leaves:
-            leaf.grad = None
-    notes = {**(method.notes or {}), "compile s": round(time.perf_counter() - start, 1)}
+
+    def first_call():
+        out = fn()
+        if out.requires_grad:
+            out.sum().backward()
+            for leaf in method.leaves:
+                leaf.grad = None
+
+    seconds, _ = time_once(first_call, method.leaves[0].device)
+    notes = {**(method.notes or {}), "compile s": round(seconds, 1)}
     return Method(prefix + method.name, fn, method.leaves, notes, method.same)
 
 
 def _dense_mask(mask, q, k) -> torch.Tensor:
-    dense = mask.materialize(q.shape[2], k.shape[2], batch=q.shape[0])  # (B|1, 1, Lq, Lk)
+    dense = mask.materialize(q.shape[2], k.shape[2], batch=q.shape[0], device=q.device)  # (B|1, 1, Lq, Lk)
     return dense[0, 0] if dense.shape[0] == 1 else dense
 
 
@@ -97,7 +88,7 @@ def _sdpa(case, q, k, v, mask, modifier) -> Method:
         return Method(f"torch sdpa (is_causal{suffix})",
                       lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), same=same)
     if mask.key_padding() is mask:  # reads only (b, kv): the (B, 1, 1, Lk) key mask a user passes
-        keep = mask.materialize(1, k.shape[2], batch=q.shape[0])
+        keep = mask.materialize(1, k.shape[2], batch=q.shape[0], device=q.device)
         return Method(f"torch sdpa (key mask{suffix})",
                       lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=keep), (q, k, v), same=same)
     raise Unavailable(f"SDPA takes {case.mask} only as a dense mask (compare sdpa-mask)")
@@ -117,6 +108,7 @@ def _sdpa_bias(case, q, k, v, mask, modifier) -> Method:
     bias = dense_bias(case.bias, case.heads, q.shape[2], k.shape[2], q.dtype)
     if bias is None:
         raise Unavailable(f"{case.bias} is not an additive bias")
+    bias = bias.to(q.device)
     if mask is not None:
         bias = bias.masked_fill(~_dense_mask(mask, q, k), -math.inf)
     return Method("torch sdpa (dense float bias)",
@@ -125,9 +117,10 @@ def _sdpa_bias(case, q, k, v, mask, modifier) -> Method:
 
 def _eager(case, q, k, v, mask, modifier) -> Method:
     lq, lk = q.shape[2], k.shape[2]
-    idx = (torch.arange(q.shape[0]).view(-1, 1, 1, 1), torch.arange(q.shape[1]).view(1, -1, 1, 1),
-           torch.arange(lq).view(1, 1, -1, 1), torch.arange(lk).view(1, 1, 1, -1))
-    dense = None if mask is None else mask.materialize(lq, lk, batch=q.shape[0])
+    arange = lambda n: torch.arange(n, device=q.device)
+    idx = (arange(q.shape[0]).view(-1, 1, 1, 1), arange(q.shape[1]).view(1, -1, 1, 1),
+           arange(lq).view(1, 1, -1, 1), arange(lk).view(1, 1, 1, -1))
+    dense = None if mask is None else mask.materialize(lq, lk, batch=q.shape[0], device=q.device)
 
     def run():
         scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, Lq, Lk)

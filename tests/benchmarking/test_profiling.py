@@ -1,7 +1,8 @@
-"""The top operators shown for a missed target (benchmarks.harness.profiling)."""
+"""The top operators shown for a missed target (attnkit.benchmarking.profiling)."""
 
 import torch
-from benchmarks.harness.profiling import top_ops
+
+from attnkit.benchmarking.profiling import top_ops
 
 
 def test_top_ops_names_the_operators_of_a_call():

@@ -6,9 +6,8 @@ from collections.abc import Callable
 
 import torch
 
-from attnkit.analysis.timing import with_backward
-
-from .methods import Method
+from ..analysis.timing import with_backward
+from .side import Method
 
 __all__ = ["tolerance", "verdict", "timed_call", "outputs_and_grads", "max_diff"]
 

@@ -1,6 +1,6 @@
 """A GPT-style language model in plain torch (``torch.nn`` + a given attention function), with its own KV cache.
 
-The comparison model of ``benchmarks/whole_models.py``: the architecture of
+The comparison model of :mod:`attnkit.benchmarking.whole_models`: the architecture of
 ``attnkit.models.TransformerLM(norm_first=True, positional="learned", activation="gelu", dropout=0)``
 (Radford et al. 2018/2019: pre-norm decoder blocks, learned positions, a final LayerNorm)
 written out directly::

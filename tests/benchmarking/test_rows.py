@@ -1,4 +1,4 @@
-"""One row of the issue-7 suite (benchmarks.harness.rows, .methods, .check): structure, the correctness check, verdicts.
+"""One row of the benchmark suite (attnkit.benchmarking.rows, .methods, .check): structure, the check, verdicts.
 
 Tiny sizes only and no timed assertion: every check is about structure or values.
 """
@@ -10,12 +10,12 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from benchmarks.harness import methods as bench_methods
-from benchmarks.harness.methods import Method
-from benchmarks.harness.rows import Spec, run_spec, verdict
 
 from attnkit.analysis.timing import Case
-from tests.benchmarks.helpers import tiny as _tiny
+from attnkit.benchmarking import methods as bench_methods
+from attnkit.benchmarking.rows import Spec, run_spec, verdict
+from attnkit.benchmarking.side import Method
+from tests.benchmarking.helpers import tiny as _tiny
 
 
 @pytest.mark.parametrize("backward", [False, True])

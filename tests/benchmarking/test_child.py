@@ -1,9 +1,8 @@
-"""Peak memory of one side of a spec, measured in a fresh child process (benchmarks.harness.child)."""
-
-from benchmarks.harness.child import side_peak
-from benchmarks.harness.rows import Spec
+"""Peak memory of one side of a spec, measured in a fresh child process (attnkit.benchmarking.child)."""
 
 from attnkit.analysis.timing import Case
+from attnkit.benchmarking.child import side_peak
+from attnkit.benchmarking.rows import Spec
 
 
 def test_side_peak_counts_the_dense_mask_a_baseline_holds():
