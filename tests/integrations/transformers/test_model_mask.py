@@ -103,3 +103,9 @@ def test_model_code_reading_the_mask_compiles_whole(name):
     for got, want in zip(compiled(scores, _padding(block)), (scores + expected, expected[:, 0],
                                                             scores.masked_fill(expected != 0, 5.0)), strict=True):
         assert torch.equal(got, want)
+
+
+def test_asking_for_a_name_no_tensor_has_builds_nothing():
+    got, _ = _both("causal", (3, 6, 3, 0))
+    assert not hasattr(got, "is_causal_skip") and got._dense is None
+    assert hasattr(got, "masked_fill") and got._dense is not None

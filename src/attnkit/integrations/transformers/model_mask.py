@@ -90,9 +90,10 @@ class ModelMask:
         return func(*args, **kwargs)
 
     def __getattr__(self, name):
-        # only names the object lacks get here: a tensor's attributes and methods (.to, .masked_fill, .bool, ...)
-        if name.startswith("_"):
-            raise AttributeError(name)
+        # only names the object lacks get here: a tensor's attributes and methods (.to, .masked_fill, .bool, ...);
+        # any other name (a probe such as hasattr(mask, "x")) is missing without building the tensor
+        if name.startswith("_") or not hasattr(torch.Tensor, name):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(self.dense(), name)
 
     def __getitem__(self, index):
