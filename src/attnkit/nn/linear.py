@@ -46,7 +46,7 @@ def accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _causal_sums(phi_q, phi_k, v, chunk):
+def causal_sums(phi_q, phi_k, v, chunk):
     """Numerator and normaliser over ``j <= i``: exact within chunks, prefix sums of chunk states across."""
     n = phi_q.shape[2]
     pad = (-n) % chunk
@@ -71,7 +71,7 @@ def feature_map_attention(phi_q, phi_k, v, *, causal: bool, chunk_size: int = 64
     acc = accumulate_dtype(v.dtype)
     phi_q, phi_k, vv = phi_q.to(acc), phi_k.to(acc), v.to(acc)
     if causal:
-        num, den = _causal_sums(phi_q, phi_k, vv, chunk_size)
+        num, den = causal_sums(phi_q, phi_k, vv, chunk_size)
     else:
         num = phi_q @ (phi_k.transpose(-1, -2) @ vv)  # (b, h, n, dv) through an (f, dv) state
         den = phi_q @ phi_k.sum(2).unsqueeze(-1)  # (b, h, n, 1)
