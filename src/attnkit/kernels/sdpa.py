@@ -103,10 +103,11 @@ def _additive(allowed: torch.Tensor, dtype) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, _NEG_INF)
 
 
-def _with_empty_rows(allowed: torch.Tensor, dtype) -> KernelMask:
-    """Off the CPU a row with no allowed key is given every key (:func:`run` zeroes it): no kernel sees ``-inf`` rows."""
+def _with_empty_rows(allowed: torch.Tensor, dtype, open_empty: bool = False) -> KernelMask:
+    """``open_empty`` (off the CPU): a row with no allowed key is given every key, and :func:`run` zeroes it after,
+    so no kernel sees a row of ``-inf``."""
     empty = ~allowed.any(-1)
-    if allowed.device.type != "cpu":
+    if open_empty:
         allowed = allowed | empty[..., None]
     return KernelMask(_additive(allowed, dtype), False, empty)
 
@@ -117,7 +118,7 @@ def causal_mask(lq: int, lk: int, offset: int, dtype, device) -> KernelMask:
         return KernelMask(None, False, None)
     key = (lq, lk, offset, dtype, str(device))
     return _CAUSAL_MASKS.get_or_build(key, lambda: _with_empty_rows(
-        torch.ones(lq, lk, dtype=torch.bool, device=device).tril(offset), dtype))
+        torch.ones(lq, lk, dtype=torch.bool, device=device).tril(offset), dtype, torch.device(device).type != "cpu"))
 
 
 def kernel_mask(p: Problem, dtype) -> KernelMask:
@@ -131,13 +132,14 @@ def kernel_mask(p: Problem, dtype) -> KernelMask:
         return KernelMask(None, True, None)
     if kind == "causal":
         return causal_mask(lq, lk, lk - lq if m.align == "bottom_right" else 0, dtype, p.q.device)
+    open_empty = rules.device_type(p) != "cpu"
     if kind == "tensor":
-        return _with_empty_rows(m.tensor, dtype)
+        return _with_empty_rows(m.tensor, dtype, open_empty)
     if kind == "keys":  # a (B, H|1, 1, Lk) mask, built once per mask and sizes
-        key = (lk, batch, heads, dtype, str(p.q.device))
+        key = (lk, batch, heads, dtype, str(p.q.device), open_empty)
         return cache.on(m, "sdpa", max_entries=8).get_or_build(key, lambda: _with_empty_rows(
-            m.materialize(1, lk, batch=batch, heads=heads, device=p.q.device), dtype))
-    return _with_empty_rows(m.materialize(lq, lk, batch=batch, heads=heads, device=p.q.device), dtype)
+            m.materialize(1, lk, batch=batch, heads=heads, device=p.q.device), dtype, open_empty))
+    return _with_empty_rows(m.materialize(lq, lk, batch=batch, heads=heads, device=p.q.device), dtype, open_empty)
 
 
 def trustworthy(out: torch.Tensor, lse: torch.Tensor, empty_rows: torch.Tensor | None) -> bool:
