@@ -25,6 +25,8 @@ FEW_KV_HEADS = {  # kv heads, options: the default mesh for H_kv = 2 is 2 x 2 al
     "2 kv heads, default mesh": (2, {}),
     "1 kv head, repeated": (1, MESH),
 }
+HEAD_BIAS = torch.randn(1, cases.HEADS, cases.LENGTH, cases.LENGTH, dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(9))  # each rank reads its heads' slice
 BYTE_MASKS = {"none": None, "causal": masks.causal(), "window_both_sides": masks.sliding_window(2, 2)}
 
 
@@ -44,8 +46,9 @@ def _errors():
 
 
 def _run(rank, world):
+    every = {**cases.cases(), "tensor_bias": {"bias": HEAD_BIAS, "mask": masks.causal()}}
     found = {"sweep": {(layout, name): cases.compare("usp", layout, kw, options=MESH)
-                       for (name, kw), layout in itertools.product(cases.cases().items(), cases.LAYOUTS)}}
+                       for (name, kw), layout in itertools.product(every.items(), cases.LAYOUTS)}}
     found["few"] = {(layout, name): cases.compare("usp", layout, {"kv_heads": kv, "mask": masks.causal()},
                                                   options=options)
                     for (name, (kv, options)), layout in itertools.product(FEW_KV_HEADS.items(), cases.LAYOUTS)}
@@ -61,7 +64,7 @@ def usp_runs():
     return spawn.run(_run, 4)
 
 
-@pytest.mark.parametrize(("layout", "case"), list(itertools.product(cases.LAYOUTS, cases.cases())))
+@pytest.mark.parametrize(("layout", "case"), list(itertools.product(cases.LAYOUTS, [*cases.cases(), "tensor_bias"])))
 def test_a_2x2_mesh_matches_one_process_forward_and_backward(usp_runs, layout, case):
     for rank, found in enumerate(usp_runs):
         errors = found["sweep"][layout, case]

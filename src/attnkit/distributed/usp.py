@@ -72,17 +72,27 @@ def mesh(comm: Comm, size: int) -> tuple[Comm, Comm]:
     return Comm(heads), Comm(ring_group)
 
 
-def ring_setting(s: Setting, *, h0: int, world: int, layout: str, batch: int, heads: int, device) -> Setting:
-    """The setting of the ring stage: chunks over ``world`` ring ranks, mask and bias read from global head h0."""
+def ring_setting(s: Setting, *, h0: int, local_heads: int, world: int, layout: str, batch: int, heads: int,
+                 device) -> Setting:
+    """The setting of the ring stage: chunks over ``world`` ring ranks, mask and bias read at global heads
+    ``[h0, h0 + local_heads)`` of ``heads`` (the chunk plan stays the one of all heads: the same on every rank)."""
     chunk = chunk_size(s.length, layout, world)
     active, full = chunk_maps(s.mask, s.length, chunk, batch, heads, device)
     mask = shifted(s.mask, h0=h0, q_len=s.length, kv_len=s.length)
     if isinstance(s.bias, torch.Tensor):
-        bias = s.bias[:, h0:h0 + heads // world] if s.bias.shape[1] > 1 else s.bias
+        bias = s.bias[:, h0:h0 + local_heads] if s.bias.shape[1] > 1 else s.bias
     else:
         bias = shift_modifier(s.bias, h0=h0, q_len=s.length, kv_len=s.length)
     return dataclasses.replace(s, mask=mask, bias=bias, chunk=chunk, active=as_rows(active), full=as_rows(full),
                                active_map=active, full_map=full)
+
+
+def _stage(comm: Comm, setting: Setting, layout: str, size: int, batch: int, heads: int, device):
+    """``(Ulysses comm, ring comm, the ring stage's setting)`` of this rank on the mesh."""
+    heads_comm, ring_comm = mesh(comm, size)
+    stage = ring_setting(setting, h0=heads_comm.rank * (heads // size), local_heads=heads // size,
+                         world=ring_comm.world, layout=layout, batch=batch, heads=heads, device=device)
+    return heads_comm, ring_comm, stage
 
 
 def usp_attention(q, k, v, setting: Setting, comm: Comm, layout: str, size: int, with_lse: bool = True):
@@ -91,14 +101,11 @@ def usp_attention(q, k, v, setting: Setting, comm: Comm, layout: str, size: int,
         return ulysses.ulysses_attention(q, k, v, setting, comm, layout, with_lse)
     if size == 1:
         return ring.ring_attention(q, k, v, setting, comm, layout)
-    heads_comm, ring_comm = mesh(comm, size)
-    heads = q.shape[1]
+    heads_comm, ring_comm, stage = _stage(comm, setting, layout, size, q.shape[0], q.shape[1], q.device)
     g = ulysses.kv_repeat(k.shape[1], size)
     if g > 1:
         k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
     q, k, v = ulysses._Reshard.apply(True, heads_comm, layout, q, k, v)  # (B, H/U, L/R, D)
-    stage = ring_setting(setting, h0=heads_comm.rank * (heads // size), world=ring_comm.world, layout=layout,
-                         batch=q.shape[0], heads=heads, device=q.device)
     out, lse = ring.ring_attention(q, k, v, stage, ring_comm, layout)
     if not with_lse:
         return ulysses._Reshard.apply(False, heads_comm, layout, out)[0], None
@@ -131,7 +138,5 @@ def ring_sends(comm: Comm, setting: Setting, layout: str, batch: int, heads: int
         return None
     if size == 1:
         return ring.RingPlan(comm, setting, layout).sends()
-    heads_comm, ring_comm = mesh(comm, size)
-    stage = ring_setting(setting, h0=heads_comm.rank * (heads // size), world=ring_comm.world, layout=layout,
-                         batch=batch, heads=heads, device=device)
+    _, ring_comm, stage = _stage(comm, setting, layout, size, batch, heads, device)
     return ring.RingPlan(ring_comm, stage, layout).sends()
