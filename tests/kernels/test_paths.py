@@ -341,7 +341,7 @@ def test_explain_names_the_device_in_the_reasons_of_rows_serving_another():
 
 def test_forcing_flex_off_cuda_names_the_device():
     q, k, v = rand_qkv(1, 2, 300, 300, 16)
-    with pytest.raises(attnkit.BackendError, match="backend='flex'.*CUDA only"):
+    with pytest.raises(attnkit.BackendError, match=r"backend='flex'.*CUDA only"):
         attnkit.attention(q, k, v, mask=masks.sliding_window(8), backend="flex")
     forced = dispatch.choose(on_device(_prepare(q, k, v, mask=masks.sliding_window(8)), "cuda"), "blocksparse")
     assert forced.path.name == "blocksparse-gathered"  # the block path that serves every device

@@ -69,19 +69,19 @@ def _check_inputs(q, k, v, decode: bool = False):
 
 
 def _full_size(name, t, batch, heads, length, q_len=None):
-    """A tensor mask/bias broadcastable to ``(B, H, Lq, L)`` (``Lq = L`` unless given), as 4-D."""
+    """A tensor mask/bias broadcastable to ``(B, H, L, L)`` (``(B, H, Lq, L)`` for decoding), as 4-D."""
+    shape = "(B, H, L, L)" if q_len is None else "(B, H, Lq, L)"
     q_len = length if q_len is None else q_len
     t4 = t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)) if t.dim() <= 4 else t
     ok = t.dim() <= 4 and t4.shape[-1] == length and all(
         s in (1, f) for s, f in zip(t4.shape, (batch, heads, q_len, length), strict=True))
     if not ok:
-        raise ShapeError(f"{_WHO}: a {name} tensor must broadcast to the global scores (B, H, Lq, L) = "
+        raise ShapeError(f"{_WHO}: a {name} tensor must broadcast to the global scores {shape} = "
                          f"{(batch, heads, q_len, length)} (last dim exactly L); got {tuple(t.shape)}")
     return t4
 
 
 def _check_mask(mask, batch, heads, length, q_len=None):
-    q_len = length if q_len is None else q_len
     if mask is None:
         return None
     if isinstance(mask, torch.Tensor):
@@ -91,7 +91,7 @@ def _check_mask(mask, batch, heads, length, q_len=None):
     if not isinstance(mask, Mask):
         raise DTypeError(f"{_WHO}: mask must be an attnkit.masks.Mask or a bool tensor; got {type(mask).__name__}")
     for name, want, got in (("batch", mask.batch_size, batch), ("heads", mask.num_heads, heads),
-                            ("q_len", mask.q_len, q_len), ("kv_len", mask.kv_len, length)):
+                            ("q_len", mask.q_len, length if q_len is None else q_len), ("kv_len", mask.kv_len, length)):
         if want is not None and want != got:
             raise ShapeError(f"{_WHO}: mask {mask!r} holds data for {name}={want}; the global problem has {got} "
                              "(masks are given for the full sequence)")
@@ -222,8 +222,8 @@ def plan(q, k, v, *, mask, bias, scale, scheme, layout, world: int, ulysses_size
     if scheme == "ulysses":
         ulysses.check_heads(heads, world)
     size = usp.ulysses_size(heads, k.shape[1], world, ulysses_size) if scheme == "usp" else None
-    mask = _check_mask(mask, batch, heads, length, q_len)
-    bias = _check_bias(bias, batch, heads, length, q_len)
+    mask = _check_mask(mask, batch, heads, length, q_len if decode else None)
+    bias = _check_bias(bias, batch, heads, length, q_len if decode else None)
     if scheme in ("ring", "usp") and _learned(bias):
         raise ArgumentError(f"{_WHO}: scheme={scheme!r} runs the ring, which recomputes its blocks in its own "
                             "backward and gives no gradient to a learned bias (a bias tensor or modifier with "

@@ -101,7 +101,8 @@ class Choice:
     """
 
     path: Path
-    rule: str  # "simple mask", "flex", "sparse", "dense mask", "small", "chunked", "forced", "meta", "symbolic", "empty"
+    rule: str  # "simple mask", "flex", "sparse", "dense mask", "small", "chunked", "forced", "meta", "symbolic",
+    # "empty"
     density: float | None = None
     sparse: Path | None = None  # the block-sparse path the density belongs to
     backend: str = "auto"
