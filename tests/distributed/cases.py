@@ -44,9 +44,9 @@ def cases(length=LENGTH, heads=HEADS):
     }
 
 
-def _tensors(seed, kv_heads, length):
+def _tensors(seed, kv_heads, length, device=None):
     g = torch.Generator().manual_seed(seed)
-    draw = lambda *shape: torch.randn(*shape, dtype=torch.float64, generator=g)
+    draw = lambda *shape: torch.randn(*shape, dtype=torch.float64, generator=g).to(device)  # same numbers anywhere
     return (draw(BATCH, HEADS, length, HEAD_DIM), draw(BATCH, kv_heads, length, HEAD_DIM),
             draw(BATCH, kv_heads, length, VALUE_DIM), draw(BATCH, HEADS, length, VALUE_DIM), draw(BATCH, HEADS, length))
 
@@ -63,11 +63,11 @@ def _lse_error(got, want):
     return (got[finite] - want[finite]).abs().max().item() if finite.any() else 0.0
 
 
-def compare(scheme, layout, kwargs, *, group=None, seed=0, length=LENGTH, options=None):
+def compare(scheme, layout, kwargs, *, group=None, seed=0, length=LENGTH, options=None, device=None):
     """``[output, lse, dq, dk, dv]`` largest differences on this rank's shard (``options``: of the distributed call
-    only, e.g. ``ulysses_size``)."""
+    only, e.g. ``ulysses_size``; ``device``: where the tensors live, this rank's GPU under NCCL)."""
     kwargs = dict(kwargs)
-    q, k, v, g_out, g_lse = _tensors(seed, kwargs.pop("kv_heads", HEADS), length)
+    q, k, v, g_out, g_lse = _tensors(seed, kwargs.pop("kv_heads", HEADS), length, device)
     full = [t.clone().requires_grad_() for t in (q, k, v)]
     want = attnkit.attention(*full, return_lse=True, backend="reference", **kwargs)
     _loss(want.output, want.lse, g_out, g_lse).backward()
@@ -79,9 +79,9 @@ def compare(scheme, layout, kwargs, *, group=None, seed=0, length=LENGTH, option
     return errors + [(a.grad - cut(b.grad)).abs().max().item() for a, b in zip(local, full, strict=True)]
 
 
-def sweep(group=None, *, seed=0, length=LENGTH):
+def sweep(group=None, *, seed=0, length=LENGTH, device=None):
     """Every scheme x layout x case on ``group``: ``{(scheme, layout, case): errors}``."""
-    return {(scheme, layout, name): compare(scheme, layout, kw, group=group, seed=seed, length=length)
+    return {(scheme, layout, name): compare(scheme, layout, kw, group=group, seed=seed, length=length, device=device)
             for (name, kw), scheme, layout in itertools.product(cases(length).items(), SCHEMES, LAYOUTS)}
 
 

@@ -39,9 +39,9 @@ CASES = {
 }
 
 
-def _compare(layout, kwargs):
+def _compare(layout, kwargs, device=None):
     kwargs = dict(kwargs)
-    q, k, v, g_out, g_lse = cases._tensors(11, kwargs.pop("kv_heads", cases.HEADS), cases.LENGTH)
+    q, k, v, g_out, g_lse = cases._tensors(11, kwargs.pop("kv_heads", cases.HEADS), cases.LENGTH, device)
     q, g_out, g_lse = q[..., -STEP:, :], g_out[..., -STEP:, :], g_lse[..., -STEP:]
     full = [t.clone().requires_grad_() for t in (q, k, v)]
     want = attnkit.attention(*full, return_lse=True, backend="reference", **kwargs)
