@@ -1,8 +1,8 @@
 """Run a function on W gloo processes on this machine and collect what each rank returns.
 
 ``run(fn, world)`` starts ``world`` processes (torch.multiprocessing, see start_method), joins them in a
-gloo process group (``backend="nccl"``: NCCL, rank r on GPU r) on 127.0.0.1 at a free port, calls ``fn(rank, world)`` on each and
-returns the list of their answers (rank order). An exception on any rank fails the call
+gloo process group (``backend="nccl"``: NCCL, rank r on GPU r) on 127.0.0.1 at a free port, calls
+``fn(rank, world)`` on each and returns the list of their answers (rank order). An exception on any rank fails the call
 with that rank's traceback; a rank stuck in a collective is ended by the group timeout.
 """
 
