@@ -42,7 +42,7 @@ import torch
 from .core import attention
 from .errors import ArgumentError, ShapeError, UnsupportedFeature
 from .functional import cache
-from .functional.block_masks import from_block_mask
+from .functional.flex_tiles import from_block_mask
 
 __all__ = ["flex_attention", "ATTNKIT_DEVICES"]
 

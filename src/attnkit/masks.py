@@ -32,7 +32,7 @@ import torch
 
 from .errors import ArgumentError, DTypeError, check_int
 from .functional import mask_parse
-from .functional.block_masks import from_block_mask
+from .functional.flex_tiles import from_block_mask
 from .functional.indexed_masks import (
     _FAR,
     TensorMask,

@@ -138,3 +138,15 @@ def padding_is_inert(build, call, *, layout, padded):
         diff = max((a - b).abs().max().item() for a, b in zip((out, *grads), (ref_out, *ref_grads), strict=True))
         found[fill] = (finite, diff if finite else float("inf"))
     return found
+
+
+def raised(calls) -> dict:
+    """``name -> (error class name, message)`` of each call (``("no error", "")`` when it returned)."""
+    found = {}
+    for name, call in calls.items():
+        try:
+            call()
+            found[name] = ("no error", "")
+        except attnkit.AttnkitError as e:
+            found[name] = (type(e).__name__, str(e))
+    return found

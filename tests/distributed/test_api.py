@@ -42,14 +42,7 @@ def _errors_raised(rank, pair):
     }
     if rank not in GROUPS[2]:
         calls["not_a_member"] = lambda: attention(q, q, q, group=pair)
-    found = {}
-    for name, call in calls.items():
-        try:
-            call()
-            found[name] = ("no error", "")
-        except attnkit.AttnkitError as e:
-            found[name] = (type(e).__name__, str(e))
-    return found
+    return cases.raised(calls)
 
 
 def _contract_checks(rank, world):

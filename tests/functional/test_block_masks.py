@@ -1,11 +1,10 @@
-"""functional/block_masks.py: attnkit masks <-> FlexAttention's BlockMask, lossless at the level of tiles.
+"""functional/block_masks.py: attnkit masks as FlexAttention's BlockMask, with the tiles torch builds.
 
-- a BlockMask from torch's ``create_block_mask`` read back as an attnkit mask allows exactly
-  what its mask_mod allows (torch's own dense ``create_mask`` is the picture compared), and
-  its round trip through ``Mask.to_block_mask`` returns the same tiles;
 - an attnkit mask's BlockMask has the tiles ``create_block_mask`` builds from the mask's own
-  predicate (the partial tiles at a sequence's end included), read from its analytic layout;
-- layouts at other block sizes derived from the tiles never drop an allowed entry.
+  predicate (the partial tiles at a sequence's end included), read from its analytic layout,
+  and FlexAttention runs it to attnkit's answer;
+- a BlockMask from ``create_block_mask`` read back (:mod:`attnkit.functional.flex_tiles`) and
+  turned into a BlockMask again keeps its tiles: the round trip is lossless.
 """
 
 from __future__ import annotations
@@ -16,7 +15,8 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, crea
 
 import attnkit
 from attnkit import masks
-from attnkit.functional.block_masks import from_block_mask, mask_mod, to_block_mask
+from attnkit.functional.block_masks import mask_mod, to_block_mask
+from attnkit.functional.flex_tiles import from_block_mask
 
 L = 300  # not a multiple of the 128 tile: the last tiles are cut
 DOCS = torch.tensor([0] * 70 + [1] * 150 + [2] * 80)
@@ -41,16 +41,6 @@ def _ordered_equal(a: BlockMask, b: BlockMask) -> None:
         used = torch.arange(getattr(a, idx).shape[-1]) < getattr(a, num)[..., None]
         assert torch.equal(getattr(a, idx)[used], getattr(b, idx)[used]), idx
     assert a.seq_lengths == b.seq_lengths and a.BLOCK_SIZE == b.BLOCK_SIZE
-
-
-@pytest.mark.parametrize("name", list(GYM))
-def test_a_block_mask_read_back_allows_what_flex_allows(name):
-    heads = 3 if name == "per head" else None
-    bm = create_block_mask(GYM[name], None, heads, L, L, device="cpu")
-    mask = from_block_mask(bm)
-    picture = mask.materialize(L, L, heads=3)
-    assert torch.equal(picture, torch.broadcast_to(create_mask(GYM[name], 1, 3, L, L, device="cpu"), picture.shape))
-    assert (mask.q_len, mask.kv_len, mask.num_heads) == (L, L, heads)
 
 
 @pytest.mark.parametrize("name", list(GYM))
@@ -95,24 +85,6 @@ def test_flex_runs_the_block_mask_of_an_attnkit_mask():
                                rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("block_size", [32, 64, 96, 200])
-def test_layouts_at_other_block_sizes_keep_every_allowed_entry(block_size):
-    bm = create_block_mask(GYM["documents"], None, None, L, L, device="cpu")
-    mask = from_block_mask(bm)
-    derived = mask.block_layout(L, L, block_size)
-    exact = mask.block_layout(L, L, block_size, exact=True)
-    assert bool((derived.active | ~exact.active).all()) and bool((exact.full | ~derived.full).all())
-    assert 0 < derived.density < 1 or block_size > 128  # small blocks inside empty tiles stay empty
-
-
-def test_a_block_mask_without_mask_mod_allows_its_whole_tiles():
-    dense = torch.tensor([[True, False, False], [True, True, False], [False, False, True]])
-    num, idx = dense.sum(-1, dtype=torch.int32), torch.argsort(dense.int(), dim=-1, descending=True, stable=True).int()
-    bm = BlockMask.from_kv_blocks(num[None, None], idx[None, None], BLOCK_SIZE=4, seq_lengths=(12, 12))
-    picture = from_block_mask(bm).materialize(12, 12)[0, 0]
-    assert torch.equal(picture, dense.repeat_interleave(4, 0).repeat_interleave(4, 1))
-
-
 def test_mask_mod_reads_the_mask_at_the_call_lengths_with_32_bit_indices():
     mod = mask_mod(masks.causal(), 3, 5)  # bottom-right: query i sees keys j <= i + 2
     i32 = lambda n: torch.tensor(n, dtype=torch.int32)
@@ -120,15 +92,5 @@ def test_mask_mod_reads_the_mask_at_the_call_lengths_with_32_bit_indices():
 
 
 def test_bad_arguments_are_refused():
-    with pytest.raises(attnkit.DTypeError, match="BlockMask"):
-        from_block_mask(torch.ones(3, 3, dtype=torch.bool))
     with pytest.raises(attnkit.ArgumentError, match="block_size"):
         to_block_mask(masks.causal(), 8, 8, block_size=0)
-    bm = create_block_mask(lambda b, h, q, k: q >= k, None, None, 256, 256, device="cpu")
-    q = torch.randn(1, 1, 128, 8)
-    with pytest.raises(attnkit.ShapeError, match="q_len=256"):
-        attnkit.attention(q, q, q, mask=from_block_mask(bm))
-    bad = BlockMask.from_kv_blocks(bm.kv_num_blocks, bm.kv_indices, BLOCK_SIZE=128, seq_lengths=(256, 256),
-                                   mask_mod=lambda b, h, q, k: (q - k).float())
-    with pytest.raises(attnkit.DTypeError, match="bool"):
-        from_block_mask(bad).materialize(256, 256)

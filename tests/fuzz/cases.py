@@ -132,11 +132,11 @@ def _flex_block_mask(draw, lq, lk, block):
     """A FlexAttention BlockMask with random partial and full tiles and a mask_mod for the partial ones."""
     from torch.nn.attention.flex_attention import BlockMask
 
+    from attnkit.functional.block_masks import ordered
+
     nq, nk = -(-lq // block), -(-lk // block)
     active, full = draw(_bools((1, 1, nq, nk))), draw(_bools((1, 1, nq, nk)))
     partial, full = active & ~full, active & full
-    ordered = lambda d: (d.sum(-1, dtype=torch.int32),
-                         torch.argsort(d.int(), dim=-1, descending=True, stable=True).int())
     period = draw(st.integers(2, 5))
     return BlockMask.from_kv_blocks(*ordered(partial), *ordered(full), BLOCK_SIZE=block, seq_lengths=(lq, lk),
                                     mask_mod=lambda b, h, i, j: (i + 2 * j) % period != 0)
