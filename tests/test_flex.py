@@ -17,6 +17,7 @@ from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, cre
 from torch.nn.attention.flex_attention import flex_attention as torch_flex
 
 import attnkit
+from attnkit.flex import register_transformers, transformers_attention
 from tests.helpers import rand_qkv
 from tests.oracle import dense_attention
 
@@ -147,6 +148,36 @@ def test_off_the_cpu_it_calls_torchs_compiled_kernel_with_every_argument(monkeyp
     options = {"BLOCK_M": 64}
     assert attnkit.flex_attention(q, q, q, scale=0.5, kernel_options=options) == "torch's answer"
     assert seen["compiled"] and seen["kwargs"]["scale"] == 0.5 and seen["kwargs"]["kernel_options"] is options
+
+
+def test_a_transformers_model_with_flexattention_masks_trains_on_the_cpu_as_with_sdpa():
+    """Against transformers' "sdpa" implementation in float64 (its "eager" one takes the softmax in float32)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    name = register_transformers()
+    config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).double()
+    ids = torch.randint(0, 50, (2, 20), generator=torch.Generator().manual_seed(1))
+    found = {}
+    for impl in ("sdpa", name):
+        model.set_attn_implementation(impl)
+        model.zero_grad()
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        found[impl] = (loss.detach(), [p.grad.clone() for p in model.parameters()])
+    torch.testing.assert_close(found[name][0], found["sdpa"][0], rtol=1e-12, atol=1e-12)
+    for got, want in zip(found[name][1], found["sdpa"][1], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_transformers_attention_refuses_what_it_cannot_honour():
+    q = torch.randn(1, 2, 8, 4)
+    with pytest.raises(attnkit.UnsupportedFeature, match="dropout"):
+        transformers_attention(None, q, q, q, None, dropout=0.1)
+    with pytest.raises(attnkit.UnsupportedFeature, match="register_transformers"):
+        transformers_attention(None, q, q, q, torch.zeros(1, 1, 8, 8))
 
 
 @pytest.mark.cuda

@@ -24,12 +24,12 @@ A row with no allowed key gives 0 and lse ``-inf`` on both. ``kernel_options`` t
 torch's generated kernels and is passed to them on CUDA; attnkit's paths choose their
 own tiles. The lse is the natural log-sum-exp, float32 (float64 for float64 inputs).
 
-transformers: its ``"flex_attention"`` implementation compiles torch's kernel and so
-cannot train on the CPU. The same models train there with ``attn_implementation="attnkit"``
-(:mod:`attnkit.integrations.transformers`), which reads their masks itself; or, keeping
-transformers' block masks, register a function that calls :func:`flex_attention` under a
-name of your own (``AttentionInterface.register("attnkit_flex", ...)`` with
-``AttentionMaskInterface.register("attnkit_flex", flex_attention_mask)``).
+transformers: its ``"flex_attention"`` implementation calls torch's kernel and so cannot
+train on the CPU. :func:`register_transformers` registers this function beside it, under a
+name of its own (``"attnkit_flex"``: transformers' own is left as it is): the same block
+masks transformers builds for FlexAttention, computed here, so ``attn_implementation=
+"attnkit_flex"`` trains on the CPU. (``attn_implementation="attnkit"``,
+:mod:`attnkit.integrations.transformers`, reads the models' masks itself instead.)
 
 Shapes: query ``(B, Hq, L, E)``, key ``(B, Hkv, S, E)``, value ``(B, Hkv, S, Ev)``;
 output ``(B, Hq, L, Ev)``, lse ``(B, Hq, L)``.
@@ -44,7 +44,7 @@ from .errors import ArgumentError, ShapeError, UnsupportedFeature
 from .functional import cache
 from .functional.flex_tiles import from_block_mask
 
-__all__ = ["flex_attention", "ATTNKIT_DEVICES"]
+__all__ = ["flex_attention", "transformers_attention", "register_transformers", "ATTNKIT_DEVICES"]
 
 ATTNKIT_DEVICES = ("cpu", "mps")  # where torch's FlexAttention has no backward: attnkit's paths compute it
 _WHO = "attnkit.flex_attention"
@@ -118,3 +118,43 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         from torch.nn.attention.flex_attention import AuxOutput
         return (result.output, AuxOutput(lse=result.lse)) if want_lse else (result, AuxOutput())
     return (result.output, result.lse) if want_lse else result
+
+
+def transformers_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
+                           position_bias=None, **kwargs):
+    """transformers' attention function (``AttentionInterface``) on :func:`flex_attention`.
+
+    Takes what transformers passes its ``"flex_attention"`` implementation: the block mask
+    (or None), the scaling, a soft-cap and a position bias (as the score_mod); returns the
+    output ``(B, L, H, Dv)`` and no weights. Dropout and attention sinks are refused.
+    """
+    if dropout or kwargs.get("s_aux") is not None:
+        raise UnsupportedFeature(f"{_WHO}: transformers' attention with dropout or attention sinks; use "
+                                 "attn_implementation='attnkit'")
+    if attention_mask is not None and not hasattr(attention_mask, "kv_num_blocks"):
+        raise UnsupportedFeature(f"{_WHO}: transformers passed a {type(attention_mask).__name__} mask; register "
+                                 "transformers' flex_attention_mask with this function (register_transformers)")
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        if softcap is not None:
+            score = softcap * torch.tanh(score / softcap)
+        if position_bias is not None:
+            score = score + position_bias[b, h, q_idx, kv_idx]
+        return score
+    out = flex_attention(query, key, value, score_mod=None if softcap is None and position_bias is None else score_mod,
+                         block_mask=attention_mask, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_transformers(name: str = "attnkit_flex") -> str:
+    """Register :func:`transformers_attention` and transformers' own FlexAttention masks under ``name``.
+
+    Then ``AutoModel.from_config(config, attn_implementation=name)`` builds FlexAttention's
+    block masks as transformers does and trains on the CPU. Returns ``name``.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flex_attention_mask
+
+    AttentionInterface.register(name, transformers_attention)
+    AttentionMaskInterface.register(name, flex_attention_mask)
+    return name
