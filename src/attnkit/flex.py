@@ -27,8 +27,8 @@ own tiles. The lse is the natural log-sum-exp, float32 (float64 for float64 inpu
 transformers: its ``"flex_attention"`` implementation calls torch's kernel and so cannot
 train on the CPU. :func:`register_transformers` registers this function beside it, under a
 name of its own (``"attnkit_flex"``: transformers' own is left as it is): the same block
-masks transformers builds for FlexAttention, computed here, so ``attn_implementation=
-"attnkit_flex"`` trains on the CPU. (``attn_implementation="attnkit"``,
+masks transformers builds for FlexAttention, computed here, so a model made with
+``attn_implementation="attnkit_flex"`` trains on the CPU. (``attn_implementation="attnkit"``,
 :mod:`attnkit.integrations.transformers`, reads the models' masks itself instead.)
 
 Shapes: query ``(B, Hq, L, E)``, key ``(B, Hkv, S, E)``, value ``(B, Hkv, S, Ev)``;
