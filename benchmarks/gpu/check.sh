@@ -10,8 +10,8 @@
 set -u
 cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-python3}
-TEST_BUDGET=${TEST_BUDGET:-200}
-ROW_BUDGET=${ROW_BUDGET:-200}
+TEST_BUDGET=${TEST_BUDGET:-240}
+ROW_BUDGET=${ROW_BUDGET:-180}
 LOGS=benchmarks/results/gpu
 mkdir -p "$LOGS"
 
@@ -31,7 +31,7 @@ timeout "$TEST_BUDGET" "$PYTHON" -m pytest -m cuda -q -p no:cacheprovider -o add
 tests_rc=${PIPESTATUS[0]}
 
 # 3. the rows, then the section
-timeout $((ROW_BUDGET + 90)) "$PYTHON" -m benchmarks.gpu.run --budget "$ROW_BUDGET" 2>&1 | tee "$LOGS/rows.log"
+timeout $((ROW_BUDGET + 60)) "$PYTHON" -m benchmarks.gpu.run --budget "$ROW_BUDGET" 2>&1 | tee "$LOGS/rows.log"
 "$PYTHON" -m benchmarks.gpu.run --report BENCHMARKS.md
 
 if [ -n "${OUT:-}" ]; then

@@ -76,18 +76,19 @@ def rows(quick: bool = False) -> list[GpuRow]:
     """Every GPU row, the most telling first (a run cut short by its budget keeps them); ``quick``: tiny sizes."""
     lengths, structured, window = ((256, 512), 512, 512) if quick else (LENGTHS, 8192, 16384)
     size = dict(tokens=1024, heads=2, head_dim=16) if quick else {}
-    out = [GpuRow("window ±128", "sdpa-mask", window, mask=STRUCTURED["window ±128"][0], backward=True, goal=0.1,
-                  **size)]
-    for backward in (False, True):
-        out += [GpuRow(label, "flex", structured, mask=mask, bias=bias, backward=backward, goal=1.10, **size)
-                for label, (mask, bias) in STRUCTURED.items()]
     simple = {"no mask": (None, None), "causal": ("causal()", None), "GQA, causal": ("causal()", 1 if quick else 4)}
-    for dtype, backward in (("bfloat16", False), ("bfloat16", True), ("float16", False)):
-        out += [GpuRow(label, "sdpa", length, dtype, mask, kv_heads=kv, backward=backward, goal=1.05, **size)
-                for length in lengths for label, (mask, kv) in simple.items()]
-    out += [GpuRow(label, "flash-attn", length, mask=mask, goal=1.05, **size) for length in lengths[::2]
-            for label, (mask, kv) in simple.items() if kv is None]
-    return out
+    sdpa = lambda dtype, backward: [GpuRow(label, "sdpa", length, dtype, mask, kv_heads=kv, backward=backward,
+                                           goal=1.05, **size)
+                                    for length in lengths for label, (mask, kv) in simple.items()]
+    flex = lambda backward: [GpuRow(label, "flex", structured, mask=mask, bias=bias, backward=backward, goal=1.10,
+                                    **size) for label, (mask, bias) in STRUCTURED.items()]
+    window_row = GpuRow("window ±128", "sdpa-mask", window, mask=STRUCTURED["window ±128"][0], backward=True,
+                        goal=0.1, **size)
+    flash = [GpuRow(label, "flash-attn", length, mask=mask, goal=1.05, **size) for length in lengths[::2]
+             for label, (mask, kv) in simple.items() if kv is None]
+    # No compile first (quick rows), then the compiled FlexAttention rows, then the rest.
+    return [window_row, *sdpa("bfloat16", False), *flex(False), *flex(True), *sdpa("bfloat16", True),
+            *sdpa("float16", False), *flash]
 
 
 def _inputs(row: GpuRow, device):
