@@ -143,3 +143,16 @@ def test_on_cuda_a_learned_bias_table_gets_its_gradient_through_flex():
     dense_attention(q, k, v, bias=rel, mask=masks.causal(), dtype=torch.float32,
                     differentiable=True).square().sum().backward()
     torch.testing.assert_close(got, rel.table.grad, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.cuda
+def test_on_cuda_second_derivatives_through_flex_are_the_references():
+    q, k, v = (t.cuda().requires_grad_() for t in rand_qkv(1, 2, 256, 256, 64, seed=6))
+    kwargs = dict(mask=masks.causal() & masks.sliding_window(64), bias=ALiBi(2))
+    assert attnkit.explain(q, k, v, **kwargs).path == "flex"
+    (dq,) = torch.autograd.grad(attnkit.attention(q, k, v, **kwargs).square().sum(), q, create_graph=True)
+    (ddq,) = torch.autograd.grad(dq.sum(), q)
+    (rq,) = torch.autograd.grad(attnkit.attention(q, k, v, backend="reference", **kwargs).square().sum(), q,
+                                create_graph=True)
+    (rdq,) = torch.autograd.grad(rq.sum(), q)
+    torch.testing.assert_close(ddq, rdq, rtol=1e-3, atol=1e-3)

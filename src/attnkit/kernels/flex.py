@@ -40,7 +40,7 @@ from .path_cost import PathCost, fused_attention
 from .pipeline import KernelOutput
 
 __all__ = ["REFUSALS", "run", "forward", "cost", "describe", "density", "block_mask", "score_mod", "kernel",
-           "available", "BLOCK", "DTYPES"]
+           "available", "backward_differentiable", "BLOCK", "DTYPES"]
 
 BLOCK = 128  # FlexAttention's tile (the block mask's BLOCK_SIZE)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -126,6 +126,11 @@ def forward(p: Problem, compiled: bool = True) -> KernelOutput:
 
 def run(p: Problem) -> KernelOutput:
     return forward(p)
+
+
+def backward_differentiable(p: Problem) -> bool:
+    """FlexAttention's backward has no derivative of its own: a second derivative recomputes on the reference."""
+    return False
 
 
 @rules.reads_data
