@@ -148,7 +148,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
         dropout_p: dropout on the weights; pass ``p if module.training else 0.0``.
         return_weights: also return per-head weights (forces an exact dense path).
         return_lse: also return the log-sum-exp of each row (softmax only).
-        backend: "auto", "reference", "chunked", "sdpa" or "blocksparse" (:data:`attnkit.kernels.paths.BACKENDS`).
+        backend: "auto", "reference", "chunked", "sdpa", "blocksparse" or "flex" (CUDA)
+            (:data:`attnkit.kernels.paths.BACKENDS`).
 
     Returns:
         The output ``(..., Lq, Dv)`` in the input dtype, or an :class:`AttentionOutput`

@@ -37,7 +37,7 @@ def _scenarios(rank):
         "dtype": lambda: attention(*_qkv(dtype=torch.float32 if odd else torch.float64)),
         "mask_on_the_ring": lambda: attention(*_qkv(length=6), mask=masks.sliding_window(2, 0) if odd
                                               else masks.causal()),
-        "own_check_fails": lambda: attention(*_qkv(), scheme="tree" if odd else "ring"),
+        "own_check_fails": lambda: attention(*_qkv(), scheme="star" if odd else "ring"),
         "other_function": lambda: gather(torch.ones(2, 5)) if odd else attention(*_qkv()),
         "gather_shapes": lambda: gather(torch.ones(2, 4 if odd else 5), dim=1),
         "linear_length": lambda: sequence_parallel(_linear(), torch.randn(2, 4 if odd else 6, 12, dtype=torch.float64)),
@@ -93,7 +93,7 @@ def test_every_rank_names_what_differs_and_where(results, name, kind, words):
 
 def test_a_rank_whose_own_check_fails_raises_its_error_and_the_others_name_it(results):
     kind, message = results[ODD]["own_check_fails"]
-    assert kind == "ArgumentError" and "'tree'" in message
+    assert kind == "ArgumentError" and "'star'" in message
     for rank in (0, 1, 3):
         kind, message = results[rank]["own_check_fails"]
         assert kind == "ArgumentError" and "rank 2 refused the call" in message, message

@@ -89,7 +89,7 @@ def _bools(draw, shape):
 def _leaf_mask(draw, batch, lq, lk):
     kind = draw(st.sampled_from(["full", "causal", "sliding_window", "dilated", "strided", "fixed",
                                  "global_tokens", "segments", "padding", "keys", "prefix_lm", "from_function",
-                                 "block_layout"]))
+                                 "block_layout", "flex_block_mask"]))
     align = draw(st.sampled_from(ALIGNS))
     small = st.integers(0, 40)
     if kind == "full":
@@ -122,7 +122,24 @@ def _leaf_mask(draw, batch, lq, lk):
         return masks.from_function(lambda b, h, i, j: (i + j) % period != 0, name=f"i + j not divisible by {period}")
     block = draw(st.sampled_from([1, 3, 16, 64]))
     nq, nk = -(-lq // block), -(-lk // block)
-    return masks.block_layout(draw(_bools((nq, nk))), block)
+    if kind == "block_layout" or not (lq and lk):
+        return masks.block_layout(draw(_bools((nq, nk))), block)
+    return masks.from_block_mask(draw(_flex_block_mask(lq, lk, block)))
+
+
+@st.composite
+def _flex_block_mask(draw, lq, lk, block):
+    """A FlexAttention BlockMask with random partial and full tiles and a mask_mod for the partial ones."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    from attnkit.functional.block_masks import ordered
+
+    nq, nk = -(-lq // block), -(-lk // block)
+    active, full = draw(_bools((1, 1, nq, nk))), draw(_bools((1, 1, nq, nk)))
+    partial, full = active & ~full, active & full
+    period = draw(st.integers(2, 5))
+    return BlockMask.from_kv_blocks(*ordered(partial), *ordered(full), BLOCK_SIZE=block, seq_lengths=(lq, lk),
+                                    mask_mod=lambda b, h, i, j: (i + 2 * j) % period != 0)
 
 
 @st.composite

@@ -6,8 +6,8 @@ the full tensor and the shards; ``count_bytes`` measures what the schemes send.
 See docs/DISTRIBUTED.md.
 """
 
-from .api import SCHEMES, attention
+from .api import DECODE_SCHEMES, SCHEMES, attention
 from .comm import count_bytes
 from .layouts import LAYOUTS, gather, shard
 
-__all__ = ["attention", "shard", "gather", "count_bytes", "SCHEMES", "LAYOUTS"]
+__all__ = ["attention", "shard", "gather", "count_bytes", "SCHEMES", "DECODE_SCHEMES", "LAYOUTS"]
