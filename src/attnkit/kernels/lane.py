@@ -21,8 +21,8 @@ directly, as its own entry point would:
 Every contract holds: the output and the kernel's log-sum-exp are checked after the
 call (NaN or inf in the output, an lse of NaN, inf or exactly 0: an overflow, a
 masked NaN key torch leaked, a NaN query row it zeroed; on CUDA, whose public kernel
-returns no lse, NaN or inf in the output or in q, k, v: :func:`.sdpa.sums_finite`),
-and then the call is handed
+returns no lse, NaN or inf in the output or in q: :func:`.sdpa.sums_finite`, no second
+pass over the KV cache), and then the call is handed
 to the full route (validation, :func:`~.dispatch.choose`), which raises attnkit's
 errors and runs an exact path. Anything the lane does not take goes there too.
 """
@@ -97,10 +97,13 @@ def run(q, k, v, mask, lane: tuple) -> torch.Tensor | None:
     Under autograd the output is made twice differentiable (torch's kernel has no second derivative).
     """
     is_causal, float_mask, scale, cpu = lane
-    if not cpu:  # torch's public kernel, which returns no lse: the sums of the output and inputs stand for it
+    if not cpu:  # torch's public kernel, which returns no lse: the sums of the output and the queries stand for it
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, is_causal=is_causal, scale=scale,
                                              enable_gqa=q.shape[1] != k.shape[1])
-        if not sums_finite(out, (q, k, v)):
+        # Not k and v: a decoding step is bound by reading the cache, and a second pass over it would double it.
+        # NaN or inf in an attended key or value reaches the output (checked); a NaN query row, which a kernel
+        # may answer 0 like a row with no key, is seen in q.
+        if not sums_finite(out, (q,)):
             return None
     else:
         out, lse = rules.FLASH(q, k, v, 0.0, is_causal, attn_mask=float_mask, scale=scale)
