@@ -12,8 +12,8 @@ form, and the oracle's answer; sizes are distinct (b=2, h=3, n=13, dk=5, dv=7) s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F

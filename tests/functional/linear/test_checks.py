@@ -24,11 +24,11 @@ def test_options_are_checked(kwargs, error, message):
 
 
 def test_tensors_are_checked():
-    with pytest.raises(DTypeError, match="k must have q's dtype torch.float32; got torch.float64"):
+    with pytest.raises(DTypeError, match=r"k must have q's dtype torch.float32; got torch.float64"):
         gated_delta_rule(Q, Q.double(), V, G, BETA)
     with pytest.raises(ShapeError, match=r"v must have shape \(B, H, L, Dv\) = \(2, a multiple of 3, 5, Dv\)"):
         gated_delta_rule(Q, Q, torch.randn(2, 4, 5, 6), G, BETA)
-    with pytest.raises(DTypeError, match="q must be a floating tensor; got torch.int64"):
+    with pytest.raises(DTypeError, match=r"q must be a floating tensor; got torch.int64"):
         gated_delta_rule(Q.long(), Q, V, G, BETA)
     with pytest.raises(ShapeError, match=r"q must have shape \(B, H, L, D\); got \(3, 5, 4\)"):
         gated_delta_rule(Q[0], Q[0], V[0], G, BETA)
@@ -38,7 +38,7 @@ def test_tensors_are_checked():
 
 def test_packed_boundaries_are_checked():
     one = lambda t: t[:1]
-    with pytest.raises(DTypeError, match="cu_seqlens must be an int32 or int64 tensor; got torch.float32"):
+    with pytest.raises(DTypeError, match=r"cu_seqlens must be an int32 or int64 tensor; got torch.float32"):
         gated_delta_rule(*map(one, (Q, Q, V, G, BETA)), cu_seqlens=torch.tensor([0.0, 5.0]))
     with pytest.raises(ArgumentError, match=r"rise from 0 to the length T = 5 without falling; got \[0, 3, 2, 5\]"):
         gated_delta_rule(*map(one, (Q, Q, V, G, BETA)), cu_seqlens=torch.tensor([0, 3, 2, 5]))

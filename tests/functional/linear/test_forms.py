@@ -28,12 +28,11 @@ def test_every_form_equals_the_oracle(name, form, initial):
 def test_gradients_agree_across_forms(name, initial):
     case = make(name, initial=initial, grad=True)
     g = torch.Generator().manual_seed(5)
+    out, state = case.call("parallel")
+    w_out, w_state = (torch.randn(t.shape, generator=g, dtype=t.dtype) for t in (out, state))
     grads = []
     for form in FORMS:
         out, state = case.call(form, chunk_size=3)
-        w_out = torch.randn(out.shape, generator=g, dtype=out.dtype) if not grads else weights[0]
-        w_state = torch.randn(state.shape, generator=g, dtype=state.dtype) if not grads else weights[1]
-        weights = (w_out, w_state)
         loss = (out * w_out).sum() + (state * w_state).sum()
         grads.append(torch.autograd.grad(loss, case.leaves))
     for other in grads[1:]:

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from attnkit.functional.linear import FORMS, delta_rule, gated_delta_rule
 
 pytest.importorskip("transformers")
-from transformers.models.qwen3_next import modeling_qwen3_next as qwen  # noqa: E402
+from transformers.models.qwen3_next import modeling_qwen3_next as qwen
 
 TOL = dict(rtol=0, atol=1e-10)
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from attnkit.functional.linear import FORMS, gated_delta_rule, kimi_delta_attention
 
 pytest.importorskip("transformers")
-from transformers.models.kimi_linear import modeling_kimi_linear as kimi  # noqa: E402
+from transformers.models.kimi_linear import modeling_kimi_linear as kimi
 
 TOL = dict(rtol=0, atol=1e-10)
 

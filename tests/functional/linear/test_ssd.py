@@ -42,6 +42,6 @@ def test_the_state_continues_a_split_sequence():
 
 
 def test_groups_must_divide_heads():
-    x, dt, a, bb, cc, d = _inputs(h=3, groups=2)
+    x, dt, a, bb, cc, _ = _inputs(h=3, groups=2)
     with pytest.raises(ShapeError, match="x must have shape"):
         ssd(x, dt, a, bb, cc)

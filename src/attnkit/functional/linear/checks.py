@@ -6,6 +6,8 @@ The layout is attnkit's ``(B, H, L, D)`` (as :func:`attnkit.attention`); packed 
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from ...errors import ArgumentError, DeviceError, DTypeError, ShapeError, check_int
@@ -77,7 +79,7 @@ def check_lengths(who: str, cu_seqlens, batch: int, length: int) -> list[int] | 
     if batch != 1:
         raise ShapeError(f"{who}: packed documents (cu_seqlens) need batch 1, shape (1, H, T, D); got batch {batch}")
     bounds = [int(c) for c in cu_seqlens.tolist()]
-    steps = [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+    steps = [b - a for a, b in itertools.pairwise(bounds)]
     if bounds[0] != 0 or bounds[-1] != length or min(steps) < 0:
         raise ArgumentError(f"{who}: cu_seqlens must rise from 0 to the length T = {length} without falling; "
                             f"got {bounds}")

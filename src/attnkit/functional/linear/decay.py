@@ -22,7 +22,8 @@ def retention(q, k, v, decay, *, scale=None, form: str = "chunk", chunk_size: in
 
     Sun et al. 2023, "Retentive Network", arXiv:2307.08621, eq. 5-7: recurrent
     ``S_n = gamma S_{n-1} + K_n^T V_n``, ``o_n = Q_n S_n``; parallel
-    ``Retention(X) = (Q K^T * D) V`` with ``D_nm = gamma^(n - m)`` for ``n >= m``, else 0; chunkwise the same per block with the state carried across. Notation: ``gamma`` = ``decay[h]``.
+    ``Retention(X) = (Q K^T * D) V`` with ``D_nm = gamma^(n - m)`` for ``n >= m``, else 0; chunkwise
+    the same per block with the state carried across. Notation: ``gamma`` = ``decay[h]``.
 
     Differences from the paper: ``q`` is scaled by ``scale`` (``Dk^-1/2`` by default; the paper's
     normalisations, Sec. 2.2, are the module's). The xPos rotation and the group norm are the

@@ -47,7 +47,7 @@ def delta_rule(q, k, v, beta, *, scale=None, normalize_qk: bool = False, form: s
         >>> torch.allclose(out, delta_rule(q, k, v, beta, normalize_qk=True, form="recurrent")[0], atol=1e-5)
         True
     """
-    b, h, n, dk, _ = check_qkv("delta_rule", q, k, v)
+    b, h, n, _, _ = check_qkv("delta_rule", q, k, v)
     check_tensor("delta_rule", "beta", beta, (b, h, n), "(B, H, L)", q.device)
     g = beta.new_zeros(b, h, n, 1)
     return linear_recurrence("delta_rule", q, k, v, g, beta, scale=scale, normalize_qk=normalize_qk, form=form,

@@ -7,7 +7,7 @@ import torch
 from .checks import check_qkv, check_tensor
 from .forms import linear_recurrence
 
-__all__ = ["ssd"]
+__all__ = ["ssd", "ssd_inputs"]
 
 
 def ssd(x, dt, A, B, C, *, D=None, form: str = "chunk", chunk_size: int = 64, initial_state=None, cu_seqlens=None):
@@ -57,12 +57,17 @@ def ssd(x, dt, A, B, C, *, D=None, form: str = "chunk", chunk_size: int = 64, in
     check_tensor("ssd", "A", A, (h,), "(H,)", x.device)
     if D is not None:
         check_tensor("ssd", "D", D, (h,), "(H,)", x.device)
+    q, k, values, g = ssd_inputs(x, dt, A, B, C)
+    y, state = linear_recurrence("ssd", q, k, values, g, None, scale=1.0, normalize_qk=False, form=form,
+                                 chunk_size=chunk_size, initial_state=initial_state, cu_seqlens=cu_seqlens)
+    if D is not None:
+        y = y + x.to(y.dtype) * D.to(y.dtype)[:, None, None]
+    return y.to(x.dtype), state
+
+
+def ssd_inputs(x, dt, A, B, C):
+    """SSD as a decayed linear attention: queries C, keys B, values ``dt x``, log decays ``dt A`` ``(B, H, L, 1)``;
+    in float32 or better (the recurrence computes in it anyway, and ``dt x`` should not round to x's dtype)."""
     acc = torch.promote_types(x.dtype, torch.float32)
     dt = dt.to(acc)
-    values = x.to(acc) * dt[..., None]
-    g = (dt * A.to(acc)[:, None])[..., None]  # (B, H, L, 1)
-    y, state = linear_recurrence("ssd", C.to(acc), B.to(acc), values, g, None, scale=1.0, normalize_qk=False,
-                                 form=form, chunk_size=chunk_size, initial_state=initial_state, cu_seqlens=cu_seqlens)
-    if D is not None:
-        y = y + x.to(acc) * D.to(acc)[:, None, None]
-    return y.to(x.dtype), state
+    return C.to(acc), B.to(acc), x.to(acc) * dt[..., None], (dt * A.to(acc)[:, None])[..., None]
