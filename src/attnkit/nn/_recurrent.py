@@ -123,13 +123,16 @@ class Mixed(NamedTuple):
 class RecurrentLayer(nn.Module):
     """Base of the linear-recurrent layers: ``forward`` (any form), ``forward_step`` (decoding), ``new_cache``.
 
-    A subclass sets ``dim``, ``chunk_size``, ``scale`` (None: ``Dk^-1/2``), ``normalize_qk``, an optional
+    A subclass sets ``dim``, ``chunk_size``, ``core_sizes``, ``scale`` (None: ``Dk^-1/2``), ``normalize_qk``,
+    ``delta_rule`` (for the cost functions), an optional
     ``conv1d`` (:class:`ShortConvolution`) and defines ``_mix(x, keep, context, offset) -> (Mixed, conv
     tail)`` and ``_finish(out, mixed, x) -> y``.
     """
 
     scale: float | None = None
     normalize_qk: bool = False
+    delta_rule: bool = False
+    core_sizes: tuple[int, int, int]  # the recurrence's (H, Dk, Dv), for the cost functions
 
     def new_cache(self) -> RecurrentCache:
         """An empty :class:`RecurrentCache` for :meth:`forward` and :meth:`forward_step`."""

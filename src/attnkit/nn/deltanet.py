@@ -55,12 +55,14 @@ class DeltaNet(RecurrentLayer):
     """
 
     normalize_qk = True
+    delta_rule = True
 
     def __init__(self, dim: int, num_heads: int, *, conv_size: int = 4, chunk_size: int = 64, eps: float = 1e-5):
         super().__init__()
         if check_int("DeltaNet", "dim", dim, 1) % check_int("DeltaNet", "num_heads", num_heads, 1):
             raise ShapeError(f"DeltaNet: dim must be a multiple of num_heads; got dim={dim}, num_heads={num_heads}")
         self.dim, self.num_heads, self.chunk_size = dim, num_heads, check_int("DeltaNet", "chunk_size", chunk_size, 1)
+        self.core_sizes = (num_heads, dim // num_heads, dim // num_heads)
         self.q_proj, self.k_proj, self.v_proj = (nn.Linear(dim, dim, bias=False) for _ in range(3))
         self.conv1d = ShortConvolution(3 * dim, check_int("DeltaNet", "conv_size", conv_size, 1))
         self.b_proj = nn.Linear(dim, num_heads, bias=False)

@@ -61,6 +61,7 @@ class GatedDeltaNet(RecurrentLayer):
     """
 
     normalize_qk = True
+    delta_rule = True
 
     def __init__(self, dim: int, num_heads: int, *, num_key_heads: int | None = None, key_head_dim: int | None = None,
                  value_head_dim: int | None = None, conv_size: int = 4, chunk_size: int = 64, eps: float = 1e-6):
@@ -71,7 +72,7 @@ class GatedDeltaNet(RecurrentLayer):
             raise ShapeError(f"{who}: num_heads must be a multiple of num_key_heads; got {heads} and {key_heads}")
         dk = key_head_dim or check_int(who, "dim", dim, 1) // heads
         dv = value_head_dim or dim // heads
-        self.dim, self.num_heads, self.num_key_heads = dim, heads, key_heads
+        self.dim, self.num_heads, self.num_key_heads, self.core_sizes = dim, heads, key_heads, (heads, dk, dv)
         self.chunk_size = check_int(who, "chunk_size", chunk_size, 1)
         self.q_proj, self.k_proj = (nn.Linear(dim, key_heads * check_int(who, "key_head_dim", dk, 1), bias=False)
                                     for _ in range(2))

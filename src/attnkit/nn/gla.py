@@ -63,7 +63,7 @@ class GatedLinearAttention(RecurrentLayer):
         if key < 1 or value < 1 or key % check_int(who, "num_heads", num_heads, 1) or value % num_heads:
             raise ShapeError(f"{who}: dim * expand_k = {key} and dim * expand_v = {value} must be positive multiples "
                              f"of num_heads = {num_heads}")
-        self.dim, self.num_heads = dim, num_heads
+        self.dim, self.num_heads, self.core_sizes = dim, num_heads, (num_heads, key // num_heads, value // num_heads)
         self.chunk_size, self.temperature = check_int(who, "chunk_size", chunk_size, 1), float(gate_temperature)
         self.q_proj, self.k_proj = nn.Linear(dim, key, bias=False), nn.Linear(dim, key, bias=False)
         self.v_proj = nn.Linear(dim, value, bias=False)

@@ -58,6 +58,7 @@ class KimiDeltaAttention(RecurrentLayer):
     """
 
     normalize_qk = True
+    delta_rule = True
 
     def __init__(self, dim: int, num_heads: int, *, head_dim: int | None = None, conv_size: int = 4,
                  chunk_size: int = 16, eps: float = 1e-5):
@@ -66,7 +67,7 @@ class KimiDeltaAttention(RecurrentLayer):
         heads = check_int(who, "num_heads", num_heads, 1)
         d = check_int(who, "head_dim", head_dim or check_int(who, "dim", dim, 1) // heads, 1)
         self.dim, self.num_heads, self.chunk_size = dim, heads, check_int(who, "chunk_size", chunk_size, 1)
-        width = heads * d
+        width, self.core_sizes = heads * d, (heads, d, d)
         self.q_proj, self.k_proj, self.v_proj = (nn.Linear(dim, width, bias=False) for _ in range(3))
         self.conv1d = ShortConvolution(3 * width, check_int(who, "conv_size", conv_size, 1))
         self.f_a_proj, self.f_b_proj = nn.Linear(dim, d, bias=False), nn.Linear(d, width, bias=False)

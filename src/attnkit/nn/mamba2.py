@@ -76,6 +76,7 @@ class Mamba2Mixer(RecurrentLayer):
                              f"heads ({inner / head_dim:g}) a multiple of num_groups = {num_groups}")
         self.dim, self.num_heads, self.chunk_size = dim, heads, check_int(who, "chunk_size", chunk_size, 1)
         self.sizes = (inner, num_groups * check_int(who, "state_dim", state_dim, 1), num_groups)
+        self.core_sizes = (heads, state_dim, head_dim)
         conv_channels = inner + 2 * num_groups * state_dim
         self.in_proj = nn.Linear(dim, inner + conv_channels + heads, bias=False)
         self.conv1d = ShortConvolution(conv_channels, check_int(who, "conv_size", conv_size, 1), bias=True)

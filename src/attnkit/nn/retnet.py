@@ -70,6 +70,7 @@ class RetNetRetention(RecurrentLayer):
         self.dim, self.num_heads, self.chunk_size = dim, num_heads, check_int("RetNetRetention", "chunk_size",
                                                                              chunk_size, 1)
         wide = value_factor * dim
+        self.core_sizes = (num_heads, dim // num_heads, wide // num_heads)
         self.q_proj, self.k_proj = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim, bias=False)
         self.v_proj, self.g_proj = nn.Linear(dim, wide, bias=False), nn.Linear(dim, wide, bias=False)
         self.out_proj = nn.Linear(wide, dim, bias=False)
