@@ -1,4 +1,4 @@
-"""The linear-recurrent layers' FLOP formulas equal torch's FlopCounterMode; the decoding state is what the cache holds."""
+"""The linear-recurrent layers' FLOP formulas equal FlopCounterMode; the decoding state is what the cache holds."""
 
 import pytest
 import torch

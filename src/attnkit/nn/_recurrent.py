@@ -162,14 +162,20 @@ class RecurrentLayer(nn.Module):
         return self(x[:, None], cache=cache, form="recurrent")[:, 0]
 
     def recurrence(self, mixed: Mixed, keep, form: str, initial_state):
-        """The recurrence of ``mixed``; padded positions (``keep`` False) neither write nor decay."""
-        k, g = mixed.k, mixed.g
-        if keep is not None:
-            k = k.masked_fill(~keep[:, None, :, None], 0.0)  # a zero key writes nothing, delta rule or not
-            g = g.masked_fill(~keep[:, None, :, None], 0.0)
-        return linear_recurrence(type(self).__name__, mixed.q, k, mixed.v, g, mixed.beta, scale=self.scale,
-                                 normalize_qk=self.normalize_qk, form=form, chunk_size=self.chunk_size,
-                                 initial_state=initial_state, cu_seqlens=None)
+        """The recurrence of ``mixed`` (:meth:`inert` at padded positions)."""
+        mixed = self.inert(mixed, keep)
+        return linear_recurrence(type(self).__name__, mixed.q, mixed.k, mixed.v, mixed.g, mixed.beta,
+                                 scale=self.scale, normalize_qk=self.normalize_qk, form=form,
+                                 chunk_size=self.chunk_size, initial_state=initial_state, cu_seqlens=None)
+
+    @staticmethod
+    def inert(mixed: Mixed, keep) -> Mixed:
+        """``mixed`` with zero keys and log decays where ``keep`` is False: those tokens neither write nor decay (a
+        zero key writes nothing, delta rule or not)."""
+        if keep is None:
+            return mixed
+        pad = ~keep[:, None, :, None]
+        return mixed._replace(k=mixed.k.masked_fill(pad, 0.0), g=mixed.g.masked_fill(pad, 0.0))
 
     def convolve(self, channels: torch.Tensor, keep, context):
         """The short convolution of ``(B, L, C)`` pre-convolution channels, zeros read at padded positions."""
@@ -177,9 +183,18 @@ class RecurrentLayer(nn.Module):
             channels = channels.masked_fill(~keep[..., None], 0.0)
         return self.conv1d(channels, context)
 
+    def channels(self, x: torch.Tensor) -> torch.Tensor:
+        """The short convolution's input channels of ``x``: ``q_proj, k_proj, v_proj`` side by side (as Mamba-2's
+        ``[x, B, C]``)."""
+        return torch.cat([p(x) for p in (self.q_proj, self.k_proj, self.v_proj)], -1)
+
+    def conv_context(self, x: torch.Tensor, keep) -> torch.Tensor:
+        """The convolution's context ``(B, C, K - 1)`` after the tokens ``x`` ``(B, K - 1, dim)`` (zeros if padded)."""
+        channels = self.channels(x)
+        return (channels if keep is None else channels.masked_fill(~keep[..., None], 0.0)).transpose(1, 2)
+
     def convolved_qkv(self, x, keep, context):
-        """``q_proj, k_proj, v_proj`` of ``x``, through one short convolution over their channels (as Mamba-2's
-        ``[x, B, C]``): ``(q, k, v, conv tail)``, each ``(B, n, width)``."""
-        q, k, v = (p(x) for p in (self.q_proj, self.k_proj, self.v_proj))
-        mixed, tail = self.convolve(torch.cat([q, k, v], -1), keep, context)
-        return (*mixed.split([q.shape[-1], k.shape[-1], v.shape[-1]], -1), tail)
+        """:meth:`channels` through the short convolution: ``(q, k, v, conv tail)``, each ``(B, n, width)``."""
+        mixed, tail = self.convolve(self.channels(x), keep, context)
+        widths = [p.out_features for p in (self.q_proj, self.k_proj, self.v_proj)]
+        return (*mixed.split(widths, -1), tail)

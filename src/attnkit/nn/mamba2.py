@@ -86,9 +86,17 @@ class Mamba2Mixer(RecurrentLayer):
         self.norm = GatedRMSNorm(inner, eps=eps, gate_first=True, groups=num_groups)
         self.out_proj = nn.Linear(inner, dim, bias=False)
 
+    def _split(self, projected):
+        """``(z, [x, B, C], dt)`` of ``in_proj``'s output."""
+        inner, bc, _ = self.sizes
+        return projected.split([inner, inner + 2 * bc, self.num_heads], -1)
+
+    def channels(self, x):
+        return self._split(self.in_proj(x))[1]
+
     def _mix(self, x, keep, context, offset):
         inner, bc, groups = self.sizes
-        z, xbc, dt = self.in_proj(x).split([inner, inner + 2 * bc, self.num_heads], -1)
+        z, xbc, dt = self._split(self.in_proj(x))
         xbc, tail = self.convolve(xbc, keep, context)
         xs, b, c = xbc.split([inner, bc, bc], -1)
         xs = split_heads(xs, self.num_heads)  # (B, H, n, P)

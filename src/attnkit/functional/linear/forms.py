@@ -20,7 +20,8 @@ from .local import local_terms
 from .recurrent import recurrent
 from .scan import pass_states
 
-__all__ = ["l2_normalize", "parallel", "chunked", "recurrent", "linear_recurrence"]
+__all__ = ["l2_normalize", "parallel", "blocks", "through_blocks", "chunked", "prepare", "recurrent",
+           "linear_recurrence"]
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -36,16 +37,38 @@ def parallel(q, k, v, g, beta, initial):
     return out, terms.decay * initial + terms.k_to_end.transpose(-1, -2) @ written
 
 
-def chunked(q, k, v, g, beta, initial, size: int):
-    """Blocks of ``size`` tokens (the last one padded with tokens that neither decay nor write)."""
-    n = q.shape[-2]
-    pad = (-n) % size
+def blocks(q, k, v, g, beta, size: int):
+    """The :class:`~.local.Local` terms of blocks of ``size`` tokens, ``(..., C, c, D)`` (the last block padded
+    with tokens that neither decay nor write)."""
+    pad = (-q.shape[-2]) % size
     q, k, v, g = (F.pad(t, (0, 0, 0, pad)).unflatten(-2, (-1, size)) for t in (q, k, v, g))  # (..., C, c, D)
     beta = None if beta is None else F.pad(beta, (0, pad)).unflatten(-1, (-1, size))
-    terms = local_terms(q, k, v, g, beta)
+    return local_terms(q, k, v, g, beta)
+
+
+def through_blocks(terms, initial, n: int):
+    """Outputs of the first ``n`` tokens ``(..., n, Dv)`` and the last state, the blocks entered from ``initial``."""
     entering, written, final = pass_states(initial, terms)
     out = terms.q_from_start @ entering + terms.scores @ written  # (..., C, c, Dv)
     return out.flatten(-3, -2)[..., :n, :], final
+
+
+def chunked(q, k, v, g, beta, initial, size: int):
+    """Blocks of ``size`` tokens, each in parallel, the state passed from block to block."""
+    return through_blocks(blocks(q, k, v, g, beta, size), initial, q.shape[-2])
+
+
+def prepare(q, k, v, g, beta, *, scale, normalize_qk: bool):
+    """The inputs in the computation's dtype (float32, float64 for float64 values), q and k normalised if asked,
+    q scaled (``Dk^-1/2`` if ``scale`` is None), q/k heads repeated for grouped value heads."""
+    acc = torch.promote_types(v.dtype, torch.float32)
+    q, k = q.to(acc), k.to(acc)
+    if normalize_qk:
+        q, k = l2_normalize(q), l2_normalize(k)
+    q = q * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if q.shape[1] != v.shape[1]:
+        q, k = (t.repeat_interleave(v.shape[1] // t.shape[1], 1) for t in (q, k))
+    return q, k, v.to(acc), g.to(acc), None if beta is None else beta.to(acc)
 
 
 def linear_recurrence(who: str, q, k, v, g, beta, *, scale, normalize_qk: bool, form: str, chunk_size: int,
@@ -61,16 +84,8 @@ def linear_recurrence(who: str, q, k, v, g, beta, *, scale, normalize_qk: bool, 
     lengths = check_lengths(who, cu_seqlens, b, n)
     docs = b if lengths is None else len(lengths)
     initial = check_state(who, initial_state, (docs, h, dk, dv), q.device)
-    acc = torch.promote_types(v.dtype, torch.float32)
-    q, k = q.to(acc), k.to(acc)
-    if normalize_qk:
-        q, k = l2_normalize(q), l2_normalize(k)
-    q = q * (dk ** -0.5 if scale is None else scale)
-    if q.shape[1] != h:
-        q, k = (t.repeat_interleave(h // t.shape[1], 1) for t in (q, k))
-    vv, g = v.to(acc), g.to(acc)
-    beta = None if beta is None else beta.to(acc)
-    initial = vv.new_zeros(docs, h, dk, dv) if initial is None else initial.to(acc)
+    q, k, vv, g, beta = prepare(q, k, v, g, beta, scale=scale, normalize_qk=normalize_qk)
+    initial = vv.new_zeros(docs, h, dk, dv) if initial is None else initial.to(vv.dtype)
     run = {"parallel": parallel, "chunk": functools.partial(chunked, size=chunk_size), "recurrent": recurrent}[form]
     if lengths is None:
         out, final = run(q, k, vv, g, beta, initial) if n else (vv, initial)
