@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from tests.functional.linear.cases import oracle
 
-__all__ = ["oracle", "heads", "merge", "causal_conv", "rms", "unit", "linear"]
+__all__ = ["oracle", "heads", "merge", "causal_conv", "rms", "unit", "linear", "assert_every_form"]
 
 
 def linear(x, layer):
@@ -47,3 +47,9 @@ def rms(t, eps):
 
 def unit(t):
     return t / (t.pow(2).sum(-1, keepdim=True) + 1e-6).sqrt()
+
+
+def assert_every_form(layer, x, want) -> None:
+    """``layer(x, form=...)`` equals ``want`` (1e-10) in the parallel, chunk and recurrent forms."""
+    for form in ("parallel", "chunk", "recurrent"):
+        torch.testing.assert_close(layer(x, form=form), want, rtol=0, atol=1e-10)

@@ -5,7 +5,7 @@ import torch
 from attnkit.nn import DeltaNet
 from attnkit.registry import get
 
-from .recurrent_reference import causal_conv, heads, linear, merge, oracle, rms, unit
+from .recurrent_reference import assert_every_form, causal_conv, heads, linear, merge, oracle, rms, unit
 
 DIM, H = 12, 3
 
@@ -26,9 +26,7 @@ def test_matches_the_papers_equations_in_every_form():
     with torch.no_grad():
         layer.norm.weight.add_(torch.randn(4, dtype=torch.float64) * 0.1)
     x = torch.randn(2, 11, DIM, dtype=torch.float64)
-    want = _deltanet(layer, x)
-    for form in ("parallel", "chunk", "recurrent"):
-        torch.testing.assert_close(layer(x, form=form), want, rtol=0, atol=1e-10)
+    assert_every_form(layer, x, _deltanet(layer, x))
 
 
 def test_registry_entry_runs_its_example():

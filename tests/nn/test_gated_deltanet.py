@@ -7,21 +7,14 @@ from attnkit.errors import DTypeError
 from attnkit.nn import GatedDeltaNet
 from attnkit.registry import get
 
-from .transformers_layers import decode, qwen3_next_layer
-
-TOL = dict(rtol=1e-5, atol=1e-5)
+from .transformers_layers import assert_reproduces, qwen3_next_layer
 
 
 def test_from_transformers_reproduces_prefill_and_decoding():
     theirs, config = qwen3_next_layer()
     mine = GatedDeltaNet.from_transformers(theirs)
     assert (mine.num_heads, mine.num_key_heads) == (4, 2)  # grouped values, as Qwen3-Next
-    x = torch.randn(2, 11, 24, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        torch.testing.assert_close(mine(x), theirs(x), **TOL)
-        cache = mine.new_cache()
-        steps = [mine(x[:, :6], cache=cache)] + [mine.forward_step(x[:, t], cache)[:, None] for t in range(6, 11)]
-    torch.testing.assert_close(torch.cat(steps, 1), decode(theirs, config, x, 6), **TOL)
+    assert_reproduces(mine, theirs, config, 24)
 
 
 def test_from_transformers_refuses_other_layers():

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from attnkit.nn import GatedLinearAttention
 from attnkit.registry import get
 
-from .recurrent_reference import heads, linear, merge, oracle
+from .recurrent_reference import assert_every_form, heads, linear, merge, oracle
 
 DIM, H = 12, 2
 
@@ -24,9 +24,7 @@ def test_matches_the_papers_equations_in_every_form():
     torch.manual_seed(0)
     layer = GatedLinearAttention(DIM, H, chunk_size=4).double()
     x = torch.randn(2, 11, DIM, dtype=torch.float64)
-    want = _gla(layer, x)
-    for form in ("parallel", "chunk", "recurrent"):
-        torch.testing.assert_close(layer(x, form=form), want, rtol=0, atol=1e-10)
+    assert_every_form(layer, x, _gla(layer, x))
 
 
 def test_registry_entry_runs_its_example():

@@ -3,29 +3,25 @@
 import pytest
 import torch
 
-from attnkit.errors import DTypeError
+from attnkit.errors import DTypeError, UnsupportedFeature
 from attnkit.nn import KimiDeltaAttention
 from attnkit.registry import get
 
-from .transformers_layers import decode, kimi_linear_layer
-
-TOL = dict(rtol=1e-5, atol=1e-5)
+from .transformers_layers import assert_reproduces, kimi_linear_layer
 
 
 def test_from_transformers_reproduces_prefill_and_decoding():
     theirs, config = kimi_linear_layer()
-    mine = KimiDeltaAttention.from_transformers(theirs)
-    x = torch.randn(2, 11, 24, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        torch.testing.assert_close(mine(x), theirs(x), **TOL)
-        cache = mine.new_cache()
-        steps = [mine(x[:, :6], cache=cache)] + [mine.forward_step(x[:, t], cache)[:, None] for t in range(6, 11)]
-    torch.testing.assert_close(torch.cat(steps, 1), decode(theirs, config, x, 6), **TOL)
+    assert_reproduces(KimiDeltaAttention.from_transformers(theirs), theirs, config, 24)
 
 
-def test_from_transformers_refuses_other_layers():
+def test_from_transformers_refuses_other_layers_and_activations():
     with pytest.raises(DTypeError, match="takes a KimiLinearDeltaAttention; got Linear"):
         KimiDeltaAttention.from_transformers(torch.nn.Linear(2, 2))
+    theirs, _ = kimi_linear_layer()
+    theirs.activation = "gelu"
+    with pytest.raises(UnsupportedFeature, match="activation must be silu; got 'gelu'"):
+        KimiDeltaAttention.from_transformers(theirs)
 
 
 def test_registry_entry_runs_its_example():

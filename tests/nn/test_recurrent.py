@@ -7,36 +7,13 @@ import pytest
 import torch
 
 from attnkit.errors import DTypeError, ShapeError
-from attnkit.nn import (
-    DeltaNet,
-    GatedDeltaNet,
-    GatedLinearAttention,
-    KimiDeltaAttention,
-    Mamba2Mixer,
-    RecurrentCache,
-    RetNetRetention,
-)
+from attnkit.nn import GatedDeltaNet, Mamba2Mixer, RecurrentCache
 from attnkit.nn._recurrent import GatedRMSNorm, ShortConvolution
 
-DIM = 12
-LAYERS = {
-    "retnet": lambda: RetNetRetention(DIM, 3, chunk_size=4),
-    "gla": lambda: GatedLinearAttention(DIM, 2, chunk_size=4),
-    "mamba2": lambda: Mamba2Mixer(DIM, head_dim=4, state_dim=5, num_groups=2, chunk_size=4),
-    "deltanet": lambda: DeltaNet(DIM, 3, chunk_size=4),
-    "gated_deltanet": lambda: GatedDeltaNet(DIM, 4, num_key_heads=2, key_head_dim=5, value_head_dim=3, chunk_size=4),
-    "kda": lambda: KimiDeltaAttention(DIM, 3, head_dim=5, chunk_size=4),
-}
+from .recurrent_layers import DIM, LAYERS
+from .recurrent_layers import layer as _layer
+
 TOL = dict(rtol=0, atol=1e-10)
-
-
-def _layer(name):
-    torch.manual_seed(0)
-    layer = LAYERS[name]().double()
-    with torch.no_grad():  # away from the initial values, so every parameter matters
-        for p in layer.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    return layer
 
 
 def _x(b=2, n=11, seed=1):
@@ -92,7 +69,7 @@ def test_left_padding_is_inert(name):
 @pytest.mark.parametrize("name", LAYERS)
 def test_state_dict_round_trip_and_causality(name):
     layer, x = _layer(name), _x()
-    twin = LAYERS[name]().double()
+    twin = LAYERS[name](4).double()
     twin.load_state_dict(layer.state_dict())
     torch.testing.assert_close(twin(x), layer(x), rtol=0, atol=0)
     later = x.clone()
@@ -102,7 +79,7 @@ def test_state_dict_round_trip_and_causality(name):
 
 @pytest.mark.parametrize("name", LAYERS)
 def test_float32_layers_keep_a_float32_state(name):
-    layer = LAYERS[name]()
+    layer = LAYERS[name](4)
     cache = layer.new_cache()
     out = layer(_x().float(), cache=cache)
     assert out.dtype == torch.float32 and cache.state.dtype == torch.float32

@@ -8,13 +8,13 @@ from attnkit.errors import ArgumentError, DTypeError
 from attnkit.functional.linear.cost import recurrence_flops
 from attnkit.nn.recurrent_cost import layer_flops, state_bytes
 
-from .test_recurrent import LAYERS
+from .recurrent_layers import LAYERS
 
 
 @pytest.mark.parametrize("name", LAYERS)
 @pytest.mark.parametrize("form", ["parallel", "chunk", "recurrent"])
 def test_layer_flops_equal_the_flop_counter(name, form):
-    layer = LAYERS[name]()
+    layer = LAYERS[name](4)
     x = torch.randn(2, 10, 12)
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         layer(x, form=form)
@@ -23,7 +23,7 @@ def test_layer_flops_equal_the_flop_counter(name, form):
 
 @pytest.mark.parametrize("name", LAYERS)
 def test_state_bytes_are_the_filled_cache(name):
-    layer = LAYERS[name]()
+    layer = LAYERS[name](4)
     cache = layer.new_cache()
     layer(torch.randn(3, 5, 12), cache=cache)
     held = cache.state.nbytes + (0 if cache.conv is None else cache.conv.nbytes)

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from attnkit.nn import RetNetRetention
 from attnkit.registry import get
 
-from .recurrent_reference import heads, linear, merge
+from .recurrent_reference import assert_every_form, heads, linear, merge
 
 DIM, H = 12, 3
 
@@ -40,9 +40,7 @@ def test_matches_the_papers_equations_in_every_form():
         layer.norm.weight.add_(torch.randn(layer.norm.weight.shape, dtype=torch.float64) * 0.1)
         layer.norm.bias.add_(torch.randn(layer.norm.bias.shape, dtype=torch.float64) * 0.1)
     x = torch.randn(2, 11, DIM, dtype=torch.float64)
-    want = _msr(layer, x)
-    for form in ("parallel", "chunk", "recurrent"):
-        torch.testing.assert_close(layer(x, form=form), want, rtol=0, atol=1e-10)
+    assert_every_form(layer, x, _msr(layer, x))
 
 
 def test_registry_entry_runs_its_example():

@@ -17,11 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import DTypeError, ShapeError, check_int
+from ..errors import DTypeError, ShapeError, UnsupportedFeature, check_int
 from ..functional.linear.forms import linear_recurrence
 from .linear import check_keep_mask, check_sequence
 
-__all__ = ["RecurrentCache", "RecurrentLayer", "Mixed", "ShortConvolution", "GatedRMSNorm", "step_size_bias"]
+__all__ = ["RecurrentCache", "RecurrentLayer", "DeltaRuleLayer", "Mixed", "ShortConvolution", "GatedRMSNorm",
+           "decay_parameters", "log_decay", "example", "transformers_layer", "copy_weights"]
 
 
 class RecurrentCache:
@@ -101,11 +102,45 @@ class GatedRMSNorm(nn.Module):
         return y.to(x.dtype)
 
 
-def step_size_bias(n: int) -> torch.Tensor:
-    """``softplus^-1(dt)`` for step sizes ``dt`` log-uniform in [0.001, 0.1] (floor 1e-4): Mamba-2's ``dt_bias``
-    initialisation, which Gated DeltaNet and Kimi Linear reuse for their decays."""
-    dt = torch.exp(torch.rand(n) * (math.log(0.1) - math.log(0.001)) + math.log(0.001)).clamp(min=1e-4)
-    return dt + torch.log(-torch.expm1(-dt))
+def decay_parameters(heads: int, steps: int) -> tuple[nn.Parameter, nn.Parameter]:
+    """Mamba-2's ``A_log`` ``(heads,)`` (``A`` uniform in [1, 16]) and ``dt_bias`` ``(steps,)`` (``softplus^-1`` of
+    step sizes log-uniform in [0.001, 0.1], floor 1e-4), as initialised by the reference code; Gated DeltaNet and
+    Kimi Linear reuse them for their decays."""
+    dt = torch.exp(torch.rand(steps) * (math.log(0.1) - math.log(0.001)) + math.log(0.001)).clamp(min=1e-4)
+    return nn.Parameter(torch.empty(heads).uniform_(1, 16).log()), nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+
+
+def log_decay(raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+    """``log alpha = -exp(A_log) softplus(raw + dt_bias)`` (Mamba-2's discretised decay), in float32 or better:
+    ``raw`` ``(B, n, H c)`` -> ``(B, H, n, c)`` (c decays per head: 1, or one per key channel)."""
+    acc = torch.promote_types(raw.dtype, torch.float32)
+    rates = F.softplus(raw.to(acc) + dt_bias.to(acc)).unflatten(-1, (A_log.shape[0], -1)).transpose(1, 2)
+    return -A_log.to(acc).exp()[:, None, None] * rates
+
+
+def example(cls, *args, **kwargs):
+    """A registry example: ``cls(32, *args, **kwargs)`` on a ``(2, 16, 32)`` input."""
+    def build():
+        g = torch.Generator().manual_seed(0)
+        return cls(32, *args, **kwargs), (torch.randn(2, 16, 32, generator=g),)
+    return build
+
+
+def transformers_layer(who: str, layer, expected: str):
+    """``layer`` if it is transformers' ``expected`` class with a SiLU short convolution, else a named error."""
+    if type(layer).__name__ != expected:
+        raise DTypeError(f"{who}.from_transformers takes a {expected}; got {type(layer).__name__}")
+    if layer.activation not in ("silu", "swish"):
+        raise UnsupportedFeature(f"{who}.from_transformers: the convolution's activation must be silu; got "
+                                 f"{layer.activation!r}")
+    return layer
+
+
+@torch.no_grad()
+def copy_weights(pairs) -> None:
+    """``mine.copy_(theirs)`` for each pair of parameters (shapes must agree)."""
+    for mine, theirs in pairs:
+        mine.copy_(theirs.reshape(mine.shape))
 
 
 class Mixed(NamedTuple):
@@ -198,3 +233,11 @@ class RecurrentLayer(nn.Module):
         mixed, tail = self.convolve(self.channels(x), keep, context)
         widths = [p.out_features for p in (self.q_proj, self.k_proj, self.v_proj)]
         return (*mixed.split(widths, -1), tail)
+
+
+class DeltaRuleLayer(RecurrentLayer):
+    """Base of the delta-rule layers (:mod:`.deltanet`, :mod:`.gated_deltanet`, :mod:`.kimi_delta`): their q and k
+    are L2-normalised, so that with ``0 <= beta <= 1`` every transition ``I - beta k k^T`` is a contraction."""
+
+    normalize_qk = True
+    delta_rule = True

@@ -7,13 +7,13 @@ from torch import nn
 
 from ..errors import ShapeError, check_int
 from ..registry import Entry, register
-from ._recurrent import GatedRMSNorm, Mixed, RecurrentLayer, ShortConvolution
+from ._recurrent import DeltaRuleLayer, GatedRMSNorm, Mixed, ShortConvolution, example
 from .linear import merge_heads, split_heads
 
 __all__ = ["DeltaNet"]
 
 
-class DeltaNet(RecurrentLayer):
+class DeltaNet(DeltaRuleLayer):
     """The DeltaNet layer: short convolutions, L2-normalised q and k, the delta rule, a per-head RMS norm.
 
     Schlag et al. 2021, arXiv:2102.11174 (the delta rule); the layer of Yang et al. 2024,
@@ -49,13 +49,11 @@ class DeltaNet(RecurrentLayer):
         >>> import torch
         >>> _ = torch.manual_seed(0)
         >>> layer = DeltaNet(16, 2)
-        >>> x = torch.randn(2, 9, 16)
-        >>> torch.allclose(layer(x), layer(x, form="recurrent"), atol=1e-5)
+        >>> x = torch.randn(1, 9, 16)
+        >>> keep = torch.tensor([[False] * 3 + [True] * 6])  # left padding: inert
+        >>> torch.allclose(layer(x, key_keep_mask=keep)[:, 3:], layer(x[:, 3:]), atol=1e-5)
         True
     """
-
-    normalize_qk = True
-    delta_rule = True
 
     def __init__(self, dim: int, num_heads: int, *, conv_size: int = 4, chunk_size: int = 64, eps: float = 1e-5):
         super().__init__()
@@ -79,12 +77,7 @@ class DeltaNet(RecurrentLayer):
         return self.out_proj(merge_heads(self.norm(out)))
 
 
-def _example():
-    g = torch.Generator().manual_seed(0)
-    return DeltaNet(32, 4), (torch.randn(2, 16, 32, generator=g),)
-
-
 register(Entry("deltanet", DeltaNet, "Yang et al. 2024, arXiv:2406.06484 (DeltaNet; the delta rule of Schlag et al. "
                "2021, arXiv:2102.11174)", "O(L c D + L D^2 / H)",
                "linear attention whose state is corrected by the delta rule, short convolutions", "linear-recurrent",
-               _example))
+               example(DeltaNet, 4)))

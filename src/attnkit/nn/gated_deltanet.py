@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..errors import DTypeError, ShapeError, UnsupportedFeature, check_int
+from ..errors import ShapeError, check_int
 from ..registry import Entry, register
-from ._recurrent import GatedRMSNorm, Mixed, RecurrentLayer, ShortConvolution, step_size_bias
+from ._recurrent import (
+    DeltaRuleLayer,
+    GatedRMSNorm,
+    Mixed,
+    ShortConvolution,
+    copy_weights,
+    decay_parameters,
+    example,
+    log_decay,
+    transformers_layer,
+)
 from .linear import merge_heads, split_heads
 
 __all__ = ["GatedDeltaNet"]
 
 
-class GatedDeltaNet(RecurrentLayer):
+class GatedDeltaNet(DeltaRuleLayer):
     """The Gated DeltaNet layer: short convolutions, L2-normalised q and k, the gated delta rule, a gated RMS norm.
 
     Yang et al. 2024, "Gated Delta Networks: Improving Mamba2 with Delta Rule", arXiv:2412.06464
@@ -60,9 +69,6 @@ class GatedDeltaNet(RecurrentLayer):
         True
     """
 
-    normalize_qk = True
-    delta_rule = True
-
     def __init__(self, dim: int, num_heads: int, *, num_key_heads: int | None = None, key_head_dim: int | None = None,
                  value_head_dim: int | None = None, conv_size: int = 4, chunk_size: int = 64, eps: float = 1e-6):
         super().__init__()
@@ -80,18 +86,16 @@ class GatedDeltaNet(RecurrentLayer):
                                     for _ in range(2))
         self.a_proj, self.b_proj = nn.Linear(dim, heads, bias=False), nn.Linear(dim, heads, bias=False)
         self.conv1d = ShortConvolution(2 * key_heads * dk + heads * dv, check_int(who, "conv_size", conv_size, 1))
-        self.A_log = nn.Parameter(torch.empty(heads).uniform_(1, 16).log())
-        self.dt_bias = nn.Parameter(step_size_bias(heads))
+        self.A_log, self.dt_bias = decay_parameters(heads, heads)
         self.norm = GatedRMSNorm(dv, eps=eps)
         self.out_proj = nn.Linear(heads * dv, dim, bias=False)
 
     def _mix(self, x, keep, context, offset):
         q, k, v, tail = self.convolved_qkv(x, keep, context)
-        acc = torch.promote_types(x.dtype, torch.float32)
-        g = -self.A_log.to(acc).exp() * F.softplus(self.a_proj(x).to(acc) + self.dt_bias)  # (B, n, H)
+        g = log_decay(self.a_proj(x), self.A_log, self.dt_bias)  # (B, H, n, 1)
         beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)
         q, k = (split_heads(t, self.num_key_heads) for t in (q, k))
-        return Mixed(q, k, split_heads(v, self.num_heads), g.transpose(1, 2)[..., None], beta), tail
+        return Mixed(q, k, split_heads(v, self.num_heads), g, beta), tail
 
     def _finish(self, out, mixed, x):
         gate = split_heads(self.g_proj(x), self.num_heads)
@@ -105,34 +109,20 @@ class GatedDeltaNet(RecurrentLayer):
         head group; they are split into this layer's projections. ``forward`` then equals
         ``layer(x)`` and decoding with :meth:`forward_step` equals ``layer`` with transformers' cache.
         """
-        if type(layer).__name__ != "Qwen3NextGatedDeltaNet":
-            raise DTypeError(f"GatedDeltaNet.from_transformers takes a Qwen3NextGatedDeltaNet; got "
-                             f"{type(layer).__name__}")
-        if layer.activation not in ("silu", "swish"):
-            raise UnsupportedFeature(f"GatedDeltaNet.from_transformers: the convolution's activation must be silu; "
-                                     f"got {layer.activation!r}")
+        transformers_layer("GatedDeltaNet", layer, "Qwen3NextGatedDeltaNet")
         hk, h, dk, dv = layer.num_k_heads, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim
         new = cls(layer.hidden_size, h, num_key_heads=hk, key_head_dim=dk, value_head_dim=dv,
                   conv_size=layer.conv_kernel_size, eps=layer.layer_norm_epsilon).to(layer.out_proj.weight)
         r = h // hk
         qkvz = layer.in_proj_qkvz.weight.unflatten(0, (hk, -1)).split([dk, dk, r * dv, r * dv], 1)
         b, a = layer.in_proj_ba.weight.unflatten(0, (hk, -1)).split([r, r], 1)
-        with torch.no_grad():
-            for proj, w in zip((new.q_proj, new.k_proj, new.v_proj, new.g_proj, new.b_proj, new.a_proj),
-                               (*qkvz, b, a), strict=True):
-                proj.weight.copy_(w.flatten(0, 1))
-            for mine, theirs in ((new.conv1d.weight, layer.conv1d.weight), (new.A_log, layer.A_log),
-                                 (new.dt_bias, layer.dt_bias), (new.norm.weight, layer.norm.weight),
-                                 (new.out_proj.weight, layer.out_proj.weight)):
-                mine.copy_(theirs)
+        projections = (new.q_proj, new.k_proj, new.v_proj, new.g_proj, new.b_proj, new.a_proj)
+        copy_weights([*((p.weight, w) for p, w in zip(projections, (*qkvz, b, a), strict=True)),
+                      (new.conv1d.weight, layer.conv1d.weight), (new.A_log, layer.A_log), (new.dt_bias, layer.dt_bias),
+                      (new.norm.weight, layer.norm.weight), (new.out_proj.weight, layer.out_proj.weight)])
         return new
-
-
-def _example():
-    g = torch.Generator().manual_seed(0)
-    return GatedDeltaNet(32, 4), (torch.randn(2, 16, 32, generator=g),)
 
 
 register(Entry("gated-deltanet", GatedDeltaNet, "Yang et al. 2024, arXiv:2412.06464 (Gated DeltaNet)",
                "O(L c D + L D^2 / H)", "the delta rule with a data-dependent decay per head and an output gate "
-               "(Qwen3-Next's linear layers)", "linear-recurrent", _example))
+               "(Qwen3-Next's linear layers)", "linear-recurrent", example(GatedDeltaNet, 4)))

@@ -8,7 +8,7 @@ from torch import nn
 
 from ..errors import ShapeError, check_int
 from ..registry import Entry, register
-from ._recurrent import Mixed, RecurrentLayer
+from ._recurrent import Mixed, RecurrentLayer, example
 from .linear import merge_heads, split_heads
 
 __all__ = ["GatedLinearAttention"]
@@ -82,11 +82,6 @@ class GatedLinearAttention(RecurrentLayer):
         return self.out_proj(F.silu(self.r_proj(x)) * merge_heads(self.norm(out)))
 
 
-def _example():
-    g = torch.Generator().manual_seed(0)
-    return GatedLinearAttention(32, 4), (torch.randn(2, 16, 32, generator=g),)
-
-
 register(Entry("gla", GatedLinearAttention, "Yang et al. 2023, arXiv:2312.06635, Sec. 4 (the GLA layer)",
                "O(L c D + L D^2 / H)", "linear attention with a data-dependent forget gate per key channel",
-               "linear-recurrent", _example))
+               "linear-recurrent", example(GatedLinearAttention, 4)))

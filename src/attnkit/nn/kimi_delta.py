@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..errors import DTypeError, UnsupportedFeature, check_int
+from ..errors import check_int
 from ..registry import Entry, register
-from ._recurrent import GatedRMSNorm, Mixed, RecurrentLayer, ShortConvolution, step_size_bias
+from ._recurrent import (
+    DeltaRuleLayer,
+    GatedRMSNorm,
+    Mixed,
+    ShortConvolution,
+    copy_weights,
+    decay_parameters,
+    example,
+    log_decay,
+    transformers_layer,
+)
 from .linear import merge_heads, split_heads
 
 __all__ = ["KimiDeltaAttention"]
 
 
-class KimiDeltaAttention(RecurrentLayer):
+class KimiDeltaAttention(DeltaRuleLayer):
     """The KDA layer: Gated DeltaNet with a low-rank, per-channel forget gate and a low-rank sigmoid output gate.
 
     Kimi Team 2025, "Kimi Linear: An Expressive, Efficient Attention Architecture",
@@ -57,9 +66,6 @@ class KimiDeltaAttention(RecurrentLayer):
         True
     """
 
-    normalize_qk = True
-    delta_rule = True
-
     def __init__(self, dim: int, num_heads: int, *, head_dim: int | None = None, conv_size: int = 4,
                  chunk_size: int = 16, eps: float = 1e-5):
         super().__init__()
@@ -71,8 +77,7 @@ class KimiDeltaAttention(RecurrentLayer):
         self.q_proj, self.k_proj, self.v_proj = (nn.Linear(dim, width, bias=False) for _ in range(3))
         self.conv1d = ShortConvolution(3 * width, check_int(who, "conv_size", conv_size, 1))
         self.f_a_proj, self.f_b_proj = nn.Linear(dim, d, bias=False), nn.Linear(d, width, bias=False)
-        self.A_log = nn.Parameter(torch.empty(heads).uniform_(1, 16).log())
-        self.dt_bias = nn.Parameter(step_size_bias(width))
+        self.A_log, self.dt_bias = decay_parameters(heads, width)
         self.b_proj = nn.Linear(dim, heads, bias=False)
         self.g_a_proj, self.g_b_proj = nn.Linear(dim, d, bias=False), nn.Linear(d, width, bias=False)
         self.norm = GatedRMSNorm(d, eps=eps, activation="sigmoid")
@@ -80,9 +85,7 @@ class KimiDeltaAttention(RecurrentLayer):
 
     def _mix(self, x, keep, context, offset):
         q, k, v, tail = self.convolved_qkv(x, keep, context)
-        acc = torch.promote_types(x.dtype, torch.float32)
-        rates = F.softplus(self.f_b_proj(self.f_a_proj(x)).to(acc) + self.dt_bias)  # (B, n, H d)
-        g = -self.A_log.to(acc).exp()[:, None, None] * split_heads(rates, self.num_heads)  # (B, H, n, d)
+        g = log_decay(self.f_b_proj(self.f_a_proj(x)), self.A_log, self.dt_bias)  # (B, H, n, d): one per channel
         beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)
         return Mixed(*(split_heads(t, self.num_heads) for t in (q, k, v)), g, beta), tail
 
@@ -97,12 +100,7 @@ class KimiDeltaAttention(RecurrentLayer):
         ``forward`` then equals ``layer(x)`` and decoding with :meth:`forward_step` equals ``layer``
         with transformers' cache.
         """
-        if type(layer).__name__ != "KimiLinearDeltaAttention":
-            raise DTypeError(f"KimiDeltaAttention.from_transformers takes a KimiLinearDeltaAttention; got "
-                             f"{type(layer).__name__}")
-        if layer.activation not in ("silu", "swish"):
-            raise UnsupportedFeature(f"KimiDeltaAttention.from_transformers: the convolution's activation must be "
-                                     f"silu; got {layer.activation!r}")
+        transformers_layer("KimiDeltaAttention", layer, "KimiLinearDeltaAttention")
         new = cls(layer.hidden_size, layer.num_heads, head_dim=layer.head_dim, conv_size=layer.conv_kernel_size,
                   eps=layer.layer_norm_epsilon).to(layer.o_proj.weight)
         gate = layer.forget_gate
@@ -110,19 +108,11 @@ class KimiDeltaAttention(RecurrentLayer):
                  (new.conv1d, layer.conv1d), (new.f_a_proj, gate.f_a_proj), (new.f_b_proj, gate.f_b_proj),
                  (new.b_proj, layer.b_proj), (new.g_a_proj, layer.g_a_proj), (new.g_b_proj, layer.g_b_proj),
                  (new.norm, layer.o_norm), (new.out_proj, layer.o_proj)]
-        with torch.no_grad():
-            for mine, theirs in pairs:
-                mine.weight.copy_(theirs.weight)
-            new.A_log.copy_(gate.A_log.flatten())
-            new.dt_bias.copy_(gate.dt_bias)
+        copy_weights([*((mine.weight, theirs.weight) for mine, theirs in pairs), (new.A_log, gate.A_log),
+                      (new.dt_bias, gate.dt_bias)])
         return new
-
-
-def _example():
-    g = torch.Generator().manual_seed(0)
-    return KimiDeltaAttention(32, 4), (torch.randn(2, 16, 32, generator=g),)
 
 
 register(Entry("kimi-delta-attention", KimiDeltaAttention, "Kimi Team 2025, arXiv:2510.26692 (Kimi Delta Attention)",
                "O(L c D + L D^2 / H)", "the delta rule with a data-dependent decay per key channel and low-rank "
-               "gates (Kimi Linear's linear layers)", "linear-recurrent", _example))
+               "gates (Kimi Linear's linear layers)", "linear-recurrent", example(KimiDeltaAttention, 4)))

@@ -9,7 +9,7 @@ from torch import nn
 from ..errors import ShapeError, check_int
 from ..functional.linear.ssd import ssd_inputs
 from ..registry import Entry, register
-from ._recurrent import GatedRMSNorm, Mixed, RecurrentLayer, ShortConvolution, step_size_bias
+from ._recurrent import GatedRMSNorm, Mixed, RecurrentLayer, ShortConvolution, decay_parameters, example
 from .linear import merge_heads, split_heads
 
 __all__ = ["Mamba2Mixer"]
@@ -80,8 +80,7 @@ class Mamba2Mixer(RecurrentLayer):
         conv_channels = inner + 2 * num_groups * state_dim
         self.in_proj = nn.Linear(dim, inner + conv_channels + heads, bias=False)
         self.conv1d = ShortConvolution(conv_channels, check_int(who, "conv_size", conv_size, 1), bias=True)
-        self.dt_bias = nn.Parameter(step_size_bias(heads))
-        self.A_log = nn.Parameter(torch.empty(heads).uniform_(1, 16).log())
+        self.A_log, self.dt_bias = decay_parameters(heads, heads)
         self.D = nn.Parameter(torch.ones(heads))
         self.norm = GatedRMSNorm(inner, eps=eps, gate_first=True, groups=num_groups)
         self.out_proj = nn.Linear(inner, dim, bias=False)
@@ -110,11 +109,6 @@ class Mamba2Mixer(RecurrentLayer):
         return self.out_proj(self.norm(y, z))
 
 
-def _example():
-    g = torch.Generator().manual_seed(0)
-    return Mamba2Mixer(32, head_dim=16, state_dim=16), (torch.randn(2, 16, 32, generator=g),)
-
-
 register(Entry("mamba2", Mamba2Mixer, "Dao & Gu 2024, arXiv:2405.21060, Sec. 7 (the Mamba-2 block's mixer)",
                "O(L c (N + P) H + L N P H)", "selective SSM with a scalar decay per head (SSD), short convolution "
-               "and gated norm", "linear-recurrent", _example))
+               "and gated norm", "linear-recurrent", example(Mamba2Mixer, head_dim=16, state_dim=16)))

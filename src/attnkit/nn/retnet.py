@@ -8,7 +8,7 @@ from torch import nn
 
 from ..errors import ShapeError, check_int
 from ..registry import Entry, register
-from ._recurrent import Mixed, RecurrentLayer
+from ._recurrent import Mixed, RecurrentLayer, example
 from .linear import merge_heads, split_heads
 from .rotary import RotaryEmbedding
 
@@ -91,11 +91,6 @@ class RetNetRetention(RecurrentLayer):
         return self.out_proj(F.silu(self.g_proj(x)) * y)
 
 
-def _example():
-    g = torch.Generator().manual_seed(0)
-    return RetNetRetention(32, 4), (torch.randn(2, 16, 32, generator=g),)
-
-
 register(Entry("retnet", RetNetRetention, "Sun et al. 2023, arXiv:2307.08621, eq. 5-8 (multi-scale retention)",
                "O(L c D + L D^2 / H)", "linear attention with a fixed decay gamma per head, rotary positions, "
-               "group norm and a swish gate", "linear-recurrent", _example))
+               "group norm and a swish gate", "linear-recurrent", example(RetNetRetention, 4)))

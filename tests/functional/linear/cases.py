@@ -50,6 +50,12 @@ def oracle(q, k, v, alpha, beta, state):
     return out, s
 
 
+def qkv(seed=0, b=B, h=H, n=11, dk=DK, dv=DV):
+    """Float64 ``q, k`` ``(b, h, n, dk)`` and ``v`` ``(b, h, n, dv)``."""
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(b, h, n, d, generator=g, dtype=torch.float64) for d in (dk, dk, dv))
+
+
 def unit(x):
     return x / (x.pow(2).sum(-1, keepdim=True) + 1e-6).sqrt()
 

@@ -8,17 +8,14 @@ from attnkit.errors import ArgumentError, ShapeError
 from attnkit.functional.linear import FORMS, gated_linear_attention, retention
 from attnkit.nn.linear import _causal_sums
 
+from .cases import qkv
+
 TOL = dict(rtol=0, atol=1e-10)
-
-
-def _qkv(seed=0, b=2, h=3, n=11, dk=5, dv=7):
-    g = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(b, h, n, d, generator=g, dtype=torch.float64) for d in (dk, dk, dv))
 
 
 @pytest.mark.parametrize("form", FORMS)
 def test_no_decay_is_plain_causal_linear_attention(form):
-    q, k, v = _qkv()
+    q, k, v = qkv()
     plain = _causal_sums(q * 5 ** -0.5, k, v, 4)[0]  # LinearAttention's numerator with the identity feature map
     out_r, _ = retention(q, k, v, torch.ones(3, dtype=torch.float64), form=form, chunk_size=3)
     out_g, _ = gated_linear_attention(q, k, v, torch.zeros(2, 3, 11, 5, dtype=torch.float64), form=form, chunk_size=3)
@@ -28,7 +25,7 @@ def test_no_decay_is_plain_causal_linear_attention(form):
 
 @pytest.mark.parametrize("form", FORMS)
 def test_retention_is_attention_with_the_decay_mask(form):
-    q, k, v = _qkv(1)
+    q, k, v = qkv(1)
     gamma = torch.tensor([0.9, 0.6, 0.99], dtype=torch.float64)
     n = q.shape[2]
     i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
@@ -38,7 +35,7 @@ def test_retention_is_attention_with_the_decay_mask(form):
 
 
 def test_equal_channel_gates_are_a_decay_per_head():
-    q, k, v = _qkv(2)
+    q, k, v = qkv(2)
     gamma = torch.tensor([0.8, 0.3, 0.95], dtype=torch.float64)
     g = gamma.log()[:, None, None].expand(2, 3, 11, 5)
     for form in FORMS:
@@ -47,7 +44,7 @@ def test_equal_channel_gates_are_a_decay_per_head():
 
 
 def test_strong_gates_stay_finite_in_float32():
-    q, k, v = (t.float() for t in _qkv(3, n=200))
+    q, k, v = (t.float() for t in qkv(3, n=200))
     g = F.logsigmoid(torch.randn(2, 3, 200, 5) * 10) * 20  # down to exp(-700) within a block
     out, state = gated_linear_attention(q, k, v, g, chunk_size=64)
     ref, _ = gated_linear_attention(q, k, v, g, form="recurrent")
@@ -56,7 +53,7 @@ def test_strong_gates_stay_finite_in_float32():
 
 
 def test_bad_decays_and_gates_are_named():
-    q, k, v = _qkv()
+    q, k, v = qkv()
     with pytest.raises(ArgumentError, match=r"decay must lie in \(0, 1\]"):
         retention(q, k, v, torch.tensor([0.5, 1.5, 0.2], dtype=torch.float64))
     with pytest.raises(ShapeError, match=r"decay must have shape \(H,\) = \(3,\); got \(2,\)"):

@@ -6,17 +6,14 @@ import torch
 from attnkit.errors import ShapeError
 from attnkit.functional.linear import FORMS, delta_rule
 
+from .cases import qkv
+
 TOL = dict(rtol=0, atol=1e-10)
-
-
-def _qkv(seed=0, b=2, h=3, n=9, dk=5, dv=7):
-    g = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(b, h, n, d, generator=g, dtype=torch.float64) for d in (dk, dk, dv))
 
 
 @pytest.mark.parametrize("form", FORMS)
 def test_zero_beta_leaves_the_state_unchanged(form):
-    q, k, v = _qkv()
+    q, k, v = qkv(n=9)
     s0 = torch.randn(2, 3, 5, 7, dtype=torch.float64)
     out, state = delta_rule(q, k, v, torch.zeros(2, 3, 9, dtype=torch.float64), initial_state=s0, form=form,
                             chunk_size=4)
@@ -26,7 +23,7 @@ def test_zero_beta_leaves_the_state_unchanged(form):
 
 @pytest.mark.parametrize("form", FORMS)
 def test_a_full_write_replaces_what_the_key_recalls(form):
-    q, k, v = _qkv(1)
+    q, k, v = qkv(1, n=9)
     k = k / k.norm(dim=-1, keepdim=True)
     beta = torch.ones(2, 3, 9, dtype=torch.float64)
     _, state = delta_rule(q, k, v, beta, form=form, chunk_size=4)
@@ -35,6 +32,6 @@ def test_a_full_write_replaces_what_the_key_recalls(form):
 
 
 def test_beta_shape_is_checked():
-    q, k, v = _qkv()
+    q, k, v = qkv(n=9)
     with pytest.raises(ShapeError, match=r"beta must have shape \(B, H, L\) = \(2, 3, 9\); got \(2, 9, 3\)"):
         delta_rule(q, k, v, torch.zeros(2, 9, 3))

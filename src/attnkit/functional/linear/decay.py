@@ -11,7 +11,7 @@ import torch
 
 from ...errors import ArgumentError
 from .checks import check_qkv, check_tensor
-from .forms import linear_recurrence
+from .forms import gated_recurrence
 
 __all__ = ["retention", "gated_linear_attention"]
 
@@ -59,9 +59,9 @@ def retention(q, k, v, decay, *, scale=None, form: str = "chunk", chunk_size: in
     check_tensor("retention", "decay", decay, (h,), "(H,)", q.device)
     if not bool(((decay > 0) & (decay <= 1)).all()):
         raise ArgumentError(f"retention: decay must lie in (0, 1]; got {decay.tolist()}")
-    g = decay.to(torch.promote_types(decay.dtype, torch.float32)).log()[:, None, None].expand(b, h, n, 1)
-    return linear_recurrence("retention", q, k, v, g, None, scale=scale, normalize_qk=False, form=form,
-                             chunk_size=chunk_size, initial_state=initial_state, cu_seqlens=cu_seqlens)
+    g = decay.to(torch.promote_types(decay.dtype, torch.float32)).log()[:, None].expand(b, h, n)
+    return gated_recurrence("retention", q, k, v, g, scale=scale, normalize_qk=False, form=form,
+                            chunk_size=chunk_size, initial_state=initial_state, cu_seqlens=cu_seqlens)
 
 
 def gated_linear_attention(q, k, v, g, *, scale=None, form: str = "chunk", chunk_size: int = 16, initial_state=None,
@@ -97,7 +97,5 @@ def gated_linear_attention(q, k, v, g, *, scale=None, form: str = "chunk", chunk
         >>> torch.allclose(out, gated_linear_attention(q, k, v, g, form="parallel")[0], atol=1e-5)
         True
     """
-    b, h, n, dk, _ = check_qkv("gated_linear_attention", q, k, v)
-    check_tensor("gated_linear_attention", "g", g, (b, h, n, dk), "(B, H, L, Dk)", q.device)
-    return linear_recurrence("gated_linear_attention", q, k, v, g, None, scale=scale, normalize_qk=False, form=form,
-                             chunk_size=chunk_size, initial_state=initial_state, cu_seqlens=cu_seqlens)
+    return gated_recurrence("gated_linear_attention", q, k, v, g, per_channel=True, scale=scale, normalize_qk=False,
+                            form=form, chunk_size=chunk_size, initial_state=initial_state, cu_seqlens=cu_seqlens)

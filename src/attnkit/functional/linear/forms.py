@@ -15,13 +15,13 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .checks import check_form, check_lengths, check_state
+from .checks import check_form, check_lengths, check_qkv, check_state, check_tensor
 from .local import local_terms
 from .recurrent import recurrent
 from .scan import pass_states
 
 __all__ = ["l2_normalize", "parallel", "blocks", "through_blocks", "chunked", "prepare", "recurrent",
-           "linear_recurrence"]
+           "linear_recurrence", "gated_recurrence"]
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -98,3 +98,18 @@ def linear_recurrence(who: str, q, k, v, g, beta, *, scale, normalize_qk: bool, 
         outs.append(out)
         finals.append(final)
     return torch.cat(outs, 2).to(v.dtype), torch.cat(finals)
+
+
+def gated_recurrence(who: str, q, k, v, g=None, beta=None, *, per_channel: bool = False, **options):
+    """:func:`linear_recurrence` after checking ``q, k, v``, the log decays ``g`` (``(B, H, L)``, or ``(B, H, L, Dk)``
+    with ``per_channel``; None: no decay) and ``beta`` ``(B, H, L)`` (None: no delta rule) against them."""
+    b, h, n, dk, _ = check_qkv(who, q, k, v)
+    if g is None:
+        g = v.new_zeros(b, h, n, 1)
+    elif per_channel:
+        check_tensor(who, "g", g, (b, h, n, dk), "(B, H, L, Dk)", q.device)
+    else:
+        g = check_tensor(who, "g", g, (b, h, n), "(B, H, L)", q.device)[..., None]
+    if beta is not None:
+        check_tensor(who, "beta", beta, (b, h, n), "(B, H, L)", q.device)
+    return linear_recurrence(who, q, k, v, g, beta, **options)

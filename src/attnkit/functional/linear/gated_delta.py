@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .checks import check_qkv, check_tensor
-from .forms import linear_recurrence
+from .delta import _required
+from .forms import gated_recurrence
 
 __all__ = ["gated_delta_rule"]
 
@@ -39,15 +39,15 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, normalize_qk: bool = False
         >>> import torch
         >>> import torch.nn.functional as F
         >>> _ = torch.manual_seed(0)
-        >>> q, k, v = torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 3)
-        >>> g, beta = F.logsigmoid(torch.randn(1, 2, 9)), torch.rand(1, 2, 9)
-        >>> out, state = gated_delta_rule(q, k, v, g, beta, normalize_qk=True, chunk_size=4)
-        >>> ref = gated_delta_rule(q, k, v, g, beta, normalize_qk=True, form="recurrent")
-        >>> torch.allclose(out, ref[0], atol=1e-5) and torch.allclose(state, ref[1], atol=1e-5)
+        >>> inputs = [torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 3),
+        ...           F.logsigmoid(torch.randn(1, 2, 9)), torch.rand(1, 2, 9)]
+        >>> whole, _ = gated_delta_rule(*inputs, normalize_qk=True, chunk_size=4)
+        >>> first, state = gated_delta_rule(*(t[:, :, :5] for t in inputs), normalize_qk=True)
+        >>> rest, _ = gated_delta_rule(*(t[:, :, 5:] for t in inputs), normalize_qk=True, initial_state=state,
+        ...                            form="recurrent")  # decoding continues from the state
+        >>> torch.allclose(torch.cat([first, rest], 2), whole, atol=1e-5)
         True
     """
-    b, h, n, _, _ = check_qkv("gated_delta_rule", q, k, v)
-    check_tensor("gated_delta_rule", "g", g, (b, h, n), "(B, H, L)", q.device)
-    check_tensor("gated_delta_rule", "beta", beta, (b, h, n), "(B, H, L)", q.device)
-    return linear_recurrence("gated_delta_rule", q, k, v, g[..., None], beta, scale=scale, normalize_qk=normalize_qk,
-                             form=form, chunk_size=chunk_size, initial_state=initial_state, cu_seqlens=cu_seqlens)
+    return gated_recurrence("gated_delta_rule", q, k, v, g, _required("gated_delta_rule", beta), scale=scale,
+                            normalize_qk=normalize_qk, form=form, chunk_size=chunk_size, initial_state=initial_state,
+                            cu_seqlens=cu_seqlens)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .checks import check_qkv, check_tensor
-from .forms import linear_recurrence
+from .delta import _required
+from .forms import gated_recurrence
 
 __all__ = ["kimi_delta_attention"]
 
@@ -41,15 +41,13 @@ def kimi_delta_attention(q, k, v, g, beta, *, scale=None, normalize_qk: bool = F
         >>> import torch
         >>> import torch.nn.functional as F
         >>> _ = torch.manual_seed(0)
-        >>> q, k, v = torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 3)
-        >>> g, beta = F.logsigmoid(torch.randn(1, 2, 9, 4)), torch.rand(1, 2, 9)
-        >>> out, _ = kimi_delta_attention(q, k, v, g, beta, normalize_qk=True, chunk_size=4)
-        >>> torch.allclose(out, kimi_delta_attention(q, k, v, g, beta, normalize_qk=True, form="parallel")[0],
-        ...                atol=1e-5)
-        True
+        >>> inputs = [torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 3),
+        ...           F.logsigmoid(torch.randn(1, 2, 9, 4)), torch.rand(1, 2, 9)]
+        >>> packed, states = kimi_delta_attention(*inputs, normalize_qk=True, cu_seqlens=torch.tensor([0, 4, 9]))
+        >>> alone, _ = kimi_delta_attention(*(t[:, :, 4:] for t in inputs), normalize_qk=True, form="parallel")
+        >>> states.shape, torch.allclose(packed[:, :, 4:], alone, atol=1e-5)  # two documents, each from zeros
+        (torch.Size([2, 2, 4, 3]), True)
     """
-    b, h, n, dk, _ = check_qkv("kimi_delta_attention", q, k, v)
-    check_tensor("kimi_delta_attention", "g", g, (b, h, n, dk), "(B, H, L, Dk)", q.device)
-    check_tensor("kimi_delta_attention", "beta", beta, (b, h, n), "(B, H, L)", q.device)
-    return linear_recurrence("kimi_delta_attention", q, k, v, g, beta, scale=scale, normalize_qk=normalize_qk,
-                             form=form, chunk_size=chunk_size, initial_state=initial_state, cu_seqlens=cu_seqlens)
+    return gated_recurrence("kimi_delta_attention", q, k, v, g, _required("kimi_delta_attention", beta),
+                            per_channel=True, scale=scale, normalize_qk=normalize_qk, form=form, chunk_size=chunk_size,
+                            initial_state=initial_state, cu_seqlens=cu_seqlens)
