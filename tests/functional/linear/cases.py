@@ -62,9 +62,19 @@ def unit(x):
 
 @dataclass
 class Case:
-    leaves: list[torch.Tensor]
-    call: Callable  # call(form, **options) -> (out, state)
+    leaves: list[torch.Tensor]  # the function's tensors in order, then the initial state (if any)
+    call: Callable  # call(form, tensors=leaves, **options) -> (out, state)
     expected: Callable  # () -> (out, state) from the oracle
+
+
+def _caller(fn, leaves, initial: bool, **fixed):
+    """``call(form, tensors=None, **options)``: ``fn`` on ``tensors`` (default ``leaves``), the last one the initial
+    state when ``initial``."""
+    def call(form, tensors=None, **kw):
+        ts = leaves if tensors is None else tensors
+        args, state = (ts[:-1], ts[-1]) if initial else (ts, None)
+        return fn(*args, form=form, initial_state=state, **fixed, **kw)
+    return call
 
 
 def make(name: str, *, seed: int = 0, dtype=torch.float64, b=B, h=H, n=N, dk=DK, dv=DV, initial=True,
@@ -97,15 +107,13 @@ def make(name: str, *, seed: int = 0, dtype=torch.float64, b=B, h=H, n=N, dk=DK,
     fn = {"retention": retention, "gla": gated_linear_attention, "delta": delta_rule, "gated_delta": gated_delta_rule,
           "kda": kimi_delta_attention}[name]
     delta = beta is not None
-
-    def call(form, **kw):
-        kw = {"normalize_qk": True, **kw} if delta else kw
-        return fn(*leaves, form=form, initial_state=s0, **kw)
+    all_leaves = leaves + ([] if s0 is None else [s0])
+    call = _caller(fn, all_leaves, s0 is not None, **({"normalize_qk": True} if delta else {}))
 
     def expected():
         qq, kk = (unit(q), unit(k)) if delta else (q, k)
         return oracle(qq * dk ** -0.5, kk, v, alpha, beta, torch.zeros(b, h, dk, dv) if s0 is None else s0.detach())
-    return Case(leaves + ([] if s0 is None else [s0]), call, expected)
+    return Case(all_leaves, call, expected)
 
 
 def _ssd_case(rnd, b, h, n, dk, dv, s0, dtype, grad):
@@ -115,10 +123,9 @@ def _ssd_case(rnd, b, h, n, dk, dv, s0, dtype, grad):
     bb, cc = rnd(b, groups, n, dk), rnd(b, groups, n, dk)
     leaves = [t.to(dtype).requires_grad_(grad) for t in (x, dt, a, bb, cc, d)]
     s0 = None if s0 is None else s0.requires_grad_(grad)
-
-    def call(form, **kw):
-        x_, dt_, a_, b_, c_, d_ = leaves
-        return ssd(x_, dt_, a_, b_, c_, D=d_, form=form, initial_state=s0, **kw)
+    all_leaves = leaves + ([] if s0 is None else [s0])
+    call = _caller(lambda x_, dt_, a_, b_, c_, d_, **kw: ssd(x_, dt_, a_, b_, c_, D=d_, **kw), all_leaves,
+                   s0 is not None)
 
     def expected():
         per_head = h // groups
@@ -127,4 +134,4 @@ def _ssd_case(rnd, b, h, n, dk, dv, s0, dtype, grad):
         out, state = oracle(heads(cc), heads(bb), x * dt[..., None], alpha, None,
                             torch.zeros(b, h, dk, dv) if s0 is None else s0.detach())
         return out + x * d[:, None, None], state
-    return Case(leaves + ([] if s0 is None else [s0]), call, expected)
+    return Case(all_leaves, call, expected)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnkit.functional.linear import FORMS, gated_delta_rule, retention
+from attnkit.functional.linear import FORMS, retention
 
 from .cases import NAMES, make
 
@@ -83,29 +83,22 @@ def test_changing_the_future_does_not_move_the_past(name, form):
     assert not torch.allclose(after[:, :, 9:], before[:, :, 9:])
 
 
-def _pack(t, lengths):
-    """(len(lengths), H, ...) documents padded to a common length -> (1, H, sum, ...) packed."""
-    return torch.cat([t[i : i + 1, :, :n] for i, n in enumerate(lengths)], 2)
-
-
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("form", FORMS)
-def test_packed_documents_equal_each_document_run_alone(form):
+def test_packed_documents_equal_each_document_run_alone(name, form):
     lengths = [5, 0, 13, 1, 9]
-    g = torch.Generator().manual_seed(3)
-    d, h, n = len(lengths), 3, max(lengths)
-    q, k, v = (torch.randn(d, h, n, s, generator=g, dtype=torch.float64) for s in (5, 5, 7))
-    gates, beta = -torch.rand(d, h, n, generator=g, dtype=torch.float64), torch.rand(d, h, n, generator=g,
-                                                                                       dtype=torch.float64)
-    s0 = torch.randn(d, h, 5, 7, generator=g, dtype=torch.float64)
+    case = make(name, b=len(lengths), n=13)
+    *tensors, s0 = case.leaves
+    per_token = [t.dim() >= 3 and t.shape[2] == 13 for t in tensors]  # not a decay, A or D per head
+    packed = [torch.cat([t[i : i + 1, :, :n] for i, n in enumerate(lengths)], 2) if tok else t
+              for t, tok in zip(tensors, per_token, strict=True)]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
-    out, state = gated_delta_rule(*(_pack(t, lengths) for t in (q, k, v, gates, beta)), form=form, chunk_size=4,
-                                  initial_state=s0, cu_seqlens=cu, normalize_qk=True)
-    pieces = out.split(lengths, 2)
-    for i, n_i in enumerate(lengths):
-        alone = gated_delta_rule(*(t[i : i + 1, :, :n_i] for t in (q, k, v, gates, beta)), form=form, chunk_size=4,
-                                 initial_state=s0[i : i + 1], normalize_qk=True)
-        torch.testing.assert_close(pieces[i], alone[0], **TOL)
-        torch.testing.assert_close(state[i : i + 1], alone[1], **TOL)
+    out, state = case.call(form, [*packed, s0], chunk_size=4, cu_seqlens=cu)
+    for i, (piece, n) in enumerate(zip(out.split(lengths, 2), lengths, strict=True)):
+        alone = [t[i : i + 1, :, :n] if tok else t for t, tok in zip(tensors, per_token, strict=True)]
+        want_out, want_state = case.call(form, [*alone, s0[i : i + 1]], chunk_size=4)
+        torch.testing.assert_close(piece, want_out, **TOL)
+        torch.testing.assert_close(state[i : i + 1], want_state, **TOL)
 
 
 @pytest.mark.parametrize("form", FORMS)
