@@ -18,6 +18,7 @@ Arguments it does not model (dropout, "gumbel", which are random) raise.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import NamedTuple
 
@@ -144,18 +145,22 @@ def _normalize(normalize, scores, allowed):
 
 def dense_attention(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, normalize="softmax",
                     dropout_p=0.0, return_weights=False, return_lse=False, backend=None,
-                    dtype=torch.float64, out_dtype=None):
+                    dtype=torch.float64, out_dtype=None, differentiable=False):
     """``attnkit.attention``'s function, computed densely in ``dtype`` (float64 by default).
 
     Inputs of rank 2, 3 or 4; the result has the input's rank, in ``out_dtype``
     (default ``dtype``); with ``return_weights``/``return_lse`` an :class:`OracleOutput`.
     ``backend`` is accepted and ignored, so a call's keyword arguments can be passed on as they are.
+    ``differentiable``: keep the inputs' (and a tensor bias's) autograd history, so the oracle
+    can be differentiated once or twice; otherwise it reads them detached.
     """
+    grad = contextlib.nullcontext() if differentiable else torch.no_grad()
+    own = (lambda t: t) if differentiable else (lambda t: t.detach())
     if dropout_p:
         raise NotImplementedError("oracle: dropout is random; compare with dropout_p=0")
     rank = q.dim()
     user_scores = (*q.shape[:-1], k.shape[-2])
-    q, k, v = (_to_4d(t.detach().to(dtype)) for t in (q, k, v))
+    q, k, v = (_to_4d(own(t).to(dtype)) for t in (q, k, v))
     batch, heads, lq, d = q.shape
     lk, kv_heads = k.shape[2], k.shape[1]
     if kv_heads != heads:  # grouped queries: query head h reads key/value head h // (heads // kv_heads)
@@ -178,12 +183,12 @@ def dense_attention(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=
         scale = 1.0 / math.sqrt(d) if score == "scaled_dot" and d > 0 else 1.0
     scores = _score(score, q, k) * scale
     if isinstance(bias, torch.Tensor):
-        scores = scores + _scores_picture(bias.detach().to(dtype), user_scores)
+        scores = scores + _scores_picture(own(bias).to(dtype), user_scores)
     elif bias is not None:
         dev = q.device
         idx = (torch.arange(batch, device=dev).view(-1, 1, 1, 1), torch.arange(heads, device=dev).view(1, -1, 1, 1),
                torch.arange(lq, device=dev).view(1, 1, -1, 1), torch.arange(lk, device=dev).view(1, 1, 1, -1))
-        with torch.no_grad():
+        with grad:
             # A ScoreModifier is called with the lengths (ALiBi's alignment); any other callable without them.
             scores = bias.modify(scores, *idx, lq, lk) if isinstance(bias, ScoreModifier) else bias(scores, *idx)
         scores = torch.broadcast_to(scores, (batch, heads, lq, lk)).to(dtype)

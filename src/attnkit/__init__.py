@@ -8,6 +8,7 @@ torch.Size([1, 4, 16, 8])
 
 import importlib
 from importlib import metadata as _metadata
+from typing import TYPE_CHECKING
 
 from .errors import ArgumentError, AttnkitError, BackendError, DeviceError, DTypeError, ShapeError, UnsupportedFeature
 
@@ -40,6 +41,10 @@ __all__ = [
     "AttnkitError", "ShapeError", "DTypeError", "DeviceError", "ArgumentError", "BackendError", "UnsupportedFeature",
     "__version__",
 ]
+
+if TYPE_CHECKING:  # what type checkers see; at run time the same names load lazily, below
+    from . import bias, masks
+    from .core import AttentionOutput, attention, explain
 
 # The names below import torch; they load on first use, so that ``attnkit --help`` and
 # ``attnkit --version`` answer without importing torch (the commands that run import it).

@@ -16,6 +16,11 @@ Parts the counter ignores by design (matrix-vector products, elementwise work) a
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
@@ -248,3 +253,59 @@ def test_modules_training_with_dropout_are_counted_as_they_run():
         forward, backward = counted(module, **kw)
         assert cost(module, **kw).flops == forward, type(module).__name__
         assert cost(module, backward=True, **kw).flops == forward + backward, type(module).__name__
+
+
+def test_no_size_prices_the_registry_example_and_a_length_the_papers_settings_at_a_realistic_layer():
+    small = {name: cost(name).sizes for name in ("longformer", "bigbird", "reformer")}
+    assert (small["longformer"]["window"], small["bigbird"]["block_size"], small["reformer"]["chunk_size"]) == (4, 2, 4)
+    longformer, bigbird, reformer = (cost(name, q_len=4096).sizes for name in ("longformer", "bigbird", "reformer"))
+    for s in (longformer, bigbird, reformer):
+        assert (s["batch"], s["length"], s["heads"], s["dim"]) == (1, 4096, 8, 512)
+    assert (longformer["window"], longformer["dilation"], longformer["global_tokens"]) == (512, 1, (0,))
+    assert [bigbird[k] for k in ("block_size", "window_blocks", "global_blocks", "random_blocks")] == [64, 3, 2, 3]
+    assert (reformer["chunk_size"], reformer["n_buckets"], reformer["n_hashes"]) == (64, 2 * 4096 // 64, 4)
+    assert cost("sliding-window", q_len=4096).sizes["window"] == 256  # Longformer's w = 512: 256 on each side
+    assert cost("longformer", q_len=4096, window=64).sizes["window"] == 64  # a setting given wins
+    for name, sp in SPECS.items():
+        if sp.at_scale:  # every paper setting says where it comes from
+            assert re.search(r"et al\. 20\d\d, arXiv:\d{4}\.\d{5}, (Sec|App)\. ", sp.source), (name, sp.source)
+
+
+def test_the_vocabulary_reaches_every_mechanism_under_its_own_names():
+    by_vocabulary = cost("longformer", batch=2, q_len=300, heads=2, head_dim=4)
+    assert by_vocabulary == cost("longformer", batch=2, length=300, heads=2, dim=8)
+    assert cost("rotary-embedding", q_len=7, head_dim=6).sizes["dim"] == 6
+    assert cost("pointer", q_len=9).sizes["kv_len"] == 9  # one length given: both sequences have it
+    with pytest.raises(ArgumentError, match="longformer takes one sequence length"):
+        cost("longformer", q_len=300, kv_len=200)
+    with pytest.raises(ArgumentError, match="length given twice"):
+        cost("longformer", q_len=300, length=200)
+    with pytest.raises(ArgumentError, match=r"unknown size\(s\) heads"):
+        cost("pointer", heads=8)
+
+
+_BILLION = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # a tensor of a billion positions cannot exist here
+from attnkit.analysis.cost import cost
+from attnkit.errors import ArgumentError
+n = 10 ** 9
+assert cost("dense", q_len=n).flops == 2 * 8 * n * n * (64 + 64)
+assert cost("causal", q_len=n, backward=True).flops > 0
+for name in ("multi-head", "linformer", "performer", "attention-pooling", "hierarchical-attention"):
+    assert cost(name, q_len=n).flops > 0, name
+for name in ("sliding-window", "alibi", "segment-level", "longformer", "bigbird", "reformer"):
+    try:
+        cost(name, q_len=n)
+    except ArgumentError as err:
+        assert "price a shorter sequence" in str(err) or "lengths up to" in str(err), err
+    else:
+        sys.exit(name + " priced")
+print("ok")
+"""
+
+
+def test_a_billion_tokens_is_priced_by_arithmetic_or_refused_without_allocating():
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", _BILLION], capture_output=True, text=True, env=env, timeout=300)
+    assert done.stdout.strip() == "ok", done.stdout + done.stderr[-3000:]

@@ -9,9 +9,11 @@ shard. The parent test asserts them; nothing is asserted inside the ranks.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import torch
+import torch.distributed
 
 import attnkit
 from attnkit import bias, masks
@@ -101,3 +103,35 @@ def measured_bytes(scheme, layout, *, mask=None, kv_heads=HEADS, length=LENGTH, 
     with count_bytes() as backward:
         loss.backward()
     return forward.total, backward.total
+
+
+def padded_run(build, call, *, layout, fill, padded, length=LENGTH, dim=12):
+    """A module on this rank's shards of ``(2, length, dim)`` inputs whose sample 1 ends in ``padded`` padding
+    positions holding ``fill``; a loss over the real positions only. Answers the outputs at real positions,
+    the parameter gradients summed over ranks and the input shard's gradient."""
+    torch.manual_seed(0)
+    module = build().double()
+    cut = lambda t: shard(t, dim=1, layout=layout)
+    keep = cut(torch.arange(length)[None, :] < torch.tensor([[length], [length - padded]]))
+    x = cut(torch.randn(2, length, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(3)))
+    x[~keep] = fill
+    x.requires_grad_()
+    out = call(module, x, keep)
+    out[keep].sum().backward()
+    grads = [p.grad.clone() for p in module.parameters()]
+    for g in grads:
+        torch.distributed.all_reduce(g)
+    return out[keep].detach(), grads, x.grad
+
+
+def padding_is_inert(build, call, *, layout, padded):
+    """Per non-finite fill: (everything finite, largest difference from the run with zeros at the padding)."""
+    run = functools.partial(padded_run, build, call, layout=layout, padded=padded)
+    ref_out, ref_grads, _ = run(fill=0.0)
+    found = {}
+    for fill in (float("nan"), float("inf"), -float("inf")):
+        out, grads, x_grad = run(fill=fill)
+        finite = all(bool(torch.isfinite(t).all()) for t in (out, x_grad, *grads))
+        diff = max((a - b).abs().max().item() for a, b in zip((out, *grads), (ref_out, *ref_grads), strict=True))
+        found[fill] = (finite, diff if finite else float("inf"))
+    return found

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 import attnkit
 from attnkit import masks
-from attnkit.distributed import SCHEMES, attention, shard
+from attnkit.distributed import SCHEMES, attention, gather, shard
 
 from . import cases, spawn
 
@@ -85,6 +85,24 @@ def _learned_bias_error(scheme):
     return (got - want).abs().max().item()
 
 
+def _zero_length(rank, world):
+    """Every scheme x layout on a sequence of length 0 (every shard empty): shapes, dtypes and gradients."""
+    found = {}
+    for scheme in SCHEMES:
+        for layout in cases.LAYOUTS:
+            q = torch.zeros(2, 12, 0, 5, dtype=torch.float64, requires_grad=True)
+            k = torch.zeros(2, 4, 0, 5, dtype=torch.float64, requires_grad=True)
+            v = torch.zeros(2, 4, 0, 3, dtype=torch.float64, requires_grad=True)
+            got = attention(q, k, v, mask=masks.causal(), bias=attnkit.bias.alibi(12), scheme=scheme, layout=layout,
+                            return_lse=True)
+            (got.output.sum() + got.lse.sum()).backward()
+            found[scheme, layout] = (tuple(got.output.shape), tuple(got.lse.shape), got.lse.dtype,
+                                     [tuple(t.grad.shape) for t in (q, k, v)])
+    x = torch.zeros(2, 0, 3)
+    found["shard_gather"] = (tuple(shard(x, dim=1).shape), tuple(gather(shard(x, dim=1), dim=1).shape))
+    return found
+
+
 def _quick(rank, world):
     groups = {w: None if ranks is None else dist.new_group(ranks) for w, ranks in GROUPS.items()}
     found = {"sweep": {}}
@@ -93,6 +111,7 @@ def _quick(rank, world):
             found["sweep"][w] = cases.sweep(groups[w])
     found["errors"] = _errors_raised(rank, groups[2])
     found["contract"] = _contract_checks(rank, world)
+    found["zero_length"] = _zero_length(rank, world)
     return found
 
 
@@ -136,6 +155,16 @@ def test_no_grad_lse_dtypes_bool_tensor_masks_and_learned_biases(quick):
         out_dtype, lse_dtype, error = found["float32"]
         assert (out_dtype, lse_dtype) == (torch.float32, torch.float32) and error < 1e-5
         assert max(found["learned_bias"].values()) <= TOL, found["learned_bias"]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("layout", cases.LAYOUTS)
+def test_a_sequence_of_length_zero_gives_empty_results_on_every_scheme(quick, scheme, layout):
+    for found in quick:
+        out, lse, lse_dtype, grads = found["zero_length"][scheme, layout]
+        assert (out, lse, lse_dtype) == ((2, 12, 0, 3), (2, 12, 0), torch.float64)
+        assert grads == [(2, 12, 0, 5), (2, 4, 0, 5), (2, 4, 0, 3)]
+        assert found["zero_length"]["shard_gather"] == ((2, 0, 3), (2, 0, 3))
 
 
 def _slow(rank, world):

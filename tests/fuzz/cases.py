@@ -3,8 +3,10 @@
 A case is drawn in three steps so every part fits the others: the sizes (batch and lengths
 including 0 and 1, odd head dims, grouped-query ratios, ``Dv != D``, rank 2, 3 or 4), then a
 mask expression over every constructor of :mod:`attnkit.masks` combined with ``&``, ``|`` and
-``~`` (both causal alignments; per-sample masks sized to the batch), then the bias, score,
-scale, normaliser, dtype and what is asked for (lse, weights, gradients). The tensors are
+``~`` (both causal alignments; per-sample masks sized to the batch), then the bias (tensors with
+``-inf`` entries, a ``finfo.min`` row, ``finfo.min`` keys a mask may leave a row alone with),
+score, scale, normaliser, dtype and what is asked for (lse, weights, gradients, second
+derivatives through a gradient penalty). The tensors are
 made from the case's seed, so a failing case prints everything needed to replay it.
 """
 
@@ -45,6 +47,7 @@ class Case:
     return_lse: bool = False
     return_weights: bool = False
     grad: bool = False
+    second_order: bool = False  # also a gradient penalty: the gradients of |dq|, with create_graph=True
     extra: dict = field(default_factory=dict)
 
     def shapes(self):
@@ -65,6 +68,8 @@ class Case:
                 bias = bias.masked_fill(torch.rand(shape, generator=g) < 0.3, float("-inf"))
             elif kind == "finfo.min row" and len(shape) >= 2 and shape[-2] > 0:
                 bias[..., 0, :] = torch.finfo(torch.float32).min
+            elif kind == "finfo.min keys":  # "masking" as a bias on some keys: a mask may leave a row only those
+                bias[..., torch.rand(shape[-1], generator=g) < 0.5] = torch.finfo(torch.float32).min
             bias = bias.to(self.dtype).requires_grad_(learned and self.grad)
         return q, k, v, bias
 
@@ -144,7 +149,7 @@ def _bias(draw, case_scores, heads):
         return attnkit.bias.softcap(draw(st.floats(0.5, 30.0)))
     rank = draw(st.integers(1, len(case_scores)))
     shape = tuple(s if draw(st.booleans()) else 1 for s in case_scores[-rank:-1]) + (case_scores[-1],)
-    values = draw(st.sampled_from(["plain", "plain", "-inf entries", "finfo.min row"]))
+    values = draw(st.sampled_from(["plain", "plain", "-inf entries", "finfo.min row", "finfo.min keys"]))
     return ("tensor", shape, values, values == "plain" and draw(st.booleans()))
 
 
@@ -174,4 +179,5 @@ def cases(draw) -> Case:
         score=draw(st.sampled_from(["scaled_dot", "scaled_dot", "dot", "cosine"])),
         scale=draw(st.sampled_from([None, None, 0.0, -0.7, 0.3, 2.0])), normalize=normalize,
         return_lse=normalize == "softmax" and draw(st.booleans()), return_weights=draw(st.integers(0, 5)) == 0,
-        grad=normalize in ("softmax", "sigmoid") and draw(st.booleans()))
+        grad=(grad := normalize in ("softmax", "sigmoid") and draw(st.booleans())),
+        second_order=grad and draw(st.integers(0, 2)) == 0)

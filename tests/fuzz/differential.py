@@ -1,10 +1,11 @@
 """The fuzzer's check: one :class:`~tests.fuzz.cases.Case` on every backend against the float64 oracles.
 
-Softmax and sigmoid calls are compared with :mod:`tests.fuzz.masked_softmax` (forward, lse and
-gradients by autograd in float64); sparsemax and hard, and returned weights, with the dense
-oracle of :mod:`tests.oracle` (forward only). Every backend runs: ``auto`` must answer; a forced
-backend either answers within tolerance or raises :class:`~attnkit.errors.BackendError`, nothing else.
-Tolerances scale with the size of the exact answer: ``|got - exact| <= tol * (1 + max |exact|)``.
+Softmax and sigmoid calls are compared with :mod:`tests.fuzz.masked_softmax` (forward, lse,
+gradients and second derivatives of a gradient penalty, by autograd in float64); sparsemax and
+hard, and returned weights, with the dense oracle of :mod:`tests.oracle` (forward only). Every
+backend runs: ``auto`` must answer; a forced backend either answers within tolerance or raises
+:class:`~attnkit.errors.BackendError`, nothing else. Tolerances scale with the size of the exact
+answer: ``|got - exact| <= tol * (1 + max |exact|)``.
 """
 
 from __future__ import annotations
@@ -61,7 +62,15 @@ def _grad_inputs(q, k, v, bias):
 
 
 def _grads(out, probe, inputs):
-    grads = torch.autograd.grad((out * probe.to(out.dtype)).sum(), inputs, allow_unused=True)
+    grads = torch.autograd.grad((out * probe.to(out.dtype)).sum(), inputs, allow_unused=True, retain_graph=True)
+    return [torch.zeros_like(t, dtype=torch.float64) if g is None else g for g, t in zip(grads, inputs, strict=True)]
+
+
+def _penalty_grads(out, probe, inputs):
+    """Gradients of ``sum(dq^2)`` with ``dq = d <out, probe> / dq`` (create_graph): second derivatives."""
+    (dq,) = torch.autograd.grad((out * probe.to(out.dtype)).sum(), inputs[0], create_graph=True)
+    grads = torch.autograd.grad(dq.square().sum(), inputs, allow_unused=True) if dq.requires_grad else [None] * len(
+        inputs)
     return [torch.zeros_like(t, dtype=torch.float64) if g is None else g for g, t in zip(grads, inputs, strict=True)]
 
 
@@ -82,6 +91,10 @@ def check(case: Case) -> list[str]:
         probe = torch.randn(exact.shape, generator=torch.Generator().manual_seed(case.seed + 1), dtype=torch.float64)
         exact_grads = _grads(exact, probe, inputs)
         plain_grads = [None] * len(inputs) if plain is None else _grads(plain, probe, inputs)
+        second = case.second_order and inputs[0] is q
+        if second:
+            exact_second = _penalty_grads(exact, probe, inputs)
+            plain_second = [None] * len(inputs) if plain is None else _penalty_grads(plain, probe, inputs)
     ran = []
     for backend in ("auto", *BACKENDS):
         try:
@@ -102,4 +115,10 @@ def check(case: Case) -> list[str]:
             for name, g, e, p in zip(("dq", "dk", "dv", "dbias"), _grads(out, probe, inputs), exact_grads,
                                      plain_grads, strict=False):
                 _close(f"{where}: {name}", g, e, GRAD_TOL[case.dtype], p)
+        if want_grads and second:
+            again = attnkit.attention(q, k, v, backend=backend, **case.kwargs(bias))
+            again = again.output if isinstance(again, tuple) else again
+            for name, g, e, p in zip(("d2q", "d2k", "d2v", "d2bias"), _penalty_grads(again, probe, inputs),
+                                     exact_second, plain_second, strict=False):
+                _close(f"{where}: {name} (second order)", g, e, GRAD_TOL[case.dtype], p)
     return ran

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 
 import pytest
 import torch
@@ -607,3 +608,25 @@ def test_attnkit_tensor_mask_of_the_wrong_key_length_is_a_shape_error():
     x = torch.randn(2, 5, 12)
     with pytest.raises(ShapeError, match="kv_len=4"):
         MultiHeadAttention(12, 3, batch_first=True)(x, x, x, mask=masks.keys(torch.ones(2, 4, dtype=torch.bool)))
+
+
+@pytest.mark.parametrize(("kpm_kind", "am_kind"), [("float", "bool2"), ("bool", "float3")])
+def test_masks_of_different_types_warn_as_torch_does_and_give_its_result(kpm_kind, am_kind):
+    """RELIABILITY row 10: torch 2.13 accepts a key_padding_mask and an attn_mask of different dtypes with a
+    deprecation warning, reading the bool one as -inf; so does the drop-in, naming both arguments and dtypes."""
+    theirs = torch_mha(31)
+    ours = MultiHeadAttention.from_torch(theirs)
+    kpm, am = torch_style_masks(kpm_kind, am_kind)
+    args = qkv(theirs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        expected = theirs(*args, key_padding_mask=kpm, attn_mask=am)
+    assert any("mismatched key_padding_mask and attn_mask" in str(w.message) for w in caught)  # torch's own
+    with pytest.warns(UserWarning, match=rf"key_padding_mask \({kpm.dtype}\) and attn_mask \({am.dtype}\)"):
+        got = ours(*args, key_padding_mask=kpm, attn_mask=am)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, **TOL[torch.float32])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one mask, or two of one type: no warning
+        ours(*args, key_padding_mask=kpm)
+        ours(*args, key_padding_mask=kpm, attn_mask=torch_style_masks(kpm_kind, kpm_kind + "2")[1])

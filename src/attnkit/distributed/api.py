@@ -15,6 +15,10 @@ The contract:
 * A query row with no allowed key outputs 0, lse -inf and zero gradients, also when a
   whole block or a whole rank's share is masked.
 * Every local computation is one ``attnkit.attention(..., return_lse=True)`` call.
+* Every rank makes the same call: one all-gather of a small description checks it first
+  (:mod:`.agreement`), so a call the ranks disagree on raises on every rank instead of
+  crashing inside the collectives or waiting for the group's timeout.
+* A global length of 0 (every shard empty) gives empty results, as ``attnkit.attention`` does.
 
 Nothing here is device-specific: tensors stay on their device and the collectives are
 ``torch.distributed``'s, so NCCL on GPUs runs the same code as gloo on CPUs.
@@ -22,19 +26,23 @@ Nothing here is device-specific: tensors stay on their device and the collective
 
 from __future__ import annotations
 
+import zlib
+
 import torch
 
 from ..bias import AdditiveModifier
 from ..core import AttentionOutput
+from ..core import attention as local_attention
 from ..errors import ArgumentError, DTypeError, ShapeError
-from ..functional.scores import default_scale
+from ..functional.validate import default_scale
 from ..masks import Mask, TensorMask
 from . import allgather, ring, ulysses
+from .agreement import Field, checked, size, text_of, tracked
 from .blocks import Setting, as_rows, chunk_maps
 from .comm import Comm
 from .layouts import check_layout, chunk_size
 
-__all__ = ["attention", "prepare", "SCHEMES"]
+__all__ = ["attention", "prepare", "plan", "run", "SCHEMES"]
 
 SCHEMES = ("ring", "ulysses", "allgather")
 _WHO = "attnkit.distributed.attention"
@@ -104,6 +112,11 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, scheme="ring", layou
               return_lse=False):
     """Exact softmax attention of this rank's query shard against the whole sequence split over ``group``.
 
+    Every rank must make the same call (its own shards of one global problem, the same mask,
+    bias, scale, scheme and layout): one small all-gather checks that first, and a call the
+    ranks disagree on raises the same error on every rank, naming what differs on which rank
+    (:mod:`attnkit.distributed.agreement`). A global length of 0 gives empty results.
+
     Args:
         q, k, v: this rank's shards ``(B, H, L/W, D)``, ``(B, H_kv, L/W, D)``, ``(B, H_kv, L/W, Dv)``.
         mask: an attnkit mask or a bool tensor for the global ``L x L`` problem; True = attend.
@@ -119,8 +132,17 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, scheme="ring", layou
         This rank's output shard ``(B, H, L/W, Dv)`` in q's dtype, or an
         :class:`~attnkit.AttentionOutput` ``(output, None, lse)`` with ``return_lse``.
     """
-    comm, setting = prepare(q, k, v, mask=mask, bias=bias, scale=scale, scheme=scheme, layout=layout, group=group)
-    if scheme == "ring":
+    comm, setting = prepare(q, k, v, mask=mask, bias=bias, scale=scale, scheme=scheme, layout=layout, group=group,
+                            return_lse=return_lse)
+    return run(q, k, v, setting, comm, scheme=scheme, layout=layout, return_lse=return_lse)
+
+
+def run(q, k, v, setting: Setting, comm: Comm, *, scheme: str, layout: str, return_lse: bool):
+    """The scheme's collectives and blocks for a call every rank has checked and agreed on (:func:`prepare`)."""
+    if setting.length == 0:  # every rank holds no position: nothing to exchange, the local call is the answer
+        result = local_attention(q, k, v, scale=setting.scale, return_lse=True)
+        out, lse = result.output, result.lse
+    elif scheme == "ring":
         out, lse = ring.ring_attention(q, k, v, setting, comm, layout, plan_class=ring.RingPlan)
     elif scheme == "ulysses":
         out, lse = ulysses.ulysses_attention(q, k, v, setting, comm, layout, with_lse=return_lse)
@@ -129,18 +151,52 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, scheme="ring", layou
     return AttentionOutput(out, None, lse) if return_lse else out
 
 
-def prepare(q, k, v, *, mask, bias, scale, scheme, layout, group) -> tuple[Comm, Setting]:
-    """Validate a call and build what its blocks share (the chunk plan included)."""
+def prepare(q, k, v, *, mask, bias, scale, scheme, layout, group, return_lse=False) -> tuple[Comm, Setting]:
+    """Validate a call, build what its blocks share (the chunk plan included) and check that every rank agrees."""
+    comm = Comm(group)
+    setting = checked(comm, _WHO, lambda: plan(q, k, v, mask=mask, bias=bias, scale=scale, scheme=scheme,
+                                               layout=layout, world=comm.world),
+                      lambda setting: _call_fields(q, k, v, mask=mask, bias=bias, scale=scale, scheme=scheme,
+                                                   layout=layout, return_lse=return_lse, setting=setting),
+                      device=getattr(q, "device", None))
+    return comm, setting
+
+
+def _call_fields(q, k, v, *, mask, bias, scale, scheme, layout, return_lse, setting) -> list[Field]:
+    """What every rank's call must share, read without raising (a rank whose checks failed still reports)."""
+    chunk_plan = "none" if setting is None else _plan_text(setting.active_map, setting.full_map)
+    return [Field("the batch (q.shape[0])", size(q, 0), ShapeError),
+            Field("the query heads (q.shape[1])", size(q, 1), ShapeError),
+            Field("the K/V heads (k.shape[1])", size(k, 1), ShapeError),
+            Field("the shard length (q.shape[-2])", size(q, 2), ShapeError),
+            Field("the K/V shard length (k.shape[-2])", size(k, 2), ShapeError),
+            Field("the head dim (q.shape[-1])", size(q, 3), ShapeError),
+            Field("the value dim (v.shape[-1])", size(v, 3), ShapeError),
+            Field("the dtypes of q, k, v", ", ".join(str(getattr(t, "dtype", type(t).__name__)) for t in (q, k, v)),
+                  DTypeError),
+            Field("scheme", repr(scheme)), Field("layout", repr(layout)),
+            Field("the mask", text_of(mask)), Field("the bias", text_of(bias)), Field("scale", repr(scale)),
+            Field("return_lse", int(bool(return_lse))),
+            tracked(q, k, v),
+            Field("the mask's chunk plan", chunk_plan)]
+
+
+def _plan_text(active: torch.Tensor, full: torch.Tensor) -> str:
+    crc = zlib.crc32(active.numpy().tobytes() + full.numpy().tobytes())
+    return f"{int(active.sum())} active and {int(full.sum())} full of {active.numel()} chunk pairs (CRC {crc:08x})"
+
+
+def plan(q, k, v, *, mask, bias, scale, scheme, layout, world: int) -> Setting:
+    """Check one rank's call on its own (no communication) and build its :class:`Setting`."""
     if scheme not in SCHEMES:
         raise ArgumentError(f"{_WHO}: scheme must be one of {SCHEMES}; got {scheme!r}")
     check_layout(layout)
     _check_inputs(q, k, v)
-    comm = Comm(group)
     batch, heads, local, head_dim = q.shape
-    length = local * comm.world
-    chunk = chunk_size(length, layout, comm.world, "the global length L = W * q.shape[-2]")
+    length = local * world
+    chunk = chunk_size(length, layout, world, "the global length L = W * q.shape[-2]")
     if scheme == "ulysses":
-        ulysses.check_heads(heads, comm.world)
+        ulysses.check_heads(heads, world)
     mask = _check_mask(mask, batch, heads, length)
     bias = _check_bias(bias, batch, heads, length)
     if scheme == "ring" and _learned(bias):
@@ -148,8 +204,6 @@ def prepare(q, k, v, *, mask, bias, scale, scheme, layout, group) -> tuple[Comm,
                             "to a learned bias (a bias tensor or modifier with parameters that require grad); use "
                             "scheme='ulysses' or 'allgather', whose backward is autograd's")
     active_map, full_map = chunk_maps(mask, length, chunk, batch, heads, q.device)
-    active, full = as_rows(active_map), as_rows(full_map)
-    setting = Setting(mask=mask, bias=bias,
-                      scale=default_scale("scaled_dot", head_dim) if scale is None else scale,
-                      length=length, chunk=chunk, active=active, full=full, active_map=active_map)
-    return comm, setting
+    return Setting(mask=mask, bias=bias, scale=default_scale("scaled_dot", head_dim) if scale is None else scale,
+                   length=length, chunk=chunk, active=as_rows(active_map), full=as_rows(full_map),
+                   active_map=active_map, full_map=full_map)

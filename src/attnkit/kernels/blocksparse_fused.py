@@ -38,7 +38,7 @@ from .path_cost import PathCost
 from .pipeline import KernelOutput, Workspace, upcast_inputs
 from .rules import FLASH, FLASH_BACKWARD
 
-__all__ = ["refusal", "run", "forward", "backward", "cost", "density", "slab_biases"]
+__all__ = ["REFUSALS", "refusal", "run", "op_forward", "op_backward", "cost", "density", "slab_biases"]
 
 BIAS_CACHE = 4  # cached (sizes -> biases) entries per mask; the oldest goes first
 BIAS_CACHE_BYTES = 1 << 26  # larger bias sets (long, dense layouts) are built per call instead
@@ -145,6 +145,11 @@ class _FusedBlockSparse(torch.autograd.Function):
         return (*_backward(ctx.p, ctx.slabs, ctx.biases, qb, kb, vb, out, lse, dout.contiguous()), None, None, None)
 
 
+def backward_differentiable(p: Problem) -> bool:
+    """Its backward is written by hand: a second derivative recomputes the call (pipeline.twice_differentiable)."""
+    return False
+
+
 def run(p: Problem) -> KernelOutput:
     pl = block_plan.plan_for(p)
     qb, kb, vb = block_plan.to_blocks(*upcast_inputs(p), pl.bs)
@@ -153,16 +158,18 @@ def run(p: Problem) -> KernelOutput:
     return block_plan.from_blocks(p, out, lse if p.return_lse else None)
 
 
-def forward(p: Problem):
-    """Out ``(B, H, Lq, Dv)`` and the kernel's own lse ``(B, H, Lq)`` (0 on rows with no key), without autograd."""
+def op_forward(p: Problem):
+    """For the compiled operator: out ``(B, H, Lq, Dv)`` and the kernel's own lse ``(B, H, Lq)`` (0 on rows with
+    no key), without autograd."""
     pl = block_plan.plan_for(p)
     qb, kb, vb = block_plan.to_blocks(*upcast_inputs(p), pl.bs)
     out, lse = _forward(p, pl.slabs, slab_biases(p, pl.slabs, pl.bs, qb.dtype), qb, kb, vb)
     return block_plan.from_blocks(p, out, lse)[::2]
 
 
-def backward(p: Problem, out, lse, dout):
-    """``dq, dk, dv`` (key/value heads repeated for grouped queries) from :func:`forward`'s output and lse."""
+def op_backward(p: Problem, out, lse, dout):
+    """For the compiled operator: ``dq, dk, dv`` (key/value heads repeated for grouped queries) from
+    :func:`op_forward`'s output and lse."""
     pl = block_plan.plan_for(p)
     q, k, v = upcast_inputs(p)
     qb, kb, vb = block_plan.to_blocks(q, k, v, pl.bs)

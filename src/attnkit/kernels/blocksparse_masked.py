@@ -189,6 +189,11 @@ class _BlockSparseSoftmax(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
+def backward_differentiable(p: Problem) -> bool:
+    """Its backward is written by hand: a second derivative recomputes the call (pipeline.twice_differentiable)."""
+    return False
+
+
 def run(p: Problem) -> KernelOutput:
     pl = block_plan.plan_for(p)
     blocks = block_plan.to_blocks(*upcast_inputs(p), pl.bs)

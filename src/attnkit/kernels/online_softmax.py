@@ -83,7 +83,7 @@ def plan(p: Problem, grad: bool) -> tuple[int, int]:
 
 def run(p: Problem) -> KernelOutput:
     q, k, v = upcast_inputs(p)
-    rows, kv_block = plan(p, rules.needs_grad(p))
+    rows, kv_block = plan(p, p.needs_grad)
     out, lse = run_row_chunks(lambda s, e, q_, k_, v_: _slab(p, s, e, q_, k_, v_, kv_block),
                               p.sizes[2], rows, q, k, v)
     return KernelOutput(out, None, lse)

@@ -10,11 +10,12 @@ from ..functional.validate import Problem
 from .path_cost import PathCost, dense_products, itemsize
 from .pipeline import KernelOutput, block_scores, block_weights, dense_indices, dropout, upcast_inputs
 
-__all__ = ["refusal", "run", "cost"]
+__all__ = ["REFUSALS", "refusal", "run", "cost", "recomputed"]
+
+REFUSALS = ()  # the reference honours every argument
 
 
 def refusal(p: Problem) -> str | None:
-    """The reference honours every argument."""
     return None
 
 
@@ -32,3 +33,13 @@ def cost(p: Problem, grad: bool = False) -> PathCost:
     """Both products over every pair; scores, weights and their softmax temporaries in memory."""
     b, h, lq, lk, _, _ = p.sizes
     return PathCost(b * h * lq * lk, 3.0 * b * h * lq * lk * itemsize(p), dense_products(p))
+
+
+def recomputed(p: Problem, originals, replacements) -> tuple:
+    """``(out, lse)`` of ``p`` here, with its tensors ``originals`` replaced (a second derivative's recomputation,
+    :func:`.pipeline.twice_differentiable`); lse is None unless the normaliser is softmax."""
+    swap = {id(t): r for t, r in zip(originals, replacements, strict=True)}
+    q, k, v = (swap.get(id(t), t) for t in (p.q, p.k, p.v))
+    bias = swap.get(id(p.bias), p.bias) if p.bias is not None else None
+    result = run(p.with_inputs(q=q, k=k, v=v, bias=bias, return_lse=p.normalize == "softmax"))
+    return result.out, result.lse

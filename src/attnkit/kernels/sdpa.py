@@ -37,14 +37,13 @@ import torch.nn.functional as F
 
 from ..functional import cache
 from ..functional.validate import Problem
-from ..masks import TensorMask, _Causal, _Full
 from ..runtime import low_precision_math
 from . import rules
 from .path_cost import PathCost, fused_attention, itemsize
 from .pipeline import KernelOutput
 
-__all__ = ["UntrustedOutput", "KernelMask", "refusal", "run", "describe", "cost", "simple_mask", "kernel_mask",
-           "trustworthy", "checks_output"]
+__all__ = ["UntrustedOutput", "KernelMask", "REFUSALS", "refusal", "run", "describe", "cost", "kernel_mask",
+           "trustworthy", "checks_output", "op_forward", "op_backward"]
 
 _CAUSAL_MASKS = cache.BoundedCache(max_entries=32, max_bytes=1 << 24)  # causal (Lq, Lk) float masks
 _NEG_INF = float("-inf")
@@ -64,11 +63,13 @@ class KernelMask(NamedTuple):
     empty_rows: torch.Tensor | None
 
 
+@rules.fact
 def checks_output(p: Problem) -> bool:
     """Whether :func:`run` calls the CPU kernel and checks its output instead of checking the inputs first."""
-    return rules.first_refusal(p, (rules.fused_cpu_kernel, rules.no_dropout, rules.equal_head_dims)) is None
+    return rules.cpu_flash(p) and p.dropout_p == 0
 
 
+@rules.reads_data
 def _finiteness(p: Problem) -> str | None:
     return rules.not_known_non_finite(p) if checks_output(p) else rules.finite_inputs(p)
 
@@ -84,13 +85,7 @@ def refusal(p: Problem) -> str | None:
 def causal_flag(p: Problem) -> bool:
     """True when ``is_causal`` computes the mask: causal, top-left alignment (or ``Lq == Lk``), positive scale."""
     _, _, lq, lk, _, _ = p.sizes
-    return isinstance(p.mask, _Causal) and (p.mask.align == "top_left" or lq == lk) and p.scale > 0
-
-
-def simple_mask(p: Problem) -> bool:
-    """Masks this path takes without evaluating the mask per call: the O(1) dispatch cases."""
-    m = p.mask
-    return m is None or isinstance(m, (_Full, TensorMask, _Causal)) or "q" not in m.uses
+    return p.mask.kind == "causal" and (p.mask.align == "top_left" or lq == lk) and p.scale > 0
 
 
 def _additive(allowed: torch.Tensor, dtype) -> torch.Tensor:
@@ -102,30 +97,29 @@ def _with_empty_rows(allowed: torch.Tensor, dtype) -> KernelMask:
     return KernelMask(_additive(allowed, dtype), False, ~allowed.any(-1))
 
 
-def _causal(p: Problem, dtype) -> KernelMask:
+def causal_mask(lq: int, lk: int, offset: int, dtype, device) -> KernelMask:
     """Query i sees keys ``j <= i + offset``: no mask for one query over every key (decoding), else cached."""
-    _, _, lq, lk, _, _ = p.sizes
-    offset = lk - lq if p.mask.align == "bottom_right" else 0
     if lq == 1 and offset >= lk - 1:
         return KernelMask(None, False, None)
-    key = (lq, lk, offset, dtype, str(p.q.device))
+    key = (lq, lk, offset, dtype, str(device))
     return _CAUSAL_MASKS.get_or_build(key, lambda: _with_empty_rows(
-        torch.ones(lq, lk, dtype=torch.bool, device=p.q.device).tril(offset), dtype))
+        torch.ones(lq, lk, dtype=torch.bool, device=device).tril(offset), dtype))
 
 
 def kernel_mask(p: Problem, dtype) -> KernelMask:
     """The mask as the kernel reads it, in ``dtype``."""
     m = p.mask
     batch, heads, lq, lk, _, _ = p.sizes
-    if m is None or isinstance(m, _Full):
+    kind = "full" if m is None else m.kind
+    if kind == "full":
         return KernelMask(None, False, None)
     if causal_flag(p):
         return KernelMask(None, True, None)
-    if isinstance(m, _Causal):
-        return _causal(p, dtype)
-    if isinstance(m, TensorMask):
+    if kind == "causal":
+        return causal_mask(lq, lk, lk - lq if m.align == "bottom_right" else 0, dtype, p.q.device)
+    if kind == "tensor":
         return _with_empty_rows(m.tensor, dtype)
-    if "q" not in m.uses:  # key-only (padding): a (B, 1, 1, Lk) mask, built once per mask and sizes
+    if kind == "keys":  # a (B, H|1, 1, Lk) mask, built once per mask and sizes
         key = (lk, batch, heads, dtype, str(p.q.device))
         return cache.on(m, "sdpa", max_entries=8).get_or_build(key, lambda: _with_empty_rows(
             m.materialize(1, lk, batch=batch, heads=heads, device=p.q.device), dtype))
@@ -158,14 +152,19 @@ def _readable(t: torch.Tensor, grad: bool) -> torch.Tensor:
     return t.contiguous() if grad or t.stride(-1) != 1 else t
 
 
+def backward_differentiable(p: Problem) -> bool:
+    """torch's CPU kernel, called directly, has no second derivative; its public entry point's math path has."""
+    return not checks_output(p)
+
+
 def run(p: Problem) -> KernelOutput:
     """bfloat16/float16 inputs run in float32 where the CPU has no matmul units for them (attnkit.runtime)."""
     dtype = low_precision_math(p.q.dtype, p.q.device)
     q, k, v = (t if t.dtype == dtype else t.to(dtype) for t in (p.q, p.k, p.v))
     km = kernel_mask(p, dtype)
     if checks_output(p):
-        q, k, v = (_readable(t, rules.needs_grad(p)) for t in (q, k, v))
-        out, lse = rules.FLASH.default(q, k, v, 0.0, km.is_causal, attn_mask=km.float_mask, scale=p.scale)
+        q, k, v = (_readable(t, p.needs_grad) for t in (q, k, v))
+        out, lse = rules.FLASH(q, k, v, 0.0, km.is_causal, attn_mask=km.float_mask, scale=p.scale)
         if not p.finiteness_known and not trustworthy(out, lse, km.empty_rows):
             raise UntrustedOutput
         return KernelOutput(out, None, None)
@@ -193,3 +192,28 @@ def cost(p: Problem, grad: bool = False) -> PathCost:
     mask = kernel_mask(p, p.compute_dtype).float_mask
     workspace = (0 if mask is None else mask.numel() * itemsize(p)) + (0 if flash else 3 * pairs * itemsize(p))
     return PathCost(pairs, workspace, fused=(label, fwd, bwd if flash else 2 * fwd), materialized=not flash)
+
+
+def _kernel_inputs(p: Problem):
+    dt = p.compute_dtype
+    return tuple(t.to(dt).contiguous() for t in (p.q, p.k, p.v))
+
+
+def op_forward(p: Problem):
+    """For the compiled operator: ``(out, lse)`` of the CPU kernel, or None where :func:`run` would not call it."""
+    if not checks_output(p):
+        return None
+    q, k, v = _kernel_inputs(p)
+    km = kernel_mask(p, q.dtype)
+    out, lse = rules.FLASH(q, k, v, 0.0, km.is_causal, attn_mask=km.float_mask, scale=p.scale)
+    if not trustworthy(out, lse, km.empty_rows):
+        raise UntrustedOutput
+    return out, lse
+
+
+def op_backward(p: Problem, out, lse, dout):
+    """For the compiled operator: ``dq, dk, dv`` from the kernel's own lse."""
+    q, k, v = _kernel_inputs(p)
+    km = kernel_mask(p, q.dtype)
+    return rules.FLASH_BACKWARD(dout.to(q.dtype).contiguous(), q, k, v, out, lse, 0.0, km.is_causal,
+                                attn_mask=km.float_mask, scale=p.scale)[:3]

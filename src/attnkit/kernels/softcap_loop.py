@@ -195,11 +195,16 @@ def describe(p: Problem) -> str:
     return f"soft-capping with a fixed shift {c:g} instead of a running max"
 
 
+def backward_differentiable(p: Problem) -> bool:
+    """Its backward is written by hand: a second derivative recomputes the call (pipeline.twice_differentiable)."""
+    return False
+
+
 def run(p: Problem) -> KernelOutput:
     """Out and lse; under autograd through :class:`~.softcap_grad.SoftcapAttention`."""
     q, k, v = upcast_inputs(p)
     blocks = Blocks(p)
-    if rules.needs_grad(p):
+    if p.needs_grad:
         out, lse = SoftcapAttention.apply(blocks, q, k, v)
     else:
         out, lse = blocks.forward(q, k, v)

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .. import masks
 from ..core import attention
+from ..costing.attend import ATTENTION_FORMULA, ATTENTION_SIZES, attend, attention_inputs, derive_lengths
+from ..costing.spec import Spec
+from ..costing.tally import dropout_of, dtype_of, randn
 from ..errors import ArgumentError, DTypeError, ShapeError
 from ..functional.mask_base import Mask
 from ..registry import Entry, register
 from . import torch_compat, torch_layers
+from ._inputs import check_shape
 from .kv_cache import KVCache
 from .padding import clear_key_padding
 
@@ -67,9 +73,9 @@ class DotProductAttention(nn.Module):
     def forward(self, q, k, v, *, mask=None, need_weights: bool = False):
         """``out``, or ``(out, weights)`` when ``need_weights``; ``mask`` as in :func:`attnkit.attention`."""
         for name, t in (("q", q), ("k", k), ("v", v)):
-            if isinstance(t, torch.Tensor) and t.dim() not in (3, 4):
-                raise ShapeError(f"DotProductAttention: {name} must be 3-D (B, L, D) or 4-D (B, H, L, D); "
-                                 f"got shape {tuple(t.shape)}")
+            if isinstance(t, torch.Tensor):  # anything else: attention() names it
+                check_shape("DotProductAttention", name, t, lambda t: t.dim() in (3, 4),
+                            "be 3-D (B, L, D) or 4-D (B, H, L, D)")
         res = attention(q, k, v, mask=mask, score="scaled_dot" if self.scaled else "dot",
                         dropout_p=self.dropout if self.training else 0.0, return_weights=need_weights)
         return (res.output, res.weights) if need_weights else res
@@ -339,9 +345,53 @@ def _dot_example():
     return DotProductAttention(), tuple(torch.randn(2, 3, 16, 8, generator=g) for _ in range(3))
 
 
+def _dot_count(t, s, module=None):
+    attend(t, "", s["batch"], s["heads"], s["q_len"], s["kv_len"], s["head_dim"], s["value_dim"],
+           hkv=s["kv_heads"], dtype=dtype_of(s), score="scaled_dot" if s["scaled"] else "dot",
+           return_weights=s["need_weights"], dropout_p=dropout_of(module))
+
+
+def _mha_count(t, s, module=None):
+    b, lq, lk, e, h = s["batch"], s["q_len"], s["kv_len"], s["embed_dim"], s["heads"]
+    hd = e // h
+    kv = s["kv_heads"] * hd
+    t.mm("projections (q, k, v)", 1, b * lq, e, e)
+    t.mm("projections (q, k, v)", 2, b * lk, e, kv)
+    t.inter(b * lq * e, 2 * b * lk * kv)
+    attend(t, "", b, h, lq, lk, hd, hd, hkv=s["kv_heads"], dtype=dtype_of(s), return_weights=s["need_weights"],
+           dropout_p=dropout_of(module))
+    t.mm("output projection", 1, b * lq, e, e)
+    t.io(3 * e * e, b * lq * e, 2 * b * lk * e, b * lq * e)
+
+
+def _mha_inputs(s, module):
+    x = randn(s["batch"], s["q_len"], s["embed_dim"], dtype=dtype_of(s))
+    kv = x if s["kv_len"] == s["q_len"] else randn(s["batch"], s["kv_len"], s["embed_dim"], seed=1, dtype=dtype_of(s))
+    return functools.partial(module, need_weights=s["need_weights"]), (x, kv, kv)
+
+
+def _mha_config(m):
+    if not m._qkv_same_embed_dim or m._n_extra:
+        raise ArgumentError("cost: multi-head with kdim/vdim, add_bias_kv or add_zero_attn has no cost formula here")
+    return {"embed_dim": m.embed_dim, "heads": m.num_heads, "kv_heads": m.num_kv_heads}
+
+
+_MHA_SPEC = Spec(
+    {"batch": 2, "q_len": 16, "kv_len": None, "embed_dim": 24, "heads": 3, "kv_heads": None, "need_weights": True,
+     "dtype": "float32"},
+    _mha_count, _mha_inputs, "projections 2 B (Lq E^2 + 2 Lk E E_kv) + output 2 B Lq E^2; " + ATTENTION_FORMULA,
+    make=lambda s: MultiHeadAttention(s["embed_dim"], s["heads"], batch_first=True, num_kv_heads=s["kv_heads"],
+                                      dtype=dtype_of(s)).eval(),
+    length=("q_len", "kv_len"), derive=derive_lengths, module_type=MultiHeadAttention, config=_mha_config)
+_DOT_SPEC = Spec(
+    {**ATTENTION_SIZES, "scaled": True, "need_weights": False}, _dot_count,
+    lambda s, m: (functools.partial(m, need_weights=s["need_weights"]), attention_inputs(s)), ATTENTION_FORMULA,
+    make=lambda s: DotProductAttention(scaled=s["scaled"]).eval(), length=("q_len", "kv_len"), derive=derive_lengths,
+    config=lambda m: {"scaled": m.scaled}, module_type=DotProductAttention)
 register(Entry("multi-head", MultiHeadAttention, f"{_PAPER}, Sec. 3.2.2", "O(L S E + (L + S) E^2)",
                "h heads of scaled dot-product attention on learned projections; torch.nn.MultiheadAttention "
-               "drop-in with grouped-query heads and a KV cache", family="module", example=_mha_example))
+               "drop-in with grouped-query heads and a KV cache", family="module", example=_mha_example,
+               spec=_MHA_SPEC))
 register(Entry("dot-product-module", DotProductAttention, f"{_PAPER}, Sec. 3.2.1, eq. 1", "O(Lq Lk D)",
                "softmax(q k^T / sqrt(d)) v as a parameter-free module (scaled=False: Luong's dot score)",
-               family="module", example=_dot_example))
+               family="module", example=_dot_example, spec=_DOT_SPEC))
