@@ -31,7 +31,7 @@ from ..functional.linear.checks import check_qkv, check_state, check_tensor
 from ..functional.linear.forms import blocks, prepare, through_blocks
 from ..functional.linear.scan import pass_states, span_map
 from ..nn._recurrent import RecurrentLayer
-from ..nn.linear import check_keep_mask, check_sequence
+from ..nn._inputs import check_keep_mask, check_sequence
 from .comm import Comm
 from .layouts import _Gather, chunks_of
 from .layouts import chunk_size as layout_chunk
@@ -129,7 +129,7 @@ def sequence_parallel(layer, x, *, key_keep_mask=None, layout: str = "contiguous
         raise DTypeError(f"sequence_parallel takes a linear-recurrent layer (RetNetRetention, GatedLinearAttention, "
                          f"Mamba2Mixer, DeltaNet, GatedDeltaNet, KimiDeltaAttention); got {type(layer).__name__}")
     comm = Comm(group)
-    check_sequence(f"{type(layer).__name__}: x", x, layer.dim)
+    check_sequence(type(layer).__name__, "x", x, layer.dim, like=layer)
     keep = check_keep_mask(type(layer).__name__, "key_keep_mask", key_keep_mask, x.shape[0], x.shape[1])
     size = layout_chunk(x.shape[1] * comm.world, layout, comm.world, "the global length L = W * shard length")
     if keep is not None:

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..errors import DTypeError, ShapeError, UnsupportedFeature, check_int
 from ..functional.linear.forms import linear_recurrence
-from .linear import check_keep_mask, check_sequence
+from ._inputs import check_keep_mask, check_sequence
 
 __all__ = ["RecurrentCache", "RecurrentLayer", "DeltaRuleLayer", "Mixed", "ShortConvolution", "GatedRMSNorm",
            "decay_parameters", "log_decay", "example", "transformers_layer", "copy_weights"]
@@ -159,7 +159,7 @@ class RecurrentLayer(nn.Module):
     """Base of the linear-recurrent layers: ``forward`` (any form), ``forward_step`` (decoding), ``new_cache``.
 
     A subclass sets ``dim``, ``chunk_size``, ``core_sizes``, ``scale`` (None: ``Dk^-1/2``), ``normalize_qk``,
-    ``delta_rule`` (for the cost functions), an optional
+    ``delta_rule`` and ``learned_decay`` (for its cost spec, :mod:`._recurrent_spec`), an optional
     ``conv1d`` (:class:`ShortConvolution`) and defines ``_mix(x, keep, context, offset) -> (Mixed, conv
     tail)`` and ``_finish(out, mixed, x) -> y``.
     """
@@ -167,7 +167,8 @@ class RecurrentLayer(nn.Module):
     scale: float | None = None
     normalize_qk: bool = False
     delta_rule: bool = False
-    core_sizes: tuple[int, int, int]  # the recurrence's (H, Dk, Dv), for the cost functions
+    learned_decay: bool = True  # the log decays come from parameters or the input (they take gradients)
+    core_sizes: tuple[int, int, int]  # the recurrence's (H, Dk, Dv), for the cost spec
 
     def new_cache(self) -> RecurrentCache:
         """An empty :class:`RecurrentCache` for :meth:`forward` and :meth:`forward_step`."""
@@ -176,7 +177,7 @@ class RecurrentLayer(nn.Module):
     def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None,
                 cache: RecurrentCache | None = None, form: str = "chunk") -> torch.Tensor:
         """``(B, n, dim) -> (B, n, dim)``, causal; ``cache`` continues an earlier call and is updated."""
-        check_sequence(f"{type(self).__name__}: x", x, self.dim)
+        check_sequence(type(self).__name__, "x", x, self.dim, like=self)
         keep = check_keep_mask(type(self).__name__, "key_keep_mask", key_keep_mask, x.shape[0], x.shape[1])
         if cache is not None and not isinstance(cache, RecurrentCache):
             raise DTypeError(f"{type(self).__name__}: cache must be a RecurrentCache (new_cache()); got "

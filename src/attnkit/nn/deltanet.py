@@ -8,6 +8,7 @@ from torch import nn
 from ..errors import ShapeError, check_int
 from ..registry import Entry, register
 from ._recurrent import DeltaRuleLayer, GatedRMSNorm, Mixed, ShortConvolution, example
+from ._recurrent_spec import recurrent_spec
 from .linear import merge_heads, split_heads
 
 __all__ = ["DeltaNet"]
@@ -60,6 +61,7 @@ class DeltaNet(DeltaRuleLayer):
         if check_int("DeltaNet", "dim", dim, 1) % check_int("DeltaNet", "num_heads", num_heads, 1):
             raise ShapeError(f"DeltaNet: dim must be a multiple of num_heads; got dim={dim}, num_heads={num_heads}")
         self.dim, self.num_heads, self.chunk_size = dim, num_heads, check_int("DeltaNet", "chunk_size", chunk_size, 1)
+        self.learned_decay = False  # no decay at all
         self.core_sizes = (num_heads, dim // num_heads, dim // num_heads)
         self.q_proj, self.k_proj, self.v_proj = (nn.Linear(dim, dim, bias=False) for _ in range(3))
         self.conv1d = ShortConvolution(3 * dim, check_int("DeltaNet", "conv_size", conv_size, 1))
@@ -80,4 +82,8 @@ class DeltaNet(DeltaRuleLayer):
 register(Entry("deltanet", DeltaNet, "Yang et al. 2024, arXiv:2406.06484 (DeltaNet; the delta rule of Schlag et al. "
                "2021, arXiv:2102.11174)", "O(L c D + L D^2 / H)",
                "linear attention whose state is corrected by the delta rule, short convolutions", "linear-recurrent",
-               example(DeltaNet, 4)))
+               example(DeltaNet, 4),
+               spec=recurrent_spec(DeltaNet,
+                                   lambda s: DeltaNet(s["dim"], s["heads"], conv_size=s["conv_size"],
+                                                      chunk_size=s["chunk_size"]),
+                                   {"heads": 4, "conv_size": 4, "chunk_size": 64})))

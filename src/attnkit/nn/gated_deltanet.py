@@ -18,6 +18,7 @@ from ._recurrent import (
     log_decay,
     transformers_layer,
 )
+from ._recurrent_spec import recurrent_spec
 from .linear import merge_heads, split_heads
 
 __all__ = ["GatedDeltaNet"]
@@ -125,4 +126,13 @@ class GatedDeltaNet(DeltaRuleLayer):
 
 register(Entry("gated-deltanet", GatedDeltaNet, "Yang et al. 2024, arXiv:2412.06464 (Gated DeltaNet)",
                "O(L c D + L D^2 / H)", "the delta rule with a data-dependent decay per head and an output gate "
-               "(Qwen3-Next's linear layers)", "linear-recurrent", example(GatedDeltaNet, 4)))
+               "(Qwen3-Next's linear layers)", "linear-recurrent", example(GatedDeltaNet, 4),
+               spec=recurrent_spec(GatedDeltaNet,
+                                   lambda s: GatedDeltaNet(s["dim"], s["heads"], num_key_heads=s["key_heads"],
+                                                           key_head_dim=s["key_head_dim"],
+                                                           value_head_dim=s["value_head_dim"],
+                                                           conv_size=s["conv_size"], chunk_size=s["chunk_size"]),
+                                   {"heads": 4, "key_heads": None, "key_head_dim": None, "value_head_dim": None,
+                                    "conv_size": 4, "chunk_size": 64},
+                                   lambda m: {"key_heads": m.num_key_heads, "key_head_dim": m.core_sizes[1],
+                                              "value_head_dim": m.core_sizes[2]})))

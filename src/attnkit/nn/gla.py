@@ -9,6 +9,7 @@ from torch import nn
 from ..errors import ShapeError, check_int
 from ..registry import Entry, register
 from ._recurrent import Mixed, RecurrentLayer, example
+from ._recurrent_spec import recurrent_spec
 from .linear import merge_heads, split_heads
 
 __all__ = ["GatedLinearAttention"]
@@ -65,6 +66,7 @@ class GatedLinearAttention(RecurrentLayer):
                              f"of num_heads = {num_heads}")
         self.dim, self.num_heads, self.core_sizes = dim, num_heads, (num_heads, key // num_heads, value // num_heads)
         self.chunk_size, self.temperature = check_int(who, "chunk_size", chunk_size, 1), float(gate_temperature)
+        self.expand_k, self.expand_v = expand_k, expand_v
         self.q_proj, self.k_proj = nn.Linear(dim, key, bias=False), nn.Linear(dim, key, bias=False)
         self.v_proj = nn.Linear(dim, value, bias=False)
         self.gate_down = nn.Linear(dim, check_int(who, "gate_rank", gate_rank, 1), bias=False)
@@ -84,4 +86,11 @@ class GatedLinearAttention(RecurrentLayer):
 
 register(Entry("gla", GatedLinearAttention, "Yang et al. 2023, arXiv:2312.06635, Sec. 4 (the GLA layer)",
                "O(L c D + L D^2 / H)", "linear attention with a data-dependent forget gate per key channel",
-               "linear-recurrent", example(GatedLinearAttention, 4)))
+               "linear-recurrent", example(GatedLinearAttention, 4),
+               spec=recurrent_spec(GatedLinearAttention,
+                                   lambda s: GatedLinearAttention(s["dim"], s["heads"], expand_k=s["expand_k"],
+                                                                  expand_v=s["expand_v"], gate_rank=s["gate_rank"],
+                                                                  chunk_size=s["chunk_size"]),
+                                   {"heads": 4, "expand_k": 0.5, "expand_v": 1.0, "gate_rank": 16, "chunk_size": 16},
+                                   lambda m: {"expand_k": m.expand_k, "expand_v": m.expand_v,
+                                              "gate_rank": m.gate_down.out_features})))

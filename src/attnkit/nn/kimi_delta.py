@@ -18,6 +18,7 @@ from ._recurrent import (
     log_decay,
     transformers_layer,
 )
+from ._recurrent_spec import recurrent_spec
 from .linear import merge_heads, split_heads
 
 __all__ = ["KimiDeltaAttention"]
@@ -115,4 +116,9 @@ class KimiDeltaAttention(DeltaRuleLayer):
 
 register(Entry("kimi-delta-attention", KimiDeltaAttention, "Kimi Team 2025, arXiv:2510.26692 (Kimi Delta Attention)",
                "O(L c D + L D^2 / H)", "the delta rule with a data-dependent decay per key channel and low-rank "
-               "gates (Kimi Linear's linear layers)", "linear-recurrent", example(KimiDeltaAttention, 4)))
+               "gates (Kimi Linear's linear layers)", "linear-recurrent", example(KimiDeltaAttention, 4),
+               spec=recurrent_spec(KimiDeltaAttention,
+                                   lambda s: KimiDeltaAttention(s["dim"], s["heads"], head_dim=s["head_dim"],
+                                                                conv_size=s["conv_size"], chunk_size=s["chunk_size"]),
+                                   {"heads": 4, "head_dim": None, "conv_size": 4, "chunk_size": 16},
+                                   lambda m: {"head_dim": m.core_sizes[1]})))

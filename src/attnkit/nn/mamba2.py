@@ -10,6 +10,7 @@ from ..errors import ShapeError, check_int
 from ..functional.linear.ssd import ssd_inputs
 from ..registry import Entry, register
 from ._recurrent import GatedRMSNorm, Mixed, RecurrentLayer, ShortConvolution, decay_parameters, example
+from ._recurrent_spec import recurrent_spec
 from .linear import merge_heads, split_heads
 
 __all__ = ["Mamba2Mixer"]
@@ -109,6 +110,13 @@ class Mamba2Mixer(RecurrentLayer):
         return self.out_proj(self.norm(y, z))
 
 
+_OPTIONS = ("head_dim", "state_dim", "expand", "num_groups", "conv_size", "chunk_size")
 register(Entry("mamba2", Mamba2Mixer, "Dao & Gu 2024, arXiv:2405.21060, Sec. 7 (the Mamba-2 block's mixer)",
                "O(L c (N + P) H + L N P H)", "selective SSM with a scalar decay per head (SSD), short convolution "
-               "and gated norm", "linear-recurrent", example(Mamba2Mixer, head_dim=16, state_dim=16)))
+               "and gated norm", "linear-recurrent", example(Mamba2Mixer, head_dim=16, state_dim=16),
+               spec=recurrent_spec(Mamba2Mixer,
+                                   lambda s: Mamba2Mixer(s["dim"], **{k: s[k] for k in _OPTIONS}),
+                                   {"head_dim": 16, "state_dim": 16, "expand": 2, "num_groups": 1, "conv_size": 4,
+                                    "chunk_size": 64},
+                                   lambda m: {"head_dim": m.core_sizes[2], "state_dim": m.core_sizes[1],
+                                              "expand": m.sizes[0] // m.dim, "num_groups": m.sizes[2]})))

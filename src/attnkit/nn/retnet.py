@@ -9,6 +9,7 @@ from torch import nn
 from ..errors import ShapeError, check_int
 from ..registry import Entry, register
 from ._recurrent import Mixed, RecurrentLayer, example
+from ._recurrent_spec import recurrent_spec
 from .linear import merge_heads, split_heads
 from .rotary import RotaryEmbedding
 
@@ -69,13 +70,14 @@ class RetNetRetention(RecurrentLayer):
                              f"num_heads={num_heads}")
         self.dim, self.num_heads, self.chunk_size = dim, num_heads, check_int("RetNetRetention", "chunk_size",
                                                                              chunk_size, 1)
-        wide = value_factor * dim
+        wide, self.value_factor = value_factor * dim, value_factor
         self.core_sizes = (num_heads, dim // num_heads, wide // num_heads)
         self.q_proj, self.k_proj = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim, bias=False)
         self.v_proj, self.g_proj = nn.Linear(dim, wide, bias=False), nn.Linear(dim, wide, bias=False)
         self.out_proj = nn.Linear(wide, dim, bias=False)
         self.norm = nn.GroupNorm(num_heads, wide, eps=eps)
         self.rotary = RotaryEmbedding(dim // num_heads)
+        self.learned_decay = False  # gamma is fixed per head
         self.register_buffer("log_decay", torch.log1p(-(2.0 ** (-5.0 - torch.arange(num_heads, dtype=torch.float64)))))
 
     def _mix(self, x, keep, context, offset):
@@ -93,4 +95,9 @@ class RetNetRetention(RecurrentLayer):
 
 register(Entry("retnet", RetNetRetention, "Sun et al. 2023, arXiv:2307.08621, eq. 5-8 (multi-scale retention)",
                "O(L c D + L D^2 / H)", "linear attention with a fixed decay gamma per head, rotary positions, "
-               "group norm and a swish gate", "linear-recurrent", example(RetNetRetention, 4)))
+               "group norm and a swish gate", "linear-recurrent", example(RetNetRetention, 4),
+               spec=recurrent_spec(RetNetRetention,
+                                   lambda s: RetNetRetention(s["dim"], s["heads"], value_factor=s["value_factor"],
+                                                             chunk_size=s["chunk_size"]),
+                                   {"heads": 4, "value_factor": 2, "chunk_size": 64},
+                                   lambda m: {"value_factor": m.value_factor})))

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from attnkit.errors import ArgumentError, ShapeError
 from attnkit.functional.linear import FORMS, gated_linear_attention, retention
-from attnkit.nn.linear import _causal_sums
+from attnkit.nn.linear import causal_sums
 
 from .cases import qkv
 
@@ -16,7 +16,7 @@ TOL = dict(rtol=0, atol=1e-10)
 @pytest.mark.parametrize("form", FORMS)
 def test_no_decay_is_plain_causal_linear_attention(form):
     q, k, v = qkv()
-    plain = _causal_sums(q * 5 ** -0.5, k, v, 4)[0]  # LinearAttention's numerator with the identity feature map
+    plain = causal_sums(q * 5 ** -0.5, k, v, 4)[0]  # LinearAttention's numerator with the identity feature map
     out_r, _ = retention(q, k, v, torch.ones(3, dtype=torch.float64), form=form, chunk_size=3)
     out_g, _ = gated_linear_attention(q, k, v, torch.zeros(2, 3, 11, 5, dtype=torch.float64), form=form, chunk_size=3)
     torch.testing.assert_close(out_r, plain, **TOL)
