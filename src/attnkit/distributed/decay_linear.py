@@ -30,8 +30,8 @@ from ..errors import DTypeError, ShapeError
 from ..functional.linear.checks import check_qkv, check_state, check_tensor
 from ..functional.linear.forms import blocks, prepare, through_blocks
 from ..functional.linear.scan import pass_states, span_map
-from ..nn._recurrent import RecurrentLayer
 from ..nn._inputs import check_keep_mask, check_sequence
+from ..nn._recurrent import RecurrentLayer
 from .comm import Comm
 from .layouts import _Gather, chunks_of
 from .layouts import chunk_size as layout_chunk
