@@ -12,11 +12,13 @@ For each length L (default 1024 ... 32768) and one function of :mod:`attnkit.fun
   against softmax attention of one query over a KV cache of L keys (:func:`attnkit.attention`),
   timed interleaved.
 
-Prints a Markdown table; ``--json FILE`` keeps the numbers. Nothing here asserts a time.
+Prints a Markdown table; ``--write BENCHMARKS.md`` puts it, with the command and the machine, into
+that file's ``linear-forms`` section (:mod:`attnkit.benchmarking.sections`), ``--json FILE`` keeps
+the numbers. Nothing here asserts a time.
 
 Usage::
 
-    python benchmarks/linear_forms.py                                  # L = 1024 ... 32768, gated_delta_rule
+    python benchmarks/linear_forms.py --write BENCHMARKS.md            # L = 1024 ... 32768, gated_delta_rule
     python benchmarks/linear_forms.py --lengths 1024 4096 --function kimi_delta_attention --json out.json
 """
 
@@ -25,20 +27,26 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import attnkit
-from attnkit.analysis.memory import reset_peak, resident_bytes
+from attnkit.analysis.memory import peak_bytes, reset_peak
 from attnkit.analysis.timing import time_interleaved
+from attnkit.benchmarking.machine import machine_info
+from attnkit.benchmarking.sections import write_section
 from attnkit.functional import linear
 
-__all__ = ["Config", "FUNCTIONS", "run", "table", "main"]
+__all__ = ["Config", "FUNCTIONS", "NAME", "TITLE", "run", "table", "section", "main"]
+
+NAME, TITLE = "linear-forms", "Linear recurrences: chunk and parallel forms, recurrent and softmax decoding"
 
 # name -> (one decay per key channel, delta rule): what the function's extra inputs are
 FUNCTIONS = {"retention": (False, False), "gated_linear_attention": (True, False), "delta_rule": (False, True),
@@ -120,10 +128,9 @@ def child(spec_text: str) -> None:
     spec = json.loads(spec_text)
     config = Config(**{**spec["config"], "lengths": tuple(spec["config"]["lengths"])})
     step = _training_step(config, spec["length"], spec["form"])
-    reset_peak()
-    before = resident_bytes("VmRSS")
+    base = reset_peak()
     step()
-    print(resident_bytes("VmHWM") - before)
+    print(peak_bytes() - base)
 
 
 def run(config: Config, log: Callable[[str], None] = print) -> list[dict]:
@@ -160,6 +167,14 @@ def table(config: Config, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def section(config: Config, rows: list[dict], argv: list[str]) -> str:
+    """The table with the command that measured it and the machine, as BENCHMARKS.md's section holds it."""
+    info = machine_info()
+    command = shlex.join(["python", "benchmarks/linear_forms.py", *argv])
+    return (f"Command: `{command}`, run {info['date']}; {info['cpu']}, {info['cores']} CPUs, torch {info['torch']}."
+            f"\n\n{table(config, rows)}")
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=list(Config.lengths))
@@ -171,6 +186,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--budget", type=float, default=Config.budget_s, help="seconds per timed comparison")
     parser.add_argument("--max-gib", type=float, default=Config.max_gib)
     parser.add_argument("--json", help="write the numbers to this file")
+    parser.add_argument("--write", metavar="FILE", help="write the section into FILE (BENCHMARKS.md)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -180,6 +196,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     args.budget, args.max_gib)
     rows = run(config, log=lambda line: print(line, file=sys.stderr))
     print(table(config, rows))
+    if args.write:
+        write_section(Path(args.write), NAME, section(config, rows, sys.argv[1:] if argv is None else argv), TITLE)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": dataclasses.asdict(config), "rows": rows}, f, indent=1)

@@ -49,3 +49,18 @@ def test_every_function_builds_its_inputs():
         linear_forms._training_step(config, 9, "chunk")()
         for step in linear_forms._decode_steps(config, 9).values():
             step()
+
+
+def test_the_script_writes_its_section_and_keeps_the_others(tmp_path, monkeypatch):
+    monkeypatch.setattr(linear_forms, "_peak_bytes", _in_process)
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text("# Benchmarks\n\n## Other\n\n<!-- other:start -->\nkept\n<!-- other:end -->\n")
+    argv = ["--lengths", "16", "--heads", "2", "--head-dim", "8", "--chunk-size", "8", "--repeats", "1",
+            "--budget", "0.5", "--function", "kimi_delta_attention", "--write", str(doc)]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        rows = linear_forms.main(argv)
+    text = doc.read_text()
+    assert "<!-- other:start -->\nkept\n<!-- other:end -->" in text
+    head = f"## {linear_forms.TITLE}\n\n<!-- {linear_forms.NAME}:start -->\nCommand: `python benchmarks/linear_forms.py"
+    assert head in text and "kimi_delta_attention: B = 1, H = 2, Dk = Dv = 8" in text
+    assert text.count("| 16 |") == 1 and len(rows) == 1 and text.rstrip().endswith(f"<!-- {linear_forms.NAME}:end -->")
