@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from attnkit.distributed import count_bytes, recurrence, shard
 from attnkit.distributed.decay_linear import sequence_parallel
-from attnkit.errors import DTypeError
+from attnkit.errors import AttnkitError, DTypeError
 from attnkit.functional.linear.forms import linear_recurrence
 from tests.nn.recurrent_layers import LAYERS
 
@@ -87,8 +87,45 @@ def _compare_layer(name, layout, masked, rank, group):
             "params": max(_diff(_summed(p.grad), q) for p, q in zip(layer.parameters(), want, strict=True))}
 
 
-def _run(rank, world):
+def _disagreements(rank):
+    """Calls that differ on rank 2 (or fail its own checks there): the error every rank raises."""
+    odd = rank == 2
+    make = lambda n, d: torch.zeros(B, H, n, d, dtype=torch.float64)
+    inputs = lambda n: (make(n, DK), make(n, DK), make(n, DV), make(n, 1))
+    torch.manual_seed(0)
+    layer = LAYERS["deltanet"](2).double()
+    x = torch.zeros(B, 4, DIM, dtype=torch.float64)
+    calls = {"length": lambda: recurrence(*inputs(4 if odd else 8)),
+             "own_check": lambda: recurrence(*inputs(8), beta=torch.zeros(B, H, 7 if odd else 8, dtype=torch.float64)),
+             "keep_mask": lambda: sequence_parallel(layer, x, key_keep_mask=torch.ones(B, 4, dtype=torch.bool) if odd
+                                                    else None)}
     found = {}
+    for name, call in calls.items():
+        try:
+            call()
+            found[name] = ("no error", "")
+        except AttnkitError as e:
+            found[name] = (type(e).__name__, str(e))
+    return found
+
+
+def _empty(rank, group):
+    """A global length of 0: empty outputs and gradients, the initial state as the final one."""
+    leaves = [torch.randn(B, H, 0, d, dtype=torch.float64, requires_grad=True) for d in (DK, DK, DV, 1)]
+    s0 = torch.randn(B, H, DK, DV, dtype=torch.float64)
+    out, state = recurrence(*leaves, initial_state=s0, group=group)
+    out.sum().backward()
+    torch.manual_seed(0)
+    layer = LAYERS["kda"](2).double()
+    x = torch.randn(B, 0, DIM, dtype=torch.float64, requires_grad=True)
+    y = sequence_parallel(layer, x, group=group)
+    y.sum().backward()
+    return {"shapes": (tuple(out.shape), tuple(y.shape), tuple(x.grad.shape)), "state": _diff(state, s0),
+            "grads": [tuple(t.grad.shape) for t in leaves]}
+
+
+def _run(rank, world):
+    found = {"disagreements": _disagreements(rank), "empty": _empty(rank, None)}
     for name, layout, initial in itertools.product(RECURRENCES, ("contiguous", "zigzag"), (False, True)):
         found["recurrence", name, layout, initial] = _compare_recurrence(name, layout, initial, rank, None)
     for name, layout, masked in itertools.product(LAYERS, ("contiguous", "zigzag"), (False, True)):
@@ -125,3 +162,23 @@ def test_every_layer_across_four_ranks_equals_one_process(results, name, layout,
 def test_other_modules_are_refused():  # before any collective: no process group needed
     with pytest.raises(DTypeError, match="sequence_parallel takes a linear-recurrent layer"):
         sequence_parallel(torch.nn.Linear(2, 2), torch.randn(1, 2, 2))
+
+
+@pytest.mark.parametrize(("name", "kind", "words"), [
+    ("length", "ShapeError", "the shard length (q.shape[2]): 8 on ranks 0, 1, 3; 4 on rank 2"),
+    ("own_check", "ArgumentError", "rank 2 refused the call"),
+    ("keep_mask", "ArgumentError", "whether a key_keep_mask is given: 0 on ranks 0, 1, 3; 1 on rank 2")])
+def test_ranks_that_disagree_all_raise_the_same_named_error(results, name, kind, words):
+    for rank in range(4):
+        got_kind, message = results[rank]["disagreements"][name]
+        if name == "own_check" and rank == 2:  # its own error: beta's shape
+            assert got_kind == "ShapeError" and "beta" in message, message
+            continue
+        assert got_kind == kind and words in message, (rank, message)
+
+
+def test_a_global_length_of_zero_gives_empty_results_on_every_rank(results):
+    for rank in range(4):
+        found = results[rank]["empty"]
+        assert found["shapes"] == ((B, H, 0, DV), (B, 0, DIM), (B, 0, DIM)) and found["state"] == 0
+        assert found["grads"] == [(B, H, 0, DK), (B, H, 0, DK), (B, H, 0, DV), (B, H, 0, 1)]

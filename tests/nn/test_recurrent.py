@@ -50,6 +50,22 @@ def test_prefill_and_decoding_equal_the_full_pass(name):
 
 
 @pytest.mark.parametrize("name", LAYERS)
+def test_an_empty_sequence_gives_an_empty_output_and_leaves_the_cache_as_it_was(name):
+    layer, x = _layer(name), _x()
+    cache = layer.new_cache()
+    layer(x[:, :3], cache=cache)
+    state, conv = cache.state.clone(), None if cache.conv is None else cache.conv.clone()
+    for form in ("parallel", "chunk", "recurrent"):
+        empty = x[:, :0].clone().requires_grad_()
+        out = layer(empty, cache=cache, form=form)
+        out.sum().backward()
+        assert out.shape == (2, 0, DIM) and empty.grad.shape == (2, 0, DIM)
+    assert len(cache) == 3 and torch.equal(cache.state, state)
+    assert (conv is None and cache.conv is None) or torch.equal(cache.conv, conv)
+    torch.testing.assert_close(layer(x[:, 3:], cache=cache), layer(x)[:, 3:], **TOL)  # and it continues
+
+
+@pytest.mark.parametrize("name", LAYERS)
 def test_left_padding_is_inert(name):
     layer, x = _layer(name), _x()
     keep = torch.ones(2, 11, dtype=torch.bool)

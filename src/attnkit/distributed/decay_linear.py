@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, ShapeError, check_int
 from ..functional.linear.checks import check_qkv, check_state, check_tensor
-from ..functional.linear.forms import blocks, prepare, through_blocks
+from ..functional.linear.forms import blocks, linear_recurrence, prepare, through_blocks
 from ..functional.linear.scan import pass_states, span_map
 from ..nn._inputs import check_keep_mask, check_sequence
 from ..nn._recurrent import RecurrentLayer
+from .agreement import Field, checked, size, text_of, tracked
 from .comm import Comm
 from .layouts import _Gather, chunks_of
 from .layouts import chunk_size as layout_chunk
@@ -50,21 +51,38 @@ def recurrence(q, k, v, g, beta=None, *, scale=None, normalize_qk: bool = False,
     L/W, Dv)`` are this rank's shards in ``layout``; ``initial_state`` ``(B, H, Dk, Dv)`` the state before
     the first token (the same on every rank). Returns ``(out shard (B, H, L/W, Dv), final state)``.
     """
-    who = "distributed.recurrence"
     comm = Comm(group)
-    b, h, m, dk, dv = check_qkv(who, q, k, v)
-    gates = g.shape[-1] if isinstance(g, torch.Tensor) and g.dim() == 4 and g.shape[-1] == dk else 1
-    check_tensor(who, "g", g, (b, h, m, gates), "(B, H, L/W, 1 or Dk)", q.device)
-    if beta is not None:
-        check_tensor(who, "beta", beta, (b, h, m), "(B, H, L/W)", q.device)
-    initial = check_state(who, initial_state, (b, h, dk, dv), q.device)
-    layout_chunk(m * comm.world, layout, comm.world, "the global length L = W * shard length")
+    initial = checked(comm, "attnkit.distributed.recurrence",
+                      lambda: _check_recurrence(q, k, v, g, beta, initial_state, chunk_size, layout, comm.world), [
+        Field("the shard length (q.shape[2])", size(q, 2), ShapeError),
+        Field("the shapes of q, k, v, g and beta", " ".join(str(tuple(getattr(t, "shape", ()))) for t in
+                                                            (q, k, v, g, beta)), ShapeError),
+        Field("q.dtype", text_of(getattr(q, "dtype", None)), DTypeError),
+        Field("the initial state's shape", str(tuple(getattr(initial_state, "shape", ()))), ShapeError),
+        Field("scale", repr(scale)), Field("normalize_qk", repr(normalize_qk)), Field("chunk_size", repr(chunk_size)),
+        Field("layout", repr(layout)), tracked(q, k, v, g, beta, initial_state)], device=getattr(q, "device", None))
+    if q.shape[2] == 0:  # every rank holds no position (they agreed): as one process, nothing to send
+        return linear_recurrence("distributed.recurrence", q, k, v, g, beta, scale=scale, normalize_qk=normalize_qk,
+                                 form="chunk", chunk_size=chunk_size, initial_state=initial, cu_seqlens=None)
     pieces = len(chunks_of(layout, comm.rank, comm.world))
     prepared = prepare(q, k, v, g, beta, scale=scale, normalize_qk=normalize_qk)
     parts = list(zip(*(t.chunk(pieces, 2) for t in prepared[:4]),
                      (None,) * pieces if beta is None else prepared[4].chunk(pieces, 2), strict=True))
     outs, final = across_ranks(parts, initial, chunk_size, layout, comm)
     return torch.cat(outs, 2).to(v.dtype), final
+
+
+def _check_recurrence(q, k, v, g, beta, initial_state, chunk_size, layout: str, world: int):
+    """This rank's checks of a :func:`recurrence` call (no communication); the initial state checked."""
+    who = "distributed.recurrence"
+    b, h, m, dk, dv = check_qkv(who, q, k, v)
+    gates = g.shape[-1] if isinstance(g, torch.Tensor) and g.dim() == 4 and g.shape[-1] == dk else 1
+    check_tensor(who, "g", g, (b, h, m, gates), "(B, H, L/W, 1 or Dk)", q.device)
+    if beta is not None:
+        check_tensor(who, "beta", beta, (b, h, m), "(B, H, L/W)", q.device)
+    check_int(who, "chunk_size", chunk_size, 1)
+    layout_chunk(m * world, layout, world, "the global length L = W * shard length")
+    return check_state(who, initial_state, (b, h, dk, dv), q.device)
 
 
 def _piece_map(terms, delta: bool) -> torch.Tensor:
@@ -125,23 +143,37 @@ def sequence_parallel(layer, x, *, key_keep_mask=None, layout: str = "contiguous
     rank's shard ``(b, L/W)`` of the keep mask. Rotary positions continue at each piece's global
     position. Parameter gradients are this rank's share: sum them over ranks (as DDP does).
     """
-    if not isinstance(layer, RecurrentLayer):
+    if not isinstance(layer, RecurrentLayer):  # the same code on every rank: refused before any collective
         raise DTypeError(f"sequence_parallel takes a linear-recurrent layer (RetNetRetention, GatedLinearAttention, "
                          f"Mamba2Mixer, DeltaNet, GatedDeltaNet, KimiDeltaAttention); got {type(layer).__name__}")
     comm = Comm(group)
-    check_sequence(type(layer).__name__, "x", x, layer.dim, like=layer)
-    keep = check_keep_mask(type(layer).__name__, "key_keep_mask", key_keep_mask, x.shape[0], x.shape[1])
-    size = layout_chunk(x.shape[1] * comm.world, layout, comm.world, "the global length L = W * shard length")
+    keep = checked(comm, "attnkit.distributed.decay_linear.sequence_parallel",
+                   lambda: _check_layer_call(layer, x, key_keep_mask, layout, comm.world), [
+        Field("the shard length (x.shape[1])", size(x, 1), ShapeError),
+        Field("the shape of x", str(tuple(getattr(x, "shape", ()))), ShapeError),
+        Field("x.dtype", text_of(getattr(x, "dtype", None)), DTypeError), Field("layer", text_of(layer)),
+        Field("whether a key_keep_mask is given", int(key_keep_mask is not None)), Field("layout", repr(layout)),
+        tracked(x, *layer.parameters())], device=getattr(x, "device", None))
+    if x.shape[1] == 0:  # as one process: an empty sequence has an empty output, and no rank has anything to send
+        return layer(x, key_keep_mask=key_keep_mask)
+    piece = layout_chunk(x.shape[1] * comm.world, layout, comm.world)
     if keep is not None:
         x = x.masked_fill(~keep[..., None], 0.0)
-    xs = x.split(size, 1)
-    keeps = (None,) * len(xs) if keep is None else keep.split(size, 1)
+    xs = x.split(piece, 1)
+    keeps = (None,) * len(xs) if keep is None else keep.split(piece, 1)
     ids = chunks_of(layout, comm.rank, comm.world)
     contexts, link = _contexts(layer, xs, keeps, layout, comm)
-    mixed = [layer.inert(layer._mix(xp, kp, context, a * size)[0], kp)
+    mixed = [layer.inert(layer._mix(xp, kp, context, a * piece)[0], kp)
              for xp, kp, context, a in zip(xs, keeps, contexts, ids, strict=True)]
     prepared = [prepare(mx.q, mx.k, mx.v, mx.g, mx.beta, scale=layer.scale, normalize_qk=layer.normalize_qk)
                 for mx in mixed]
     outs, _ = across_ranks(prepared, None, layer.chunk_size, layout, comm)
     ys = [layer._finish(out.to(mx.v.dtype), mx, xp) for out, mx, xp in zip(outs, mixed, xs, strict=True)]
     return torch.cat(ys, 1) + link
+
+
+def _check_layer_call(layer, x, key_keep_mask, layout: str, world: int):
+    """This rank's checks of a :func:`sequence_parallel` call (no communication); the keep mask checked."""
+    check_sequence(type(layer).__name__, "x", x, layer.dim, like=layer)
+    layout_chunk(x.shape[1] * world, layout, world, "the global length L = W * shard length")
+    return check_keep_mask(type(layer).__name__, "key_keep_mask", key_keep_mask, x.shape[0], x.shape[1])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnkit.functional.linear import FORMS, retention
+from attnkit.functional.linear import FORMS, gated_delta_rule, retention
 
 from .cases import NAMES, make
 
@@ -107,6 +107,9 @@ def test_empty_and_single_token_sequences(form):
     s0 = torch.randn(2, 3, 5, 7)
     out, state = retention(q, k, v, torch.full((3,), 0.5), form=form, initial_state=s0)
     assert out.shape == (2, 3, 0, 7) and torch.equal(state, s0)
+    leaves = [t.requires_grad_() for t in (q, k, v, torch.zeros(2, 3, 0), torch.zeros(2, 3, 0))]
+    gated_delta_rule(*leaves, form=form)[0].sum().backward()  # every input gets its (empty) zero gradient
+    assert [t.grad.shape for t in leaves] == [t.shape for t in leaves]
     case = make("kda", n=1)
     torch.testing.assert_close(case.call(form)[0], case.expected()[0], **TOL)
 

@@ -87,8 +87,10 @@ def linear_recurrence(who: str, q, k, v, g, beta, *, scale, normalize_qk: bool, 
     q, k, vv, g, beta = prepare(q, k, v, g, beta, scale=scale, normalize_qk=normalize_qk)
     initial = vv.new_zeros(docs, h, dk, dv) if initial is None else initial.to(vv.dtype)
     run = {"parallel": parallel, "chunk": functools.partial(chunked, size=chunk_size), "recurrent": recurrent}[form]
+    if n == 0:  # no token: the empty output joined to every input by an empty sum (zero gradients, not None)
+        return (vv + sum(t.sum() for t in (q, k, g, beta) if t is not None)).to(v.dtype), initial
     if lengths is None:
-        out, final = run(q, k, vv, g, beta, initial) if n else (vv, initial)
+        out, final = run(q, k, vv, g, beta, initial)
         return out.to(v.dtype), final
     outs, finals = [], []
     pieces = zip(*(t.split(lengths, 2) for t in (q, k, vv, g)), (None,) * len(lengths) if beta is None else
