@@ -32,7 +32,7 @@ from ..functional.linear.forms import blocks, linear_recurrence, prepare, throug
 from ..functional.linear.scan import pass_states, span_map
 from ..nn._inputs import check_keep_mask, check_sequence
 from ..nn._recurrent import RecurrentLayer
-from .agreement import Field, checked, size, text_of, tracked
+from .agreement import Field, checked, layer_fields, size, text_of, tracked
 from .comm import Comm
 from .layouts import _Gather, chunks_of
 from .layouts import chunk_size as layout_chunk
@@ -148,12 +148,8 @@ def sequence_parallel(layer, x, *, key_keep_mask=None, layout: str = "contiguous
                          f"Mamba2Mixer, DeltaNet, GatedDeltaNet, KimiDeltaAttention); got {type(layer).__name__}")
     comm = Comm(group)
     keep = checked(comm, "attnkit.distributed.decay_linear.sequence_parallel",
-                   lambda: _check_layer_call(layer, x, key_keep_mask, layout, comm.world), [
-        Field("the shard length (x.shape[1])", size(x, 1), ShapeError),
-        Field("the shape of x", str(tuple(getattr(x, "shape", ()))), ShapeError),
-        Field("x.dtype", text_of(getattr(x, "dtype", None)), DTypeError), Field("layer", text_of(layer)),
-        Field("whether a key_keep_mask is given", int(key_keep_mask is not None)), Field("layout", repr(layout)),
-        tracked(x, *layer.parameters())], device=getattr(x, "device", None))
+                   lambda: _check_layer_call(layer, x, key_keep_mask, layout, comm.world),
+                   layer_fields(layer, x, key_keep_mask, layout), device=getattr(x, "device", None))
     if x.shape[1] == 0:  # as one process: an empty sequence has an empty output, and no rank has anything to send
         return layer(x, key_keep_mask=key_keep_mask)
     piece = layout_chunk(x.shape[1] * comm.world, layout, comm.world)
