@@ -26,6 +26,7 @@ from ..nn.linformer import LinformerAttention
 from ..nn.local import LocalAttention
 from ..nn.longformer import LongformerAttention
 from ..nn.multihead import MultiHeadAttention
+from ..nn.padding import clear_padding
 from ..nn.reformer import ReformerAttention
 from ..nn.rotary import RotaryEmbedding
 from ..nn.sparse_transformer import SparseTransformerAttention
@@ -91,6 +92,7 @@ class SoftmaxSelfAttention(MultiHeadAttention):
         check_sequence(who, "x", x, self.embed_dim, named=True, like=self)
         start = 0 if cache is None else len(cache)
         check_keep_mask(who, "key_keep_mask", key_keep_mask, x.shape[0], start + x.shape[1])  # n = cached + new
+        x = clear_padding(x, key_keep_mask[:, start:] if key_keep_mask is not None else None)  # the promise
         q, k, v = self._project(x, x, x)  # (B, H, t, d) each
         if self.rotary is not None:
             q, k = self.rotary(q, k, q_offset=start, k_offset=start)

@@ -17,7 +17,7 @@ from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of, randn
 from ..errors import ArgumentError
 from ..functional.validate import validate
-from ..registry import Entry, register
+from ..entry import Entry, register
 from ._inputs import check_memory, check_sequence
 from .additive_scores import DEFAULT_MAX_ELEMENTS, additive_scores
 from .padding import clear_padding

@@ -11,7 +11,7 @@ from ..core import attention
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
 from ..errors import ArgumentError
-from ..registry import Entry, register
+from ..entry import Entry, register
 from ._inputs import check_keep_mask, check_sequence
 from .pooling import count_pool
 

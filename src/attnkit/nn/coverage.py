@@ -12,7 +12,7 @@ from ..costing.spec import Spec
 from ..costing.tally import dtype_of
 from ..errors import DTypeError
 from ..functional.normalize import softmax
-from ..registry import Entry, register
+from ..entry import Entry, register
 from ._inputs import check_memory, check_sequence, check_shape
 from .additive import (
     ADDITIVE_FORMULA,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..entry import Entry, register
 from ..errors import ShapeError, check_int
-from ..registry import Entry, register
 from ._recurrent import DeltaRuleLayer, GatedRMSNorm, Mixed, ShortConvolution, example
 from ._recurrent_spec import recurrent_spec
 from .linear import merge_heads, split_heads

@@ -10,7 +10,7 @@ from ..costing.attend import ATTENTION_FORMULA, attend, projections
 from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of
 from ..errors import ArgumentError, ShapeError
-from ..registry import Entry, register
+from ..entry import Entry, register
 from ._inputs import check_keep_mask
 from ._projections import ProjectedAttention, sequence_input
 from .padding import clear_padding

@@ -15,7 +15,7 @@ from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of, randn
 from ..errors import ArgumentError, DTypeError, ShapeError
 from ..functional.mask_base import Mask
-from ..registry import Entry, register
+from ..entry import Entry, register
 from . import torch_compat, torch_layers
 from ._inputs import check_shape
 from .kv_cache import KVCache

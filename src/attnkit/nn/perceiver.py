@@ -11,7 +11,7 @@ from ..costing.attend import ATTENTION_FORMULA, attend
 from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of, randn
 from ..errors import ArgumentError
-from ..registry import Entry, register
+from ..entry import Entry, register
 from ._inputs import check_keep_mask, check_sequence
 from .linear import merge_heads, split_heads
 from .padding import clear_padding

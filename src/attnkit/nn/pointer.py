@@ -10,7 +10,7 @@ from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
 from ..functional.normalize import softmax
 from ..functional.scores import additive
-from ..registry import Entry, register
+from ..entry import Entry, register
 from ._inputs import check_key_mask, check_sequence, check_shape
 
 __all__ = ["PointerAttention"]
