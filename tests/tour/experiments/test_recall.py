@@ -30,34 +30,34 @@ def _state(name: str, w: int, n: int) -> int:
 
 
 def test_every_mechanism_and_width_is_an_experiment_of_the_default_tour():
-    keys = [k for k in tour.experiments() if k.startswith(rc.TASK + "/")]
+    exps = tour.experiments()
+    keys = [k for k, e in exps.items() if getattr(e.build, "func", None) is rc._build]  # built by this sweep
     assert keys == list(rc.KEYS) and len(keys) == len(rc.MECHANISMS) * len(rc.WIDTHS)
+    assert all(exps[k].task == rc.TASK == "mqar" for k in keys)
     assert set(rc.KEYS) <= set(catalog.DEFAULT)
     assert {rc.CLAIM["better"], rc.CLAIM["worse"]} <= set(rc.MECHANISMS)
 
 
 @pytest.mark.parametrize("name", list(rc.MECHANISMS))
-def test_each_model_has_its_layer_and_reports_the_state_it_decodes_from(name):
+def test_each_model_has_its_layer_and_the_state_it_decodes_from(name):
     width = rc.WIDTHS[1]
     built = tour.experiments()[f"{rc.TASK}/{name}-d{width}"].build()
     layers = [m for m in built.model.modules() if isinstance(m, tuple(LAYER_TYPES.values()))]
     assert len(layers) == (0 if name == "softmax" else 2)
     assert all(type(m) is LAYER_TYPES[name] for m in layers)
-    batch = built.task.sample(3, torch.Generator().manual_seed(0))
-    extra = built.objective.extra(built.model, batch, built.task)
-    assert extra["width"] == width and extra["state_bytes"] == _state(name, width, built.task.seq_len)
+    state = torch.get_rng_state()
+    assert rc.state_bytes(name, width) == rc.layer_state_bytes(built.model, 12) == _state(name, width, 12)
+    assert torch.equal(torch.get_rng_state(), state)  # building the model to read its state draws nothing
 
 
-def test_a_run_records_width_and_state(monkeypatch):
+def test_a_run_of_the_sweep_trains_through_the_tour(monkeypatch):
     key = f"{rc.TASK}/deltanet-d{rc.WIDTHS[0]}"
     exps = tour.experiments()
     tiny = Budget(steps=2, batch_size=4, eval_size=4, test_size=8)
     module = sys.modules["attnkit.tour.experiments"]  # the package; its name is also a function of attnkit.tour
     monkeypatch.setattr(module, "_registry", lambda: {**exps, key: dataclasses.replace(exps[key], budget=tiny)})
     result = tour.run(key, 1)
-    assert result.extra["width"] == rc.WIDTHS[0] and result.extra["state_bytes"] == _state("deltanet", rc.WIDTHS[0],
-                                                                                            12)
-    assert 0.0 <= result.accuracy <= 1.0 and len(result.curve) == 2
+    assert result.key == key and 0.0 <= result.accuracy <= 1.0 and len(result.curve) == 2
 
 
 @pytest.mark.slow  # 18 runs at the default budget

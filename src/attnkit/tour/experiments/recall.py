@@ -6,10 +6,10 @@ and against the state they decode from. Softmax attention keeps every key and va
 grows with the context); a recurrence keeps a fixed state, whose size the width sets. Here every
 mechanism of :data:`MECHANISMS` trains the same 2-layer causal pre-norm language model
 (:func:`~.tokens.language_model`, one head) at each width of :data:`WIDTHS` on MQAR
-(:data:`RECALL`), with one budget. Each run records its width and the decoding state of one of
-its layers for one sequence at the task's length (``extra``: ``"width"``, ``"state_bytes"``),
-as the layer's cost spec counts it (:mod:`attnkit.analysis.cost`). The report's section
-(:mod:`attnkit.tour.report.recall`) draws accuracy against state and checks :data:`CLAIM`.
+(:data:`RECALL`), with one budget. :func:`state_bytes` is the decoding state of one of its layers
+for one sequence at the task's length, as the layer's cost spec counts it
+(:mod:`attnkit.analysis.cost`); the report's section (:mod:`attnkit.tour.report.recall`) draws
+accuracy against it and checks :data:`CLAIM`.
 
 The budget was set on seed 0 on a busy 2-core machine, one thread: in 200 steps of
 128 sequences, at width 16, softmax attention and DeltaNet reach 99 %, Mamba-2 93 %, Gated
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import torch
 from torch import nn
 
 from ... import tasks
@@ -33,10 +34,10 @@ from . import Built, Experiment
 from .tokens import MQARObjective, language_model
 from .train import Budget
 
-__all__ = ["TASK", "RECALL", "WIDTHS", "HEADS", "MECHANISMS", "CLAIM", "RecallObjective", "layer_state_bytes",
+__all__ = ["TASK", "RECALL", "WIDTHS", "HEADS", "MECHANISMS", "CLAIM", "layer_state_bytes", "state_bytes",
            "recall_experiments", "KEYS"]
 
-TASK = "recall_state"
+TASK = "mqar"
 RECALL = {"num_pairs": 4, "num_keys": 16, "num_values": 16, "gap": 0}
 LENGTH = tasks.get("mqar", **RECALL).seq_len
 WIDTHS = (8, 16)
@@ -80,25 +81,20 @@ def layer_state_bytes(model: nn.Module, length: int) -> int:
     raise TypeError(f"layer_state_bytes: no attention layer in {type(model).__name__}")
 
 
-class RecallObjective(MQARObjective):
-    """:class:`MQARObjective`, plus the model's width and the decoding state of one of its layers."""
-
-    def __init__(self, width: int):
-        self.width = width
-
-    def extra(self, model, batch, task):
-        return {**super().extra(model, batch, task), "width": float(self.width),
-                "state_bytes": float(layer_state_bytes(model, task.seq_len))}
+def state_bytes(mechanism: str, width: int) -> int:
+    """The decoding state of one layer of the model of ``mechanism`` at ``width``, for one sequence of the task
+    (:func:`layer_state_bytes`; the model is built under a forked RNG, so the caller's stream is untouched)."""
+    with torch.random.fork_rng(devices=[]):
+        return layer_state_bytes(_build(mechanism, width).model, LENGTH)
 
 
 def _build(mechanism: str, width: int) -> Built:
     task = tasks.get("mqar", **RECALL)
-    model = language_model(task, MECHANISMS[mechanism][0], dim=width, heads=HEADS)
-    return Built(model, task, task, RecallObjective(width))
+    return Built(language_model(task, MECHANISMS[mechanism][0], dim=width, heads=HEADS), task, task, MQARObjective())
 
 
 def recall_experiments() -> list[Experiment]:
-    """One experiment per mechanism and width, keys ``recall_state/<mechanism>-d<width>``."""
+    """One experiment per mechanism and width, keys ``mqar/<mechanism>-d<width>`` (:data:`KEYS`)."""
     budget, quick = Budget(steps=200, batch_size=128, lr=1e-2), Budget(steps=120, batch_size=128, lr=1e-2)
     head = (f"MQAR ({RECALL['num_pairs']} pairs of {RECALL['num_keys']} keys) against state size, 2-layer causal "
             f"pre-norm LM, {HEADS} head")

@@ -37,8 +37,6 @@ TASK_PURPOSE = {
     "document_questions": "question-guided attention: find the segment the question asks about (Lu et al. 2016)",
     "shapes": "vision: classify small generated shapes from image patches (ViT)",
     "digits": "vision: classify sklearn's 8x8 digits from image patches (ViT)",
-    "recall_state": "recall against state size: MQAR at several model widths, softmax attention against "
-                    "fixed-state recurrences (Zoology)",
 }
 
 

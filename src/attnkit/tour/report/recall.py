@@ -1,8 +1,9 @@
 """The tour report's section on recall against state size (:mod:`attnkit.tour.experiments.recall`).
 
-From the cached runs of task ``recall_state``: a table (mechanism x width: accuracy mean ± sample
-standard deviation over seeds, and the decoding state of one layer for one sequence), a picture
-(accuracy against state bytes and against width, Zoology's Fig. 2 in small) and the claim of
+From the cached runs of those experiments (:data:`~attnkit.tour.experiments.recall.KEYS`): a table
+(mechanism x width: accuracy mean ± sample standard deviation over seeds, and the decoding state of
+one layer for one sequence, from the layer's cost spec), a picture (accuracy against state bytes and
+against width, Zoology's Fig. 2 in small) and the claim of
 :data:`~attnkit.tour.experiments.recall.CLAIM`, decided by Welch's t (:mod:`.welch`) on each seed's
 accuracy averaged over the widths: held, did not hold, or undecided. Nothing here trains.
 """
@@ -13,7 +14,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..experiments.recall import CLAIM, MECHANISMS, TASK
+from ..experiments.recall import CLAIM, KEYS, MECHANISMS, state_bytes
 from . import Report
 from .welch import Welch, verdict, welch
 
@@ -27,21 +28,21 @@ class Cell:
     mechanism: str
     width: int
     accuracy: dict[int, float] = field(default_factory=dict)
-    state_bytes: float | None = None
+    state_bytes: int | None = None
 
 
-def recall_cells(rep: Report) -> list[Cell]:
-    """The finished runs of the experiment, one :class:`Cell` per mechanism and width, by mechanism then width."""
+def recall_cells(rep: Report, state=state_bytes) -> list[Cell]:
+    """The finished runs of the experiment, one :class:`Cell` per mechanism and width, by mechanism then width;
+    ``state(mechanism, width)`` gives each cell's state (default: the layer's cost spec)."""
     cells: dict[tuple[str, int], Cell] = {}
     for rec in rep.records:
-        result = rec.get("result") or {}
-        extra = result.get("extra") or {}
-        if rec["task"] != TASK or rec["status"] != "ok" or "width" not in extra:
+        if rec["key"] not in KEYS or rec["status"] != "ok":
             continue
-        name, width = rec["mechanism"].rsplit("-d", 1)[0], int(extra["width"])
-        cell = cells.setdefault((name, width), Cell(name, width))
-        cell.accuracy[rec["seed"]] = float(result["accuracy"])
-        cell.state_bytes = extra.get("state_bytes")
+        name, width = rec["mechanism"].rsplit("-d", 1)
+        cell = cells.setdefault((name, int(width)), Cell(name, int(width)))
+        cell.accuracy[rec["seed"]] = float(rec["result"]["accuracy"])
+    for cell in cells.values():
+        cell.state_bytes = state(cell.mechanism, cell.width)
     order = {name: i for i, name in enumerate(MECHANISMS)}
     return sorted(cells.values(), key=lambda c: (order.get(c.mechanism, len(order)), c.width))
 
