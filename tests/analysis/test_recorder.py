@@ -65,6 +65,7 @@ NO_WEIGHTS = {
     "bigbird": ["model", "model#1"], "sparse-transformer": ["model", "model#1"],
     "longformer": ["attention", "attention#1"],  # its example is a closure over the layer: no model to name maps
     "perceiver-attention": ["model"], "perceiver-encoder": ["cross_attn", "blocks.0.attn"],
+    "retnet": [], "gla": [], "mamba2": [], "deltanet": [], "gated-deltanet": [], "kimi-delta-attention": [],
 }
 UNNORMALISED = {"sigmoid", "luong"}  # sigmoid weights; local-p Luong: softmax times a Gaussian (eq. 10)
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from .. import masks
 from ..core import attention
-from ..costing.attend import ATTENTION_FORMULA, ATTENTION_SIZES, attend, attention_inputs, derive_lengths
+from ..costing.attend import ATTENTION_FORMULA, ATTENTION_SIZES, attend, attention_inputs, derive_lengths, kv_cache
 from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of, randn
 from ..entry import Entry, register
@@ -362,6 +362,7 @@ def _mha_count(t, s, module=None):
            dropout_p=dropout_of(module))
     t.mm("output projection", 1, b * lq, e, e)
     t.io(3 * e * e, b * lq * e, 2 * b * lk * e, b * lq * e)
+    kv_cache(t, s["kv_heads"], hd, hd)
 
 
 def _mha_inputs(s, module):

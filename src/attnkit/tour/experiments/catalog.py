@@ -26,6 +26,8 @@ from ...models.pointer_network import PointerNetwork
 from . import Built, Experiment
 from .classic import HardObjective, MemoryLM, MemoryObjective, OnePositionClassifier, QuestionModel, QuestionObjective
 from .coverage import SummaryObjective
+from .recall import KEYS as RECALL_KEYS
+from .recall import recall_experiments
 from .seq2seq import NoAttention, Seq2SeqObjective, seq2seq_model
 from .structured import AnomalyObjective, HANObjective, ImageObjective, PointerObjective
 from .tokens import CopyObjective, MQARObjective, language_model
@@ -202,7 +204,7 @@ def _classic_experiments() -> list[Experiment]:
 def catalog() -> list[Experiment]:
     """Every experiment, in tour order."""
     return [*_mqar_experiments(), *_dates_experiments(), *_copy_experiments(), *_model_experiments(),
-            *_classic_experiments()]
+            *_classic_experiments(), *recall_experiments()]
 
 
 CLASSIC = ("key_summaries/pointer-generator", "key_summaries/coverage", "deciding_position/soft",
@@ -211,7 +213,7 @@ CLASSIC = ("key_summaries/pointer-generator", "key_summaries/coverage", "decidin
 DEFAULT = ("mqar/softmax-2layer", "mqar/softmax-1layer", "mqar/linear", "mqar/sliding-window", "mqar/performer",
            "dates/additive", "dates/luong-general", "dates/none", "selective_copy/softmax",
            "selective_copy/sparse-fixed", "han_documents/han", "shapes/vit",
-           "sorting/pointer", "event_logs/semantic", "event_logs/none", *CLASSIC)
+           "sorting/pointer", "event_logs/semantic", "event_logs/none", *CLASSIC, *RECALL_KEYS)
 QUICK = ("mqar/softmax-2layer", "mqar/softmax-1layer", "mqar/sliding-window", "dates/additive",
          "han_documents/han", "shapes/vit", "sorting/pointer", "event_logs/semantic",
          "deciding_position/hard-reinforce", "repeated_block/memory-8", "document_questions/segment")
