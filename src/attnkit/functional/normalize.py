@@ -34,19 +34,24 @@ def guard_empty_rows(m: torch.Tensor, s: torch.Tensor):
     return s_safe, lse.squeeze(-1)
 
 
-def softmax(scores: torch.Tensor, allowed: torch.Tensor | None = None):
+def softmax(scores: torch.Tensor, allowed: torch.Tensor | None = None, sink: torch.Tensor | None = None):
     """Safe softmax over the last dim. Returns ``(weights, lse)``, lse of shape ``(...)``.
 
     ``weights_j = exp(s_j - m) / sum_l exp(s_l - m)`` with ``m`` the row max over
-    allowed keys; ``lse = m + log sum_l exp(s_l - m)``.
+    allowed keys; ``lse = m + log sum_l exp(s_l - m)``. A ``sink`` (broadcastable to the
+    rows, keepdim: :mod:`attnkit.functional.sinks`) is one more term of every row's sum
+    that takes no weight: a row with no allowed key then has lse ``sink``.
     """
     scores = _masked(scores, allowed)
-    if scores.shape[-1] == 0:
+    if scores.shape[-1] == 0 and sink is None:
         return scores, scores.new_full(scores.shape[:-1], _NEG_INF)
-    m = scores.amax(-1, keepdim=True)
+    m = scores.amax(-1, keepdim=True) if scores.shape[-1] else scores.new_full((*scores.shape[:-1], 1), _NEG_INF)
+    if sink is not None:
+        m = torch.maximum(m, sink)
     m = m.masked_fill(m == _NEG_INF, 0).detach()  # shift invariance: m needs no gradient
     e = torch.exp(scores - m)
-    s_safe, lse = guard_empty_rows(m, e.sum(-1, keepdim=True))
+    total = e.sum(-1, keepdim=True)
+    s_safe, lse = guard_empty_rows(m, total if sink is None else total + torch.exp(sink - m))
     return e / s_safe, lse
 
 

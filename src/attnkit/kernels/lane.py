@@ -8,7 +8,7 @@ empty), :func:`route` decides with attribute checks only (types, ranks, sizes,
 dtypes, devices, strides; no torch operator) and :func:`run` calls torch's CPU kernel
 directly, as its own entry point would:
 
-- softmax of (scaled) dot products, ``backend="auto"``, no bias, dropout, weights or lse;
+- softmax of (scaled) dot products, ``backend="auto"``, no bias, sinks, dropout, weights or lse;
 - plain 4-D CPU tensors (float32/float64), ``Dv == D``, grouped-query heads allowed,
   innermost stride 1 (contiguous when autograd records the call);
 - no mask, or :func:`attnkit.masks.causal` that leaves no row empty: ``is_causal``
@@ -41,10 +41,11 @@ _DTYPES = (torch.float32, torch.float64)
 
 
 def route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse,
-          backend) -> tuple | None:
+          backend, sinks=None) -> tuple | None:
     """``(is_causal, float_mask, scale)`` for a call the lane takes, else None; reads attributes only."""
-    if (backend != "auto" or bias is not None or dropout_p or return_weights or return_lse or normalize != "softmax"
-            or score not in ("scaled_dot", "dot") or rules.FLASH is None or recording.listening):
+    if (backend != "auto" or bias is not None or sinks is not None or dropout_p or return_weights or return_lse
+            or normalize != "softmax" or score not in ("scaled_dot", "dot") or rules.FLASH is None
+            or recording.listening):
         return None
     if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
         return None

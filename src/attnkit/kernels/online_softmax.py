@@ -11,7 +11,8 @@ max ``m``, normaliser ``l`` and unnormalised output ``acc`` are updated::
 Only a slab of ``rows x kv_block`` scores exists at a time, so memory is
 ``O((Lq + Lk) D)`` plus a fixed budget, never ``O(Lq Lk)``. Under autograd each
 slab of rows is checkpointed: backward recomputes it, holding one slab's graph.
-Supports every score, bias, modifier and mask, dropout, and returns lse: the
+Supports every score, bias, modifier and mask, dropout, sinks (the running sum starts
+with the sink's term, the running max at the sink), and returns lse: the
 ``chunked`` backend's general path. Its faster siblings for additive biases
 (:mod:`.bias_slabs`) and soft-capping (:mod:`.softcap_loop`) come first in the
 table of paths (:mod:`.paths`).
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from ..functional import sinks
 from ..functional.normalize import guard_empty_rows
 from ..functional.validate import Problem
 from . import rules
@@ -47,8 +49,7 @@ def _slab(p: Problem, start: int, stop: int, q, k, v, kv_block: int):
     batch, heads, _, lk, _, dv = p.sizes
     qc = q[:, :, start:stop]  # (B, H, rows, D)
     rows = stop - start
-    m = qc.new_full((batch, heads, rows, 1), _NEG_INF)
-    l = qc.new_zeros((batch, heads, rows, 1))
+    m, l = _start(p, qc.new_empty(batch, heads, rows, 1))
     acc = qc.new_zeros((batch, heads, rows, dv))
     for ks in range(0, lk, kv_block):
         ke = min(lk, ks + kv_block)
@@ -65,6 +66,15 @@ def _slab(p: Problem, start: int, stop: int, q, k, v, kv_block: int):
         m = m_new
     l_safe, lse = guard_empty_rows(m.masked_fill(m == _NEG_INF, 0.0), l)
     return acc / l_safe, lse
+
+
+def _start(p: Problem, like: torch.Tensor):
+    """The running max and sum before the first key block: empty, or the sink alone (a term with no value)."""
+    if p.sinks is None:
+        return torch.full_like(like, _NEG_INF), torch.zeros_like(like)
+    s = sinks.per_row(p.sinks, like)
+    m = s.detach().expand_as(like).clone()
+    return m, torch.exp(s - m.masked_fill(m == _NEG_INF, 0.0)).expand_as(like)  # 1, or 0 for s = -inf
 
 
 def plan(p: Problem, grad: bool) -> tuple[int, int]:

@@ -152,11 +152,11 @@ def operator_carries(p: Problem, backend: str) -> bool:
 
     A mask that has a text (or none), a score and a normaliser named by a string (the
     stochastic Gumbel softmax aside: the backward recomputes the call), optionally an
-    additive bias tensor or a soft-cap; no dropout, weights or lse; ``backend="auto"``;
+    additive bias tensor or a soft-cap; no sinks, dropout, weights or lse; ``backend="auto"``;
     not in an export to ONNX, whose runtimes know only standard operators.
     """
     modifier = p.modifier
-    return (backend == "auto" and not p.q.is_meta and not torch.onnx.is_in_onnx_export()
+    return (backend == "auto" and not p.q.is_meta and p.sinks is None and not torch.onnx.is_in_onnx_export()
             and p.score in _CARRIED_SCORES and p.normalize in _CARRIED_NORMALIZERS
             and (modifier is None or type(modifier) is Softcap)
             and p.dropout_p == 0 and not p.return_weights and not p.return_lse
