@@ -143,8 +143,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
             or a modifier ``(scores, b, h, q_idx, kv_idx) -> scores`` (see :mod:`attnkit.bias`).
         score: "scaled_dot" (default), "dot", "cosine" or a pairwise ``(q, k) -> scores``.
         scale: multiplies the scores; default ``1/sqrt(D)`` for "scaled_dot", else 1.
-        normalize: "softmax", "sparsemax", "sigmoid", "hard", "gumbel" or
-            ``(scores, allowed) -> weights``.
+        normalize: "softmax", "sparsemax", "sigmoid", "sigmoid_log_n", "softpick", "stick_breaking",
+            "hard", "gumbel" or ``(scores, allowed) -> weights``; sigmoid, softpick and stick-breaking
+            also run on the O(L)-memory paths (:mod:`attnkit.functional.blockwise`).
         dropout_p: dropout on the weights; pass ``p if module.training else 0.0``.
         return_weights: also return per-head weights (forces an exact dense path).
         return_lse: also return the log-sum-exp of each row (softmax only).

@@ -5,14 +5,18 @@ so NaN/inf in a masked-out score cannot leak and no constant has to fit a dtype.
 A row with no allowed key gets all-zero weights and ``lse = -inf``, with finite
 gradients (RELIABILITY rows 1-2): the zero-sum division is guarded *before* it
 happens rather than patched afterwards. NaN in an allowed score still propagates.
+Sigmoid attention, softpick and stick-breaking are written over key blocks in
+:mod:`.blockwise`, so that the O(L)-memory paths run them too.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["softmax", "masked_softmax", "guard_empty_rows", "sparsemax", "sigmoid", "hard", "gumbel_softmax",
-           "NORMALIZERS"]
+from .blockwise import sigmoid, sigmoid_log_n, softpick, stick_breaking
+
+__all__ = ["softmax", "masked_softmax", "guard_empty_rows", "sparsemax", "sigmoid", "sigmoid_log_n", "softpick",
+           "stick_breaking", "hard", "gumbel_softmax", "NORMALIZERS"]
 
 _NEG_INF = float("-inf")
 
@@ -98,15 +102,6 @@ def sparsemax(scores: torch.Tensor, allowed: torch.Tensor | None = None) -> torc
     return p.masked_fill(no_key, 0.0)
 
 
-def sigmoid(scores: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
-    """Elementwise sigmoid weights (not normalised; Ramapuram et al. 2024, arXiv:2409.04431).
-
-    Add a bias such as ``-log(Lk)`` through ``bias=`` for the paper's recipe.
-    """
-    w = torch.sigmoid(scores)
-    return w if allowed is None else w.masked_fill(~allowed, 0.0)
-
-
 def hard(scores: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
     """One-hot at the best allowed key (Xu et al. 2015 deterministic hard attention).
 
@@ -149,6 +144,9 @@ NORMALIZERS = {
     "softmax": _softmax_weights,
     "sparsemax": sparsemax,
     "sigmoid": sigmoid,
+    "sigmoid_log_n": sigmoid_log_n,
+    "softpick": softpick,
+    "stick_breaking": stick_breaking,
     "hard": hard,
     "gumbel": gumbel_softmax,
 }

@@ -17,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..bias import apply_modifier
 from ..functional import sinks
+from ..functional.blockwise import BLOCKWISE
 from ..functional.indexed_masks import gather_at
 from ..functional.normalize import NORMALIZERS, masked_softmax, softmax
 from ..functional.scores import SCORES
@@ -171,6 +172,9 @@ def block_weights(p: Problem, scores, allowed):
         if _only_mask_makes_inf(p):
             return masked_softmax(scores, allowed, need_lse=p.return_lse)
         return softmax(scores, allowed)
+    rule = BLOCKWISE.get(p.normalize) if isinstance(p.normalize, str) else None
+    if rule is not None:  # a whole row as one block, its length the call's (sigmoid's -log n)
+        return rule.weights(scores, allowed, p.sizes[3]), None
     fn = NORMALIZERS[p.normalize] if isinstance(p.normalize, str) else p.normalize
     weights = fn(scores, allowed)
     if allowed is not None:

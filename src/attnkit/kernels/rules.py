@@ -21,11 +21,12 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..bias import Softcap
+from ..functional.blockwise import BLOCKWISE
 from ..functional.validate import Problem
 
 __all__ = ["Rule", "reads_data", "fact", "first_refusal", "FLASH", "FLASH_BACKWARD", "softmax_of_dot_products",
            "no_bias", "no_dropout", "no_weights", "no_lse", "not_compiling", "finite_inputs", "not_known_non_finite",
-           "fused_cpu_kernel", "equal_head_dims", "lse_without_grad", "softmax_only", "cpu_flash", "simple_mask",
+           "fused_cpu_kernel", "equal_head_dims", "lse_without_grad", "over_key_blocks", "cpu_flash", "simple_mask",
            "operator_carries"]
 
 Rule = Callable[[Problem], "str | None"]
@@ -81,9 +82,11 @@ def simple_mask(p: Problem) -> bool:
     return p.mask is None or p.mask.kind in ("full", "causal", "keys", "tensor")
 
 
-def softmax_only(p: Problem) -> str | None:
-    if p.normalize != "softmax":
-        return f"softmax only; normalize={p.normalize!r} needs each whole row at once"
+def over_key_blocks(p: Problem) -> str | None:
+    """Softmax, or a normaliser written over key blocks (:mod:`attnkit.functional.blockwise`)."""
+    if p.normalize != "softmax" and not (isinstance(p.normalize, str) and p.normalize in BLOCKWISE):
+        return (f"softmax or a normaliser over key blocks ({', '.join(BLOCKWISE)}) only; normalize={p.normalize!r} "
+                "needs each whole row at once")
     return None
 
 
@@ -144,7 +147,8 @@ def lse_without_grad(p: Problem) -> str | None:
 
 
 _CARRIED_SCORES = ("scaled_dot", "dot", "cosine")
-_CARRIED_NORMALIZERS = ("softmax", "sparsemax", "sigmoid", "hard")  # deterministic: a recomputation repeats them
+# deterministic: a recomputation repeats them
+_CARRIED_NORMALIZERS = ("softmax", "sparsemax", "hard", *BLOCKWISE)
 
 
 def operator_carries(p: Problem, backend: str) -> bool:
