@@ -106,10 +106,8 @@ class Softpick(Blockwise):
     def block(self, state, scores, allowed, kv_len):
         m, total = state
         z = _kept(scores, allowed, _NEG_INF)
-        if z.shape[-1]:  # the shift needs no gradient: the ratio is the same for every m
-            m_new = torch.maximum(m, z.detach().amax(-1, keepdim=True))
-        else:
-            m_new = m
+        # the shift needs no gradient: the ratio is the same for every m
+        m_new = torch.maximum(m, z.detach().amax(-1, keepdim=True)) if z.shape[-1] else m
         base = torch.exp(-m_new)
         t = _kept(torch.exp(z - m_new) - base, allowed, 0.0)  # e^-m (e^s - 1)
         rescale = torch.exp(m - m_new)
