@@ -37,11 +37,6 @@ __all__ = ["refusal", "run", "cost", "plan", "BUDGET"]
 BUDGET = 1 << 23  # score elements alive at once (32 MB in float32)
 KV_BLOCK = 128  # smallest key block without autograd
 ROWS = 1024  # query rows per slab without autograd
-# The normalisers over key blocks keep several score-sized temporaries where the softmax recurrence keeps one or
-# two (stick-breaking: log(1 - beta), its suffix sums, log beta, the weights): their slabs are this much smaller.
-# Measured at L = 16384, causal, B = H = 1 (benchmarks/normalizers.py): with the full budget the forward+backward
-# peak reached 8% of the dense forward's for sigmoid attention.
-BLOCKWISE_SHARE = 4
 
 _NEG_INF = float("-inf")
 
@@ -110,11 +105,10 @@ def plan(p: Problem, grad: bool) -> tuple[int, int]:
     allocator returns to the OS (many small ones fragment the heap instead).
     """
     batch, heads, lq, lk, _, _ = p.sizes
-    budget = BUDGET if p.normalize == "softmax" else BUDGET // BLOCKWISE_SHARE
     if grad:
-        return max(1, min(lq, budget // max(1, batch * heads * lk))), max(1, lk)
+        return max(1, min(lq, BUDGET // max(1, batch * heads * lk))), max(1, lk)
     rows = max(1, min(lq, ROWS))
-    return rows, max(1, min(lk, max(KV_BLOCK, budget // max(1, batch * heads * rows))))
+    return rows, max(1, min(lk, max(KV_BLOCK, BUDGET // max(1, batch * heads * rows))))
 
 
 def run(p: Problem) -> KernelOutput:
