@@ -86,6 +86,8 @@ SETTINGS = {
     "scaled-dot-product": [_CORE, _ODD, dict(_ODD, dtype="float64", value_dim=3)],
     "dot-product": [_CORE, _ODD],
     "sparsemax": [_ODD], "sigmoid": [_ODD], "hard-argmax": [_ODD], "gumbel-softmax": [_ODD],
+    "sigmoid-log-n": [_LONG, _ODD], "softpick": [_LONG, _ODD], "stick-breaking": [_LONG, _ODD],
+    "attention-sinks": [_CORE, _LONG, _ODD],
     "relative-position-bias": [dict(_CORE, q_len=200, kv_len=330), _ODD],
     "dot-product-module": [_ODD, dict(_CORE, need_weights=True, scaled=False)],
     "multi-head": [dict(batch=1, q_len=7, kv_len=11, embed_dim=12, heads=4, kv_heads=2, need_weights=False),

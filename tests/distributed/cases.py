@@ -19,6 +19,7 @@ import attnkit
 from attnkit import bias, masks
 from attnkit.distributed import SCHEMES, attention, count_bytes, shard
 from attnkit.distributed.accounting import expected_bytes
+from tests.oracle import dense_attention
 
 LAYOUTS = ("contiguous", "zigzag")
 # Sizes: L divisible by 2W for W = 2, 3, 4; H divisible by 2, 3, 4 (Ulysses); D != Dv.
@@ -77,6 +78,41 @@ def compare(scheme, layout, kwargs, *, group=None, seed=0, length=LENGTH, option
     _loss(got.output, got.lse, cut(g_out), cut(g_lse, -1)).backward()
     errors = [(got.output - cut(want.output)).abs().max().item(), _lse_error(got.lse, cut(want.lse, -1))]
     return errors + [(a.grad - cut(b.grad)).abs().max().item() for a, b in zip(local, full, strict=True)]
+
+
+def sink_cases(length=LENGTH):
+    """name -> keyword arguments of the calls with attention sinks: causal, window, block-sparse, padding masks."""
+    return {"none": {}, "causal": {"mask": masks.causal()},
+            "window": {"mask": masks.causal() & masks.sliding_window(3), "kv_heads": 4},
+            "block_sparse": {"mask": masks.causal() & masks.strided(5)},
+            "padding": {"mask": masks.padding([length - 5, 7])}}
+
+
+def compare_sinks(scheme, layout, kwargs, *, group=None, seed=0, length=LENGTH):
+    """``[output, lse, dq, dk, dv, dsinks]`` largest differences against the float64 oracle (tests/oracle.py);
+    the sinks' gradient summed over the ranks."""
+    kwargs = dict(kwargs)
+    q, k, v, g_out, g_lse = _tensors(seed, kwargs.pop("kv_heads", HEADS), length)
+    sinks = 2 * torch.randn(HEADS, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
+    full = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
+    want = dense_attention(*full[:3], sinks=full[3], return_lse=True, differentiable=True, **kwargs)
+    _loss(want.output, want.lse, g_out, g_lse).backward()
+    cut = lambda t, dim=-2: shard(t, dim=dim, layout=layout, group=group)
+    local = [cut(t).requires_grad_() for t in (q, k, v)] + [sinks.clone().requires_grad_()]
+    got = attention(*local[:3], sinks=local[3], scheme=scheme, layout=layout, group=group, return_lse=True,
+                    **kwargs)
+    _loss(got.output, got.lse, cut(g_out), cut(g_lse, -1)).backward()
+    dsinks = local[3].grad.clone()
+    torch.distributed.all_reduce(dsinks, group=group)  # each rank holds its rows' share
+    errors = [(got.output - cut(want.output)).abs().max().item(), _lse_error(got.lse, cut(want.lse, -1))]
+    errors += [(a.grad - cut(b.grad)).abs().max().item() for a, b in zip(local[:3], full[:3], strict=True)]
+    return errors + [(dsinks - full[3].grad).abs().max().item()]
+
+
+def sink_sweep(group=None):
+    """Every scheme x layout x sink case: ``{(scheme, layout, case): errors}``."""
+    return {(scheme, layout, name): compare_sinks(scheme, layout, kw, group=group)
+            for (name, kw), scheme, layout in itertools.product(sink_cases().items(), SCHEMES, LAYOUTS)}
 
 
 def sweep(group=None, *, seed=0, length=LENGTH, device=None):

@@ -5,8 +5,10 @@ subgroups, ``[1, 2, 3]`` (3 ranks, group ranks differ from global ranks) and ``[
 (2 ranks). On each, every scheme x layout x case of :mod:`tests.distributed.cases` is
 compared in float64 with single-process ``attnkit.attention`` on the full tensors
 (output, lse, gradients of q, k, v within 1e-12). The same spawn checks the error
-contract, ``no_grad``, bool tensor masks and float32 dtypes. The larger sweep (more
-lengths, seeds, another spawn per world size) is marked slow.
+contract, ``no_grad``, bool tensor masks and float32 dtypes, and attention sinks on the world
+group against the float64 oracle of tests/oracle.py (outputs, lse, gradients of q, k, v and the
+sinks, summed over the ranks). The larger sweep (more lengths, seeds, another spawn per world
+size) is marked slow.
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ def _quick(rank, world):
     found["errors"] = _errors_raised(rank, groups[2])
     found["contract"] = _contract_checks(rank, world)
     found["zero_length"] = _zero_length(rank, world)
+    found["sinks"] = cases.sink_sweep()
     return found
 
 
@@ -158,6 +161,14 @@ def test_a_sequence_of_length_zero_gives_empty_results_on_every_scheme(quick, sc
         assert (out, lse, lse_dtype) == ((2, 12, 0, 3), (2, 12, 0), torch.float64)
         assert grads == [(2, 12, 0, 5), (2, 4, 0, 5), (2, 4, 0, 3)]
         assert found["zero_length"]["shard_gather"] == ((2, 0, 3), (2, 0, 3))
+
+
+@pytest.mark.parametrize(("scheme", "layout", "case"), [(s, lay, name) for s in SCHEMES for lay in cases.LAYOUTS
+                                                        for name in cases.sink_cases()])
+def test_sinks_join_once_after_the_merge_and_equal_the_float64_oracle(quick, scheme, layout, case):
+    for rank in range(4):
+        errors = quick[rank]["sinks"][(scheme, layout, case)]
+        assert max(errors) <= TOL, f"rank {rank}: output, lse, dq, dk, dv, dsinks errors {errors}"
 
 
 def _slow(rank, world):

@@ -14,6 +14,10 @@ The contract:
   (K/V gradients are summed across ranks).
 * A query row with no allowed key outputs 0, lse -inf and zero gradients, also when a
   whole block or a whole rank's share is masked.
+* ``sinks`` (one logit per head, :mod:`attnkit.functional.sinks`) join once, after the
+  partial results are merged: ``(out, lse) -> (out * sigmoid(lse - s), logaddexp(lse, s))``.
+  Each rank's sink gradient is its own rows' share: summed over the ranks (as data-parallel
+  training all-reduces a replicated parameter) it is the gradient of the sum of the losses.
 * Every local computation is one ``attnkit.attention(..., return_lse=True)`` call.
 * Every rank makes the same call: one all-gather of a small description checks it first
   (:mod:`.agreement`), so a call the ranks disagree on raises on every rank instead of
@@ -37,7 +41,8 @@ from ..bias import AdditiveModifier
 from ..core import AttentionOutput
 from ..core import attention as local_attention
 from ..errors import ArgumentError, DTypeError, ShapeError
-from ..functional.validate import default_scale
+from ..functional.sinks import join
+from ..functional.validate import check_sinks, default_scale
 from ..masks import Mask, TensorMask
 from . import allgather, ring, tree, ulysses, usp
 from .agreement import Field, checked, size, text_of, tracked
@@ -117,7 +122,7 @@ def _check_bias(bias, batch, heads, length, q_len=None):
 
 
 def attention(q, k, v, *, mask=None, bias=None, scale=None, scheme="ring", layout="contiguous", group=None,
-              return_lse=False, ulysses_size=None):
+              return_lse=False, ulysses_size=None, sinks=None):
     """Exact softmax attention of this rank's query shard against the whole sequence split over ``group``.
 
     Every rank must make the same call (its own shards of one global problem, the same mask,
@@ -139,6 +144,8 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, scheme="ring", layou
         return_lse: also return the lse shard ``(B, H, L/W)`` (float32; float64 for float64 inputs).
         ulysses_size: ``scheme="usp"``: the ranks of a Ulysses group, dividing W and H
             (default ``gcd(H_kv, W)``: no K/V head repeated).
+        sinks: attention sinks ``(H,)`` or broadcastable to ``(B, H)``, the same on every rank, applied once
+            after the merge (as ``attnkit.attention(..., sinks=)``); a row with no allowed key then has lse ``s``.
 
     Returns:
         This rank's output shard ``(B, H, L/W, Dv)`` in q's dtype, or an
@@ -146,43 +153,49 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, scheme="ring", layou
         (``"tree"``: the whole output ``(B, H, Lq, Dv)`` and lse, on every rank).
     """
     comm, setting = prepare(q, k, v, mask=mask, bias=bias, scale=scale, scheme=scheme, layout=layout, group=group,
-                            return_lse=return_lse, ulysses_size=ulysses_size)
-    return run(q, k, v, setting, comm, scheme=scheme, layout=layout, return_lse=return_lse)
+                            return_lse=return_lse, ulysses_size=ulysses_size, sinks=sinks)
+    return run(q, k, v, setting, comm, scheme=scheme, layout=layout, return_lse=return_lse, sinks=sinks)
 
 
-def run(q, k, v, setting: Setting, comm: Comm, *, scheme: str, layout: str, return_lse: bool):
+def run(q, k, v, setting: Setting, comm: Comm, *, scheme: str, layout: str, return_lse: bool, sinks=None):
     """The scheme's collectives and blocks for a call every rank has checked and agreed on (:func:`prepare`)."""
     if setting.length == 0:  # every rank holds no position: nothing to exchange, the local call is the answer
-        result = local_attention(q, k, v, scale=setting.scale, return_lse=True)
+        result = local_attention(q, k, v, scale=setting.scale, return_lse=True, sinks=sinks)
         out, lse = result.output, result.lse
-    elif scheme == "ring":
-        out, lse = ring.ring_attention(q, k, v, setting, comm, layout, plan_class=ring.RingPlan)
-    elif scheme == "ulysses":
-        out, lse = ulysses.ulysses_attention(q, k, v, setting, comm, layout, with_lse=return_lse)
-    elif scheme == "usp":
-        out, lse = usp.usp_attention(q, k, v, setting, comm, layout, setting.ulysses_size, with_lse=return_lse)
-    elif scheme == "tree":
-        out, lse = tree.tree_attention(q, k, v, setting, comm, layout)
     else:
-        out, lse = allgather.allgather_attention(q, k, v, setting, comm, layout)
+        with_lse = return_lse or sinks is not None
+        if scheme == "ring":
+            out, lse = ring.ring_attention(q, k, v, setting, comm, layout, plan_class=ring.RingPlan)
+        elif scheme == "ulysses":
+            out, lse = ulysses.ulysses_attention(q, k, v, setting, comm, layout, with_lse=with_lse)
+        elif scheme == "usp":
+            out, lse = usp.usp_attention(q, k, v, setting, comm, layout, setting.ulysses_size, with_lse=with_lse)
+        elif scheme == "tree":
+            out, lse = tree.tree_attention(q, k, v, setting, comm, layout)
+        else:
+            out, lse = allgather.allgather_attention(q, k, v, setting, comm, layout)
+        if sinks is not None:  # once, on the merged rows
+            out, lse = join(out, lse, check_sinks(sinks, q, q, who=_WHO))
+            out = out.to(q.dtype)
     return AttentionOutput(out, None, lse) if return_lse else out
 
 
 def prepare(q, k, v, *, mask, bias, scale, scheme, layout, group, return_lse=False,
-            ulysses_size=None) -> tuple[Comm, Setting]:
+            ulysses_size=None, sinks=None) -> tuple[Comm, Setting]:
     """Validate a call, build what its blocks share (the chunk plan included) and check that every rank agrees."""
     comm = Comm(group)
     setting = checked(comm, _WHO, lambda: plan(q, k, v, mask=mask, bias=bias, scale=scale, scheme=scheme,
-                                               layout=layout, world=comm.world, ulysses_size=ulysses_size),
+                                               layout=layout, world=comm.world, ulysses_size=ulysses_size,
+                                               sinks=sinks),
                       lambda setting: _call_fields(q, k, v, mask=mask, bias=bias, scale=scale, scheme=scheme,
                                                    layout=layout, return_lse=return_lse, setting=setting,
-                                                   ulysses_size=ulysses_size),
+                                                   ulysses_size=ulysses_size, sinks=sinks),
                       device=getattr(q, "device", None))
     return comm, setting
 
 
 def _call_fields(q, k, v, *, mask, bias, scale, scheme, layout, return_lse, setting,
-                 ulysses_size=None) -> list[Field]:
+                 ulysses_size=None, sinks=None) -> list[Field]:
     """What every rank's call must share, read without raising (a rank whose checks failed still reports)."""
     chunk_plan = "none" if setting is None else _plan_text(setting.active_map, setting.full_map)
     return [Field("the batch (q.shape[0])", size(q, 0), ShapeError),
@@ -197,7 +210,7 @@ def _call_fields(q, k, v, *, mask, bias, scale, scheme, layout, return_lse, sett
             Field("scheme", repr(scheme)), Field("layout", repr(layout)),
             Field("the mask", text_of(mask)), Field("the bias", text_of(bias)), Field("scale", repr(scale)),
             Field("return_lse", int(bool(return_lse))), Field("ulysses_size", repr(ulysses_size)),
-            tracked(q, k, v),
+            Field("the sinks", text_of(sinks)), tracked(q, k, v, sinks),
             Field("the mask's chunk plan", chunk_plan)]
 
 
@@ -206,7 +219,7 @@ def _plan_text(active: torch.Tensor, full: torch.Tensor) -> str:
     return f"{int(active.sum())} active and {int(full.sum())} full of {active.numel()} chunk pairs (CRC {crc:08x})"
 
 
-def plan(q, k, v, *, mask, bias, scale, scheme, layout, world: int, ulysses_size=None) -> Setting:
+def plan(q, k, v, *, mask, bias, scale, scheme, layout, world: int, ulysses_size=None, sinks=None) -> Setting:
     """Check one rank's call on its own (no communication) and build its :class:`Setting`."""
     if scheme not in SCHEMES + DECODE_SCHEMES:
         raise ArgumentError(f"{_WHO}: scheme must be one of {SCHEMES + DECODE_SCHEMES}; got {scheme!r}")
@@ -215,6 +228,7 @@ def plan(q, k, v, *, mask, bias, scale, scheme, layout, world: int, ulysses_size
     check_layout(layout)
     decode = scheme in DECODE_SCHEMES
     _check_inputs(q, k, v, decode)
+    check_sinks(sinks, q, q, who=_WHO)
     batch, heads, q_local, head_dim = q.shape
     length = k.shape[-2] * world
     q_len = q_local if decode else length

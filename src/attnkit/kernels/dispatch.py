@@ -246,7 +246,7 @@ def _differentiable(p: Problem, result: KernelOutput, path: Path) -> KernelOutpu
     """The output joined to autograd (:func:`.pipeline.in_graph`), twice differentiable whatever path ran."""
     if not p.needs_grad:
         return result
-    inputs = [t for t in (p.q, p.k, p.v, *p.learned) if t.requires_grad]
+    inputs = [t for t in (p.q, p.k, p.v, *p.learned, p.sinks) if t is not None and t.requires_grad]
     result = in_graph(result, inputs)
     differentiable = getattr(path.module, "backward_differentiable", None)
     if differentiable is None or differentiable(p) or not result.out.requires_grad:

@@ -8,7 +8,7 @@ empty), :func:`route` decides with attribute checks only (types, ranks, sizes,
 dtypes, devices, strides; no torch operator) and :func:`run` calls torch's CPU kernel
 directly, as its own entry point would:
 
-- softmax of (scaled) dot products, ``backend="auto"``, no bias, dropout, weights or lse;
+- softmax of (scaled) dot products, ``backend="auto"``, no bias, sinks, dropout, weights or lse;
 - plain 4-D CPU tensors (float32/float64), ``Dv == D``, grouped-query heads allowed,
   innermost stride 1 (contiguous when autograd records the call); or the same on one
   CUDA device (float16, bfloat16, float32, float64), where torch's public
@@ -47,10 +47,11 @@ _CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse,
-          backend) -> tuple | None:
+          backend, sinks=None) -> tuple | None:
     """``(is_causal, float_mask, scale, on_cpu)`` for a call the lane takes, else None; reads attributes only."""
-    if (backend != "auto" or bias is not None or dropout_p or return_weights or return_lse or normalize != "softmax"
-            or score not in ("scaled_dot", "dot") or rules.FLASH is None or recording.listening):
+    if (backend != "auto" or bias is not None or sinks is not None or dropout_p or return_weights or return_lse
+            or normalize != "softmax" or score not in ("scaled_dot", "dot") or rules.FLASH is None
+            or recording.listening):
         return None
     if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
         return None

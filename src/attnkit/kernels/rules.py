@@ -22,11 +22,12 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..bias import Softcap
+from ..functional.blockwise import BLOCKWISE
 from ..functional.validate import Problem
 
 __all__ = ["Rule", "reads_data", "fact", "first_refusal", "FLASH", "FLASH_BACKWARD", "softmax_of_dot_products",
            "no_bias", "no_dropout", "no_weights", "no_lse", "not_compiling", "finite_inputs", "not_known_non_finite",
-           "fused_cpu_kernel", "equal_head_dims", "lse_without_grad", "softmax_only", "cpu_flash", "simple_mask",
+           "fused_cpu_kernel", "equal_head_dims", "lse_without_grad", "over_key_blocks", "cpu_flash", "simple_mask",
            "operator_carries", "device_type", "serves", "device_text"]
 
 Rule = Callable[[Problem], "str | None"]
@@ -114,9 +115,11 @@ def simple_mask(p: Problem) -> bool:
     return p.mask is None or p.mask.kind in ("full", "causal", "keys", "tensor")
 
 
-def softmax_only(p: Problem) -> str | None:
-    if p.normalize != "softmax":
-        return f"softmax only; normalize={p.normalize!r} needs each whole row at once"
+def over_key_blocks(p: Problem) -> str | None:
+    """Softmax, or a normaliser written over key blocks (:mod:`attnkit.functional.blockwise`)."""
+    if p.normalize != "softmax" and not (isinstance(p.normalize, str) and p.normalize in BLOCKWISE):
+        return (f"softmax or a normaliser over key blocks ({', '.join(BLOCKWISE)}) only; normalize={p.normalize!r} "
+                "needs each whole row at once")
     return None
 
 
@@ -178,7 +181,8 @@ def lse_without_grad(p: Problem) -> str | None:
 
 
 _CARRIED_SCORES = ("scaled_dot", "dot", "cosine")
-_CARRIED_NORMALIZERS = ("softmax", "sparsemax", "sigmoid", "hard")  # deterministic: a recomputation repeats them
+# deterministic: a recomputation repeats them
+_CARRIED_NORMALIZERS = ("softmax", "sparsemax", "hard", *BLOCKWISE)
 
 
 def operator_carries(p: Problem, backend: str) -> bool:
@@ -186,11 +190,11 @@ def operator_carries(p: Problem, backend: str) -> bool:
 
     A mask that has a text (or none), a score and a normaliser named by a string (the
     stochastic Gumbel softmax aside: the backward recomputes the call), optionally an
-    additive bias tensor or a soft-cap; no dropout, weights or lse; ``backend="auto"``;
+    additive bias tensor or a soft-cap; no sinks, dropout, weights or lse; ``backend="auto"``;
     not in an export to ONNX, whose runtimes know only standard operators.
     """
     modifier = p.modifier
-    return (backend == "auto" and not p.q.is_meta and not torch.onnx.is_in_onnx_export()
+    return (backend == "auto" and not p.q.is_meta and p.sinks is None and not torch.onnx.is_in_onnx_export()
             and p.score in _CARRIED_SCORES and p.normalize in _CARRIED_NORMALIZERS
             and (modifier is None or type(modifier) is Softcap)
             and p.dropout_p == 0 and not p.return_weights and not p.return_lse

@@ -5,7 +5,8 @@ turn a NaN query row into zeros, lets NaN in a masked key leak (RELIABILITY rows
 21-22), reads strided inputs wrongly (row 28) and, with ``is_causal`` and a scale
 ``<= 0``, returns NaN for finite inputs; and it has no weights, bias modifiers or
 other scores. So it takes softmax of (scaled) dot products, contiguous, with a mask
-it reads exactly.
+it reads exactly. Sinks join the kernel's ``(out, lse)`` and its backward runs from the
+joined pair (:mod:`attnkit.functional.sinks`), on the CPU kernel only.
 
 Masks, in O(1) for the common calls: none; causal through ``is_causal`` when the
 alignments agree (top-left, or ``Lq == Lk``) and the scale is positive; bottom-right
@@ -43,8 +44,9 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
-from ..functional import cache
+from ..functional import cache, sinks
 from ..functional.validate import Problem
 from ..runtime import low_precision_math
 from . import rules
@@ -84,8 +86,14 @@ def _finiteness(p: Problem) -> str | None:
     return rules.not_known_non_finite(p) if checks_output(p) else rules.finite_inputs(p)
 
 
+def _sinks_on_cpu_kernel(p: Problem) -> str | None:
+    if p.sinks is not None and not checks_output(p):
+        return "sinks need the CPU kernel's lse (CPU tensors, Dv == D, no dropout)"
+    return None
+
+
 REFUSALS = (rules.softmax_of_dot_products, rules.no_bias, rules.no_weights, rules.no_lse, rules.not_compiling,
-            _finiteness)
+            _sinks_on_cpu_kernel, _finiteness)
 
 
 def refusal(p: Problem) -> str | None:
@@ -184,6 +192,32 @@ def backward_differentiable(p: Problem) -> bool:
     return not checks_output(p)
 
 
+class _WithSinks(torch.autograd.Function):
+    """The CPU kernel with sinks: its ``(O, lse)`` joined with them, and its own backward from the joined pair
+    (which rebuilds the sink call's probabilities), plus the sinks' gradient (:mod:`attnkit.functional.sinks`)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sink_logits, km: KernelMask, scale: float, check: bool):
+        out, lse = rules.FLASH(q, k, v, 0.0, km.is_causal, attn_mask=km.float_mask, scale=scale)
+        if check and not trustworthy(out, lse, km.empty_rows):
+            raise UntrustedOutput
+        if km.empty_rows is not None:  # the kernel's lse there is 0; the sink alone is those rows' sum
+            lse = lse.masked_fill(km.empty_rows, _NEG_INF)
+        out, lse = sinks.joined(out, lse, sink_logits)
+        ctx.save_for_backward(q, k, v, out, lse, sink_logits)
+        ctx.km, ctx.scale = km, scale
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        q, k, v, out, lse, sink_logits = ctx.saved_tensors
+        dout = dout.contiguous()
+        dq, dk, dv = rules.FLASH_BACKWARD(dout, q, k, v, out, lse, 0.0, ctx.km.is_causal,
+                                          attn_mask=ctx.km.float_mask, scale=ctx.scale)[:3]
+        return dq, dk, dv, sinks.kernel_gradient(dout, out, lse, sink_logits), None, None, None
+
+
 def run(p: Problem) -> KernelOutput:
     """bfloat16/float16 inputs run in float32 where the CPU has no matmul units for them (attnkit.runtime)."""
     dtype = low_precision_math(p.q.dtype, p.q.device)
@@ -191,6 +225,8 @@ def run(p: Problem) -> KernelOutput:
     km = kernel_mask(p, dtype)
     if checks_output(p) and rules.cpu_flash(p):
         q, k, v = (_readable(t, p.needs_grad) for t in (q, k, v))
+        if p.sinks is not None:
+            return KernelOutput(_WithSinks.apply(q, k, v, p.sinks, km, p.scale, not p.finiteness_known), None, None)
         out, lse = rules.FLASH(q, k, v, 0.0, km.is_causal, attn_mask=km.float_mask, scale=p.scale)
         if not p.finiteness_known and not trustworthy(out, lse, km.empty_rows):
             raise UntrustedOutput
