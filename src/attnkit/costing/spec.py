@@ -45,6 +45,8 @@ class Cost:
         other_terms: elementwise FLOPs by named part.
         formula: the formula in symbols.
         backward: whether the backward pass is included.
+        cache_bytes_per_token: what a decoding cache of this layer stores per token (keys and values,
+            or a latent), in bytes at the dtype; None for a mechanism that decodes with no cache.
     """
 
     name: str
@@ -57,6 +59,7 @@ class Cost:
     other_terms: Mapping[str, int]
     formula: str
     backward: bool
+    cache_bytes_per_token: int | None = None
 
     def table(self) -> str:
         """The cost as a plain-text table (what ``attnkit cost`` prints)."""
@@ -66,6 +69,8 @@ class Cost:
         rows += [(f"  {k}", _num(v)) for k, v in self.other_terms.items()]
         rows += [("bytes moved (estimate)", _bytes(self.bytes_moved)),
                  ("peak bytes (estimate)", _bytes(self.peak_bytes))]
+        if self.cache_bytes_per_token is not None:
+            rows.append(("KV-cache bytes per token", _bytes(self.cache_bytes_per_token)))
         width = max(len(k) for k, _ in rows)
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
         return "\n".join([f"{self.name}: {sizes}", *(f"{k:<{width}}  {v:>12}" for k, v in rows),
@@ -116,6 +121,7 @@ class Spec:
         nullable: sizes that also accept None (with a meaning of their own, e.g. "no top-k").
         aliases: a vocabulary name -> this mechanism's own name for it (``{"head_dim": "dim"}``).
         reads_module: ``count`` reads the module's own masks, so :meth:`cost` builds it.
+        cache: ``cache(sizes) -> elements`` a decoding cache stores per token and layer (None: no cache).
         name: the registry name (:class:`attnkit.registry.Entry` sets it).
     """
 
@@ -134,6 +140,7 @@ class Spec:
     nullable: frozenset = frozenset()
     aliases: Mapping[str, str] = field(default_factory=dict)
     reads_module: bool = False
+    cache: Callable | None = None
     name: str = ""
 
     def translate(self, vocabulary: Mapping[str, object]) -> tuple[dict, list[str]]:
@@ -213,8 +220,9 @@ class Spec:
             module = self.make(s)
         t = Tally(backward=bool(backward), itemsize=ITEMSIZE.get(s.get("dtype", "float32"), 4))
         self.count(t, s, module)
+        cached = None if self.cache is None else self.cache(s) * t.itemsize
         return Cost(self.name, s, sum(t.terms.values()), sum(t.other.values()), t.bytes, t.peak, dict(t.terms),
-                    dict(t.other), self.formula, bool(backward))
+                    dict(t.other), self.formula, bool(backward), cached)
 
     def build(self, sizes: Mapping[str, object], module=None) -> Built:
         """The mechanism at ``sizes`` (as :meth:`cost` counts it), with seeded Gaussian inputs."""

@@ -27,7 +27,6 @@ from ..nn.local import LocalAttention
 from ..nn.longformer import LongformerAttention
 from ..nn.multihead import MultiHeadAttention
 from ..nn.reformer import ReformerAttention
-from ..nn.rotary import RotaryEmbedding
 from ..nn.sparse_transformer import SparseTransformerAttention
 
 __all__ = ["SoftmaxSelfAttention", "MECHANISMS", "self_attention_maker", "self_attend"]
@@ -59,7 +58,9 @@ class SoftmaxSelfAttention(MultiHeadAttention):
         dropout: on the weights, training only.
         causal: query ``i`` sees keys ``j <= i``.
         mask: an :mod:`attnkit.masks` mask ANDed in.
-        rotary: rotate queries and keys by position (RoPE) before the scores.
+        rotary: rotate queries and keys by position (RoPE) before the scores: True, or a dict of
+            :class:`~attnkit.nn.rotary.RotaryEmbedding` options (pairing, partial rotation, scaling).
+        gate, qk_norm: the output gate and QK-norm of :class:`MultiHeadAttention`.
 
     Example:
         >>> import torch
@@ -75,13 +76,13 @@ class SoftmaxSelfAttention(MultiHeadAttention):
     """
 
     def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0, causal: bool = False,
-                 mask: masks.Mask | None = None, rotary: bool = False):
-        super().__init__(dim, num_heads, dropout, batch_first=True)
+                 mask: masks.Mask | None = None, rotary: bool | dict = False, gate: bool = False,
+                 qk_norm: bool = False):
+        super().__init__(dim, num_heads, dropout, batch_first=True, gate=gate, qk_norm=qk_norm, rotary=rotary)
         if mask is not None and not isinstance(mask, masks.Mask):
             raise DTypeError(f"SoftmaxSelfAttention: mask must be an attnkit.masks.Mask (a bool tensor: wrap it in "
                              f"masks.TensorMask); got {type(mask).__name__}")
         self.causal, self.pattern = bool(causal), mask
-        self.rotary = RotaryEmbedding(self.head_dim) if rotary else None
 
     def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
@@ -92,12 +93,12 @@ class SoftmaxSelfAttention(MultiHeadAttention):
         start = 0 if cache is None else len(cache)
         check_keep_mask(who, "key_keep_mask", key_keep_mask, x.shape[0], start + x.shape[1])  # n = cached + new
         q, k, v = self._project(x, x, x)  # (B, H, t, d) each
-        if self.rotary is not None:
-            q, k = self.rotary(q, k, q_offset=start, k_offset=start)
+        if self.qk_norm is not None or self.rotary is not None:
+            q, k = self._position(q, k, start, start)
         if cache is not None:
             k, v = cache.append(k, v)  # (B, H, n, d)
         mask = self._mask(q.shape[2], k.shape[2], key_keep_mask)
-        return self._attend(q, k, v, mask, None, False, True, True)[0]
+        return self._attend(q, k, v, mask, None, False, True, True, x)[0]
 
     def _mask(self, t: int, n: int, keep):
         parts = [masks.causal()] if self.causal else []
@@ -109,7 +110,7 @@ class SoftmaxSelfAttention(MultiHeadAttention):
         return functools.reduce(lambda a, b: a & b, parts) if parts else None
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, causal={self.causal}, mask={self.pattern!r}, rotary={self.rotary is not None}"
+        return f"{super().extra_repr()}, causal={self.causal}, mask={self.pattern!r}"
 
 
 # name -> (builder(dim, num_heads, causal, max_len), has a causal form). Defaults suit sequences of ~16-512.

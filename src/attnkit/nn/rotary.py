@@ -7,11 +7,11 @@ import math
 import torch
 from torch import nn
 
-from ..errors import ArgumentError, check_int
+from ..errors import ArgumentError, DTypeError, check_int
 from ._inputs import check_floating, check_shape
 from .rope_scaling import RopeScaling, scaling_from_dict
 
-__all__ = ["RotaryEmbedding", "PAIRINGS"]
+__all__ = ["RotaryEmbedding", "PAIRINGS", "rotary_for"]
 
 PAIRINGS = ("interleaved", "half")
 
@@ -183,3 +183,25 @@ class RotaryEmbedding(nn.Module):
         check_floating("RotaryEmbedding", name, t)
         check_shape("RotaryEmbedding", name, t, lambda t: t.dim() >= 2 and t.shape[-1] == self.dim,
                     f"have shape (..., L, dim={self.dim}), usually (B, H, L, {self.dim})")
+
+
+def rotary_for(who: str, option, head_dim: int) -> RotaryEmbedding | None:
+    """A module's ``rotary=`` option as a :class:`RotaryEmbedding` of ``head_dim``: None/False (none), True
+    (plain), a dict of the constructor's keywords (``pairing``, ``fraction``, ``base``, ``scaling``) or one."""
+    if option is None or option is False:
+        return None
+    if option is True:
+        return RotaryEmbedding(head_dim)
+    if isinstance(option, dict):
+        unknown = sorted(set(option) - {"base", "pairing", "fraction", "scaling"})
+        if unknown:
+            raise ArgumentError(f"{who}: rotary options are base, pairing, fraction and scaling; got "
+                                f"{', '.join(unknown)}")
+        return RotaryEmbedding(head_dim, **option)
+    if not isinstance(option, RotaryEmbedding):
+        raise DTypeError(f"{who}: rotary must be None, a bool, a dict of RotaryEmbedding options or a "
+                         f"RotaryEmbedding; got {type(option).__name__}")
+    if option.dim != head_dim:
+        raise ArgumentError(f"{who}: rotary must rotate the head's {head_dim} features; got "
+                            f"RotaryEmbedding(dim={option.dim})")
+    return option
