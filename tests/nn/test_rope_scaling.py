@@ -17,8 +17,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from attnkit.errors import ArgumentError
 from attnkit.nn.rope_scaling import (
     DynamicNTKScaling,
-    Llama3Scaling,
     LinearScaling,
+    Llama3Scaling,
     LongRopeScaling,
     YarnScaling,
     scaling_from_dict,
@@ -144,7 +144,7 @@ def test_transcriptions_of_the_papers():
 def test_length_dependent_scalings_read_the_calls_last_position():
     rope = RotaryEmbedding(HEAD_DIM, base=BASE, scaling=DynamicNTKScaling(2.0, 8))
     q, k = torch.randn(1, 1, 3, HEAD_DIM, dtype=torch.float64), torch.randn(1, 1, 20, HEAD_DIM, dtype=torch.float64)
-    q_rot, k_rot = rope(q, k, q_offset=17)
+    q_rot, _ = rope(q, k, q_offset=17)
     theta, _ = rope.frequencies(20)  # max(17 + 3, 0 + 20)
     angle = 18 * theta[0].item()
     want = q[..., 1, 0] * math.cos(angle) - q[..., 1, 1] * math.sin(angle)

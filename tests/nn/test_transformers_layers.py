@@ -73,5 +73,5 @@ def test_multihead_from_transformers_refuses_what_it_cannot_reproduce():
         MultiHeadAttention.from_transformers(modeling_llama.LlamaAttention(wide, 0))
     layer = modeling_llama.LlamaAttention(hf.LlamaConfig(hidden_size=32, num_attention_heads=4), 0)
     layer.scaling = 0.5
-    with pytest.raises(ArgumentError, match="scales scores by 0.5"):
+    with pytest.raises(ArgumentError, match=r"scales scores by 0\.5"):
         MultiHeadAttention.from_transformers(layer)
