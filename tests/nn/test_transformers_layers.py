@@ -15,6 +15,7 @@ from transformers.models.qwen3 import modeling_qwen3
 from transformers.models.qwen3_next import modeling_qwen3_next
 
 from attnkit.errors import ArgumentError
+from attnkit.nn.latent import MultiHeadLatentAttention
 from attnkit.nn.multihead import MultiHeadAttention
 
 B, N = 2, 11
@@ -75,3 +76,27 @@ def test_multihead_from_transformers_refuses_what_it_cannot_reproduce():
     layer.scaling = 0.5
     with pytest.raises(ArgumentError, match=r"scales scores by 0\.5"):
         MultiHeadAttention.from_transformers(layer)
+
+
+DEEPSEEK = dict(hidden_size=24, num_attention_heads=3, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=6,
+                v_head_dim=5, max_position_embeddings=32, num_key_value_heads=3)
+
+
+@pytest.mark.parametrize(("q_lora_rank", "interleave", "rope"), [
+    (12, True, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8, "rope_theta": 200.0,
+                "mscale": 0.8, "mscale_all_dim": 0.9, "beta_fast": 8.0, "beta_slow": 1.0}),
+    (None, False, {"rope_type": "default", "rope_theta": 300.0}),
+    (12, True, {"rope_type": "default", "rope_theta": 300.0})])
+@pytest.mark.parametrize("form", ["naive", "absorbed"])
+def test_latent_from_transformers_reproduces_deepseek_v3(q_lora_rank, interleave, rope, form):
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
+
+    config = hf.DeepseekV3Config(**DEEPSEEK, q_lora_rank=q_lora_rank, rope_interleave=interleave, attention_bias=True,
+                                 rope_parameters=rope)
+    config._attn_implementation = "eager"
+    layer = _randomise(ds.DeepseekV3Attention(config, 0))
+    x = _x(config.hidden_size)
+    want = _run(layer, ds.DeepseekV3RotaryEmbedding(config), x)
+    ours = MultiHeadLatentAttention.from_transformers(layer)
+    torch.testing.assert_close(ours(x, form=form), want, rtol=0, atol=1e-5)
+    assert ours.scale == layer.scaling and (rope["rope_type"] == "default") == (layer.scaling == 10 ** -0.5)

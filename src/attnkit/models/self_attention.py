@@ -19,7 +19,7 @@ from ..errors import ArgumentError, DTypeError, ShapeError
 from ..nn._inputs import check_keep_mask, check_sequence
 from ..nn.bigbird import BigBirdAttention
 from ..nn.blocksparse import BlockSparseAttention
-from ..nn.kv_cache import KVCache
+from ..nn.kv_cache import KVCache, decoding_mask
 from ..nn.lambda_layer import LambdaLayer
 from ..nn.linear import LinearAttention, PerformerAttention
 from ..nn.linformer import LinformerAttention
@@ -97,17 +97,8 @@ class SoftmaxSelfAttention(MultiHeadAttention):
             q, k = self._position(q, k, start, start)
         if cache is not None:
             k, v = cache.append(k, v)  # (B, H, n, d)
-        mask = self._mask(q.shape[2], k.shape[2], key_keep_mask)
+        mask = decoding_mask(self.causal, self.pattern, q.shape[2], k.shape[2], key_keep_mask)
         return self._attend(q, k, v, mask, None, False, True, True, x)[0]
-
-    def _mask(self, t: int, n: int, keep):
-        parts = [masks.causal()] if self.causal else []
-        if self.pattern is not None:
-            # decoding: the t new queries are the last rows of the n x n problem
-            parts.append(self.pattern if t == n else masks.shifted(self.pattern, q0=n - t, q_len=n, kv_len=n))
-        if keep is not None:
-            parts.append(masks.keys(keep))
-        return functools.reduce(lambda a, b: a & b, parts) if parts else None
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, causal={self.causal}, mask={self.pattern!r}"

@@ -6,9 +6,11 @@ from .blocksparse import BlockPattern, BlockSparseAttention
 from .coattention import CoAttention
 from .coverage import CoverageAttention, coverage_loss
 from .derived_key import DerivedKeyAttention
+from .gated import OutputGate, QKNorm
 from .hard import HardAttention
-from .kv_cache import KVCache
+from .kv_cache import KVCache, LatentCache
 from .lambda_layer import LambdaLayer
+from .latent import MultiHeadLatentAttention
 from .linear import LinearAttention, PerformerAttention
 from .linformer import LinformerAttention, SequenceProjection
 from .local import LocalAttention
@@ -21,16 +23,19 @@ from .pointer import PointerAttention
 from .pooling import AttentionPooling, HierarchicalAttention
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from .reformer import LSHAttention, ReformerAttention
+from .rope_scaling import DynamicNTKScaling, LinearScaling, Llama3Scaling, LongRopeScaling, YarnScaling
 from .rotary import RotaryEmbedding
 from .segment import SegmentAttention, TieredAttention
 from .sparse_transformer import SparseTransformerAttention
 
 __all__ = [
     "AdditiveAttention", "AttentionPooling", "BigBirdAttention", "BlockPattern", "BlockSparseAttention",
-    "CoAttention", "CoverageAttention", "DerivedKeyAttention", "DotProductAttention", "HardAttention",
-    "HierarchicalAttention", "KVCache", "LSHAttention", "LambdaLayer", "LearnedPositionalEmbedding",
-    "LinearAttention", "LinformerAttention", "LocalAttention", "LongformerAttention", "LuongAttention",
-    "MemoryAttention", "MultiHeadAttention", "PerceiverAttention", "PerceiverEncoder", "PerformerAttention",
-    "PointerAttention", "ReformerAttention", "RotaryEmbedding", "SegmentAttention", "SequenceProjection",
-    "SinusoidalPositionalEncoding", "SparseTransformerAttention", "TieredAttention", "coverage_loss",
+    "CoAttention", "CoverageAttention", "DerivedKeyAttention", "DotProductAttention", "DynamicNTKScaling",
+    "HardAttention", "HierarchicalAttention", "KVCache", "LSHAttention", "LambdaLayer", "LatentCache",
+    "LearnedPositionalEmbedding", "LinearAttention", "LinearScaling", "LinformerAttention", "Llama3Scaling",
+    "LocalAttention", "LongRopeScaling", "LongformerAttention", "LuongAttention", "MemoryAttention",
+    "MultiHeadAttention", "MultiHeadLatentAttention", "OutputGate", "PerceiverAttention", "PerceiverEncoder",
+    "PerformerAttention", "PointerAttention", "QKNorm", "ReformerAttention", "RotaryEmbedding", "SegmentAttention",
+    "SequenceProjection", "SinusoidalPositionalEncoding", "SparseTransformerAttention", "TieredAttention",
+    "YarnScaling", "coverage_loss",
 ]

@@ -18,7 +18,7 @@ from ..errors import ArgumentError
 from .rope_scaling import scaling_from_transformers
 from .rotary import RotaryEmbedding
 
-__all__ = ["rotary_from_config", "multihead_from_transformers", "norm_weight"]
+__all__ = ["rotary_from_config", "multihead_from_transformers", "latent_from_transformers", "norm_weight"]
 
 
 def _name(layer) -> str:
@@ -100,4 +100,32 @@ def multihead_from_transformers(cls, layer):
                 mine.weight.copy_(norm_weight(theirs))
                 mine.eps = norm_eps(theirs)
     _copy(module.out_proj, layer.o_proj)
+    return module.train(layer.training)
+
+
+def latent_from_transformers(cls, layer):
+    """``cls`` (a :class:`MultiHeadLatentAttention`) with a DeepSeek-V3 attention layer's configuration and weights."""
+    config = layer.config
+    pairing = "interleaved" if getattr(config, "rope_interleave", False) else "half"
+    w = layer.o_proj.weight
+    module = cls(config.hidden_size, config.num_attention_heads, kv_lora_rank=config.kv_lora_rank,
+                 qk_rope_head_dim=config.qk_rope_head_dim, qk_nope_head_dim=config.qk_nope_head_dim,
+                 v_head_dim=config.v_head_dim, q_lora_rank=config.q_lora_rank,
+                 rotary=rotary_from_config(config, config.qk_rope_head_dim, pairing=pairing),
+                 bias=layer.o_proj.bias is not None).to(device=w.device, dtype=w.dtype)
+    module.scale = float(layer.scaling)
+    pairs = [(module.kv_down, layer.kv_a_proj_with_mqa), (module.kv_up, layer.kv_b_proj),
+             (module.out_proj, layer.o_proj)]
+    norms = [(module.kv_norm, layer.kv_a_layernorm)]
+    if config.q_lora_rank is None:
+        pairs.append((module.q_proj, layer.q_proj))
+    else:
+        pairs += [(module.q_down, layer.q_a_proj), (module.q_up, layer.q_b_proj)]
+        norms.append((module.q_norm, layer.q_a_layernorm))
+    for mine, theirs in pairs:
+        _copy(mine, theirs)
+    with torch.no_grad():
+        for mine, theirs in norms:
+            mine.weight.copy_(norm_weight(theirs))
+            mine.eps = norm_eps(theirs)
     return module.train(layer.training)
