@@ -86,6 +86,8 @@ SETTINGS = {
                           dict(batch=2, length=9, form="absorbed", causal=False),
                           dict(batch=1, length=300, dim=8, heads=2, kv_lora_rank=6, q_lora_rank=5, qk_nope_head_dim=3,
                                qk_rope_head_dim=2, v_head_dim=3, form="absorbed")],
+    "differential": [dict(batch=1, length=7, dim=12, heads=3, kv_heads=1),
+                     dict(batch=2, length=300, dim=8, heads=2, causal=False)],
     "qk-norm": [dict(batch=1, q_len=7, kv_len=11, embed_dim=12, heads=4, kv_heads=2, need_weights=False),
                 dict(batch=3, q_len=5, embed_dim=6, heads=2, gate=True)],
     "bigbird": [dict(batch=1, length=300, dim=8, heads=2, block_size=16, global_blocks=2),

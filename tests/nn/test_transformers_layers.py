@@ -7,6 +7,8 @@ float mask, eager attention.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import transformers as hf
@@ -15,6 +17,7 @@ from transformers.models.qwen3 import modeling_qwen3
 from transformers.models.qwen3_next import modeling_qwen3_next
 
 from attnkit.errors import ArgumentError
+from attnkit.nn.differential import DifferentialAttention
 from attnkit.nn.latent import MultiHeadLatentAttention
 from attnkit.nn.multihead import MultiHeadAttention
 
@@ -100,3 +103,19 @@ def test_latent_from_transformers_reproduces_deepseek_v3(q_lora_rank, interleave
     ours = MultiHeadLatentAttention.from_transformers(layer)
     torch.testing.assert_close(ours(x, form=form), want, rtol=0, atol=1e-5)
     assert ours.scale == layer.scaling and (rope["rope_type"] == "default") == (layer.scaling == 10 ** -0.5)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_differential_from_transformers_reproduces_diffllama(kv_heads):
+    from transformers.models.diffllama import modeling_diffllama as dl
+
+    config = hf.DiffLlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=kv_heads,
+                                max_position_embeddings=32, rms_norm_eps=1e-5,
+                                rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 100.0})
+    config._attn_implementation = "eager"
+    layer = _randomise(dl.DiffLlamaAttention(config, 3))
+    x = _x(config.hidden_size)
+    want = _run(layer, dl.DiffLlamaRotaryEmbedding(config), x)
+    ours = DifferentialAttention.from_transformers(layer)
+    torch.testing.assert_close(ours(x), want, rtol=0, atol=1e-5)
+    assert ours.lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-0.9)) and ours.num_heads == 2

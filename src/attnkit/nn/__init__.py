@@ -6,6 +6,7 @@ from .blocksparse import BlockPattern, BlockSparseAttention
 from .coattention import CoAttention
 from .coverage import CoverageAttention, coverage_loss
 from .derived_key import DerivedKeyAttention
+from .differential import DifferentialAttention
 from .gated import OutputGate, QKNorm
 from .hard import HardAttention
 from .kv_cache import KVCache, LatentCache
@@ -30,7 +31,8 @@ from .sparse_transformer import SparseTransformerAttention
 
 __all__ = [
     "AdditiveAttention", "AttentionPooling", "BigBirdAttention", "BlockPattern", "BlockSparseAttention",
-    "CoAttention", "CoverageAttention", "DerivedKeyAttention", "DotProductAttention", "DynamicNTKScaling",
+    "CoAttention", "CoverageAttention", "DerivedKeyAttention", "DifferentialAttention", "DotProductAttention",
+    "DynamicNTKScaling",
     "HardAttention", "HierarchicalAttention", "KVCache", "LSHAttention", "LambdaLayer", "LatentCache",
     "LearnedPositionalEmbedding", "LinearAttention", "LinearScaling", "LinformerAttention", "Llama3Scaling",
     "LocalAttention", "LongRopeScaling", "LongformerAttention", "LuongAttention", "MemoryAttention",

@@ -18,7 +18,8 @@ from ..errors import ArgumentError
 from .rope_scaling import scaling_from_transformers
 from .rotary import RotaryEmbedding
 
-__all__ = ["rotary_from_config", "multihead_from_transformers", "latent_from_transformers", "norm_weight"]
+__all__ = ["rotary_from_config", "multihead_from_transformers", "latent_from_transformers",
+           "differential_from_transformers", "norm_weight", "norm_eps"]
 
 
 def _name(layer) -> str:
@@ -128,4 +129,25 @@ def latent_from_transformers(cls, layer):
         for mine, theirs in norms:
             mine.weight.copy_(norm_weight(theirs))
             mine.eps = norm_eps(theirs)
+    return module.train(layer.training)
+
+
+def differential_from_transformers(cls, layer):
+    """``cls`` (a :class:`DifferentialAttention`) with a DiffLlama attention layer's configuration and weights."""
+    config, who = layer.config, f"DifferentialAttention.from_transformers({_name(layer)})"
+    heads, kv_heads, d = config.num_attention_heads, config.num_key_value_heads, layer.head_dim
+    if heads * d != config.hidden_size or heads % 2 or kv_heads % 2:
+        raise ArgumentError(f"{who}: needs num_attention_heads * head_dim = hidden_size and even head counts; got "
+                            f"{heads} * {d} and hidden_size={config.hidden_size}, {kv_heads} key/value heads")
+    w = layer.o_proj.weight
+    module = cls(config.hidden_size, heads // 2, num_kv_heads=kv_heads // 2, lambda_init=float(layer.lambda_init),
+                 rotary=rotary_from_config(config, d), bias=layer.o_proj.bias is not None).to(device=w.device,
+                                                                                             dtype=w.dtype)
+    for name in ("q_proj", "k_proj", "v_proj"):
+        _copy(getattr(module, name), getattr(layer, name))
+    _copy(module.out_proj, layer.o_proj)
+    with torch.no_grad():
+        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            getattr(module, name).copy_(getattr(layer, name))
+    module.norm.eps = norm_eps(layer.groupnorm)
     return module.train(layer.training)
