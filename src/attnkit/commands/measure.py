@@ -32,7 +32,8 @@ def _kv_cache(args, given: dict) -> None:
 
     unknown = sorted(set(given) - {"kv_heads", "dtype"})
     if unknown:
-        raise ArgumentError(f"attnkit cost --kv-cache: --size takes kv_heads= and dtype= here; got {', '.join(unknown)}")
+        raise ArgumentError(f"attnkit cost --kv-cache: --size takes kv_heads= and dtype= here; got "
+                            f"{', '.join(unknown)}")
     layer = {k: v if v is not None else DEFAULTS[k] for k, v in values(args).items()}
     print(kv_cache_table(heads=layer["heads"], head_dim=layer["head_dim"], kv_heads=given.get("kv_heads"),
                          dtype=given.get("dtype", "float32"), tokens=layer["q_len"]))
