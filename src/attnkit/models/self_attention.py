@@ -27,6 +27,7 @@ from ..nn.local import LocalAttention
 from ..nn.longformer import LongformerAttention
 from ..nn.multihead import MultiHeadAttention
 from ..nn.reformer import ReformerAttention
+from ..nn.rotary import rotary_for
 from ..nn.sparse_transformer import SparseTransformerAttention
 
 __all__ = ["SoftmaxSelfAttention", "MECHANISMS", "self_attention_maker", "self_attend"]
@@ -127,13 +128,16 @@ def _valid_names() -> str:
 
 
 def self_attention_maker(who: str, attention, dim: int, num_heads: int, *, causal: bool, dropout: float = 0.0,
-                         mask: masks.Mask | None = None, rotary: bool = False,
-                         max_len: int | None = None) -> Callable[[], nn.Module]:
+                         mask: masks.Mask | None = None, rotary: bool | dict = False, max_len: int | None = None,
+                         gate: bool = False, qk_norm: bool = False) -> Callable[[], nn.Module]:
     """Validate ``attention`` once and return a function building one self-attention module per layer."""
+    softmax_only = {"attention_mask": mask is not None, "rotary positions": bool(rotary), "gate": bool(gate),
+                    "qk_norm": bool(qk_norm)}
     if isinstance(attention, str):
         if attention in SOFTMAX:
+            rotary_for(who, rotary, dim // num_heads)  # a bad option fails here, before any layer is built
             return lambda: SoftmaxSelfAttention(dim, num_heads, dropout=dropout, causal=causal, mask=mask,
-                                                rotary=rotary)
+                                                rotary=rotary, gate=gate, qk_norm=qk_norm)
         if attention not in MECHANISMS:
             raise ArgumentError(f"{who}: unknown attention {attention!r}; expected one of {_valid_names()} "
                                 "or a factory (dim, num_heads) -> nn.Module")
@@ -144,21 +148,21 @@ def self_attention_maker(who: str, attention, dim: int, num_heads: int, *, causa
                                 f"causal self-attention; causal ones: 'softmax', {causal_names}")
         if attention in ("linformer", "lambda-layer") and max_len is None:
             raise ArgumentError(f"{who}: attention {attention!r} needs max_len (the longest input); got None")
-        _check_plain(who, attention, mask, rotary)
+        _check_plain(who, attention, softmax_only)
         return lambda: build(dim, num_heads, causal, max_len)
     if not callable(attention):
         raise DTypeError(f"{who}: attention must be a name ({_valid_names()}) or a factory (dim, num_heads) -> "
                          f"nn.Module; got {type(attention).__name__}")
-    _check_plain(who, "a factory", mask, rotary)
+    _check_plain(who, "a factory", softmax_only)
     return functools.partial(_from_factory, who, attention, dim, num_heads, causal)
 
 
-def _check_plain(who: str, what: str, mask, rotary: bool) -> None:
-    if mask is not None:
-        raise ArgumentError(f"{who}: attention_mask applies to attention='softmax' only; got it with {what}")
-    if rotary:
-        raise ArgumentError(f"{who}: rotary positions apply to attention='softmax' only; got positional='rotary' "
-                            f"with {what} (use 'sinusoidal', 'learned' or None)")
+def _check_plain(who: str, what: str, softmax_only: dict) -> None:
+    for option, given in softmax_only.items():
+        if given:
+            hint = (" (positional='rotary'; use 'sinusoidal', 'learned' or None)" if option == "rotary positions"
+                    else "")
+            raise ArgumentError(f"{who}: {option} apply to attention='softmax' only; got it with {what}{hint}")
 
 
 def _accepts(fn, name: str) -> bool:
