@@ -17,20 +17,16 @@ from attnkit.errors import ArgumentError, DTypeError, ShapeError
 from attnkit.nn.differential import DifferentialAttention, lambda_init
 from attnkit.nn.kv_cache import KVCache
 from attnkit.registry import get
+from tests.helpers import randomized_float64
 
 B, N, H, G = 2, 5, 3, 1
 D = 2  # per map; values 2 D = 4
 DIM = 2 * H * D
 
 
-def _module(*, kv=G, causal=True, init=0.35, seed=0, rotary=None):
-    torch.manual_seed(seed)
-    diff = DifferentialAttention(DIM, H, num_kv_heads=kv, lambda_init=init, causal=causal, rotary=rotary,
-                                 bias=True).double()
-    with torch.no_grad():
-        for p in diff.parameters():
-            p.normal_(0, 0.5)
-    return diff.eval()
+def _module(*, kv=G, causal=True, init=0.35, rotary=None):
+    diff = DifferentialAttention(DIM, H, num_kv_heads=kv, lambda_init=init, causal=causal, rotary=rotary, bias=True)
+    return randomized_float64(diff).eval()
 
 
 def _x(n=N, seed=1):

@@ -19,20 +19,16 @@ from attnkit.errors import ArgumentError, DTypeError
 from attnkit.nn.gated import OutputGate, QKNorm
 from attnkit.nn.multihead import MultiHeadAttention
 from attnkit.registry import get
+from tests.helpers import randomized_float64
 
 B, N, E, H, HKV = 2, 5, 12, 3, 1  # head_dim 4
 D = E // H
 
 
-def _module(*, gate=True, qk_norm=True, rotary=None, seed=0, dtype=torch.float64):
-    torch.manual_seed(seed)
+def _module(*, gate=True, qk_norm=True, rotary=None):
     rotary = {"pairing": "half", "fraction": 0.5, "base": 50.0} if rotary is None else rotary
-    mod = MultiHeadAttention(E, H, batch_first=True, num_kv_heads=HKV, gate=gate, qk_norm=qk_norm, rotary=rotary,
-                             dtype=dtype)
-    with torch.no_grad():
-        for p in mod.parameters():
-            p.normal_(0, 0.5)
-    return mod
+    return randomized_float64(MultiHeadAttention(E, H, batch_first=True, num_kv_heads=HKV, gate=gate,
+                                                 qk_norm=qk_norm, rotary=rotary))
 
 
 def _x(seed=1, n=N):

@@ -18,20 +18,17 @@ from attnkit.errors import ArgumentError, DTypeError, ShapeError
 from attnkit.nn.kv_cache import KVCache, LatentCache
 from attnkit.nn.latent import MultiHeadLatentAttention
 from attnkit.registry import get
+from tests.helpers import randomized_float64
 
 B, N, DIM, H = 2, 5, 14, 3
 RANK, Q_RANK, NOPE, ROPE, DV = 7, 9, 4, 6, 5
 
 
-def _module(q_rank=Q_RANK, *, causal=True, seed=0):
-    torch.manual_seed(seed)
+def _module(q_rank=Q_RANK, *, causal=True):
     mla = MultiHeadLatentAttention(DIM, H, kv_lora_rank=RANK, q_lora_rank=q_rank, qk_nope_head_dim=NOPE,
                                    qk_rope_head_dim=ROPE, v_head_dim=DV, causal=causal, bias=True,
-                                   rotary={"base": 30.0}).double()
-    with torch.no_grad():
-        for p in mla.parameters():
-            p.normal_(0, 0.5)
-    return mla.eval()
+                                   rotary={"base": 30.0})
+    return randomized_float64(mla).eval()
 
 
 def _x(n=N, seed=1):

@@ -16,10 +16,9 @@ from torch import nn
 
 from .. import masks
 from ..errors import ArgumentError, DTypeError, ShapeError
-from ..nn._inputs import check_keep_mask, check_sequence
 from ..nn.bigbird import BigBirdAttention
 from ..nn.blocksparse import BlockSparseAttention
-from ..nn.kv_cache import KVCache, decoding_mask
+from ..nn.kv_cache import KVCache, check_step, decoding_mask
 from ..nn.lambda_layer import LambdaLayer
 from ..nn.linear import LinearAttention, PerformerAttention
 from ..nn.linformer import LinformerAttention
@@ -87,12 +86,7 @@ class SoftmaxSelfAttention(MultiHeadAttention):
 
     def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
-        who = type(self).__name__
-        if cache is not None and not isinstance(cache, KVCache):
-            raise DTypeError(f"{who}: cache must be a KVCache; got {type(cache).__name__}")
-        check_sequence(who, "x", x, self.embed_dim, named=True, like=self)
-        start = 0 if cache is None else len(cache)
-        check_keep_mask(who, "key_keep_mask", key_keep_mask, x.shape[0], start + x.shape[1])  # n = cached + new
+        start = check_step(type(self).__name__, self, x, self.embed_dim, key_keep_mask, cache)
         q, k, v = self._project(x, x, x)  # (B, H, t, d) each
         if self.qk_norm is not None or self.rotary is not None:
             q, k = self._position(q, k, start, start)

@@ -12,10 +12,9 @@ from ..core import attention
 from ..costing.attend import attend
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
-from ..errors import ArgumentError, DTypeError, ShapeError, check_int
+from ..errors import ArgumentError, ShapeError, check_int
 from ..registry import Entry, register
-from ._inputs import check_keep_mask, check_sequence
-from .kv_cache import KVCache, decoding_mask
+from .kv_cache import KVCache, check_step, decoding_mask
 from .rotary import RotaryEmbedding, rotary_for
 
 __all__ = ["DifferentialAttention", "lambda_init"]
@@ -119,11 +118,7 @@ class DifferentialAttention(nn.Module):
     def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
         who = type(self).__name__
-        if cache is not None and not isinstance(cache, KVCache):
-            raise DTypeError(f"{who}: cache must be a KVCache (see new_cache); got {type(cache).__name__}")
-        check_sequence(who, "x", x, self.dim, named=True, like=self)
-        start = 0 if cache is None else len(cache)
-        check_keep_mask(who, "key_keep_mask", key_keep_mask, x.shape[0], start + x.shape[1])
+        start = check_step(who, self, x, self.dim, key_keep_mask, cache)
         h, g = self.num_heads, self.num_kv_heads
         q, k, v = self._heads(self.q_proj(x), 2 * h), self._heads(self.k_proj(x), 2 * g), self._heads(
             self.v_proj(x), 2 * g)  # [Q1; Q2], [K1; K2], [V_0; V_1] as heads

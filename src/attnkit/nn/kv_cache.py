@@ -7,10 +7,10 @@ import functools
 import torch
 
 from .. import masks
-from ..errors import ShapeError, check_int
-from ._inputs import check_placement, check_shape
+from ..errors import DTypeError, ShapeError, check_int
+from ._inputs import check_keep_mask, check_placement, check_sequence, check_shape
 
-__all__ = ["KVCache", "LatentCache", "decoding_mask"]
+__all__ = ["KVCache", "LatentCache", "decoding_mask", "check_step"]
 
 
 def _check_size(name: str, value, minimum: int) -> int:
@@ -177,3 +177,14 @@ def decoding_mask(causal: bool, pattern, t: int, n: int, keep: torch.Tensor | No
     if keep is not None:
         parts.append(masks.keys(keep))
     return functools.reduce(lambda a, b: a & b, parts) if parts else None
+
+
+def check_step(who: str, module, x, dim: int, key_keep_mask, cache, kind: type = KVCache) -> int:
+    """A self-attention call's inputs: ``x (B, t, dim)``, ``cache`` a ``kind`` or None, ``key_keep_mask (B, n)``
+    over the cached and new positions; returns the number already cached (the new ones' first position)."""
+    if cache is not None and not isinstance(cache, kind):
+        raise DTypeError(f"{who}: cache must be a {kind.__name__} (see new_cache); got {type(cache).__name__}")
+    check_sequence(who, "x", x, dim, named=True, like=module)
+    start = 0 if cache is None else len(cache)
+    check_keep_mask(who, "key_keep_mask", key_keep_mask, x.shape[0], start + x.shape[1])  # n = cached + new
+    return start

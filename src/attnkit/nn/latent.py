@@ -10,10 +10,9 @@ from ..core import attention
 from ..costing.attend import attend
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
-from ..errors import ArgumentError, DTypeError, check_int
+from ..errors import ArgumentError, check_int
 from ..registry import Entry, register
-from ._inputs import check_keep_mask, check_sequence
-from .kv_cache import LatentCache, decoding_mask
+from .kv_cache import LatentCache, check_step, decoding_mask
 from .rotary import RotaryEmbedding, rotary_for
 
 __all__ = ["MultiHeadLatentAttention", "LatentCache", "FORMS"]
@@ -127,11 +126,7 @@ class MultiHeadLatentAttention(nn.Module):
         who = type(self).__name__
         if form not in FORMS:
             raise ArgumentError(f"{who}: form must be one of {FORMS}; got {form!r}")
-        if cache is not None and not isinstance(cache, LatentCache):
-            raise DTypeError(f"{who}: cache must be a LatentCache (see new_cache); got {type(cache).__name__}")
-        check_sequence(who, "x", x, self.dim, named=True, like=self)
-        start = 0 if cache is None else len(cache)
-        check_keep_mask(who, "key_keep_mask", key_keep_mask, x.shape[0], start + x.shape[1])
+        start = check_step(who, self, x, self.dim, key_keep_mask, cache, LatentCache)
         q_nope, q_rope = self._queries(x, start)
         latent, k_rope = self.kv_down(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
         rows = torch.cat([self.kv_norm(latent)[:, None], self._rotate(k_rope[:, None], start)], dim=-1)  # (B, 1, t, .)
