@@ -18,7 +18,7 @@ from . import masks
 from . import nn as _modules  # noqa: F401  (each mechanism file registers itself on import)
 from .core import attention
 from .costing.attend import attention_spec
-from .registry import Entry, register
+from .entry import Entry, register
 
 _LONGFORMER = ("Beltagy et al. 2020, arXiv:2004.05150, Sec. 5: window w = 512 in every layer of the pretrained "
                "model (w / 2 = 256 keys on each side); Sec. 3.1: global attention on the [CLS] token")

@@ -630,3 +630,20 @@ def test_masks_of_different_types_warn_as_torch_does_and_give_its_result(kpm_kin
         warnings.simplefilter("error")  # one mask, or two of one type: no warning
         ours(*args, key_padding_mask=kpm)
         ours(*args, key_padding_mask=kpm, attn_mask=torch_style_masks(kpm_kind, kpm_kind + "2")[1])
+
+
+def test_a_key_padding_mask_keeps_the_call_on_torchs_kernel(monkeypatch):
+    """The padding mask, wrapped for the extra keys, still reads as a key-only mask: the O(1) torch-sdpa rule."""
+    from attnkit.kernels import dispatch
+    ran = []
+    execute = dispatch.execute
+    monkeypatch.setattr(dispatch, "execute", lambda p, backend="auto": ran.append(execute(p, backend)[1].name)
+                        or execute(p, backend))
+    monkeypatch.setattr("attnkit.core.execute", dispatch.execute)
+    monkeypatch.setattr(masks.Mask, "block_layout", lambda *a, **k: pytest.fail("a block layout was built"))
+    m = MultiHeadAttention(32, 4, batch_first=True)
+    x = torch.randn(2, 300, 32)
+    pad = torch.zeros(2, 300, dtype=torch.bool)
+    pad[1, 200:] = True
+    m(x, x, x, key_padding_mask=pad, need_weights=False)
+    assert ran and set(ran) == {"torch-sdpa"}

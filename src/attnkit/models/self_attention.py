@@ -86,7 +86,7 @@ class SoftmaxSelfAttention(MultiHeadAttention):
 
     def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
-        start = check_step(type(self).__name__, self, x, self.embed_dim, key_keep_mask, cache)
+        x, start = check_step(type(self).__name__, self, x, self.embed_dim, key_keep_mask, cache)
         q, k, v = self._project(x, x, x)  # (B, H, t, d) each
         if self.qk_norm is not None or self.rotary is not None:
             q, k = self._position(q, k, start, start)

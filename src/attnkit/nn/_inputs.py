@@ -42,12 +42,27 @@ def check_placement(who: str, name: str, t, *, dtype: torch.dtype, device: torch
         raise DeviceError(f"{who}: {name} must be on {owner} device {device}; got {t.device}")
 
 
+def _first_floating(module: torch.nn.Module) -> torch.Tensor | None:
+    """The first floating parameter in ``module.parameters()`` order (its own, then its children's, depth first),
+    found without the generator ``parameters()`` builds: this check runs on every call of every layer."""
+    for param in module._parameters.values():
+        if param is not None and param.is_floating_point():
+            return param
+    for child in module._modules.values():
+        found = None if child is None else _first_floating(child)
+        if found is not None:
+            return found
+    return None
+
+
 def check_like(who: str, name: str, t, module: torch.nn.Module) -> None:
     """``t`` has the dtype (autocast may cast it) and device of ``module``'s first floating parameter."""
-    param = next((p for p in module.parameters() if p.is_floating_point()), None)
+    param = _first_floating(module)
     if param is None:
         return
-    autocast = isinstance(t, torch.Tensor) and torch.is_autocast_enabled(t.device.type)
+    # Autocast is asked about only when the dtypes differ: the common call pays two comparisons.
+    autocast = (isinstance(t, torch.Tensor) and t.dtype != param.dtype and torch._C._is_any_autocast_enabled()
+                and torch.is_autocast_enabled(t.device.type))
     check_placement(who, name, t, dtype=t.dtype if autocast else param.dtype, device=param.device,
                     owner="the parameters'")
 

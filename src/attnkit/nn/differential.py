@@ -13,7 +13,7 @@ from ..costing.attend import attend
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
 from ..errors import ArgumentError, ShapeError, check_int
-from ..registry import Entry, register
+from ..entry import Entry, register
 from .kv_cache import KVCache, check_step, decoding_mask
 from .rotary import RotaryEmbedding, rotary_for
 
@@ -118,7 +118,7 @@ class DifferentialAttention(nn.Module):
     def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
         who = type(self).__name__
-        start = check_step(who, self, x, self.dim, key_keep_mask, cache)
+        x, start = check_step(who, self, x, self.dim, key_keep_mask, cache)
         h, g = self.num_heads, self.num_kv_heads
         q, k, v = self._heads(self.q_proj(x), 2 * h), self._heads(self.k_proj(x), 2 * g), self._heads(
             self.v_proj(x), 2 * g)  # [Q1; Q2], [K1; K2], [V_0; V_1] as heads

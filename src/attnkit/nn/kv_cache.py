@@ -9,6 +9,7 @@ import torch
 from .. import masks
 from ..errors import DTypeError, ShapeError, check_int
 from ._inputs import check_keep_mask, check_placement, check_sequence, check_shape
+from .padding import clear_padding
 
 __all__ = ["KVCache", "LatentCache", "decoding_mask", "check_step"]
 
@@ -179,12 +180,13 @@ def decoding_mask(causal: bool, pattern, t: int, n: int, keep: torch.Tensor | No
     return functools.reduce(lambda a, b: a & b, parts) if parts else None
 
 
-def check_step(who: str, module, x, dim: int, key_keep_mask, cache, kind: type = KVCache) -> int:
+def check_step(who: str, module, x, dim: int, key_keep_mask, cache, kind: type = KVCache):
     """A self-attention call's inputs: ``x (B, t, dim)``, ``cache`` a ``kind`` or None, ``key_keep_mask (B, n)``
-    over the cached and new positions; returns the number already cached (the new ones' first position)."""
+    over the cached and new positions. Returns ``x`` with its padded rows cleared (the padding promise,
+    :func:`~attnkit.nn.padding.clear_padding`) and the number of positions already cached."""
     if cache is not None and not isinstance(cache, kind):
         raise DTypeError(f"{who}: cache must be a {kind.__name__} (see new_cache); got {type(cache).__name__}")
     check_sequence(who, "x", x, dim, named=True, like=module)
     start = 0 if cache is None else len(cache)
     check_keep_mask(who, "key_keep_mask", key_keep_mask, x.shape[0], start + x.shape[1])  # n = cached + new
-    return start
+    return clear_padding(x, None if key_keep_mask is None else key_keep_mask[:, start:]), start

@@ -11,7 +11,7 @@ from ..costing.attend import attend
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
 from ..errors import ArgumentError, check_int
-from ..registry import Entry, register
+from ..entry import Entry, register
 from .kv_cache import LatentCache, check_step, decoding_mask
 from .rotary import RotaryEmbedding, rotary_for
 
@@ -126,7 +126,7 @@ class MultiHeadLatentAttention(nn.Module):
         who = type(self).__name__
         if form not in FORMS:
             raise ArgumentError(f"{who}: form must be one of {FORMS}; got {form!r}")
-        start = check_step(who, self, x, self.dim, key_keep_mask, cache, LatentCache)
+        x, start = check_step(who, self, x, self.dim, key_keep_mask, cache, LatentCache)
         q_nope, q_rope = self._queries(x, start)
         latent, k_rope = self.kv_down(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
         rows = torch.cat([self.kv_norm(latent)[:, None], self._rotate(k_rope[:, None], start)], dim=-1)  # (B, 1, t, .)

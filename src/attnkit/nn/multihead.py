@@ -13,9 +13,9 @@ from ..core import attention
 from ..costing.attend import ATTENTION_FORMULA, ATTENTION_SIZES, attend, attention_inputs, derive_lengths
 from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of, randn
+from ..entry import Entry, register
 from ..errors import ArgumentError, DTypeError, ShapeError
 from ..functional.mask_base import Mask
-from ..registry import Entry, register
 from . import torch_compat, torch_layers
 from ._inputs import check_shape
 from .gated import OutputGate, QKNorm

@@ -44,6 +44,12 @@ class ExtraKeys(Mask):
         self.batch_size, self.num_heads = inner.batch_size, inner.num_heads
         self.q_len = inner.q_len  # the data sizes stay checkable against the inputs
         self.kv_len = None if inner.kv_len is None else inner.kv_len + n
+        self.kind = "keys" if "q" not in self.uses else "pattern"  # key padding stays on torch's kernel
+
+    def key_padding(self):
+        """The inner mask's key padding, over the real keys (the extra keys are never padding)."""
+        inner = self.inner.key_padding()
+        return None if inner is None else ExtraKeys(inner, self.n)
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         real = kv_len - self.n

@@ -33,9 +33,10 @@ from ... import bias as attnkit_bias
 from ... import masks
 from ...bias import ScoreModifier, apply_modifier
 from ...core import attention
-from ...errors import UnsupportedFeature
+from ...errors import ShapeError, UnsupportedFeature
 from ...functional.shifted import shift_modifier
-from .model_masks import ModelMask, with_extra
+from .model_mask import ModelMask
+from .model_masks import with_extra
 
 try:  # where transformers keeps the outputs a forward pass collects (output_attentions without the keyword)
     from transformers.utils.output_capturing import _active_collector
@@ -62,21 +63,30 @@ def weights_wanted(kwargs) -> bool:
     """True when this forward pass returns attention weights to the user."""
     if kwargs.get("output_attentions"):
         return True
-    collected = _active_collector.get() if _active_collector is not None else None
+    if _active_collector is None:
+        return False
+    # Under torch.compile transformers keeps the collector in a plain attribute (dynamo cannot read a ContextVar),
+    # set by the model's forward when tracing; before that, nothing collected is being traced.
+    if torch.compiler.is_compiling() and not getattr(_active_collector, "compiling", False):
+        return False
+    collected = _active_collector.get()
     return bool(collected) and any(key.endswith("attentions") for key in collected)
 
 
 def _float_mask_as_bool(mask: torch.Tensor) -> torch.Tensor:
     """A float mask holding only 0 (attend) and very negative values (masked) as a bool mask, else the float."""
+    if torch.compiler.is_compiling():
+        return mask  # which it is is data; added to the scores, as eager adds it, it means the same
     low = torch.finfo(mask.dtype).min / 2
     return mask == 0 if bool(((mask == 0) | (mask <= low)).all()) else mask
 
 
-def model_mask_of(attention_mask, module, is_causal, q_len: int, kv_len: int, extra) -> ModelMask:
+def model_mask_of(attention_mask, module, is_causal, query, kv_len: int, extra) -> ModelMask:
     """The :class:`ModelMask` of a call; one the mask function did not build is read here (the keys end the
     sequence, as in a dynamic cache) and ``extra`` is AND-ed in, as the mask function would have."""
     if isinstance(attention_mask, ModelMask):
         return attention_mask
+    q_len = query.shape[-2]
     if attention_mask is None:
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
         mask = masks.causal() if causal else None
@@ -87,7 +97,9 @@ def model_mask_of(attention_mask, module, is_causal, q_len: int, kv_len: int, ex
             if mask.is_floating_point() and extra is not None:
                 raise UnsupportedFeature(f"{_model_name(module)}: an additive float mask cannot be combined with "
                                          "a registered mask; pass a bool mask (True = attend)")
-    return with_extra(ModelMask(mask, max(kv_len - q_len, 0), 0, kv_len), extra)
+    model_mask = ModelMask(mask, max(kv_len - q_len, 0), 0, kv_len, shape=(query.shape[0], q_len, kv_len),
+                           dtype=query.dtype, device=query.device)
+    return with_extra(model_mask, extra)
 
 
 class _Chain(ScoreModifier):
@@ -125,6 +137,18 @@ def _bias_of(module, model_mask: ModelMask, softcap, position_bias, extra):
     return modifiers[0] if len(modifiers) == 1 else _Chain(*modifiers)
 
 
+def _check_heads(module, heads: int, extra_mask, extra_bias) -> None:
+    """A registered mask or bias with per-head data (ALiBi's slopes) has one entry per query head of the model.
+
+    :func:`attnkit.attention` checks this itself, but sees them shifted to the block, which hides their heads.
+    """
+    for what, extra in (("mask", extra_mask), ("bias", extra_bias)):
+        held = getattr(extra, "num_heads", None)
+        if isinstance(held, int) and held != heads:
+            raise ShapeError(f"{_model_name(module)} has {heads} query heads but the registered {what} {extra!r} "
+                             f"holds data for {held} heads")
+
+
 def make_attention_function(extra_mask=None, extra_bias=None, backend: str = "auto"):
     """A function for transformers' ``AttentionInterface`` (see the module docstring)."""
 
@@ -135,13 +159,14 @@ def make_attention_function(extra_mask=None, extra_bias=None, backend: str = "au
                 raise UnsupportedFeature(
                     f"{_model_name(module)} uses {feature} ({name!r}): attnkit cannot honour them exactly; "
                     "use attn_implementation='eager' for this model")
+        _check_heads(module, query.shape[1], extra_mask, extra_bias)
         if (extra_mask is not None or extra_bias is not None) and getattr(
                 getattr(module, "config", None), "is_encoder_decoder", False):
             raise UnsupportedFeature(
                 f"{_model_name(module)}: a registered mask or bias is read at positions of one sequence, and an "
                 "encoder-decoder's cross-attention has two; register() names are for decoder-only and encoder "
                 "models")
-        model_mask = model_mask_of(attention_mask, module, is_causal, query.shape[-2], key.shape[-2], extra_mask)
+        model_mask = model_mask_of(attention_mask, module, is_causal, query, key.shape[-2], extra_mask)
         bias = _bias_of(module, model_mask, softcap, position_bias, extra_bias)
         mask = model_mask.mask
         if torch.is_tensor(mask) and mask.is_floating_point():
