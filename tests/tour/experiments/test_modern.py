@@ -1,6 +1,6 @@
-"""The tour's gate and differential-attention experiments: the Bigram-Backcopy task, the sink measure, the claims.
+"""The tour's gate and differential-attention experiments: the sink measure, the objective, the claims.
 
-The fast tests check the task's rule and the objective; the slow ones train through
+The fast tests check the objective and the catalogue; the slow ones train through
 :func:`attnkit.tour.run` (seed 0; the orderings held for seeds 0-1 when the budgets were set):
 the gate lowers the weight on BOS (Qiu et al. 2025), differential attention recalls among
 distractors where softmax does not yet (Ye et al. 2024).
@@ -9,7 +9,6 @@ distractors where softmax does not yet (Ye et al. 2024).
 from __future__ import annotations
 
 import importlib
-import itertools
 from functools import cache
 
 import pytest
@@ -17,35 +16,13 @@ import torch
 import torch.nn.functional as F
 
 import attnkit.tour as tour
-from attnkit.tasks.base import IGNORE_INDEX
 
 modern = importlib.import_module("attnkit.tour.experiments.modern")
-KEYS = ("backcopy_sinks/softmax", "backcopy_sinks/gated", "noisy_mqar/softmax", "noisy_mqar/differential")
-
-
-def test_bigram_backcopy_follows_its_rule():
-    task = modern.BigramBackcopy(vocab_size=11, triggers=2, length=13)
-    batch = task.sample(50, torch.Generator().manual_seed(0))
-    x, nxt, targets = batch["inputs"], batch["next"], batch["targets"]
-    assert x.shape == (50, 13) and bool((x[:, 0] == 0).all()) and bool((x[:, 1:] > 0).all())
-    assert torch.equal(nxt[:, :-1], x[:, 1:])  # next is the input shifted
-    trig = task.is_trigger(x)
-    assert bool(trig.any()) and not bool(trig[:, :2].any())  # BOS and the first token are never triggers
-    rows, cols = trig.nonzero(as_tuple=True)
-    assert torch.equal(nxt[rows, cols], x[rows, cols - 1])  # after a trigger: the token before it
-    assert torch.equal(targets == IGNORE_INDEX, ~trig)
-    again = task.sample(50, torch.Generator().manual_seed(0))
-    assert torch.equal(again["inputs"], x)
-    successors = {}
-    for row in x.tolist():  # outside triggers, each token has at most 3 successors (the fixed table)
-        for a, b in itertools.pairwise(row[1:]):
-            if a < 9:
-                successors.setdefault(a, set()).add(b)
-    assert max(len(s) for s in successors.values()) <= 3
+KEYS = ("bigram_backcopy/softmax", "bigram_backcopy/gated", "mqar/distractors-softmax", "mqar/distractors-differential")
 
 
 def test_sink_objective_and_first_token_mass():
-    built = dict(tour.experiments())["backcopy_sinks/gated"].build()
+    built = dict(tour.experiments())["bigram_backcopy/gated"].build()
     model, task, objective = built.model, built.task, built.objective
     batch = task.sample(4, torch.Generator().manual_seed(1))
     loss = objective.loss(model, batch, task)
@@ -62,7 +39,7 @@ def test_the_experiments_are_in_the_catalog_and_build():
         built = exps[key].build()
         batch = built.task.sample(2, torch.Generator().manual_seed(0))
         assert built.model(batch["inputs"]).shape[:2] == batch["inputs"].shape
-    diff = exps["noisy_mqar/differential"].build().model
+    diff = exps["mqar/distractors-differential"].build().model
     lambdas = [layer.self_attn.lambda_init for layer in diff.body.layers]
     assert lambdas == pytest.approx([0.2, 0.8 - 0.6 * 2.718281828459045 ** -0.3])
 
@@ -74,12 +51,12 @@ def result(key: str):
 
 @pytest.mark.slow
 def test_the_gate_lowers_the_weight_on_the_first_token():
-    plain, gated = result("backcopy_sinks/softmax"), result("backcopy_sinks/gated")
+    plain, gated = result("bigram_backcopy/softmax"), result("bigram_backcopy/gated")
     assert plain.accuracy >= 0.95 and gated.accuracy >= 0.95
     assert gated.extra["first_token_mass"] < 0.6 * plain.extra["first_token_mass"], (gated.extra, plain.extra)
 
 
 @pytest.mark.slow
 def test_differential_attention_recalls_among_distractors():
-    plain, diff = result("noisy_mqar/softmax"), result("noisy_mqar/differential")
+    plain, diff = result("mqar/distractors-softmax"), result("mqar/distractors-differential")
     assert diff.accuracy >= plain.accuracy + 0.3, (diff.accuracy, plain.accuracy)

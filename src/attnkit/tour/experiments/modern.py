@@ -15,83 +15,21 @@ finds the needle among distractors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
 from ... import tasks
-from ...errors import check_int
 from ...models import TransformerLM
 from ...nn.differential import DifferentialAttention, lambda_init
-from ...tasks.base import IGNORE_INDEX, Task
 from . import Built, Experiment
 from .tokens import MQARObjective, TokenObjective, record_maps
 from .train import Budget
 
-__all__ = ["BigramBackcopy", "SinkObjective", "first_token_mass", "experiments"]
+__all__ = ["SinkObjective", "first_token_mass", "experiments"]
 
 NOISY_MQAR = {"num_pairs": 8, "num_queries": 2, "num_keys": 24, "num_values": 8, "gap": 0}
-
-
-@dataclass(frozen=True)
-class BigramBackcopy(Task):
-    """Guo et al. 2024's Bigram-Backcopy task: a bigram chain whose trigger tokens are followed by a copy.
-
-    ``x_0 = BOS``; after a trigger ``x_{t+1} = x_{t-1}`` (back-copy), otherwise ``x_{t+1}`` is one of
-    three successors of ``x_t`` fixed by ``table_seed``, uniformly. ``inputs = x_0 .. x_{L-1}``;
-    ``next`` holds every next token (the language-model loss), ``targets`` only those after a trigger
-    (the metric: the deterministic, attention-dependent positions).
-
-    Args:
-        vocab_size: tokens, BOS (0) included.
-        triggers: the last ``triggers`` ids are triggers.
-        length: ``L``.
-        table_seed: seeds the successor table.
-    """
-
-    name: ClassVar[str] = "bigram_backcopy"
-    kind: ClassVar[str] = "tokens"
-    needs_causal_model: ClassVar[bool] = True
-
-    vocab_size: int = 24
-    triggers: int = 3
-    length: int = 32
-    table_seed: int = 123
-
-    def __post_init__(self):
-        check_int("BigramBackcopy", "triggers", self.triggers, 1)
-        check_int("BigramBackcopy", "vocab_size", self.vocab_size, self.triggers + 2)
-        check_int("BigramBackcopy", "length", self.length, 2)
-
-    @property
-    def num_classes(self) -> int:
-        return self.vocab_size
-
-    @property
-    def seq_len(self) -> int:
-        return self.length
-
-    def is_trigger(self, ids: torch.Tensor) -> torch.Tensor:
-        return ids >= self.vocab_size - self.triggers
-
-    def _sample(self, n, generator):
-        table = torch.randint(1, self.vocab_size, (self.vocab_size, 3),
-                              generator=torch.Generator().manual_seed(self.table_seed))
-        x = torch.zeros(n, self.length + 1, dtype=torch.long)
-        x[:, 1] = torch.randint(1, self.vocab_size - self.triggers, (n,), generator=generator)
-        for t in range(1, self.length):
-            successor = table[x[:, t], torch.randint(0, 3, (n,), generator=generator)]
-            x[:, t + 1] = torch.where(self.is_trigger(x[:, t]), x[:, t - 1], successor)
-        inputs, following = x[:, :-1], x[:, 1:]
-        targets = torch.where(self.is_trigger(inputs), following, torch.full_like(following, IGNORE_INDEX))
-        return {"inputs": inputs, "targets": targets, "next": following}
-
-    def describe(self) -> str:
-        return (f"bigram_backcopy: {self.vocab_size} tokens, {self.triggers} triggers, length {self.length} "
-                "(tokens; accuracy after triggers)")
 
 
 def first_token_mass(model, inputs: torch.Tensor) -> float:
@@ -114,7 +52,7 @@ class SinkObjective(TokenObjective):
 
 
 def _sink(gate: bool) -> Built:
-    task = BigramBackcopy()
+    task = tasks.get("bigram_backcopy")
     model = TransformerLM(task.vocab_size, dim=64, num_heads=2, num_layers=1, dropout=0.0, norm_first=True, gate=gate,
                           max_len=task.seq_len)
     return Built(model, task, task, SinkObjective())
@@ -146,16 +84,16 @@ def experiments() -> list[Experiment]:
     length = 2 * NOISY_MQAR["num_pairs"] + NOISY_MQAR["num_queries"]
     noisy_sizes = (("batch", 64), ("heads", 2), ("q_len", length), ("kv_len", length), ("embed_dim", 64),
                    ("length", length), ("dim", 64))
-    # On seeds 0-1 the gated model's weight on BOS is a third to a half of the ungated one's by step 400, and
+    # On seeds 0-1 the gated model's weight on BOS is a sixth to a half of the ungated one's by step 400, and
     # differential attention leaves the distractor plateau (~30 %) near step 250 while softmax stays on it.
     budget, quick = Budget(steps=400, lr=3e-3), Budget(steps=300, lr=3e-3)
     return [
-        Experiment("backcopy_sinks", "softmax", f"{sink}: no gate; first_token_mass is the weight on BOS",
+        Experiment("bigram_backcopy", "softmax", f"{sink}: no gate; first_token_mass is the weight on BOS",
                    partial(_sink, False), budget, quick, "multi-head", sink_sizes),
-        Experiment("backcopy_sinks", "gated", f"{sink}: sigmoid output gate (Qiu et al. 2025)", partial(_sink, True),
+        Experiment("bigram_backcopy", "gated", f"{sink}: sigmoid output gate (Qiu et al. 2025)", partial(_sink, True),
                    budget, quick, "gated-attention", sink_sizes),
-        Experiment("noisy_mqar", "softmax", f"{noisy}: softmax attention", partial(_noisy, False), budget, quick,
-                   "multi-head", noisy_sizes),
-        Experiment("noisy_mqar", "differential", f"{noisy}: differential attention (Ye et al. 2024), 2 heads of 2 "
-                   "maps each", partial(_noisy, True), budget, quick, "differential", noisy_sizes),
+        Experiment("mqar", "distractors-softmax", f"{noisy}: softmax attention", partial(_noisy, False), budget,
+                   quick, "multi-head", noisy_sizes),
+        Experiment("mqar", "distractors-differential", f"{noisy}: differential attention (Ye et al. 2024), 2 heads "
+                   "of 2 maps each", partial(_noisy, True), budget, quick, "differential", noisy_sizes),
     ]
