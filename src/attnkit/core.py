@@ -112,7 +112,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
               bias: torch.Tensor | Callable[..., torch.Tensor] | None = None, score: str | Score = "scaled_dot",
               scale: float | None = None, normalize: str | Normalizer = "softmax", dropout_p: float = 0.0,
               return_weights: Literal[False] = False, return_lse: Literal[False] = False,
-              backend: str = "auto") -> torch.Tensor: ...
+              backend: str = "auto", sinks: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 @overload
@@ -120,14 +120,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
               bias: torch.Tensor | Callable[..., torch.Tensor] | None = None, score: str | Score = "scaled_dot",
               scale: float | None = None, normalize: str | Normalizer = "softmax", dropout_p: float = 0.0,
               return_weights: bool = False, return_lse: bool = False,
-              backend: str = "auto") -> torch.Tensor | AttentionOutput: ...
+              backend: str = "auto", sinks: torch.Tensor | None = None) -> torch.Tensor | AttentionOutput: ...
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask | torch.Tensor | None = None,
               bias: torch.Tensor | Callable[..., torch.Tensor] | None = None, score: str | Score = "scaled_dot",
               scale: float | None = None, normalize: str | Normalizer = "softmax", dropout_p: float = 0.0,
               return_weights: bool = False, return_lse: bool = False,
-              backend: str = "auto") -> torch.Tensor | AttentionOutput:
+              backend: str = "auto", sinks: torch.Tensor | None = None) -> torch.Tensor | AttentionOutput:
     """Attention over keys and values: ``normalize(score(q, k) * scale + bias, mask) @ v``.
 
     Args:
@@ -143,12 +143,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
             or a modifier ``(scores, b, h, q_idx, kv_idx) -> scores`` (see :mod:`attnkit.bias`).
         score: "scaled_dot" (default), "dot", "cosine" or a pairwise ``(q, k) -> scores``.
         scale: multiplies the scores; default ``1/sqrt(D)`` for "scaled_dot", else 1.
-        normalize: "softmax", "sparsemax", "sigmoid", "hard", "gumbel" or
-            ``(scores, allowed) -> weights``.
+        normalize: "softmax", "sparsemax", "sigmoid", "sigmoid_log_n", "softpick", "stick_breaking",
+            "hard", "gumbel" or ``(scores, allowed) -> weights``; sigmoid, softpick and stick-breaking
+            also run on the O(L)-memory paths (:mod:`attnkit.functional.blockwise`).
         dropout_p: dropout on the weights; pass ``p if module.training else 0.0``.
         return_weights: also return per-head weights (forces an exact dense path).
         return_lse: also return the log-sum-exp of each row (softmax only).
-        backend: "auto", "reference", "chunked", "sdpa" or "blocksparse" (:data:`attnkit.kernels.paths.BACKENDS`).
+        backend: "auto", "reference", "chunked", "sdpa", "blocksparse" or "flex" (CUDA)
+            (:data:`attnkit.kernels.paths.BACKENDS`).
+        sinks: learned attention sinks (gpt-oss), a float tensor ``(H,)`` or broadcastable to ``(B, H)``:
+            one logit per query head that joins every row's softmax denominator and takes no value,
+            ``out = softmax([scores, s])[:-1] @ v`` (:mod:`attnkit.functional.sinks`); softmax only,
+            differentiable. lse and weights include it; a row with no allowed key outputs 0 and
+            has lse ``s``.
 
     Returns:
         The output ``(..., Lq, Dv)`` in the input dtype, or an :class:`AttentionOutput`
@@ -171,7 +178,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
     """
     if mask is None or getattr(mask, "kind", None) == "causal":  # the only masks the fast lane serves
         fast = lane.route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse,
-                          backend)
+                          backend, sinks)
         if fast is not None:
             out = lane.run(q, k, v, mask, fast)
             if out is not None:
@@ -180,7 +187,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
     if record:
         backend = "reference"
     p = _prepare(q, k, v, mask=mask, bias=bias, score=score, scale=scale, normalize=normalize, dropout_p=dropout_p,
-                 return_weights=return_weights or record, return_lse=return_lse, backend=backend)
+                 return_weights=return_weights or record, return_lse=return_lse, backend=backend, sinks=sinks)
     with _autocast_off(p.q.device.type):  # scores and softmax stay in float32
         if p.tracing:
             _refuse_baked_aliasing(q, k, v)
@@ -203,7 +210,7 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask | t
             bias: torch.Tensor | Callable[..., torch.Tensor] | None = None, score: str | Score = "scaled_dot",
             scale: float | None = None, normalize: str | Normalizer = "softmax", dropout_p: float = 0.0,
             return_weights: bool = False, return_lse: bool = False, backend: str = "auto",
-            read_data: bool = True) -> Decision:
+            sinks: torch.Tensor | None = None, read_data: bool = True) -> Decision:
     """Which execution path ``attention(q, k, v, ...)`` would run, why no other path, its cost, how it compiles.
 
     ``str()`` of the answer lists every path of :mod:`attnkit.kernels.paths` with the
@@ -222,9 +229,10 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask | t
         >>> d.backend, d.path
         ('blocksparse', 'band-windows')
     """
-    fast = lane.route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse, backend)
+    fast = lane.route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse, backend,
+                      sinks)
     p = _prepare(q, k, v, backend=backend, mask=mask, bias=bias, score=score, scale=scale, normalize=normalize,
-                 dropout_p=dropout_p, return_weights=return_weights, return_lse=return_lse)
+                 dropout_p=dropout_p, return_weights=return_weights, return_lse=return_lse, sinks=sinks)
     with _autocast_off(p.q.device.type):
         if p.tracing and rules.operator_carries(p, backend):
             return custom_op.traced_decision(p, backend)

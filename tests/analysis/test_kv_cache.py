@@ -30,11 +30,11 @@ def test_rows_are_what_the_modules_caches_hold():
     mha = MultiHeadAttention(24, 6, num_kv_heads=2, batch_first=True)
     cache = mha.new_cache(1, 10)
     held = (cache._k.numel() + cache._v.numel()) // 10
-    assert cost(mha, batch=1, q_len=1).cache_bytes_per_token == 4 * held
+    assert cost(mha, batch=1, q_len=1).state_per_token == 4 * held
     mla = MultiHeadLatentAttention(24, 3, kv_lora_rank=7, qk_rope_head_dim=2, qk_nope_head_dim=4)
     latent = mla.new_cache(1, 10, dtype=torch.float16)
     assert (latent._k.numel() + latent._v.numel()) // 10 * 2 == cost(mla, batch=1, length=1,
-                                                                     dtype="float16").cache_bytes_per_token
+                                                                     dtype="float16").state_per_token
 
 
 def test_table_and_errors():
@@ -47,4 +47,4 @@ def test_table_and_errors():
         kv_cache_rows(heads=8, kv_heads=3)
     with pytest.raises(ArgumentError, match="dtype must be one of"):
         kv_cache_rows(dtype="int8")
-    assert cost("sparsemax").cache_bytes_per_token is None  # a call with no cache of its own
+    assert cost("retnet").state_per_token == 0 < cost("retnet").state_fixed  # a recurrent state, no KV cache

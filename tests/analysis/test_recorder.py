@@ -69,8 +69,11 @@ NO_WEIGHTS = {
     "perceiver-attention": ["model"], "perceiver-encoder": ["cross_attn", "blocks.0.attn"],
     "multi-head-latent": ["model"],  # the naive form's h heads
     "differential": ["model", "model#1"],  # both maps as 2h heads, once per half of the values
+    "retnet": [], "gla": [], "mamba2": [], "deltanet": [], "gated-deltanet": [], "kimi-delta-attention": [],
 }
-UNNORMALISED = {"sigmoid", "luong"}  # sigmoid weights; local-p Luong: softmax times a Gaussian (eq. 10)
+# sigmoid weights (and softpick's, stick-breaking's, a sink's share taken: sums below 1); local-p Luong: softmax
+# times a Gaussian (eq. 10)
+UNNORMALISED = {"sigmoid", "sigmoid-log-n", "softpick", "stick-breaking", "attention-sinks", "luong"}
 
 
 def _is_core(entry) -> bool:

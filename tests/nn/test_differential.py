@@ -131,4 +131,4 @@ def test_lambda_init_schedule_and_errors():
 def test_registry_entry_and_cache_bytes():
     entry = get("differential")
     fn, inputs = entry.example()
-    assert fn(*inputs).shape == inputs[0].shape and entry.cost().cache_bytes_per_token == 4 * 3 * 4 * 4
+    assert fn(*inputs).shape == inputs[0].shape and entry.cost().state_per_token == 4 * 3 * 4 * 4

@@ -153,7 +153,7 @@ def test_registry_entry_and_cache_bytes():
     fn, inputs = entry.example()
     assert fn(*inputs).shape == inputs[0].shape
     c = entry.cost(dtype="bfloat16")
-    assert c.cache_bytes_per_token == (8 + 4) * 2 and "KV-cache bytes per token" in c.table()
+    assert c.state_per_token == (8 + 4) * 2 and "growing per token (a KV cache)" in c.table()
     at_scale = entry.cost(q_len=4096)  # the layer's 8 heads of 64: d_c = 256, d_h^R = 32 (DeepSeek-V2's ratios)
     assert (at_scale.sizes["kv_lora_rank"], at_scale.sizes["qk_rope_head_dim"]) == (256, 32)
-    assert at_scale.cache_bytes_per_token == (256 + 32) * 4
+    assert at_scale.state_per_token == (256 + 32) * 4

@@ -45,8 +45,12 @@ class Cost:
         other_terms: elementwise FLOPs by named part.
         formula: the formula in symbols.
         backward: whether the backward pass is included.
-        cache_bytes_per_token: what a decoding cache of this layer stores per token (keys and values,
-            or a latent), in bytes at the dtype; None for a mechanism that decodes with no cache.
+        state_fixed: the decoding cache of one sequence that does not grow with the context (a recurrent
+            state), in bytes; 0 for a mechanism that keeps none or was not counted for decoding.
+        state_per_token: the bytes that cache grows by per token of context (a KV cache).
+        context: the context length the cost was counted at (the spec's last length).
+        forms: matmul FLOPs of the same pass in each form the mechanism can run in ("parallel",
+            "chunk", "recurrent"), counted as ``flops``; empty for a mechanism with one form.
     """
 
     name: str
@@ -59,18 +63,33 @@ class Cost:
     other_terms: Mapping[str, int]
     formula: str
     backward: bool
-    cache_bytes_per_token: int | None = None
+    state_fixed: int = 0
+    state_per_token: int = 0
+    context: int = 0
+    forms: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def state_bytes(self) -> int:
+        """The decoding cache of one sequence after ``context`` tokens, in bytes (per layer)."""
+        return self.state_fixed + self.state_per_token * self.context
 
     def table(self) -> str:
         """The cost as a plain-text table (what ``attnkit cost`` prints)."""
-        rows = [("matmul FLOPs" + (" (forward + backward)" if self.backward else " (forward)"), _num(self.flops))]
+        passes = " (forward + backward)" if self.backward else " (forward)"
+        rows = [("matmul FLOPs" + passes, _num(self.flops))]
         rows += [(f"  {k}", _num(v)) for k, v in self.terms.items()]
         rows.append(("elementwise FLOPs (estimate)", _num(self.other_flops)))
         rows += [(f"  {k}", _num(v)) for k, v in self.other_terms.items()]
         rows += [("bytes moved (estimate)", _bytes(self.bytes_moved)),
                  ("peak bytes (estimate)", _bytes(self.peak_bytes))]
-        if self.cache_bytes_per_token is not None:
-            rows.append(("KV-cache bytes per token", _bytes(self.cache_bytes_per_token)))
+        if self.forms:
+            rows.append(("matmul FLOPs by form" + passes, ""))
+            rows += [(f"  {k}", _num(v)) for k, v in self.forms.items()]
+        if self.state_fixed or self.state_per_token:
+            rows += [(f"decoding state, one sequence at length {self.context}", _bytes(self.state_bytes)),
+                     ("  fixed, whatever the length (a recurrent state)", _bytes(self.state_fixed)),
+                     ("  growing per token (a KV cache)", _bytes(self.state_per_token)),
+                     ("  per token at this length", _bytes(round(self.state_bytes / max(1, self.context))))]
         width = max(len(k) for k, _ in rows)
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
         return "\n".join([f"{self.name}: {sizes}", *(f"{k:<{width}}  {v:>12}" for k, v in rows),
@@ -121,7 +140,6 @@ class Spec:
         nullable: sizes that also accept None (with a meaning of their own, e.g. "no top-k").
         aliases: a vocabulary name -> this mechanism's own name for it (``{"head_dim": "dim"}``).
         reads_module: ``count`` reads the module's own masks, so :meth:`cost` builds it.
-        cache: ``cache(sizes) -> elements`` a decoding cache stores per token and layer (None: no cache).
         name: the registry name (:class:`attnkit.registry.Entry` sets it).
     """
 
@@ -140,7 +158,6 @@ class Spec:
     nullable: frozenset = frozenset()
     aliases: Mapping[str, str] = field(default_factory=dict)
     reads_module: bool = False
-    cache: Callable | None = None
     name: str = ""
 
     def translate(self, vocabulary: Mapping[str, object]) -> tuple[dict, list[str]]:
@@ -220,9 +237,10 @@ class Spec:
             module = self.make(s)
         t = Tally(backward=bool(backward), itemsize=ITEMSIZE.get(s.get("dtype", "float32"), 4))
         self.count(t, s, module)
-        cached = None if self.cache is None else self.cache(s) * t.itemsize
+        context = s.get(self.length[-1]) if self.length else None
         return Cost(self.name, s, sum(t.terms.values()), sum(t.other.values()), t.bytes, t.peak, dict(t.terms),
-                    dict(t.other), self.formula, bool(backward), cached)
+                    dict(t.other), self.formula, bool(backward), t.state_fixed, t.state_per_token,
+                    context if isinstance(context, int) else 0, dict(t.forms))
 
     def build(self, sizes: Mapping[str, object], module=None) -> Built:
         """The mechanism at ``sizes`` (as :meth:`cost` counts it), with seeded Gaussian inputs."""

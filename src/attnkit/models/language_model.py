@@ -9,6 +9,7 @@ from torch import nn
 
 from ..errors import ArgumentError
 from . import checkpoint
+from .hybrid import RECURRENT, hybrid_attention
 from .stacks import TransformerDecoder, TransformerEncoder
 from .tokens import TokenEmbedding, cache_offset, check_generate, check_tokens, decode, output_head
 
@@ -51,7 +52,11 @@ class TransformerLM(nn.Module):
         causal: decoder-only (True) or bidirectional.
         ff_dim, dropout, activation, norm_first: as :class:`TransformerEncoder`.
         positional: "sinusoidal", "learned", "rotary" or None.
-        attention, attention_mask: see :class:`TransformerEncoder`.
+        attention, attention_mask: see :class:`TransformerEncoder`; also a linear-recurrent layer's name
+            ("retnet", "gla", "mamba2", "deltanet", "gated-deltanet", "kimi-delta-attention"; causal only).
+        softmax_every: with a linear-recurrent ``attention``, every ``softmax_every``-th layer is softmax
+            attention instead (4: three linear layers to one softmax layer, as Qwen3-Next); see
+            :func:`attnkit.models.hybrid.hybrid_attention`.
         max_len: longest sequence (learned positions, linformer, lambda-layer).
         tie_embeddings: ``W_out = E^T`` (Press & Wolf 2017).
         norm: "layer" (LayerNorm) or "rms" (RMSNorm) in every block and the final norm.
@@ -80,19 +85,28 @@ class TransformerLM(nn.Module):
                  causal: bool = True, ff_dim: int | None = None, dropout: float = 0.1, activation: str = "relu",
                  norm_first: bool = False, positional: str | None = "sinusoidal", attention="softmax",
                  attention_mask=None, max_len: int | None = 256, tie_embeddings: bool = False, norm: str = "layer",
-                 gate: bool = False, qk_norm: bool = False, rotary: dict | None = None):
+                 gate: bool = False, qk_norm: bool = False, rotary: dict | None = None,
+                 softmax_every: int | None = None):
         config = checkpoint.arguments(TransformerLM.__init__, locals())
         super().__init__()
         self.config = config
         if rotary is not None and positional != "rotary":
             raise ArgumentError(f"TransformerLM: rotary options need positional='rotary'; got "
                                 f"positional={positional!r}")
+        softmax_options = {"rotary": (rotary or True) if positional == "rotary" else False, "gate": gate,
+                           "qk_norm": qk_norm}
+        if attention in RECURRENT or softmax_every is not None:
+            if not causal:
+                raise ArgumentError("TransformerLM: linear-recurrent layers are causal; got causal=False")
+            attention = hybrid_attention(attention, softmax_every, dropout=dropout, mask=attention_mask,
+                                         **softmax_options)
+            attention_mask, softmax_options = None, {}  # the factory gives them to its softmax layers
         self.embed = TokenEmbedding("TransformerLM", vocab_size, dim, positional=positional, max_len=max_len,
                                     dropout=dropout)
         self.vocab_size, self.max_len, self.causal = vocab_size, max_len, bool(causal)
         common = {"ff_dim": ff_dim, "dropout": dropout, "activation": activation, "norm_first": norm_first,
                   "attention": attention, "attention_mask": attention_mask, "max_len": max_len, "norm": norm,
-                  "rotary": (rotary or True) if positional == "rotary" else False, "gate": gate, "qk_norm": qk_norm}
+                  **softmax_options}
         self.body = (TransformerDecoder(dim, num_heads, num_layers, cross=False, **common) if causal
                      else TransformerEncoder(dim, num_heads, num_layers, **common))
         self.head = output_head(self.embed, vocab_size, tie_embeddings)

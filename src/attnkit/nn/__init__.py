@@ -1,14 +1,19 @@
 """Attention mechanisms as torch modules (``nn.Module``), one file per family or paper."""
 
+from ._recurrent import RecurrentCache
 from .additive import AdditiveAttention
 from .bigbird import BigBirdAttention
 from .blocksparse import BlockPattern, BlockSparseAttention
 from .coattention import CoAttention
 from .coverage import CoverageAttention, coverage_loss
+from .deltanet import DeltaNet
 from .derived_key import DerivedKeyAttention
 from .differential import DifferentialAttention
 from .gated import OutputGate, QKNorm
+from .gated_deltanet import GatedDeltaNet
+from .gla import GatedLinearAttention
 from .hard import HardAttention
+from .kimi_delta import KimiDeltaAttention
 from .kv_cache import KVCache, LatentCache
 from .lambda_layer import LambdaLayer
 from .latent import MultiHeadLatentAttention
@@ -17,6 +22,7 @@ from .linformer import LinformerAttention, SequenceProjection
 from .local import LocalAttention
 from .longformer import LongformerAttention
 from .luong import LuongAttention
+from .mamba2 import Mamba2Mixer
 from .memory import MemoryAttention
 from .multihead import DotProductAttention, MultiHeadAttention
 from .perceiver import PerceiverAttention, PerceiverEncoder
@@ -24,6 +30,7 @@ from .pointer import PointerAttention
 from .pooling import AttentionPooling, HierarchicalAttention
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from .reformer import LSHAttention, ReformerAttention
+from .retnet import RetNetRetention
 from .rope_scaling import DynamicNTKScaling, LinearScaling, Llama3Scaling, LongRopeScaling, YarnScaling
 from .rotary import RotaryEmbedding
 from .segment import SegmentAttention, TieredAttention
@@ -31,13 +38,13 @@ from .sparse_transformer import SparseTransformerAttention
 
 __all__ = [
     "AdditiveAttention", "AttentionPooling", "BigBirdAttention", "BlockPattern", "BlockSparseAttention",
-    "CoAttention", "CoverageAttention", "DerivedKeyAttention", "DifferentialAttention", "DotProductAttention",
-    "DynamicNTKScaling",
-    "HardAttention", "HierarchicalAttention", "KVCache", "LSHAttention", "LambdaLayer", "LatentCache",
+    "CoAttention", "CoverageAttention", "DeltaNet", "DerivedKeyAttention", "DifferentialAttention",
+    "DotProductAttention", "DynamicNTKScaling", "GatedDeltaNet", "GatedLinearAttention", "HardAttention",
+    "HierarchicalAttention", "KVCache", "KimiDeltaAttention", "LSHAttention", "LambdaLayer", "LatentCache",
     "LearnedPositionalEmbedding", "LinearAttention", "LinearScaling", "LinformerAttention", "Llama3Scaling",
-    "LocalAttention", "LongRopeScaling", "LongformerAttention", "LuongAttention", "MemoryAttention",
+    "LocalAttention", "LongRopeScaling", "LongformerAttention", "LuongAttention", "Mamba2Mixer", "MemoryAttention",
     "MultiHeadAttention", "MultiHeadLatentAttention", "OutputGate", "PerceiverAttention", "PerceiverEncoder",
-    "PerformerAttention", "PointerAttention", "QKNorm", "ReformerAttention", "RotaryEmbedding", "SegmentAttention",
-    "SequenceProjection", "SinusoidalPositionalEncoding", "SparseTransformerAttention", "TieredAttention",
-    "YarnScaling", "coverage_loss",
+    "PerformerAttention", "PointerAttention", "QKNorm", "RecurrentCache", "ReformerAttention", "RetNetRetention",
+    "RotaryEmbedding", "SegmentAttention", "SequenceProjection", "SinusoidalPositionalEncoding",
+    "SparseTransformerAttention", "TieredAttention", "YarnScaling", "coverage_loss",
 ]

@@ -9,7 +9,7 @@ from torch import nn
 
 from .. import masks
 from ..core import attention
-from ..costing.attend import attend
+from ..costing.attend import attend, kv_cache
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
 from ..entry import Entry, register
@@ -161,6 +161,7 @@ def _count(t, s, module=None):
     t.ew("difference, RMSNorm (elementwise)", bn * dim, 7)
     t.mm("projections (q, k, v, out)", 1, bn, dim, dim)
     t.io(bn * dim, 2 * dim * dim + 4 * dim * g * d, bn * dim)
+    kv_cache(t, g, 2 * d, 2 * d)  # each key head holds both maps' keys (2d), each value head 2d features
 
 
 def _make(s):
@@ -182,5 +183,4 @@ register(Entry(
               "projections 2 B L dim (2 dim + 4 g d); two calls of 2h-head attention with D = Dv = d",
               make=_make, length=("length",), derive=lambda s: {**s, "kv_heads": s["kv_heads"] or s["heads"]},
               config=lambda m: {"dim": m.dim, "heads": m.num_heads, "kv_heads": m.num_kv_heads, "causal": m.causal},
-              module_type=DifferentialAttention, nullable=frozenset({"kv_heads"}),
-              cache=lambda s: 4 * s["kv_heads"] * (s["dim"] // (2 * s["heads"])))))
+              module_type=DifferentialAttention, nullable=frozenset({"kv_heads"}))))

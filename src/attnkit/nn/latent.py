@@ -212,6 +212,7 @@ def _count(t, s, module=None):
     t.mm("output projection", 1, bn, h * dv, dim)
     weights = dim * (h * qk if rq is None else rq + rq * h * qk) + dim * (r + rope) + r * h * (nope + dv)
     t.io(bn * dim, weights + h * dv * dim, bn * dim)
+    t.decoding(per_token=(r + rope) * t.itemsize)  # the latent cache: c^KV and the shared k^R, every form
 
 
 def _inputs(s, module):
@@ -245,4 +246,4 @@ register(Entry(
                                                         "qk_rope_head_dim": None, "v_head_dim": None},
               source=_DEEPSEEK, derive=_derive, config=_config, module_type=MultiHeadLatentAttention,
               nullable=frozenset({"kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim"}),
-              aliases={"head_dim": "qk_nope_head_dim"}, cache=lambda s: s["kv_lora_rank"] + s["qk_rope_head_dim"])))
+              aliases={"head_dim": "qk_nope_head_dim"})))

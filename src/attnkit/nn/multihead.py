@@ -10,7 +10,7 @@ from torch import nn
 
 from .. import masks
 from ..core import attention
-from ..costing.attend import ATTENTION_FORMULA, ATTENTION_SIZES, attend, attention_inputs, derive_lengths
+from ..costing.attend import ATTENTION_FORMULA, ATTENTION_SIZES, attend, attention_inputs, derive_lengths, kv_cache
 from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of, randn
 from ..entry import Entry, register
@@ -142,6 +142,9 @@ class MultiHeadAttention(nn.Module):
             :class:`~attnkit.nn.rotary.RotaryEmbedding` options such as ``{"pairing": "half",
             "fraction": 0.25}`` for partial RoPE, or a ``RotaryEmbedding(head_dim)``); queries and keys
             at positions ``0 ..`` in ``forward``, after the cached ones in ``forward_step``.
+        sinks: learn one attention-sink logit per head (gpt-oss, arXiv:2508.10925), ``sinks`` of shape
+            ``(num_heads,)`` initialised to 0: a term in every row's softmax denominator that takes no
+            value (:func:`attnkit.attention`'s ``sinks=``). Not in ``torch.nn.MultiheadAttention``.
 
     Example:
         >>> import torch
@@ -164,7 +167,8 @@ class MultiHeadAttention(nn.Module):
                  add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
                  vdim: int | None = None, batch_first: bool = False, device=None, dtype=None, *,
                  num_kv_heads: int | None = None, mask: Mask | None = None, gate: bool = False,
-                 qk_norm: bool = False, rotary: bool | dict | RotaryEmbedding | None = None):
+                 qk_norm: bool = False, rotary: bool | dict | RotaryEmbedding | None = None,
+                 sinks: bool = False):
         super().__init__()
         who = "MultiHeadAttention"
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -189,6 +193,7 @@ class MultiHeadAttention(nn.Module):
             raise DTypeError(f"{who}: mask must be an attnkit.masks.Mask or None; got {type(mask).__name__}")
         self.extra_mask = mask
         self._build(bias, add_bias_kv, {"device": device, "dtype": dtype})
+        self.sinks = nn.Parameter(torch.zeros(num_heads, device=device, dtype=dtype)) if sinks else None
         self._reset_parameters()
         fk = {"device": device, "dtype": dtype}
         self.gate = OutputGate(embed_dim, embed_dim, bias=bias, **fk) if gate else None
@@ -230,6 +235,7 @@ class MultiHeadAttention(nn.Module):
         self.__dict__.setdefault("extra_mask", None)
         for name in ("gate", "qk_norm", "rotary"):
             self._modules.setdefault(name, None)
+        self._parameters.setdefault("sinks", None)
         torch_layers.decline_fused_layer(self)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *args):
@@ -283,7 +289,7 @@ class MultiHeadAttention(nn.Module):
         k, v = self._extra_keys(k, v)
         mask, bias = torch_compat.with_extra_keys(mask, bias, self._n_extra)
         res = attention(q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0,
-                        return_weights=need_weights)
+                        return_weights=need_weights, sinks=self.sinks)
         out = res.output if need_weights else res
         out = out.transpose(1, 2).flatten(2)  # (B, H, L, d) -> (B, L, E)
         out = self.out_proj(out if self.gate is None else self.gate(out, gate_input))
@@ -353,7 +359,9 @@ class MultiHeadAttention(nn.Module):
         return torch_compat.from_torch(cls, module, mask=mask)
 
     def to_torch(self) -> nn.MultiheadAttention:
-        """The equivalent ``torch.nn.MultiheadAttention`` (raises for grouped-query heads and an extra mask)."""
+        """The equivalent ``torch.nn.MultiheadAttention`` (raises for grouped-query heads, an extra mask, sinks)."""
+        if self.sinks is not None:
+            raise ArgumentError("MultiHeadAttention.to_torch: torch.nn.MultiheadAttention has no attention sinks")
         return torch_compat.to_torch(self)
 
     @classmethod
@@ -372,7 +380,8 @@ class MultiHeadAttention(nn.Module):
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
                 f"kdim={self.kdim}, vdim={self.vdim}, batch_first={self.batch_first}"
-                + ("" if self.extra_mask is None else f", mask={self.extra_mask!r}"))
+                + ("" if self.extra_mask is None else f", mask={self.extra_mask!r}")
+                + ("" if self.sinks is None else ", sinks=True"))
 
 
 def _mha_example(gate: bool = False, qk_norm: bool = False, rotary=None):
@@ -413,6 +422,7 @@ def _mha_count(t, s, module=None):
         t.inter(b * lq * e)
     t.mm("output projection", 1, b * lq, e, e)
     t.io((3 + s["gate"]) * e * e, b * lq * e, 2 * b * lk * e, b * lq * e)
+    kv_cache(t, s["kv_heads"], hd, hd)
 
 
 def _mha_inputs(s, module):
@@ -438,7 +448,7 @@ def _mha_spec(gate: bool, qk_norm: bool, matches) -> Spec:
         make=lambda s: MultiHeadAttention(s["embed_dim"], s["heads"], batch_first=True, num_kv_heads=s["kv_heads"],
                                           gate=s["gate"], qk_norm=s["qk_norm"], dtype=dtype_of(s)).eval(),
         length=("q_len", "kv_len"), derive=derive_lengths, module_type=MultiHeadAttention, config=_mha_config,
-        matches=matches, cache=lambda s: 2 * s["kv_heads"] * (s["embed_dim"] // s["heads"]))
+        matches=matches)
 
 
 _MHA_SPEC = _mha_spec(False, False, lambda m: m.gate is None and m.qk_norm is None)

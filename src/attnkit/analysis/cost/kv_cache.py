@@ -1,11 +1,11 @@
 """Decoding-cache bytes per token of the attention variants side by side: MHA, GQA, MQA and MLA.
 
-Each row is a registry entry's cost at the same layer (``heads`` x ``head_dim``), read from the
-entry's spec (``cache``): multi-head attention with ``kv_heads`` = ``heads`` (MHA), a quarter of
-them (GQA, groups of 4 queries; ``kv_heads`` sets another count) and 1 (MQA), and multi-head
-latent attention at DeepSeek-V2's ratios (``d_c = 4 d_h``, ``d_h^R = d_h / 2``; DeepSeek-AI 2024,
-arXiv:2405.04434, Table 1: MHA ``2 n_h d_h``, GQA ``2 n_g d_h``, MQA ``2 d_h``, MLA ``d_c + d_h^R``
-elements per token and layer).
+Each row is a registry entry's cost at the same layer (``heads`` x ``head_dim``): the bytes its
+decoding state grows by per token (``Cost.state_per_token``) for multi-head attention with
+``kv_heads`` = ``heads`` (MHA), a quarter of them (GQA, groups of 4 queries; ``kv_heads`` sets
+another count) and 1 (MQA), and multi-head latent attention at DeepSeek-V2's ratios
+(``d_c = 4 d_h``, ``d_h^R = d_h / 2``; DeepSeek-AI 2024, arXiv:2405.04434, Table 1: MHA
+``2 n_h d_h``, GQA ``2 n_g d_h``, MQA ``2 d_h``, MLA ``d_c + d_h^R`` elements per token and layer).
 """
 
 from __future__ import annotations
@@ -45,12 +45,12 @@ def kv_cache_rows(*, heads: int = LAYER["heads"], head_dim: int = LAYER["head_di
     rows = []
     for label, n in (("MHA", heads), ("GQA", groups), ("MQA", 1)):
         c = cost("multi-head", kv_heads=n, **layer)
-        rows.append(KVCacheRow(label, "multi-head", f"kv_heads={n}", c.cache_bytes_per_token // ITEMSIZE[dtype],
-                               c.cache_bytes_per_token))
+        rows.append(KVCacheRow(label, "multi-head", f"kv_heads={n}", c.state_per_token // ITEMSIZE[dtype],
+                               c.state_per_token))
     c = cost("multi-head-latent", **layer)
     setting = f"kv_lora_rank={c.sizes['kv_lora_rank']}, qk_rope_head_dim={c.sizes['qk_rope_head_dim']}"
-    rows.append(KVCacheRow("MLA", "multi-head-latent", setting, c.cache_bytes_per_token // ITEMSIZE[dtype],
-                           c.cache_bytes_per_token))
+    rows.append(KVCacheRow("MLA", "multi-head-latent", setting, c.state_per_token // ITEMSIZE[dtype],
+                           c.state_per_token))
     return rows
 
 

@@ -15,10 +15,13 @@ Each keyword the model passes is honoured or refused:
   (:func:`attnkit.bias.softcap`); ``position_bias`` (T5-style) is a float bias;
 * ``sliding_window`` is already in the mask (the mask function read it from the
   layer's mask function), so it is not applied twice;
-* attention sinks (``s_aux``, ``sinks``) change the softmax's denominator and sparse
-  indexers' key indices (``indices``, ``block_indices``) its support: attnkit refuses them
-  with :class:`attnkit.UnsupportedFeature` naming the model; so are names from
-  :func:`register` on encoder-decoders (cross-attention has no shared positions).
+* learned attention sinks (gpt-oss's ``s_aux``; ``sinks``), one logit per head in the softmax's
+  denominator, are passed on as ``attention(..., sinks=)``; per-token sinks (a logit per
+  query, computed from the hidden states) are not;
+* sparse indexers' key indices (``indices``, ``block_indices``) change the softmax's support:
+  attnkit refuses them, and per-token sinks, with :class:`attnkit.UnsupportedFeature` naming
+  the model; so are names from :func:`register` on encoder-decoders (cross-attention has no
+  shared positions).
 
 The weights are computed (on attnkit's exact dense path) only when the model collects
 them: ``output_attentions=True`` reaches the function as a keyword in some models and
@@ -45,18 +48,26 @@ except ImportError:  # pragma: no cover - an older layout: the keyword alone dec
 
 __all__ = ["make_attention_function"]
 
-# Keywords that change what attention computes and that attnkit cannot honour: attention sinks (a term in
-# the softmax's denominator) and the top-k key indices of sparse-attention indexers. Other keywords models pass
-# (cu_seq_lens_*/max_length_*: packing hints whose mask transformers builds from position_ids; position_ids,
-# deterministic) change nothing attnkit computes.
-_REFUSED = {"s_aux": "attention sinks", "sinks": "attention sinks", "indices": "top-k sparse key indices",
-            "block_indices": "sparse key block indices"}
+# Keywords that change what attention computes and that attnkit cannot honour: the top-k key indices of
+# sparse-attention indexers. Other keywords models pass (cu_seq_lens_*/max_length_*: packing hints whose mask
+# transformers builds from position_ids; position_ids, deterministic) change nothing attnkit computes.
+_REFUSED = {"indices": "top-k sparse key indices", "block_indices": "sparse key block indices"}
+_SINKS = ("s_aux", "sinks")  # gpt-oss names its sinks s_aux; other models sinks
 
 
 def _model_name(module) -> str:
     config = getattr(module, "config", None)
     kind = getattr(config, "model_type", None)
     return f"{type(module).__name__} ({kind})" if kind else type(module).__name__
+
+
+def _sinks_of(module, kwargs) -> torch.Tensor | None:
+    """The layer's sinks, one logit per query head ``(H,)``; per-token sinks ``(B, H, L, 1)`` are refused."""
+    sinks = next((kwargs[name] for name in _SINKS if kwargs.get(name) is not None), None)
+    if sinks is not None and sinks.dim() != 1:
+        raise UnsupportedFeature(f"{_model_name(module)} uses per-token attention sinks (shape {tuple(sinks.shape)}): "
+                                 "attnkit takes one sink logit per head (H,); use attn_implementation='eager'")
+    return sinks
 
 
 def weights_wanted(kwargs) -> bool:
@@ -85,6 +96,11 @@ def model_mask_of(attention_mask, module, is_causal, query, kv_len: int, extra) 
     """The :class:`ModelMask` of a call; one the mask function did not build is read here (the keys end the
     sequence, as in a dynamic cache) and ``extra`` is AND-ed in, as the mask function would have."""
     if isinstance(attention_mask, ModelMask):
+        if kv_len > attention_mask.sizes[2]:
+            raise UnsupportedFeature(
+                f"{_model_name(module)} attends to {kv_len} keys with a mask built for {attention_mask.sizes[2]}: "
+                "the model appends keys past the mask (compressed entries) and keeps which queries see them in its "
+                "own code (a `block_bias`); use attn_implementation='eager' for this model")
         return attention_mask
     q_len = query.shape[-2]
     if attention_mask is None:
@@ -173,7 +189,7 @@ def make_attention_function(extra_mask=None, extra_bias=None, backend: str = "au
             mask = None  # it is in the bias
         want_weights = weights_wanted(kwargs)
         result = attention(query, key, value, mask=mask, bias=bias, scale=scaling, dropout_p=dropout,
-                           return_weights=want_weights, backend=backend)
+                           return_weights=want_weights, backend=backend, sinks=_sinks_of(module, kwargs))
         out, weights = (result.output, result.weights) if want_weights else (result, None)
         return out.transpose(1, 2).contiguous(), weights
 
