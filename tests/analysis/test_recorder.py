@@ -37,6 +37,8 @@ def _pool(t):
 # a map the API does not return}). Core attention entries (a partial of attnkit.attention) are handled generically.
 WEIGHTS = {
     "multi-head": (lambda f, x: f(*x, average_attn_weights=False), lambda o: {"model": o[1]}),
+    "gated-attention": (lambda f, x: f(*x, average_attn_weights=False), lambda o: {"model": o[1]}),
+    "qk-norm": (lambda f, x: f(*x, average_attn_weights=False), lambda o: {"model": o[1]}),
     "dot-product-module": (lambda f, x: f(*x, need_weights=True), lambda o: {"model": o[1]}),
     "additive": (None, lambda o: {"model": _w(o.weights)}),
     "derived-key": (None, lambda o: {"model": _w(o.weights)}),
@@ -65,6 +67,8 @@ NO_WEIGHTS = {
     "bigbird": ["model", "model#1"], "sparse-transformer": ["model", "model#1"],
     "longformer": ["attention", "attention#1"],  # its example is a closure over the layer: no model to name maps
     "perceiver-attention": ["model"], "perceiver-encoder": ["cross_attn", "blocks.0.attn"],
+    "multi-head-latent": ["model"],  # the naive form's h heads
+    "differential": ["model", "model#1"],  # both maps as 2h heads, once per half of the values
     "retnet": [], "gla": [], "mamba2": [], "deltanet": [], "gated-deltanet": [], "kimi-delta-attention": [],
 }
 # sigmoid weights (and softpick's, stick-breaking's, a sink's share taken: sums below 1); local-p Luong: softmax

@@ -99,7 +99,7 @@ def test_version(capsys):
     (["scaling", "dense", "--size", "windw=3"], ["--size windw"]),
     (["plot-mask", "causal(", "--q-len", "8"], ["cannot parse mask"]),
     (["plot-mask", "causal()", "--block-size", "0"], ["--block-size: must be an integer >= 1"]),
-    (["record", "multihead"], ["did you mean 'multi-head'?"]),
+    (["record", "multihead"], ["did you mean 'multi-head'"]),
     (["record", "multi-head", "--format", "pdf"], ["invalid choice 'pdf'"]),
     (["tour", "--threads", "0"], ["--threads: must be an integer >= 1"]),
 ])

@@ -131,3 +131,16 @@ def test_scaling_passes_the_device_and_refuses_an_unwritable_file_before_measuri
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert run(["scaling", "dense", "--lengths", "64", "--device", "cuda:0"]) == 0
     assert fake_scaling[-1][2]["device"] == "cuda:0"
+
+
+def test_cost_kv_cache_prints_the_variants_side_by_side(capsys):
+    assert run(["cost", "--kv-cache", "--heads", "16", "--head-dim", "32", "--size", "dtype=bfloat16",
+                "--size", "kv_heads=2"]) == 0
+    out = capsys.readouterr().out
+    assert "16 heads of 32 features, bfloat16" in out and "kv_heads=2" in out and "MLA" in out
+    with pytest.raises(ArgumentError, match="takes kv_heads= and dtype= here; got window"):
+        run(["cost", "--kv-cache", "--size", "window=3"])
+    with pytest.raises(ArgumentError, match="give a mechanism's name, or --kv-cache alone"):
+        run(["cost"])
+    assert run(["cost", "multi-head-latent", "--q-len", "64"]) == 0
+    assert "KV-cache bytes per token" in capsys.readouterr().out

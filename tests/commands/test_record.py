@@ -101,7 +101,7 @@ def test_stochastic_examples_follow_the_seed():
 def test_errors_are_argument_errors(fake_viz, monkeypatch):
     with pytest.raises(ArgumentError, match=r"unknown mechanism or model 'nosuch'; known: .*multi-head.*vit"):
         _run(["record", "nosuch"])
-    with pytest.raises(ArgumentError, match=r"'multihead'; did you mean 'multi-head'\?"):
+    with pytest.raises(ArgumentError, match=r"'multihead'; did you mean 'multi-head'"):
         _run(["record", "multihead"])
     with pytest.raises(ArgumentError, match="'linear-attention' computes no attention map"):
         _run(["record", "linear-attention"])

@@ -50,3 +50,20 @@ def test_bad_options_are_named():
         TransformerLM(V, dim=DIM, num_heads=H, softmax_every=2)
     with pytest.raises(ArgumentError, match="softmax_every must be an int >= 1; got 0"):
         hybrid_attention("gla", 0)
+    with pytest.raises(ArgumentError, match="gate, qk_norm apply to the softmax layers"):
+        TransformerLM(V, dim=DIM, num_heads=H, attention="gla", gate=True, qk_norm=True)
+    with pytest.raises(ArgumentError, match="unknown softmax option"):
+        hybrid_attention("gla", 2, sinks=True)
+
+
+def test_the_softmax_layers_take_the_gate_qk_norm_and_rotary_positions():
+    """Qwen3-Next's layout: gated, QK-normed, partly rotated full attention after linear layers."""
+    lm = _lm(every=2, layers=4, positional="rotary", gate=True, qk_norm=True, rotary={"pairing": "half",
+                                                                                       "fraction": 0.5})
+    softmax = [layer.self_attn for layer in lm.body.layers if type(layer.self_attn).__name__ == "SoftmaxSelfAttention"]
+    assert len(softmax) == 2
+    assert all(a.gate is not None and a.qk_norm is not None and a.rotary is not None for a in softmax)
+    assert softmax[0].rotary.rotated == 2  # half of the 4 features of a head
+    tokens = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(3))
+    out, scores = lm.generate(tokens[:, :5], 3, return_logits=True)
+    torch.testing.assert_close(scores[:, 0], lm(tokens[:, :5])[:, 4], rtol=0, atol=1e-5)

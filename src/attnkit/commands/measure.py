@@ -27,10 +27,27 @@ def _size(text: str) -> tuple[str, object]:
         return key, value
 
 
+def _kv_cache(args, given: dict) -> None:
+    from ..analysis.cost.kv_cache import kv_cache_table
+
+    unknown = sorted(set(given) - {"kv_heads", "dtype"})
+    if unknown:
+        raise ArgumentError(f"attnkit cost --kv-cache: --size takes kv_heads= and dtype= here; got "
+                            f"{', '.join(unknown)}")
+    layer = {k: v if v is not None else DEFAULTS[k] for k, v in values(args).items()}
+    print(kv_cache_table(heads=layer["heads"], head_dim=layer["head_dim"], kv_heads=given.get("kv_heads"),
+                         dtype=given.get("dtype", "float32"), tokens=layer["q_len"]))
+
+
 def _cmd_cost(args) -> int:
     from ..analysis.cost import cost, spec
 
     given = dict(args.size or [])
+    if args.kv_cache or args.name is None:
+        if args.name is not None or not args.kv_cache:
+            raise ArgumentError("attnkit cost: give a mechanism's name, or --kv-cache alone")
+        _kv_cache(args, given)
+        return 0
     sizes = {k: v for k, v in values(args).items() if v is not None}  # the options typed (the layer's otherwise)
     sizes.update({k: given.pop(k) for k in VOCABULARY if k in given})
     if not {"q_len", *spec(args.name).length} & {*sizes, *given}:
@@ -89,11 +106,16 @@ def add(sub) -> None:
                                 "(Longformer's window of 512, BigBird's blocks of 64, Reformer's chunks of 64, ...).",
                     examples=["attnkit cost longformer --q-len 4096", "attnkit cost bigbird --q-len 16384 --heads 12",
                               'attnkit cost "causal() & sliding_window(128, 0)" --backward',
-                              "attnkit cost sliding-window --size window=256", "attnkit cost dense --q-len 1000000000"])
-    p.add_argument("name", help=NAME_HELP)
+                              "attnkit cost sliding-window --size window=256", "attnkit cost dense --q-len 1000000000",
+                              "attnkit cost --kv-cache --heads 32 --head-dim 128 --size dtype=bfloat16"])
+    p.add_argument("name", nargs="?", help=NAME_HELP)
     add_size_args(p, defaults=False)
     p.add_argument("--size", type=_size, action="append", metavar="K=V", help=SIZE_HELP)
     p.add_argument("--backward", action="store_true", help="include the backward pass")
+    p.add_argument("--kv-cache", action="store_true",
+                   help="instead of a mechanism: the decoding cache's bytes per token and layer of MHA, GQA (--size "
+                        "kv_heads=, default heads / 4), MQA and MLA side by side at --heads x --head-dim "
+                        "(--size dtype=)")
     p.set_defaults(func=_cmd_cost)
     p = add_command(sub, "scaling", summary="time and peak memory over sequence lengths, each in a fresh process",
                     description="Time each mechanism (median of --repeats runs after one warm-up) and measure its "

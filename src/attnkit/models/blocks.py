@@ -11,9 +11,19 @@ from ..errors import ArgumentError, check_int
 from ..nn.multihead import MultiHeadAttention
 from .self_attention import self_attend
 
-__all__ = ["TransformerEncoderLayer", "TransformerDecoderLayer"]
+__all__ = ["TransformerEncoderLayer", "TransformerDecoderLayer", "make_norm", "ACTIVATIONS", "NORMS"]
 
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+ACTIVATIONS = (*_ACTIVATIONS, "swiglu")
+NORMS = ("layer", "rms")
+
+
+def make_norm(who: str, kind: str, dim: int, eps: float) -> nn.Module:
+    """LayerNorm (Ba et al. 2016, arXiv:1607.06450) or RMSNorm (Zhang & Sennrich 2019, arXiv:1910.07467,
+    eq. 4: no centring, no bias)."""
+    if kind not in NORMS:
+        raise ArgumentError(f"{who}: norm must be one of {NORMS}; got {kind!r}")
+    return nn.LayerNorm(dim, eps=eps) if kind == "layer" else nn.RMSNorm(dim, eps=eps)
 
 
 def check_dropout(who: str, p) -> float:
@@ -26,32 +36,42 @@ class _Sublayers(nn.Module):
     """What both layers share: the feed-forward network, dropout, norm placement (names as torch's layers)."""
 
     def __init__(self, who: str, dim: int, ff_dim: int | None, dropout: float, activation: str, norm_first: bool,
-                 eps: float):
+                 eps: float, norm: str):
         super().__init__()
         check_int(who, "dim", dim, 1)
-        ff_dim = 4 * dim if ff_dim is None else check_int(who, "ff_dim", ff_dim, 1)
-        if activation not in _ACTIVATIONS:
-            raise ArgumentError(f"{who}: activation must be one of {tuple(_ACTIVATIONS)}; got {activation!r}")
+        if activation not in ACTIVATIONS:
+            raise ArgumentError(f"{who}: activation must be one of {ACTIVATIONS}; got {activation!r}")
+        glu = activation == "swiglu"
+        default = -(-8 * dim // 3) if glu else 4 * dim  # SwiGLU's 3 matrices: 2/3 the width, the same parameters
+        ff_dim = default if ff_dim is None else check_int(who, "ff_dim", ff_dim, 1)
         self.dim, self.ff_dim, self.activation, self.norm_first = dim, ff_dim, activation, bool(norm_first)
         self.dropout = check_dropout(who, dropout)
-        self.linear1, self.linear2 = nn.Linear(dim, ff_dim), nn.Linear(ff_dim, dim)
-        self.norm1 = nn.LayerNorm(dim, eps=eps)
+        self.norm_kind, self.eps = norm, eps
+        # SwiGLU: W and V stacked in linear1, no biases (Shazeer 2020, Sec. 2)
+        self.linear1 = nn.Linear(dim, 2 * ff_dim if glu else ff_dim, bias=not glu)
+        self.linear2 = nn.Linear(ff_dim, dim, bias=not glu)
+        self.norm1 = make_norm(who, norm, dim, eps)
 
     def _drop(self, x: torch.Tensor) -> torch.Tensor:
         return F.dropout(x, self.dropout, training=self.training) if self.dropout else x
 
     def _ff(self, x: torch.Tensor) -> torch.Tensor:
-        """``FFN(x) = max(0, x W_1 + b_1) W_2 + b_2`` (eq. 2; GELU when asked)."""
+        """``FFN(x) = max(0, x W_1 + b_1) W_2 + b_2`` (eq. 2; GELU when asked), or SwiGLU
+        ``(Swish(x W) * x V) W_2`` (Shazeer 2020, "GLU Variants Improve Transformer", arXiv:2002.05202, eq. 6)."""
+        if self.activation == "swiglu":
+            gate, up = self.linear1(x).chunk(2, dim=-1)  # (B, n, 2 ff) -> 2 x (B, n, ff)
+            return self.linear2(self._drop(F.silu(gate) * up))
         return self.linear2(self._drop(_ACTIVATIONS[self.activation](self.linear1(x))))
 
-    def _residual(self, x: torch.Tensor, norm: nn.LayerNorm, sublayer) -> torch.Tensor:
+    def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer) -> torch.Tensor:
         """Post-norm ``LN(x + Sublayer(x))`` (Sec. 5.4) or pre-norm ``x + Sublayer(LN(x))``."""
         if self.norm_first:
             return x + self._drop(sublayer(norm(x)))
         return norm(x + self._drop(sublayer(x)))
 
     def extra_repr(self) -> str:
-        return f"ff_dim={self.ff_dim}, activation={self.activation!r}, norm_first={self.norm_first}"
+        return (f"ff_dim={self.ff_dim}, activation={self.activation!r}, norm_first={self.norm_first}, "
+                f"norm={self.norm_kind!r}")
 
 
 class TransformerEncoderLayer(_Sublayers):
@@ -78,9 +98,10 @@ class TransformerEncoderLayer(_Sublayers):
         self_attn: the self-attention module.
         ff_dim: hidden width of the FFN (``4 dim``).
         dropout: on each sublayer output and inside the FFN, training only.
-        activation: "relu" or "gelu".
+        activation: "relu", "gelu" or "swiglu" (``ff_dim`` then defaults to ``8 dim / 3``).
         norm_first: pre-norm instead of post-norm.
-        eps: LayerNorm epsilon.
+        eps: the norms' epsilon.
+        norm: "layer" (LayerNorm) or "rms" (RMSNorm, as Llama).
 
     Example:
         >>> import torch
@@ -92,10 +113,10 @@ class TransformerEncoderLayer(_Sublayers):
     """
 
     def __init__(self, dim: int, self_attn: nn.Module, *, ff_dim: int | None = None, dropout: float = 0.0,
-                 activation: str = "relu", norm_first: bool = False, eps: float = 1e-5):
-        super().__init__("TransformerEncoderLayer", dim, ff_dim, dropout, activation, norm_first, eps)
+                 activation: str = "relu", norm_first: bool = False, eps: float = 1e-5, norm: str = "layer"):
+        super().__init__("TransformerEncoderLayer", dim, ff_dim, dropout, activation, norm_first, eps, norm)
         self.self_attn = self_attn
-        self.norm2 = nn.LayerNorm(dim, eps=eps)
+        self.norm2 = make_norm("TransformerEncoderLayer", norm, dim, eps)
 
     def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
         x = self._residual(x, self.norm1, lambda h: self_attend(self.self_attn, h, key_keep_mask))
@@ -128,7 +149,7 @@ class TransformerDecoderLayer(_Sublayers):
         self_attn: causal self-attention module.
         num_heads: heads of the cross-attention.
         cross: whether the layer has cross-attention.
-        ff_dim, dropout, activation, norm_first, eps: as :class:`TransformerEncoderLayer`.
+        ff_dim, dropout, activation, norm_first, eps, norm: as :class:`TransformerEncoderLayer`.
 
     Example:
         >>> import torch
@@ -141,12 +162,13 @@ class TransformerDecoderLayer(_Sublayers):
 
     def __init__(self, dim: int, self_attn: nn.Module, *, num_heads: int = 1, cross: bool = True,
                  ff_dim: int | None = None, dropout: float = 0.0, activation: str = "relu",
-                 norm_first: bool = False, eps: float = 1e-5):
-        super().__init__("TransformerDecoderLayer", dim, ff_dim, dropout, activation, norm_first, eps)
+                 norm_first: bool = False, eps: float = 1e-5, norm: str = "layer"):
+        who = "TransformerDecoderLayer"
+        super().__init__(who, dim, ff_dim, dropout, activation, norm_first, eps, norm)
         self.self_attn = self_attn
         self.multihead_attn = MultiHeadAttention(dim, num_heads, dropout, batch_first=True) if cross else None
-        self.norm2 = nn.LayerNorm(dim, eps=eps) if cross else None
-        self.norm3 = nn.LayerNorm(dim, eps=eps)
+        self.norm2 = make_norm(who, norm, dim, eps) if cross else None
+        self.norm3 = make_norm(who, norm, dim, eps)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *,
                 memory_keep_mask: torch.Tensor | None = None, key_keep_mask: torch.Tensor | None = None,

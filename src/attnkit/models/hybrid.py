@@ -31,14 +31,16 @@ RECURRENT: dict[str, Callable[[int, int], nn.Module]] = {
 }
 
 
-def hybrid_attention(linear: str, softmax_every: int | None = None, *,
-                     dropout: float = 0.0) -> Callable[[int, int], nn.Module]:
+def hybrid_attention(linear: str, softmax_every: int | None = None, *, dropout: float = 0.0,
+                     **softmax_options) -> Callable[[int, int], nn.Module]:
     """A causal self-attention factory ``(dim, num_heads) -> nn.Module`` for a stack, called once per layer in order.
 
     Layer ``i`` (from 0) is causal :class:`SoftmaxSelfAttention` when ``(i + 1) % softmax_every == 0``,
     the linear-recurrent layer ``linear`` (a key of :data:`RECURRENT`) otherwise; ``softmax_every=None``
     makes every layer recurrent. ``softmax_every=4`` gives three linear layers to one softmax layer
-    (Qwen3-Next, Kimi Linear). The factory counts its calls: build one per model.
+    (Qwen3-Next, Kimi Linear). ``softmax_options`` (``mask``, ``rotary``, ``gate``, ``qk_norm``) go to the
+    softmax layers, as Qwen3-Next gates its full-attention layers and rotates part of their features.
+    The factory counts its calls: build one per model.
 
     Example:
         >>> from attnkit.models import TransformerDecoder
@@ -51,10 +53,18 @@ def hybrid_attention(linear: str, softmax_every: int | None = None, *,
                             f"got {linear!r}")
     if softmax_every is not None:
         check_int("hybrid_attention", "softmax_every", softmax_every, 1)
+    given = sorted(name for name, value in softmax_options.items() if value)
+    if given and softmax_every is None:
+        raise ArgumentError(f"hybrid_attention: {', '.join(given)} apply to the softmax layers, and "
+                            "softmax_every=None builds none; pass softmax_every")
+    unknown = sorted(set(softmax_options) - {"mask", "rotary", "gate", "qk_norm"})
+    if unknown:
+        raise ArgumentError(f"hybrid_attention: unknown softmax option(s) {', '.join(unknown)}; expected mask, "
+                            "rotary, gate, qk_norm")
     layers = itertools.count()
 
     def make(dim: int, num_heads: int) -> nn.Module:
         if softmax_every is not None and (next(layers) + 1) % softmax_every == 0:
-            return SoftmaxSelfAttention(dim, num_heads, dropout=dropout, causal=True)
+            return SoftmaxSelfAttention(dim, num_heads, dropout=dropout, causal=True, **softmax_options)
         return RECURRENT[linear](dim, num_heads)
     return make

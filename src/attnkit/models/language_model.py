@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
 from ..errors import ArgumentError
+from . import checkpoint
 from .hybrid import RECURRENT, hybrid_attention
 from .stacks import TransformerDecoder, TransformerEncoder
 from .tokens import TokenEmbedding, cache_offset, check_generate, check_tokens, decode, output_head
@@ -29,6 +32,13 @@ class TransformerLM(nn.Module):
 
     Differences from the paper: positional encodings and attention are selectable (see
     :class:`TransformerEncoder`); post-norm by default (GPT-2 uses pre-norm: ``norm_first=True``).
+    The blocks of recent models are options: RMSNorm (``norm="rms"``), SwiGLU
+    (``activation="swiglu"``), rotary positions in the half-split pairing, partially and with
+    context scaling (``positional="rotary", rotary={...}``), an output gate and QK-norm
+    (``gate=True, qk_norm=True``); ``norm="rms", activation="swiglu", norm_first=True,
+    positional="rotary", rotary={"pairing": "half"}`` is Llama's block.
+
+    :meth:`save` writes the constructor's arguments with the weights; :meth:`load` rebuilds the model.
 
     Shapes: ``tokens`` ``(B, n)`` int ids, ``key_keep_mask`` ``(B, n)`` bool (True = real token)
     -> logits ``(B, n, vocab_size)``.
@@ -49,6 +59,10 @@ class TransformerLM(nn.Module):
             :func:`attnkit.models.hybrid.hybrid_attention`.
         max_len: longest sequence (learned positions, linformer, lambda-layer).
         tie_embeddings: ``W_out = E^T`` (Press & Wolf 2017).
+        norm: "layer" (LayerNorm) or "rms" (RMSNorm) in every block and the final norm.
+        gate, qk_norm: the softmax attention's output gate and QK-norm (:class:`~attnkit.nn.MultiHeadAttention`).
+        rotary: with ``positional="rotary"``, :class:`~attnkit.nn.RotaryEmbedding` options (``pairing``,
+            ``fraction``, ``base``, ``scaling``); None: the plain interleaved rotation of every feature.
 
     Example:
         >>> import torch
@@ -61,24 +75,38 @@ class TransformerLM(nn.Module):
         >>> b, lb = lm.generate(tokens, 6, use_cache=False, return_logits=True)
         >>> a.shape, bool(torch.equal(a, b)), torch.allclose(la, lb, atol=1e-5)
         (torch.Size([2, 11]), True, True)
+        >>> llama = TransformerLM(17, dim=12, num_heads=3, norm="rms", activation="swiglu", norm_first=True,
+        ...                       positional="rotary", rotary={"pairing": "half"}, qk_norm=True, gate=True)
+        >>> llama(tokens).shape
+        torch.Size([2, 5, 17])
     """
 
     def __init__(self, vocab_size: int, *, dim: int = 64, num_heads: int = 4, num_layers: int = 2,
                  causal: bool = True, ff_dim: int | None = None, dropout: float = 0.1, activation: str = "relu",
                  norm_first: bool = False, positional: str | None = "sinusoidal", attention="softmax",
-                 attention_mask=None, max_len: int | None = 256, tie_embeddings: bool = False,
+                 attention_mask=None, max_len: int | None = 256, tie_embeddings: bool = False, norm: str = "layer",
+                 gate: bool = False, qk_norm: bool = False, rotary: dict | None = None,
                  softmax_every: int | None = None):
+        config = checkpoint.arguments(TransformerLM.__init__, locals())
         super().__init__()
+        self.config = config
+        if rotary is not None and positional != "rotary":
+            raise ArgumentError(f"TransformerLM: rotary options need positional='rotary'; got "
+                                f"positional={positional!r}")
+        softmax_options = {"rotary": (rotary or True) if positional == "rotary" else False, "gate": gate,
+                           "qk_norm": qk_norm}
         if attention in RECURRENT or softmax_every is not None:
             if not causal:
                 raise ArgumentError("TransformerLM: linear-recurrent layers are causal; got causal=False")
-            attention = hybrid_attention(attention, softmax_every, dropout=dropout)
+            attention = hybrid_attention(attention, softmax_every, dropout=dropout, mask=attention_mask,
+                                         **softmax_options)
+            attention_mask, softmax_options = None, {}  # the factory gives them to its softmax layers
         self.embed = TokenEmbedding("TransformerLM", vocab_size, dim, positional=positional, max_len=max_len,
                                     dropout=dropout)
         self.vocab_size, self.max_len, self.causal = vocab_size, max_len, bool(causal)
         common = {"ff_dim": ff_dim, "dropout": dropout, "activation": activation, "norm_first": norm_first,
-                  "attention": attention, "attention_mask": attention_mask, "rotary": positional == "rotary",
-                  "max_len": max_len}
+                  "attention": attention, "attention_mask": attention_mask, "max_len": max_len, "norm": norm,
+                  **softmax_options}
         self.body = (TransformerDecoder(dim, num_heads, num_layers, cross=False, **common) if causal
                      else TransformerEncoder(dim, num_heads, num_layers, **common))
         self.head = output_head(self.embed, vocab_size, tie_embeddings)
@@ -118,3 +146,12 @@ class TransformerLM(nn.Module):
         tokens, logits = decode(step, prefix, max_new_tokens, vocab_size=self.vocab_size, eos=eos,
                                 temperature=temperature, generator=generator)
         return (tokens, logits) if return_logits else tokens
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the constructor's arguments and the weights to one file (:mod:`attnkit.models.checkpoint`)."""
+        checkpoint.save(self, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, map_location=None) -> TransformerLM:
+        """The model :meth:`save` wrote, in eval mode (read with ``torch.load(weights_only=True)``)."""
+        return checkpoint.load(cls, path, map_location=map_location)

@@ -16,19 +16,17 @@ from torch import nn
 
 from .. import masks
 from ..errors import ArgumentError, DTypeError, ShapeError
-from ..nn._inputs import check_keep_mask, check_sequence
 from ..nn.bigbird import BigBirdAttention
 from ..nn.blocksparse import BlockSparseAttention
-from ..nn.kv_cache import KVCache
+from ..nn.kv_cache import KVCache, check_step, decoding_mask
 from ..nn.lambda_layer import LambdaLayer
 from ..nn.linear import LinearAttention, PerformerAttention
 from ..nn.linformer import LinformerAttention
 from ..nn.local import LocalAttention
 from ..nn.longformer import LongformerAttention
 from ..nn.multihead import MultiHeadAttention
-from ..nn.padding import clear_padding
 from ..nn.reformer import ReformerAttention
-from ..nn.rotary import RotaryEmbedding
+from ..nn.rotary import rotary_for
 from ..nn.sparse_transformer import SparseTransformerAttention
 
 __all__ = ["SoftmaxSelfAttention", "MECHANISMS", "self_attention_maker", "self_attend"]
@@ -60,7 +58,9 @@ class SoftmaxSelfAttention(MultiHeadAttention):
         dropout: on the weights, training only.
         causal: query ``i`` sees keys ``j <= i``.
         mask: an :mod:`attnkit.masks` mask ANDed in.
-        rotary: rotate queries and keys by position (RoPE) before the scores.
+        rotary: rotate queries and keys by position (RoPE) before the scores: True, or a dict of
+            :class:`~attnkit.nn.rotary.RotaryEmbedding` options (pairing, partial rotation, scaling).
+        gate, qk_norm: the output gate and QK-norm of :class:`MultiHeadAttention`.
 
     Example:
         >>> import torch
@@ -76,42 +76,27 @@ class SoftmaxSelfAttention(MultiHeadAttention):
     """
 
     def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0, causal: bool = False,
-                 mask: masks.Mask | None = None, rotary: bool = False):
-        super().__init__(dim, num_heads, dropout, batch_first=True)
+                 mask: masks.Mask | None = None, rotary: bool | dict = False, gate: bool = False,
+                 qk_norm: bool = False):
+        super().__init__(dim, num_heads, dropout, batch_first=True, gate=gate, qk_norm=qk_norm, rotary=rotary)
         if mask is not None and not isinstance(mask, masks.Mask):
             raise DTypeError(f"SoftmaxSelfAttention: mask must be an attnkit.masks.Mask (a bool tensor: wrap it in "
                              f"masks.TensorMask); got {type(mask).__name__}")
         self.causal, self.pattern = bool(causal), mask
-        self.rotary = RotaryEmbedding(self.head_dim) if rotary else None
 
     def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
-        who = type(self).__name__
-        if cache is not None and not isinstance(cache, KVCache):
-            raise DTypeError(f"{who}: cache must be a KVCache; got {type(cache).__name__}")
-        check_sequence(who, "x", x, self.embed_dim, named=True, like=self)
-        start = 0 if cache is None else len(cache)
-        check_keep_mask(who, "key_keep_mask", key_keep_mask, x.shape[0], start + x.shape[1])  # n = cached + new
-        x = clear_padding(x, key_keep_mask[:, start:] if key_keep_mask is not None else None)  # the promise
+        x, start = check_step(type(self).__name__, self, x, self.embed_dim, key_keep_mask, cache)
         q, k, v = self._project(x, x, x)  # (B, H, t, d) each
-        if self.rotary is not None:
-            q, k = self.rotary(q, k, q_offset=start, k_offset=start)
+        if self.qk_norm is not None or self.rotary is not None:
+            q, k = self._position(q, k, start, start)
         if cache is not None:
             k, v = cache.append(k, v)  # (B, H, n, d)
-        mask = self._mask(q.shape[2], k.shape[2], key_keep_mask)
-        return self._attend(q, k, v, mask, None, False, True, True)[0]
-
-    def _mask(self, t: int, n: int, keep):
-        parts = [masks.causal()] if self.causal else []
-        if self.pattern is not None:
-            # decoding: the t new queries are the last rows of the n x n problem
-            parts.append(self.pattern if t == n else masks.shifted(self.pattern, q0=n - t, q_len=n, kv_len=n))
-        if keep is not None:
-            parts.append(masks.keys(keep))
-        return functools.reduce(lambda a, b: a & b, parts) if parts else None
+        mask = decoding_mask(self.causal, self.pattern, q.shape[2], k.shape[2], key_keep_mask)
+        return self._attend(q, k, v, mask, None, False, True, True, x)[0]
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, causal={self.causal}, mask={self.pattern!r}, rotary={self.rotary is not None}"
+        return f"{super().extra_repr()}, causal={self.causal}, mask={self.pattern!r}"
 
 
 # name -> (builder(dim, num_heads, causal, max_len), has a causal form). Defaults suit sequences of ~16-512.
@@ -137,13 +122,16 @@ def _valid_names() -> str:
 
 
 def self_attention_maker(who: str, attention, dim: int, num_heads: int, *, causal: bool, dropout: float = 0.0,
-                         mask: masks.Mask | None = None, rotary: bool = False,
-                         max_len: int | None = None) -> Callable[[], nn.Module]:
+                         mask: masks.Mask | None = None, rotary: bool | dict = False, max_len: int | None = None,
+                         gate: bool = False, qk_norm: bool = False) -> Callable[[], nn.Module]:
     """Validate ``attention`` once and return a function building one self-attention module per layer."""
+    softmax_only = {"attention_mask": mask is not None, "rotary positions": bool(rotary), "gate": bool(gate),
+                    "qk_norm": bool(qk_norm)}
     if isinstance(attention, str):
         if attention in SOFTMAX:
+            rotary_for(who, rotary, dim // num_heads)  # a bad option fails here, before any layer is built
             return lambda: SoftmaxSelfAttention(dim, num_heads, dropout=dropout, causal=causal, mask=mask,
-                                                rotary=rotary)
+                                                rotary=rotary, gate=gate, qk_norm=qk_norm)
         if attention not in MECHANISMS:
             raise ArgumentError(f"{who}: unknown attention {attention!r}; expected one of {_valid_names()} "
                                 "or a factory (dim, num_heads) -> nn.Module")
@@ -154,21 +142,21 @@ def self_attention_maker(who: str, attention, dim: int, num_heads: int, *, causa
                                 f"causal self-attention; causal ones: 'softmax', {causal_names}")
         if attention in ("linformer", "lambda-layer") and max_len is None:
             raise ArgumentError(f"{who}: attention {attention!r} needs max_len (the longest input); got None")
-        _check_plain(who, attention, mask, rotary)
+        _check_plain(who, attention, softmax_only)
         return lambda: build(dim, num_heads, causal, max_len)
     if not callable(attention):
         raise DTypeError(f"{who}: attention must be a name ({_valid_names()}) or a factory (dim, num_heads) -> "
                          f"nn.Module; got {type(attention).__name__}")
-    _check_plain(who, "a factory", mask, rotary)
+    _check_plain(who, "a factory", softmax_only)
     return functools.partial(_from_factory, who, attention, dim, num_heads, causal)
 
 
-def _check_plain(who: str, what: str, mask, rotary: bool) -> None:
-    if mask is not None:
-        raise ArgumentError(f"{who}: attention_mask applies to attention='softmax' only; got it with {what}")
-    if rotary:
-        raise ArgumentError(f"{who}: rotary positions apply to attention='softmax' only; got positional='rotary' "
-                            f"with {what} (use 'sinusoidal', 'learned' or None)")
+def _check_plain(who: str, what: str, softmax_only: dict) -> None:
+    for option, given in softmax_only.items():
+        if given:
+            hint = (" (positional='rotary'; use 'sinusoidal', 'learned' or None)" if option == "rotary positions"
+                    else "")
+            raise ArgumentError(f"{who}: {option} apply to attention='softmax' only; got it with {what}{hint}")
 
 
 def _accepts(fn, name: str) -> bool:

@@ -8,7 +8,7 @@ from torch import nn
 from ..errors import ArgumentError, check_int
 from ..nn._inputs import check_keep_mask, check_sequence
 from ..nn.kv_cache import KVCache
-from .blocks import TransformerDecoderLayer, TransformerEncoderLayer
+from .blocks import TransformerDecoderLayer, TransformerEncoderLayer, make_norm
 from .self_attention import SoftmaxSelfAttention, self_attention_maker
 from .tokens import cache_offset
 
@@ -19,7 +19,9 @@ _ATTENTION_DOC = """
 
     - ``"softmax"`` (alias ``"multi-head"``): :class:`SoftmaxSelfAttention`, a
       :class:`attnkit.nn.MultiHeadAttention` with the optional ``attention_mask`` (any
-      :mod:`attnkit.masks` mask, ANDed with causal and key padding), rotary positions, KV cache.
+      :mod:`attnkit.masks` mask, ANDed with causal and key padding), rotary positions (``rotary``:
+      True or :class:`~attnkit.nn.RotaryEmbedding` options: pairing, partial rotation, scaling),
+      the output gate (``gate``) and QK-norm (``qk_norm``), KV cache.
     - a registry name, built with defaults for short sequences: "linear-attention", "performer",
       "local" (window 8), "sparse-transformer" (strided, stride 8), "block-sparse" (fixed blocks of
       8), "reformer" (4 buckets, 2 hashes, chunks of 16), and, without a causal form (encoders only),
@@ -31,7 +33,7 @@ _ATTENTION_DOC = """
       ``forward`` takes one (e.g. ``functools.partial(LocalAttention, size=4)``).
 
     Unknown names raise ArgumentError listing the valid ones; so do a non-causal mechanism in a
-    decoder, ``attention_mask`` or rotary positions without softmax, and padding (a ``False`` in a
+    decoder, ``attention_mask``, rotary positions, a gate or QK-norm without softmax, and padding (a ``False`` in a
     keep mask) with a module that takes no ``key_keep_mask``.
 """
 
@@ -68,13 +70,15 @@ class TransformerEncoder(nn.Module):
         num_layers: layers.
         ff_dim: FFN width (``4 dim``).
         dropout: sublayer, FFN and softmax-weight dropout, training only.
-        activation: "relu" or "gelu".
+        activation: "relu", "gelu" or "swiglu".
         norm_first: pre-norm.
         attention: see above.
         attention_mask: an attnkit mask (softmax only).
-        rotary: rotary positions in the softmax attention.
+        rotary: rotary positions in the softmax attention (True or RotaryEmbedding options).
         max_len: longest input (linformer, lambda-layer).
-        eps: LayerNorm epsilon.
+        eps: the norms' epsilon.
+        norm: "layer" (LayerNorm) or "rms" (RMSNorm).
+        gate, qk_norm: the softmax attention's output gate and QK-norm.
 
     Example:
         >>> import torch
@@ -89,17 +93,19 @@ class TransformerEncoder(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, num_layers: int = 2, *, ff_dim: int | None = None,
                  dropout: float = 0.0, activation: str = "relu", norm_first: bool = False, attention="softmax",
-                 attention_mask=None, rotary: bool = False, max_len: int | None = None, eps: float = 1e-5):
+                 attention_mask=None, rotary: bool | dict = False, max_len: int | None = None, eps: float = 1e-5,
+                 norm: str = "layer", gate: bool = False, qk_norm: bool = False):
         super().__init__()
         who = type(self).__name__
         _stack_args(who, dim, num_heads, num_layers, eps)
         make = self_attention_maker(who, attention, dim, num_heads, causal=False, dropout=dropout,
-                                    mask=attention_mask, rotary=rotary, max_len=max_len)
+                                    mask=attention_mask, rotary=rotary, max_len=max_len, gate=gate, qk_norm=qk_norm)
         self.dim = dim
         self.layers = nn.ModuleList(TransformerEncoderLayer(dim, make(), ff_dim=ff_dim, dropout=dropout,
-                                                            activation=activation, norm_first=norm_first, eps=eps)
+                                                            activation=activation, norm_first=norm_first, eps=eps,
+                                                            norm=norm)
                                     for _ in range(num_layers))
-        self.norm = nn.LayerNorm(dim, eps=eps) if norm_first else None
+        self.norm = make_norm(who, norm, dim, eps) if norm_first else None
 
     def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
         who = type(self).__name__
@@ -131,6 +137,7 @@ class TransformerDecoder(nn.Module):
     Args:
         dim, num_heads, num_layers, ff_dim, dropout, activation: as :class:`TransformerEncoder`.
         norm_first, attention, attention_mask, rotary, max_len, eps: as :class:`TransformerEncoder`.
+        norm, gate, qk_norm: as :class:`TransformerEncoder`.
         cross: with cross-attention to ``memory``.
 
     Example:
@@ -147,18 +154,18 @@ class TransformerDecoder(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, num_layers: int = 2, *, cross: bool = True,
                  ff_dim: int | None = None, dropout: float = 0.0, activation: str = "relu", norm_first: bool = False,
-                 attention="softmax", attention_mask=None, rotary: bool = False, max_len: int | None = None,
-                 eps: float = 1e-5):
+                 attention="softmax", attention_mask=None, rotary: bool | dict = False, max_len: int | None = None,
+                 eps: float = 1e-5, norm: str = "layer", gate: bool = False, qk_norm: bool = False):
         super().__init__()
         who = type(self).__name__
         _stack_args(who, dim, num_heads, num_layers, eps)
         make = self_attention_maker(who, attention, dim, num_heads, causal=True, dropout=dropout,
-                                    mask=attention_mask, rotary=rotary, max_len=max_len)
+                                    mask=attention_mask, rotary=rotary, max_len=max_len, gate=gate, qk_norm=qk_norm)
         self.dim, self.cross = dim, bool(cross)
         self.layers = nn.ModuleList(TransformerDecoderLayer(
             dim, make(), num_heads=num_heads, cross=cross, ff_dim=ff_dim, dropout=dropout, activation=activation,
-            norm_first=norm_first, eps=eps) for _ in range(num_layers))
-        self.norm = nn.LayerNorm(dim, eps=eps) if norm_first else None
+            norm_first=norm_first, eps=eps, norm=norm) for _ in range(num_layers))
+        self.norm = make_norm(who, norm, dim, eps) if norm_first else None
 
     @property
     def cacheable(self) -> bool:

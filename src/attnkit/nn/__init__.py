@@ -8,12 +8,15 @@ from .coattention import CoAttention
 from .coverage import CoverageAttention, coverage_loss
 from .deltanet import DeltaNet
 from .derived_key import DerivedKeyAttention
+from .differential import DifferentialAttention
+from .gated import OutputGate, QKNorm
 from .gated_deltanet import GatedDeltaNet
 from .gla import GatedLinearAttention
 from .hard import HardAttention
 from .kimi_delta import KimiDeltaAttention
-from .kv_cache import KVCache
+from .kv_cache import KVCache, LatentCache
 from .lambda_layer import LambdaLayer
+from .latent import MultiHeadLatentAttention
 from .linear import LinearAttention, PerformerAttention
 from .linformer import LinformerAttention, SequenceProjection
 from .local import LocalAttention
@@ -28,18 +31,20 @@ from .pooling import AttentionPooling, HierarchicalAttention
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from .reformer import LSHAttention, ReformerAttention
 from .retnet import RetNetRetention
+from .rope_scaling import DynamicNTKScaling, LinearScaling, Llama3Scaling, LongRopeScaling, YarnScaling
 from .rotary import RotaryEmbedding
 from .segment import SegmentAttention, TieredAttention
 from .sparse_transformer import SparseTransformerAttention
 
 __all__ = [
     "AdditiveAttention", "AttentionPooling", "BigBirdAttention", "BlockPattern", "BlockSparseAttention",
-    "CoAttention", "CoverageAttention", "DeltaNet", "DerivedKeyAttention", "DotProductAttention", "GatedDeltaNet",
-    "GatedLinearAttention", "HardAttention", "HierarchicalAttention", "KVCache", "KimiDeltaAttention",
-    "LSHAttention", "LambdaLayer", "LearnedPositionalEmbedding", "LinearAttention", "LinformerAttention",
-    "LocalAttention", "LongformerAttention", "LuongAttention", "Mamba2Mixer", "MemoryAttention",
-    "MultiHeadAttention", "PerceiverAttention", "PerceiverEncoder", "PerformerAttention", "PointerAttention",
-    "RecurrentCache", "ReformerAttention", "RetNetRetention", "RotaryEmbedding", "SegmentAttention",
-    "SequenceProjection",
-    "SinusoidalPositionalEncoding", "SparseTransformerAttention", "TieredAttention", "coverage_loss",
+    "CoAttention", "CoverageAttention", "DeltaNet", "DerivedKeyAttention", "DifferentialAttention",
+    "DotProductAttention", "DynamicNTKScaling", "GatedDeltaNet", "GatedLinearAttention", "HardAttention",
+    "HierarchicalAttention", "KVCache", "KimiDeltaAttention", "LSHAttention", "LambdaLayer", "LatentCache",
+    "LearnedPositionalEmbedding", "LinearAttention", "LinearScaling", "LinformerAttention", "Llama3Scaling",
+    "LocalAttention", "LongRopeScaling", "LongformerAttention", "LuongAttention", "Mamba2Mixer", "MemoryAttention",
+    "MultiHeadAttention", "MultiHeadLatentAttention", "OutputGate", "PerceiverAttention", "PerceiverEncoder",
+    "PerformerAttention", "PointerAttention", "QKNorm", "RecurrentCache", "ReformerAttention", "RetNetRetention",
+    "RotaryEmbedding", "SegmentAttention", "SequenceProjection", "SinusoidalPositionalEncoding",
+    "SparseTransformerAttention", "TieredAttention", "YarnScaling", "coverage_loss",
 ]

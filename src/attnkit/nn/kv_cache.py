@@ -1,13 +1,17 @@
-"""A key/value cache for incremental (token-by-token) decoding with self-attention."""
+"""A key/value cache for incremental (token-by-token) decoding with self-attention, and the mask it needs."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from ..errors import ShapeError, check_int
-from ._inputs import check_placement, check_shape
+from .. import masks
+from ..errors import DTypeError, ShapeError, check_int
+from ._inputs import check_keep_mask, check_placement, check_sequence, check_shape
+from .padding import clear_padding
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "LatentCache", "decoding_mask", "check_step"]
 
 
 def _check_size(name: str, value, minimum: int) -> int:
@@ -37,7 +41,8 @@ class KVCache:
         capacity: most positions the cache can hold; appending past it raises ShapeError.
         kv_heads: key/value heads Hkv.
         head_dim: key feature size D.
-        v_head_dim: value feature size Dv (default ``head_dim``).
+        v_head_dim: value feature size Dv (default ``head_dim``; 0: a cache of keys alone, whose
+            values the caller reads from the keys, as a latent cache does).
         dtype, device: of the buffers (default float32, CPU).
 
     Example:
@@ -56,7 +61,7 @@ class KVCache:
         dims = (_check_size("batch", batch, 0), _check_size("kv_heads", kv_heads, 1))
         self.capacity = _check_size("capacity", capacity, 0)
         d = _check_size("head_dim", head_dim, 1)
-        dv = d if v_head_dim is None else _check_size("v_head_dim", v_head_dim, 1)
+        dv = d if v_head_dim is None else _check_size("v_head_dim", v_head_dim, 0)
         self._k = torch.zeros(*dims, self.capacity, d, dtype=dtype, device=device)
         self._v = torch.zeros(*dims, self.capacity, dv, dtype=dtype, device=device)
         self._length = 0
@@ -123,3 +128,65 @@ class KVCache:
             self._v[:, :, start:stop] = v
         self._length = stop
         return self.keys, self.values
+
+
+class LatentCache(KVCache):
+    """The decoding cache of :class:`MultiHeadLatentAttention`: ``[c^KV; k^R]`` per token, nothing per head.
+
+    A :class:`KVCache` of one key "head" of ``kv_lora_rank + qk_rope_head_dim`` features and no
+    values: the absorbed form of :class:`~attnkit.nn.MultiHeadLatentAttention` attends over the stored
+    rows as they are (keys ``[c; k^R]``, values their first ``kv_lora_rank`` features), the naive
+    form decompresses them.
+
+    Args:
+        batch, capacity: as :class:`KVCache`.
+        kv_lora_rank: ``d_c``, the latent's size.
+        rope_dim: ``d_h^R``, the shared rotated key's size.
+        dtype, device: of the buffer.
+    """
+
+    def __init__(self, batch: int, capacity: int, kv_lora_rank: int, rope_dim: int, *, dtype=None, device=None):
+        super().__init__(batch, capacity, 1, kv_lora_rank + rope_dim, v_head_dim=0, dtype=dtype, device=device)
+        self.kv_lora_rank = kv_lora_rank
+
+    def append_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Store ``rows (B, 1, t, d_c + d_h^R)`` after the cached ones; return every stored row ``(B, 1, n, .)``."""
+        return self.append(rows, rows[..., :0])[0]
+
+    @property
+    def latent(self) -> torch.Tensor:
+        """The stored ``c^KV`` ``(B, 1, n, d_c)`` (a view)."""
+        return self.keys[..., :self.kv_lora_rank]
+
+    @property
+    def rope_keys(self) -> torch.Tensor:
+        """The stored rotated keys ``k^R`` ``(B, 1, n, d_h^R)`` (a view)."""
+        return self.keys[..., self.kv_lora_rank:]
+
+
+
+def decoding_mask(causal: bool, pattern, t: int, n: int, keep: torch.Tensor | None):
+    """The mask of ``t`` new queries against ``n`` keys (``n - t`` cached): ``causal & pattern & keys(keep)``.
+
+    Causality is bottom-right aligned (query ``i`` sees keys ``j <= i + n - t``) and ``pattern``, a mask
+    written for the whole ``n x n`` sequence, is read at the queries' absolute rows; None when nothing
+    restricts the keys.
+    """
+    parts = [masks.causal()] if causal else []
+    if pattern is not None:
+        parts.append(pattern if t == n else masks.shifted(pattern, q0=n - t, q_len=n, kv_len=n))
+    if keep is not None:
+        parts.append(masks.keys(keep))
+    return functools.reduce(lambda a, b: a & b, parts) if parts else None
+
+
+def check_step(who: str, module, x, dim: int, key_keep_mask, cache, kind: type = KVCache):
+    """A self-attention call's inputs: ``x (B, t, dim)``, ``cache`` a ``kind`` or None, ``key_keep_mask (B, n)``
+    over the cached and new positions. Returns ``x`` with its padded rows cleared (the padding promise,
+    :func:`~attnkit.nn.padding.clear_padding`) and the number of positions already cached."""
+    if cache is not None and not isinstance(cache, kind):
+        raise DTypeError(f"{who}: cache must be a {kind.__name__} (see new_cache); got {type(cache).__name__}")
+    check_sequence(who, "x", x, dim, named=True, like=module)
+    start = 0 if cache is None else len(cache)
+    check_keep_mask(who, "key_keep_mask", key_keep_mask, x.shape[0], start + x.shape[1])  # n = cached + new
+    return clear_padding(x, None if key_keep_mask is None else key_keep_mask[:, start:]), start

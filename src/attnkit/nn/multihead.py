@@ -18,8 +18,10 @@ from ..errors import ArgumentError, DTypeError, ShapeError
 from ..functional.mask_base import Mask
 from . import torch_compat, torch_layers
 from ._inputs import check_shape
+from .gated import OutputGate, QKNorm
 from .kv_cache import KVCache
 from .padding import clear_key_padding
+from .rotary import RotaryEmbedding, rotary_for
 
 __all__ = ["DotProductAttention", "MultiHeadAttention", "KVCache"]
 
@@ -133,6 +135,13 @@ class MultiHeadAttention(nn.Module):
             ``num_heads``). Projections for K and V then output ``num_kv_heads * head_dim`` features.
         mask: an :mod:`attnkit.masks` mask AND-ed into every call (``forward`` and ``forward_step``),
             e.g. a sliding window inside a model built from torch's layers; kept as ``extra_mask``.
+        gate: a sigmoid output gate from the query's input, :class:`~attnkit.nn.gated.OutputGate`
+            (Qwen3-Next's gated attention), kept as ``gate``.
+        qk_norm: RMS-normalise each head's queries and keys, :class:`~attnkit.nn.gated.QKNorm`.
+        rotary: rotary positions on queries and keys after QK-norm (``True``, a dict of
+            :class:`~attnkit.nn.rotary.RotaryEmbedding` options such as ``{"pairing": "half",
+            "fraction": 0.25}`` for partial RoPE, or a ``RotaryEmbedding(head_dim)``); queries and keys
+            at positions ``0 ..`` in ``forward``, after the cached ones in ``forward_step``.
         sinks: learn one attention-sink logit per head (gpt-oss, arXiv:2508.10925), ``sinks`` of shape
             ``(num_heads,)`` initialised to 0: a term in every row's softmax denominator that takes no
             value (:func:`attnkit.attention`'s ``sinks=``). Not in ``torch.nn.MultiheadAttention``.
@@ -157,7 +166,9 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
                  vdim: int | None = None, batch_first: bool = False, device=None, dtype=None, *,
-                 num_kv_heads: int | None = None, mask: Mask | None = None, sinks: bool = False):
+                 num_kv_heads: int | None = None, mask: Mask | None = None, gate: bool = False,
+                 qk_norm: bool = False, rotary: bool | dict | RotaryEmbedding | None = None,
+                 sinks: bool = False):
         super().__init__()
         who = "MultiHeadAttention"
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -184,6 +195,10 @@ class MultiHeadAttention(nn.Module):
         self._build(bias, add_bias_kv, {"device": device, "dtype": dtype})
         self.sinks = nn.Parameter(torch.zeros(num_heads, device=device, dtype=dtype)) if sinks else None
         self._reset_parameters()
+        fk = {"device": device, "dtype": dtype}
+        self.gate = OutputGate(embed_dim, embed_dim, bias=bias, **fk) if gate else None
+        self.qk_norm = QKNorm(self.head_dim, **fk) if qk_norm else None
+        self.rotary = rotary_for(who, rotary, self.head_dim)
         torch_layers.decline_fused_layer(self)  # torch's encoder layer calls this module, never its own kernel
 
     def _build(self, bias, add_bias_kv, fk):
@@ -218,6 +233,8 @@ class MultiHeadAttention(nn.Module):
         """Unpickling a module saved before the extra mask and the hook existed gives it both."""
         super().__setstate__(state)
         self.__dict__.setdefault("extra_mask", None)
+        for name in ("gate", "qk_norm", "rotary"):
+            self._modules.setdefault(name, None)
         self._parameters.setdefault("sinks", None)
         torch_layers.decline_fused_layer(self)
 
@@ -248,6 +265,14 @@ class MultiHeadAttention(nn.Module):
                 self._heads(F.linear(key, wk, bk), self.num_kv_heads),
                 self._heads(F.linear(value, wv, bv), self.num_kv_heads))
 
+    def _position(self, q, k, q_offset: int = 0, k_offset: int = 0):
+        """QK-norm, then rotary positions (query row ``i`` at ``q_offset + i``, key row ``j`` at ``k_offset + j``)."""
+        if self.qk_norm is not None:
+            q, k = self.qk_norm(q, k)
+        if self.rotary is not None:
+            q, k = self.rotary(q, k, q_offset=q_offset, k_offset=k_offset)
+        return q, k
+
     def _extra_keys(self, k, v):
         """Append bias_k / bias_v and the zero key/value after the real ones: (B, Hkv, S, d) -> (B, Hkv, S', d)."""
         b = k.shape[0]
@@ -258,7 +283,7 @@ class MultiHeadAttention(nn.Module):
             k, v = (torch.cat([t, t.new_zeros(b, t.shape[1], 1, t.shape[3])], dim=2) for t in (k, v))
         return k, v
 
-    def _attend(self, q, k, v, mask, bias, need_weights, average, batched):
+    def _attend(self, q, k, v, mask, bias, need_weights, average, batched, gate_input=None):
         if self.extra_mask is not None:
             mask = self.extra_mask if mask is None else mask & self.extra_mask
         k, v = self._extra_keys(k, v)
@@ -266,7 +291,8 @@ class MultiHeadAttention(nn.Module):
         res = attention(q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0,
                         return_weights=need_weights, sinks=self.sinks)
         out = res.output if need_weights else res
-        out = self.out_proj(out.transpose(1, 2).flatten(2))  # (B, H, L, d) -> (B, L, E)
+        out = out.transpose(1, 2).flatten(2)  # (B, H, L, d) -> (B, L, E)
+        out = self.out_proj(out if self.gate is None else self.gate(out, gate_input))
         weights = (res.weights.mean(1) if average else res.weights) if need_weights else None
         if not batched:
             return out[0], None if weights is None else weights[0]
@@ -293,7 +319,9 @@ class MultiHeadAttention(nn.Module):
                                                 device=query.device)
         query, key, value = clear_key_padding(query, key, value, key_padding_mask, self_attention=self_attention)
         q, k, v = self._project(query, key, value)
-        out, weights = self._attend(q, k, v, mask, bias, need_weights, average_attn_weights, batched)
+        if self.qk_norm is not None or self.rotary is not None:
+            q, k = self._position(q, k)
+        out, weights = self._attend(q, k, v, mask, bias, need_weights, average_attn_weights, batched, query)
         return (out, weights) if nested is None else (torch_layers.renest(out, nested), None)
 
     def new_cache(self, batch: int, max_len: int, *, dtype=None, device=None) -> KVCache:
@@ -321,8 +349,9 @@ class MultiHeadAttention(nn.Module):
             raise ShapeError(f"{who}: cache must have shape (batch, num_kv_heads, capacity, head_dim) = {want}; "
                              f"got {cache.shape}")
         q, k, v = self._project(x, x, x)
+        q, k = self._position(q, k, len(cache), len(cache))
         k, v = cache.append(k, v)
-        return self._attend(q, k, v, masks.causal(), None, need_weights, average_attn_weights, batched)
+        return self._attend(q, k, v, masks.causal(), None, need_weights, average_attn_weights, batched, x)
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention, *, mask: Mask | None = None) -> MultiHeadAttention:
@@ -335,6 +364,19 @@ class MultiHeadAttention(nn.Module):
             raise ArgumentError("MultiHeadAttention.to_torch: torch.nn.MultiheadAttention has no attention sinks")
         return torch_compat.to_torch(self)
 
+    @classmethod
+    def from_transformers(cls, layer) -> MultiHeadAttention:
+        """The equivalent module of a transformers decoder attention layer (Llama, Qwen3, Qwen3-Next's gated one).
+
+        Its weights, QK-norm, output gate and rotary positions (pairing, partial rotation and scaling
+        from the layer's config) are copied; ``module(x, x, x, is_causal=True)`` then equals the layer on
+        ``x`` at positions ``0 ..`` with a causal mask. Layers whose heads do not fill ``hidden_size``,
+        or with another softmax scale, raise ArgumentError.
+        """
+        from .transformers_layers import multihead_from_transformers
+
+        return multihead_from_transformers(cls, layer)
+
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
                 f"kdim={self.kdim}, vdim={self.vdim}, batch_first={self.batch_first}"
@@ -342,10 +384,14 @@ class MultiHeadAttention(nn.Module):
                 + ("" if self.sinks is None else ", sinks=True"))
 
 
-def _mha_example():
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 16, 24, generator=g)
-    return MultiHeadAttention(24, 3, batch_first=True).eval(), (x, x, x)
+def _mha_example(gate: bool = False, qk_norm: bool = False, rotary=None):
+    def example():
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(2, 16, 24, generator=g)
+        torch.manual_seed(0)
+        module = MultiHeadAttention(24, 3, batch_first=True, gate=gate, qk_norm=qk_norm, rotary=rotary)
+        return module.eval(), (x, x, x)
+    return example
 
 
 def _dot_example():
@@ -366,10 +412,16 @@ def _mha_count(t, s, module=None):
     t.mm("projections (q, k, v)", 1, b * lq, e, e)
     t.mm("projections (q, k, v)", 2, b * lk, e, kv)
     t.inter(b * lq * e, 2 * b * lk * kv)
+    if s["qk_norm"]:
+        t.ew("QK-norm (elementwise; no matmul)", b * (lq * e + lk * kv), 4)
     attend(t, "", b, h, lq, lk, hd, hd, hkv=s["kv_heads"], dtype=dtype_of(s), return_weights=s["need_weights"],
            dropout_p=dropout_of(module))
+    if s["gate"]:
+        t.mm("output gate", 1, b * lq, e, e)
+        t.ew("sigmoid gate (elementwise)", b * lq * e, 5)
+        t.inter(b * lq * e)
     t.mm("output projection", 1, b * lq, e, e)
-    t.io(3 * e * e, b * lq * e, 2 * b * lk * e, b * lq * e)
+    t.io((3 + s["gate"]) * e * e, b * lq * e, 2 * b * lk * e, b * lq * e)
     kv_cache(t, s["kv_heads"], hd, hd)
 
 
@@ -382,16 +434,24 @@ def _mha_inputs(s, module):
 def _mha_config(m):
     if not m._qkv_same_embed_dim or m._n_extra:
         raise ArgumentError("cost: multi-head with kdim/vdim, add_bias_kv or add_zero_attn has no cost formula here")
-    return {"embed_dim": m.embed_dim, "heads": m.num_heads, "kv_heads": m.num_kv_heads}
+    return {"embed_dim": m.embed_dim, "heads": m.num_heads, "kv_heads": m.num_kv_heads, "gate": m.gate is not None,
+            "qk_norm": m.qk_norm is not None}
 
 
-_MHA_SPEC = Spec(
-    {"batch": 2, "q_len": 16, "kv_len": None, "embed_dim": 24, "heads": 3, "kv_heads": None, "need_weights": True,
-     "dtype": "float32"},
-    _mha_count, _mha_inputs, "projections 2 B (Lq E^2 + 2 Lk E E_kv) + output 2 B Lq E^2; " + ATTENTION_FORMULA,
-    make=lambda s: MultiHeadAttention(s["embed_dim"], s["heads"], batch_first=True, num_kv_heads=s["kv_heads"],
-                                      dtype=dtype_of(s)).eval(),
-    length=("q_len", "kv_len"), derive=derive_lengths, module_type=MultiHeadAttention, config=_mha_config)
+def _mha_spec(gate: bool, qk_norm: bool, matches) -> Spec:
+    """The multi-head spec (one count for every option); ``matches`` picks which entry prices a module."""
+    return Spec(
+        {"batch": 2, "q_len": 16, "kv_len": None, "embed_dim": 24, "heads": 3, "kv_heads": None, "need_weights": True,
+         "gate": gate, "qk_norm": qk_norm, "dtype": "float32"},
+        _mha_count, _mha_inputs, "projections 2 B (Lq E^2 + 2 Lk E E_kv) + output 2 B Lq E^2 (+ gate 2 B Lq E^2); "
+        + ATTENTION_FORMULA,
+        make=lambda s: MultiHeadAttention(s["embed_dim"], s["heads"], batch_first=True, num_kv_heads=s["kv_heads"],
+                                          gate=s["gate"], qk_norm=s["qk_norm"], dtype=dtype_of(s)).eval(),
+        length=("q_len", "kv_len"), derive=derive_lengths, module_type=MultiHeadAttention, config=_mha_config,
+        matches=matches)
+
+
+_MHA_SPEC = _mha_spec(False, False, lambda m: m.gate is None and m.qk_norm is None)
 _DOT_SPEC = Spec(
     {**ATTENTION_SIZES, "scaled": True, "need_weights": False}, _dot_count,
     lambda s, m: (functools.partial(m, need_weights=s["need_weights"]), attention_inputs(s)), ATTENTION_FORMULA,
@@ -399,8 +459,17 @@ _DOT_SPEC = Spec(
     config=lambda m: {"scaled": m.scaled}, module_type=DotProductAttention)
 register(Entry("multi-head", MultiHeadAttention, f"{_PAPER}, Sec. 3.2.2", "O(L S E + (L + S) E^2)",
                "h heads of scaled dot-product attention on learned projections; torch.nn.MultiheadAttention "
-               "drop-in with grouped-query heads and a KV cache", family="module", example=_mha_example,
+               "drop-in with grouped-query heads and a KV cache", family="module", example=_mha_example(),
                spec=_MHA_SPEC))
+register(Entry("gated-attention", OutputGate, "Qiu et al. 2025, arXiv:2505.06708 (gate at G1; Qwen3-Next)",
+               "O(L S E + (L + S) E^2)", "multi-head attention whose output is gated elementwise by "
+               "sigmoid(x W_theta) before W^O (here with QK-norm and half of each head rotated, as Qwen3-Next)",
+               family="module", example=_mha_example(True, True, {"pairing": "half", "fraction": 0.5}),
+               spec=_mha_spec(True, True, lambda m: m.gate is not None)))
+register(Entry("qk-norm", QKNorm, "Dehghani et al. 2023, arXiv:2302.05442, Sec. 2 (RMSNorm, as Qwen3)",
+               "O(L S E + (L + S) E^2)", "multi-head attention with each head's queries and keys RMS-normalised "
+               "before the scores", family="module", example=_mha_example(False, True),
+               spec=_mha_spec(False, True, lambda m: m.gate is None and m.qk_norm is not None)))
 register(Entry("dot-product-module", DotProductAttention, f"{_PAPER}, Sec. 3.2.1, eq. 1", "O(Lq Lk D)",
                "softmax(q k^T / sqrt(d)) v as a parameter-free module (scaled=False: Luong's dot score)",
                family="module", example=_dot_example, spec=_DOT_SPEC))

@@ -224,7 +224,9 @@ register(Entry("learned-positional-embedding", LearnedPositionalEmbedding,
                          config=lambda m: {"dim": m.dim, "max_len": m.max_len})))
 register(Entry("rotary-embedding", RotaryEmbedding,
                "Su et al. 2021, arXiv:2104.09864, eq. 34", "O(L D)",
-               "rotate q/k feature pairs by position so q.k sees relative position", "positional", _rotary_example,
+               "rotate q/k feature pairs by position so q.k sees relative position (interleaved or half-split "
+               "pairs, partial; linear, dynamic NTK, YaRN, Llama 3 and LongRoPE scaling)", "positional",
+               _rotary_example,
                spec=Spec({"batch": 2, "heads": 3, "q_len": 10, "kv_len": 12, "dim": 8, "dtype": "float32"},
                          _rotary_count, _rotary_inputs, "elementwise only: 6 operations per rotated pair of q and k",
                          make=lambda s: RotaryEmbedding(s["dim"]), length=("q_len", "kv_len"),

@@ -228,6 +228,9 @@ def to_torch(module) -> nn.MultiheadAttention:
     if module.extra_mask is not None:
         raise ArgumentError(f"{type(module).__name__}.to_torch: torch's module has no place for the extra mask "
                             f"{module.extra_mask!r}")
+    added = [name for name in ("gate", "qk_norm", "rotary") if getattr(module, name, None) is not None]
+    if added:
+        raise ArgumentError(f"{type(module).__name__}.to_torch: torch's module has no {', '.join(added)}")
     w = module.out_proj.weight
     out = nn.MultiheadAttention(module.embed_dim, module.num_heads, dropout=module.dropout,
                                 bias=module.in_proj_bias is not None, add_bias_kv=module.bias_k is not None,

@@ -16,6 +16,7 @@ True
 """
 
 from .base import IGNORE_INDEX, Task, get, names
+from .bigram_backcopy import BigramBackcopy
 from .byte_retrieval import ByteRetrieval
 from .byte_text import ByteText
 from .convex_hull import ConvexHull
@@ -42,5 +43,5 @@ __all__ = [
     "Task", "get", "names", "IGNORE_INDEX", "CharSeq2Seq",
     "MQAR", "SelectiveCopy", "ListOps", "Sorting", "ConvexHull", "Dates", "Reversal", "HANDocuments",
     "EventLogs", "Shapes", "Digits", "LongListOps", "ByteText", "ByteRetrieval", "PixelImages", "Pathfinder",
-    "DecidingPosition", "RepeatedBlock", "DocumentQuestions", "KeySummaries",
+    "DecidingPosition", "RepeatedBlock", "DocumentQuestions", "KeySummaries", "BigramBackcopy",
 ]

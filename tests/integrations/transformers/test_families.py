@@ -3,7 +3,8 @@
 Tiny seeded random configs (no downloads). Each family exercises a convention: ALiBi-free
 rotary decoders with grouped heads (Qwen2/3, Phi-3, Mixtral), parallel blocks (GPT-NeoX,
 Falcon), alternating local/global layers (Gemma-3, Cohere-2, ModernBERT), chunked attention
-(Llama-4: a pattern attnkit does not recognise, taken exactly as a dense mask), encoders
+(Llama-4: a pattern attnkit does not recognise, taken exactly as a dense mask), DeepSeek-V3's
+latent attention, DiffLlama's differential and Qwen3-Next's gated layers, encoders
 (RoBERTa, DistilBERT, ViT), encoder-decoders with cross-attention (BART, Whisper) and T5's
 position bias; gpt-oss's learned attention sinks, on its sliding and full layers.
 """
@@ -34,6 +35,19 @@ DECODERS = {
     "llama4 (chunked)": (hf.Llama4TextConfig, hf.Llama4ForCausalLM,
                          dict(GQA, head_dim=8, attention_chunk_size=4, num_local_experts=2,
                               intermediate_size_mlp=64)),
+    # latent attention: keys of qk_nope + qk_rope features, values of v_head_dim; a YaRN-scaled softmax scale
+    "deepseek_v3 (yarn)": (hf.DeepseekV3Config, hf.DeepseekV3ForCausalLM, dict(
+        SMALL, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=6,
+        v_head_dim=5, n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=16,
+        first_k_dense_replace=1, max_position_embeddings=64,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                         "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0})),
+    "diffllama (two calls a layer)": (hf.DiffLlamaConfig, hf.DiffLlamaForCausalLM, GQA),
+    # QK-norm, partial rotary positions and a gate around the call, beside linear-attention layers
+    "qwen3_next": (hf.Qwen3NextConfig, hf.Qwen3NextForCausalLM, dict(
+        GQA, head_dim=8, layer_types=["linear_attention", "full_attention"], num_experts=2, num_experts_per_tok=1,
+        moe_intermediate_size=16, shared_expert_intermediate_size=16, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8)),
 }
 
 

@@ -26,6 +26,7 @@ from ...models.pointer_network import PointerNetwork
 from . import Built, Experiment
 from .classic import HardObjective, MemoryLM, MemoryObjective, OnePositionClassifier, QuestionModel, QuestionObjective
 from .coverage import SummaryObjective
+from .modern import experiments as _modern_experiments
 from .recall import KEYS as RECALL_KEYS
 from .recall import recall_experiments
 from .seq2seq import NoAttention, Seq2SeqObjective, seq2seq_model
@@ -208,7 +209,7 @@ def _classic_experiments() -> list[Experiment]:
 def catalog() -> list[Experiment]:
     """Every experiment, in tour order."""
     return [*_mqar_experiments(), *_dates_experiments(), *_copy_experiments(), *_model_experiments(),
-            *_classic_experiments(), *recall_experiments()]
+            *_classic_experiments(), *recall_experiments(), *_modern_experiments()]
 
 
 CLASSIC = ("key_summaries/pointer-generator", "key_summaries/coverage", "deciding_position/soft",

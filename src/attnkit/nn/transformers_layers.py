@@ -1,0 +1,153 @@
+"""Modules from transformers attention layers: their configuration and weights copied, nothing imported.
+
+The ``from_transformers`` classmethods of :class:`~attnkit.nn.MultiHeadAttention`,
+:class:`~attnkit.nn.MultiHeadLatentAttention` and :class:`~attnkit.nn.DifferentialAttention` call
+these. A layer is read by its attributes (``q_proj``, ``config``, ...), so transformers is needed
+only to build it; what a module cannot reproduce (another softmax scale, heads that do not fill
+the model width) raises :class:`~attnkit.errors.ArgumentError` naming the layer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..errors import ArgumentError
+from .rope_scaling import scaling_from_transformers
+from .rotary import RotaryEmbedding
+
+__all__ = ["rotary_from_config", "multihead_from_transformers", "latent_from_transformers",
+           "differential_from_transformers", "norm_weight", "norm_eps"]
+
+
+def _name(layer) -> str:
+    return type(layer).__name__
+
+
+def rotary_from_config(config, dim: int, *, pairing: str = "half") -> RotaryEmbedding:
+    """The :class:`RotaryEmbedding` a transformers config describes for heads of ``dim`` features."""
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+    fraction = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0)
+    scaling = scaling_from_transformers(params, config.max_position_embeddings) if params else None
+    return RotaryEmbedding(dim, base=float(base), pairing=pairing, fraction=float(fraction), scaling=scaling)
+
+
+def norm_weight(norm: nn.Module) -> torch.Tensor:
+    """The vector an RMSNorm multiplies the normalised input by, whatever its parametrisation.
+
+    Some families store ``w`` and multiply by it (Llama, Qwen3), others store ``w`` and multiply by
+    ``1 + w`` (Qwen3-Next, Gemma); the norm of a row of ones, ``w_eff / sqrt(1 + eps)``, tells them apart.
+    """
+    eps = norm_eps(norm)
+    w = norm.weight
+    with torch.no_grad():
+        probe = norm(torch.ones(1, w.shape[-1], dtype=torch.float64 if w.dtype == torch.float64 else w.dtype))
+    return (probe[0].double() * math.sqrt(1 + eps)).to(w.dtype)
+
+
+def norm_eps(norm: nn.Module) -> float:
+    """An RMSNorm's epsilon, under the names transformers' families use."""
+    for name in ("eps", "variance_epsilon"):
+        value = getattr(norm, name, None)
+        if value is not None:
+            return float(value)
+    raise ArgumentError(f"{_name(norm)}: an RMSNorm with no eps or variance_epsilon attribute")
+
+
+def _copy(dst: nn.Module, src: nn.Module) -> None:
+    """Copy a linear layer's weight and bias (either may lack a bias only if both do)."""
+    with torch.no_grad():
+        dst.weight.copy_(src.weight)
+        if dst.bias is not None:
+            dst.bias.copy_(src.bias)
+
+
+def multihead_from_transformers(cls, layer):
+    """``cls`` (a :class:`MultiHeadAttention`) with the configuration and weights of a Llama-like layer."""
+    config, who = layer.config, f"MultiHeadAttention.from_transformers({_name(layer)})"
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    d = layer.head_dim
+    if heads * d != config.hidden_size:
+        raise ArgumentError(f"{who}: the heads must fill the model width: num_attention_heads * head_dim = "
+                            f"{heads} * {d} = {heads * d}; got hidden_size={config.hidden_size}")
+    if not math.isclose(layer.scaling, d ** -0.5, rel_tol=1e-12):
+        raise ArgumentError(f"{who}: the layer scales scores by {layer.scaling}; expected 1 / sqrt(head_dim) = "
+                            f"{d ** -0.5}")
+    gated = layer.q_proj.out_features == 2 * heads * d
+    norms = getattr(layer, "q_norm", None) is not None
+    w = layer.o_proj.weight
+    module = cls(config.hidden_size, heads, bias=layer.q_proj.bias is not None, batch_first=True,
+                 num_kv_heads=kv_heads, gate=gated, qk_norm=norms, rotary=rotary_from_config(config, d),
+                 device=w.device, dtype=w.dtype)
+    q_w, q_b = layer.q_proj.weight, layer.q_proj.bias
+    if gated:  # Qwen3-Next interleaves each head's query and gate rows: (H, 2, d, E)
+        q_w, g_w = q_w.unflatten(0, (heads, 2, d)).unbind(1)
+        q_w, g_w = q_w.flatten(0, 1), g_w.flatten(0, 1)
+        if q_b is not None:
+            q_b, g_b = (t.flatten() for t in q_b.unflatten(0, (heads, 2, d)).unbind(1))
+    with torch.no_grad():
+        module.in_proj_weight.copy_(torch.cat([q_w, layer.k_proj.weight, layer.v_proj.weight]))
+        if q_b is not None:
+            module.in_proj_bias.copy_(torch.cat([q_b, layer.k_proj.bias, layer.v_proj.bias]))
+        if gated:
+            module.gate.proj.weight.copy_(g_w)
+            if q_b is not None:
+                module.gate.proj.bias.copy_(g_b)
+        if norms:
+            for mine, theirs in ((module.qk_norm.q_norm, layer.q_norm), (module.qk_norm.k_norm, layer.k_norm)):
+                mine.weight.copy_(norm_weight(theirs))
+                mine.eps = norm_eps(theirs)
+    _copy(module.out_proj, layer.o_proj)
+    return module.train(layer.training)
+
+
+def latent_from_transformers(cls, layer):
+    """``cls`` (a :class:`MultiHeadLatentAttention`) with a DeepSeek-V3 attention layer's configuration and weights."""
+    config = layer.config
+    pairing = "interleaved" if getattr(config, "rope_interleave", False) else "half"
+    w = layer.o_proj.weight
+    module = cls(config.hidden_size, config.num_attention_heads, kv_lora_rank=config.kv_lora_rank,
+                 qk_rope_head_dim=config.qk_rope_head_dim, qk_nope_head_dim=config.qk_nope_head_dim,
+                 v_head_dim=config.v_head_dim, q_lora_rank=config.q_lora_rank,
+                 rotary=rotary_from_config(config, config.qk_rope_head_dim, pairing=pairing),
+                 bias=layer.o_proj.bias is not None).to(device=w.device, dtype=w.dtype)
+    module.scale = float(layer.scaling)
+    pairs = [(module.kv_down, layer.kv_a_proj_with_mqa), (module.kv_up, layer.kv_b_proj),
+             (module.out_proj, layer.o_proj)]
+    norms = [(module.kv_norm, layer.kv_a_layernorm)]
+    if config.q_lora_rank is None:
+        pairs.append((module.q_proj, layer.q_proj))
+    else:
+        pairs += [(module.q_down, layer.q_a_proj), (module.q_up, layer.q_b_proj)]
+        norms.append((module.q_norm, layer.q_a_layernorm))
+    for mine, theirs in pairs:
+        _copy(mine, theirs)
+    with torch.no_grad():
+        for mine, theirs in norms:
+            mine.weight.copy_(norm_weight(theirs))
+            mine.eps = norm_eps(theirs)
+    return module.train(layer.training)
+
+
+def differential_from_transformers(cls, layer):
+    """``cls`` (a :class:`DifferentialAttention`) with a DiffLlama attention layer's configuration and weights."""
+    config, who = layer.config, f"DifferentialAttention.from_transformers({_name(layer)})"
+    heads, kv_heads, d = config.num_attention_heads, config.num_key_value_heads, layer.head_dim
+    if heads * d != config.hidden_size or heads % 2 or kv_heads % 2:
+        raise ArgumentError(f"{who}: needs num_attention_heads * head_dim = hidden_size and even head counts; got "
+                            f"{heads} * {d} and hidden_size={config.hidden_size}, {kv_heads} key/value heads")
+    w = layer.o_proj.weight
+    module = cls(config.hidden_size, heads // 2, num_kv_heads=kv_heads // 2, lambda_init=float(layer.lambda_init),
+                 rotary=rotary_from_config(config, d), bias=layer.o_proj.bias is not None).to(device=w.device,
+                                                                                             dtype=w.dtype)
+    for name in ("q_proj", "k_proj", "v_proj"):
+        _copy(getattr(module, name), getattr(layer, name))
+    _copy(module.out_proj, layer.o_proj)
+    with torch.no_grad():
+        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            getattr(module, name).copy_(getattr(layer, name))
+    module.norm.eps = norm_eps(layer.groupnorm)
+    return module.train(layer.training)

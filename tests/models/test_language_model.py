@@ -1,0 +1,126 @@
+"""TransformerLM's recent-model options (RMSNorm, SwiGLU, half-split and partial RoPE, gate, QK-norm) and save/load.
+
+The oracle for the block is transformers' Llama: with ``norm="rms", activation="swiglu",
+norm_first=True, positional="rotary", rotary={"pairing": "half"}`` the model is Llama's, and a
+tiny random Llama's weights copied in (the embedding divided by sqrt(dim), which TokenEmbedding
+multiplies back) give its logits to 1e-5.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+import transformers as hf
+
+from attnkit import masks
+from attnkit.errors import ArgumentError
+from attnkit.models import TransformerLM
+from attnkit.nn import LocalAttention, YarnScaling
+
+V, DIM, H, FF = 23, 12, 3, 20
+LLAMA = dict(norm="rms", activation="swiglu", norm_first=True, positional="rotary", rotary={"pairing": "half"})
+
+
+def _tokens(n=9, seed=0):
+    return torch.randint(0, V, (2, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _from_llama(llama) -> TransformerLM:
+    lm = TransformerLM(V, dim=DIM, num_heads=H, num_layers=2, ff_dim=FF, dropout=0.0, max_len=None, **LLAMA).eval()
+    m = llama.model
+    with torch.no_grad():
+        lm.embed.embed.weight.copy_(m.embed_tokens.weight / math.sqrt(DIM))
+        for ours, theirs in zip(lm.body.layers, m.layers, strict=True):
+            a = theirs.self_attn
+            ours.self_attn.in_proj_weight.copy_(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]))
+            ours.self_attn.in_proj_bias.zero_()
+            ours.self_attn.out_proj.weight.copy_(a.o_proj.weight)
+            ours.self_attn.out_proj.bias.zero_()
+            ours.norm1.weight.copy_(theirs.input_layernorm.weight)
+            ours.norm3.weight.copy_(theirs.post_attention_layernorm.weight)
+            ours.linear1.weight.copy_(torch.cat([theirs.mlp.gate_proj.weight, theirs.mlp.up_proj.weight]))
+            ours.linear2.weight.copy_(theirs.mlp.down_proj.weight)
+        lm.body.norm.weight.copy_(m.norm.weight)
+        lm.head.weight.copy_(llama.lm_head.weight)
+    return lm
+
+
+def test_the_llama_block_equals_transformers_llama():
+    config = hf.LlamaConfig(vocab_size=V, hidden_size=DIM, num_attention_heads=H, num_key_value_heads=H,
+                            intermediate_size=FF, num_hidden_layers=2, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    torch.manual_seed(0)
+    llama = hf.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in llama.parameters():
+            p.normal_(0, 0.3)
+    lm = _from_llama(llama)
+    tokens = _tokens()
+    with torch.no_grad():
+        torch.testing.assert_close(lm(tokens), llama(tokens).logits, rtol=0, atol=1e-5)
+    gen = llama.generate(tokens, max_new_tokens=5, do_sample=False, attention_mask=torch.ones_like(tokens))
+    assert torch.equal(lm.generate(tokens, 5), gen)
+
+
+def test_the_blocks_parts_are_rmsnorm_and_swiglu():
+    lm = TransformerLM(V, dim=DIM, num_heads=H, num_layers=1, dropout=0.0, **LLAMA).double()
+    layer = lm.body.layers[0]
+    assert layer.ff_dim == math.ceil(8 * DIM / 3) and layer.linear1.bias is None
+    x = torch.randn(2, 5, DIM, dtype=torch.float64)
+    w, v = layer.linear1.weight[:layer.ff_dim], layer.linear1.weight[layer.ff_dim:]
+    want = ((x @ w.T) * torch.sigmoid(x @ w.T) * (x @ v.T)) @ layer.linear2.weight.T  # Swish(xW) * xV, then W_2
+    torch.testing.assert_close(layer._ff(x), want, rtol=0, atol=1e-12)
+    rms = x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + 1e-5) * layer.norm1.weight
+    torch.testing.assert_close(layer.norm1(x), rms, rtol=0, atol=1e-12)
+
+
+def test_gate_qk_norm_and_scaled_partial_rope_decode_as_the_full_pass():
+    rotary = {"pairing": "half", "fraction": 0.5, "scaling": YarnScaling(4.0, 8)}
+    lm = TransformerLM(V, dim=DIM, num_heads=H, dropout=0.0, norm="rms", activation="swiglu", norm_first=True,
+                       positional="rotary", rotary=rotary, gate=True, qk_norm=True).eval()
+    attn = lm.body.layers[0].self_attn
+    assert attn.gate is not None and attn.qk_norm is not None and attn.rotary.rotated == 2
+    tokens = _tokens(6)
+    a, la = lm.generate(tokens, 7, return_logits=True)
+    b, lb = lm.generate(tokens, 7, use_cache=False, return_logits=True)
+    assert torch.equal(a, b)
+    torch.testing.assert_close(la, lb, rtol=0, atol=1e-5)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    torch.manual_seed(0)
+    lm = TransformerLM(V, dim=DIM, num_heads=H, dropout=0.0, positional="rotary", gate=True, norm="rms",
+                       rotary={"pairing": "half", "scaling": YarnScaling(2.0, 4)},
+                       attention_mask=masks.sliding_window(3, 0)).eval()
+    path = tmp_path / "lm.pt"
+    lm.save(path)
+    again = TransformerLM.load(path)
+    assert again.config["rotary"]["scaling"] == {"type": "yarn", **YarnScaling(2.0, 4).as_dict()}
+    assert again.body.layers[0].self_attn.rotary.scaling == YarnScaling(2.0, 4)
+    tokens = _tokens()
+    assert torch.equal(again(tokens), lm(tokens)) and not again.training
+    other = TransformerLM(V, dim=DIM, num_heads=H)  # the weights came with it, not from a seed
+    assert not torch.equal(other(tokens), lm(tokens))
+
+
+def test_what_cannot_be_saved_or_loaded(tmp_path):
+    lm = TransformerLM(V, dim=DIM, num_heads=H, attention=functools.partial(LocalAttention, size=2))
+    with pytest.raises(ArgumentError, match="attention is a partial, which cannot be saved"):
+        lm.save(tmp_path / "x.pt")
+    torch.save({"format": "Transformer", "config": "{}", "state_dict": {}}, tmp_path / "y.pt")
+    with pytest.raises(ArgumentError, match="is not a saved TransformerLM; got 'Transformer'"):
+        TransformerLM.load(tmp_path / "y.pt")
+
+
+def test_option_errors():
+    with pytest.raises(ArgumentError, match="rotary options need positional='rotary'"):
+        TransformerLM(V, dim=DIM, num_heads=H, rotary={"pairing": "half"})
+    with pytest.raises(ArgumentError, match="norm must be one of"):
+        TransformerLM(V, dim=DIM, num_heads=H, norm="batch")
+    with pytest.raises(ArgumentError, match="gate apply to attention='softmax' only"):
+        TransformerLM(V, dim=DIM, num_heads=H, attention="linear-attention", gate=True)
+    with pytest.raises(ArgumentError, match="pairing must be one of"):
+        TransformerLM(V, dim=DIM, num_heads=H, positional="rotary", rotary={"pairing": "odd"})
