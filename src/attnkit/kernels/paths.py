@@ -28,6 +28,7 @@ from . import (
     blocksparse_gathered,
     blocksparse_masked,
     online_softmax,
+    paged,
     reference,
     rules,
     sdpa,
@@ -76,6 +77,8 @@ def _row(name: str, backend: str, summary: str, module: ModuleType, sparse_below
 
 PATHS: tuple[Path, ...] = (
     _row("torch-sdpa", "sdpa", "torch's fused attention kernel, where it is exact", sdpa),
+    _row("paged-split-kv", "blocksparse", "a paged KV cache's pages read through the page table, split-KV", paged,
+         sparse_below=1.5),
     _row("band-windows", "blocksparse", "each query block reads one contiguous key window in place", band,
          sparse_below=0.7),
     _row("blocksparse-fused", "blocksparse", "gathered key blocks, one fused torch kernel call per slab",
