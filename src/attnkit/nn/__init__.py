@@ -16,6 +16,7 @@ from .longformer import LongformerAttention
 from .luong import LuongAttention
 from .memory import MemoryAttention
 from .multihead import DotProductAttention, MultiHeadAttention
+from .paged_kv_cache import PagedKVCache
 from .perceiver import PerceiverAttention, PerceiverEncoder
 from .pointer import PointerAttention
 from .pooling import AttentionPooling, HierarchicalAttention
@@ -30,7 +31,7 @@ __all__ = [
     "CoAttention", "CoverageAttention", "DerivedKeyAttention", "DotProductAttention", "HardAttention",
     "HierarchicalAttention", "KVCache", "LSHAttention", "LambdaLayer", "LearnedPositionalEmbedding",
     "LinearAttention", "LinformerAttention", "LocalAttention", "LongformerAttention", "LuongAttention",
-    "MemoryAttention", "MultiHeadAttention", "PerceiverAttention", "PerceiverEncoder", "PerformerAttention",
+    "MemoryAttention", "MultiHeadAttention", "PagedKVCache", "PerceiverAttention", "PerceiverEncoder", "PerformerAttention",
     "PointerAttention", "ReformerAttention", "RotaryEmbedding", "SegmentAttention", "SequenceProjection",
     "SinusoidalPositionalEncoding", "SparseTransformerAttention", "TieredAttention", "coverage_loss",
 ]
