@@ -195,8 +195,9 @@ def _fused_split(p, pl, r0, r1, start, stop, q, idx, heads):
     return out.masked_fill(~has[..., None], 0.0), lse.masked_fill(~has, _NEG_INF)
 
 
-def _chunk(p: Problem, inner: Problem, pl: Plan, r0: int, r1: int, q: torch.Tensor):
-    """Queries ``[r0, r1)``: every split computed and merged, ``(out (B, Hq, c, Dv), lse (B, Hq, c))``."""
+def _chunk(p: Problem, inner: Problem, pl: Plan, extent: int, r0: int, r1: int, q: torch.Tensor):
+    """Queries ``[r0, r1)``: every split of the first ``extent`` keys computed and merged, ``(out (B, Hq, c, Dv),
+    lse (B, Hq, c))``."""
     sel = p.mask.selection
     idx_heads, kv_heads = _heads(p, pl)
     idx = sel.indices.to(q.device)
@@ -204,8 +205,8 @@ def _chunk(p: Problem, inner: Problem, pl: Plan, r0: int, r1: int, q: torch.Tens
     idx = idx if pl.shared else idx[:, :, r0:r1]
     fused = _fused_ok(p, pl)
     partials = []
-    for start in range(0, pl.slots, pl.keys):
-        stop = min(pl.slots, start + pl.keys)
+    for start in range(0, extent, pl.keys):
+        stop = min(extent, start + pl.keys)
         piece = _fused_split(p, pl, r0, r1, start, stop, q, idx, kv_heads) if fused else None
         if piece is None:
             piece = _to_heads(pl, *_split(p, inner, pl, r0, r1, start, stop, q, idx, kv_heads), r1 - r0)
@@ -220,7 +221,11 @@ def run(p: Problem) -> KernelOutput:
     pl = plan(p)
     inner = p.with_inputs(mask=p.mask.rest, return_lse=p.normalize == "softmax")  # the lse merges the splits
     q = p.q.to(p.compute_dtype).contiguous()
-    out, lse = run_row_chunks(lambda r0, r1, q: _chunk(p, inner, pl, r0, r1, q), p.sizes[2], pl.rows, q)
+    lengths = p.mask.selection.lengths
+    # Pages: the splits end at the longest sequence, not at the table's width, so a table padded with more
+    # pages (or a contiguous cache with room to spare) cuts the same splits and gives the same bits.
+    extent = pl.slots if lengths is None or not len(lengths) else min(pl.slots, int(lengths.max()))
+    out, lse = run_row_chunks(lambda r0, r1, q: _chunk(p, inner, pl, extent, r0, r1, q), p.sizes[2], pl.rows, q)
     return KernelOutput(out, None, lse if p.return_lse else None)
 
 
