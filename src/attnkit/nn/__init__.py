@@ -6,6 +6,7 @@ from .blocksparse import BlockPattern, BlockSparseAttention
 from .coattention import CoAttention
 from .coverage import CoverageAttention, coverage_loss
 from .derived_key import DerivedKeyAttention
+from .dsa import DSAIndexer, DSASparseAttention
 from .hard import HardAttention
 from .kv_cache import KVCache
 from .lambda_layer import LambdaLayer
@@ -15,7 +16,9 @@ from .local import LocalAttention
 from .longformer import LongformerAttention
 from .luong import LuongAttention
 from .memory import MemoryAttention
+from .moba import MoBA
 from .multihead import DotProductAttention, MultiHeadAttention
+from .nsa import NativeSparseAttention
 from .paged_kv_cache import PagedKVCache
 from .perceiver import PerceiverAttention, PerceiverEncoder
 from .pointer import PointerAttention
@@ -28,10 +31,11 @@ from .sparse_transformer import SparseTransformerAttention
 
 __all__ = [
     "AdditiveAttention", "AttentionPooling", "BigBirdAttention", "BlockPattern", "BlockSparseAttention",
-    "CoAttention", "CoverageAttention", "DerivedKeyAttention", "DotProductAttention", "HardAttention",
-    "HierarchicalAttention", "KVCache", "LSHAttention", "LambdaLayer", "LearnedPositionalEmbedding",
-    "LinearAttention", "LinformerAttention", "LocalAttention", "LongformerAttention", "LuongAttention",
-    "MemoryAttention", "MultiHeadAttention", "PagedKVCache", "PerceiverAttention", "PerceiverEncoder", "PerformerAttention",
-    "PointerAttention", "ReformerAttention", "RotaryEmbedding", "SegmentAttention", "SequenceProjection",
-    "SinusoidalPositionalEncoding", "SparseTransformerAttention", "TieredAttention", "coverage_loss",
+    "CoAttention", "CoverageAttention", "DSAIndexer", "DSASparseAttention", "DerivedKeyAttention",
+    "DotProductAttention", "HardAttention", "HierarchicalAttention", "KVCache", "LSHAttention", "LambdaLayer",
+    "LearnedPositionalEmbedding", "LinearAttention", "LinformerAttention", "LocalAttention", "LongformerAttention",
+    "LuongAttention", "MemoryAttention", "MoBA", "MultiHeadAttention", "NativeSparseAttention", "PagedKVCache",
+    "PerceiverAttention", "PerceiverEncoder", "PerformerAttention", "PointerAttention", "ReformerAttention",
+    "RotaryEmbedding", "SegmentAttention", "SequenceProjection", "SinusoidalPositionalEncoding",
+    "SparseTransformerAttention", "TieredAttention", "coverage_loss",
 ]
