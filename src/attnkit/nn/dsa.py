@@ -111,7 +111,7 @@ def indexer_kl(index_scores: torch.Tensor, weights: torch.Tensor, selected: torc
     if selected is not None:
         target = target * selected
     target = target / target.sum(-1, keepdim=True).clamp_min(torch.finfo(target.dtype).tiny)
-    log_q = torch.log_softmax(scores.float(), -1)
+    log_q = torch.log_softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), -1)
     terms = torch.where(target > 0, target * (torch.log(target.clamp_min(torch.finfo(target.dtype).tiny)) - log_q),
                         0.0)
     return terms.sum()
