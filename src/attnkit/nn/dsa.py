@@ -219,4 +219,5 @@ register(Entry("dsa", DSASparseAttention, "DeepSeek-AI 2025, arXiv:2512.02556, e
                                    sizes={"length": 9, "top_k": 4, "index_heads": 2, "index_dim": 4},
                                    options=("top_k", "index_heads", "index_dim"),
                                    at_scale={"top_k": 2048, "index_heads": 64, "index_dim": 128},
-                                   source="arXiv:2512.02556, Sec. 2: k = 2048 selected tokens; H_I = 64, d_I = 128")))
+                                   source="DeepSeek-AI et al. 2025, arXiv:2512.02556, Sec. 2.1: k = 2048 selected "
+                                          "tokens; H_I = 64, d_I = 128")))

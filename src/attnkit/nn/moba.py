@@ -111,4 +111,4 @@ register(Entry("moba", MoBA, "Lu et al. 2025, arXiv:2502.13189, eq. 5-6 (Mixture
                spec=projected_spec(MoBA, _count, "gate 2 B H n (n / bs) D; attention over k blocks of bs keys",
                                    sizes={"length": 19, "block_size": 4, "top_k": 2},
                                    options=("block_size", "top_k"), at_scale={"block_size": 512, "top_k": 3},
-                                   source="arXiv:2502.13189, Sec. 3.1: block size 512, top-k 3")))
+                                   source="Lu et al. 2025, arXiv:2502.13189, Sec. 3.1: block size 512, top-k 3")))

@@ -226,4 +226,5 @@ register(Entry("native-sparse-attention", NativeSparseAttention,
                          config=lambda m: {"dim": m.dim, "heads": m.num_heads, **{k: getattr(m, k) for k in _OPTIONS}},
                          at_scale={"compress_block": 32, "compress_stride": 16, "select_block": 64,
                                    "num_selected": 16, "window": 512},
-                         source="arXiv:2502.11089, Sec. 4.1: l = 32, d = 16, l' = 64, n = 16, w = 512")))
+                         source="Yuan et al. 2025, arXiv:2502.11089, Sec. 4.1: l = 32, d = 16, l' = 64, n = 16, "
+                                "w = 512")))
