@@ -15,8 +15,10 @@ Each keyword the model passes is honoured or refused:
   (:func:`attnkit.bias.softcap`); ``position_bias`` (T5-style) is a float bias;
 * ``sliding_window`` is already in the mask (the mask function read it from the
   layer's mask function), so it is not applied twice;
-* attention sinks (``s_aux``, ``sinks``) change the softmax's denominator and sparse
-  indexers' key indices (``indices``, ``block_indices``) its support: attnkit refuses them
+* sparse indexers' key choices (``indices``, ``block_indices``) are AND-ed with the mask and
+  read by the gathered path; packed documents (``position_ids`` restarting, ``cu_seq_lens_*``)
+  run :func:`attnkit.varlen_attn` (:mod:`.packing`);
+* attention sinks (``s_aux``, ``sinks``) change the softmax's denominator: attnkit refuses them
   with :class:`attnkit.UnsupportedFeature` naming the model; so are names from
   :func:`register` on encoder-decoders (cross-attention has no shared positions).
 
@@ -37,6 +39,7 @@ from ...errors import ShapeError, UnsupportedFeature
 from ...functional.shifted import shift_modifier
 from .model_mask import ModelMask
 from .model_masks import with_extra
+from .packing import attend_documents, documents, selection
 
 try:  # where transformers keeps the outputs a forward pass collects (output_attentions without the keyword)
     from transformers.utils.output_capturing import _active_collector
@@ -46,11 +49,9 @@ except ImportError:  # pragma: no cover - an older layout: the keyword alone dec
 __all__ = ["make_attention_function"]
 
 # Keywords that change what attention computes and that attnkit cannot honour: attention sinks (a term in
-# the softmax's denominator) and the top-k key indices of sparse-attention indexers. Other keywords models pass
-# (cu_seq_lens_*/max_length_*: packing hints whose mask transformers builds from position_ids; position_ids,
-# deterministic) change nothing attnkit computes.
-_REFUSED = {"s_aux": "attention sinks", "sinks": "attention sinks", "indices": "top-k sparse key indices",
-            "block_indices": "sparse key block indices"}
+# the softmax's denominator). Other keywords models pass (position_ids, max_length_*, deterministic) change
+# nothing attnkit computes, or are read by .packing (cu_seq_lens_*, indices, block_indices).
+_REFUSED = {"s_aux": "attention sinks", "sinks": "attention sinks"}
 
 
 def _model_name(module) -> str:
@@ -172,6 +173,13 @@ def make_attention_function(extra_mask=None, extra_bias=None, backend: str = "au
         if torch.is_tensor(mask) and mask.is_floating_point():
             mask = None  # it is in the bias
         want_weights = weights_wanted(kwargs)
+        chosen = selection(module, kwargs, query.shape[1], _model_name(module))
+        if chosen is not None:
+            mask = chosen if mask is None else (masks.TensorMask(mask) if torch.is_tensor(mask) else mask) & chosen
+        docs = None if want_weights or torch.is_tensor(bias) or chosen is not None else documents(
+            model_mask, kwargs, query, key)
+        if docs is not None:
+            return attend_documents(query, key, value, docs, scale=scaling, dropout=dropout, bias=bias), None
         result = attention(query, key, value, mask=mask, bias=bias, scale=scaling, dropout_p=dropout,
                            return_weights=want_weights, backend=backend)
         out, weights = (result.output, result.weights) if want_weights else (result, None)
