@@ -29,14 +29,14 @@ from typing import NamedTuple
 import torch
 
 from ..functional.validate import Problem
-from . import rules
+from . import rules, selected_union
 from .path_cost import PathCost, Product, fused_attention, itemsize
 from .pipeline import KernelOutput, block_scores, block_weights, dropout, run_row_chunks
 
 __all__ = ["Plan", "plan", "run", "cost", "density", "describe", "SPLIT_KEYS", "BUDGET"]
 
 SPLIT_KEYS = 512  # keys per chunk of a selection every query shares (split-KV), merged by log-sum-exp
-BUDGET = 1 << 23  # gathered elements (keys, values and scores) per chunk of queries
+BUDGET = 1 << 25  # gathered elements (keys, values and scores) per chunk of queries
 _NEG_INF = float("-inf")
 
 
@@ -69,9 +69,19 @@ def plan(p: Problem) -> Plan:
 
 
 def density(p: Problem) -> float:
-    """The fraction of the keys each query computes: ``n * block_size / Lk`` (from the sizes, no data)."""
+    """The fraction of the keys each query computes: ``n * block_size / Lk``, or for per-query key blocks the
+    unions' width (:mod:`.selected_union`, read from the indices)."""
     lk = p.sizes[3]
+    if selected_union.applies(p):
+        return _union(p)[0].density
     return min(1.0, plan(p).slots / lk) if lk else 0.0
+
+
+def _union(p: Problem):
+    """The union plan of per-query key blocks, and the key/value head of each compute head."""
+    pl = plan(p)
+    idx_heads, kv_heads = _heads(p, pl)
+    return selected_union.plan_for(p, pl.hx, pl.gp, idx_heads), kv_heads
 
 
 def describe(p: Problem) -> str:
@@ -108,11 +118,38 @@ def _tokens(p: Problem, pl: Plan, idx: torch.Tensor, start: int, stop: int):
     return tok.clamp(0, max(lk - 1, 0)), valid, where
 
 
-def _gather(t: torch.Tensor, kv_heads: torch.Tensor, tok: torch.Tensor, valid: torch.Tensor, dtype):
-    """``t[b, kv_head(x), tok]`` ``(B, hx, c, n, E)``, zero where the slot is not real."""
-    b = torch.arange(t.shape[0], device=t.device).view(-1, 1, 1, 1)
-    out = t[b, kv_heads.view(1, -1, 1, 1), tok].to(dtype)
-    return out.masked_fill(~valid[..., None], 0.0)
+def _gather(t, kv_heads: torch.Tensor, tok: torch.Tensor, valid: torch.Tensor, dtype, block_size: int = 1):
+    """The keys (or values) of the slots ``tok``, ``(B, hx, c, n, E)``, zero where the slot is not real.
+
+    ``t``: a tensor ``(B, H_kv, Lk, E)`` read by advanced indexing (pages), or the rows of
+    :func:`_in_blocks` (whole blocks copied with ``index_select``, a zero row for unreal slots)."""
+    if isinstance(t, torch.Tensor):
+        b = torch.arange(t.shape[0], device=t.device).view(-1, 1, 1, 1)
+        out = t[b, kv_heads.view(1, -1, 1, 1), tok].to(dtype)
+        return out.masked_fill(~valid[..., None], 0.0)
+    rows, (batch, heads, blocks) = t
+    slot = tok[..., ::block_size] // block_size  # (B, hx, c, n_slots): block ids
+    b = torch.arange(batch, device=slot.device).view(-1, 1, 1, 1)
+    flat = (b * heads + kv_heads.view(1, -1, 1, 1)) * blocks + slot
+    real = valid[..., ::block_size] if block_size > 1 else valid
+    flat = torch.where(real, flat, rows.shape[0] - 1)  # unreal slots read the zero row
+    out = rows.index_select(0, flat.flatten()).view(*flat.shape, block_size, rows.shape[1] // block_size)
+    return out.flatten(-3, -2).to(dtype)
+
+
+def _in_blocks(p: Problem):
+    """Keys and values as rows of whole blocks ``(B H_kv n_blocks + 1, block_size E)``, the last row zeros, for
+    :func:`_gather`'s ``index_select``; pages keep their tensors (their positions are gathered one by one)."""
+    sel = p.mask.selection
+    if sel.lengths is not None:
+        return p.k, p.v, 1
+    bs, lk = sel.block_size, p.sizes[3]
+    out = []
+    for t in (p.k, p.v):
+        blocked = torch.nn.functional.pad(t, (0, 0, 0, -lk % bs)).unflatten(2, (-1, bs))  # (B, H_kv, nb, bs, E)
+        rows = torch.cat([blocked.flatten(0, 2).flatten(1), t.new_zeros(1, bs * t.shape[-1])])
+        out.append((rows, blocked.shape[:3]))
+    return (*out, bs)
 
 
 def _query_layout(p: Problem, pl: Plan, q: torch.Tensor, r0: int, r1: int):
@@ -128,12 +165,13 @@ def _query_layout(p: Problem, pl: Plan, q: torch.Tensor, r0: int, r1: int):
     return q5.permute(0, 1, 3, 2, 4), heads + g, torch.arange(r0, r1, device=dev).view(1, 1, -1, 1, 1)
 
 
-def _split(p, inner, pl, r0, r1, start, stop, q, idx, heads):
+def _split(p, inner, pl, r0, r1, start, stop, q, idx, heads, kv):
     """One split of the selection for the chunk's queries: ``(out (B, hx, c', m, Dv), lse or None)``."""
     sel = p.mask.selection
+    keys, values, blocks = kv
     tok, valid, where = _tokens(p, pl, idx, start, stop)
-    k_g = _gather(p.k, heads, tok, valid, q.dtype)  # (B, hx, c', n, D)
-    v_g = _gather(p.v, heads, tok, valid, q.dtype)  # (B, hx, c', n, Dv)
+    k_g = _gather(keys, heads, tok, valid, q.dtype, blocks)  # (B, hx, c', n, D)
+    v_g = _gather(values, heads, tok, valid, q.dtype, blocks)  # (B, hx, c', n, Dv)
     q_c, h, q_idx = _query_layout(p, pl, q, r0, r1)
     b = torch.arange(q.shape[0], device=q.device).view(-1, 1, 1, 1, 1)
     kv_idx, kv_valid = where.unsqueeze(-2), valid.unsqueeze(-2)
@@ -195,7 +233,7 @@ def _fused_split(p, pl, r0, r1, start, stop, q, idx, heads):
     return out.masked_fill(~has[..., None], 0.0), lse.masked_fill(~has, _NEG_INF)
 
 
-def _chunk(p: Problem, inner: Problem, pl: Plan, extent: int, r0: int, r1: int, q: torch.Tensor):
+def _chunk(p: Problem, inner: Problem, pl: Plan, extent: int, r0: int, r1: int, q: torch.Tensor, kv):
     """Queries ``[r0, r1)``: every split of the first ``extent`` keys computed and merged, ``(out (B, Hq, c, Dv),
     lse (B, Hq, c))``."""
     sel = p.mask.selection
@@ -209,7 +247,7 @@ def _chunk(p: Problem, inner: Problem, pl: Plan, extent: int, r0: int, r1: int, 
         stop = min(extent, start + pl.keys)
         piece = _fused_split(p, pl, r0, r1, start, stop, q, idx, kv_heads) if fused else None
         if piece is None:
-            piece = _to_heads(pl, *_split(p, inner, pl, r0, r1, start, stop, q, idx, kv_heads), r1 - r0)
+            piece = _to_heads(pl, *_split(p, inner, pl, r0, r1, start, stop, q, idx, kv_heads, kv), r1 - r0)
         partials.append(piece)
     if not partials:  # a selection of no keys: every row empty
         batch, hq, _, _, _, dv = p.sizes
@@ -221,17 +259,33 @@ def run(p: Problem) -> KernelOutput:
     pl = plan(p)
     inner = p.with_inputs(mask=p.mask.rest, return_lse=p.normalize == "softmax")  # the lse merges the splits
     q = p.q.to(p.compute_dtype).contiguous()
+    if selected_union.applies(p):
+        union, kv_heads = _union(p)
+        result = selected_union.run(p, inner, q, union, kv_heads)
+        return result if p.return_lse else result._replace(lse=None)
     lengths = p.mask.selection.lengths
     # Pages: the splits end at the longest sequence, not at the table's width, so a table padded with more
     # pages (or a contiguous cache with room to spare) cuts the same splits and gives the same bits.
     extent = pl.slots if lengths is None or not len(lengths) else min(pl.slots, int(lengths.max()))
-    out, lse = run_row_chunks(lambda r0, r1, q: _chunk(p, inner, pl, extent, r0, r1, q), p.sizes[2], pl.rows, q)
+    keys, values, blocks = _in_blocks(p)
+    if isinstance(keys, torch.Tensor):
+        def chunk(r0, r1, q, k, v):
+            return _chunk(p, inner, pl, extent, r0, r1, q, (k, v, blocks))
+        out, lse = run_row_chunks(chunk, p.sizes[2], pl.rows, q, keys, values)
+    else:  # rows of blocks: passed as tensors, so that a checkpointed chunk saves them as inputs
+        (k_rows, shape), (v_rows, _) = keys, values
+
+        def chunk(r0, r1, q, k, v):
+            return _chunk(p, inner, pl, extent, r0, r1, q, ((k, shape), (v, shape), blocks))
+        out, lse = run_row_chunks(chunk, p.sizes[2], pl.rows, q, k_rows, v_rows)
     return KernelOutput(out, None, lse if p.return_lse else None)
 
 
 def cost(p: Problem, grad: bool = False) -> PathCost:
     """Per chunk of queries and split of keys: the score and output products over the gathered keys (the fused
     kernel's formula where it runs); chunks are checkpointed under autograd when there are several."""
+    if selected_union.applies(p):
+        return selected_union.cost(p, _union(p)[0], grad)
     batch, hq, lq, _, d, dv = p.sizes
     pl = plan(p)
     products, fused = [], 0

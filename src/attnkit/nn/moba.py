@@ -10,7 +10,7 @@ from ..costing.attend import attend, projections
 from ..costing.tally import dropout_of, dtype_of
 from ..entry import Entry, register
 from ..errors import check_int
-from ._projections import ProjectedAttention, projected_spec
+from ._projections import ProjectedAttention, projected_spec, sequence_input
 
 __all__ = ["MoBA", "moba_blocks"]
 
@@ -95,14 +95,23 @@ def _example():
     return MoBA(16, 2, block_size=4, top_k=2), (torch.randn(2, 19, 16, generator=g),)
 
 
+def _make(s):
+    with torch.random.fork_rng(devices=[]):  # seeded: the count reads the blocks this module chooses
+        torch.manual_seed(0)
+        return MoBA(s["dim"], s["heads"], block_size=s["block_size"], top_k=s["top_k"]).to(dtype_of(s))
+
+
 def _count(t, s, module):
+    """The blocks the module chooses on the spec's inputs decide the gathered path's work (their unions)."""
     b, n, h, dim, bs = s["batch"], s["length"], s["heads"], s["dim"], s["block_size"]
     d, blocks = dim // h, -(-s["length"] // s["block_size"])
     projections(t, s)
     t.ew("block means of the keys", b * h * blocks * bs * d)
     t.mm("gate q . mean_k", b * h, n, d, blocks, grads=0)
-    stand_in = masks.selected_blocks(torch.zeros(b, h, n, min(s["top_k"], blocks), dtype=torch.long), bs)
-    attend(t, "", b, h, n, n, d, d, dtype=dtype_of(s), mask=stand_in & masks.causal(), dropout_p=dropout_of(module))
+    with torch.no_grad():
+        q, k, _ = module.project(sequence_input(s, module)[1][0])
+        chosen = masks.selected_blocks(moba_blocks(q, k, bs, s["top_k"]), bs)
+    attend(t, "", b, h, n, n, d, d, dtype=dtype_of(s), mask=chosen & masks.causal(), dropout_p=dropout_of(module))
 
 
 register(Entry("moba", MoBA, "Lu et al. 2025, arXiv:2502.13189, eq. 5-6 (Mixture of Block Attention)",
@@ -110,5 +119,6 @@ register(Entry("moba", MoBA, "Lu et al. 2025, arXiv:2502.13189, eq. 5-6 (Mixture
                "long-sequence", _example,
                spec=projected_spec(MoBA, _count, "gate 2 B H n (n / bs) D; attention over k blocks of bs keys",
                                    sizes={"length": 19, "block_size": 4, "top_k": 2},
-                                   options=("block_size", "top_k"), at_scale={"block_size": 512, "top_k": 3},
+                                   options=("block_size", "top_k"), make=_make,
+                                   at_scale={"block_size": 512, "top_k": 3},
                                    source="Lu et al. 2025, arXiv:2502.13189, Sec. 3.1: block size 512, top-k 3")))

@@ -158,17 +158,25 @@ class NativeSparseAttention(nn.Module):
         self.gate = nn.Linear(dim, 3 * num_heads)
         self.out_proj = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_sequence(type(self).__name__, "x", x, self.dim, named=True)
+    def branches(self, x: torch.Tensor):
+        """Queries ``(B, H, n, D)``, the branches' keys and values ``(B, H_kv, n, D)`` (compressed ones
+        ``(B, H_kv, n_c, D)``) and the selection mask of eq. 11-12."""
         batch, n, _ = x.shape
         h, hkv, d = self.num_heads, self.kv_heads, self.head_dim
         q = self.q_proj(x).view(batch, n, h, d).transpose(1, 2)
         k_cmp, v_cmp, k_slc, v_slc, k_win, v_win = self.kv_proj(x).view(batch, n, 6, hkv, d).permute(2, 0, 3, 1, 4)
         k_c, v_c = self.compress_k(k_cmp), self.compress_v(v_cmp)  # (B, H_kv, n_c, D)
-        compressed = attention(q, k_c, v_c, mask=_CompressedCausal(self.compress_block, self.compress_stride))
         chosen = nsa_blocks(q, k_c, length=self.compress_block, stride=self.compress_stride, block=self.select_block,
                             count=self.num_selected, scale=1 / math.sqrt(d))
         mask = masks.selected_blocks(chosen, self.select_block, group_size=h // hkv) & masks.causal()
+        return q, (k_c, v_c), (k_slc, v_slc), (k_win, v_win), mask
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_sequence(type(self).__name__, "x", x, self.dim, named=True)
+        batch, n, _ = x.shape
+        h = self.num_heads
+        q, (k_c, v_c), (k_slc, v_slc), (k_win, v_win), mask = self.branches(x)
+        compressed = attention(q, k_c, v_c, mask=_CompressedCausal(self.compress_block, self.compress_stride))
         selected = attention(q, k_slc, v_slc, mask=mask)
         nearby = attention(q, k_win, v_win, mask=masks.sliding_window(self.window - 1, 0))
         g = torch.sigmoid(self.gate(x)).view(batch, n, h, 3).permute(3, 0, 2, 1).unsqueeze(-1)  # (3, B, H, n, 1)
@@ -193,7 +201,7 @@ def _example():
 
 def _count(t, s, module):
     b, n, dim, h, hkv = s["batch"], s["length"], s["dim"], s["heads"], s["kv_heads"]
-    d, l, stride, blk = dim // h, s["compress_block"], s["compress_stride"], s["select_block"]
+    d, l, stride = dim // h, s["compress_block"], s["compress_stride"]
     blocks_c = (n - l) // stride + 1 if n >= l else 0
     dt = dtype_of(s)
     t.mm("projections (q, out)", 2, b * n, dim, dim)
@@ -203,15 +211,21 @@ def _count(t, s, module):
         t.mm("compression phi (keys, values)", 2, b * hkv * blocks_c, l * d, d)
     attend(t, "compressed: ", b, h, n, blocks_c, d, d, hkv=hkv, dtype=dt, mask=_CompressedCausal(l, stride))
     t.mm("selection importance q K_cmp^T", b * h, n, d, blocks_c, grads=0)
-    chosen = torch.zeros(b, hkv, n, min(s["num_selected"], -(-n // blk)), dtype=torch.long)
-    attend(t, "selected: ", b, h, n, n, d, d, hkv=hkv, dtype=dt,
-           mask=masks.selected_blocks(chosen, blk, group_size=h // hkv) & masks.causal())
+    with torch.no_grad():  # the blocks the module selects on the spec's inputs decide the gathered path's work
+        mask = module.branches(_inputs(s, module)[1][0])[-1]
+    attend(t, "selected: ", b, h, n, n, d, d, hkv=hkv, dtype=dt, mask=mask)
     attend(t, "window: ", b, h, n, n, d, d, hkv=hkv, dtype=dt, mask=masks.sliding_window(s["window"] - 1, 0))
     t.io(b * n * dim, 0, b * n * dim)
 
 
 def _make(s):
-    return NativeSparseAttention(s["dim"], s["heads"], **{k: s[k] for k in _OPTIONS}).to(dtype_of(s))
+    with torch.random.fork_rng(devices=[]):  # seeded: the count reads the blocks this module selects
+        torch.manual_seed(0)
+        return NativeSparseAttention(s["dim"], s["heads"], **{k: s[k] for k in _OPTIONS}).to(dtype_of(s))
+
+
+def _inputs(s, module):
+    return module, (randn(s["batch"], s["length"], s["dim"], dtype=dtype_of(s)),)
 
 
 register(Entry("native-sparse-attention", NativeSparseAttention,
@@ -220,9 +234,9 @@ register(Entry("native-sparse-attention", NativeSparseAttention,
                spec=Spec({"batch": 2, "length": 21, "dim": 16, "heads": 4, "dtype": "float32", "kv_heads": 2,
                           "compress_block": 4, "compress_stride": 2, "select_block": 4, "num_selected": 3,
                           "window": 5}, _count,
-                         lambda s, module: (module, (randn(s["batch"], s["length"], s["dim"], dtype=dtype_of(s)),)),
+                         _inputs,
                          "projections 2 B n dim (2 dim + 6 H_kv D + 3 H); phi 4 B H_kv n_c l D^2; three attentions",
-                         make=_make, module_type=NativeSparseAttention,
+                         make=_make, module_type=NativeSparseAttention, reads_module=True,
                          config=lambda m: {"dim": m.dim, "heads": m.num_heads, **{k: getattr(m, k) for k in _OPTIONS}},
                          at_scale={"compress_block": 32, "compress_stride": 16, "select_block": 64,
                                    "num_selected": 16, "window": 512},
