@@ -158,7 +158,9 @@ class Pages(Selection):
 
     uses = frozenset({"b", "q", "kv"})
 
-    def __init__(self, table: torch.Tensor, page_size: int, lengths: torch.Tensor, within: Mask | None = None):
+    def __init__(self, table: torch.Tensor, page_size: int, lengths: torch.Tensor, within: Mask | None = None,
+                 *, pooled: bool = True):
+        self.pooled = pooled  # the keys are one pool of pages shared by the batch (else one cache per sequence)
         self.table = table.long()
         self.indices = self.table[:, None, None, :]  # one selection per sequence, every head and query
         self.block_size = page_size

@@ -272,7 +272,7 @@ def _paged_inputs(q, k, v, mask, bias, block_table, seqused_k, tracing):
     table, lengths = check_pages(_WHO, table, seqused_k, pages, page_size, batch, q.device, values=not tracing)
     if block_table is None and not tracing and batch and int(lengths.max()) > k.shape[2]:
         raise ArgumentError(f"{_WHO}: seqused_k must be at most the key length {k.shape[2]}; got {int(lengths.max())}")
-    return k, v, Pages(table, page_size, lengths, mask)
+    return k, v, Pages(table, page_size, lengths, mask, pooled=block_table is not None)
 
 
 def validate(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, normalize="softmax",
