@@ -106,7 +106,7 @@ def _tokens(p: Problem, pl: Plan, idx: torch.Tensor, start: int, stop: int):
     if sel.lengths is not None:  # pages: position t of the sequence lives on page table[t // bs], lane t % bs
         pos = torch.arange(start, stop, device=dev)
         page = idx.index_select(-1, pos // bs)
-        tok = page * bs + pos % bs
+        tok = (page * bs + pos % bs).clamp(0, max(lk - 1, 0))
         valid = (page >= 0) & (pos < sel.lengths.to(dev).view(-1, 1, 1, 1))
         where = pos
     else:
@@ -114,8 +114,9 @@ def _tokens(p: Problem, pl: Plan, idx: torch.Tensor, start: int, stop: int):
         block = idx[..., start // bs:stop // bs]
         tok = (block[..., None] * bs + lane).flatten(-2)
         valid = (block >= 0).repeat_interleave(bs, -1) & (tok < lk)
+        tok = tok.clamp(0, max(lk - 1, 0))  # unreal slots read a real position (masked out, data zeroed)
         where = tok
-    return tok.clamp(0, max(lk - 1, 0)), valid, where
+    return tok, valid, where
 
 
 def _gather(t, kv_heads: torch.Tensor, tok: torch.Tensor, valid: torch.Tensor, dtype, block_size: int = 1):
