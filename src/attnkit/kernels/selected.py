@@ -30,6 +30,7 @@ import torch
 
 from ..functional.validate import Problem
 from . import rules, selected_union
+from .page_chunks import page_split
 from .path_cost import PathCost, Product, fused_attention, itemsize
 from .pipeline import KernelOutput, Workspace, block_scores, block_weights, dropout, run_row_chunks
 
@@ -153,41 +154,6 @@ def _in_blocks(p: Problem):
     return (*out, bs)
 
 
-def _page_split(p: Problem, start: int, stop: int, dtype, shortest: int, space: Workspace | None = None):
-    """Positions ``[start, stop)`` of every sequence: keys and values ``(B, H_kv, c, E)`` (views of token-major
-    copies), which are real ``(B, 1, 1, c)``, and the positions.
-
-    Whole pages of a pool are copied with ``index_select`` (a contiguous cache is sliced); either way the
-    chunk is a token-major tensor zeroed past each sequence's length (``shortest``: the least length), the
-    same bytes in the same layout wherever the pages lie, so the arithmetic on it is the same bit for bit.
-    Without autograd the copies of parts of pages go to ``space``'s buffers, reused by every chunk.
-    """
-    sel, dev = p.mask.selection, p.q.device
-    batch, c, ps = p.sizes[0], stop - start, sel.block_size
-    pos = torch.arange(start, stop, device=dev)
-    valid = pos < sel.lengths.to(dev)[:, None]  # (B, c)
-    out = []
-    for name, t in (("k", p.k), ("v", p.v)):
-        if sel.pooled:  # the pool the expanded (B, H_kv, P ps, E) view was made of
-            pool = t[0].transpose(0, 1)  # (P ps, H_kv, E)
-            rows = pool.reshape(-1, ps * pool.shape[1] * pool.shape[2])  # one row per page
-            first = start // ps
-            pages = sel.table[:, first:-(-stop // ps)].to(dev).clamp(0, rows.shape[0] - 1).flatten()
-            chunk = rows.index_select(0, pages).view(batch, -1, *pool.shape[1:])  # (B, pages ps, H_kv, E)
-            skip = start - first * ps
-            if skip or chunk.shape[1] != c:  # part of a page: copied out, in the layout of a whole chunk
-                chunk = chunk[:, skip:skip + c]
-        else:
-            chunk = t[:, :, start:stop].transpose(1, 2)  # (B, c, H_kv, E)
-        if not chunk.is_contiguous() or chunk.dtype != dtype:
-            target = space.take(name, batch, c, *chunk.shape[2:]) if space is not None else None
-            chunk = target.copy_(chunk) if target is not None else chunk.to(dtype).contiguous()
-        if stop > shortest:  # a sequence ends inside this chunk: nothing stored past it is read
-            chunk = chunk.masked_fill_(~valid[:, :, None, None], 0.0)
-        out.append(chunk.transpose(1, 2))
-    return out[0], out[1], valid[:, None, None, :], pos
-
-
 def _query_layout(p: Problem, pl: Plan, q: torch.Tensor, r0: int, r1: int):
     """The chunk's queries ``(B, hx, c', m, D)`` and the query head and position of each row (``c' m = gp c``)."""
     batch, _, _, d = q.shape
@@ -206,7 +172,7 @@ def _split(p, inner, pl, r0, r1, start, stop, q, idx, heads, kv, shortest):
     sel = p.mask.selection
     keys, values, blocks = kv
     if sel.lengths is not None:  # pages: the chunk of every sequence, shared by its queries
-        k_g, v_g, valid, where = _page_split(p, start, stop, q.dtype, shortest)
+        k_g, v_g, valid, where = page_split(p, start, stop, q.dtype, shortest)
         k_g, v_g = k_g.unsqueeze(2), v_g.unsqueeze(2)  # (B, H_kv, 1, n, E)
     else:
         tok, valid, where = _tokens(p, pl, idx, start, stop)
@@ -255,7 +221,7 @@ def _fused_split(p, pl, r0, r1, start, stop, q, idx, heads, shortest, space):
     """A split of a shared selection on torch's fused kernel; None when its output cannot be trusted."""
     sel, dev = p.mask.selection, q.device
     if sel.lengths is not None:
-        k_g, v_g, valid, where = _page_split(p, start, stop, q.dtype, shortest, space)  # (B, H_kv, n, E)
+        k_g, v_g, valid, where = page_split(p, start, stop, q.dtype, shortest, space)  # (B, H_kv, n, E)
     else:
         tok, valid, where = _tokens(p, pl, idx, start, stop)  # (B, 1, 1, n)
         k_g = _gather(p.k, heads, tok, valid, q.dtype)[:, :, 0]  # (B, Hkv, n, D)

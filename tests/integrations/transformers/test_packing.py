@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from transformers import DataCollatorWithFlattening, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
@@ -17,6 +15,7 @@ from attnkit.kernels import selected
 from tests.oracle import dense_attention
 
 from .families import tiny_config
+from .helpers import twins
 
 LENGTHS = (7, 12, 1, 5)
 
@@ -105,12 +104,7 @@ def test_deepseek_v32_with_a_small_top_k_equals_eager_on_the_gathered_path(monke
 
     config = tiny_config("deepseek_v32")
     config.index_topk = 3
-    torch.manual_seed(0)
-    eager = DeepseekV32ForCausalLM(copy.deepcopy(config)).eval()
-    ours = DeepseekV32ForCausalLM(copy.deepcopy(config)).eval()
-    ours.load_state_dict(eager.state_dict())
-    eager.set_attn_implementation("eager")
-    ours.set_attn_implementation("attnkit")
+    eager, ours = twins(DeepseekV32ForCausalLM, config)
     gathered = []
     real = selected.run
     monkeypatch.setattr(selected, "run", lambda p: gathered.append(p.sizes) or real(p))
