@@ -65,6 +65,8 @@ NO_WEIGHTS = {
     "bigbird": ["model", "model#1"], "sparse-transformer": ["model", "model#1"],
     "longformer": ["attention", "attention#1"],  # its example is a closure over the layer: no model to name maps
     "perceiver-attention": ["model"], "perceiver-encoder": ["cross_attn", "blocks.0.attn"],
+    "dsa": ["model"], "moba": ["model"],  # over the selected keys
+    "native-sparse-attention": ["model", "model#1", "model#2"],  # compressed, selected and window branches
 }
 UNNORMALISED = {"sigmoid", "luong"}  # sigmoid weights; local-p Luong: softmax times a Gaussian (eq. 10)
 
