@@ -11,7 +11,7 @@ through their public contracts: a :class:`~attnkit.masks.Mask` through
 The pipeline, as documented::
 
     score(q, k) * scale -> + bias tensor -> modifier(scores, b, h, q_idx, kv_idx) -> mask (select)
-    -> normalise (a row with no allowed key: weights 0, lse -inf) -> @ v
+    -> normalise (a row with no allowed key: weights 0, lse -inf; sinks: one more column, dropped) -> @ v
 
 Arguments it does not model (dropout, "gumbel", which are random) raise.
 """
@@ -126,8 +126,23 @@ def _hard(scores, allowed):
     return out * has.unsqueeze(-1)
 
 
-def _normalize(normalize, scores, allowed):
+def _sink_softmax(scores, allowed, sinks):
+    """Softmax over each row and one more column, the head's sink, which is always allowed and then dropped:
+    ``softmax([S, s])[:-1]``; lse includes the sink (a row with no allowed key has lse ``s``)."""
+    batch, heads = scores.shape[:2]
+    column = torch.broadcast_to(sinks.to(scores.dtype), (batch, heads))[:, :, None, None]
+    column = column.expand(*scores.shape[:-1], 1)
+    weights, lse = _softmax(torch.cat([scores, column], -1),
+                            torch.cat([allowed, torch.ones_like(allowed[..., :1])], -1))
+    return weights[..., :-1], lse
+
+
+def _normalize(normalize, scores, allowed, sinks=None):
     """Weights (masked keys exactly 0) and the lse (softmax only, else None)."""
+    if sinks is not None:
+        if normalize != "softmax":
+            raise NotImplementedError("oracle: sinks join a softmax")
+        return _sink_softmax(scores, allowed, sinks)
     if normalize == "softmax":
         return _softmax(scores, allowed)
     if normalize == "sigmoid":
@@ -144,12 +159,14 @@ def _normalize(normalize, scores, allowed):
 
 
 def dense_attention(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, normalize="softmax",
-                    dropout_p=0.0, return_weights=False, return_lse=False, backend=None,
+                    dropout_p=0.0, return_weights=False, return_lse=False, backend=None, sinks=None,
                     dtype=torch.float64, out_dtype=None, differentiable=False):
     """``attnkit.attention``'s function, computed densely in ``dtype`` (float64 by default).
 
     Inputs of rank 2, 3 or 4; the result has the input's rank, in ``out_dtype``
     (default ``dtype``); with ``return_weights``/``return_lse`` an :class:`OracleOutput`.
+    ``sinks`` (``(H,)`` or broadcastable to ``(B, H)``) are one more column of every row's
+    softmax, always allowed, whose weight is dropped (gpt-oss's attention sinks).
     ``backend`` is accepted and ignored, so a call's keyword arguments can be passed on as they are.
     ``differentiable``: keep the inputs' (and a tensor bias's) autograd history, so the oracle
     can be differentiated once or twice; otherwise it reads them detached.
@@ -193,7 +210,7 @@ def dense_attention(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=
             scores = bias.modify(scores, *idx, lq, lk) if isinstance(bias, ScoreModifier) else bias(scores, *idx)
         scores = torch.broadcast_to(scores, (batch, heads, lq, lk)).to(dtype)
 
-    weights, lse = _normalize(normalize, scores, allowed)
+    weights, lse = _normalize(normalize, scores, allowed, None if sinks is None else own(sinks).to(dtype))
     out = torch.einsum("bhij,bhjd->bhid", weights, v)
     out_dtype = dtype if out_dtype is None else out_dtype
     out = _from_4d(out, rank).to(out_dtype)

@@ -49,8 +49,20 @@ _core("cosine", "Graves et al. 2014, arXiv:1410.5401, eq. 6 (content addressing)
       "softmax(scale * cos(q, k)) v", "score", lambda s: {"score": "cosine", "scale": 10.0})
 _core("sparsemax", "Martins & Astudillo 2016, arXiv:1602.02068", _DENSE + " log Lk",
       "Euclidean projection onto the simplex: sparse weights", "normalize", lambda s: {"normalize": "sparsemax"})
-_core("sigmoid", "Ramapuram et al. 2024, arXiv:2409.04431", _DENSE,
-      "elementwise sigmoid weights, no normalisation", "normalize", lambda s: {"normalize": "sigmoid"})
+_SIGMOID = "Ramapuram et al. 2024, arXiv:2409.04431, Sec. 2"
+_core("sigmoid", _SIGMOID, _DENSE, "elementwise sigmoid weights, no normalisation; O(L) memory on the chunked path",
+      "normalize", lambda s: {"normalize": "sigmoid"})
+_core("sigmoid-log-n", _SIGMOID, _DENSE, "sigmoid(s - log n): the paper's bias for n keys; O(L) memory chunked",
+      "normalize", lambda s: {"normalize": "sigmoid_log_n"})
+_core("softpick", "Zuhri et al. 2025, arXiv:2504.20966", _DENSE,
+      "ReLU(e^s - 1) / (sum |e^s - 1| + eps): rectified, not sum-to-one; O(L) memory chunked", "normalize",
+      lambda s: {"normalize": "softpick"})
+_core("stick-breaking", "Tan et al. 2024, arXiv:2410.17980, Sec. 2", _DENSE,
+      "each key takes sigmoid(s) of what the nearer keys left; O(L) memory chunked", "normalize",
+      lambda s: {"normalize": "stick_breaking", "mask": masks.causal()})
+_core("attention-sinks", "OpenAI 2025, arXiv:2508.10925 (gpt-oss); Xiao et al. 2023, arXiv:2309.17453", _DENSE,
+      "softmax([scores, s_h])[:-1] v: a learned logit per head takes weight and gives no value", "normalize",
+      lambda s: {"sinks": torch.full((s["heads"],), 1.0), "mask": masks.causal()})
 _core("hard-argmax", "Xu et al. 2015, arXiv:1502.03044, Sec. 4.1 (deterministic form)", _DENSE,
       "one-hot at the best key, straight-through gradient", "normalize", lambda s: {"normalize": "hard"})
 _core("gumbel-softmax", "Jang et al. 2017, arXiv:1611.01144", _DENSE,

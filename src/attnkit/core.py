@@ -112,7 +112,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
               bias: torch.Tensor | Callable[..., torch.Tensor] | None = None, score: str | Score = "scaled_dot",
               scale: float | None = None, normalize: str | Normalizer = "softmax", dropout_p: float = 0.0,
               return_weights: Literal[False] = False, return_lse: Literal[False] = False,
-              backend: str = "auto", block_table: torch.Tensor | None = None,
+              backend: str = "auto", sinks: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
               seqused_k: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
@@ -121,7 +121,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
               bias: torch.Tensor | Callable[..., torch.Tensor] | None = None, score: str | Score = "scaled_dot",
               scale: float | None = None, normalize: str | Normalizer = "softmax", dropout_p: float = 0.0,
               return_weights: bool = False, return_lse: bool = False,
-              backend: str = "auto", block_table: torch.Tensor | None = None,
+              backend: str = "auto", sinks: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
               seqused_k: torch.Tensor | None = None) -> torch.Tensor | AttentionOutput: ...
 
 
@@ -129,7 +129,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
               bias: torch.Tensor | Callable[..., torch.Tensor] | None = None, score: str | Score = "scaled_dot",
               scale: float | None = None, normalize: str | Normalizer = "softmax", dropout_p: float = 0.0,
               return_weights: bool = False, return_lse: bool = False,
-              backend: str = "auto", block_table: torch.Tensor | None = None,
+              backend: str = "auto", sinks: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
               seqused_k: torch.Tensor | None = None) -> torch.Tensor | AttentionOutput:
     """Attention over keys and values: ``normalize(score(q, k) * scale + bias, mask) @ v``.
 
@@ -146,12 +146,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
             or a modifier ``(scores, b, h, q_idx, kv_idx) -> scores`` (see :mod:`attnkit.bias`).
         score: "scaled_dot" (default), "dot", "cosine" or a pairwise ``(q, k) -> scores``.
         scale: multiplies the scores; default ``1/sqrt(D)`` for "scaled_dot", else 1.
-        normalize: "softmax", "sparsemax", "sigmoid", "hard", "gumbel" or
-            ``(scores, allowed) -> weights``.
+        normalize: "softmax", "sparsemax", "sigmoid", "sigmoid_log_n", "softpick", "stick_breaking",
+            "hard", "gumbel" or ``(scores, allowed) -> weights``; sigmoid, softpick and stick-breaking
+            also run on the O(L)-memory paths (:mod:`attnkit.functional.blockwise`).
         dropout_p: dropout on the weights; pass ``p if module.training else 0.0``.
         return_weights: also return per-head weights (forces an exact dense path).
         return_lse: also return the log-sum-exp of each row (softmax only).
-        backend: "auto", "reference", "chunked", "sdpa" or "blocksparse" (:data:`attnkit.kernels.paths.BACKENDS`).
+        backend: "auto", "reference", "chunked", "sdpa", "blocksparse" or "flex" (CUDA)
+            (:data:`attnkit.kernels.paths.BACKENDS`).
+        sinks: learned attention sinks (gpt-oss), a float tensor ``(H,)`` or broadcastable to ``(B, H)``:
+            one logit per query head that joins every row's softmax denominator and takes no value,
+            ``out = softmax([scores, s])[:-1] @ v`` (:mod:`attnkit.functional.sinks`); softmax only,
+            differentiable. lse and weights include it; a row with no allowed key outputs 0 and
+            has lse ``s``.
         block_table: a paged KV cache's page table ``(B, max_pages)`` (integers): ``k`` and ``v`` are then
             pools of pages ``(num_pages, page_size, H_kv, D)`` (``D_v``), read in place, and sequence ``b``'s
             keys are its first ``seqused_k[b]`` positions on the pages ``block_table[b]`` (as
@@ -183,7 +190,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
     # the only masks the fast lane serves; paged calls are never its
     if (mask is None or getattr(mask, "kind", None) == "causal") and block_table is None and seqused_k is None:
         fast = lane.route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse,
-                          backend)
+                          backend, sinks)
         if fast is not None:
             out = lane.run(q, k, v, mask, fast)
             if out is not None:
@@ -192,7 +199,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
     if record:
         backend = "reference"
     p = _prepare(q, k, v, mask=mask, bias=bias, score=score, scale=scale, normalize=normalize, dropout_p=dropout_p,
-                 return_weights=return_weights or record, return_lse=return_lse, backend=backend,
+                 return_weights=return_weights or record, return_lse=return_lse, backend=backend, sinks=sinks,
                  block_table=block_table, seqused_k=seqused_k)
     with _autocast_off(p.q.device.type):  # scores and softmax stay in float32
         if p.tracing:
@@ -216,8 +223,8 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask | t
             bias: torch.Tensor | Callable[..., torch.Tensor] | None = None, score: str | Score = "scaled_dot",
             scale: float | None = None, normalize: str | Normalizer = "softmax", dropout_p: float = 0.0,
             return_weights: bool = False, return_lse: bool = False, backend: str = "auto",
-            block_table: torch.Tensor | None = None, seqused_k: torch.Tensor | None = None,
-            read_data: bool = True) -> Decision:
+            sinks: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+            seqused_k: torch.Tensor | None = None, read_data: bool = True) -> Decision:
     """Which execution path ``attention(q, k, v, ...)`` would run, why no other path, its cost, how it compiles.
 
     ``str()`` of the answer lists every path of :mod:`attnkit.kernels.paths` with the
@@ -237,9 +244,11 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask | t
         ('blocksparse', 'band-windows')
     """
     fast = None if block_table is not None or seqused_k is not None else lane.route(
-        q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse, backend)
+        q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse, backend,
+        sinks)
     p = _prepare(q, k, v, backend=backend, mask=mask, bias=bias, score=score, scale=scale, normalize=normalize,
-                 dropout_p=dropout_p, return_weights=return_weights, return_lse=return_lse, block_table=block_table,
+                 dropout_p=dropout_p, return_weights=return_weights, return_lse=return_lse, sinks=sinks,
+                 block_table=block_table,
                  seqused_k=seqused_k)
     with _autocast_off(p.q.device.type):
         if p.tracing and rules.operator_carries(p, backend):

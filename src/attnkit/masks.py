@@ -32,6 +32,7 @@ import torch
 
 from .errors import ArgumentError, DTypeError, check_int
 from .functional import mask_parse
+from .functional.flex_tiles import from_block_mask
 from .functional.indexed_masks import (
     _FAR,
     TensorMask,
@@ -48,7 +49,7 @@ __all__ = [
     "Mask", "BlockLayout", "And", "Or", "Not", "TensorMask", "ShiftedMask",
     "full", "causal", "sliding_window", "diagonals", "dilated", "strided", "fixed", "global_tokens",
     "block_layout", "segments", "padding", "keys", "prefix_lm", "from_function", "parse",
-    "shifted", "selected_keys", "selected_blocks",
+    "shifted", "from_block_mask", "selected_keys", "selected_blocks",
 ]
 
 _ALIGNMENTS = ("bottom_right", "top_left")

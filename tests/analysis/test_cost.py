@@ -9,7 +9,10 @@ equal ``cost(...).flops`` exactly.
 torch 2.13's counter has no formula for the fused CPU SDPA kernel
 (``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward): without one it counts
 0 for every call that takes it. :data:`CPU_SDPA` maps both ops to torch's own SDPA formulas
-(``sdpa_flop_count`` / ``sdpa_backward_flop_count``). With that, every entry is countable.
+(``sdpa_flop_count`` / ``sdpa_backward_flop_count``). Its formula for a convolution's backward
+ignores ``groups`` in the weight gradient (a depthwise convolution of C channels counts C times
+its products): :data:`CPU_SDPA` counts each gradient as one forward, as for any product. With
+that, every entry is countable.
 Parts the counter ignores by design (matrix-vector products, elementwise work) are in
 ``other_flops``, never in ``flops``: :data:`NOT_COUNTED` lists the entries that have such parts.
 """
@@ -23,7 +26,7 @@ import sys
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, sdpa_backward_flop_count, sdpa_flop_count
 
 import attnkit
 from attnkit import masks, registry
@@ -42,8 +45,15 @@ def _sdpa_backward(grad_out, q, k, v, *args, out_shape=None, **kwargs):
     return sdpa_backward_flop_count(grad_out, q, k, v)
 
 
+def _conv_backward(grad_out, x, w, bias, stride, padding, dilation, transposed, output_padding, groups, output_mask,
+                   out_shape=None, **kwargs):
+    forward = conv_flop_count(x, w, grad_out, transposed=transposed)  # reads C_in per group off the weight
+    return forward * (int(output_mask[0]) + int(output_mask[1]))
+
+
 CPU_SDPA = {aten._scaled_dot_product_flash_attention_for_cpu: _sdpa,
-            aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_backward}
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_backward,
+            aten.convolution_backward: _conv_backward}
 
 # Entries whose cost has a part FlopCounterMode does not count (kept in other_flops).
 NOT_COUNTED = {
@@ -60,6 +70,7 @@ _CORE = dict(batch=1, heads=2, kv_heads=1, q_len=450, kv_len=450, head_dim=4, va
 _ODD = dict(batch=2, heads=3, q_len=7, kv_len=11, head_dim=3, value_dim=5)  # Dv != D: SDPA's math path
 _LONG = dict(_CORE, q_len=260, kv_len=270)  # over the reference kernel's size: chunked
 _SEQ = dict(batch=1, length=19, dim=12, heads=3)
+_RECURRENT = dict(batch=2, length=11, dim=12)  # 11 = 2 * 4 + 3: the chunk form's last block is padded
 SETTINGS = {
     "sliding-window": [dict(_CORE, window=20), dict(_CORE, q_len=200, window=30), _ODD],
     "dilated-window": [dict(_CORE, window=10, dilation=3), _ODD],
@@ -75,6 +86,8 @@ SETTINGS = {
     "scaled-dot-product": [_CORE, _ODD, dict(_ODD, dtype="float64", value_dim=3)],
     "dot-product": [_CORE, _ODD],
     "sparsemax": [_ODD], "sigmoid": [_ODD], "hard-argmax": [_ODD], "gumbel-softmax": [_ODD],
+    "sigmoid-log-n": [_LONG, _ODD], "softpick": [_LONG, _ODD], "stick-breaking": [_LONG, _ODD],
+    "attention-sinks": [_CORE, _LONG, _ODD],
     "relative-position-bias": [dict(_CORE, q_len=200, kv_len=330), _ODD],
     "dot-product-module": [_ODD, dict(_CORE, need_weights=True, scaled=False)],
     "multi-head": [dict(batch=1, q_len=7, kv_len=11, embed_dim=12, heads=4, kv_heads=2, need_weights=False),
@@ -137,6 +150,18 @@ SETTINGS = {
                                      compress_stride=8, select_block=32, num_selected=4, window=40),
                                 dict(batch=2, length=3, dim=6, heads=3, kv_heads=3, compress_block=4,
                                      compress_stride=2, select_block=2, num_selected=2, window=2)],
+    "retnet": [dict(_RECURRENT, heads=3, chunk_size=4), dict(_RECURRENT, heads=2, value_factor=1, form="parallel"),
+               dict(_RECURRENT, length=5, dim=6, heads=3, form="recurrent")],
+    "gla": [dict(_RECURRENT, heads=2, chunk_size=4, gate_rank=3), dict(_RECURRENT, heads=3, expand_k=1.0,
+                                                                         form="recurrent")],
+    "mamba2": [dict(_RECURRENT, head_dim=4, state_dim=5, num_groups=2, chunk_size=4, form="parallel"),
+               dict(_RECURRENT, length=3, head_dim=6, state_dim=2, expand=1, conv_size=2, chunk_size=4)],
+    "deltanet": [dict(_RECURRENT, heads=3, chunk_size=4), dict(_RECURRENT, heads=2, form="recurrent"),
+                 dict(_RECURRENT, length=3, heads=3, chunk_size=4)],
+    "gated-deltanet": [dict(_RECURRENT, heads=4, key_heads=2, key_head_dim=5, value_head_dim=3, chunk_size=4),
+                       dict(_RECURRENT, heads=3, form="recurrent"), dict(_RECURRENT, heads=2, form="parallel")],
+    "kimi-delta-attention": [dict(_RECURRENT, heads=3, head_dim=5, chunk_size=4, form="recurrent"),
+                             dict(_RECURRENT, heads=2, chunk_size=3), dict(_RECURRENT, heads=3, form="parallel")],
     "dense": [_CORE], "sdpa": [_CORE, _ODD, dict(_CORE, kv_heads=2)],
     "dilated(10, 3)": [dict(_CORE, normalize="sigmoid"), dict(_CORE, normalize="sparsemax", q_len=300)],
 }

@@ -67,8 +67,11 @@ NO_WEIGHTS = {
     "perceiver-attention": ["model"], "perceiver-encoder": ["cross_attn", "blocks.0.attn"],
     "dsa": ["model"], "moba": ["model"],  # over the selected keys
     "native-sparse-attention": ["model", "model#1", "model#2"],  # compressed, selected and window branches
+    "retnet": [], "gla": [], "mamba2": [], "deltanet": [], "gated-deltanet": [], "kimi-delta-attention": [],
 }
-UNNORMALISED = {"sigmoid", "luong"}  # sigmoid weights; local-p Luong: softmax times a Gaussian (eq. 10)
+# sigmoid weights (and softpick's, stick-breaking's, a sink's share taken: sums below 1); local-p Luong: softmax
+# times a Gaussian (eq. 10)
+UNNORMALISED = {"sigmoid", "sigmoid-log-n", "softpick", "stick-breaking", "attention-sinks", "luong"}
 
 
 def _is_core(entry) -> bool:

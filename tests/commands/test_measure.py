@@ -61,6 +61,19 @@ def test_cost_parses_literal_and_word_values(capsys):
     assert "global_tokens=(0, 3)" in capsys.readouterr().out
 
 
+def test_cost_prints_each_forms_flops_and_the_decoding_state_against_a_kv_cache(capsys):
+    assert run(["cost", "deltanet", "--q-len", "2048", "--size", "form=recurrent"]) == 0
+    out = capsys.readouterr().out
+    c = cost("deltanet", q_len=2048, form="recurrent")
+    assert "form=recurrent" in out and "matmul FLOPs by form (forward)" in out
+    assert all(f"  {form}" in out for form in c.forms) and c.flops == c.forms["recurrent"] < c.forms["parallel"]
+    assert "decoding state, one sequence at length 2048" in out and c.state_per_token == 0 < c.state_fixed
+    assert run(["cost", "multi-head", "--q-len", "2048", "--heads", "4", "--head-dim", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "growing per token (a KV cache)" in out and "by form" not in out
+    assert cost("multi-head", q_len=2048, heads=4, head_dim=16).state_per_token == 2 * 64 * 4
+
+
 def test_cost_errors_name_the_size():
     with pytest.raises(ArgumentError, match=r"unknown size.*windw"):
         run(["cost", "sliding-window", "--size", "windw=3"])

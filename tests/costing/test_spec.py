@@ -68,3 +68,21 @@ def test_cost_counts_at_the_resolved_sizes_and_builds_a_module_only_when_the_cou
     with pytest.raises(ArgumentError, match=f"lengths up to {MODULE_LENGTH_LIMIT}"):
         reading.cost({"length": MODULE_LENGTH_LIMIT + 1})
     assert reading.cost({"length": 7}).flops == SPEC.cost({"length": 7}).flops
+
+
+def test_the_table_shows_the_decoding_state_and_the_forms_only_where_counted():
+    def count(t: Tally, s, module=None):
+        _count(t, s)
+        t.decoding(fixed=100, per_token=8)
+        t.forms.update(one=3, other=4)
+
+    plain = SPEC.cost({"length": 10})
+    assert (plain.state_fixed, plain.state_per_token, plain.forms) == (0, 0, {})
+    assert "decoding state" not in plain.table() and "by form" not in plain.table()
+    c = dataclasses.replace(SPEC, count=count).cost({"length": 10})
+    assert (c.state_bytes, c.context, c.forms) == (100 + 8 * 10, 10, {"one": 3, "other": 4})
+    lines = c.table().splitlines()
+    assert any(line.startswith("decoding state, one sequence at length 10") and line.endswith("180 B")
+               for line in lines)
+    assert any(line.strip().startswith("per token at this length") and line.endswith(" 18 B") for line in lines)
+    assert any(line.strip().startswith("other") and line.endswith(" 4") for line in lines)

@@ -37,7 +37,8 @@ def _scenarios(rank):
         "dtype": lambda: attention(*_qkv(dtype=torch.float32 if odd else torch.float64)),
         "mask_on_the_ring": lambda: attention(*_qkv(length=6), mask=masks.sliding_window(2, 0) if odd
                                               else masks.causal()),
-        "own_check_fails": lambda: attention(*_qkv(), scheme="tree" if odd else "ring"),
+        "own_check_fails": lambda: attention(*_qkv(), scheme="star" if odd else "ring"),
+        "sinks_on_one_rank": lambda: attention(*_qkv(), sinks=torch.zeros(3, dtype=torch.float64) if odd else None),
         "other_function": lambda: gather(torch.ones(2, 5)) if odd else attention(*_qkv()),
         "gather_shapes": lambda: gather(torch.ones(2, 4 if odd else 5), dim=1),
         "linear_length": lambda: sequence_parallel(_linear(), torch.randn(2, 4 if odd else 6, 12, dtype=torch.float64)),
@@ -80,6 +81,7 @@ def results():
     ("head_dim", "ShapeError", ["head dim (q.shape[-1]): 11 on ranks 0, 1, 3; 7 on rank 2"]),
     ("dtype", "DTypeError", ["dtypes of q, k, v", "rank 2"]),
     ("mask_on_the_ring", "ArgumentError", ["the mask", "rank 2", "chunk plan"]),
+    ("sinks_on_one_rank", "ArgumentError", ["the sinks", "rank 2"]),
     ("other_function", "ArgumentError", ["not making the same call", "rank 2"]),
     ("gather_shapes", "ShapeError", ["x.shape[1]: 5 on ranks 0, 1, 3; 4 on rank 2"]),
     ("linear_length", "ShapeError", ["x.shape[1]): 6 on ranks 0, 1, 3; 4 on rank 2"]),
@@ -93,7 +95,7 @@ def test_every_rank_names_what_differs_and_where(results, name, kind, words):
 
 def test_a_rank_whose_own_check_fails_raises_its_error_and_the_others_name_it(results):
     kind, message = results[ODD]["own_check_fails"]
-    assert kind == "ArgumentError" and "'tree'" in message
+    assert kind == "ArgumentError" and "'star'" in message
     for rank in (0, 1, 3):
         kind, message = results[rank]["own_check_fails"]
         assert kind == "ArgumentError" and "rank 2 refused the call" in message, message

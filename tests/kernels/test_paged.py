@@ -121,7 +121,8 @@ def test_windows_grouped_heads_and_gradients_in_float64():
     torch.testing.assert_close(dq, exact, rtol=0, atol=1e-12)
 
 
-def _oracle_differentiable(q, keys, values, window):
+def _oracle_differentiable(q, keys, values, window, sinks=None):
+    """Float64 per sequence; ``sinks (H,)``: a logit per head joins each row's softmax and takes no value."""
     outs = []
     for b, (k, v) in enumerate(zip(keys, values, strict=True)):
         lq, lk = q.shape[2], k.shape[1]
@@ -130,8 +131,29 @@ def _oracle_differentiable(q, keys, values, window):
         allowed = (j >= i - window) & (j <= i)
         kk, vv = k.repeat_interleave(3, 0), v.repeat_interleave(3, 0)
         s = (q[b] @ kk.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~allowed, -math.inf)
-        outs.append(torch.softmax(s, -1) @ vv)
+        if sinks is not None:
+            s = torch.cat([s, sinks.view(-1, 1, 1).expand(-1, lq, 1)], -1)
+        outs.append(torch.softmax(s, -1)[..., :lk] @ vv)
     return torch.stack(outs)
+
+
+def test_sinks_join_the_merged_splits_forward_and_backward():
+    keys, values = _sequences([70, 33], d=11, dv=5, dtype=torch.float64, seed=4)
+    k_pool, v_pool, table = _pool(keys, values, 8, spare=2, seed=3)
+    k_pool, v_pool = k_pool.nan_to_num(0.0), v_pool.nan_to_num(0.0)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 6, 3, 11, dtype=torch.float64, generator=g).requires_grad_()
+    sinks = (2 * torch.randn(6, dtype=torch.float64, generator=g)).requires_grad_()
+    call = dict(block_table=table, seqused_k=torch.tensor([70, 33]), mask=masks.sliding_window(40, 0), sinks=sinks)
+    assert attnkit.explain(q, k_pool, v_pool, **call).path == "paged-split-kv"
+    out = attnkit.attention(q, k_pool, v_pool, **call)
+    want = _oracle_differentiable(q, keys, values, 40, sinks)
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad((out * grad).sum(), (q, sinks))
+    exact = torch.autograd.grad((want * grad).sum(), (q, sinks))
+    for a, b in zip(got, exact, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
 def test_paged_arguments_are_checked_with_their_names():

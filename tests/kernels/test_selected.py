@@ -74,6 +74,26 @@ def test_the_gathered_path_equals_the_per_query_oracle_forward_and_backward(name
         torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
 
 
+@pytest.mark.parametrize("name", ["keys per query head, causal", "one selection for every query"])
+def test_sinks_join_the_selection_forward_and_backward(name):
+    from tests.oracle import dense_attention
+
+    q, k, v, *_, mask = _case(name, seed=7)
+    sinks = (2 * torch.randn(q.shape[1], dtype=torch.float64, generator=torch.Generator().manual_seed(8)))
+    sinks.requires_grad_()
+    assert attnkit.explain(q, k, v, mask=mask, sinks=sinks, backend="blocksparse").path == "blocksparse-gathered"
+    result = attnkit.attention(q, k, v, mask=mask, sinks=sinks, return_lse=True, backend="blocksparse")
+    dense = mask.materialize(q.shape[2], k.shape[2], batch=q.shape[0], heads=q.shape[1])
+    want = dense_attention(q, k, v, mask=dense, sinks=sinks, return_lse=True, differentiable=True)
+    torch.testing.assert_close(result.output, want.output, rtol=0, atol=1e-12)
+    torch.testing.assert_close(result.lse, want.lse, rtol=0, atol=1e-12)
+    weights = torch.randn_like(want.output)
+    got = torch.autograd.grad((result.output * weights).sum(), (q, k, v, sinks))
+    exact = torch.autograd.grad((want.output * weights).sum(), (q, k, v, sinks))
+    for a, b in zip(got, exact, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-11)
+
+
 @pytest.mark.parametrize("backend", ["reference", "chunked", "sdpa"])
 def test_every_backend_computes_the_same_selection(backend):
     q, k, v, indices, bs, group, causal, mask = _case("blocks per key/value group", seed=3)

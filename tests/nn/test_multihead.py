@@ -349,6 +349,10 @@ def reference_mha(mod, query, key, value, allowed=None):
             scores = q_i @ k_g.T / math.sqrt(d)
             if allowed is not None:
                 scores = scores.masked_fill(~allowed, float("-inf"))
+            if "sinks" in sd:  # the head's sink: one more column of the softmax, its weight dropped
+                scores = torch.cat([scores, sd["sinks"][i].expand(scores.shape[0], 1)], -1)
+                heads.append(torch.softmax(scores, -1)[:, :-1] @ v_g)
+                continue
             heads.append(torch.softmax(scores, -1) @ v_g)
         out.append(torch.cat(heads, -1) @ sd["out_proj.weight"].T + sd["out_proj.bias"])
     return torch.stack(out)
@@ -370,6 +374,32 @@ def test_grouped_query_heads_match_transcription(num_kv_heads):
     causal = torch.ones(L, S, dtype=torch.bool).tril()
     torch.testing.assert_close(mod(q, k, k, mask=causal)[0], reference_mha(mod, q, k, k, causal),
                                **TOL[torch.float64])
+
+
+def test_learned_sinks_match_transcription_train_and_decode():
+    torch.manual_seed(16)
+    mod = MultiHeadAttention(E, 6, batch_first=True, num_kv_heads=3, dtype=torch.float64, sinks=True)
+    assert mod.sinks.shape == (6,) and not mod.sinks.any() and "sinks" in mod.state_dict()
+    with torch.no_grad():
+        mod.sinks.normal_(0, 2)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(N, L, E, generator=g, dtype=torch.float64)
+    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    out, _ = mod(x, x, x, is_causal=True)
+    torch.testing.assert_close(out, reference_mha(mod, x, x, x, causal), **TOL[torch.float64])
+    out.square().sum().backward()
+    assert mod.sinks.grad is not None and mod.sinks.grad.abs().min() > 0
+    cache = mod.new_cache(N, L)
+    steps = torch.cat([mod.forward_step(x[:, :2], cache)[0]] + [mod.forward_step(x[:, i:i + 1], cache)[0]
+                                                               for i in range(2, L)], 1)
+    torch.testing.assert_close(steps, out, **TOL[torch.float64])
+    with pytest.raises(ArgumentError, match="no attention sinks"):
+        mod.to_torch()
+    with torch.no_grad():
+        mod.sinks.fill_(float("-inf"))  # a sink that takes nothing: plain softmax
+    plain = MultiHeadAttention(E, 6, batch_first=True, num_kv_heads=3, dtype=torch.float64)
+    plain.load_state_dict({n: t for n, t in mod.state_dict().items() if n != "sinks"})
+    torch.testing.assert_close(mod(x, x, x)[0], plain(x, x, x)[0], **TOL[torch.float64])
 
 
 def test_grouped_query_heads_cannot_become_torch():

@@ -13,23 +13,15 @@ import torch
 
 from ..analysis.timing import time_once
 from ..bias import apply_modifier
+from ..functional.block_masks import mask_mod as as_mask_mod
+from ..kernels.flex import kernel
 from .side import Method, Unavailable
 
 __all__ = ["flex_method"]
 
-_COMPILED = {}
-
-
-def _compiled():
-    """One compiled ``flex_attention`` per process (torch.compile caches per shape)."""
-    if "fn" not in _COMPILED:
-        from torch.nn.attention.flex_attention import flex_attention
-        _COMPILED["fn"] = torch.compile(flex_attention, dynamic=False)
-    return _COMPILED["fn"]
-
 
 def _mods(mask, modifier, q_len: int, kv_len: int):
-    mask_mod = None if mask is None else (lambda b, h, qi, ki: mask.allows(b, h, qi, ki, q_len, kv_len))
+    mask_mod = None if mask is None else as_mask_mod(mask, q_len, kv_len)
     score_mod = None
     if modifier is not None:
         score_mod = lambda s, b, h, qi, ki: apply_modifier(modifier, s, b, h, qi, ki, q_len, kv_len)
@@ -52,7 +44,7 @@ def flex_method(case, q, k, v, mask, modifier) -> Method:
         built, block_mask = time_once(build, q.device)
     except Exception as err:  # any failure of torch's mask builder is a reason to report
         raise Unavailable(f"create_block_mask failed: {type(err).__name__}: {_first_line(err)}") from err
-    flex = _compiled()
+    flex = kernel()  # compiled once per process, the kernel attnkit's flex path calls
     run = lambda: flex(q, k, v, score_mod=score_mod, block_mask=block_mask)
 
     def first_call():

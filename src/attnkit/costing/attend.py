@@ -32,8 +32,8 @@ from ..kernels.sdpa import causal_flag
 from .spec import Spec
 from .tally import Tally, dtype_of, randn, zeros
 
-__all__ = ["attend", "check_question", "projections", "attention_spec", "attention_inputs", "derive_lengths",
-           "ATTENTION_SIZES", "ATTENTION_FORMULA", "QUESTION_LIMIT"]
+__all__ = ["attend", "check_question", "projections", "kv_cache", "attention_spec", "attention_inputs",
+           "derive_lengths", "ATTENTION_SIZES", "ATTENTION_FORMULA", "QUESTION_LIMIT"]
 
 QUESTION_LIMIT = 1 << 31  # q, k, v elements a masked call's decision may read (one pass: about a second)
 ATTENTION_FORMULA = ("attention: 2 B H Lq Lk (D + Dv) on the sdpa/reference/chunked kernels; "
@@ -133,6 +133,11 @@ def projections(t: Tally, s, count: int = 4, label: str = "projections (q, k, v,
     t.io(b * n * dim, count * dim * (dim + 1), b * n * dim)
 
 
+def kv_cache(t: Tally, kv_heads: int, head_dim: int, value_dim: int) -> None:
+    """A decoder's KV cache: every token of context keeps its keys and values, ``Hkv (D + Dv)`` numbers."""
+    t.decoding(per_token=kv_heads * (head_dim + value_dim) * t.itemsize)
+
+
 def derive_lengths(s: dict) -> dict:
     """The defaults of an attention call's sizes: ``kv_heads`` = heads, ``kv_len`` = q_len, ``value_dim`` = head_dim."""
     s["kv_heads"] = s["heads"] if s["kv_heads"] is None else s["kv_heads"]
@@ -159,6 +164,7 @@ def attention_spec(kwargs_of, formula: str = ATTENTION_FORMULA, *, at_scale=None
             check_question(tuple(s[k] for k in ("batch", "heads", "q_len", "kv_len", "head_dim", "value_dim")), "mask")
         attend(t, "", s["batch"], s["heads"], s["q_len"], s["kv_len"], s["head_dim"], s["value_dim"],
                hkv=s["kv_heads"], dtype=dtype_of(s), backend=s["backend"], **kwargs_of(s))
+        kv_cache(t, s["kv_heads"], s["head_dim"], s["value_dim"])
 
     def inputs(s, module=None):
         return functools.partial(attention, backend=s["backend"], **kwargs_of(s)), attention_inputs(s)

@@ -45,6 +45,12 @@ class Cost:
         other_terms: elementwise FLOPs by named part.
         formula: the formula in symbols.
         backward: whether the backward pass is included.
+        state_fixed: the decoding cache of one sequence that does not grow with the context (a recurrent
+            state), in bytes; 0 for a mechanism that keeps none or was not counted for decoding.
+        state_per_token: the bytes that cache grows by per token of context (a KV cache).
+        context: the context length the cost was counted at (the spec's last length).
+        forms: matmul FLOPs of the same pass in each form the mechanism can run in ("parallel",
+            "chunk", "recurrent"), counted as ``flops``; empty for a mechanism with one form.
     """
 
     name: str
@@ -57,15 +63,33 @@ class Cost:
     other_terms: Mapping[str, int]
     formula: str
     backward: bool
+    state_fixed: int = 0
+    state_per_token: int = 0
+    context: int = 0
+    forms: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def state_bytes(self) -> int:
+        """The decoding cache of one sequence after ``context`` tokens, in bytes (per layer)."""
+        return self.state_fixed + self.state_per_token * self.context
 
     def table(self) -> str:
         """The cost as a plain-text table (what ``attnkit cost`` prints)."""
-        rows = [("matmul FLOPs" + (" (forward + backward)" if self.backward else " (forward)"), _num(self.flops))]
+        passes = " (forward + backward)" if self.backward else " (forward)"
+        rows = [("matmul FLOPs" + passes, _num(self.flops))]
         rows += [(f"  {k}", _num(v)) for k, v in self.terms.items()]
         rows.append(("elementwise FLOPs (estimate)", _num(self.other_flops)))
         rows += [(f"  {k}", _num(v)) for k, v in self.other_terms.items()]
         rows += [("bytes moved (estimate)", _bytes(self.bytes_moved)),
                  ("peak bytes (estimate)", _bytes(self.peak_bytes))]
+        if self.forms:
+            rows.append(("matmul FLOPs by form" + passes, ""))
+            rows += [(f"  {k}", _num(v)) for k, v in self.forms.items()]
+        if self.state_fixed or self.state_per_token:
+            rows += [(f"decoding state, one sequence at length {self.context}", _bytes(self.state_bytes)),
+                     ("  fixed, whatever the length (a recurrent state)", _bytes(self.state_fixed)),
+                     ("  growing per token (a KV cache)", _bytes(self.state_per_token)),
+                     ("  per token at this length", _bytes(round(self.state_bytes / max(1, self.context))))]
         width = max(len(k) for k, _ in rows)
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
         return "\n".join([f"{self.name}: {sizes}", *(f"{k:<{width}}  {v:>12}" for k, v in rows),
@@ -213,8 +237,10 @@ class Spec:
             module = self.make(s)
         t = Tally(backward=bool(backward), itemsize=ITEMSIZE.get(s.get("dtype", "float32"), 4))
         self.count(t, s, module)
+        context = s.get(self.length[-1]) if self.length else None
         return Cost(self.name, s, sum(t.terms.values()), sum(t.other.values()), t.bytes, t.peak, dict(t.terms),
-                    dict(t.other), self.formula, bool(backward))
+                    dict(t.other), self.formula, bool(backward), t.state_fixed, t.state_per_token,
+                    context if isinstance(context, int) else 0, dict(t.forms))
 
     def build(self, sizes: Mapping[str, object], module=None) -> Built:
         """The mechanism at ``sizes`` (as :meth:`cost` counts it), with seeded Gaussian inputs."""

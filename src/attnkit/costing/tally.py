@@ -34,6 +34,9 @@ class Tally:
         self.bytes = 0
         self.resident = 0  # bytes of intermediates kept alive so far
         self.peak = 0
+        self.state_fixed = 0  # the decoding cache of one sequence: bytes whatever the context
+        self.state_per_token = 0  # and bytes per token of context
+        self.forms: dict[str, int] = {}  # matmul FLOPs of the same pass in each form the mechanism runs in
 
     def _add(self, table: dict, term: str, flops: int) -> None:
         table[term] = table.get(term, 0) + int(flops)
@@ -81,6 +84,12 @@ class Tally:
         self.peak = max(self.peak, self.resident + size)
         if keep:
             self.resident += size
+
+    def decoding(self, *, fixed: int = 0, per_token: int = 0) -> None:
+        """What a decoder keeps of this layer for one sequence: ``fixed`` bytes whatever the context (a recurrent
+        state, a convolution's last inputs) plus ``per_token`` bytes per token of context (a KV cache)."""
+        self.state_fixed += int(fixed)
+        self.state_per_token += int(per_token)
 
     def transient(self, nbytes: float) -> None:
         """A set of temporaries alive at once on top of the kept intermediates (a kernel's workspace)."""

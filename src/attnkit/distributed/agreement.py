@@ -24,10 +24,10 @@ from collections.abc import Callable
 
 import torch
 
-from ..errors import ArgumentError
+from ..errors import ArgumentError, DTypeError, ShapeError
 from .comm import Comm
 
-__all__ = ["SLOTS", "Field", "agree", "checked", "bytes_sent", "size", "text_of", "tracked"]
+__all__ = ["SLOTS", "Field", "agree", "checked", "bytes_sent", "size", "text_of", "tracked", "layer_fields"]
 
 SLOTS = 24  # the call, whether this rank's own checks passed, and up to 22 fields
 
@@ -61,6 +61,16 @@ def tracked(*tensors) -> Field:
     """Whether autograd records this call: the backward is collective, so every rank's call or none."""
     on = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
     return Field("whether gradients are tracked (the backward is collective)", int(on))
+
+
+def layer_fields(layer, x, key_keep_mask, layout: str) -> list[Field]:
+    """What the ranks of a sequence-parallel call of a ``layer`` on shards ``x`` ``(b, L/W, dim)`` agree on."""
+    params = layer.parameters() if isinstance(layer, torch.nn.Module) else ()
+    return [Field("the shard length (x.shape[1])", size(x, 1), ShapeError),
+            Field("the shape of x", str(tuple(getattr(x, "shape", ()))), ShapeError),
+            Field("x.dtype", text_of(getattr(x, "dtype", None)), DTypeError), Field("layer", text_of(layer)),
+            Field("whether a key_keep_mask is given", int(key_keep_mask is not None)), Field("layout", repr(layout)),
+            tracked(x, *params)]
 
 
 def bytes_sent(world: int) -> int:

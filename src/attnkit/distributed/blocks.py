@@ -37,6 +37,7 @@ class Setting:
     full: tuple[tuple[bool, ...], ...]
     active_map: torch.Tensor  # ``active`` as a bool tensor (n, n) on the CPU
     full_map: torch.Tensor  # ``full`` likewise
+    ulysses_size: int | None = None  # scheme="usp": the ranks of a Ulysses group
 
 
 def chunk_maps(mask: Mask | None, length: int, chunk: int, batch: int, heads: int, device):

@@ -112,9 +112,16 @@ class Comm:
 
     def all_reduce_max(self, t: torch.Tensor) -> torch.Tensor:
         """The elementwise max of ``t`` over ranks (a new tensor)."""
+        return self._all_reduce(t, dist.ReduceOp.MAX)
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """The elementwise sum of ``t`` over ranks (a new tensor)."""
+        return self._all_reduce(t, dist.ReduceOp.SUM)
+
+    def _all_reduce(self, t: torch.Tensor, op) -> torch.Tensor:
         t = t.contiguous().clone()
         _record("all_reduce", 2 * (self.world - 1) * t.nbytes // self.world)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        dist.all_reduce(t, op=op, group=self.group)
         return t
 
     def reduce_scatter(self, inputs: list[torch.Tensor]) -> torch.Tensor:

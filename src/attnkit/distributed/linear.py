@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from ..errors import DTypeError, ShapeError
 from ..nn.linear import LinearAttention, PerformerAttention, accumulate_dtype, causal_sums, check_keep_mask
 from ..nn.padding import clear_padding
-from .agreement import Field, checked, size, text_of, tracked
+from .agreement import Field, checked, layer_fields, size, text_of
 from .comm import Comm
 from .layouts import _Gather, chunks_of
 from .layouts import chunk_size as layout_chunk
@@ -106,13 +106,8 @@ def sequence_parallel(layer, x, *, key_keep_mask=None, layout: str = "contiguous
     """
     comm = Comm(group)
     keep = checked(comm, "attnkit.distributed.linear.sequence_parallel",
-                   lambda: _check_call(layer, x, key_keep_mask, layout, comm.world), [
-        Field("the shard length (x.shape[1])", size(x, 1), ShapeError),
-        Field("the shape of x", str(tuple(getattr(x, "shape", ()))), ShapeError),
-        Field("x.dtype", text_of(getattr(x, "dtype", None)), DTypeError), Field("layer", text_of(layer)),
-        Field("whether a key_keep_mask is given", int(key_keep_mask is not None)), Field("layout", repr(layout)),
-        tracked(x, *layer.parameters()) if isinstance(layer, torch.nn.Module) else tracked(x)],
-        device=getattr(x, "device", None))
+                   lambda: _check_call(layer, x, key_keep_mask, layout, comm.world),
+                   layer_fields(layer, x, key_keep_mask, layout), device=getattr(x, "device", None))
     if x.shape[1] == 0:  # as one process: an empty sequence has an empty output, and no rank has anything to send
         return layer(x, key_keep_mask=key_keep_mask)
     q, k, v = layer.project(clear_padding(x, keep))  # (b, h, n, d) each

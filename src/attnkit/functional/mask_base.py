@@ -183,6 +183,13 @@ class Mask:
             full.append((allowed | ~in_range).reshape(blocks).all(5).all(3))
         return torch.cat(active, 2), torch.cat(full, 2)
 
+    def to_block_mask(self, q_len: int, kv_len: int, *, batch: int | None = None, heads: int | None = None,
+                      block_size: int = 128, device=None, exact: bool = False):
+        """This mask as FlexAttention's ``BlockMask`` (:func:`attnkit.functional.block_masks.to_block_mask`)."""
+        from .block_masks import to_block_mask
+        return to_block_mask(self, q_len, kv_len, batch=batch, heads=heads, block_size=block_size, device=device,
+                             exact=exact)
+
     # ------------------------------------------------------------- helpers
     def band(self, q_len: int, kv_len: int) -> tuple[int | None, int | None] | None:
         """``(lo, hi)`` when the mask allows exactly the keys ``lo <= j - i <= hi`` (None: that side is open).

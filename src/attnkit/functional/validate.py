@@ -21,7 +21,7 @@ from .normalize import NORMALIZERS
 from .scores import SCORES
 from .selected_masks import Pages, check_pages
 
-__all__ = ["Problem", "validate", "default_scale"]
+__all__ = ["Problem", "validate", "default_scale", "check_sinks"]
 _WHO = "attnkit.attention"
 
 
@@ -50,6 +50,7 @@ class Problem:
     return_lse: bool
     user_rank: int
     tracing: bool = False  # traced by torch.compile / export: nothing may read the data
+    sinks: torch.Tensor | None = None  # (B|1, H|1): a logit per head in each row's softmax denominator
     sizes: tuple[int, int, int, int, int, int] = field(init=False)  # (B, Hq, Lq, Lk, D, Dv)
     groups: int = field(init=False)  # query heads per key/value head (1 unless grouped-query attention)
     compute_dtype: torch.dtype = field(init=False)  # float64 stays float64; everything else runs in float32
@@ -62,7 +63,8 @@ class Problem:
         hkv, lk = self.k.shape[1], self.k.shape[2]
         learned = _learned(self.bias, self.modifier)
         grad = torch.is_grad_enabled() and (
-            bool(learned) or self.q.requires_grad or self.k.requires_grad or self.v.requires_grad)
+            bool(learned) or self.q.requires_grad or self.k.requires_grad or self.v.requires_grad
+            or (self.sinks is not None and self.sinks.requires_grad))
         for name, value in (("sizes", (b, h, lq, lk, d, self.v.shape[3])), ("groups", h // hkv if hkv else 1),
                             ("compute_dtype", torch.float64 if self.q.dtype == torch.float64 else torch.float32),
                             ("learned", learned), ("needs_grad", grad), ("memo", {})):
@@ -212,6 +214,25 @@ def _check_bias(bias, q4, user_q, user_k):
                      f"got {type(bias).__name__}")
 
 
+def check_sinks(sinks, q4, user_q, normalize="softmax", who=_WHO):
+    """Sinks ``(H_q,)`` or broadcastable to ``(B, H_q)``, as ``(B|1, H|1)``; softmax only."""
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point():
+        got = f"dtype {sinks.dtype}" if isinstance(sinks, torch.Tensor) else type(sinks).__name__
+        raise DTypeError(f"{who}: sinks must be a floating tensor (a logit per query head); got {got}")
+    if sinks.device != q4.device:
+        raise DeviceError(f"{who}: sinks is on {sinks.device} but query is on {q4.device}")
+    if normalize != "softmax":
+        raise ArgumentError(f"{who}: sinks join a softmax's denominator: normalize must be 'softmax'; "
+                            f"got normalize={normalize!r}")
+    batch, heads = q4.shape[:2]
+    if sinks.dim() > 2 or any(s not in (1, f) for s, f in zip(reversed(sinks.shape), (heads, batch), strict=False)):
+        raise ShapeError(f"{who}: sinks must have shape (H_q,) = ({heads},) or broadcast to (batch, H_q) = "
+                         f"({batch}, {heads}) for query {_shape(user_q)}; got {_shape(sinks)}")
+    return sinks.reshape((1,) * (2 - sinks.dim()) + tuple(sinks.shape))
+
+
 def _check_choice(name, value, table):
     if callable(value):
         return value
@@ -276,8 +297,8 @@ def _paged_inputs(q, k, v, mask, bias, block_table, seqused_k, tracing):
 
 
 def validate(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, normalize="softmax",
-             dropout_p=0.0, return_weights=False, return_lse=False, block_table=None, seqused_k=None,
-             tracing=False) -> Problem:
+             dropout_p=0.0, return_weights=False, return_lse=False, tracing=False, sinks=None, block_table=None,
+             seqused_k=None) -> Problem:
     """Check every argument of :func:`attnkit.attention` and build the :class:`Problem`."""
     if block_table is not None or seqused_k is not None:
         k, v, mask = _paged_inputs(q, k, v, mask, bias, block_table, seqused_k, tracing)
@@ -295,4 +316,5 @@ def validate(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, n
         score=score, scale=_check_scale(scale, score, q.shape[-1]), normalize=normalize,
         dropout_p=_check_dropout(dropout_p),
         return_weights=bool(return_weights), return_lse=bool(return_lse), user_rank=q.dim(), tracing=tracing,
+        sinks=check_sinks(sinks, q4, q, normalize),
     )

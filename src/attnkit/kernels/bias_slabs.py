@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from ..bias import AdditiveModifier
+from ..functional import sinks
 from ..functional.validate import Problem
 from ..runtime import low_precision_math
 from . import rules
@@ -188,10 +189,13 @@ def run(p: Problem) -> KernelOutput:
     q, k, v = _inputs(p)
     plan = Plan(p, p.compute_dtype)
     if p.needs_grad:
-        return KernelOutput(SlabAttention.apply(plan, q, k, v, *p.learned), None, None)
+        return KernelOutput(SlabAttention.apply(plan, q, k, v, p.sinks, *p.learned), None, None)
     with torch.no_grad():
         out, lse = plan.forward(q, *plan.keys(k, v))
-        return KernelOutput(out, None, lse.masked_fill(plan.empty_rows(), _NEG_INF) if p.return_lse else None)
+        lse = lse.masked_fill(plan.empty_rows(), _NEG_INF) if p.return_lse else lse  # the kernel says 0 there
+        if p.sinks is not None:
+            out, lse = sinks.joined(out, lse, p.sinks)
+        return KernelOutput(out, None, lse if p.return_lse else None)
 
 
 def cost(p: Problem, grad: bool = False) -> PathCost:

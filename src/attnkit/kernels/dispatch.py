@@ -10,6 +10,8 @@ cost) and, at run time, by the compiled operator (:mod:`.custom_op`). Policy for
    causal in either alignment, key-only masks, a bool tensor): decided from the
    problem's facts, with no block layout, no pass over the data, and no mask
    evaluation beyond the small cached masks of :mod:`.sdpa`.
+1b. ``flex`` (compiled FlexAttention) when it is able, on the devices it serves (CUDA):
+   every structured mask, bias, score modifier and lse request there, at any density.
 2. The first block-sparse path that accepts the call, when the fraction of scores it
    computes is under that path's ``sparse_below`` (band windows from their window
    plan; gathered paths from the block plan, built once per mask and sizes and
@@ -19,7 +21,10 @@ cost) and, at run time, by the compiled operator (:mod:`.custom_op`). Policy for
    path accepts (row normalisers, weights); else the first chunked path that
    accepts (an additive bias, a soft-cap, or the general online softmax).
 
-A forced ``backend`` runs the first of its paths that accepts, or raises
+Every rule asks only the paths that serve the problem's device (the table's ``devices``
+column, :func:`.rules.serves`): on the CPU the CPU paths decide as they always did, and
+on CUDA the CPU-tuned rows step aside for ``flex`` and torch's kernels. A forced
+``backend`` runs the first of its paths that accepts, or raises
 :class:`~attnkit.errors.BackendError` with the most general path's reason.
 
 ``data=False`` is the decision a traced call expects: rules that read the values of
@@ -47,7 +52,7 @@ __all__ = ["Decision", "Choice", "choose", "decide", "execute", "SMALL_SCORES", 
 SMALL_SCORES = 1 << 16  # B*H*Lq*Lk under which dense reference scores are cheap
 TRACING = ("tracing: sizes symbolic, size-dependent choices skipped (the dense exact path traces for any size; "
            "the others loop over blocks or rows, which would pin the sizes)")
-_SDPA, _REFERENCE = BY_NAME["torch-sdpa"], BY_NAME["dense-reference"]
+_SDPA, _REFERENCE, _FLEX = BY_NAME["torch-sdpa"], BY_NAME["dense-reference"], BY_NAME["flex"]
 _BLOCKSPARSE, _CHUNKED = OF_BACKEND["blocksparse"], OF_BACKEND["chunked"]
 _UNTRUSTED = "its output held NaN, inf or an lse of 0 it cannot explain, for this call"
 
@@ -96,14 +101,19 @@ class Choice:
     """
 
     path: Path
-    rule: str  # "simple mask", "sparse", "dense mask", "small", "chunked", "forced", "meta", "symbolic", "empty"
+    rule: str  # "simple mask", "flex", "sparse", "dense mask", "small", "chunked", "forced", "meta", "symbolic",
+    # "empty"
     density: float | None = None
     sparse: Path | None = None  # the block-sparse path the density belongs to
     backend: str = "auto"
 
 
+def _able(path: Path, p: Problem, data: bool) -> bool:
+    return rules.first_refusal(p, path.module.REFUSALS, data, path.device_rule) is None
+
+
 def _first_able(paths, p: Problem, data: bool) -> Path | None:
-    return next((path for path in paths if rules.first_refusal(p, path.module.REFUSALS, data) is None), None)
+    return next((path for path in paths if _able(path, p, data)), None)
 
 
 def _forced(p: Problem, backend: str, data: bool, untrusted: bool) -> Choice:
@@ -111,7 +121,7 @@ def _forced(p: Problem, backend: str, data: bool, untrusted: bool) -> Choice:
     chosen = _first_able((path for path in paths if not (untrusted and path is _SDPA)), p, data)
     if chosen is None:
         why = ((rules.finite_inputs(p) or _UNTRUSTED) if untrusted and backend == "sdpa"
-               else rules.first_refusal(p, paths[-1].module.REFUSALS, data))
+               else rules.first_refusal(p, paths[-1].module.REFUSALS, data, paths[-1].device_rule))
         raise BackendError(f"attnkit.attention: backend={backend!r} cannot honour this call: {why}")
     return Choice(chosen, "forced", backend=backend)
 
@@ -123,14 +133,16 @@ def _density(path: Path, p: Problem, data: bool) -> float | None:
 
 
 def _auto(p: Problem, data: bool, untrusted: bool) -> Choice:
-    if not untrusted and rules.simple_mask(p) and rules.first_refusal(p, _SDPA.module.REFUSALS, data) is None:
+    if not untrusted and rules.simple_mask(p) and _able(_SDPA, p, data):
         return Choice(_SDPA, "simple mask")  # rule 1
+    if _able(_FLEX, p, data):  # rule 1b: its device column refuses at once off CUDA
+        return Choice(_FLEX, "flex")
     sparse = None if p.mask is None or p.mask.kind == "full" else _first_able(_BLOCKSPARSE, p, data)
     density = _density(sparse, p, data) if sparse is not None else None
     if sparse is not None and (density is None or density < sparse.sparse_below):
         return Choice(sparse, "sparse", density, sparse)  # rule 2
     # rule 3, asked only now: the block-sparse rules may have learnt that the inputs are not finite
-    if not untrusted and rules.first_refusal(p, _SDPA.module.REFUSALS, data) is None:
+    if not untrusted and _able(_SDPA, p, data):
         return Choice(_SDPA, "dense mask", density, sparse)
     chunked = _first_able(_CHUNKED, p, data)
     batch, heads, lq, lk, _, _ = p.sizes
@@ -151,6 +163,9 @@ def _why_not(choice: Choice) -> dict[str, str]:
                             "tensor) and is the fastest exact path for it"}
     if rule in fixed:
         return {"*": fixed[rule]}
+    if rule == "flex":
+        return {"*": "compiled FlexAttention serves every structured mask and bias here: it skips empty tiles and "
+                     "reads the mask and bias as functions, never as dense (Lq, Lk) tensors"}
     if rule == "sparse":
         measured = (f"block density {density:.3f} < {sparse.sparse_below}" if density is not None
                     else "block density read at run time, from the mask's layout")
@@ -231,7 +246,7 @@ def _differentiable(p: Problem, result: KernelOutput, path: Path) -> KernelOutpu
     """The output joined to autograd (:func:`.pipeline.in_graph`), twice differentiable whatever path ran."""
     if not p.needs_grad:
         return result
-    inputs = [t for t in (p.q, p.k, p.v, *p.learned) if t.requires_grad]
+    inputs = [t for t in (p.q, p.k, p.v, *p.learned, p.sinks) if t is not None and t.requires_grad]
     result = in_graph(result, inputs)
     differentiable = getattr(path.module, "backward_differentiable", None)
     if differentiable is None or differentiable(p) or not result.out.requires_grad:
@@ -252,6 +267,8 @@ def decide(p: Problem, backend: str = "auto", *, data: bool = True, lane: str | 
             reasons[path.name] = f"chosen: {chosen.describe(p)} ({path.source})"
             continue
         why = None if p.q.is_meta else path.refusal(p, data)  # refusals may read data that meta tensors lack
+        if why is not None and not path.serves(rules.device_type(p)):
+            why += f"; on {rules.device_type(p)}: {chosen.name}"
         reasons[path.name] = (f"refused: {why}" if why else "able, not preferred: " + (
             why_not.get(path.name) or why_not.get(path.backend) or why_not.get("*")
             or _order_reason(path, chosen)))

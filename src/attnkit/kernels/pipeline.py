@@ -16,12 +16,14 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..bias import apply_modifier
+from ..functional import sinks
+from ..functional.blockwise import BLOCKWISE
 from ..functional.indexed_masks import gather_at
 from ..functional.normalize import NORMALIZERS, masked_softmax, softmax
 from ..functional.scores import SCORES
 from ..functional.validate import Problem
 
-__all__ = ["KernelOutput", "upcast_inputs", "block_scores", "block_weights", "zero_padded_keys",
+__all__ = ["KernelOutput", "upcast_inputs", "block_scores", "block_weights", "sinks_after", "zero_padded_keys",
            "dense_indices", "run_row_chunks", "Workspace", "in_graph", "shapes_only", "twice_differentiable"]
 
 
@@ -165,14 +167,34 @@ def block_weights(p: Problem, scores, allowed):
     May overwrite ``scores`` in place (it is a fresh temporary in every kernel).
     """
     if p.normalize == "softmax":
+        if p.sinks is not None:
+            return softmax(scores, allowed, sinks.per_row(p.sinks, scores))
         if _only_mask_makes_inf(p):
             return masked_softmax(scores, allowed, need_lse=p.return_lse)
         return softmax(scores, allowed)
+    rule = BLOCKWISE.get(p.normalize) if isinstance(p.normalize, str) else None
+    if rule is not None:  # a whole row as one block, its length the call's (sigmoid's -log n)
+        return rule.weights(scores, allowed, p.sizes[3]), None
     fn = NORMALIZERS[p.normalize] if isinstance(p.normalize, str) else p.normalize
     weights = fn(scores, allowed)
     if allowed is not None:
         weights = weights.masked_fill(~allowed, 0.0)
     return weights, None
+
+
+def sinks_after(p: Problem, run) -> KernelOutput:
+    """``run(p)`` without the sinks, its ``(out, lse)`` then joined with them (:class:`~attnkit.functional.sinks.Join`).
+
+    For the paths whose backward takes an lse gradient (band windows, masked slabs, the soft-cap
+    loop): the join hands them ``dO = f dO_s`` and ``dlse = f (1 - f) rowsum(dO_s O) + f dlse_s``,
+    and their own backward then gives the sink call's exact ``dq, dk, dv``.
+    """
+    inner = p.with_inputs(sinks=None, return_lse=True)
+    inner.memo.update(p.memo)  # the facts (band, finiteness, ...) do not depend on the sinks
+    result = run(inner)
+    out, lse = sinks.join(result.out, result.lse, p.sinks)
+    p.memo.update(inner.memo)
+    return KernelOutput(out, result.weights, lse if p.return_lse else None)
 
 
 def dropout(p: Problem, weights):

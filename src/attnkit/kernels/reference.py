@@ -1,7 +1,8 @@
 """Path ``dense-reference``: the whole pipeline on dense ``(B, H, Lq, Lk)`` scores.
 
-Readable, any dtype (float64 included), every option; the path that returns
-attention weights, and the one small problems take. Memory ``O(B H Lq Lk)``.
+Readable, any dtype (float64 included), every option (sinks as one more term of each row's
+softmax sum); the path that returns attention weights, and the one small problems take.
+Memory ``O(B H Lq Lk)``.
 """
 
 from __future__ import annotations
@@ -41,5 +42,6 @@ def recomputed(p: Problem, originals, replacements) -> tuple:
     swap = {id(t): r for t, r in zip(originals, replacements, strict=True)}
     q, k, v = (swap.get(id(t), t) for t in (p.q, p.k, p.v))
     bias = swap.get(id(p.bias), p.bias) if p.bias is not None else None
-    result = run(p.with_inputs(q=q, k=k, v=v, bias=bias, return_lse=p.normalize == "softmax"))
+    sinks = swap.get(id(p.sinks), p.sinks) if p.sinks is not None else None
+    result = run(p.with_inputs(q=q, k=k, v=v, bias=bias, sinks=sinks, return_lse=p.normalize == "softmax"))
     return result.out, result.lse

@@ -10,8 +10,9 @@ export) cannot read data, so the decision it expects skips them and the operator
 that carries it decides them at run time (:func:`attnkit.kernels.dispatch.choose`).
 
 Rules read the problem's facts (``p.sizes``, ``p.band``, ``p.needs_grad``, the mask's
-``kind``), each computed once per call; facts a kernel derives are memoised on the
-problem with :func:`fact`.
+``kind``, :func:`device_type`), each computed once per call; facts a kernel derives are
+memoised on the problem with :func:`fact`. The device a path serves is a column of the
+table (``Path.devices``), checked by :func:`serves` before the path's own rules.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..bias import Softcap
+from ..functional.blockwise import BLOCKWISE
 from ..functional.validate import Problem
 
 __all__ = ["Rule", "reads_data", "fact", "first_refusal", "FLASH", "FLASH_BACKWARD", "softmax_of_dot_products",
            "no_bias", "no_dropout", "no_weights", "no_lse", "not_compiling", "finite_inputs", "not_known_non_finite",
-           "fused_cpu_kernel", "equal_head_dims", "lse_without_grad", "softmax_only", "cpu_flash", "simple_mask",
-           "operator_carries", "layout_mask", "selected_keys", "paged_cache"]
+           "fused_cpu_kernel", "equal_head_dims", "lse_without_grad", "over_key_blocks", "cpu_flash", "simple_mask",
+           "operator_carries", "device_type", "serves", "device_text", "layout_mask", "selected_keys", "paged_cache"]
 
 Rule = Callable[[Problem], "str | None"]
 
@@ -59,8 +61,14 @@ def fact(compute: Callable[[Problem], object]) -> Callable[[Problem], object]:
     return once
 
 
-def first_refusal(p: Problem, rules: Sequence[Rule], data: bool = True) -> str | None:
-    """The first reason among ``rules`` why ``p`` cannot run, or None; ``data=False`` skips :func:`reads_data` rules."""
+def first_refusal(p: Problem, rules: Sequence[Rule], data: bool = True, device: Rule | None = None) -> str | None:
+    """The first reason among ``rules`` why ``p`` cannot run, or None; ``data=False`` skips :func:`reads_data` rules.
+
+    ``device``: the row's device rule (:func:`serves`), asked first."""
+    if device is not None:
+        why = device(p)
+        if why is not None:
+            return why
     for rule in rules:
         if not data and getattr(rule, "reads_data", False):
             continue
@@ -71,9 +79,35 @@ def first_refusal(p: Problem, rules: Sequence[Rule], data: bool = True) -> str |
 
 
 @fact
+def device_type(p: Problem) -> str:
+    """The type of the device the tensors live on (``"cpu"``, ``"cuda"``, ``"mps"``, ...): every device decision
+    reads this one fact, so a test can decide a problem for a device it does not have."""
+    return p.q.device.type
+
+
+def device_text(devices: tuple[str, ...]) -> str:
+    """How a row's devices read in a reason: ``"CPU only"``, ``"CUDA only"``, ``"CPU and MPS only"``."""
+    return " and ".join(d.upper() for d in devices) + " only"
+
+
+def serves(devices: tuple[str, ...] | None) -> Rule | None:
+    """The device rule of a row of the table serving ``devices``: the row's reason when ``p`` lives elsewhere.
+
+    None for a row serving every device (no rule to check). The reason is written once, here.
+    """
+    if devices is None:
+        return None
+    reason = device_text(devices)
+
+    def device(p: Problem) -> str | None:
+        return None if device_type(p) in devices else reason
+    return device
+
+
+@fact
 def cpu_flash(p: Problem) -> bool:
     """torch's fused CPU kernel can be called directly: it exists, the tensors are on the CPU, ``Dv == D``."""
-    return FLASH is not None and p.q.device.type == "cpu" and p.sizes[4] == p.sizes[5]
+    return FLASH is not None and device_type(p) == "cpu" and p.sizes[4] == p.sizes[5]
 
 
 def simple_mask(p: Problem) -> bool:
@@ -102,9 +136,11 @@ def paged_cache(p: Problem) -> str | None:
     return None
 
 
-def softmax_only(p: Problem) -> str | None:
-    if p.normalize != "softmax":
-        return f"softmax only; normalize={p.normalize!r} needs each whole row at once"
+def over_key_blocks(p: Problem) -> str | None:
+    """Softmax, or a normaliser written over key blocks (:mod:`attnkit.functional.blockwise`)."""
+    if p.normalize != "softmax" and not (isinstance(p.normalize, str) and p.normalize in BLOCKWISE):
+        return (f"softmax or a normaliser over key blocks ({', '.join(BLOCKWISE)}) only; normalize={p.normalize!r} "
+                "needs each whole row at once")
     return None
 
 
@@ -153,7 +189,8 @@ def not_known_non_finite(p: Problem) -> str | None:
 
 
 def fused_cpu_kernel(p: Problem) -> str | None:
-    return "needs torch's fused CPU flash kernel" if FLASH is None or p.q.device.type != "cpu" else None
+    """This torch build has the fused CPU kernel (the device itself is the row's column, :func:`serves`)."""
+    return "needs torch's fused CPU flash kernel" if FLASH is None else None
 
 
 def equal_head_dims(p: Problem) -> str | None:
@@ -165,7 +202,8 @@ def lse_without_grad(p: Problem) -> str | None:
 
 
 _CARRIED_SCORES = ("scaled_dot", "dot", "cosine")
-_CARRIED_NORMALIZERS = ("softmax", "sparsemax", "sigmoid", "hard")  # deterministic: a recomputation repeats them
+# deterministic: a recomputation repeats them
+_CARRIED_NORMALIZERS = ("softmax", "sparsemax", "hard", *BLOCKWISE)
 
 
 def operator_carries(p: Problem, backend: str) -> bool:
@@ -173,11 +211,11 @@ def operator_carries(p: Problem, backend: str) -> bool:
 
     A mask that has a text (or none), a score and a normaliser named by a string (the
     stochastic Gumbel softmax aside: the backward recomputes the call), optionally an
-    additive bias tensor or a soft-cap; no dropout, weights or lse; ``backend="auto"``;
+    additive bias tensor or a soft-cap; no sinks, dropout, weights or lse; ``backend="auto"``;
     not in an export to ONNX, whose runtimes know only standard operators.
     """
     modifier = p.modifier
-    return (backend == "auto" and not p.q.is_meta and not torch.onnx.is_in_onnx_export()
+    return (backend == "auto" and not p.q.is_meta and p.sinks is None and not torch.onnx.is_in_onnx_export()
             and p.score in _CARRIED_SCORES and p.normalize in _CARRIED_NORMALIZERS
             and (modifier is None or type(modifier) is Softcap)
             and p.dropout_p == 0 and not p.return_weights and not p.return_lse

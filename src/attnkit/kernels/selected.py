@@ -32,7 +32,7 @@ from ..functional.validate import Problem
 from . import rules, selected_union
 from .page_chunks import page_split
 from .path_cost import PathCost, Product, fused_attention, itemsize
-from .pipeline import KernelOutput, Workspace, block_scores, block_weights, dropout, run_row_chunks
+from .pipeline import KernelOutput, Workspace, block_scores, block_weights, dropout, run_row_chunks, sinks_after
 
 __all__ = ["Plan", "plan", "run", "cost", "density", "describe", "SPLIT_KEYS", "BUDGET"]
 
@@ -269,6 +269,8 @@ def _chunk(p: Problem, inner: Problem, pl: Plan, extent: int, r0: int, r1: int, 
 
 
 def run(p: Problem) -> KernelOutput:
+    if p.sinks is not None:  # joined once with the merged splits (autograd carries the lse's gradient)
+        return sinks_after(p, run)
     pl = plan(p)
     inner = p.with_inputs(mask=p.mask.rest, return_lse=p.normalize == "softmax")  # the lse merges the splits
     q = p.q.to(p.compute_dtype).contiguous()

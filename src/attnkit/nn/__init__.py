@@ -1,13 +1,18 @@
 """Attention mechanisms as torch modules (``nn.Module``), one file per family or paper."""
 
+from ._recurrent import RecurrentCache
 from .additive import AdditiveAttention
 from .bigbird import BigBirdAttention
 from .blocksparse import BlockPattern, BlockSparseAttention
 from .coattention import CoAttention
 from .coverage import CoverageAttention, coverage_loss
+from .deltanet import DeltaNet
 from .derived_key import DerivedKeyAttention
 from .dsa import DSAIndexer, DSASparseAttention
+from .gated_deltanet import GatedDeltaNet
+from .gla import GatedLinearAttention
 from .hard import HardAttention
+from .kimi_delta import KimiDeltaAttention
 from .kv_cache import KVCache
 from .lambda_layer import LambdaLayer
 from .linear import LinearAttention, PerformerAttention
@@ -15,6 +20,7 @@ from .linformer import LinformerAttention, SequenceProjection
 from .local import LocalAttention
 from .longformer import LongformerAttention
 from .luong import LuongAttention
+from .mamba2 import Mamba2Mixer
 from .memory import MemoryAttention
 from .moba import MoBA
 from .multihead import DotProductAttention, MultiHeadAttention
@@ -25,17 +31,19 @@ from .pointer import PointerAttention
 from .pooling import AttentionPooling, HierarchicalAttention
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from .reformer import LSHAttention, ReformerAttention
+from .retnet import RetNetRetention
 from .rotary import RotaryEmbedding
 from .segment import SegmentAttention, TieredAttention
 from .sparse_transformer import SparseTransformerAttention
 
 __all__ = [
     "AdditiveAttention", "AttentionPooling", "BigBirdAttention", "BlockPattern", "BlockSparseAttention",
-    "CoAttention", "CoverageAttention", "DSAIndexer", "DSASparseAttention", "DerivedKeyAttention",
-    "DotProductAttention", "HardAttention", "HierarchicalAttention", "KVCache", "LSHAttention", "LambdaLayer",
-    "LearnedPositionalEmbedding", "LinearAttention", "LinformerAttention", "LocalAttention", "LongformerAttention",
-    "LuongAttention", "MemoryAttention", "MoBA", "MultiHeadAttention", "NativeSparseAttention", "PagedKVCache",
-    "PerceiverAttention", "PerceiverEncoder", "PerformerAttention", "PointerAttention", "ReformerAttention",
-    "RotaryEmbedding", "SegmentAttention", "SequenceProjection", "SinusoidalPositionalEncoding",
+    "CoAttention", "CoverageAttention", "DSAIndexer", "DSASparseAttention", "DeltaNet", "DerivedKeyAttention",
+    "DotProductAttention", "GatedDeltaNet", "GatedLinearAttention", "HardAttention", "HierarchicalAttention",
+    "KVCache", "KimiDeltaAttention", "LSHAttention", "LambdaLayer", "LearnedPositionalEmbedding", "LinearAttention",
+    "LinformerAttention", "LocalAttention", "LongformerAttention", "LuongAttention", "Mamba2Mixer",
+    "MemoryAttention", "MoBA", "MultiHeadAttention", "NativeSparseAttention", "PagedKVCache", "PerceiverAttention",
+    "PerceiverEncoder", "PerformerAttention", "PointerAttention", "RecurrentCache", "ReformerAttention",
+    "RetNetRetention", "RotaryEmbedding", "SegmentAttention", "SequenceProjection", "SinusoidalPositionalEncoding",
     "SparseTransformerAttention", "TieredAttention", "coverage_loss",
 ]

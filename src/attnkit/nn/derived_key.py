@@ -11,8 +11,8 @@ from ..core import attention
 from ..costing.attend import attend
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
-from ..errors import ArgumentError
 from ..entry import Entry, register
+from ..errors import ArgumentError
 from ._inputs import check_key_mask, check_sequence, check_shape
 
 __all__ = ["DerivedKeyAttention", "DerivedKeyOutput"]

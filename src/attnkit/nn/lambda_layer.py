@@ -8,8 +8,8 @@ from torch import nn
 
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of
-from ..errors import ArgumentError, ShapeError, check_int
 from ..entry import Entry, register
+from ..errors import ArgumentError, ShapeError, check_int
 from ._inputs import check_sequence
 from ._projections import sequence_input
 from .linear import merge_heads, split_heads

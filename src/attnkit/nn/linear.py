@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from ..costing.attend import projections
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of
-from ..errors import ArgumentError, check_int
 from ..entry import Entry, register
+from ..errors import ArgumentError, check_int
 from ._inputs import check_keep_mask
 from ._projections import ProjectedAttention, sequence_input
 from .padding import clear_padding
@@ -273,6 +273,11 @@ def _example(cls, **kwargs):
     return build
 
 
+def _prefix_state(t, s, f, dv):
+    """What a causal layer decodes from: the prefix sums S ``(f, dv)`` and z ``(f)`` per head, accumulated."""
+    t.decoding(fixed=s["heads"] * f * (dv + 1) * accumulate_dtype(dtype_of(s)).itemsize)
+
+
 def _feature_sums(t, s, f, dv, causal, chunk):
     """:func:`feature_map_attention` on features of width ``f``."""
     bh, n = s["batch"] * s["heads"], s["length"]
@@ -282,6 +287,7 @@ def _feature_sums(t, s, f, dv, causal, chunk):
         t.mm("normaliser phi(Q) sum phi(K)", bh, n, f, 1)
         return
     chunks = -(-n // chunk)  # padded to whole chunks
+    _prefix_state(t, s, f, dv)
     t.mm("chunk states phi(K)^T V", bh * chunks, f, chunk, dv)
     t.mm("in-chunk scores phi(Q) phi(K)^T", bh * chunks, chunk, f, chunk)
     t.mm("phi(Q) @ state (prefix)", bh, chunks * chunk, f, dv)
@@ -315,6 +321,7 @@ def _performer_count(t, s, module=None):
     if not s["causal"]:
         _feature_sums(t, s, m, d, False, 1)
         return
+    _prefix_state(t, s, m, d)
     for count, ci, first, last in _chunk_kinds(n, s["chunk_size"]):
         g = 1 if first else 2  # the first chunk reads the zero state
         t.mm("in-chunk scores phi(Q) phi(K)^T", bh * count, ci, m, ci)

@@ -10,12 +10,12 @@ from torch import nn
 
 from .. import masks
 from ..core import attention
-from ..costing.attend import ATTENTION_FORMULA, ATTENTION_SIZES, attend, attention_inputs, derive_lengths
+from ..costing.attend import ATTENTION_FORMULA, ATTENTION_SIZES, attend, attention_inputs, derive_lengths, kv_cache
 from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of, randn
+from ..entry import Entry, register
 from ..errors import ArgumentError, DTypeError, ShapeError
 from ..functional.mask_base import Mask
-from ..entry import Entry, register
 from . import torch_compat, torch_layers
 from ._inputs import check_shape
 from .kv_cache import KVCache
@@ -133,6 +133,9 @@ class MultiHeadAttention(nn.Module):
             ``num_heads``). Projections for K and V then output ``num_kv_heads * head_dim`` features.
         mask: an :mod:`attnkit.masks` mask AND-ed into every call (``forward`` and ``forward_step``),
             e.g. a sliding window inside a model built from torch's layers; kept as ``extra_mask``.
+        sinks: learn one attention-sink logit per head (gpt-oss, arXiv:2508.10925), ``sinks`` of shape
+            ``(num_heads,)`` initialised to 0: a term in every row's softmax denominator that takes no
+            value (:func:`attnkit.attention`'s ``sinks=``). Not in ``torch.nn.MultiheadAttention``.
 
     Example:
         >>> import torch
@@ -154,7 +157,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
                  vdim: int | None = None, batch_first: bool = False, device=None, dtype=None, *,
-                 num_kv_heads: int | None = None, mask: Mask | None = None):
+                 num_kv_heads: int | None = None, mask: Mask | None = None, sinks: bool = False):
         super().__init__()
         who = "MultiHeadAttention"
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -179,6 +182,7 @@ class MultiHeadAttention(nn.Module):
             raise DTypeError(f"{who}: mask must be an attnkit.masks.Mask or None; got {type(mask).__name__}")
         self.extra_mask = mask
         self._build(bias, add_bias_kv, {"device": device, "dtype": dtype})
+        self.sinks = nn.Parameter(torch.zeros(num_heads, device=device, dtype=dtype)) if sinks else None
         self._reset_parameters()
         torch_layers.decline_fused_layer(self)  # torch's encoder layer calls this module, never its own kernel
 
@@ -214,6 +218,7 @@ class MultiHeadAttention(nn.Module):
         """Unpickling a module saved before the extra mask and the hook existed gives it both."""
         super().__setstate__(state)
         self.__dict__.setdefault("extra_mask", None)
+        self._parameters.setdefault("sinks", None)
         torch_layers.decline_fused_layer(self)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *args):
@@ -259,7 +264,7 @@ class MultiHeadAttention(nn.Module):
         k, v = self._extra_keys(k, v)
         mask, bias = torch_compat.with_extra_keys(mask, bias, self._n_extra)
         res = attention(q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0,
-                        return_weights=need_weights)
+                        return_weights=need_weights, sinks=self.sinks)
         out = res.output if need_weights else res
         out = self.out_proj(out.transpose(1, 2).flatten(2))  # (B, H, L, d) -> (B, L, E)
         weights = (res.weights.mean(1) if average else res.weights) if need_weights else None
@@ -325,13 +330,16 @@ class MultiHeadAttention(nn.Module):
         return torch_compat.from_torch(cls, module, mask=mask)
 
     def to_torch(self) -> nn.MultiheadAttention:
-        """The equivalent ``torch.nn.MultiheadAttention`` (raises for grouped-query heads and an extra mask)."""
+        """The equivalent ``torch.nn.MultiheadAttention`` (raises for grouped-query heads, an extra mask, sinks)."""
+        if self.sinks is not None:
+            raise ArgumentError("MultiHeadAttention.to_torch: torch.nn.MultiheadAttention has no attention sinks")
         return torch_compat.to_torch(self)
 
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
                 f"kdim={self.kdim}, vdim={self.vdim}, batch_first={self.batch_first}"
-                + ("" if self.extra_mask is None else f", mask={self.extra_mask!r}"))
+                + ("" if self.extra_mask is None else f", mask={self.extra_mask!r}")
+                + ("" if self.sinks is None else ", sinks=True"))
 
 
 def _mha_example():
@@ -362,6 +370,7 @@ def _mha_count(t, s, module=None):
            dropout_p=dropout_of(module))
     t.mm("output projection", 1, b * lq, e, e)
     t.io(3 * e * e, b * lq * e, 2 * b * lk * e, b * lq * e)
+    kv_cache(t, s["kv_heads"], hd, hd)
 
 
 def _mha_inputs(s, module):

@@ -10,8 +10,8 @@ from ..core import attention
 from ..costing.attend import ATTENTION_FORMULA, attend
 from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of, randn
-from ..errors import ArgumentError
 from ..entry import Entry, register
+from ..errors import ArgumentError
 from ._inputs import check_keep_mask, check_sequence
 from .linear import merge_heads, split_heads
 from .padding import clear_padding

@@ -26,7 +26,7 @@ READS_THE_MASK = ("deepseek_v32", "glm_moe_dsa", "axk2", "dots3_note_text", "hy_
 QUICK = [
     "llama", "mistral", "gemma2", "gpt2", "qwen3_next", "deepseek_v3", "llama4_text",  # decoders
     "bert", "modernbert", "t5", "bart",  # encoders, encoder-decoders
-    "gpt_oss",  # refused
+    "gpt_oss", "deepseek_v4", "inkling2_text",  # sinks per head (passed on), a compressor, sinks per token
     *READS_THE_MASK,
 ]
 

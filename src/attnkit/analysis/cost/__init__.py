@@ -37,6 +37,12 @@ What is counted:
   read), at the dtype's size: an estimate of memory traffic with no cache reuse.
 - ``peak_bytes``: the largest set of intermediates alive at once in the forward pass
   (kept activations plus a kernel's workspace as the dispatcher estimates it).
+- ``state_fixed``, ``state_per_token`` and ``state_bytes`` (at ``context``, the spec's length):
+  what a decoder keeps of the layer for one sequence, a linear-recurrent layer's fixed state
+  (and its short convolution's last inputs), linear attention's prefix sums, or softmax
+  attention's KV cache, which grows by ``Hkv (D + Dv)`` numbers per token.
+- ``forms``: the matmul FLOPs of the same pass in each form of a linear-recurrent layer
+  (``"parallel"``, ``"chunk"``, ``"recurrent"``; the ``form`` size picks the one ``flops`` counts).
 
 Counting is arithmetic on the sizes: the dispatcher is asked about each attention call on
 stand-in tensors of one element each, so ``cost("dense", q_len=10**9)`` makes no tensor of that

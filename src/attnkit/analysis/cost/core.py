@@ -13,7 +13,7 @@ import functools
 import torch.nn.functional as F
 
 from ... import masks
-from ...costing.attend import ATTENTION_SIZES, attention_inputs, attention_spec, derive_lengths
+from ...costing.attend import ATTENTION_SIZES, attention_inputs, attention_spec, derive_lengths, kv_cache
 from ...costing.spec import Spec
 
 __all__ = ["SPECS", "mask_spec"]
@@ -31,6 +31,7 @@ def _sdpa_count(t, s, module=None):
            flash=flash)
     width = s["head_dim"] + s["value_dim"]
     t.io(s["batch"] * (s["heads"] * s["q_len"] + s["kv_heads"] * s["kv_len"]) * width)
+    kv_cache(t, s["kv_heads"], s["head_dim"], s["value_dim"])
 
 
 def _sdpa_inputs(s, module=None):

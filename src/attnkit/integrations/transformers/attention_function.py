@@ -15,12 +15,14 @@ Each keyword the model passes is honoured or refused:
   (:func:`attnkit.bias.softcap`); ``position_bias`` (T5-style) is a float bias;
 * ``sliding_window`` is already in the mask (the mask function read it from the
   layer's mask function), so it is not applied twice;
+* learned attention sinks (gpt-oss's ``s_aux``; ``sinks``), one logit per head in the softmax's
+  denominator, are passed on as ``attention(..., sinks=)``; per-token sinks (a logit per
+  query, computed from the hidden states) are refused with :class:`attnkit.UnsupportedFeature`
+  naming the model, and so are names from :func:`register` on encoder-decoders
+  (cross-attention has no shared positions);
 * sparse indexers' key choices (``indices``, ``block_indices``) are AND-ed with the mask and
   read by the gathered path; packed documents (``position_ids`` restarting, ``cu_seq_lens_*``)
-  run :func:`attnkit.varlen_attn` (:mod:`.packing`);
-* attention sinks (``s_aux``, ``sinks``) change the softmax's denominator: attnkit refuses them
-  with :class:`attnkit.UnsupportedFeature` naming the model; so are names from
-  :func:`register` on encoder-decoders (cross-attention has no shared positions).
+  run :func:`attnkit.varlen_attn` (:mod:`.packing`).
 
 The weights are computed (on attnkit's exact dense path) only when the model collects
 them: ``output_attentions=True`` reaches the function as a keyword in some models and
@@ -48,16 +50,24 @@ except ImportError:  # pragma: no cover - an older layout: the keyword alone dec
 
 __all__ = ["make_attention_function"]
 
-# Keywords that change what attention computes and that attnkit cannot honour: attention sinks (a term in
-# the softmax's denominator). Other keywords models pass (position_ids, max_length_*, deterministic) change
-# nothing attnkit computes, or are read by .packing (cu_seq_lens_*, indices, block_indices).
-_REFUSED = {"s_aux": "attention sinks", "sinks": "attention sinks"}
+# Other keywords models pass (position_ids, max_length_*, deterministic) change nothing attnkit computes, or are
+# read by .packing (cu_seq_lens_*, indices, block_indices).
+_SINKS = ("s_aux", "sinks")  # gpt-oss names its sinks s_aux; other models sinks
 
 
 def _model_name(module) -> str:
     config = getattr(module, "config", None)
     kind = getattr(config, "model_type", None)
     return f"{type(module).__name__} ({kind})" if kind else type(module).__name__
+
+
+def _sinks_of(module, kwargs) -> torch.Tensor | None:
+    """The layer's sinks, one logit per query head ``(H,)``; per-token sinks ``(B, H, L, 1)`` are refused."""
+    sinks = next((kwargs[name] for name in _SINKS if kwargs.get(name) is not None), None)
+    if sinks is not None and sinks.dim() != 1:
+        raise UnsupportedFeature(f"{_model_name(module)} uses per-token attention sinks (shape {tuple(sinks.shape)}): "
+                                 "attnkit takes one sink logit per head (H,); use attn_implementation='eager'")
+    return sinks
 
 
 def weights_wanted(kwargs) -> bool:
@@ -86,6 +96,11 @@ def model_mask_of(attention_mask, module, is_causal, query, kv_len: int, extra) 
     """The :class:`ModelMask` of a call; one the mask function did not build is read here (the keys end the
     sequence, as in a dynamic cache) and ``extra`` is AND-ed in, as the mask function would have."""
     if isinstance(attention_mask, ModelMask):
+        if kv_len > attention_mask.sizes[2]:
+            raise UnsupportedFeature(
+                f"{_model_name(module)} attends to {kv_len} keys with a mask built for {attention_mask.sizes[2]}: "
+                "the model appends keys past the mask (compressed entries) and keeps which queries see them in its "
+                "own code (a `block_bias`); use attn_implementation='eager' for this model")
         return attention_mask
     q_len = query.shape[-2]
     if attention_mask is None:
@@ -155,11 +170,7 @@ def make_attention_function(extra_mask=None, extra_bias=None, backend: str = "au
 
     def attnkit_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                           softcap=None, position_bias=None, sliding_window=None, **kwargs):
-        for name, feature in _REFUSED.items():
-            if kwargs.get(name) is not None:
-                raise UnsupportedFeature(
-                    f"{_model_name(module)} uses {feature} ({name!r}): attnkit cannot honour them exactly; "
-                    "use attn_implementation='eager' for this model")
+        sinks = _sinks_of(module, kwargs)
         _check_heads(module, query.shape[1], extra_mask, extra_bias)
         if (extra_mask is not None or extra_bias is not None) and getattr(
                 getattr(module, "config", None), "is_encoder_decoder", False):
@@ -176,12 +187,13 @@ def make_attention_function(extra_mask=None, extra_bias=None, backend: str = "au
         chosen = selection(module, kwargs, query.shape[1], _model_name(module))
         if chosen is not None:
             mask = chosen if mask is None else (masks.TensorMask(mask) if torch.is_tensor(mask) else mask) & chosen
-        docs = None if want_weights or torch.is_tensor(bias) or chosen is not None else documents(
+        # varlen_attn takes no sinks: packed rows with sinks run as one call under the packed mask (exact)
+        docs = None if want_weights or torch.is_tensor(bias) or chosen is not None or sinks is not None else documents(
             model_mask, kwargs, query, key)
         if docs is not None:
             return attend_documents(query, key, value, docs, scale=scaling, dropout=dropout, bias=bias), None
         result = attention(query, key, value, mask=mask, bias=bias, scale=scaling, dropout_p=dropout,
-                           return_weights=want_weights, backend=backend)
+                           return_weights=want_weights, backend=backend, sinks=sinks)
         out, weights = (result.output, result.weights) if want_weights else (result, None)
         return out.transpose(1, 2).contiguous(), weights
 

@@ -26,9 +26,12 @@ from ...models.pointer_network import PointerNetwork
 from . import Built, Experiment
 from .classic import HardObjective, MemoryLM, MemoryObjective, OnePositionClassifier, QuestionModel, QuestionObjective
 from .coverage import SummaryObjective
+from .recall import KEYS as RECALL_KEYS
+from .recall import recall_experiments
 from .seq2seq import NoAttention, Seq2SeqObjective, seq2seq_model
+from .sinks import SinkObjective, with_sinks
 from .structured import AnomalyObjective, HANObjective, ImageObjective, PointerObjective
-from .tokens import CopyObjective, MQARObjective, language_model
+from .tokens import CopyObjective, language_model
 from .train import Budget
 
 __all__ = ["catalog", "DEFAULT", "QUICK", "CLASSIC", "MQAR", "WINDOW"]
@@ -37,9 +40,10 @@ MQAR = {"num_pairs": 4, "num_keys": 16, "num_values": 16, "gap": 8}
 WINDOW = 4  # each query sees 4 tokens back; two layers reach 2 x 4 = 8 = gap positions: still no pair token
 
 
-def _mqar(attention: str = "softmax", layers: int = 2, window: int | None = None) -> Built:
+def _mqar(attention: str = "softmax", layers: int = 2, window: int | None = None, sinks: bool = False) -> Built:
     task = tasks.get("mqar", **MQAR)
-    return Built(language_model(task, attention, layers=layers, window=window), task, task, MQARObjective())
+    model = language_model(task, attention, layers=layers, window=window)
+    return Built(with_sinks(model) if sinks else model, task, task, SinkObjective())
 
 
 def _mqar_experiments() -> list[Experiment]:
@@ -52,6 +56,8 @@ def _mqar_experiments() -> list[Experiment]:
          partial(_mqar), "scaled-dot-product"),
         ("softmax-1layer", "1-layer softmax Transformer: one layer cannot bind a value to its key",
          partial(_mqar, layers=1), "scaled-dot-product"),
+        ("softmax-sinks", "2-layer softmax Transformer with a learned sink per head (gpt-oss): less weight "
+         "on the first token (first_token_mass)", partial(_mqar, sinks=True), "attention-sinks"),
         ("linear", "2-layer linear attention (Katharopoulos et al. 2020): a fixed-size state, no sharp lookup",
          partial(_mqar, "linear-attention"), "linear-attention"),
         ("sliding-window", f"2-layer softmax, causal window of {WINDOW}: every pair lies beyond its reach",
@@ -202,16 +208,17 @@ def _classic_experiments() -> list[Experiment]:
 def catalog() -> list[Experiment]:
     """Every experiment, in tour order."""
     return [*_mqar_experiments(), *_dates_experiments(), *_copy_experiments(), *_model_experiments(),
-            *_classic_experiments()]
+            *_classic_experiments(), *recall_experiments()]
 
 
 CLASSIC = ("key_summaries/pointer-generator", "key_summaries/coverage", "deciding_position/soft",
            "deciding_position/hard-reinforce", "repeated_block/lstm", "repeated_block/memory-8",
            "document_questions/segment", "document_questions/co-attention", "document_questions/none")
-DEFAULT = ("mqar/softmax-2layer", "mqar/softmax-1layer", "mqar/linear", "mqar/sliding-window", "mqar/performer",
+DEFAULT = ("mqar/softmax-2layer", "mqar/softmax-1layer", "mqar/softmax-sinks", "mqar/linear", "mqar/sliding-window",
+           "mqar/performer",
            "dates/additive", "dates/luong-general", "dates/none", "selective_copy/softmax",
            "selective_copy/sparse-fixed", "han_documents/han", "shapes/vit",
-           "sorting/pointer", "event_logs/semantic", "event_logs/none", *CLASSIC)
+           "sorting/pointer", "event_logs/semantic", "event_logs/none", *CLASSIC, *RECALL_KEYS)
 QUICK = ("mqar/softmax-2layer", "mqar/softmax-1layer", "mqar/sliding-window", "dates/additive",
          "han_documents/han", "shapes/vit", "sorting/pointer", "event_logs/semantic",
          "deciding_position/hard-reinforce", "repeated_block/memory-8", "document_questions/segment")

@@ -15,6 +15,7 @@ from pathlib import Path
 from . import Report, table_rows
 from .markdown import descriptions, extra_rows, run_info, task_lines
 from .plots import attention_maps, cost_plot, curves, scaling_picture
+from .recall import recall_html
 from .scaling import cost_table, scaling_markdown
 
 __all__ = ["write_html"]
@@ -115,7 +116,7 @@ def _body(rep: Report) -> list[str]:
     notes += more
     parts.append("<h2>Learning curves</h2>")
     parts += [_img(path, f"learning curves: {task}") for task, path in written]
-    parts += _maps_section(rep, notes) + _cost_section(rep, notes)
+    parts += _maps_section(rep, notes) + _cost_section(rep, notes) + recall_html(rep, notes, _table, _img)
     parts += ["<h2>How it was run</h2><table>"]
     parts += [f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in run_info(rep)] + ["</table>"]
     if notes:

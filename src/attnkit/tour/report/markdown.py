@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from . import TASK_PURPOSE, Report, Row, cell, markdown_table
+from .recall import recall_markdown
 from .scaling import cost_table, scaling_markdown
 
 __all__ = ["write_markdown", "run_info", "task_lines", "descriptions", "extra_rows"]
@@ -99,6 +100,7 @@ def write_markdown(rep: Report) -> Path:
         text += ["## Measured scaling", "", scaling_markdown(rep.scaling), ""]
     elif rep.scaling and rep.scaling.get("error"):
         text += ["## Measured scaling", "", f"The measurement failed: {rep.scaling['error']}", ""]
+    text += recall_markdown(rep)
     text += ["## How it was run", ""] + [f"- {label}: {value}" for label, value in run_info(rep)]
     path = rep.out / "README.md"
     path.parent.mkdir(parents=True, exist_ok=True)
