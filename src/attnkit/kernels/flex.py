@@ -14,6 +14,7 @@ soft-capping, any callable; a bias tensor or a modifier's parameters that requir
 get their gradients through FlexAttention's backward). Grouped K/V heads are read
 unexpanded (``enable_gqa``); the lse comes from the kernel, with gradients.
 
+Attention sinks are left to the other paths (its lse's gradient is not checked here on a GPU).
 A row no key may attend gets output 0 and lse ``-inf`` from the kernel itself. The inputs
 are checked for NaN/inf first (one pass): FlexAttention answers a row whose every score
 is ``-inf`` as an empty row, where attnkit's contract propagates the non-finite input.
@@ -81,7 +82,8 @@ def _backward_here(p: Problem) -> str | None:
     return None
 
 
-REFUSALS = (_has_flex, rules.softmax_of_dot_products, rules.no_weights, rules.no_dropout, rules.not_compiling,
+REFUSALS = (_has_flex, rules.softmax_of_dot_products, rules.no_sinks, rules.no_weights, rules.no_dropout,
+            rules.not_compiling,
             _dtype, _backward_here, rules.finite_inputs)
 
 

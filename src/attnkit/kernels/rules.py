@@ -26,7 +26,8 @@ from ..functional.blockwise import BLOCKWISE
 from ..functional.validate import Problem
 
 __all__ = ["Rule", "reads_data", "fact", "first_refusal", "FLASH", "FLASH_BACKWARD", "softmax_of_dot_products",
-           "no_bias", "no_dropout", "no_weights", "no_lse", "not_compiling", "finite_inputs", "not_known_non_finite",
+           "no_bias", "no_sinks", "no_dropout", "no_weights", "no_lse", "not_compiling", "finite_inputs",
+           "not_known_non_finite",
            "fused_cpu_kernel", "equal_head_dims", "lse_without_grad", "over_key_blocks", "cpu_flash", "simple_mask",
            "operator_carries", "device_type", "serves", "device_text", "layout_mask", "selected_keys", "paged_cache"]
 
@@ -152,6 +153,10 @@ def softmax_of_dot_products(p: Problem) -> str | None:
 
 def no_bias(p: Problem) -> str | None:
     return "no bias or score modifier" if p.bias is not None or p.modifier is not None else None
+
+
+def no_sinks(p: Problem) -> str | None:
+    return "no attention sinks" if p.sinks is not None else None
 
 
 def no_dropout(p: Problem) -> str | None:
