@@ -37,7 +37,7 @@ def _version() -> str:
 __version__ = _version()
 
 __all__ = [
-    "attention", "explain", "AttentionOutput", "masks", "bias", "flex_attention",
+    "attention", "explain", "AttentionOutput", "masks", "bias", "flex_attention", "varlen_attn", "explain_varlen",
     "AttnkitError", "ShapeError", "DTypeError", "DeviceError", "ArgumentError", "BackendError", "UnsupportedFeature",
     "__version__",
 ]
@@ -46,12 +46,14 @@ if TYPE_CHECKING:  # what type checkers see; at run time the same names load laz
     from . import bias, masks
     from .core import AttentionOutput, attention, explain
     from .flex import flex_attention
+    from .varlen import explain_varlen, varlen_attn
 
 # The names below import torch; they load on first use, so that ``attnkit --help`` and
 # ``attnkit --version`` answer without importing torch (the commands that run import it).
 _LAZY = {"attention": (".core", "attention"), "explain": (".core", "explain"),
          "AttentionOutput": (".core", "AttentionOutput"), "masks": (".masks", None), "bias": (".bias", None),
-         "flex_attention": (".flex", "flex_attention")}
+         "flex_attention": (".flex", "flex_attention"), "varlen_attn": (".varlen", "varlen_attn"),
+         "explain_varlen": (".varlen", "explain_varlen")}
 
 
 def __getattr__(name: str):

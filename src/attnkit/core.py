@@ -112,7 +112,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
               bias: torch.Tensor | Callable[..., torch.Tensor] | None = None, score: str | Score = "scaled_dot",
               scale: float | None = None, normalize: str | Normalizer = "softmax", dropout_p: float = 0.0,
               return_weights: Literal[False] = False, return_lse: Literal[False] = False,
-              backend: str = "auto", sinks: torch.Tensor | None = None) -> torch.Tensor: ...
+              backend: str = "auto", sinks: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+              seqused_k: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 @overload
@@ -120,14 +121,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
               bias: torch.Tensor | Callable[..., torch.Tensor] | None = None, score: str | Score = "scaled_dot",
               scale: float | None = None, normalize: str | Normalizer = "softmax", dropout_p: float = 0.0,
               return_weights: bool = False, return_lse: bool = False,
-              backend: str = "auto", sinks: torch.Tensor | None = None) -> torch.Tensor | AttentionOutput: ...
+              backend: str = "auto", sinks: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+              seqused_k: torch.Tensor | None = None) -> torch.Tensor | AttentionOutput: ...
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask | torch.Tensor | None = None,
               bias: torch.Tensor | Callable[..., torch.Tensor] | None = None, score: str | Score = "scaled_dot",
               scale: float | None = None, normalize: str | Normalizer = "softmax", dropout_p: float = 0.0,
               return_weights: bool = False, return_lse: bool = False,
-              backend: str = "auto", sinks: torch.Tensor | None = None) -> torch.Tensor | AttentionOutput:
+              backend: str = "auto", sinks: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+              seqused_k: torch.Tensor | None = None) -> torch.Tensor | AttentionOutput:
     """Attention over keys and values: ``normalize(score(q, k) * scale + bias, mask) @ v``.
 
     Args:
@@ -156,6 +159,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
             ``out = softmax([scores, s])[:-1] @ v`` (:mod:`attnkit.functional.sinks`); softmax only,
             differentiable. lse and weights include it; a row with no allowed key outputs 0 and
             has lse ``s``.
+        block_table: a paged KV cache's page table ``(B, max_pages)`` (integers): ``k`` and ``v`` are then
+            pools of pages ``(num_pages, page_size, H_kv, D)`` (``D_v``), read in place, and sequence ``b``'s
+            keys are its first ``seqused_k[b]`` positions on the pages ``block_table[b]`` (as
+            ``torch.nn.attention.varlen.varlen_attn``; :class:`attnkit.nn.PagedKVCache` keeps them).
+        seqused_k: ``(B,)`` integers, the keys each sequence holds (a paged cache's lengths; with a
+            contiguous ``(B, H_kv, Lk, D)`` cache, its first ``seqused_k[b]`` keys). ``mask`` is then read at
+            each sequence's own positions and length: ``masks.causal()`` puts the ``Lq`` queries at its last
+            ``Lq`` positions (decoding, chunked prefill). No bias with either.
 
     Returns:
         The output ``(..., Lq, Dv)`` in the input dtype, or an :class:`AttentionOutput`
@@ -176,7 +187,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
         >>> out.shape
         torch.Size([2, 3, 5, 8])
     """
-    if mask is None or getattr(mask, "kind", None) == "causal":  # the only masks the fast lane serves
+    # the only masks the fast lane serves; paged calls are never its
+    if (mask is None or getattr(mask, "kind", None) == "causal") and block_table is None and seqused_k is None:
         fast = lane.route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse,
                           backend, sinks)
         if fast is not None:
@@ -187,7 +199,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
     if record:
         backend = "reference"
     p = _prepare(q, k, v, mask=mask, bias=bias, score=score, scale=scale, normalize=normalize, dropout_p=dropout_p,
-                 return_weights=return_weights or record, return_lse=return_lse, backend=backend, sinks=sinks)
+                 return_weights=return_weights or record, return_lse=return_lse, backend=backend, sinks=sinks,
+                 block_table=block_table, seqused_k=seqused_k)
     with _autocast_off(p.q.device.type):  # scores and softmax stay in float32
         if p.tracing:
             _refuse_baked_aliasing(q, k, v)
@@ -210,7 +223,8 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask | t
             bias: torch.Tensor | Callable[..., torch.Tensor] | None = None, score: str | Score = "scaled_dot",
             scale: float | None = None, normalize: str | Normalizer = "softmax", dropout_p: float = 0.0,
             return_weights: bool = False, return_lse: bool = False, backend: str = "auto",
-            sinks: torch.Tensor | None = None, read_data: bool = True) -> Decision:
+            sinks: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+            seqused_k: torch.Tensor | None = None, read_data: bool = True) -> Decision:
     """Which execution path ``attention(q, k, v, ...)`` would run, why no other path, its cost, how it compiles.
 
     ``str()`` of the answer lists every path of :mod:`attnkit.kernels.paths` with the
@@ -229,10 +243,13 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask | t
         >>> d.backend, d.path
         ('blocksparse', 'band-windows')
     """
-    fast = lane.route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse, backend,
-                      sinks)
+    fast = None if block_table is not None or seqused_k is not None else lane.route(
+        q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse, backend,
+        sinks)
     p = _prepare(q, k, v, backend=backend, mask=mask, bias=bias, score=score, scale=scale, normalize=normalize,
-                 dropout_p=dropout_p, return_weights=return_weights, return_lse=return_lse, sinks=sinks)
+                 dropout_p=dropout_p, return_weights=return_weights, return_lse=return_lse, sinks=sinks,
+                 block_table=block_table,
+                 seqused_k=seqused_k)
     with _autocast_off(p.q.device.type):
         if p.tracing and rules.operator_carries(p, backend):
             return custom_op.traced_decision(p, backend)

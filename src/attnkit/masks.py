@@ -43,12 +43,13 @@ from .functional.indexed_masks import (
     _Segments,
 )
 from .functional.mask_base import And, BlockLayout, Mask, Not, Or, _block_bounds
+from .functional.selected_masks import SelectedKeys
 
 __all__ = [
     "Mask", "BlockLayout", "And", "Or", "Not", "TensorMask", "ShiftedMask",
     "full", "causal", "sliding_window", "diagonals", "dilated", "strided", "fixed", "global_tokens",
     "block_layout", "segments", "padding", "keys", "prefix_lm", "from_function", "parse",
-    "shifted", "from_block_mask",
+    "shifted", "from_block_mask", "selected_keys", "selected_blocks",
 ]
 
 _ALIGNMENTS = ("bottom_right", "top_left")
@@ -368,6 +369,41 @@ def prefix_lm(n: int, *, align: str = "bottom_right") -> Mask:
 def from_function(fn: Callable, name: str | None = None) -> Mask:
     """Any predicate ``fn(b, h, q_idx, kv_idx) -> bool tensor`` (elementwise, broadcasting)."""
     return _FromFunction(fn, name)
+
+
+def selected_keys(indices: torch.Tensor, *, group_size: int | None = None) -> Mask:
+    """Query ``i`` sees the keys ``indices[..., i, :]`` (top-k selection, DeepSeek-AI 2025, arXiv:2512.02556, eq. 2).
+
+    ``indices`` are integers ``(Lq, k)``, ``(B, Lq, k)`` or ``(B, Hs, Lq, k)``; a negative entry is an
+    unused slot and a key named twice is one key. With ``Hs > 1`` index heads, index head ``s``
+    serves the query heads ``[s * group_size, (s + 1) * group_size)`` (``group_size`` 1 by default:
+    one selection per query head; the query heads of a key/value group share one with
+    ``group_size = H // H_kv``). Data dependent: the gathered path reads each query's ``k`` keys, at a
+    cost ``O(Lq k D)``; AND it with :func:`causal` for causality.
+
+    Example:
+        >>> import torch
+        >>> m = selected_keys(torch.tensor([[0, 2], [1, -1], [2, 0]]))
+        >>> m.materialize(3, 4)[0, 0].int().tolist()
+        [[1, 0, 1, 0], [0, 1, 0, 0], [1, 0, 1, 0]]
+    """
+    return SelectedKeys(indices, 1, group_size=group_size)
+
+
+def selected_blocks(indices: torch.Tensor, block_size: int, *, group_size: int | None = None) -> Mask:
+    """Query ``i`` sees the key blocks ``indices[..., i, :]`` of ``block_size`` keys each (NSA, MoBA).
+
+    Shapes and ``group_size`` as :func:`selected_keys`; block ``j`` holds keys
+    ``j * block_size ... (j + 1) * block_size - 1`` (Yuan et al. 2025, arXiv:2502.11089, eq. 10-11;
+    Lu et al. 2025, arXiv:2502.13189, eq. 5-6).
+
+    Example:
+        >>> import torch
+        >>> m = selected_blocks(torch.tensor([[0], [1], [0]]), 2)
+        >>> m.materialize(3, 4)[0, 0].int().tolist()
+        [[1, 1, 0, 0], [0, 0, 1, 1], [1, 1, 0, 0]]
+    """
+    return SelectedKeys(indices, block_size, group_size=group_size)
 
 
 class ShiftedMask(Mask):

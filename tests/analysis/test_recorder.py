@@ -69,6 +69,8 @@ NO_WEIGHTS = {
     "perceiver-attention": ["model"], "perceiver-encoder": ["cross_attn", "blocks.0.attn"],
     "multi-head-latent": ["model"],  # the naive form's h heads
     "differential": ["model", "model#1"],  # both maps as 2h heads, once per half of the values
+    "dsa": ["model"], "moba": ["model"],  # over the selected keys
+    "native-sparse-attention": ["model", "model#1", "model#2"],  # compressed, selected and window branches
     "retnet": [], "gla": [], "mamba2": [], "deltanet": [], "gated-deltanet": [], "kimi-delta-attention": [],
 }
 # sigmoid weights (and softpick's, stick-breaking's, a sink's share taken: sums below 1); local-p Luong: softmax

@@ -104,7 +104,7 @@ def _bools(draw, shape):
 def _leaf_mask(draw, batch, lq, lk):
     kind = draw(st.sampled_from(["full", "causal", "sliding_window", "dilated", "strided", "fixed",
                                  "global_tokens", "segments", "padding", "keys", "prefix_lm", "from_function",
-                                 "block_layout", "flex_block_mask"]))
+                                 "block_layout", "flex_block_mask", "selected_keys", "selected_blocks"]))
     align = draw(st.sampled_from(ALIGNS))
     small = st.integers(0, 40)
     if kind == "full":
@@ -135,6 +135,13 @@ def _leaf_mask(draw, batch, lq, lk):
     if kind == "from_function":
         period = draw(st.integers(2, 5))
         return masks.from_function(lambda b, h, i, j: (i + j) % period != 0, name=f"i + j not divisible by {period}")
+    if kind in ("selected_keys", "selected_blocks"):  # keys chosen per query (repeats and -1 included)
+        block = 1 if kind == "selected_keys" else draw(st.sampled_from([2, 3, 16]))
+        leading = batch if batch > 0 and draw(st.booleans()) else 1
+        count = draw(st.integers(1, 5))
+        seed = torch.Generator().manual_seed(draw(st.integers(0, 999)))
+        indices = torch.randint(-1, max(1, -(-lk // block)) + 1, (leading, lq, count), generator=seed)
+        return masks.selected_keys(indices) if block == 1 else masks.selected_blocks(indices, block)
     block = draw(st.sampled_from([1, 3, 16, 64]))
     nq, nk = -(-lq // block), -(-lk // block)
     if kind == "block_layout" or not (lq and lk):

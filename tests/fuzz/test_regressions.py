@@ -53,3 +53,11 @@ def test_sparsemax_over_a_finfo_min_row_in_float32():
     check(Case(rank=4, batch=1, heads=1, kv_heads=1, lq=1, lk=2, d=1, dv=1, dtype=torch.float32, seed=0,
                mask=masks.full(), bias=("tensor", (1, 1, 1, 2), "finfo.min row", False), normalize="sparsemax",
                return_weights=True))
+
+
+def test_a_selected_key_past_the_keys_with_a_bias_tensor():
+    # A selection naming a key past Lk read the bias tensor at that position (out of bounds) on the gathered
+    # path: slots that name no real key are clamped to a real position, masked out and their data zeroed.
+    check(Case(rank=4, batch=1, heads=1, kv_heads=1, lq=1, lk=3, d=1, dv=1, dtype=torch.float64, seed=0,
+               mask=masks.selected_keys(torch.tensor([[[3]]])), bias=("tensor", (3,), "-inf entries", False),
+               normalize="sparsemax"))

@@ -67,3 +67,4 @@ def test_the_softmax_layers_take_the_gate_qk_norm_and_rotary_positions():
     tokens = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(3))
     out, scores = lm.generate(tokens[:, :5], 3, return_logits=True)
     torch.testing.assert_close(scores[:, 0], lm(tokens[:, :5])[:, 4], rtol=0, atol=1e-5)
+    assert torch.equal(out[:, 5:], scores.argmax(-1))  # greedy: each new token is its row's best

@@ -22,7 +22,7 @@ from . import cache
 
 __all__ = ["Mask", "BlockLayout", "And", "Or", "Not", "KINDS"]
 
-KINDS = ("full", "causal", "band", "keys", "tensor", "pattern")  # Mask.kind, what kernels read
+KINDS = ("full", "causal", "band", "keys", "tensor", "pattern", "selected")  # Mask.kind, what kernels read
 
 # Query rows evaluated at once when a layout has to be computed by brute force.
 _EVAL_ROWS_BUDGET = 1 << 22
@@ -77,7 +77,10 @@ class Mask:
             ``"full"`` (every key), ``"causal"`` (:func:`attnkit.masks.causal`, with its
             ``align``), ``"band"`` (exactly the keys ``lo <= j - i <= hi``: :meth:`band`),
             ``"keys"`` (reads no query index: key padding, per-head key masks),
-            ``"tensor"`` (a bool tensor), ``"pattern"`` (any other function of indices).
+            ``"tensor"`` (a bool tensor), ``"pattern"`` (any other function of indices),
+            ``"selected"`` (keys named per query by index tensors, alone or AND-ed with other
+            masks: ``selection`` holds the indices, ``rest`` the other parts;
+            :mod:`attnkit.functional.selected_masks`).
         band_terms: how :meth:`band` depends on the lengths, as data (no call into the
             mask): ``(lo_terms, hi_terms)``, each a tuple of ``(const, shift)`` with
             ``lo = max(const + shift * (kv_len - q_len))`` (``hi``: min); an empty tuple is
@@ -276,6 +279,13 @@ class And(_Combined):
         if None not in terms:  # the intersection of bands: every part's bounds hold
             self.band_terms = (sum((lo for lo, _ in terms), ()), sum((hi for _, hi in terms), ()))
             self.kind = "full" if all(p.kind == "full" for p in self.parts) else "band"
+        chosen = [p for p in self.parts if p.kind == "selected"]
+        if chosen:  # a subset of the selected keys: gathered paths read the selection, then the other parts
+            others = [p for p in self.parts if p is not chosen[0]]
+            self.kind, self.selection = "selected", chosen[0].selection
+            self.rest = others[0] if len(others) == 1 else And(*others)
+            if chosen[0].rest is not None:
+                self.rest = self.rest & chosen[0].rest
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         allowed = self.parts[0].allows(b, h, q_idx, kv_idx, q_len, kv_len)

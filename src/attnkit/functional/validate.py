@@ -19,6 +19,7 @@ from .indexed_masks import TensorMask
 from .mask_base import Mask
 from .normalize import NORMALIZERS
 from .scores import SCORES
+from .selected_masks import Pages, check_pages
 
 __all__ = ["Problem", "validate", "default_scale", "check_sinks"]
 _WHO = "attnkit.attention"
@@ -259,9 +260,48 @@ def _check_dropout(p):
     return float(p)
 
 
+def _paged_inputs(q, k, v, mask, bias, block_table, seqused_k, tracing):
+    """A paged call as an ordinary one: the pool of pages as one key axis ``(B, Hkv, P * page_size, D)`` (a view of
+    a contiguous pool, expanded over the batch) and a :class:`~.selected_masks.Pages` mask holding the caller's."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        raise ShapeError(f"{_WHO}: with block_table or seqused_k, query must be 4-D (B, H, Lq, D); got "
+                         f"{_shape(q) if isinstance(q, torch.Tensor) else type(q).__name__}")
+    if seqused_k is None:
+        raise ArgumentError(f"{_WHO}: block_table needs seqused_k (the number of keys each sequence holds); got None")
+    if bias is not None:
+        raise ArgumentError(f"{_WHO}: bias is not supported with block_table or seqused_k (keys are read by their "
+                            f"position in each sequence); got {type(bias).__name__}")
+    if mask is not None and not isinstance(mask, Mask):
+        raise DTypeError(f"{_WHO}: with block_table or seqused_k, mask must be an attnkit mask evaluated at each "
+                         f"sequence's own positions (causal, windows); got {type(mask).__name__}")
+    batch = q.shape[0]
+    if block_table is None:  # a contiguous cache (B, Hkv, Lk, D): one page per sequence, the whole row
+        _check_qkv(q, k, v)
+        pages, page_size, table = batch, max(k.shape[2], 1), torch.zeros(batch, 1, dtype=torch.long, device=q.device)
+    else:
+        for name, t in (("key", k), ("value", v)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 4:
+                got = _shape(t) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ShapeError(f"{_WHO}: with block_table, {name} must be a pool of pages (num_pages, page_size, "
+                                 f"kv_heads, dim); got {got}")
+        if k.shape[:3] != v.shape[:3]:
+            raise ShapeError(f"{_WHO}: key and value pools must share (num_pages, page_size, kv_heads); got "
+                             f"{_shape(k)} and {_shape(v)}")
+        pages, page_size, table = k.shape[0], k.shape[1], block_table
+        k, v = (t.reshape(-1, *t.shape[2:]).transpose(0, 1).unsqueeze(0).expand(batch, -1, -1, -1) for t in (k, v))
+        _check_qkv(q, k, v)
+    table, lengths = check_pages(_WHO, table, seqused_k, pages, page_size, batch, q.device, values=not tracing)
+    if block_table is None and not tracing and batch and int(lengths.max()) > k.shape[2]:
+        raise ArgumentError(f"{_WHO}: seqused_k must be at most the key length {k.shape[2]}; got {int(lengths.max())}")
+    return k, v, Pages(table, page_size, lengths, mask, pooled=block_table is not None)
+
+
 def validate(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, normalize="softmax",
-             dropout_p=0.0, return_weights=False, return_lse=False, tracing=False, sinks=None) -> Problem:
+             dropout_p=0.0, return_weights=False, return_lse=False, tracing=False, sinks=None, block_table=None,
+             seqused_k=None) -> Problem:
     """Check every argument of :func:`attnkit.attention` and build the :class:`Problem`."""
+    if block_table is not None or seqused_k is not None:
+        k, v, mask = _paged_inputs(q, k, v, mask, bias, block_table, seqused_k, tracing)
     _check_qkv(q, k, v)
     q4, k4, v4 = _as_4d(q), _as_4d(k), _as_4d(v)
     score = _check_choice("score", score, SCORES)

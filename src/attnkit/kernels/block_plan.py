@@ -110,7 +110,12 @@ def gather_plan(active: torch.Tensor, width: int):
 
 
 def _choose_block_size(p: Problem) -> int:
-    """The block size with the fewest computed score entries."""
+    """The block size with the fewest computed score entries, or the one the mask is laid out for (documents
+    aligned to blocks: :mod:`attnkit.functional.document_masks`)."""
+    laid_out = getattr(p.mask, "plan_block_size", None)
+    if laid_out is not None:
+        return laid_out
+
     def cost(bs):
         computed = sum(len(rows) * width for rows, width in width_groups(layouts(p, bs)[0])) * bs * bs
         return computed * (1 + 16 / bs)  # per-block overhead favours larger blocks

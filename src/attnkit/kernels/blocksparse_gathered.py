@@ -6,6 +6,10 @@ gathered entry, padding lanes and unused slots are masked out, and autograd
 derives the backward (the gather's backward scatter-adds into the key blocks,
 deterministically on CPU). Slabs are checkpointed when the gathered scores kept
 for the backward would pass ``BUDGET``.
+
+Masks of kind ``"selected"`` (keys named per query by index tensors: DSA, NSA, MoBA) have no
+layout shared by the batch and heads: each query's own keys are gathered instead
+(:mod:`.selected`), at a cost proportional to ``Lq * k``.
 """
 
 from __future__ import annotations
@@ -15,12 +19,11 @@ from torch.utils.checkpoint import checkpoint
 
 from ..functional import sinks
 from ..functional.validate import Problem
-from . import block_plan, rules
-from .block_plan import density
+from . import block_plan, rules, selected
 from .path_cost import PathCost, Product, itemsize
 from .pipeline import KernelOutput, block_scores, block_weights, concat_pieces, dropout, upcast_inputs
 
-__all__ = ["refusal", "run", "cost", "density", "BUDGET"]
+__all__ = ["refusal", "run", "cost", "density", "describe", "BUDGET"]
 
 BUDGET = 1 << 25  # gathered score elements kept for the backward before slabs are checkpointed
 
@@ -98,7 +101,21 @@ def _general(p: Problem, slabs, blocks, bs: int):
     return out, lse
 
 
+@rules.reads_data
+def density(p: Problem) -> float:
+    """The block plan's density, or the share of the keys a selection names (:func:`.selected.density`)."""
+    return selected.density(p) if rules.selected_keys(p) else block_plan.density(p)
+
+
+def describe(p: Problem) -> str:
+    if rules.selected_keys(p):
+        return selected.describe(p)
+    return "gathered key blocks, any score/bias/normaliser, autograd"
+
+
 def run(p: Problem) -> KernelOutput:
+    if rules.selected_keys(p):
+        return selected.run(p)
     pl = block_plan.plan_for(p)
     blocks = block_plan.to_blocks(*upcast_inputs(p), pl.bs)
     return block_plan.from_blocks(p, *_general(p, pl.slabs, blocks, pl.bs))
@@ -108,6 +125,8 @@ def cost(p: Problem, grad: bool = False) -> PathCost:
     """Both products per slab over its gathered key blocks (padding lanes included); past ``BUDGET`` under
     autograd every slab is checkpointed and its score product runs again in the backward (torch's checkpoint
     stops recomputing once every saved tensor is back, so the output product is not re-run)."""
+    if rules.selected_keys(p):
+        return selected.cost(p, grad)
     batch, heads, _, lk, d, dv = p.sizes
     pl = block_plan.plan_for(p)
     bs, bh = pl.bs, batch * heads

@@ -33,6 +33,7 @@ from . import (
     blocksparse_masked,
     flex,
     online_softmax,
+    paged,
     reference,
     rules,
     sdpa,
@@ -94,6 +95,8 @@ CPU = ("cpu",)  # the paths tuned for the CPU (slab sizes, torch's fused CPU ker
 
 PATHS: tuple[Path, ...] = (
     _row("torch-sdpa", "sdpa", "torch's fused attention kernel, where it is exact", sdpa),
+    _row("paged-split-kv", "blocksparse", "a paged KV cache's pages read through the page table, split-KV", paged,
+         sparse_below=1.5),
     _row("flex", "flex", "torch's FlexAttention, compiled, with a block mask and score_mod from the call", flex,
          devices=("cuda",)),
     _row("band-windows", "blocksparse", "each query block reads one contiguous key window in place", band,

@@ -29,7 +29,7 @@ __all__ = ["Rule", "reads_data", "fact", "first_refusal", "FLASH", "FLASH_BACKWA
            "no_bias", "no_sinks", "no_dropout", "no_weights", "no_lse", "not_compiling", "finite_inputs",
            "not_known_non_finite",
            "fused_cpu_kernel", "equal_head_dims", "lse_without_grad", "over_key_blocks", "cpu_flash", "simple_mask",
-           "operator_carries", "device_type", "serves", "device_text"]
+           "operator_carries", "device_type", "serves", "device_text", "layout_mask", "selected_keys", "paged_cache"]
 
 Rule = Callable[[Problem], "str | None"]
 
@@ -114,6 +114,27 @@ def cpu_flash(p: Problem) -> bool:
 def simple_mask(p: Problem) -> bool:
     """Masks torch's kernel takes without evaluating the mask per call (no mask, causal, key-only, a tensor)."""
     return p.mask is None or p.mask.kind in ("full", "causal", "keys", "tensor")
+
+
+def selected_keys(p: Problem) -> bool:
+    """The mask names each query's keys by index tensors (kind ``"selected"``): gathered per query, not per block."""
+    return p.mask is not None and p.mask.kind == "selected"
+
+
+def layout_mask(p: Problem) -> str | None:
+    """Paths that plan from one block layout shared by every batch element and head."""
+    if selected_keys(p):
+        return "keys selected per query (index tensors): one shared block layout would hold their union"
+    return None
+
+
+def paged_cache(p: Problem) -> str | None:
+    """Only calls with ``block_table=``/``seqused_k=``: their keys are a pool of pages (a rule of its own file
+    would be entered by every masked call's decision)."""
+    mask = p.mask
+    if mask is None or mask.kind != "selected" or mask.selection.lengths is None:
+        return "reads a paged KV cache: calls with block_table= or seqused_k= only"
+    return None
 
 
 def over_key_blocks(p: Problem) -> str | None:

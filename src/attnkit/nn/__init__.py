@@ -9,6 +9,7 @@ from .coverage import CoverageAttention, coverage_loss
 from .deltanet import DeltaNet
 from .derived_key import DerivedKeyAttention
 from .differential import DifferentialAttention
+from .dsa import DSAIndexer, DSASparseAttention
 from .gated import OutputGate, QKNorm
 from .gated_deltanet import GatedDeltaNet
 from .gla import GatedLinearAttention
@@ -24,7 +25,10 @@ from .longformer import LongformerAttention
 from .luong import LuongAttention
 from .mamba2 import Mamba2Mixer
 from .memory import MemoryAttention
+from .moba import MoBA
 from .multihead import DotProductAttention, MultiHeadAttention
+from .nsa import NativeSparseAttention
+from .paged_kv_cache import PagedKVCache
 from .perceiver import PerceiverAttention, PerceiverEncoder
 from .pointer import PointerAttention
 from .pooling import AttentionPooling, HierarchicalAttention
@@ -38,13 +42,14 @@ from .sparse_transformer import SparseTransformerAttention
 
 __all__ = [
     "AdditiveAttention", "AttentionPooling", "BigBirdAttention", "BlockPattern", "BlockSparseAttention",
-    "CoAttention", "CoverageAttention", "DeltaNet", "DerivedKeyAttention", "DifferentialAttention",
-    "DotProductAttention", "DynamicNTKScaling", "GatedDeltaNet", "GatedLinearAttention", "HardAttention",
-    "HierarchicalAttention", "KVCache", "KimiDeltaAttention", "LSHAttention", "LambdaLayer", "LatentCache",
-    "LearnedPositionalEmbedding", "LinearAttention", "LinearScaling", "LinformerAttention", "Llama3Scaling",
-    "LocalAttention", "LongRopeScaling", "LongformerAttention", "LuongAttention", "Mamba2Mixer", "MemoryAttention",
-    "MultiHeadAttention", "MultiHeadLatentAttention", "OutputGate", "PerceiverAttention", "PerceiverEncoder",
-    "PerformerAttention", "PointerAttention", "QKNorm", "RecurrentCache", "ReformerAttention", "RetNetRetention",
-    "RotaryEmbedding", "SegmentAttention", "SequenceProjection", "SinusoidalPositionalEncoding",
-    "SparseTransformerAttention", "TieredAttention", "YarnScaling", "coverage_loss",
+    "CoAttention", "CoverageAttention", "DSAIndexer", "DSASparseAttention", "DeltaNet", "DerivedKeyAttention",
+    "DifferentialAttention", "DotProductAttention", "DynamicNTKScaling", "GatedDeltaNet", "GatedLinearAttention",
+    "HardAttention", "HierarchicalAttention", "KVCache", "KimiDeltaAttention", "LSHAttention", "LambdaLayer",
+    "LatentCache", "LearnedPositionalEmbedding", "LinearAttention", "LinearScaling", "LinformerAttention",
+    "Llama3Scaling", "LocalAttention", "LongRopeScaling", "LongformerAttention", "LuongAttention", "Mamba2Mixer",
+    "MemoryAttention", "MoBA", "MultiHeadAttention", "MultiHeadLatentAttention", "NativeSparseAttention",
+    "OutputGate", "PagedKVCache", "PerceiverAttention", "PerceiverEncoder", "PerformerAttention", "PointerAttention",
+    "QKNorm", "RecurrentCache", "ReformerAttention", "RetNetRetention", "RotaryEmbedding", "SegmentAttention",
+    "SequenceProjection", "SinusoidalPositionalEncoding", "SparseTransformerAttention", "TieredAttention",
+    "YarnScaling", "coverage_loss",
 ]

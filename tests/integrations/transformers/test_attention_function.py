@@ -126,13 +126,6 @@ def test_a_users_4d_mask_with_a_registered_mask():
         make_attention_function(masks.sliding_window(1))(_Module(), q, k, v, torch.randn(2, 1, 3, 5))
 
 
-@pytest.mark.parametrize("keyword", ["indices", "block_indices"])
-def test_sparse_indices_are_refused(keyword):
-    q, k, v = _qkv()
-    with pytest.raises(attnkit.UnsupportedFeature, match=keyword):
-        make_attention_function()(_Module(), q, k, v, None, **{keyword: torch.zeros(2, dtype=torch.long)})
-
-
 def test_registered_names_refuse_encoder_decoders():
     from transformers import BartConfig, BartForConditionalGeneration
 

@@ -11,10 +11,12 @@ runs every attention layer through :func:`attnkit.attention`: causal and bidirec
 layers, padding (left padding included), KV-cache decoding and chunked prefill
 (bottom-right), grouped-query heads without copying K/V, sliding windows (as attnkit
 band masks: long prompts take the band path), Gemma-2's soft-capping and scaling,
-dropout in training, and the weights when the model collects them. What attnkit cannot
-honour exactly (attention sinks, sparse indexers' key indices) raises
-:class:`attnkit.UnsupportedFeature`. Model code that reads the mask itself sees the 4-D float mask
-transformers builds for ``"eager"`` (:class:`ModelMask`, built only then), and a model compiles
+dropout in training, the weights when the model collects them, packed documents
+(``position_ids`` restarting, ``cu_seq_lens_*``: :func:`attnkit.varlen_attn`) and sparse indexers'
+key choices (``indices``, ``block_indices``: the gathered selected-keys path). What attnkit cannot
+honour exactly (attention sinks) raises :class:`attnkit.UnsupportedFeature`. Model code that reads
+the mask itself sees the 4-D float mask transformers builds for ``"eager"`` (:class:`ModelMask`,
+built only then), and a model compiles
 with ``torch.compile(fullgraph=True)``.
 
 :func:`register` adds further names whose attnkit mask is AND-ed with the model's own

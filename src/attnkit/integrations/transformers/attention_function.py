@@ -17,11 +17,12 @@ Each keyword the model passes is honoured or refused:
   layer's mask function), so it is not applied twice;
 * learned attention sinks (gpt-oss's ``s_aux``; ``sinks``), one logit per head in the softmax's
   denominator, are passed on as ``attention(..., sinks=)``; per-token sinks (a logit per
-  query, computed from the hidden states) are not;
-* sparse indexers' key indices (``indices``, ``block_indices``) change the softmax's support:
-  attnkit refuses them, and per-token sinks, with :class:`attnkit.UnsupportedFeature` naming
-  the model; so are names from :func:`register` on encoder-decoders (cross-attention has no
-  shared positions).
+  query, computed from the hidden states) are refused with :class:`attnkit.UnsupportedFeature`
+  naming the model, and so are names from :func:`register` on encoder-decoders
+  (cross-attention has no shared positions);
+* sparse indexers' key choices (``indices``, ``block_indices``) are AND-ed with the mask and
+  read by the gathered path; packed documents (``position_ids`` restarting, ``cu_seq_lens_*``)
+  run :func:`attnkit.varlen_attn` (:mod:`.packing`).
 
 The weights are computed (on attnkit's exact dense path) only when the model collects
 them: ``output_attentions=True`` reaches the function as a keyword in some models and
@@ -40,6 +41,7 @@ from ...errors import ShapeError, UnsupportedFeature
 from ...functional.shifted import shift_modifier
 from .model_mask import ModelMask
 from .model_masks import with_extra
+from .packing import attend_documents, documents, selection
 
 try:  # where transformers keeps the outputs a forward pass collects (output_attentions without the keyword)
     from transformers.utils.output_capturing import _active_collector
@@ -48,10 +50,8 @@ except ImportError:  # pragma: no cover - an older layout: the keyword alone dec
 
 __all__ = ["make_attention_function"]
 
-# Keywords that change what attention computes and that attnkit cannot honour: the top-k key indices of
-# sparse-attention indexers. Other keywords models pass (cu_seq_lens_*/max_length_*: packing hints whose mask
-# transformers builds from position_ids; position_ids, deterministic) change nothing attnkit computes.
-_REFUSED = {"indices": "top-k sparse key indices", "block_indices": "sparse key block indices"}
+# Other keywords models pass (position_ids, max_length_*, deterministic) change nothing attnkit computes, or are
+# read by .packing (cu_seq_lens_*, indices, block_indices).
 _SINKS = ("s_aux", "sinks")  # gpt-oss names its sinks s_aux; other models sinks
 
 
@@ -170,11 +170,7 @@ def make_attention_function(extra_mask=None, extra_bias=None, backend: str = "au
 
     def attnkit_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                           softcap=None, position_bias=None, sliding_window=None, **kwargs):
-        for name, feature in _REFUSED.items():
-            if kwargs.get(name) is not None:
-                raise UnsupportedFeature(
-                    f"{_model_name(module)} uses {feature} ({name!r}): attnkit cannot honour them exactly; "
-                    "use attn_implementation='eager' for this model")
+        sinks = _sinks_of(module, kwargs)
         _check_heads(module, query.shape[1], extra_mask, extra_bias)
         if (extra_mask is not None or extra_bias is not None) and getattr(
                 getattr(module, "config", None), "is_encoder_decoder", False):
@@ -188,8 +184,16 @@ def make_attention_function(extra_mask=None, extra_bias=None, backend: str = "au
         if torch.is_tensor(mask) and mask.is_floating_point():
             mask = None  # it is in the bias
         want_weights = weights_wanted(kwargs)
+        chosen = selection(module, kwargs, query.shape[1], _model_name(module))
+        if chosen is not None:
+            mask = chosen if mask is None else (masks.TensorMask(mask) if torch.is_tensor(mask) else mask) & chosen
+        # varlen_attn takes no sinks: packed rows with sinks run as one call under the packed mask (exact)
+        docs = None if want_weights or torch.is_tensor(bias) or chosen is not None or sinks is not None else documents(
+            model_mask, kwargs, query, key)
+        if docs is not None:
+            return attend_documents(query, key, value, docs, scale=scaling, dropout=dropout, bias=bias), None
         result = attention(query, key, value, mask=mask, bias=bias, scale=scaling, dropout_p=dropout,
-                           return_weights=want_weights, backend=backend, sinks=_sinks_of(module, kwargs))
+                           return_weights=want_weights, backend=backend, sinks=sinks)
         out, weights = (result.output, result.weights) if want_weights else (result, None)
         return out.transpose(1, 2).contiguous(), weights
 

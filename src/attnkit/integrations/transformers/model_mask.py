@@ -36,18 +36,22 @@ class ModelMask:
         shape: ``(B, Lq, Lk)``, the batch and the block's sizes.
         dtype: the dtype of the dense form (the model's, as transformers' eager mask).
         device: the device of the dense form.
+        packing: for one row of packed documents (``position_ids`` restarting), their ids per position and the
+            mask inside each (:func:`~.model_masks.packing`); the attention function then runs
+            :func:`attnkit.varlen_attn`.
     """
 
     ndim = 4  # transformers reads a prepared mask's rank (a 4-D mask is used as it is, not as padding)
 
     def __init__(self, mask: Mask | torch.Tensor | None, q_offset: int, kv_offset: int, length: int, *,
-                 shape: tuple[int, int, int], dtype: torch.dtype = torch.float32, device="cpu"):
+                 shape: tuple[int, int, int], dtype: torch.dtype = torch.float32, device="cpu", packing=None):
         self.mask, self.q_offset, self.kv_offset, self.length = mask, q_offset, kv_offset, length
         self.sizes, self.dtype, self.device = tuple(shape), dtype, torch.device(device)
+        self.packing = packing
         self._dense = None
 
     def with_mask(self, mask: Mask | torch.Tensor | None) -> ModelMask:
-        """The same block and positions with another mask."""
+        """The same block and positions with another mask (no longer the packed documents' own)."""
         return ModelMask(mask, self.q_offset, self.kv_offset, self.length, shape=self.sizes, dtype=self.dtype,
                          device=self.device)
 

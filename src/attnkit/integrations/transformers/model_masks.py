@@ -12,8 +12,11 @@ its causal, bidirectional and sliding-window masks from are recognised (by their
 through ``and_masks``/``or_masks``), become :func:`attnkit.masks.diagonals` bands on the
 whole sequence, and are shifted to the block, so a plain causal layer keeps attnkit's
 O(1) causal path and a sliding-window layer its band path. A predicate that is not
-recognised (packed sequences, chunked attention, a model's own overlay) is evaluated by
-transformers' own ``sdpa_mask`` into a dense bool tensor: exact, only not sparse.
+recognised (chunked attention, a model's own overlay) is evaluated by transformers' own
+``sdpa_mask`` into a dense bool tensor: exact, only not sparse. Packed sequences (``position_ids``
+restarting in one row) are recognised too: documents as :func:`attnkit.masks.segments` AND the
+layer's own mask inside each, and, for a whole row without padding, a :class:`Packing` that sends
+the layer to :func:`attnkit.varlen_attn`.
 
 Under ``torch.compile`` nothing here reads data: a padding mask is kept whether or not it pads
 (that is data), and a mask function built while tracing (windows, combinations: dynamo reads no
@@ -23,6 +26,7 @@ closure of such a function) or a static cache's tensor offsets take the dense, e
 from __future__ import annotations
 
 from functools import reduce
+from typing import NamedTuple
 
 import torch
 from transformers import masking_utils as hf_masks
@@ -32,7 +36,7 @@ from ...functional.mask_base import Mask
 from ...masks import _Diagonals
 from .model_mask import ModelMask
 
-__all__ = ["make_mask_function", "whole_sequence_mask", "with_extra"]
+__all__ = ["make_mask_function", "whole_sequence_mask", "with_extra", "Packing", "packing"]
 
 
 def _free_vars(fn) -> dict | None:
@@ -49,6 +53,52 @@ _AND = hf_masks.and_masks(hf_masks.causal_mask_function).__code__
 _OR = hf_masks.or_masks(hf_masks.causal_mask_function).__code__
 _WINDOW = hf_masks.sliding_window_overlay(1).__code__
 _TWO_SIDED_WINDOW = hf_masks.sliding_window_bidirectional_overlay(1).__code__
+_PACKED = hf_masks.packed_sequence_mask_function(torch.zeros(1, 1)).__code__
+_REMAP = hf_masks.remap_positions_for_packed_sequence(hf_masks.causal_mask_function, torch.zeros(1, 1)).__code__
+
+
+class Packing(NamedTuple):
+    """Documents packed in a row: the document of each position ``(L,)`` and the mask inside each document."""
+
+    ids: torch.Tensor
+    within: Mask | None
+
+
+def _parts(functions, packed: bool) -> list[Mask | None]:
+    """The attnkit masks of an AND's parts. Beside transformers' packed-sequence mask, a mask function read at
+    positions inside each document (``remap_positions_for_packed_sequence``) is its own mask: positions rise
+    by one inside a document, so differences of positions there are differences of indices."""
+    parts = []
+    for f in functions:
+        code = getattr(f, "__code__", None)
+        captured = _free_vars(f) if packed and code in (_PACKED, _REMAP) else None
+        if captured is None:
+            parts.append(whole_sequence_mask(f))
+        elif code is _PACKED:
+            parts.append(masks.segments(captured["packed_sequence_mask"]))
+        else:
+            parts.append(whole_sequence_mask(captured["mask_function"]))
+    return parts
+
+
+def _packed(functions) -> bool:
+    return any(getattr(f, "__code__", None) is _PACKED for f in functions)
+
+
+def packing(mask_function) -> Packing | None:
+    """The documents and the mask inside them when ``mask_function`` is transformers' packed-sequence mask
+    AND a layer mask attnkit reads (one row: the ids of the batch's first row); None otherwise."""
+    captured = _free_vars(mask_function) if getattr(mask_function, "__code__", None) is _AND else None
+    if captured is None or not _packed(captured["mask_functions"]):
+        return None
+    inside = [f for f in captured["mask_functions"] if getattr(f, "__code__", None) is not _PACKED]
+    parts = _parts(inside, True)
+    ids = next(_free_vars(f)["packed_sequence_mask"] for f in captured["mask_functions"]
+               if getattr(f, "__code__", None) is _PACKED)
+    if None in parts:
+        return None
+    within = _combine(parts, both=True) if parts else None
+    return Packing(ids[0], None if within is None or within.kind == "full" else within)
 
 
 def _combine(parts: list[Mask], both: bool) -> Mask:
@@ -77,7 +127,8 @@ def whole_sequence_mask(mask_function) -> Mask | None:
     if code is _TWO_SIDED_WINDOW:
         w = captured["sliding_window"]
         return masks.diagonals(-w, w)  # |q - kv| <= w
-    parts = [whole_sequence_mask(f) for f in captured["mask_functions"]]
+    functions = captured["mask_functions"]
+    parts = _parts(functions, code is _AND and _packed(functions))
     return None if None in parts else _combine(parts, both=code is _AND)
 
 
@@ -157,8 +208,12 @@ def make_mask_function(extra: Mask | None = None):
                 batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                 kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
                 allow_is_causal_skip=False, allow_is_bidirectional_skip=False, use_vmap=use_vmap, device=device)
+        packed = None
+        if whole is not None and not traced and batch_size == 1 and q_offset == kv_offset == 0 and (
+                q_length == kv_length and extra is None and _block_padding(attention_mask, kv_length, 0) is None):
+            packed = packing(mask_function)  # one whole row of documents: the varlen call
         model_mask = ModelMask(block, q_offset, kv_offset, length, shape=(batch_size, q_length, kv_length),
-                               dtype=dtype, device=device)
+                               dtype=dtype, device=device, packing=packed)
         return with_extra(model_mask, extra)
 
     return attnkit_mask

@@ -1,0 +1,195 @@
+"""Packed documents, paged decoding and data-dependent sparse attention against what they replace, in one run.
+
+Rows (1 thread; each row's two sides interleaved by :func:`attnkit.analysis.timing.time_rounds`,
+the time ratio taken per round and summarised by its median and range; peak memory of each side
+measured once in a fresh process, :mod:`attnkit.analysis.memory`):
+
+- packed: documents of random lengths packed in one row, causal inside each, forward + backward
+  through :func:`attnkit.varlen_attn`, against the same documents padded into a batch and run by
+  torch's SDPA with the causal-and-padding bool mask (what a padded training batch computes);
+- paged: one decoding step (one query per sequence) over a :class:`attnkit.nn.PagedKVCache` whose
+  sequences' pages interleave (appended a page at a time, in turn), against the same keys in a contiguous cache
+  (``attnkit.attention(q, k, v, mask=causal())``, torch's kernel); target <= 1.10x;
+- NSA and MoBA: :class:`attnkit.nn.NativeSparseAttention` and :class:`attnkit.nn.MoBA` against
+  dense causal attention with the same projections (:class:`attnkit.models.SoftmaxSelfAttention`)
+  at ``L = 4096`` and ``16384``, forward + backward (different functions: only time and memory).
+
+Usage: ``python benchmarks/sparse_and_packed.py [--rounds 5] [--write BENCHMARKS.md]``;
+``--smoke`` runs every row at tiny sizes (a check that the script works, not a measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import attnkit
+from attnkit import masks
+from attnkit.analysis.memory import peak_bytes, reset_peak
+from attnkit.analysis.timing import time_rounds
+from attnkit.benchmarking.child import child_output
+from attnkit.benchmarking.sections import write_section
+from attnkit.models.self_attention import SoftmaxSelfAttention
+from attnkit.nn import MoBA, NativeSparseAttention, PagedKVCache
+
+NAME, TITLE = "sparse-and-packed", "Packed documents, paged decoding, NSA and MoBA"
+FULL = {"packed": dict(docs=16, shortest=64, longest=1024, heads=8, head_dim=64),
+        "paged": dict(batch=4, length=4096, heads=8, kv_heads=2, head_dim=64, page_size=16),
+        "sparse": dict(lengths=(4096, 16384), dim=256, heads=4)}
+SMOKE = {"packed": dict(docs=3, shortest=5, longest=40, heads=2, head_dim=8),
+         "paged": dict(batch=2, length=50, heads=4, kv_heads=2, head_dim=8, page_size=4),
+         "sparse": dict(lengths=(96,), dim=16, heads=2)}
+
+
+def _lengths(s, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(s["shortest"], s["longest"] + 1, (s["docs"],), generator=g)
+
+
+def packed_sides(s):
+    """``(ours, theirs)``: each a call computing the documents' attention forward and backward, returning dq."""
+    lengths = _lengths(s)
+    cu = F.pad(torch.cumsum(lengths, 0), (1, 0)).to(torch.int32)
+    total, longest, h, d = int(cu[-1]), int(lengths.max()), s["heads"], s["head_dim"]
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(total, h, d, generator=g) for _ in range(3))
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    slot = torch.arange(total) - (cu[:-1].long())[doc]  # each token's position in its document
+    keep = torch.arange(longest)[None] < lengths[:, None]  # (N, longest)
+    allowed = keep[:, None, None, :] & torch.ones(longest, longest, dtype=torch.bool).tril()  # causal and padding
+
+    def ours():
+        qq = q.clone().requires_grad_()
+        attnkit.varlen_attn(qq, k, v, cu, cu, longest, longest, window_size=(-1, 0)).sum().backward()
+        return qq.grad
+
+    def theirs():
+        def pad(t):
+            out = t.new_zeros(len(lengths), longest, h, d)
+            out[doc, slot] = t
+            return out.transpose(1, 2)  # (N, H, longest, D)
+        qq = q.clone().requires_grad_()
+        out = F.scaled_dot_product_attention(pad(qq), pad(k), pad(v), attn_mask=allowed)
+        out.transpose(1, 2)[doc, slot].sum().backward()  # the real tokens' outputs
+        return qq.grad
+    return ours, theirs
+
+
+def paged_sides(s):
+    """``(ours, theirs)``: one decoding step over a paged cache (random page order) and over a contiguous one."""
+    b, n, h, hkv, d, ps = (s[k] for k in ("batch", "length", "heads", "kv_heads", "head_dim", "page_size"))
+    g = torch.Generator().manual_seed(2)
+    keys, values = torch.randn(b, hkv, n, d, generator=g), torch.randn(b, hkv, n, d, generator=g)
+    cache = PagedKVCache(b * -(-n // ps), ps, hkv, d)
+    seqs = [cache.allocate() for _ in range(b)]
+    for start in range(0, n, ps):  # a page at a time, in turn: no sequence's pages are contiguous
+        for i, seq in enumerate(seqs):
+            cache.append(seq, keys[i, :, start:start + ps], values[i, :, start:start + ps])
+    table, used = cache.block_table(seqs), cache.lengths(seqs)
+    q = torch.randn(b, h, 1, d, generator=g)
+    causal = masks.causal()
+
+    def ours():
+        return attnkit.attention(q, cache.k_pages, cache.v_pages, block_table=table, seqused_k=used, mask=causal)
+
+    def theirs():
+        return attnkit.attention(q, keys, values, mask=causal)
+    return ours, theirs
+
+
+def sparse_sides(s, length):
+    """``{name: call}``: NSA, MoBA and dense causal attention at ``length``, forward + backward."""
+    dim, heads = s["dim"], s["heads"]
+    block = 64 if length >= 1024 else 8
+    torch.manual_seed(0)
+    layers = {"dense": SoftmaxSelfAttention(dim, heads, causal=True),
+              "NSA": NativeSparseAttention(dim, heads, compress_block=block // 2, compress_stride=block // 4,
+                                           select_block=block, num_selected=16, window=8 * block),
+              "MoBA": MoBA(dim, heads, block_size=8 * block, top_k=3)}
+    x = torch.randn(1, length, dim, generator=torch.Generator().manual_seed(3))
+
+    def call(layer):
+        def run():
+            layer.zero_grad(set_to_none=True)
+            layer(x).sum().backward()
+        return run
+    return {name: call(layer) for name, layer in layers.items()}
+
+
+def _sides(row: str, smoke: bool) -> dict:
+    sizes = SMOKE if smoke else FULL
+    if row == "packed":
+        return dict(zip(("ours", "theirs"), packed_sides(sizes["packed"]), strict=True))
+    if row == "paged":
+        return dict(zip(("ours", "theirs"), paged_sides(sizes["paged"]), strict=True))
+    length = int(row.split("@")[1])
+    return sparse_sides(sizes["sparse"], length)
+
+
+def child(payload: str) -> None:
+    """In a fresh process: the bytes the peak grows by while one side of a row runs once."""
+    data = json.loads(payload)
+    torch.set_num_threads(1)
+    side = _sides(data["row"], data["smoke"])[data["side"]]
+    base = reset_peak()
+    side()
+    print(peak_bytes() - base)
+
+
+def _peak(row: str, side: str, smoke: bool) -> str:
+    try:
+        grown = int(child_output("benchmarks.sparse_and_packed", {"row": row, "side": side, "smoke": smoke}, 3600))
+    except RuntimeError:
+        return "n/a"
+    return f"{grown / 2**20:.0f} MiB"
+
+
+def measure(row: str, rounds: int, smoke: bool, memory: bool) -> list[str]:
+    """The table lines of one row: every side's time per call and peak, each against the row's baseline."""
+    sides = _sides(row, smoke)
+    if row in ("packed", "paged"):
+        torch.testing.assert_close(sides["ours"](), sides["theirs"](), rtol=1e-4, atol=1e-5)  # same function
+    times = time_rounds(sides, repeats=rounds, warmup=1)
+    base = "theirs" if "theirs" in sides else "dense"
+    lines = []
+    for name in sides:
+        ratios = [a / b for a, b in zip(times[name], times[base], strict=True)]
+        peak = _peak(row, name, smoke) if memory else "not measured"
+        lines.append(f"| {row} | {name} | {statistics.median(times[name]) * 1e3:.1f} | "
+                     f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | {peak} |")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes: check the script, measure nothing")
+    ap.add_argument("--no-memory", action="store_true", help="skip the fresh-process peak memory")
+    ap.add_argument("--write", type=Path, help="replace this section in a Markdown file")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    rows = ["packed", "paged"] + [f"sparse@{n}" for n in (SMOKE if args.smoke else FULL)["sparse"]["lengths"]]
+    lines = ["| row | side | ms per call | time / baseline (median, range) | peak memory |", "|---|---|---|---|---|"]
+    for row in rows:
+        lines += measure(row, args.rounds, args.smoke, not args.no_memory)
+        print(lines[-1], file=sys.stderr)
+    text = (f"`python benchmarks/sparse_and_packed.py --rounds {args.rounds}` (torch {torch.__version__}, 1 thread; "
+            "baseline: `theirs` for packed (SDPA on the padded batch) and paged (a contiguous cache), `dense` for "
+            "the sparse rows; target for paged: <= 1.10x)\n\n" + "\n".join(lines))
+    print(text)
+    if args.write and not args.smoke:
+        write_section(args.write, NAME, text, TITLE)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 2 and sys.argv[1].startswith("{"):
+        child(sys.argv[1])
+    else:
+        sys.exit(main())

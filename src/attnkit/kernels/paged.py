@@ -1,0 +1,50 @@
+"""Path ``paged-split-kv``: attention over a paged KV cache, pages read through the page table.
+
+``attention(q, k_pages, v_pages, block_table=..., seqused_k=...)`` (and
+:func:`attnkit.varlen_attn` with a block table) hand the dispatcher a pool of pages
+``(num_pages, page_size, H_kv, D)`` seen as one key axis, with a
+:class:`~attnkit.functional.selected_masks.Pages` mask: sequence ``b`` holds
+``seqused_k[b]`` keys on the pages ``block_table[b]``. This path reads only those pages:
+split-KV over chunks of :data:`~.selected.SPLIT_KEYS` positions of each sequence, each
+chunk's keys gathered from its pages into a chunk-sized copy (never the whole cache),
+partials merged by log-sum-exp (:mod:`.selected`); causal masks align bottom-right to each
+sequence's own length (decoding, chunked prefill). Without autograd the chunks run on
+torch's fused CPU kernel.
+
+The dense paths compute the same function over the whole pool (the mask rejects other
+sequences' pages), so they stay exact oracles, but read every page for every sequence:
+``backend="auto"`` takes this path for every paged call (``sparse_below`` above 1).
+"""
+
+from __future__ import annotations
+
+from ..functional.validate import Problem
+from . import rules, selected
+
+__all__ = ["REFUSALS", "refusal", "run", "cost", "density", "describe"]
+
+
+REFUSALS = (rules.paged_cache, rules.not_compiling, rules.no_weights)
+
+
+def refusal(p: Problem) -> str | None:
+    return rules.first_refusal(p, REFUSALS)
+
+
+def run(p: Problem):
+    return selected.run(p)
+
+
+def cost(p: Problem, grad: bool = False):
+    return selected.cost(p, grad)
+
+
+def density(p: Problem) -> float:
+    """The share of the pool's keys one sequence reads (its pages), from the sizes."""
+    return selected.density(p)
+
+
+def describe(p: Problem) -> str:
+    pl = selected.plan(p)
+    return (f"the sequences' pages read through the page table: split-KV over chunks of {pl.keys} positions, "
+            f"each gathered alone, merged by log-sum-exp")

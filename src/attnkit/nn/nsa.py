@@ -1,0 +1,244 @@
+"""Native Sparse Attention (NSA): compressed blocks, selected blocks and a sliding window, gated."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import masks
+from ..core import attention
+from ..costing.attend import attend
+from ..costing.spec import Spec
+from ..costing.tally import dtype_of, randn
+from ..entry import Entry, register
+from ..errors import ArgumentError, ShapeError, check_int
+from ..functional.mask_base import Mask
+from ._inputs import check_sequence
+
+__all__ = ["NativeSparseAttention", "nsa_blocks"]
+
+_INF = float("inf")
+
+
+class _CompressedCausal(Mask):
+    """Query ``i`` sees compressed block ``j`` (keys ``j d .. j d + l - 1``) once it has ended: ``j d + l - 1 <= i``."""
+
+    uses = frozenset({"q", "kv"})
+
+    def __init__(self, length: int, stride: int):
+        self.length, self.stride = length, stride
+
+    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
+        return kv_idx * self.stride + self.length - 1 <= q_idx
+
+    def __repr__(self):
+        return f"compressed_causal(length={self.length}, stride={self.stride})"
+
+
+class _Compress(nn.Module):
+    """phi: a block of ``l`` keys (or values) with an intra-block position embedding, mapped to one vector."""
+
+    def __init__(self, length: int, stride: int, head_dim: int):
+        super().__init__()
+        self.length, self.stride = length, stride
+        self.position = nn.Parameter(torch.randn(length, head_dim) * head_dim ** -0.5)
+        self.proj = nn.Linear(length * head_dim, head_dim)
+
+    def forward(self, k: torch.Tensor) -> torch.Tensor:
+        """``(B, H, n, D)`` -> ``(B, H, n_c, D)``, ``n_c = floor((n - l) / d) + 1`` blocks (0 if ``n < l``)."""
+        if k.shape[2] < self.length:
+            return k.new_zeros(*k.shape[:2], 0, k.shape[3])
+        blocks = k.unfold(2, self.length, self.stride).transpose(-1, -2) + self.position  # (B, H, n_c, l, D)
+        return self.proj(blocks.flatten(-2))
+
+
+def nsa_blocks(q: torch.Tensor, k_cmp: torch.Tensor, *, length: int, stride: int, block: int, count: int,
+               scale: float) -> torch.Tensor:
+    """The selection blocks of every query, shared by each key/value head's group: ``(B, H_kv, n, count)``.
+
+    Yuan et al. 2025, arXiv:2502.11089, eq. 8-11: ``p_cmp = softmax(q K_cmp^T)`` over the ended compressed
+    blocks; a selection block's importance sums, over its ``block / stride`` chunks of ``stride`` keys, the
+    importance of every compressed block holding that chunk (eq. 9); the heads of a group add theirs (eq. 10);
+    the top ``count`` blocks are kept (eq. 11), the first block and the two blocks ending at the query
+    always among them, blocks after the query never (``-1``: fewer blocks to choose). No gradient.
+    """
+    with torch.no_grad():
+        batch, heads, n, _ = q.shape
+        kv_heads, blocks_c = k_cmp.shape[1], k_cmp.shape[2]
+        k_rep = k_cmp.repeat_interleave(heads // kv_heads, 1)
+        t = torch.arange(n, device=q.device)[:, None]
+        ended = torch.arange(blocks_c, device=q.device) * stride + length - 1 <= t
+        p = torch.softmax((q @ k_rep.transpose(-1, -2) * scale).masked_fill(~ended, -_INF), -1).nan_to_num(0.0)
+        chunks = -(-n // stride)
+        per_chunk = torch.zeros(batch, heads, n, chunks, dtype=p.dtype, device=p.device)
+        for c in range(length // stride):  # compressed block i holds chunks i .. i + l / d - 1
+            span = max(0, min(blocks_c, chunks - c))
+            per_chunk[..., c:c + span] += p[..., :span]
+        step, blocks = block // stride, -(-n // block)
+        per_chunk = F.pad(per_chunk, (0, blocks * step - chunks))
+        importance = per_chunk.view(batch, heads, n, blocks, step).sum(-1)
+        importance = importance.view(batch, kv_heads, heads // kv_heads, n, blocks).sum(2)  # a group shares
+        own, column = t // block, torch.arange(blocks, device=q.device)
+        forced = (column == 0) | (column == own) | (column == own - 1)
+        importance = importance.masked_fill(forced, _INF).masked_fill(column > own, -_INF)
+        values, idx = importance.topk(min(count, blocks), dim=-1)
+        return idx.masked_fill(values == -_INF, -1)
+
+
+class NativeSparseAttention(nn.Module):
+    """Native Sparse Attention: three gated branches over compressed, selected and nearby keys (causal).
+
+    Yuan et al. 2025, arXiv:2502.11089, eq. 5-12::
+
+        o_t = sum_{c in {cmp, slc, win}} g_t^c Attn(q_t, K_t^c, V_t^c),    g_t^c = sigmoid(MLP(x_t))
+
+    - cmp: blocks of ``l = compress_block`` keys every ``d = compress_stride`` positions, each
+      compressed to one key (and value) by ``phi``, a linear map of the block plus an intra-block
+      position embedding (eq. 7); a query sees the blocks that have ended;
+    - slc: the ``n = num_selected`` blocks of ``l' = select_block`` keys whose importance (eq. 8-11,
+      :func:`nsa_blocks`) is highest, one choice per key/value group (grouped-query attention);
+    - win: the last ``w = window`` keys.
+
+    The three branches have their own keys and values (Sec. 3.3.3). Notation: ``g`` gates,
+    ``H``/``H_kv`` heads.
+
+    Differences from the paper: ``phi`` is one linear layer over the block (the paper's MLP has
+    an unnamed depth); eq. 9's index ``(l'/d) j - m - n`` is read as ``(l'/d) j + m - n``, so the
+    compressed blocks summed are those overlapping selection block ``j``; no custom kernel: the
+    selected blocks are gathered by attnkit's gathered path.
+
+    Shapes:
+        ``x`` ``(B, n, dim)`` -> ``(B, n, dim)``.
+
+    Complexity:
+        ``O(B H n (n / d + n_sel l' + w) D)`` for the three branches.
+
+    Args:
+        dim: model width.
+        num_heads: query heads ``H`` (``dim % H == 0``).
+        kv_heads: key/value heads (default ``H``); a selection is shared by ``H / kv_heads`` heads.
+        compress_block: ``l``, a multiple of ``compress_stride``.
+        compress_stride: ``d``.
+        select_block: ``l'``, a multiple of ``compress_stride``.
+        num_selected: ``n`` selected blocks (the first and two local ones included).
+        window: ``w`` keys of the sliding window.
+
+    Example:
+        >>> _ = torch.manual_seed(0)
+        >>> layer = NativeSparseAttention(16, 4, kv_heads=2, compress_block=4, compress_stride=2,
+        ...                               select_block=4, num_selected=3, window=5)
+        >>> layer(torch.randn(2, 13, 16)).shape
+        torch.Size([2, 13, 16])
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, kv_heads: int | None = None, compress_block: int = 32,
+                 compress_stride: int = 16, select_block: int = 64, num_selected: int = 16, window: int = 512):
+        super().__init__()
+        who = type(self).__name__
+        self.dim, self.num_heads = check_int(who, "dim", dim, 1), check_int(who, "num_heads", num_heads, 1)
+        self.kv_heads = num_heads if kv_heads is None else check_int(who, "kv_heads", kv_heads, 1)
+        if dim % num_heads or num_heads % self.kv_heads:
+            raise ShapeError(f"{who}: dim must be a multiple of num_heads and num_heads of kv_heads; got dim={dim}, "
+                             f"num_heads={num_heads}, kv_heads={self.kv_heads}")
+        self.compress_block, self.compress_stride = (check_int(who, "compress_block", compress_block, 1),
+                                                     check_int(who, "compress_stride", compress_stride, 1))
+        self.select_block, self.num_selected = (check_int(who, "select_block", select_block, 1),
+                                                check_int(who, "num_selected", num_selected, 1))
+        self.window = check_int(who, "window", window, 1)
+        if compress_block % compress_stride or select_block % compress_stride:
+            raise ArgumentError(f"{who}: compress_block and select_block must be multiples of compress_stride; got "
+                                f"{compress_block}, {select_block} and {compress_stride}")
+        self.head_dim = d = dim // num_heads
+        self.q_proj = nn.Linear(dim, dim)
+        self.kv_proj = nn.Linear(dim, 6 * self.kv_heads * d)  # keys and values of the three branches
+        self.compress_k, self.compress_v = (_Compress(compress_block, compress_stride, d) for _ in range(2))
+        self.gate = nn.Linear(dim, 3 * num_heads)
+        self.out_proj = nn.Linear(dim, dim)
+
+    def branches(self, x: torch.Tensor):
+        """Queries ``(B, H, n, D)``, the branches' keys and values ``(B, H_kv, n, D)`` (compressed ones
+        ``(B, H_kv, n_c, D)``) and the selection mask of eq. 11-12."""
+        batch, n, _ = x.shape
+        h, hkv, d = self.num_heads, self.kv_heads, self.head_dim
+        q = self.q_proj(x).view(batch, n, h, d).transpose(1, 2)
+        k_cmp, v_cmp, k_slc, v_slc, k_win, v_win = self.kv_proj(x).view(batch, n, 6, hkv, d).permute(2, 0, 3, 1, 4)
+        k_c, v_c = self.compress_k(k_cmp), self.compress_v(v_cmp)  # (B, H_kv, n_c, D)
+        chosen = nsa_blocks(q, k_c, length=self.compress_block, stride=self.compress_stride, block=self.select_block,
+                            count=self.num_selected, scale=1 / math.sqrt(d))
+        mask = masks.selected_blocks(chosen, self.select_block, group_size=h // hkv) & masks.causal()
+        return q, (k_c, v_c), (k_slc, v_slc), (k_win, v_win), mask
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_sequence(type(self).__name__, "x", x, self.dim, named=True)
+        batch, n, _ = x.shape
+        h = self.num_heads
+        q, (k_c, v_c), (k_slc, v_slc), (k_win, v_win), mask = self.branches(x)
+        compressed = attention(q, k_c, v_c, mask=_CompressedCausal(self.compress_block, self.compress_stride))
+        selected = attention(q, k_slc, v_slc, mask=mask)
+        nearby = attention(q, k_win, v_win, mask=masks.sliding_window(self.window - 1, 0))
+        g = torch.sigmoid(self.gate(x)).view(batch, n, h, 3).permute(3, 0, 2, 1).unsqueeze(-1)  # (3, B, H, n, 1)
+        out = g[0] * compressed + g[1] * selected + g[2] * nearby  # (B, H, n, D)
+        return self.out_proj(out.transpose(1, 2).reshape(batch, n, self.dim))
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, num_heads={self.num_heads}, kv_heads={self.kv_heads}, compress_block="
+                f"{self.compress_block}, compress_stride={self.compress_stride}, select_block={self.select_block}, "
+                f"num_selected={self.num_selected}, window={self.window}")
+
+
+_OPTIONS = ("kv_heads", "compress_block", "compress_stride", "select_block", "num_selected", "window")
+
+
+def _example():
+    g = torch.Generator().manual_seed(0)
+    layer = NativeSparseAttention(16, 4, kv_heads=2, compress_block=4, compress_stride=2, select_block=4,
+                                  num_selected=3, window=5)
+    return layer, (torch.randn(2, 21, 16, generator=g),)
+
+
+def _count(t, s, module):
+    b, n, dim, h, hkv = s["batch"], s["length"], s["dim"], s["heads"], s["kv_heads"]
+    d, l, stride = dim // h, s["compress_block"], s["compress_stride"]
+    blocks_c = (n - l) // stride + 1 if n >= l else 0
+    dt = dtype_of(s)
+    t.mm("projections (q, out)", 2, b * n, dim, dim)
+    t.mm("projections (keys and values of three branches)", 1, b * n, dim, 6 * hkv * d)
+    t.mm("gates", 1, b * n, dim, 3 * h)
+    if blocks_c:
+        t.mm("compression phi (keys, values)", 2, b * hkv * blocks_c, l * d, d)
+    attend(t, "compressed: ", b, h, n, blocks_c, d, d, hkv=hkv, dtype=dt, mask=_CompressedCausal(l, stride))
+    t.mm("selection importance q K_cmp^T", b * h, n, d, blocks_c, grads=0)
+    with torch.no_grad():  # the blocks the module selects on the spec's inputs decide the gathered path's work
+        mask = module.branches(_inputs(s, module)[1][0])[-1]
+    attend(t, "selected: ", b, h, n, n, d, d, hkv=hkv, dtype=dt, mask=mask)
+    attend(t, "window: ", b, h, n, n, d, d, hkv=hkv, dtype=dt, mask=masks.sliding_window(s["window"] - 1, 0))
+    t.io(b * n * dim, 0, b * n * dim)
+
+
+def _make(s):
+    with torch.random.fork_rng(devices=[]):  # seeded: the count reads the blocks this module selects
+        torch.manual_seed(0)
+        return NativeSparseAttention(s["dim"], s["heads"], **{k: s[k] for k in _OPTIONS}).to(dtype_of(s))
+
+
+def _inputs(s, module):
+    return module, (randn(s["batch"], s["length"], s["dim"], dtype=dtype_of(s)),)
+
+
+register(Entry("native-sparse-attention", NativeSparseAttention,
+               "Yuan et al. 2025, arXiv:2502.11089, eq. 5-12 (Native Sparse Attention)", "O(L (L/d + n l' + w) D)",
+               "gated compressed, top-n selected and sliding-window branches", "long-sequence", _example,
+               spec=Spec({"batch": 2, "length": 21, "dim": 16, "heads": 4, "dtype": "float32", "kv_heads": 2,
+                          "compress_block": 4, "compress_stride": 2, "select_block": 4, "num_selected": 3,
+                          "window": 5}, _count,
+                         _inputs,
+                         "projections 2 B n dim (2 dim + 6 H_kv D + 3 H); phi 4 B H_kv n_c l D^2; three attentions",
+                         make=_make, module_type=NativeSparseAttention, reads_module=True,
+                         config=lambda m: {"dim": m.dim, "heads": m.num_heads, **{k: getattr(m, k) for k in _OPTIONS}},
+                         at_scale={"compress_block": 32, "compress_stride": 16, "select_block": 64,
+                                   "num_selected": 16, "window": 512},
+                         source="Yuan et al. 2025, arXiv:2502.11089, Sec. 4.1: l = 32, d = 16, l' = 64, n = 16, "
+                                "w = 512")))

@@ -1,0 +1,195 @@
+"""A paged key/value cache: fixed-size pages shared across sequences, page tables, forks with copy on write."""
+
+from __future__ import annotations
+
+import torch
+
+from ..core import attention
+from ..errors import ArgumentError, ShapeError, check_int
+from ..masks import causal
+from ._inputs import check_placement, check_shape
+
+__all__ = ["PagedKVCache"]
+
+_WHO = "PagedKVCache"
+
+
+class PagedKVCache:
+    """Keys and values of many sequences in one pool of pages, as serving systems keep them.
+
+    Kwon et al. 2023, arXiv:2309.06180 (PagedAttention, Sec. 4.1-4.3): the cache is cut into
+    pages of ``page_size`` positions; each sequence owns a *page table* listing its pages in
+    order, so sequences grow without reserving their longest length, and a forked sequence
+    (beam search, a shared prompt) shares its parent's pages until one of them writes into a
+    shared page, which is then copied (copy on write). Attention reads the pages in place
+    through the table: :meth:`attend` (or ``attnkit.attention(q, cache.k_pages,
+    cache.v_pages, block_table=..., seqused_k=...)``, path ``paged-split-kv``), equal bit for
+    bit to the same keys stored contiguously, ``attention(q, k, v, seqused_k=...)``.
+
+    Differences from the paper: none in what is stored; a page is freed when no sequence
+    holds it (reference counts); appending under autograd writes out of place, so gradients
+    through several steps stay exact.
+
+    Shapes:
+        pools ``k_pages`` ``(num_pages, page_size, kv_heads, head_dim)``, ``v_pages`` (``v_head_dim``);
+        ``append(seq, k (kv_heads, t, head_dim), v)``; ``block_table(seqs)`` ``(B, max_pages)``;
+        ``attend(seqs, q (B, H, Lq, head_dim))`` -> ``(B, H, Lq, v_head_dim)``.
+
+    Args:
+        num_pages: pages in the pool.
+        page_size: positions per page.
+        kv_heads: key/value heads.
+        head_dim: key feature size.
+        v_head_dim: value feature size (default ``head_dim``).
+        dtype: of the pools (default float32).
+        device: of the pools (default CPU).
+
+    Example:
+        >>> import torch
+        >>> cache = PagedKVCache(8, 4, 2, 5)
+        >>> seq = cache.allocate()
+        >>> cache.append(seq, torch.ones(2, 6, 5), torch.ones(2, 6, 5))
+        >>> child = cache.fork(seq)
+        >>> cache.lengths([seq, child]).tolist(), cache.pages_free
+        ([6, 6], 6)
+        >>> cache.attend([seq, child], torch.randn(2, 4, 1, 5)).shape
+        torch.Size([2, 4, 1, 5])
+    """
+
+    def __init__(self, num_pages: int, page_size: int, kv_heads: int, head_dim: int, *,
+                 v_head_dim: int | None = None, dtype: torch.dtype | None = None, device=None):
+        pages = check_int(_WHO, "num_pages", num_pages, 1)
+        self.page_size = check_int(_WHO, "page_size", page_size, 1)
+        heads = check_int(_WHO, "kv_heads", kv_heads, 1)
+        d = check_int(_WHO, "head_dim", head_dim, 1)
+        dv = d if v_head_dim is None else check_int(_WHO, "v_head_dim", v_head_dim, 1)
+        self.k_pages = torch.zeros(pages, self.page_size, heads, d, dtype=dtype, device=device)
+        self.v_pages = torch.zeros(pages, self.page_size, heads, dv, dtype=dtype, device=device)
+        self._refs = [0] * pages
+        self._free = list(range(pages - 1, -1, -1))  # popped from the end: low pages first
+        self._tables: dict[int, list[int]] = {}
+        self._lengths: dict[int, int] = {}
+        self._next_id = 0
+
+    def __repr__(self) -> str:
+        pages, ps, heads, d = self.k_pages.shape
+        return (f"PagedKVCache(num_pages={pages}, page_size={ps}, kv_heads={heads}, head_dim={d}, "
+                f"sequences={len(self._tables)}, pages_free={self.pages_free})")
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+    @property
+    def pages_free(self) -> int:
+        return len(self._free)
+
+    def _seq(self, seq: int) -> int:
+        if seq not in self._tables:
+            raise ArgumentError(f"{_WHO}: no sequence {seq!r}; live sequences are {sorted(self._tables)}")
+        return seq
+
+    def _take_page(self) -> int:
+        if not self._free:
+            raise ShapeError(f"{_WHO}: out of pages: all {len(self._refs)} pages of {self.page_size} positions are "
+                             "in use; free sequences or make the cache with more num_pages")
+        page = self._free.pop()
+        self._refs[page] = 1
+        return page
+
+    def _release(self, page: int) -> None:
+        self._refs[page] -= 1
+        if self._refs[page] == 0:
+            self._free.append(page)
+
+    def allocate(self) -> int:
+        """A new empty sequence; returns its id."""
+        seq, self._next_id = self._next_id, self._next_id + 1
+        self._tables[seq], self._lengths[seq] = [], 0
+        return seq
+
+    def fork(self, seq: int) -> int:
+        """A new sequence holding ``seq``'s positions on the same pages (shared until written: copy on write)."""
+        table = self._tables[self._seq(seq)]
+        child = self.allocate()
+        for page in table:
+            self._refs[page] += 1
+        self._tables[child], self._lengths[child] = list(table), self._lengths[seq]
+        return child
+
+    def free(self, seq: int) -> None:
+        """Forget ``seq``; its pages return to the pool once no other sequence holds them."""
+        for page in self._tables.pop(self._seq(seq)):
+            self._release(page)
+        del self._lengths[seq]
+
+    def length(self, seq: int) -> int:
+        return self._lengths[self._seq(seq)]
+
+    def _check(self, name: str, t, pool: torch.Tensor) -> None:
+        who = f"{_WHO}.append"
+        check_placement(who, name, t, dtype=pool.dtype, device=pool.device, owner="the cache")
+        heads, d = pool.shape[2], pool.shape[3]
+        check_shape(who, name, t, lambda t: t.dim() == 3 and (t.shape[0], t.shape[2]) == (heads, d),
+                    f"have shape (kv_heads={heads}, new_len, {d})")
+
+    def _writable_pages(self, seq: int, stop: int) -> list[int]:
+        """The pages positions ``[length, stop)`` of ``seq`` go to: new pages, and a copy of a shared last page."""
+        table, start, ps = self._tables[seq], self._lengths[seq], self.page_size
+        if start % ps and self._refs[table[-1]] > 1:  # writing into a page another sequence holds: copy it
+            page = self._take_page()
+            self.k_pages[page], self.v_pages[page] = self.k_pages[table[-1]], self.v_pages[table[-1]]
+            self._release(table[-1])
+            table[-1] = page
+        needed = -(-stop // ps) - len(table)
+        if needed > self.pages_free:
+            raise ShapeError(f"{_WHO}.append: out of pages: sequence {seq} needs {needed} more pages for length "
+                             f"{stop}, {self.pages_free} of {len(self._refs)} are free")
+        table.extend(self._take_page() for _ in range(needed))
+        return table
+
+    def append(self, seq: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store ``t`` new positions of ``seq`` after its current ones (exactly: no cast)."""
+        self._seq(seq)
+        self._check("k", k, self.k_pages)
+        self._check("v", v, self.v_pages)
+        if k.shape[1] != v.shape[1]:
+            raise ShapeError(f"{_WHO}.append: k and v must add the same number of positions; got k "
+                             f"{tuple(k.shape)} and v {tuple(v.shape)}")
+        start = self._lengths[seq]
+        stop = start + k.shape[1]
+        table = torch.tensor(self._writable_pages(seq, stop), dtype=torch.long, device=k.device)
+        pos = torch.arange(start, stop, device=k.device)
+        where = (table[pos // self.page_size], pos % self.page_size)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (k, v, self.k_pages, self.v_pages)):
+            self.k_pages = self.k_pages.index_put(where, k.transpose(0, 1))  # out of place: earlier graphs keep
+            self.v_pages = self.v_pages.index_put(where, v.transpose(0, 1))  # the pools they saw
+        else:
+            self.k_pages[where] = k.transpose(0, 1)
+            self.v_pages[where] = v.transpose(0, 1)
+        self._lengths[seq] = stop
+
+    def block_table(self, seqs) -> torch.Tensor:
+        """``(B, max_pages)`` int64: each sequence's pages in order (unused entries 0, never read)."""
+        tables = [self._tables[self._seq(s)] for s in seqs]
+        width = max((len(t) for t in tables), default=0)
+        rows = [t + [0] * (width - len(t)) for t in tables]
+        return torch.tensor(rows, dtype=torch.long, device=self.k_pages.device).view(len(rows), width)
+
+    def lengths(self, seqs) -> torch.Tensor:
+        """``(B,)`` int64: the positions each sequence holds."""
+        return torch.tensor([self._lengths[self._seq(s)] for s in seqs], dtype=torch.long,
+                            device=self.k_pages.device)
+
+    def attend(self, seqs, q: torch.Tensor, *, mask=None, scale: float | None = None, **kwargs) -> torch.Tensor:
+        """``attention(q, k_pages, v_pages, ...)`` over the sequences ``seqs`` (one per row of ``q``).
+
+        ``mask`` defaults to :func:`attnkit.masks.causal` (bottom-right: the queries are each
+        sequence's last ``Lq`` positions: decoding, chunked prefill); other keywords go to
+        :func:`attnkit.attention`.
+        """
+        seqs = list(seqs)
+        if q.dim() != 4 or q.shape[0] != len(seqs):
+            raise ShapeError(f"{_WHO}.attend: q must be (B={len(seqs)}, heads, Lq, head_dim), one row per sequence; "
+                             f"got {tuple(q.shape)}")
+        return attention(q, self.k_pages, self.v_pages, block_table=self.block_table(seqs),
+                         seqused_k=self.lengths(seqs), mask=causal() if mask is None else mask, scale=scale, **kwargs)

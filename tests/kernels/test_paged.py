@@ -1,0 +1,189 @@
+"""Path paged-split-kv: attention through a page table, split-KV, equal bit for bit to the same keys stored in order."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import attnkit
+from attnkit import masks
+from attnkit.errors import ArgumentError, DTypeError, ShapeError
+from attnkit.kernels import selected
+
+
+def _pool(keys, values, page_size, spare, seed):
+    """The sequences' keys ``[(Hkv, L_b, D)]`` written on randomly permuted pages of a pool with ``spare`` extra
+    pages (holding NaN), and the page table; unused lanes of last pages hold NaN too."""
+    g = torch.Generator().manual_seed(seed)
+    counts = [-(-k.shape[1] // page_size) for k in keys]
+    pages = sum(counts) + spare
+    order = torch.randperm(pages, generator=g)
+    hkv, d, dv = keys[0].shape[0], keys[0].shape[2], values[0].shape[2]
+    k_pool = torch.full((pages, page_size, hkv, d), math.nan, dtype=keys[0].dtype)
+    v_pool = torch.full((pages, page_size, hkv, dv), math.nan, dtype=keys[0].dtype)
+    table = torch.zeros(len(keys), max(counts), dtype=torch.long)
+    used = 0
+    for b, (k, v) in enumerate(zip(keys, values, strict=True)):
+        mine = order[used:used + counts[b]]
+        used += counts[b]
+        table[b, :counts[b]] = mine
+        for t in range(k.shape[1]):
+            k_pool[mine[t // page_size], t % page_size] = k[:, t]
+            v_pool[mine[t // page_size], t % page_size] = v[:, t]
+    return k_pool, v_pool, table
+
+
+def _contiguous(keys, values):
+    """The same keys in a contiguous (B, Hkv, L_max, D) cache, NaN past each length."""
+    longest = max(k.shape[1] for k in keys)
+    pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, longest - t.shape[1]), value=math.nan)
+    return torch.stack([pad(k) for k in keys]), torch.stack([pad(v) for v in values])
+
+
+def _oracle(q, keys, values, window=None):
+    """Per sequence, float64: the last Lq positions of the sequence attend bottom-right causally (or a window)."""
+    outs = []
+    for b, (k, v) in enumerate(zip(keys, values, strict=True)):
+        lq, lk = q.shape[2], k.shape[1]
+        i = torch.arange(lq)[:, None] + lk - lq
+        j = torch.arange(lk)[None, :]
+        allowed = (j <= i) if window is None else (j >= i - window) & (j <= i)
+        group = q.shape[1] // k.shape[0]
+        kk, vv = k.double().repeat_interleave(group, 0), v.double().repeat_interleave(group, 0)
+        s = (q[b].double() @ kk.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~allowed, -math.inf)
+        w = torch.softmax(s, -1).nan_to_num(0.0)
+        outs.append(w @ vv)
+    return torch.stack(outs)
+
+
+def _sequences(lengths, hkv=2, d=16, dv=16, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    keys = [torch.randn(hkv, n, d, generator=g).to(dtype) for n in lengths]
+    values = [torch.randn(hkv, n, dv, generator=g).to(dtype) for n in lengths]
+    return keys, values
+
+
+@pytest.mark.parametrize("lq", [1, 7])
+@pytest.mark.parametrize("page_size", [16, 48])
+def test_paged_equals_the_contiguous_cache_bit_for_bit_for_permuted_pages_and_ragged_lengths(lq, page_size):
+    lengths = [4096, 1, 777, 2049, lq]
+    keys, values = _sequences(lengths)
+    q = torch.randn(len(lengths), 6, lq, 16, generator=torch.Generator().manual_seed(9))
+    k_pool, v_pool, table = _pool(keys, values, page_size, spare=5, seed=lq)
+    seqused = torch.tensor(lengths)
+    paged = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=seqused, mask=masks.causal())
+    k, v = _contiguous(keys, values)
+    contiguous = attnkit.attention(q, k, v, seqused_k=seqused, mask=masks.causal())
+    assert torch.equal(paged, contiguous)
+    torch.testing.assert_close(paged.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
+
+
+def test_forked_prefixes_share_pages_and_give_the_bits_of_their_own_copies():
+    keys, values = _sequences([300])
+    extra_k, extra_v = _sequences([40, 90], seed=1)
+    prefix = 288  # 18 pages of 16, shared
+    forks_k = [torch.cat([keys[0][:, :prefix], e], 1) for e in extra_k]
+    forks_v = [torch.cat([values[0][:, :prefix], e], 1) for e in extra_v]
+    k_pool, v_pool, table = _pool(forks_k, forks_v, 16, spare=2, seed=3)
+    shared = table.clone()
+    shared[1, :18] = table[0, :18]  # the second fork reads the first one's prefix pages
+    q = torch.randn(2, 4, 1, 16)
+    seqused = torch.tensor([328, 378])
+    paged = attnkit.attention(q, k_pool, v_pool, block_table=shared, seqused_k=seqused, mask=masks.causal())
+    k, v = _contiguous(forks_k, forks_v)
+    assert torch.equal(paged, attnkit.attention(q, k, v, seqused_k=seqused, mask=masks.causal()))
+
+
+def test_explain_names_the_paged_path_and_its_split():
+    keys, values = _sequences([1200, 5])
+    k_pool, v_pool, table = _pool(keys, values, 16, spare=0, seed=0)
+    q = torch.randn(2, 4, 1, 16)
+    d = attnkit.explain(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor([1200, 5]),
+                        mask=masks.causal())
+    assert d.path == "paged-split-kv" and d.backend == "blocksparse"
+    assert f"chunks of {selected.SPLIT_KEYS} positions" in d.reasons["paged-split-kv"]
+    assert d.reasons["blocksparse-fused"].startswith("refused: keys selected per query")
+    assert d.cost is not None and d.flops > 0
+
+
+def test_windows_grouped_heads_and_gradients_in_float64():
+    keys, values = _sequences([70, 33], d=11, dv=5, dtype=torch.float64)
+    k_pool, v_pool, table = _pool(keys, values, 8, spare=3, seed=2)
+    k_pool, v_pool = k_pool.nan_to_num(0.0), v_pool.nan_to_num(0.0)
+    q = torch.randn(2, 6, 4, 11, dtype=torch.float64, requires_grad=True)
+    out = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor([70, 33]),
+                            mask=masks.sliding_window(9, 0))
+    torch.testing.assert_close(out, _oracle(q, keys, values, window=9), rtol=0, atol=1e-12)
+    dq, = torch.autograd.grad(out.sum(), (q,))
+    exact, = torch.autograd.grad(_oracle_differentiable(q, keys, values, 9).sum(), (q,))
+    torch.testing.assert_close(dq, exact, rtol=0, atol=1e-12)
+
+
+def _oracle_differentiable(q, keys, values, window, sinks=None):
+    """Float64 per sequence; ``sinks (H,)``: a logit per head joins each row's softmax and takes no value."""
+    outs = []
+    for b, (k, v) in enumerate(zip(keys, values, strict=True)):
+        lq, lk = q.shape[2], k.shape[1]
+        i = torch.arange(lq)[:, None] + lk - lq
+        j = torch.arange(lk)[None, :]
+        allowed = (j >= i - window) & (j <= i)
+        kk, vv = k.repeat_interleave(3, 0), v.repeat_interleave(3, 0)
+        s = (q[b] @ kk.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~allowed, -math.inf)
+        if sinks is not None:
+            s = torch.cat([s, sinks.view(-1, 1, 1).expand(-1, lq, 1)], -1)
+        outs.append(torch.softmax(s, -1)[..., :lk] @ vv)
+    return torch.stack(outs)
+
+
+def test_sinks_join_the_merged_splits_forward_and_backward():
+    keys, values = _sequences([70, 33], d=11, dv=5, dtype=torch.float64, seed=4)
+    k_pool, v_pool, table = _pool(keys, values, 8, spare=2, seed=3)
+    k_pool, v_pool = k_pool.nan_to_num(0.0), v_pool.nan_to_num(0.0)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 6, 3, 11, dtype=torch.float64, generator=g).requires_grad_()
+    sinks = (2 * torch.randn(6, dtype=torch.float64, generator=g)).requires_grad_()
+    call = dict(block_table=table, seqused_k=torch.tensor([70, 33]), mask=masks.sliding_window(40, 0), sinks=sinks)
+    assert attnkit.explain(q, k_pool, v_pool, **call).path == "paged-split-kv"
+    out = attnkit.attention(q, k_pool, v_pool, **call)
+    want = _oracle_differentiable(q, keys, values, 40, sinks)
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad((out * grad).sum(), (q, sinks))
+    exact = torch.autograd.grad((want * grad).sum(), (q, sinks))
+    for a, b in zip(got, exact, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_paged_arguments_are_checked_with_their_names():
+    keys, values = _sequences([20])
+    k_pool, v_pool, table = _pool(keys, values, 8, spare=1, seed=0)
+    q = torch.randn(1, 2, 1, 16)
+    with pytest.raises(ArgumentError, match="block_table needs seqused_k"):
+        attnkit.attention(q, k_pool, v_pool, block_table=table)
+    with pytest.raises(ArgumentError, match=r"seqused_k must lie in \[0, max_pages \* page_size = 24\]"):
+        attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor([25]))
+    with pytest.raises(ArgumentError, match=r"entries of the pages in use must lie in \[0, 4\)"):
+        attnkit.attention(q, k_pool, v_pool, block_table=table + 9, seqused_k=torch.tensor([20]))
+    with pytest.raises(ShapeError, match=r"key must be a pool of pages"):
+        attnkit.attention(q, k_pool[0], v_pool, block_table=table, seqused_k=torch.tensor([20]))
+    with pytest.raises(ShapeError, match=r"block_table must have shape \(batch=1, max_pages\)"):
+        attnkit.attention(q, k_pool, v_pool, block_table=table[0], seqused_k=torch.tensor([20]))
+    with pytest.raises(DTypeError, match="block_table must be an integer tensor"):
+        attnkit.attention(q, k_pool, v_pool, block_table=table.float(), seqused_k=torch.tensor([20]))
+    with pytest.raises(ArgumentError, match="bias is not supported with block_table"):
+        attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor([20]),
+                          bias=attnkit.bias.softcap(5.0))
+    with pytest.raises(DTypeError, match="mask must be an attnkit mask"):
+        attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor([20]),
+                          mask=torch.ones(1, 20, dtype=torch.bool))
+
+
+def test_the_fast_lane_never_takes_a_paged_call(monkeypatch):
+    from attnkit.kernels import lane
+
+    monkeypatch.setattr(lane, "route", lambda *a, **k: pytest.fail("the lane was asked"))
+    keys, values = _sequences([20])
+    k, v = _contiguous(keys, values)
+    attnkit.attention(torch.randn(1, 2, 1, 16), k, v, seqused_k=torch.tensor([20]))

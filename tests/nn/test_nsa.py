@@ -1,0 +1,105 @@
+"""NativeSparseAttention: eq. 5-12 transcribed per query in float64; the selection covering every block is dense."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import attnkit
+from attnkit import masks
+from attnkit.errors import ArgumentError
+from attnkit.nn import NativeSparseAttention
+from attnkit.nn.nsa import nsa_blocks
+from tests.helpers import randomized_float64
+
+
+def _attend(q, k, v, keys):
+    if not keys:
+        return torch.zeros(v.shape[-1], dtype=q.dtype)
+    w = torch.softmax(k[keys] @ q / math.sqrt(q.shape[-1]), 0)
+    return w @ v[keys]
+
+
+@torch.no_grad()
+def _transcription(layer, x):
+    """Yuan et al. 2025, eq. 5-12, by loops."""
+    x = x.detach().double()
+    batch, n, _ = x.shape
+    h, hkv, d = layer.num_heads, layer.kv_heads, layer.head_dim
+    l, stride, blk, w = layer.compress_block, layer.compress_stride, layer.select_block, layer.window
+    group = h // hkv
+    q = (x @ layer.q_proj.weight.T + layer.q_proj.bias).view(batch, n, h, d)
+    kv = (x @ layer.kv_proj.weight.T + layer.kv_proj.bias).view(batch, n, 6, hkv, d)
+    gates = torch.sigmoid(x @ layer.gate.weight.T + layer.gate.bias).view(batch, n, h, 3)
+    blocks_c = (n - l) // stride + 1 if n >= l else 0
+
+    def phi(module, keys):  # (l, D) -> D: the block plus its position embedding, mapped linearly
+        return (keys + module.position).flatten() @ module.proj.weight.T + module.proj.bias
+
+    out = torch.zeros(batch, n, h, d, dtype=torch.float64)
+    for b in range(batch):
+        for g in range(hkv):
+            kc = [phi(layer.compress_k, kv[b, i * stride:i * stride + l, 0, g]) for i in range(blocks_c)]
+            vc = [phi(layer.compress_v, kv[b, i * stride:i * stride + l, 1, g]) for i in range(blocks_c)]
+            kc = torch.stack(kc) if kc else torch.zeros(0, d, dtype=torch.float64)
+            vc = torch.stack(vc) if vc else torch.zeros(0, d, dtype=torch.float64)
+            for t in range(n):
+                ended = [i for i in range(blocks_c) if i * stride + l - 1 <= t]
+                score = torch.zeros(-(-n // blk), dtype=torch.float64)
+                o_cmp = []
+                for head in range(g * group, (g + 1) * group):
+                    o_cmp.append(_attend(q[b, t, head], kc, vc, ended))
+                    p = torch.softmax(kc[ended] @ q[b, t, head] / math.sqrt(d), 0) if ended else []
+                    for j in range(len(score)):  # eq. 9: chunks of block j, the compressed blocks holding each
+                        for s in range(j * blk // stride, (j + 1) * blk // stride):
+                            score[j] += sum(float(p[ended.index(i)]) for i in ended if i <= s < i + l // stride)
+                own = t // blk
+                ranked = {j: (math.inf if j in (0, own, own - 1) else float(score[j])) for j in range(own + 1)}
+                top = sorted(ranked, key=ranked.get, reverse=True)[:layer.num_selected]
+                selected = [s for j in top for s in range(j * blk, (j + 1) * blk) if s <= t]
+                nearby = list(range(max(0, t - w + 1), t + 1))
+                for i, head in enumerate(range(g * group, (g + 1) * group)):
+                    o_slc = _attend(q[b, t, head], kv[b, :, 2, g], kv[b, :, 3, g], selected)
+                    o_win = _attend(q[b, t, head], kv[b, :, 4, g], kv[b, :, 5, g], nearby)
+                    gate = gates[b, t, head]
+                    out[b, t, head] = gate[0] * o_cmp[i] + gate[1] * o_slc + gate[2] * o_win
+    return layer.out_proj(out.reshape(batch, n, h * d))
+
+
+@pytest.mark.parametrize("config", [dict(kv_heads=2, compress_block=4, compress_stride=2, select_block=4),
+                                    dict(kv_heads=1, compress_block=6, compress_stride=3, select_block=9),
+                                    dict(kv_heads=4, compress_block=4, compress_stride=4, select_block=4)])
+def test_nsa_equals_the_float64_transcription_of_the_paper(config):
+    layer = randomized_float64(NativeSparseAttention(16, 4, num_selected=4, window=5, **config))
+    x = torch.randn(2, 31, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    exact = _transcription(layer, x)
+    torch.testing.assert_close(layer(x), exact, rtol=0, atol=1e-12)
+
+
+def test_with_every_block_selected_the_selection_branch_is_dense_causal_attention():
+    q = torch.randn(2, 4, 29, 4, dtype=torch.float64)
+    k_c = torch.randn(2, 2, 13, 4, dtype=torch.float64)
+    chosen = nsa_blocks(q, k_c, length=4, stride=2, block=4, count=100, scale=0.5)
+    t = torch.arange(29)
+    for own in range(8):  # every block up to the query's own, each once
+        rows = chosen[:, :, t // 4 == own]
+        assert sorted(rows[0, 0, 0][rows[0, 0, 0] >= 0].tolist()) == list(range(own + 1))
+    k, v = torch.randn(2, 2, 29, 4, dtype=torch.float64), torch.randn(2, 2, 29, 4, dtype=torch.float64)
+    mask = masks.selected_blocks(chosen, 4, group_size=2) & masks.causal()
+    torch.testing.assert_close(attnkit.attention(q, k, v, mask=mask), attnkit.attention(q, k, v, mask=masks.causal()),
+                               rtol=0, atol=1e-12)
+
+
+def test_gradients_reach_every_parameter_and_the_selection_none():
+    layer = randomized_float64(NativeSparseAttention(16, 4, kv_heads=2, compress_block=4, compress_stride=2,
+                                                     select_block=4, num_selected=3, window=5))
+    x = torch.randn(2, 23, 16, dtype=torch.float64, requires_grad=True)
+    layer(x).square().sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in layer.parameters())
+
+
+def test_block_sizes_must_be_multiples_of_the_stride():
+    with pytest.raises(ArgumentError, match="multiples of compress_stride"):
+        NativeSparseAttention(16, 4, compress_block=5, compress_stride=2)

@@ -1,0 +1,90 @@
+"""PagedKVCache: pages, page tables, forks with copy on write, frees; attention through the table."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnkit
+from attnkit import masks
+from attnkit.errors import ArgumentError, DTypeError, ShapeError
+from attnkit.nn import KVCache, PagedKVCache
+
+
+def _stored(cache, seq):
+    """The sequence's keys and values read back through its pages, (Hkv, n, D)."""
+    table = cache.block_table([seq])[0]
+    n = cache.length(seq)
+    k = cache.k_pages[table].flatten(0, 1)[:n].transpose(0, 1)
+    v = cache.v_pages[table].flatten(0, 1)[:n].transpose(0, 1)
+    return k, v
+
+
+def test_append_stores_positions_exactly_across_pages():
+    cache = PagedKVCache(9, 4, 3, 5, v_head_dim=7)
+    seq = cache.allocate()
+    k, v = torch.randn(3, 6, 5), torch.randn(3, 6, 7)
+    cache.append(seq, k[:, :3], v[:, :3])
+    cache.append(seq, k[:, 3:], v[:, 3:])
+    got_k, got_v = _stored(cache, seq)
+    assert torch.equal(got_k, k) and torch.equal(got_v, v)
+    assert cache.length(seq) == 6 and cache.pages_free == 7
+
+
+def test_a_fork_shares_pages_until_it_writes_into_one():
+    cache = PagedKVCache(8, 4, 2, 3)
+    parent = cache.allocate()
+    prefix = torch.randn(2, 6, 3)
+    cache.append(parent, prefix, prefix)
+    child = cache.fork(parent)
+    assert cache.block_table([parent]).tolist() == cache.block_table([child]).tolist() and cache.pages_free == 6
+    cache.append(child, torch.ones(2, 1, 3), torch.ones(2, 1, 3))  # the half-filled shared page is copied
+    assert cache.block_table([child])[0, 0] == cache.block_table([parent])[0, 0]  # the full page stays shared
+    assert cache.block_table([child])[0, 1] != cache.block_table([parent])[0, 1] and cache.pages_free == 5
+    assert torch.equal(_stored(cache, parent)[0], prefix)
+    assert torch.equal(_stored(cache, child)[0], torch.cat([prefix, torch.ones(2, 1, 3)], 1))
+    cache.free(parent)
+    assert cache.pages_free == 6  # the parent's own copy of page 2 returns; the shared first page does not
+    cache.free(child)
+    assert cache.pages_free == 8 and len(cache) == 0
+
+
+def test_decoding_over_pages_equals_a_contiguous_cache():
+    torch.manual_seed(0)
+    paged, contiguous = PagedKVCache(40, 8, 2, 16), KVCache(2, 100, 2, 16)
+    seqs = [paged.allocate(), paged.allocate()]
+    for step, t in enumerate((17, 1, 1, 5)):
+        k, v = torch.randn(2, 2, t, 16), torch.randn(2, 2, t, 16)
+        for b, seq in enumerate(seqs):
+            paged.append(seq, k[b], v[b])
+        keys, values = contiguous.append(k, v)
+        q = torch.randn(2, 6, t, 16)
+        got = paged.attend(seqs, q)
+        torch.testing.assert_close(got, attnkit.attention(q, keys, values, mask=masks.causal()), rtol=0, atol=2e-6)
+        room_k, room_v = contiguous._k, contiguous._v  # the whole buffer, its lengths given: bit for bit
+        assert torch.equal(got, attnkit.attention(q, room_k, room_v, seqused_k=paged.lengths(seqs),
+                                                  mask=masks.causal())), step
+
+
+def test_errors_name_the_argument():
+    cache = PagedKVCache(2, 4, 2, 3)
+    seq = cache.allocate()
+    with pytest.raises(ShapeError, match=r"out of pages: sequence 0 needs 3 more pages for length 9, 2 of 2"):
+        cache.append(seq, torch.zeros(2, 9, 3), torch.zeros(2, 9, 3))
+    with pytest.raises(ShapeError, match=r"k must have shape \(kv_heads=2, new_len, 3\)"):
+        cache.append(seq, torch.zeros(3, 1, 3), torch.zeros(3, 1, 3))
+    with pytest.raises(DTypeError, match=r"k must have the cache dtype torch\.float32"):
+        cache.append(seq, torch.zeros(2, 1, 3, dtype=torch.float64), torch.zeros(2, 1, 3))
+    with pytest.raises(ArgumentError, match="no sequence 7"):
+        cache.fork(7)
+    with pytest.raises(ArgumentError, match="page_size must be an int >= 1"):
+        PagedKVCache(2, 0, 2, 3)
+
+
+def test_explain_names_the_paged_path():
+    cache = PagedKVCache(6, 4, 1, 8)
+    seq = cache.allocate()
+    cache.append(seq, torch.randn(1, 10, 8), torch.randn(1, 10, 8))
+    d = attnkit.explain(torch.randn(1, 2, 1, 8), cache.k_pages, cache.v_pages, block_table=cache.block_table([seq]),
+                        seqused_k=cache.lengths([seq]), mask=masks.causal())
+    assert d.path == "paged-split-kv"
