@@ -6,7 +6,8 @@ import datetime
 import math
 from pathlib import Path
 
-from . import TASK_PURPOSE, Report, Row, cell, markdown_table
+from . import TASK_PURPOSE, Report, Row, markdown_table
+from .pieces import md_table
 from .scaling import cost_table, scaling_markdown
 
 __all__ = ["write_markdown", "run_info", "task_lines", "descriptions", "extra_rows"]
@@ -70,11 +71,6 @@ def extra_rows(rows: list[Row]) -> list[list[str]]:
     return out
 
 
-def _md(table: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(cell(c) for c in table[0]) + " |", "|" + "---|" * len(table[0])]
-    return lines + ["| " + " | ".join(cell(c) for c in row) + " |" for row in table[1:]]
-
-
 def write_markdown(rep: Report) -> Path:
     """Write ``out/README.md``."""
     rows = rep.rows
@@ -89,12 +85,12 @@ def write_markdown(rep: Report) -> Path:
         text += ["## Experiments", ""] + [f"- `{r.key}`: {desc.get(r.key, '')}" for r in rows] + [""]
     extras = extra_rows(rows)
     if len(extras) > 1:
-        text += ["## Extra metrics", ""] + _md(extras) + [""]
+        text += ["## Extra metrics", ""] + md_table(extras) + [""]
     failed = [(r.key, s, e) for r in rows for s, e in r.failed.items()]
     if failed:
         text += ["## Failed runs", ""] + [f"- `{k}` seed {s}: {e}" for k, s, e in failed] + [""]
     if rep.costs:
-        text += ["## Analytic cost at the tour's sizes (forward pass)", ""] + _md(cost_table(rep.costs)) + [""]
+        text += ["## Analytic cost at the tour's sizes (forward pass)", ""] + md_table(cost_table(rep.costs)) + [""]
     if rep.scaling and scaling_markdown(rep.scaling):
         text += ["## Measured scaling", "", scaling_markdown(rep.scaling), ""]
     elif rep.scaling and rep.scaling.get("error"):
