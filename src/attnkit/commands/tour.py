@@ -72,8 +72,8 @@ def _long_pairs(args, the_plan) -> list[tuple[str, str]] | None:
     return chosen
 
 
-def _device(name: str) -> None:
-    """Check ``--device``: a device torch knows, and one this machine has."""
+def _device(name: str, *, present: bool) -> None:
+    """Check ``--device``: a device torch knows, and (``present``: before training) one this machine has."""
     import torch
 
     try:
@@ -82,7 +82,7 @@ def _device(name: str) -> None:
         raise ArgumentError(f"attnkit tour: --device: unknown device {name!r}; expected cpu or cuda") from err
     if device.type not in ("cpu", "cuda"):
         raise ArgumentError(f"attnkit tour: --device: the tour trains on cpu or cuda; got {name!r}")
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if present and device.type == "cuda" and not torch.cuda.is_available():
         raise ArgumentError(f"attnkit tour: --device {name}: torch sees no CUDA device on this machine")
 
 
@@ -107,7 +107,7 @@ def _print_long_list(the_plan) -> None:
     gpu = the_plan.scale == "lra"
     seconds = plan_seconds(the_plan, rate=GPU_RATE if gpu else CPU_RATE, overhead=GPU_STEP if gpu else CPU_STEP)
     where = "one GPU" if gpu else "one CPU thread"
-    print(f"\n{len(the_plan.pairs)} pairs, {runs} runs; at most about {seconds / 3600:.1f} h on {where} "
+    print(f"\n{len(the_plan.pairs)} runs x seeds ({runs} trainings); at most about {seconds / 3600:.1f} h on {where} "
           f"(every mechanism counted at dense softmax's FLOPs; see attnkit.tour.long.estimate)")
 
 
@@ -163,7 +163,7 @@ def _cmd_tour(args) -> int:
     from ..tour import report, runner
 
     command = "attnkit " + " ".join(shlex.quote(a) for a in (args.argv if args.argv is not None else sys.argv[1:]))
-    _device(args.device)
+    _device(args.device, present=not args.list)
     if _suite(args) == "long":
         return _cmd_long(args, command)
     for option, value, default in (("--scale", args.scale, "default"), ("--workers", args.workers, None)):

@@ -18,13 +18,19 @@ Any other line is log; a run that prints no result line failed, and its log is i
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
 
-__all__ = ["ChildFailed", "run_child", "main", "PROGRESS", "RESULT"]
+__all__ = ["ChildFailed", "run_child", "main", "api", "PROGRESS", "RESULT"]
 
 PROGRESS, RESULT = "progress ", "result "
+
+
+def api():
+    """The experiments API (``experiments``, ``default_set``, ``run``), looked up at call time so tests can patch it."""
+    return importlib.import_module("attnkit.tour")
 
 
 class ChildFailed(RuntimeError):
@@ -66,8 +72,6 @@ def run_child(job: dict, step, on_result=None) -> list[dict]:
 
 def main(job: dict) -> None:
     import torch
-
-    from .runner import api
 
     torch.set_num_threads(int(job.get("threads") or 1))
 

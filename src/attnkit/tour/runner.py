@@ -8,7 +8,6 @@ process (:func:`attnkit.tour.child.run_child`), so its peak memory is its own.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 
 from ..errors import ArgumentError, check_int
 from ..progress import bars
-from .child import ChildFailed, run_child
+from .child import ChildFailed, api, run_child
 from .store import (
     Summary,
     cached,
@@ -35,11 +34,6 @@ __all__ = ["tour", "TourSummary", "mode_name", "code_version", "api", "SCALING_L
 
 SCALING_LENGTHS = (256, 512, 1024, 2048)
 TourSummary = Summary  # what one call of tour() did
-
-
-def api():
-    """The experiments API (``experiments``, ``default_set``, ``run``), looked up at call time so tests can patch it."""
-    return importlib.import_module("attnkit.tour")
 
 
 def mode_name(quick: bool) -> str:

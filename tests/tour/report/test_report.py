@@ -79,7 +79,7 @@ def test_readme_holds_the_same_parseable_table_and_how_it_was_run(tmp_path, fake
     parsed = _parse(table)
     assert [(r["task"], r["mechanism"]) for r in parsed] == [(e.task, e.mechanism) for e in EXPERIMENTS.values()]
     for needle in ("attnkit tour --seeds 0 1", "torch", "## What each task tests", "**mqar**", "**dates**",
-                   "attention_on_key", "## How it was run"):
+                   "attention_on_key", "## How it was run", "## Registry entries the tour leaves out", "**alibi**"):
         assert needle in text
 
 

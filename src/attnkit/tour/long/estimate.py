@@ -28,7 +28,7 @@ from .suite import Plan, Setup, sizes_of
 __all__ = ["step_flops", "run_seconds", "plan_seconds", "GPU_RATE", "GPU_STEP", "CPU_RATE", "CPU_STEP"]
 
 GPU_RATE, GPU_STEP = 100e12, 0.01  # FLOP/s sustained, and the shortest step (launch-bound), on one GPU
-CPU_RATE, CPU_STEP = 20e9, 0.005  # one CPU thread
+CPU_RATE, CPU_STEP = 30e9, 0.005  # one CPU thread
 
 
 @lru_cache(maxsize=64)

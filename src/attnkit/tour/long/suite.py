@@ -150,10 +150,10 @@ def _default() -> Plan:
     # Warm-up then cosine to 10 % of a high peak rate (1e-2): at 3e-3 the recall tasks stay on their plateau.
     fast = {"lr": 1e-2, "warmup": 0.1}
     return Plan("default", (
-        Setup("associative_recall", (("length", 2048),), _SMALL,
+        Setup("associative_recall", (("length", 2048), ("num_keys", 4), ("repeats", 64), ("queries", 16)), _SMALL,
               Budget(steps=150, batch_size=4, eval_size=4, test_size=64, **fast), CLAIMED),
         Setup("byte_context", (("length", 1024),), _SMALL,
-              Budget(steps=100, batch_size=8, eval_size=8, test_size=128, **fast), _every(False)),
+              Budget(steps=60, batch_size=8, eval_size=8, test_size=128, **fast), _every(False)),
         Setup("pixel_legend", (("side", 24),), _SMALL,
               Budget(steps=300, batch_size=8, eval_size=8, test_size=128, **fast), _every(True)),
     ), evals=3, speed_length=2048, speed_model=_SMALL)
@@ -165,7 +165,8 @@ def _quick() -> Plan:
     budget = Budget(steps=4, batch_size=4, lr=1e-2, warmup=0.25, eval_size=4, test_size=8)
     rest = tuple(m for m in _every(False) if m not in CLAIMED)
     return Plan("quick", (
-        Setup("associative_recall", (("length", 128), ("repeats", 2), ("queries", 2)), _SMALL, budget, CLAIMED, (0,)),
+        Setup("associative_recall", (("length", 128), ("num_keys", 4), ("repeats", 4), ("queries", 4)), _SMALL, budget,
+              CLAIMED, (0,)),
         Setup("byte_context", (("length", 128), ("marks", 8)), _SMALL, budget, ("softmax", *rest), (0,)),
         Setup("pixel_legend", (("side", 16), ("objects", 3)), _SMALL, budget, ("softmax", "lambda"), (0,)),
     ), evals=2, speed_length=256, speed_model=_SMALL)
@@ -187,7 +188,7 @@ def _lra() -> Plan:
               _every(True), (0,)),
         Setup("pathfinder", (("side", 32),), ModelSize(32, 2, 1, 32), budget(62400, 512, 1e-3, 0.005),
               _every(True), (0,)),
-        Setup("associative_recall", (("length", 4096), ("repeats", 48), ("queries", 16)), match,
+        Setup("associative_recall", (("length", 4096), ("num_keys", 4), ("repeats", 128), ("queries", 32)), match,
               budget(5000, 32, 1e-3, 0.1), CLAIMED),
     ), evals=10, speed_length=4096, speed_model=match, speed_batch=8)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from ..catalogue import LEFT_OUT
 from . import Report, table_rows
 from .markdown import descriptions, extra_rows, run_info, task_lines
 from .pieces import html_image, html_table, write_page
@@ -85,6 +86,8 @@ def _body(rep: Report) -> list[str]:
     parts.append("<h2>Learning curves</h2>")
     parts += [html_image(path, f"learning curves: {task}") for task, path in written]
     parts += _maps_section(rep, notes) + _cost_section(rep, notes)
+    parts += ["<h2>Registry entries the tour leaves out</h2><ul>"]
+    parts += [f"<li><b>{_e(k)}</b>: {_e(v)}</li>" for k, v in LEFT_OUT.items()] + ["</ul>"]
     parts += ["<h2>How it was run</h2><table>"]
     parts += [f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in run_info(rep)] + ["</table>"]
     if notes:

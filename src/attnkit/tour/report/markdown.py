@@ -6,6 +6,7 @@ import datetime
 import math
 from pathlib import Path
 
+from ..catalogue import LEFT_OUT
 from . import TASK_PURPOSE, Report, Row, markdown_table
 from .pieces import md_table
 from .scaling import cost_table, scaling_markdown
@@ -95,6 +96,7 @@ def write_markdown(rep: Report) -> Path:
         text += ["## Measured scaling", "", scaling_markdown(rep.scaling), ""]
     elif rep.scaling and rep.scaling.get("error"):
         text += ["## Measured scaling", "", f"The measurement failed: {rep.scaling['error']}", ""]
+    text += ["## Registry entries the tour leaves out", ""] + [f"- **{k}**: {v}" for k, v in LEFT_OUT.items()] + [""]
     text += ["## How it was run", ""] + [f"- {label}: {value}" for label, value in run_info(rep)]
     path = rep.out / "README.md"
     path.parent.mkdir(parents=True, exist_ok=True)
