@@ -57,31 +57,29 @@ def _logits_shape(setup, name, inputs, device) -> torch.Size:
         return model(inputs.to(device)).shape
 
 
-@pytest.mark.parametrize("task", [s.task for s in plan("lra").setups])
-def test_every_lra_model_builds_at_full_size_and_dense_softmax_takes_a_full_length_batch(task):
-    setup = plan("lra").setup(task)
-    item = setup.make()
-    inputs = item.sample(1, torch.Generator().manual_seed(0))["inputs"]
-    assert inputs.shape == (1, item.length)
-    expected = (1, item.length, item.num_classes) if item.kind == "tokens" else (1, item.num_classes)
-    with torch.device("meta"):  # parameters have shapes and no memory: a 6-block, 512-wide model costs nothing
-        for name in setup.mechanisms:
-            build(item.vocab_size, item.num_classes, sizes_of(setup, item), layers=setup.model.layers,
-                  ff=setup.model.ff, name=name, per_position=item.kind == "tokens")
-    assert tuple(_logits_shape(setup, "softmax", inputs, "meta")) == expected
+def _expected(item) -> tuple[int, ...]:
+    return (1, item.length, item.num_classes) if item.kind == "tokens" else (1, item.num_classes)
+
+
+def test_each_lra_task_draws_a_full_length_batch_that_dense_softmax_takes():
+    """On the meta device: parameters have shapes and no memory, so a 6-block, 512-wide model costs nothing."""
+    for setup in plan("lra").setups:
+        item = setup.make()
+        inputs = item.sample(1, torch.Generator().manual_seed(0))["inputs"]
+        assert inputs.shape == (1, item.length) and inputs.max() < item.vocab_size
+        assert tuple(_logits_shape(setup, "softmax", inputs, "meta")) == _expected(item), setup.task
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task", [s.task for s in plan("lra").setups])
-def test_every_lra_model_takes_a_full_length_sequence(task):
+def test_every_lra_model_builds_at_full_size_and_takes_a_full_length_sequence(task):
     """Meta tensors where the mechanism never reads its data; a real sequence on the CPU where it does."""
     setup = plan("lra").setup(task)
     item = setup.make()
     inputs = item.sample(1, torch.Generator().manual_seed(0))["inputs"]
-    expected = (1, item.length, item.num_classes) if item.kind == "tokens" else (1, item.num_classes)
     for name in setup.mechanisms:
         device = "cpu" if name in META_FORWARD else "meta"
-        assert tuple(_logits_shape(setup, name, inputs, device)) == expected, name
+        assert tuple(_logits_shape(setup, name, inputs, device)) == _expected(item), name
 
 
 def test_unknown_scales_and_tasks_are_named():

@@ -133,7 +133,7 @@ def _todo(out, the_plan: Plan, seeds, version, fresh: bool, summary) -> list[tup
                 missing.append(seed)
         if missing:
             todo.append((task, mech, missing))
-    cost = {s.task: s.budget.steps * s.budget.batch_size * dict(s.sizes).get("length", 0) for s in the_plan.setups}
+    cost = {s.task: s.budget.steps * s.budget.batch_size * s.make().length ** 2 for s in the_plan.setups}
     return sorted(todo, key=lambda item: -cost[item[0]])
 
 
