@@ -10,8 +10,9 @@ Three scales (:data:`SCALES`), each its own folder of saved runs:
   :class:`~attnkit.tasks.PixelLegend` at 24 x 24 pixels (image). Each is labelled at many positions
   per sequence and states its evidence many times, which is what lets attention leave its initial
   uniform state within a CPU budget (a single label per sequence, as in LRA, teaches these
-  models nothing in a few hundred steps). The claims' mechanisms (:mod:`.claims`) run on the
-  retrieval task, every mechanism on the other two, three seeds each.
+  models nothing in a few hundred steps). The mechanisms the accuracy claims compare
+  (:mod:`.claims`) run on the associative recall, every mechanism on the other two, three seeds
+  each; the claims read the two retrieval-style tasks, the recall and the legend.
 - ``quick``: the same tasks at toy sizes and a few steps, each mechanism on one of them, one seed:
   it checks that everything runs.
 - ``lra``: Long Range Arena's own five tasks at its lengths (ListOps 2000, text and retrieval 4000,
