@@ -73,3 +73,11 @@ def test_the_readme_table_goes_between_its_markers(tmp_path):
     assert readme.read_text() == "intro\n<!-- tour:start -->\n| a |\n|---|\n<!-- tour:end -->\nrest\n"
     with pytest.raises(ArgumentError, match="no <!-- tour-long:start -->"):
         _splice(readme, "tour-long", "x")
+
+
+def test_a_readme_without_the_markers_is_refused_before_any_training(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text("no markers\n")
+    assert_user_error(["tour", "--suite", "long", "--quick", "--out", str(tmp_path / "out"), "--readme", str(readme)],
+                      capsys, "has no <!-- tour-long:start -->")
+    assert not (tmp_path / "out").exists()

@@ -123,6 +123,8 @@ def _cmd_long(args, command: str) -> int:
         _print_long_list(the_plan)
         return 0
     out = args.out or "tour-long"
+    if args.readme:
+        _readme(args.readme, "tour-long")  # before training: a wrong file is found now, not after the runs
     summary = run_suite(out, scale=the_plan.scale, fresh=args.fresh, progress=not args.no_progress, command=command,
                         pairs=_long_pairs(args, the_plan), seeds=args.seeds, device=args.device, workers=args.workers)
     markdown, page = report.write(out)
@@ -131,8 +133,8 @@ def _cmd_long(args, command: str) -> int:
     return _finish(summary, markdown, page, "done")
 
 
-def _splice(path, name: str, table: str) -> None:
-    """Put ``table`` between the ``<!-- name:start -->`` and ``<!-- name:end -->`` lines of the file ``path``."""
+def _readme(path, name: str) -> str:
+    """The text of ``path``, checked to hold the ``<!-- name:start -->`` and ``<!-- name:end -->`` lines."""
     from pathlib import Path
 
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
@@ -142,7 +144,15 @@ def _splice(path, name: str, table: str) -> None:
         raise ArgumentError(f"attnkit tour: --readme: cannot read {path}: {err.strerror or err}") from err
     if start not in text or end not in text or text.index(start) > text.index(end):
         raise ArgumentError(f"attnkit tour: --readme: {path} has no {start} ... {end} lines to put the table between")
-    head, rest = text.split(start, 1)
+    return text
+
+
+def _splice(path, name: str, table: str) -> None:
+    """Put ``table`` between the ``<!-- name:start -->`` and ``<!-- name:end -->`` lines of the file ``path``."""
+    from pathlib import Path
+
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    head, rest = _readme(path, name).split(start, 1)
     Path(path).write_text(f"{head}{start}\n{table}\n{end}{rest.split(end, 1)[1]}", encoding="utf-8")
 
 
@@ -178,6 +188,8 @@ def _cmd_tour(args) -> int:
         return 0
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     keys = _selected(args, experiments, list(api.default_set(args.quick)))
+    if args.readme:
+        _readme(args.readme, "tour")
     summary = runner.tour(keys, args.seeds, quick=args.quick, out=args.out, fresh=args.fresh,
                           progress=not args.no_progress, command=command, isolate=not args.in_process,
                           device=args.device)
