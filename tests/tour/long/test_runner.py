@@ -21,6 +21,7 @@ def test_a_tiny_suite_runs_in_fresh_processes_resumes_and_writes_its_report(tmp_
     assert not summary.failed, summary.failed
     assert sorted(summary.ran) == ["byte_context/linear seed 0", "byte_context/linear seed 1", "speed linear"]
     records = [json.loads(run_path(tmp_path, "byte_context", "linear", s, "quick").read_text()) for s in (0, 1)]
+    assert sum(rec["wall_seconds"] for rec in records) <= summary.seconds  # each seed's own time, not cumulative
     for rec in records:
         assert rec["status"] == "ok" and rec["version"] == suite_version() and rec["mode"] == "quick"
         assert rec["result"]["peak_bytes"] > 2**20  # a fresh process grew while it trained

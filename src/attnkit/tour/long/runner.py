@@ -82,13 +82,22 @@ def default_workers(device: str = "cpu") -> int:
 
 
 def _train(out, task, mechanism, seeds, the_plan: Plan, version, device, step, summary) -> None:
-    """Train one pair's missing ``seeds`` in a fresh process, saving each seed's record as it arrives."""
-    done, start = set(), time.perf_counter()
+    """Train one pair's missing ``seeds`` in a fresh process, saving each seed's record as it arrives.
+
+    A record's ``wall_seconds`` is the time since the pair's previous record (since the process
+    started, for the first): summed over records, the process time of the pair.
+    """
+    done, last = set(), [time.perf_counter()]
+
+    def since_last() -> float:
+        now = time.perf_counter()
+        elapsed, last[0] = now - last[0], now
+        return elapsed
 
     def save(result: dict) -> None:
         seed = int(result["seed"])
         record = {**new_record(task, mechanism, seed, the_plan.scale, version), "result": result,
-                  "wall_seconds": time.perf_counter() - start}
+                  "wall_seconds": since_last()}
         write_json(run_path(out, task, mechanism, seed, the_plan.scale), record)
         done.add(seed)
         summary.ran.append(f"{task}/{mechanism} seed {seed}")
@@ -102,8 +111,7 @@ def _train(out, task, mechanism, seeds, the_plan: Plan, version, device, step, s
         if seed not in done:
             message = str(error) if error else "the run's process printed no result for this seed"
             record = {**new_record(task, mechanism, seed, the_plan.scale, version), "status": "failed",
-                      "error": message, "traceback": getattr(error, "log", None),
-                      "wall_seconds": time.perf_counter() - start}
+                      "error": message, "traceback": getattr(error, "log", None), "wall_seconds": since_last()}
             write_json(run_path(out, task, mechanism, seed, the_plan.scale), record)
             summary.failed.append(f"{task}/{mechanism} seed {seed}")
 
