@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from attnkit.tour.long.suite import plan
@@ -81,3 +83,31 @@ def test_a_readme_without_the_markers_is_refused_before_any_training(tmp_path, c
     assert_user_error(["tour", "--suite", "long", "--quick", "--out", str(tmp_path / "out"), "--readme", str(readme)],
                       capsys, "has no <!-- tour-long:start -->")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_long_suite_command_writes_its_report_and_the_readme_table(tmp_path, monkeypatch, capsys):
+    import attnkit.tour.long as long_suite
+    from attnkit.tour.store import Summary
+    from tests.tour.long.test_report import _folder
+
+    calls = []
+
+    def fake_run_suite(out, **options):  # the saved runs of a finished suite, without training
+        calls.append(options)
+        _folder(Path(out))
+        return Summary(out, options["scale"], ran=["associative_recall/softmax seed 0"])
+
+    monkeypatch.setattr(long_suite, "run_suite", fake_run_suite)
+    readme = tmp_path / "README.md"
+    readme.write_text("x\n<!-- tour-long:start -->\n<!-- tour-long:end -->\ny\n")
+    out = tmp_path / "long"
+    code, printed, err = run(["tour", "--suite", "long", "--out", str(out), "--readme", str(readme), "--workers", "1",
+                            "--tasks", "associative_recall", "--mechanisms", "softmax", "local", "--no-progress"],
+                           capsys)
+    assert code == 0, err
+    assert str(out / "README.md") in printed and (out / "index.html").exists()
+    assert calls[0]["scale"] == "default" and calls[0]["workers"] == 1 and calls[0]["device"] == "cpu"
+    assert calls[0]["pairs"] == [("associative_recall", "softmax"), ("associative_recall", "local")]
+    text = readme.read_text()
+    assert text.startswith("x\n<!-- tour-long:start -->\n| mechanism | associative_recall |")
+    assert "| chance / ceiling | 25.0 / 100 |" in text and text.endswith("<!-- tour-long:end -->\ny\n")
