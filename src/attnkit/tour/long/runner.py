@@ -145,6 +145,19 @@ def _todo(out, the_plan: Plan, seeds, version, fresh: bool, summary) -> list[tup
     return sorted(todo, key=lambda item: -cost[item[0]])
 
 
+def _speed_todo(out, scale: str, mechanisms, version: str, fresh: bool, summary) -> list[str]:
+    """The mechanisms whose speed is not saved yet at ``scale`` and code ``version``."""
+    todo = []
+    for mech in mechanisms:
+        saved = None if fresh else load_speed(speed_path(out, mech, scale), scale=scale, version=version)
+        if saved is not None and saved["status"] == "ok":
+            summary.cached.append(f"speed {mech}")
+        else:
+            check_writable(speed_path(out, mech, scale))
+            todo.append(mech)
+    return todo
+
+
 def _restricted(the_plan: Plan, pairs) -> Plan:
     """``the_plan`` with only ``pairs`` (task, mechanism), each task at its own setup."""
     wanted: dict[str, list[str]] = {}
@@ -190,15 +203,7 @@ def run_suite(out="tour-long", *, scale: str = "default", fresh: bool = False, p
         budgets={s.task: vars(s.budget) for s in the_plan.setups})
     todo = _todo(out, the_plan, run_seeds, version, fresh, summary)
     mechanisms = list(dict.fromkeys(m for _, m in the_plan.pairs) if speed is None else speed)
-    speed_todo = []
-    for mech in mechanisms:
-        saved = None if fresh else load_speed(speed_path(out, mech, the_plan.scale), scale=the_plan.scale,
-                                              version=version)
-        if saved is not None and saved["status"] == "ok":
-            summary.cached.append(f"speed {mech}")
-        else:
-            check_writable(speed_path(out, mech, the_plan.scale))
-            speed_todo.append(mech)
+    speed_todo = _speed_todo(out, the_plan.scale, mechanisms, version, fresh, summary)
     with bars(progress and bool(todo or speed_todo), len(todo) + len(speed_todo),
               f"long suite ({the_plan.scale})") as overall:
         def pair(item):
