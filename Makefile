@@ -26,6 +26,7 @@ demo-long: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples docs/site
+	$(BIN)/mypy
 
 test: lint
 	$(BIN)/python -m pytest

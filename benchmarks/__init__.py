@@ -1,6 +1,7 @@
-"""The benchmark suite and scaling scripts that write BENCHMARKS.md, and the harness they share.
+"""The scripts that write BENCHMARKS.md: the suite, scaling, overhead, ceiling and model sections.
 
-A package so that the scripts, ``attnkit bench --compare`` (from a source checkout) and
-the tests import the harness as ``benchmarks.harness``; the scripts themselves are run as
-``python benchmarks/run.py`` and ``python benchmarks/scaling.py``.
+The measuring code is the package's :mod:`attnkit.benchmarking` (what ``attnkit bench``
+runs); these scripts choose the rows, add their notes and write each section. A package
+so that ``python -m benchmarks.<script>`` and the tests import them; ``python
+benchmarks/run.py`` and the other documented file paths run them too.
 """

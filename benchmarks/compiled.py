@@ -10,7 +10,7 @@ forward+backward, against:
 
 Compiling keeps the band-windows path because the call becomes one
 ``attnkit::attention`` custom operator (``src/attnkit/kernels/custom_op.py``).
-Every row is the suite's own row code (:mod:`benchmarks.harness.rows`), so
+Every row is the suite's own row code (:mod:`attnkit.benchmarking.rows`), so
 ``attnkit bench --compile --compare compiled-sdpa-mask,attnkit-eager --q-len 4096
 --mask "sliding_window(128, 128)" --threads 1`` reproduces it.
 
@@ -26,11 +26,11 @@ from pathlib import Path
 import torch
 
 from attnkit.analysis.timing import Case
-from benchmarks.harness.report import rows_table
-from benchmarks.harness.rows import Spec, run_spec
-from benchmarks.overhead import write
+from attnkit.benchmarking.report import rows_table
+from attnkit.benchmarking.rows import Spec, run_spec
+from attnkit.benchmarking.sections import write_section
 
-START, END = "<!-- compiled:start -->", "<!-- compiled:end -->"
+NAME, TITLE = "compiled", "attnkit under torch.compile"
 WINDOW = "sliding_window(128, 128)"
 COMPARE = ("compiled-sdpa-mask", "attnkit-eager")
 GOALS = (0.2, 1.15)
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
             "medians over interleaved rounds)\n\n" + "\n".join(rows_table(rows)))
     print(text)
     if args.write:
-        write(args.write, text, START, END, "attnkit under torch.compile")
+        write_section(args.write, NAME, text, TITLE)
     return 0
 
 

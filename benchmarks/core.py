@@ -1,4 +1,4 @@
-"""Superseded by ``benchmarks/run.py``: the issue-7 suite, which now owns BENCHMARKS.md's former core section.
+"""Superseded by ``benchmarks/run.py``: the benchmark suite, which now owns BENCHMARKS.md's former core section.
 
 Kept so that ``python benchmarks/core.py [--quick] [--print]`` keeps working; it runs the suite.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from benchmarks.harness.rows import Row, tolerance
+from attnkit.benchmarking.rows import Row, tolerance
 from benchmarks.suite import ADDITIVE_BATCH
 
 INTRO = [
@@ -84,7 +84,7 @@ def _bf16(info: dict, ceil: dict) -> list[str]:
 
 def _additive() -> list[str]:
     gib = 32 * 512 * 512 * 256 * 4 / 2**30
-    return [f"Run at B = {ADDITIVE_BATCH}, not the issue's B = 32: the broadcast version's (B, Lq, Lk, hidden) "
+    return [f"Run at B = {ADDITIVE_BATCH}, not B = 32: the broadcast version's (B, Lq, Lk, hidden) "
             f"float32 tensor is {gib:.0f} GiB at B = 32 and autograd keeps more than one of them, beyond what this "
             "shared machine can spare; both sides' time and memory grow linearly in B."]
 

@@ -1,4 +1,4 @@
-"""The issue-7 benchmark suite: every target's comparison in one run, written into BENCHMARKS.md.
+"""The benchmark suite: every target's comparison in one run, written into BENCHMARKS.md.
 
 Usage::
 
@@ -9,13 +9,13 @@ Usage::
 
 Each spec is measured in a fresh child process (``--in-process``: in this one), so
 no row inherits the heap and caches of the rows before it (see
-``benchmarks/harness/isolated.py``). Each row is cached in
+:mod:`attnkit.benchmarking.isolated`). Each row is cached in
 ``benchmarks/results/<spec key>.json`` as soon as it is measured, so an
 interrupted run resumes where it stopped. A cached row is reused only for the
 same spec, torch version and attnkit sources (a hash of the kernels, masks, biases,
-entry point and harness files it runs: see ``MEASURED_CODE``). BENCHMARKS.md keeps its
-``<!-- scaling:start/end -->`` section (written by ``benchmarks/scaling.py``) as it is;
-everything else in it is this suite's.
+entry point and benchmarking files it runs: see ``MEASURED_CODE``). The suite writes its
+own section of BENCHMARKS.md (:mod:`attnkit.benchmarking.sections`); every other byte of
+the file stays as it is.
 """
 
 from __future__ import annotations
@@ -37,19 +37,20 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))  # the repository root: benchmarks/ imports as a package
 
+from attnkit.benchmarking.isolated import run_spec_isolated  # noqa: E402
+from attnkit.benchmarking.machine import ceiling, machine_info  # noqa: E402
+from attnkit.benchmarking.rows import Row, Spec, run_spec, sizes_text  # noqa: E402
+from attnkit.benchmarking.sections import write_section  # noqa: E402
 from attnkit.runtime import retain_freed_memory  # noqa: E402
-from benchmarks.harness.isolated import run_spec_isolated  # noqa: E402
-from benchmarks.harness.machine import ceiling, machine_info  # noqa: E402
-from benchmarks.harness.report import render, rewrite  # noqa: E402
-from benchmarks.harness.rows import Row, Spec, run_spec, sizes_text  # noqa: E402
 from benchmarks.report_notes import INTRO, extras  # noqa: E402
 from benchmarks.suite import TITLES, specs  # noqa: E402
+from benchmarks.suite_report import NAME, TITLE, render  # noqa: E402
 
-# Relative to the repository root: attnkit's sources and the harness files a row runs.
+# Relative to the repository root: attnkit's sources a row runs, the measuring code included.
 MEASURED_CODE = tuple(f"src/attnkit/{name}" for name in (
     "core.py", "bias.py", "masks.py", "runtime.py", "kernels", "functional", "nn/additive.py",
-    "nn/additive_scores.py", "analysis/timing.py")) + tuple(f"benchmarks/harness/{name}.py" for name in (
-    "methods", "flex", "isolated"))
+    "nn/additive_scores.py", "analysis/timing.py", "benchmarking/methods.py", "benchmarking/flex.py",
+    "benchmarking/isolated.py"))
 
 
 def code_version() -> str:
@@ -194,13 +195,11 @@ def main(argv: list[str] | None = None) -> int:
                    ceil={k: v["all"] for k, v in ceil.items()}, isolated=not args.in_process,
                    retain=args.retain_memory)
     figures = [] if args.print else plots(rows, (results if args.quick else HERE) / "plots", out.parent)
-    text = render(title="Benchmark suite (issue 7)", intro=INTRO, info=info, ceiling=ceil, command=command,
-                  rows=rows, targets=TITLES, plots=figures, extras=extras(rows, info, ceil))
+    text = render(intro=INTRO, info=info, ceiling=ceil, command=command, rows=rows, targets=TITLES, plots=figures,
+                  extras=extras(rows, info, ceil))
     print(text)
     if not args.print:
-        old = out.read_text() if out.exists() else ""
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(rewrite(old, text))
+        write_section(out, NAME, text, TITLE)
         print(f"wrote {out}", file=sys.stderr)
     if args.only is None or OVERHEAD in args.only:  # at 1 thread, in a fresh process, its own section
         write = [] if args.print else ["--write", str(out.resolve())]

@@ -9,8 +9,8 @@ their median, and the peak resident memory above its level just before the warm-
 ``/proc/self/clear_refs`` resets ``VmHWM``, which is then read against ``VmRSS``). The exponent
 ``p`` of ``time ~ L^p`` is a least-squares fit on log-log. A child that runs past ``--timeout``
 is killed and shown as "timeout"; longer L of that mechanism are then skipped. A Markdown table
-goes to stdout and, with ``--write FILE``, into FILE between ``<!-- scaling:start -->`` and
-``<!-- scaling:end -->``.
+goes to stdout and, with ``--write FILE``, into FILE's scaling section
+(:mod:`attnkit.benchmarking.sections`).
 
 Module rows include the module's own projections (linear in L); the two dense rows are
 attention alone on ``(1, 8, L, 64)`` tensors.
@@ -32,11 +32,12 @@ import sys
 from pathlib import Path
 
 from attnkit.analysis.scaling import DEFAULT_SIZES, Mechanism, fit_exponent, scaling
+from attnkit.benchmarking.sections import write_section
 
-__all__ = ["CASES", "fit_exponent", "is_linear", "report", "write_section", "main"]
+__all__ = ["CASES", "fit_exponent", "is_linear", "report", "main"]
 
 LINEAR_LIMIT = 1.15
-START, END = "<!-- scaling:start -->", "<!-- scaling:end -->"
+NAME, TITLE = "scaling", "Scaling of the long-sequence mechanisms"
 
 # row name -> (mechanism, its sizes on top of DEFAULT_SIZES, configuration shown in the table)
 CASES = {
@@ -120,17 +121,6 @@ def _rows(args) -> tuple[list[Mechanism], dict]:
     return [rows[n] for n in keep], {n: complexity[n] for n in keep}
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace the section between START and END in ``path``, or append it (creating the file)."""
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    if START in old and END in old:
-        head, rest = old.split(START, 1)
-        new = head + text + rest.split(END, 1)[1]
-    else:
-        new = old.rstrip() + "\n\n" + text + "\n"
-    path.write_text(new)
-
-
 def _section(table: str, args) -> str:
     import torch
 
@@ -138,9 +128,8 @@ def _section(table: str, args) -> str:
     command = shlex.join([sys.executable if exe.startswith("..") else exe, *sys.argv])
     threads = args.threads or torch.get_num_threads()
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return "\n".join([START, "## Scaling of the long-sequence mechanisms (issue 4)", "",
-                      f"Command: `{command}`, run {when}; torch {torch.__version__}, torch threads: {threads}, "
-                      f"{os.cpu_count()} CPUs.", "", table, END])
+    return "\n".join([f"Command: `{command}`, run {when}; torch {torch.__version__}, torch threads: {threads}, "
+                      f"{os.cpu_count()} CPUs.", "", table])
 
 
 def main(argv=None) -> None:
@@ -161,7 +150,7 @@ def main(argv=None) -> None:
     text = report(table, complexity, args)
     print(text)
     if args.write:
-        write_section(Path(args.write), _section(text, args))
+        write_section(Path(args.write), NAME, _section(text, args), TITLE)
         print(f"wrote {args.write}", file=sys.stderr)
 
 

@@ -1,4 +1,4 @@
-"""The rows of the issue-7 suite: one :class:`~benchmarks.harness.rows.Spec` per measured case.
+"""The rows of the benchmark suite: one :class:`~attnkit.benchmarking.rows.Spec` per measured case.
 
 ``specs(quick=False)`` is the full suite (about 15 minutes on 2 cores); ``quick``
 keeps every row at small sizes for a smoke run. Every row can be reproduced with
@@ -8,7 +8,7 @@ keeps every row at small sizes for a smoke run. Every row can be reproduced with
 from __future__ import annotations
 
 from attnkit.analysis.timing import Case
-from benchmarks.harness.rows import Spec
+from attnkit.benchmarking.rows import Spec
 
 TITLES = {
     1: "Dense, causal and padding masks against torch SDPA (target: ≤ 1.05x for L ≥ 1024, ≤ 1.3x at L = 128)",
@@ -34,7 +34,7 @@ PATTERNS = {
     "documents(12)": True,
 }
 BIASES = {"alibi": ("sdpa", "sdpa-bias"), "relpos": ("sdpa", "sdpa-bias"), "softcap": ("sdpa", "eager")}
-ADDITIVE_BATCH = 4  # the issue's B = 32 needs an 8 GiB hidden tensor per copy in the broadcast version
+ADDITIVE_BATCH = 4  # B = 32 needs an 8 GiB hidden tensor per copy in the broadcast version
 
 
 def _sizes(quick: bool):

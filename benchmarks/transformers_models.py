@@ -28,9 +28,10 @@ import transformers
 from transformers import AttentionInterface, MistralConfig, MistralForCausalLM
 
 import attnkit.integrations.transformers  # noqa: F401  (registers "attnkit")
-from benchmarks.overhead import Row, measure, table, write
+from attnkit.benchmarking.pairs import Pair, measure, table
+from attnkit.benchmarking.sections import write_section
 
-START, END = "<!-- transformers:start -->", "<!-- transformers:end -->"
+NAME, TITLE = "transformers", "Inside a transformers model"
 PROMPT, WINDOW, NEW_TOKENS = 4096, 512, 32
 NOTES = """The decode row: a step's attention is one query over the last window of keys (at most 512), \
 where attnkit's band mask reduces to no mask and the call takes torch's fused kernel, as "sdpa" does; \
@@ -84,7 +85,7 @@ def _decode(model, ids, cache):
     return torch.cat(out, 1)
 
 
-def rows() -> list[Row]:
+def rows() -> list[Pair]:
     models = _models()
     ids = torch.randint(0, 1000, (1, PROMPT), generator=torch.Generator().manual_seed(1))
     calls = {name: _captured_attention_call(model, ids) for name, model in models.items()}
@@ -105,10 +106,10 @@ def rows() -> list[Row]:
             caches[name] = model(ids[:, :-1], use_cache=True).past_key_values
     label = f"Mistral-style, 2 layers, width 512, 8/2 heads, window {WINDOW}"
     return [
-        Row(f"{label}: one layer's attention, prompt {PROMPT}", 0.33, attention_of("attnkit"), attention_of("sdpa"),
+        Pair(f"{label}: one layer's attention, prompt {PROMPT}", 0.33, attention_of("attnkit"), attention_of("sdpa"),
             '"sdpa" (dense bool window mask)'),
-        Row(f"{label}: prefill forward, prompt {PROMPT}", 1.0, forward_of("attnkit"), forward_of("sdpa"), '"sdpa"'),
-        Row(f"{label}: greedy decode, {NEW_TOKENS} tokens after {PROMPT}", 1.0,
+        Pair(f"{label}: prefill forward, prompt {PROMPT}", 1.0, forward_of("attnkit"), forward_of("sdpa"), '"sdpa"'),
+        Pair(f"{label}: greedy decode, {NEW_TOKENS} tokens after {PROMPT}", 1.0,
             lambda: _decode(models["attnkit"], ids, caches["attnkit"]),
             lambda: _decode(models["sdpa"], ids, caches["sdpa"]),
             '"sdpa" (time of the 32 steps; tokens/s is its inverse)'),
@@ -131,7 +132,7 @@ def main(argv=None) -> int:
             + "\n\n" + NOTES)
     print(text)
     if args.write:
-        write(args.write, text, START, END, "Inside a transformers model")
+        write_section(args.write, NAME, text, TITLE)
     return 0
 
 

@@ -21,6 +21,16 @@ def rand_qkv(b=2, h=3, lq=5, lk=7, d=11, dv=None, *, hkv=None, dtype=torch.float
     return tuple(t.requires_grad_(requires_grad) for t in (q, k, v))
 
 
+def on_device(p, device_type: str):
+    """The problem ``p`` decided as if its tensors lived on ``device_type`` (the one fact every device rule reads).
+
+    The data stays where it is, so the rules that read it still run: the dispatcher's decision for a
+    CUDA or MPS call can be tested on a machine without one.
+    """
+    p.memo["device_type"] = device_type
+    return p
+
+
 def oracle(q, k, v, **kwargs):
     """The float64 answer for the same call, from the independent dense attention of tests/oracle.py.
 

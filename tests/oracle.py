@@ -11,13 +11,14 @@ through their public contracts: a :class:`~attnkit.masks.Mask` through
 The pipeline, as documented::
 
     score(q, k) * scale -> + bias tensor -> modifier(scores, b, h, q_idx, kv_idx) -> mask (select)
-    -> normalise (a row with no allowed key: weights 0, lse -inf) -> @ v
+    -> normalise (a row with no allowed key: weights 0, lse -inf; sinks: one more column, dropped) -> @ v
 
 Arguments it does not model (dropout, "gumbel", which are random) raise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import NamedTuple
 
@@ -125,8 +126,23 @@ def _hard(scores, allowed):
     return out * has.unsqueeze(-1)
 
 
-def _normalize(normalize, scores, allowed):
+def _sink_softmax(scores, allowed, sinks):
+    """Softmax over each row and one more column, the head's sink, which is always allowed and then dropped:
+    ``softmax([S, s])[:-1]``; lse includes the sink (a row with no allowed key has lse ``s``)."""
+    batch, heads = scores.shape[:2]
+    column = torch.broadcast_to(sinks.to(scores.dtype), (batch, heads))[:, :, None, None]
+    column = column.expand(*scores.shape[:-1], 1)
+    weights, lse = _softmax(torch.cat([scores, column], -1),
+                            torch.cat([allowed, torch.ones_like(allowed[..., :1])], -1))
+    return weights[..., :-1], lse
+
+
+def _normalize(normalize, scores, allowed, sinks=None):
     """Weights (masked keys exactly 0) and the lse (softmax only, else None)."""
+    if sinks is not None:
+        if normalize != "softmax":
+            raise NotImplementedError("oracle: sinks join a softmax")
+        return _sink_softmax(scores, allowed, sinks)
     if normalize == "softmax":
         return _softmax(scores, allowed)
     if normalize == "sigmoid":
@@ -143,19 +159,25 @@ def _normalize(normalize, scores, allowed):
 
 
 def dense_attention(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, normalize="softmax",
-                    dropout_p=0.0, return_weights=False, return_lse=False, backend=None,
-                    dtype=torch.float64, out_dtype=None):
+                    dropout_p=0.0, return_weights=False, return_lse=False, backend=None, sinks=None,
+                    dtype=torch.float64, out_dtype=None, differentiable=False):
     """``attnkit.attention``'s function, computed densely in ``dtype`` (float64 by default).
 
     Inputs of rank 2, 3 or 4; the result has the input's rank, in ``out_dtype``
     (default ``dtype``); with ``return_weights``/``return_lse`` an :class:`OracleOutput`.
+    ``sinks`` (``(H,)`` or broadcastable to ``(B, H)``) are one more column of every row's
+    softmax, always allowed, whose weight is dropped (gpt-oss's attention sinks).
     ``backend`` is accepted and ignored, so a call's keyword arguments can be passed on as they are.
+    ``differentiable``: keep the inputs' (and a tensor bias's) autograd history, so the oracle
+    can be differentiated once or twice; otherwise it reads them detached.
     """
+    grad = contextlib.nullcontext() if differentiable else torch.no_grad()
+    own = (lambda t: t) if differentiable else (lambda t: t.detach())
     if dropout_p:
         raise NotImplementedError("oracle: dropout is random; compare with dropout_p=0")
     rank = q.dim()
     user_scores = (*q.shape[:-1], k.shape[-2])
-    q, k, v = (_to_4d(t.detach().to(dtype)) for t in (q, k, v))
+    q, k, v = (_to_4d(own(t).to(dtype)) for t in (q, k, v))
     batch, heads, lq, d = q.shape
     lk, kv_heads = k.shape[2], k.shape[1]
     if kv_heads != heads:  # grouped queries: query head h reads key/value head h // (heads // kv_heads)
@@ -178,17 +200,17 @@ def dense_attention(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=
         scale = 1.0 / math.sqrt(d) if score == "scaled_dot" and d > 0 else 1.0
     scores = _score(score, q, k) * scale
     if isinstance(bias, torch.Tensor):
-        scores = scores + _scores_picture(bias.detach().to(dtype), user_scores)
+        scores = scores + _scores_picture(own(bias).to(dtype), user_scores)
     elif bias is not None:
         dev = q.device
         idx = (torch.arange(batch, device=dev).view(-1, 1, 1, 1), torch.arange(heads, device=dev).view(1, -1, 1, 1),
                torch.arange(lq, device=dev).view(1, 1, -1, 1), torch.arange(lk, device=dev).view(1, 1, 1, -1))
-        with torch.no_grad():
+        with grad:
             # A ScoreModifier is called with the lengths (ALiBi's alignment); any other callable without them.
             scores = bias.modify(scores, *idx, lq, lk) if isinstance(bias, ScoreModifier) else bias(scores, *idx)
         scores = torch.broadcast_to(scores, (batch, heads, lq, lk)).to(dtype)
 
-    weights, lse = _normalize(normalize, scores, allowed)
+    weights, lse = _normalize(normalize, scores, allowed, None if sinks is None else own(sinks).to(dtype))
     out = torch.einsum("bhij,bhjd->bhid", weights, v)
     out_dtype = dtype if out_dtype is None else out_dtype
     out = _from_4d(out, rank).to(out_dtype)

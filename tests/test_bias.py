@@ -8,6 +8,7 @@ bucketing rule; Shaw et al. 2018 (arXiv:1803.02155) eq. 3-4 for clipping.
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from torch.autograd import gradcheck
 import attnkit
 from attnkit import masks
 from attnkit.bias import ALiBi, RelativePositionBias, alibi, t5_buckets
-from attnkit.errors import BackendError, ShapeError
+from attnkit.errors import ArgumentError, BackendError, DTypeError, ShapeError
 
 B, H, LQ, LK, D = 2, 3, 5, 7, 11
 
@@ -135,6 +136,64 @@ def test_t5_buckets_known_values_and_shape():
     rel = torch.tensor([[0, -1, 1, -7, -8, -1000], [7, 8, 1000, -15, 15, 2]])
     got = t5_buckets(rel)  # 32 buckets, max distance 128, bidirectional
     assert got.tolist() == [[0, 1, 17, 7, 8, 15], [23, 24, 31, 9, 25, 18]]
+
+
+def _t5_settings():
+    """(num_buckets, max_distance, bidirectional) over the valid range: the smallest bucket counts, odd ones,
+    max_distance just past the exact buckets and far beyond them."""
+    found = []
+    for bidirectional in (True, False):
+        for num_buckets in (4, 5, 6, 8, 9, 16, 32, 33, 64) if bidirectional else (2, 3, 4, 7, 8, 16, 32):
+            exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
+            found += [(num_buckets, m, bidirectional) for m in sorted({exact + 1, exact + 2, 2 * exact + 3, 128, 1000})]
+    return found
+
+
+@pytest.mark.parametrize(("num_buckets", "max_distance", "bidirectional"), _t5_settings())
+def test_t5_buckets_equal_transformers_t5(num_buckets, max_distance, bidirectional):
+    """Oracle: the bucketing of transformers' T5 (its own code, a different implementation of the rule)."""
+    t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
+    rel = torch.arange(-1500, 1501)
+    want = t5.T5Attention._relative_position_bucket(rel, bidirectional=bidirectional, num_buckets=num_buckets,
+                                                    max_distance=max_distance)
+    got = t5_buckets(rel, num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional)
+    assert torch.equal(got, want)
+    rpb = RelativePositionBias(2, num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional)
+    assert torch.equal(rpb.bucket(rel), want) and int(want.max()) < rpb.table.shape[1]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "words"), [
+    ({"num_buckets": 32, "max_distance": 8}, ArgumentError, "max_distance must be an int >= 9"),  # read wrong buckets
+    ({"num_buckets": 32, "max_distance": 4}, ArgumentError, "beyond the 8 exact buckets"),
+    ({"num_buckets": 8, "max_distance": 2}, ArgumentError, "max_distance must be an int >= 3"),  # log(1) = 0
+    ({"num_buckets": 16, "max_distance": 0}, ArgumentError, "max_distance"),  # log of a negative ratio
+    ({"num_buckets": 16, "max_distance": -5}, ArgumentError, "max_distance"),
+    ({"num_buckets": 16, "max_distance": 40.0}, ArgumentError, "max_distance must be an int"),
+    ({"num_buckets": 2}, ArgumentError, "num_buckets must be an int >= 4"),  # no exact bucket: 0 division
+    ({"num_buckets": 1, "bidirectional": False}, ArgumentError, "num_buckets must be an int >= 2"),
+    ({"num_buckets": 0}, ArgumentError, "num_buckets"),
+    ({"num_buckets": -3}, ArgumentError, "num_buckets"),
+    ({"num_buckets": True}, ArgumentError, "num_buckets"),
+    ({"bidirectional": "yes"}, DTypeError, "bidirectional must be a bool"),
+    ({"mode": "shaw"}, ArgumentError, "mode must be 't5' or 'clip'"),
+    ({"align": "bottom-right"}, ArgumentError, "align must be 'bottom_right' or 'top_left'"),
+    ({"mode": "clip", "max_distance": 0}, ArgumentError, "max_distance must be an int >= 1"),
+    ({"mode": "clip", "max_distance": -2}, ArgumentError, "max_distance"),
+])
+def test_relative_position_bias_checks_every_argument(kwargs, error, words):
+    with pytest.raises(error, match=re.escape(words)) as info:
+        RelativePositionBias(3, **kwargs)
+    assert str(info.value).startswith("RelativePositionBias: ")
+    if "mode" not in kwargs and "align" not in kwargs:  # the bucketing function checks the same way
+        bucket_args = {k: kwargs[k] for k in ("num_buckets", "max_distance", "bidirectional") if k in kwargs}
+        with pytest.raises(error, match=re.escape(words)):
+            t5_buckets(torch.arange(-3, 4), **bucket_args)
+
+
+@pytest.mark.parametrize("heads", [0, -1, 2.0, None])
+def test_relative_position_bias_checks_num_heads(heads):
+    with pytest.raises(ArgumentError, match="RelativePositionBias: num_heads must be an int >= 1"):
+        RelativePositionBias(heads)
 
 
 # ---------------------------------------------------------------- RelativePositionBias

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email
+import importlib.metadata
 import shutil
 import subprocess
 import sys
@@ -70,8 +71,9 @@ def test_wheel_metadata_is_pyproject(built):
     assert meta["Version"] == project["version"]
     assert meta["License-Expression"] == "Apache-2.0"
     assert meta["Requires-Python"] == project["requires-python"]
-    assert set(meta.get_all("Provides-Extra")) >= {"plot", "cli", "hf", "dev", "all", "docs"}
+    assert set(meta.get_all("Provides-Extra")) >= {"plot", "cli", "hf", "dev", "all", "docs", "onnx"}
     assert any(url.startswith("Repository, ") for url in meta.get_all("Project-URL"))
+    assert f"Documentation, {project['urls']['Documentation']}" in meta.get_all("Project-URL")
 
 
 @pytest.mark.slow
@@ -80,3 +82,46 @@ def test_sdist_ships_the_licence_changelog_and_sources(built):
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     assert {"LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml", "src/attnkit/py.typed"} <= names
+
+
+@pytest.mark.slow
+def test_sdist_ships_the_package_and_no_tests_that_could_not_run(built):
+    """setuptools adds tests/test*.py to an sdist by itself; without conftest, helpers and the repository they
+    cannot run, so MANIFEST.in prunes them: the sdist holds the package and the project's top-level files only."""
+    _, sdist = built
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n and tar.getmember(n).isfile()}
+    assert not [n for n in names if n.startswith(("tests/", "benchmarks/"))], sorted(names)
+    outside = {n for n in names if not n.startswith(("src/attnkit/", "src/attnkit.egg-info/"))}
+    assert outside == {"LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml", "MANIFEST.in", "PKG-INFO",
+                       "setup.cfg"}, sorted(outside)
+    shipped = {n.removeprefix("src/") for n in names if n.startswith("src/attnkit/") and n.endswith(".py")}
+    package = {str(p.relative_to(ROOT / "src")) for p in (ROOT / "src" / "attnkit").rglob("*.py")}
+    assert shipped == package
+
+
+def test_the_onnx_extra_holds_what_the_readme_export_needs_at_the_tested_versions():
+    extras = _project()["optional-dependencies"]
+    assert sorted(extras["onnx"]) == ["onnx==1.23.2", "onnxruntime==1.32.0", "onnxscript==0.7.2"]
+    assert "attnkit[onnx]" in extras["dev"]  # the tests run the versions the extra installs
+    for requirement in extras["onnx"]:
+        name, version = requirement.split("==")
+        assert importlib.metadata.version(name) == version  # this environment has what the extra pins
+
+
+def test_read_the_docs_builds_the_site_as_make_docs_does():
+    yaml = pytest.importorskip("yaml")
+    config = yaml.safe_load((ROOT / ".readthedocs.yaml").read_text(encoding="utf-8"))
+    assert config["version"] == 2 and config["sphinx"] == {"configuration": "docs/site/conf.py",
+                                                           "fail_on_warning": True}
+    assert (ROOT / config["sphinx"]["configuration"]).is_file()
+    assert "-W" in (ROOT / "Makefile").read_text(encoding="utf-8")  # make docs: warnings are errors there too
+    python = config["build"]["tools"]["python"]
+    floor = _project()["requires-python"].removeprefix(">=")
+    assert tuple(map(int, python.split("."))) >= tuple(map(int, floor.split(".")))
+    (install,) = config["python"]["install"]
+    extras = _project()["optional-dependencies"]
+    assert install["method"] == "pip" and install["path"] == "."
+    assert set(install["extra_requirements"]) == {"all", "docs"} and {"all", "docs"} <= set(extras)
+    assert any("torch==" in job and "/whl/cpu" in job for job in config["build"]["jobs"]["pre_install"])
+    assert _project()["urls"]["Documentation"].startswith("https://attnkit.readthedocs.io")

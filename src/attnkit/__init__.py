@@ -8,6 +8,7 @@ torch.Size([1, 4, 16, 8])
 
 import importlib
 from importlib import metadata as _metadata
+from typing import TYPE_CHECKING
 
 from .errors import ArgumentError, AttnkitError, BackendError, DeviceError, DTypeError, ShapeError, UnsupportedFeature
 
@@ -36,15 +37,21 @@ def _version() -> str:
 __version__ = _version()
 
 __all__ = [
-    "attention", "explain", "AttentionOutput", "masks", "bias",
+    "attention", "explain", "AttentionOutput", "masks", "bias", "flex_attention",
     "AttnkitError", "ShapeError", "DTypeError", "DeviceError", "ArgumentError", "BackendError", "UnsupportedFeature",
     "__version__",
 ]
 
+if TYPE_CHECKING:  # what type checkers see; at run time the same names load lazily, below
+    from . import bias, masks
+    from .core import AttentionOutput, attention, explain
+    from .flex import flex_attention
+
 # The names below import torch; they load on first use, so that ``attnkit --help`` and
 # ``attnkit --version`` answer without importing torch (the commands that run import it).
 _LAZY = {"attention": (".core", "attention"), "explain": (".core", "explain"),
-         "AttentionOutput": (".core", "AttentionOutput"), "masks": (".masks", None), "bias": (".bias", None)}
+         "AttentionOutput": (".core", "AttentionOutput"), "masks": (".masks", None), "bias": (".bias", None),
+         "flex_attention": (".flex", "flex_attention")}
 
 
 def __getattr__(name: str):

@@ -20,8 +20,10 @@ import math
 import torch
 from torch import nn
 
+from .errors import ArgumentError, DTypeError, check_int
+
 __all__ = ["ScoreModifier", "AdditiveModifier", "ALiBi", "Softcap", "RelativePositionBias", "apply_modifier",
-           "alibi", "softcap", "t5_buckets"]
+           "alibi", "softcap", "t5_buckets", "check_t5_buckets"]
 
 
 class ScoreModifier:
@@ -160,13 +162,34 @@ class Softcap(ScoreModifier):
         return f"Softcap({self.cap})"
 
 
+def check_t5_buckets(who: str, num_buckets, max_distance, bidirectional) -> None:
+    """Raise unless the T5 bucketing is well defined: at least one exact bucket per direction, and
+    ``max_distance`` beyond the exact ones (where the logarithmic buckets start).
+
+    With ``n = num_buckets // 2`` per direction (bidirectional) or ``n = num_buckets``, the
+    distances ``0 .. n // 2 - 1`` get one bucket each and the rest ``log(d / (n // 2)) /
+    log(max_distance / (n // 2))`` of the remaining ones: ``max_distance <= n // 2`` would divide
+    by ``log(1) = 0`` or turn the logarithm negative and read the exact buckets of short distances.
+    """
+    if not isinstance(bidirectional, bool):
+        raise DTypeError(f"{who}: bidirectional must be a bool; got {type(bidirectional).__name__}")
+    check_int(who, "num_buckets", num_buckets, 4 if bidirectional else 2,
+              f" (at least one exact bucket per direction with bidirectional={bidirectional})")
+    exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
+    check_int(who, "max_distance", max_distance, exact + 1,
+              f" (beyond the {exact} exact buckets of num_buckets={num_buckets}, bidirectional={bidirectional}, "
+              "where the logarithmic buckets start)")
+
+
 def t5_buckets(relative: torch.Tensor, *, num_buckets: int = 32, max_distance: int = 128,
                bidirectional: bool = True) -> torch.Tensor:
     """T5 relative-position buckets (Raffel et al. 2020, arXiv:1910.10683, Sec. 2.1).
 
     ``relative = j - i``. Half the buckets are exact small distances, the rest
     grow logarithmically up to ``max_distance``; bidirectional splits by sign.
+    The arguments are checked by :func:`check_t5_buckets`.
     """
+    check_t5_buckets("t5_buckets", num_buckets, max_distance, bidirectional)
     buckets = torch.zeros_like(relative)
     n = num_buckets
     if bidirectional:
@@ -190,13 +213,34 @@ class RelativePositionBias(nn.Module, AdditiveModifier):
 
     Differences from the paper: Shaw et al. add a learned vector to keys
     (``q . a_ij``); here, as in T5, the relative term is a scalar per head.
+
+    Every argument is checked here, with an error naming it: in T5 mode, ``num_buckets`` must
+    leave an exact bucket per direction and ``max_distance`` must lie beyond the exact buckets
+    (:func:`check_t5_buckets`); in clip mode ``max_distance >= 1`` (``num_buckets`` and
+    ``bidirectional`` are then unused).
+
+    Args:
+        num_heads: one table row per query head.
+        mode: ``"t5"`` (log buckets) or ``"clip"`` (Shaw et al.).
+        num_buckets: T5 buckets in all (half per direction when bidirectional).
+        max_distance: T5: where the last bucket starts; clip: the largest distinguished ``|j - i|``.
+        bidirectional: T5: separate buckets for keys after the query.
+        align: ``"bottom_right"`` (query ``i`` sits at ``i + Lk - Lq``) or ``"top_left"``.
     """
 
     def __init__(self, num_heads: int, *, mode: str = "t5", num_buckets: int = 32,
                  max_distance: int = 128, bidirectional: bool = True, align: str = "bottom_right"):
         super().__init__()
+        who = "RelativePositionBias"
+        check_int(who, "num_heads", num_heads, 1)
         if mode not in ("t5", "clip"):
-            raise ValueError(f"mode must be 't5' or 'clip'; got {mode!r}")
+            raise ArgumentError(f"{who}: mode must be 't5' or 'clip'; got {mode!r}")
+        if align not in ("bottom_right", "top_left"):
+            raise ArgumentError(f"{who}: align must be 'bottom_right' or 'top_left'; got {align!r}")
+        if mode == "t5":
+            check_t5_buckets(who, num_buckets, max_distance, bidirectional)
+        else:
+            check_int(who, "max_distance", max_distance, 1, " (clip mode: the largest distinguished |j - i|)")
         size = num_buckets if mode == "t5" else 2 * max_distance + 1
         self.mode, self.num_buckets, self.max_distance = mode, num_buckets, max_distance
         self.bidirectional, self.align = bidirectional, align

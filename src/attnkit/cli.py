@@ -9,6 +9,7 @@ no torch, so ``attnkit --help`` and ``attnkit --version`` answer at once.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import NoReturn
 
@@ -62,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as err:
         report(err.args[0] if isinstance(err, KeyError) and err.args else err)
         return 2
+    except BrokenPipeError:  # the reader left (attnkit explain | head): stop quietly, as Unix tools do
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115  (so the interpreter's final flush fails no more)
+        return 0
 
 
 if __name__ == "__main__":

@@ -4,24 +4,43 @@ The pipeline every mechanism shares::
 
     score(q, k) * scale -> + bias / modifier -> mask (select) -> normalise -> dropout -> @ v
 
-``attention()`` validates the call into a :class:`~attnkit.functional.validate.Problem`,
-and :func:`attnkit.kernels.dispatch.execute` runs the execution path that
-:func:`~attnkit.kernels.dispatch.choose` picks from the table in
-:mod:`attnkit.kernels.paths`; ``explain()`` shows that choice and why no other path was taken.
+A call takes one of three routes, decided here and nowhere else:
+
+1. the fast lane (:mod:`attnkit.kernels.lane`): the calls generation makes, on torch's
+   kernel after attribute checks only;
+2. traced (``torch.compile``, ``torch.export``): one ``attnkit::attention`` operator node
+   that decides at run time (:mod:`attnkit.kernels.custom_op`), or plain torch
+   operations for the calls it does not carry;
+3. everything else: :func:`~attnkit.functional.validate.validate` builds the
+   :class:`~attnkit.functional.validate.Problem`, and
+   :func:`attnkit.kernels.dispatch.execute` runs the path that
+   :func:`~attnkit.kernels.dispatch.choose` picks from the table in
+   :mod:`attnkit.kernels.paths`.
+
+``explain()`` shows that choice, why no other path was taken, and how the call runs when traced.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Literal, NamedTuple, overload
 
 import torch
 
 from . import recording
+from .errors import ArgumentError
+from .functional.mask_base import Mask
 from .functional.validate import Problem, validate
+from .kernels import custom_op, lane, rules
 from .kernels.dispatch import Decision, decide, execute
+from .kernels.paths import BACKENDS
 
 __all__ = ["attention", "explain", "AttentionOutput"]
+
+Score = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Normalizer = Callable[[torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+Bias = "torch.Tensor | Callable[..., torch.Tensor]"
 
 
 class AttentionOutput(NamedTuple):
@@ -65,10 +84,22 @@ def _autocast_off(device_type: str):
     return torch.autocast(device_type, enabled=False) if _autocast_enabled(device_type) else contextlib.nullcontext()
 
 
-def _prepare(q, k, v, **kwargs) -> Problem:
-    """Everything before dispatch, shared by attention() and explain(): autocast, validation."""
+def _prepare(q, k, v, backend: str = "auto", **kwargs) -> Problem:
+    """Everything before dispatch, shared by attention() and explain(): autocast, validation, tracing."""
     q, k, v = _autocast_inputs(q, k, v)
-    return validate(q, k, v, **kwargs)
+    if backend not in BACKENDS:
+        raise ArgumentError(f"attnkit.attention: backend must be one of {BACKENDS}; got {backend!r}")
+    tracing = torch.compiler.is_compiling() or any(
+        isinstance(size, torch.SymInt) for t in (q, k) if isinstance(t, torch.Tensor) for size in t.shape)
+    return validate(q, k, v, tracing=tracing, **kwargs)
+
+
+def _refuse_baked_aliasing(q, k, v) -> None:
+    """Under ``torch.export`` the same tensor passed as two of q, k, v becomes one input of the program."""
+    if torch.compiler.is_exporting() and (q is k or k is v or q is v):
+        raise ArgumentError("attnkit.attention: under torch.export, query, key and value must be distinct tensors: "
+                            "the same tensor passed twice becomes one input of the exported program, which then "
+                            "ignores the other (export with distinct example inputs, e.g. k=q.clone())")
 
 
 def _to_user_rank(t: torch.Tensor, rank: int) -> torch.Tensor:
@@ -76,8 +107,27 @@ def _to_user_rank(t: torch.Tensor, rank: int) -> torch.Tensor:
     return t if rank == 4 else t.select(1, 0) if rank == 3 else t[0, 0]
 
 
-def attention(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, normalize="softmax",
-              dropout_p=0.0, return_weights=False, return_lse=False, backend="auto"):
+@overload
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask | torch.Tensor | None = None,
+              bias: torch.Tensor | Callable[..., torch.Tensor] | None = None, score: str | Score = "scaled_dot",
+              scale: float | None = None, normalize: str | Normalizer = "softmax", dropout_p: float = 0.0,
+              return_weights: Literal[False] = False, return_lse: Literal[False] = False,
+              backend: str = "auto", sinks: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
+@overload
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask | torch.Tensor | None = None,
+              bias: torch.Tensor | Callable[..., torch.Tensor] | None = None, score: str | Score = "scaled_dot",
+              scale: float | None = None, normalize: str | Normalizer = "softmax", dropout_p: float = 0.0,
+              return_weights: bool = False, return_lse: bool = False,
+              backend: str = "auto", sinks: torch.Tensor | None = None) -> torch.Tensor | AttentionOutput: ...
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask | torch.Tensor | None = None,
+              bias: torch.Tensor | Callable[..., torch.Tensor] | None = None, score: str | Score = "scaled_dot",
+              scale: float | None = None, normalize: str | Normalizer = "softmax", dropout_p: float = 0.0,
+              return_weights: bool = False, return_lse: bool = False,
+              backend: str = "auto", sinks: torch.Tensor | None = None) -> torch.Tensor | AttentionOutput:
     """Attention over keys and values: ``normalize(score(q, k) * scale + bias, mask) @ v``.
 
     Args:
@@ -93,12 +143,19 @@ def attention(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, 
             or a modifier ``(scores, b, h, q_idx, kv_idx) -> scores`` (see :mod:`attnkit.bias`).
         score: "scaled_dot" (default), "dot", "cosine" or a pairwise ``(q, k) -> scores``.
         scale: multiplies the scores; default ``1/sqrt(D)`` for "scaled_dot", else 1.
-        normalize: "softmax", "sparsemax", "sigmoid", "hard", "gumbel" or
-            ``(scores, allowed) -> weights``.
+        normalize: "softmax", "sparsemax", "sigmoid", "sigmoid_log_n", "softpick", "stick_breaking",
+            "hard", "gumbel" or ``(scores, allowed) -> weights``; sigmoid, softpick and stick-breaking
+            also run on the O(L)-memory paths (:mod:`attnkit.functional.blockwise`).
         dropout_p: dropout on the weights; pass ``p if module.training else 0.0``.
         return_weights: also return per-head weights (forces an exact dense path).
         return_lse: also return the log-sum-exp of each row (softmax only).
-        backend: "auto", "reference", "chunked", "sdpa" or "blocksparse".
+        backend: "auto", "reference", "chunked", "sdpa", "blocksparse" or "flex" (CUDA)
+            (:data:`attnkit.kernels.paths.BACKENDS`).
+        sinks: learned attention sinks (gpt-oss), a float tensor ``(H,)`` or broadcastable to ``(B, H)``:
+            one logit per query head that joins every row's softmax denominator and takes no value,
+            ``out = softmax([scores, s])[:-1] @ v`` (:mod:`attnkit.functional.sinks`); softmax only,
+            differentiable. lse and weights include it; a row with no allowed key outputs 0 and
+            has lse ``s``.
 
     Returns:
         The output ``(..., Lq, Dv)`` in the input dtype, or an :class:`AttentionOutput`
@@ -119,29 +176,51 @@ def attention(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, 
         >>> out.shape
         torch.Size([2, 3, 5, 8])
     """
-    record = recording.is_recording()  # an AttentionRecorder listens: take the exact path that has the weights
+    if mask is None or getattr(mask, "kind", None) == "causal":  # the only masks the fast lane serves
+        fast = lane.route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse,
+                          backend, sinks)
+        if fast is not None:
+            out = lane.run(q, k, v, mask, fast)
+            if out is not None:
+                return out
+    record = recording.listening and recording.is_recording()  # a recorder listens: the path with the weights
     if record:
         backend = "reference"
     p = _prepare(q, k, v, mask=mask, bias=bias, score=score, scale=scale, normalize=normalize, dropout_p=dropout_p,
-                 return_weights=return_weights or record, return_lse=return_lse, backend=backend)
+                 return_weights=return_weights or record, return_lse=return_lse, backend=backend, sinks=sinks)
     with _autocast_off(p.q.device.type):  # scores and softmax stay in float32
-        result, _ = execute(p, backend)
-    if record:
-        recording.report(result.weights.to(p.q.dtype))
+        if p.tracing:
+            _refuse_baked_aliasing(q, k, v)
+        if p.tracing and rules.operator_carries(p, backend):
+            result = custom_op.run(p)
+        else:
+            result, _ = execute(p, backend)
     rank, dtype = p.user_rank, p.q.dtype
+    weights = result.weights.to(dtype) if result.weights is not None else None  # asked for (or recorded)
+    if record and weights is not None:
+        recording.report(weights)
     out = _to_user_rank(result.out if result.out.dtype == dtype else result.out.to(dtype), rank)
     if not (return_weights or return_lse):
         return out
-    weights = _to_user_rank(result.weights.to(p.q.dtype), rank) if return_weights else None
-    lse = _to_user_rank(result.lse, rank) if return_lse else None
-    return AttentionOutput(out, weights, lse)
+    return AttentionOutput(out, _to_user_rank(weights, rank) if return_weights and weights is not None else None,
+                           _to_user_rank(result.lse, rank) if return_lse and result.lse is not None else None)
 
 
-def explain(q, k, v, **kwargs) -> Decision:
-    """Which execution path ``attention(q, k, v, **kwargs)`` would run, why no other path, and its cost.
+def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask | torch.Tensor | None = None,
+            bias: torch.Tensor | Callable[..., torch.Tensor] | None = None, score: str | Score = "scaled_dot",
+            scale: float | None = None, normalize: str | Normalizer = "softmax", dropout_p: float = 0.0,
+            return_weights: bool = False, return_lse: bool = False, backend: str = "auto",
+            sinks: torch.Tensor | None = None, read_data: bool = True) -> Decision:
+    """Which execution path ``attention(q, k, v, ...)`` would run, why no other path, its cost, how it compiles.
 
     ``str()`` of the answer lists every path of :mod:`attnkit.kernels.paths` with the
-    reason it was not taken (refused, or able but not preferred).
+    reason it was not taken (refused, or able but not preferred), names the fast lane
+    when the call takes it, and says how the call runs under ``torch.compile`` and
+    ``torch.export`` (``Decision.compiled``). With ``read_data=False`` nothing reads the
+    values of q, k, v or the mask's block layout: the checks of the values are taken to
+    pass (the decision a traced call expects), so sizes no machine could hold can be
+    explained from zero-stride views (``torch.zeros(()).expand(B, H, L, D)``); a
+    block-sparse density and its cost are then left to run time.
 
     Example:
         >>> import torch, attnkit
@@ -150,6 +229,12 @@ def explain(q, k, v, **kwargs) -> Decision:
         >>> d.backend, d.path
         ('blocksparse', 'band-windows')
     """
-    p = _prepare(q, k, v, **kwargs)
+    fast = lane.route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse, backend,
+                      sinks)
+    p = _prepare(q, k, v, backend=backend, mask=mask, bias=bias, score=score, scale=scale, normalize=normalize,
+                 dropout_p=dropout_p, return_weights=return_weights, return_lse=return_lse, sinks=sinks)
     with _autocast_off(p.q.device.type):
-        return decide(p, kwargs.get("backend", "auto"))
+        if p.tracing and rules.operator_carries(p, backend):
+            return custom_op.traced_decision(p, backend)
+        return decide(p, backend, data=read_data, lane=lane.describe(fast) if fast is not None else None,
+                      compiled=custom_op.compiled_route(p, backend))

@@ -32,6 +32,7 @@ import torch
 
 from .errors import ArgumentError, DTypeError, check_int
 from .functional import mask_parse
+from .functional.flex_tiles import from_block_mask
 from .functional.indexed_masks import (
     _FAR,
     TensorMask,
@@ -47,10 +48,11 @@ __all__ = [
     "Mask", "BlockLayout", "And", "Or", "Not", "TensorMask", "ShiftedMask",
     "full", "causal", "sliding_window", "diagonals", "dilated", "strided", "fixed", "global_tokens",
     "block_layout", "segments", "padding", "keys", "prefix_lm", "from_function", "parse",
-    "shifted",
+    "shifted", "from_block_mask",
 ]
 
 _ALIGNMENTS = ("bottom_right", "top_left")
+_WIDEST = 1 << 40  # a span (window, stride, block) no sequence reaches: larger ones are refused, not overflowed
 
 
 def _check_align(align: str) -> str:
@@ -59,10 +61,29 @@ def _check_align(align: str) -> str:
     return align
 
 
+def _span(name: str, value, minimum: int = 0) -> int:
+    """An int span in ``[minimum, 2**40]``: index arithmetic on larger values would overflow int64."""
+    value = check_int(None, name, value, minimum)
+    if value > _WIDEST:
+        raise ArgumentError(f"{name} must be at most 2**40 (more than any sequence length); got {value}")
+    return value
+
+
+def _diagonal(name: str, value) -> int:
+    """A diagonal offset in ``[-2**40, 2**40]``."""
+    value = check_int(None, name, value, -_WIDEST)
+    if value > _WIDEST:
+        raise ArgumentError(f"{name} must be at most 2**40 (more than any sequence length); got {value}")
+    return value
+
+
 def _offset(align: str, q_len: int, kv_len: int) -> int:
     return kv_len - q_len if align == "bottom_right" else 0
 
 
+def _shift(align: str) -> int:
+    """The ``shift`` of a band term: 1 when the band moves with ``kv_len - q_len`` (bottom-right alignment)."""
+    return 1 if align == "bottom_right" else 0
 
 
 class _Band(Mask):
@@ -89,47 +110,41 @@ class _Band(Mask):
 
 
 class _Causal(_Band):
-    textual = True  # repr is the constructor call parse() reads
+    kind = "causal"
 
     def __init__(self, align):
         self.align = _check_align(align)
+        self.band_terms = ((), ((0, _shift(align)),))
+        self.text = f"causal(align={self.align!r})"
 
     def bounds(self, q_idx, q_len, kv_len):
         return torch.full_like(q_idx, -_FAR), q_idx + _offset(self.align, q_len, kv_len)
 
-    def band(self, q_len, kv_len):
-        return None, _offset(self.align, q_len, kv_len)
-
-    def __repr__(self):
-        return f"causal(align={self.align!r})"
-
 
 class _SlidingWindow(_Band):
-    textual = True  # repr is the constructor call parse() reads
+    kind = "band"
 
     def __init__(self, left, right, align):
-        self.left, self.right = check_int(None, "left", left), check_int(None, "right", right)
+        self.left, self.right = _span("left", left), _span("right", right)
         self.align = _check_align(align)
+        self.band_terms = (((-self.left, _shift(align)),), ((self.right, _shift(align)),))
+        self.text = f"sliding_window(left={self.left}, right={self.right}, align={self.align!r})"
 
     def bounds(self, q_idx, q_len, kv_len):
         pos = q_idx + _offset(self.align, q_len, kv_len)
         return pos - self.left, pos + self.right
-
-    def band(self, q_len, kv_len):
-        off = _offset(self.align, q_len, kv_len)
-        return off - self.left, off + self.right
-
-    def __repr__(self):
-        return f"sliding_window(left={self.left}, right={self.right}, align={self.align!r})"
 
 
 class _Dilated(_SlidingWindow):
     """Every ``dilation``-th key within ``window`` steps: a band with holes."""
 
     def __init__(self, window, dilation, align):
-        self.window = check_int(None, "window", window)
-        self.dilation = check_int(None, "dilation", dilation, 1)
-        super().__init__(window * dilation, window * dilation, align)
+        self.window = _span("window", window)
+        self.dilation = _span("dilation", dilation, 1)
+        super().__init__(_span("window * dilation", window * dilation), window * dilation, align)
+        if self.dilation > 1:  # holes: not a band
+            self.kind, self.band_terms = "pattern", None
+        self.text = f"dilated(window={self.window}, dilation={self.dilation}, align={self.align!r})"
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         pos = q_idx + _offset(self.align, q_len, kv_len)
@@ -139,19 +154,13 @@ class _Dilated(_SlidingWindow):
         active, full = super()._layout(q_len, kv_len, bs, device)
         return active, full if self.dilation == 1 else torch.zeros_like(full)
 
-    def band(self, q_len, kv_len):
-        return super().band(q_len, kv_len) if self.dilation == 1 else None  # a band with holes
-
-    def __repr__(self):
-        return f"dilated(window={self.window}, dilation={self.dilation}, align={self.align!r})"
-
 
 class _Strided(Mask):
-    textual = True  # repr is the constructor call parse() reads
     uses = frozenset({"q", "kv"})
 
     def __init__(self, stride):
-        self.stride = check_int(None, "stride", stride, 1)
+        self.stride = _span("stride", stride, 1)
+        self.text = f"strided({self.stride})"
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         delta = q_idx - kv_idx
@@ -167,19 +176,16 @@ class _Strided(Mask):
         full = ((lo >= -self.stride) & (hi <= self.stride)) | ((lo == hi) & (lo % self.stride == 0))
         return (near | multiple)[None, None], (full | (self.stride == 1))[None, None]
 
-    def __repr__(self):
-        return f"strided({self.stride})"
-
 
 class _Fixed(Mask):
-    textual = True  # repr is the constructor call parse() reads
     uses = frozenset({"q", "kv"})
 
     def __init__(self, block, summary):
-        self.block = check_int(None, "block", block, 1)
-        self.summary = check_int(None, "summary", summary, 1)
+        self.block = _span("block", block, 1)
+        self.summary = _span("summary", summary, 1)
         if summary > block:
             raise ArgumentError(f"summary must be <= block; got summary={summary}, block={block}")
+        self.text = f"fixed(block={self.block}, summary={self.summary})"
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         same_block = (q_idx // self.block) == (kv_idx // self.block)
@@ -204,37 +210,30 @@ class _Fixed(Mask):
             plain_hi[None, :] == q_first[:, None]))
         return (meet | any_summary[None, :])[None, None], full[None, None]
 
-    def __repr__(self):
-        return f"fixed(block={self.block}, summary={self.summary})"
-
 
 class _Full(Mask):
-    textual = True  # repr is the constructor call parse() reads
     uses = frozenset()
+    kind = "full"
+    band_terms = ((), ())
+    text = "full()"
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         return torch.ones((), dtype=torch.bool, device=q_idx.device)
-
-    def band(self, q_len, kv_len):
-        return None, None
 
     def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
         shape = (1, 1, -(-q_len // bs), -(-kv_len // bs))
         ones = torch.ones(shape, dtype=torch.bool, device=device)
         return ones, ones
 
-    def __repr__(self):
-        return "full()"
-
 
 class _PrefixLM(Mask):
-    textual = True  # repr is the constructor call parse() reads
     uses = frozenset({"q", "kv"})
 
     def __init__(self, n, align):
-        self.n = check_int(None, "n", n)
+        self.n = _span("n", n)
         self.align = _check_align(align)
         self._inner = Or(_KeyRange(n), _Causal(align))
+        self.text = f"prefix_lm({self.n}, align={self.align!r})"
 
     def allows(self, *args):
         return self._inner.allows(*args)
@@ -242,29 +241,22 @@ class _PrefixLM(Mask):
     def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
         return self._inner.block_layout(q_len, kv_len, bs, device=device, batch=sizes[0], heads=sizes[1])[:2]
 
-    def __repr__(self):
-        return f"prefix_lm({self.n}, align={self.align!r})"
-
 
 class _Diagonals(_Band):
     """Keys ``lo <= j - i <= hi`` (a side is open when None), positions counted from the first query and key."""
 
-    textual = True  # repr is the constructor call parse() reads
+    kind = "band"
 
     def __init__(self, lo, hi):
-        self.lo = None if lo is None else check_int(None, "lo", lo, -_FAR)
-        self.hi = None if hi is None else check_int(None, "hi", hi, -_FAR)
+        self.lo = None if lo is None else _diagonal("lo", lo)
+        self.hi = None if hi is None else _diagonal("hi", hi)
+        self.band_terms = (() if self.lo is None else ((self.lo, 0),), () if self.hi is None else ((self.hi, 0),))
+        self.text = f"diagonals(lo={self.lo}, hi={self.hi})"
 
     def bounds(self, q_idx, q_len, kv_len):
         lo = torch.full_like(q_idx, -_FAR) if self.lo is None else q_idx + self.lo
         hi = torch.full_like(q_idx, _FAR) if self.hi is None else q_idx + self.hi
         return lo, hi
-
-    def band(self, q_len, kv_len):
-        return self.lo, self.hi
-
-    def __repr__(self):
-        return f"diagonals(lo={self.lo}, hi={self.hi})"
 
 
 class _KeyRange(_Band):
@@ -391,17 +383,16 @@ class ShiftedMask(Mask):
         self.global_q_len, self.global_kv_len = q_len, kv_len
         self.uses = parent.uses
         self.batch_size = parent.batch_size
+        band = parent.band(q_len, kv_len)
+        if band is not None:  # the global band at its global lengths, moved: local j - i = global (j - i) - d
+            d = k0 - q0
+            self.band_terms = tuple(() if edge is None else ((edge - d, 0),) for edge in band)
+        self.kind = parent.kind if parent.kind in ("full", "keys", "pattern") else (
+            "band" if band is not None else "pattern")
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         return self.parent.allows(b, h + self.h0, q_idx + self.q0, kv_idx + self.k0,
                                   self.global_q_len, self.global_kv_len)
-
-    def band(self, q_len, kv_len):
-        band = self.parent.band(self.global_q_len, self.global_kv_len)
-        if band is None:
-            return None
-        d = self.k0 - self.q0  # local j - i = global (j - i) - d
-        return tuple(None if edge is None else edge - d for edge in band)
 
     def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
         band = self.band(q_len, kv_len)
@@ -411,13 +402,13 @@ class ShiftedMask(Mask):
 
     def key_padding(self):
         part = self.parent.key_padding()
-        return None if part is None else _shift(part, self)
+        return None if part is None else _shifted_like(part, self)
 
     def __repr__(self):
         return f"shifted({self.parent!r}, q0={self.q0}, k0={self.k0}, h0={self.h0})"
 
 
-def _shift(mask: Mask, like: ShiftedMask) -> ShiftedMask:
+def _shifted_like(mask: Mask, like: ShiftedMask) -> ShiftedMask:
     return ShiftedMask(mask, q0=like.q0, k0=like.k0, h0=like.h0, q_len=like.global_q_len,
                        kv_len=like.global_kv_len)
 

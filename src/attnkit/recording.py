@@ -24,6 +24,8 @@ __all__ = ["is_recording", "listen", "report", "suspended"]
 
 Listener = Callable[[torch.Tensor, object], None]
 _local = threading.local()
+listening = 0  # listeners installed on any thread: while 0, attention() needs no per-thread look (its fast lane)
+_count = threading.Lock()
 
 
 def _listeners() -> list[Listener]:
@@ -40,12 +42,17 @@ def is_recording() -> bool:
 @contextlib.contextmanager
 def listen(listener: Listener) -> Iterator[None]:
     """Install ``listener(weights, source)`` for the duration of the block."""
+    global listening
     listeners = _listeners()
     listeners.append(listener)
+    with _count:
+        listening += 1
     try:
         yield
     finally:
         listeners.remove(listener)
+        with _count:
+            listening -= 1
 
 
 @contextlib.contextmanager

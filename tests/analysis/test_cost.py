@@ -9,16 +9,24 @@ equal ``cost(...).flops`` exactly.
 torch 2.13's counter has no formula for the fused CPU SDPA kernel
 (``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward): without one it counts
 0 for every call that takes it. :data:`CPU_SDPA` maps both ops to torch's own SDPA formulas
-(``sdpa_flop_count`` / ``sdpa_backward_flop_count``). With that, every entry is countable.
+(``sdpa_flop_count`` / ``sdpa_backward_flop_count``). Its formula for a convolution's backward
+ignores ``groups`` in the weight gradient (a depthwise convolution of C channels counts C times
+its products): :data:`CPU_SDPA` counts each gradient as one forward, as for any product. With
+that, every entry is countable.
 Parts the counter ignores by design (matrix-vector products, elementwise work) are in
 ``other_flops``, never in ``flops``: :data:`NOT_COUNTED` lists the entries that have such parts.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, sdpa_backward_flop_count, sdpa_flop_count
 
 import attnkit
 from attnkit import masks, registry
@@ -37,8 +45,15 @@ def _sdpa_backward(grad_out, q, k, v, *args, out_shape=None, **kwargs):
     return sdpa_backward_flop_count(grad_out, q, k, v)
 
 
+def _conv_backward(grad_out, x, w, bias, stride, padding, dilation, transposed, output_padding, groups, output_mask,
+                   out_shape=None, **kwargs):
+    forward = conv_flop_count(x, w, grad_out, transposed=transposed)  # reads C_in per group off the weight
+    return forward * (int(output_mask[0]) + int(output_mask[1]))
+
+
 CPU_SDPA = {aten._scaled_dot_product_flash_attention_for_cpu: _sdpa,
-            aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_backward}
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_backward,
+            aten.convolution_backward: _conv_backward}
 
 # Entries whose cost has a part FlopCounterMode does not count (kept in other_flops).
 NOT_COUNTED = {
@@ -55,6 +70,7 @@ _CORE = dict(batch=1, heads=2, kv_heads=1, q_len=450, kv_len=450, head_dim=4, va
 _ODD = dict(batch=2, heads=3, q_len=7, kv_len=11, head_dim=3, value_dim=5)  # Dv != D: SDPA's math path
 _LONG = dict(_CORE, q_len=260, kv_len=270)  # over the reference kernel's size: chunked
 _SEQ = dict(batch=1, length=19, dim=12, heads=3)
+_RECURRENT = dict(batch=2, length=11, dim=12)  # 11 = 2 * 4 + 3: the chunk form's last block is padded
 SETTINGS = {
     "sliding-window": [dict(_CORE, window=20), dict(_CORE, q_len=200, window=30), _ODD],
     "dilated-window": [dict(_CORE, window=10, dilation=3), _ODD],
@@ -70,6 +86,8 @@ SETTINGS = {
     "scaled-dot-product": [_CORE, _ODD, dict(_ODD, dtype="float64", value_dim=3)],
     "dot-product": [_CORE, _ODD],
     "sparsemax": [_ODD], "sigmoid": [_ODD], "hard-argmax": [_ODD], "gumbel-softmax": [_ODD],
+    "sigmoid-log-n": [_LONG, _ODD], "softpick": [_LONG, _ODD], "stick-breaking": [_LONG, _ODD],
+    "attention-sinks": [_CORE, _LONG, _ODD],
     "relative-position-bias": [dict(_CORE, q_len=200, kv_len=330), _ODD],
     "dot-product-module": [_ODD, dict(_CORE, need_weights=True, scaled=False)],
     "multi-head": [dict(batch=1, q_len=7, kv_len=11, embed_dim=12, heads=4, kv_heads=2, need_weights=False),
@@ -124,6 +142,18 @@ SETTINGS = {
     "sinusoidal-positional-encoding": [dict(batch=1, length=3, dim=6)],
     "learned-positional-embedding": [dict(batch=1, length=3, dim=6, max_len=5)],
     "rotary-embedding": [dict(batch=1, heads=2, q_len=3, kv_len=4, dim=5)],
+    "retnet": [dict(_RECURRENT, heads=3, chunk_size=4), dict(_RECURRENT, heads=2, value_factor=1, form="parallel"),
+               dict(_RECURRENT, length=5, dim=6, heads=3, form="recurrent")],
+    "gla": [dict(_RECURRENT, heads=2, chunk_size=4, gate_rank=3), dict(_RECURRENT, heads=3, expand_k=1.0,
+                                                                         form="recurrent")],
+    "mamba2": [dict(_RECURRENT, head_dim=4, state_dim=5, num_groups=2, chunk_size=4, form="parallel"),
+               dict(_RECURRENT, length=3, head_dim=6, state_dim=2, expand=1, conv_size=2, chunk_size=4)],
+    "deltanet": [dict(_RECURRENT, heads=3, chunk_size=4), dict(_RECURRENT, heads=2, form="recurrent"),
+                 dict(_RECURRENT, length=3, heads=3, chunk_size=4)],
+    "gated-deltanet": [dict(_RECURRENT, heads=4, key_heads=2, key_head_dim=5, value_head_dim=3, chunk_size=4),
+                       dict(_RECURRENT, heads=3, form="recurrent"), dict(_RECURRENT, heads=2, form="parallel")],
+    "kimi-delta-attention": [dict(_RECURRENT, heads=3, head_dim=5, chunk_size=4, form="recurrent"),
+                             dict(_RECURRENT, heads=2, chunk_size=3), dict(_RECURRENT, heads=3, form="parallel")],
     "dense": [_CORE], "sdpa": [_CORE, _ODD, dict(_CORE, kv_heads=2)],
     "dilated(10, 3)": [dict(_CORE, normalize="sigmoid"), dict(_CORE, normalize="sparsemax", q_len=300)],
 }
@@ -248,3 +278,59 @@ def test_modules_training_with_dropout_are_counted_as_they_run():
         forward, backward = counted(module, **kw)
         assert cost(module, **kw).flops == forward, type(module).__name__
         assert cost(module, backward=True, **kw).flops == forward + backward, type(module).__name__
+
+
+def test_no_size_prices_the_registry_example_and_a_length_the_papers_settings_at_a_realistic_layer():
+    small = {name: cost(name).sizes for name in ("longformer", "bigbird", "reformer")}
+    assert (small["longformer"]["window"], small["bigbird"]["block_size"], small["reformer"]["chunk_size"]) == (4, 2, 4)
+    longformer, bigbird, reformer = (cost(name, q_len=4096).sizes for name in ("longformer", "bigbird", "reformer"))
+    for s in (longformer, bigbird, reformer):
+        assert (s["batch"], s["length"], s["heads"], s["dim"]) == (1, 4096, 8, 512)
+    assert (longformer["window"], longformer["dilation"], longformer["global_tokens"]) == (512, 1, (0,))
+    assert [bigbird[k] for k in ("block_size", "window_blocks", "global_blocks", "random_blocks")] == [64, 3, 2, 3]
+    assert (reformer["chunk_size"], reformer["n_buckets"], reformer["n_hashes"]) == (64, 2 * 4096 // 64, 4)
+    assert cost("sliding-window", q_len=4096).sizes["window"] == 256  # Longformer's w = 512: 256 on each side
+    assert cost("longformer", q_len=4096, window=64).sizes["window"] == 64  # a setting given wins
+    for name, sp in SPECS.items():
+        if sp.at_scale:  # every paper setting says where it comes from
+            assert re.search(r"et al\. 20\d\d, arXiv:\d{4}\.\d{5}, (Sec|App)\. ", sp.source), (name, sp.source)
+
+
+def test_the_vocabulary_reaches_every_mechanism_under_its_own_names():
+    by_vocabulary = cost("longformer", batch=2, q_len=300, heads=2, head_dim=4)
+    assert by_vocabulary == cost("longformer", batch=2, length=300, heads=2, dim=8)
+    assert cost("rotary-embedding", q_len=7, head_dim=6).sizes["dim"] == 6
+    assert cost("pointer", q_len=9).sizes["kv_len"] == 9  # one length given: both sequences have it
+    with pytest.raises(ArgumentError, match="longformer takes one sequence length"):
+        cost("longformer", q_len=300, kv_len=200)
+    with pytest.raises(ArgumentError, match="length given twice"):
+        cost("longformer", q_len=300, length=200)
+    with pytest.raises(ArgumentError, match=r"unknown size\(s\) heads"):
+        cost("pointer", heads=8)
+
+
+_BILLION = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # a tensor of a billion positions cannot exist here
+from attnkit.analysis.cost import cost
+from attnkit.errors import ArgumentError
+n = 10 ** 9
+assert cost("dense", q_len=n).flops == 2 * 8 * n * n * (64 + 64)
+assert cost("causal", q_len=n, backward=True).flops > 0
+for name in ("multi-head", "linformer", "performer", "attention-pooling", "hierarchical-attention"):
+    assert cost(name, q_len=n).flops > 0, name
+for name in ("sliding-window", "alibi", "segment-level", "longformer", "bigbird", "reformer"):
+    try:
+        cost(name, q_len=n)
+    except ArgumentError as err:
+        assert "price a shorter sequence" in str(err) or "lengths up to" in str(err), err
+    else:
+        sys.exit(name + " priced")
+print("ok")
+"""
+
+
+def test_a_billion_tokens_is_priced_by_arithmetic_or_refused_without_allocating():
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", _BILLION], capture_output=True, text=True, env=env, timeout=300)
+    assert done.stdout.strip() == "ok", done.stdout + done.stderr[-3000:]

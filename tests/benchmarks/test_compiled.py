@@ -6,8 +6,8 @@ Compiling takes tens of seconds, so the run is marked slow; no timed assertion.
 from __future__ import annotations
 
 import pytest
-from benchmarks.harness.rows import Spec, run_spec
 
+from attnkit.benchmarking.rows import Spec, run_spec
 from benchmarks import compiled
 
 

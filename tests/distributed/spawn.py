@@ -1,8 +1,8 @@
 """Run a function on W gloo processes on this machine and collect what each rank returns.
 
 ``run(fn, world)`` starts ``world`` processes (torch.multiprocessing, see start_method), joins them in a
-gloo process group on 127.0.0.1 at a free port, calls ``fn(rank, world)`` on each and
-returns the list of their answers (rank order). An exception on any rank fails the call
+gloo process group (``backend="nccl"``: NCCL, rank r on GPU r) on 127.0.0.1 at a free port, calls
+``fn(rank, world)`` on each and returns the list of their answers (rank order). An exception on any rank fails the call
 with that rank's traceback; a rank stuck in a collective is ended by the group timeout.
 """
 
@@ -38,10 +38,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, fn, folder):
+def _worker(rank, world, port, fn, folder, backend="gloo"):
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
     try:
         answer = ("ok", fn(rank, world))
@@ -52,11 +54,13 @@ def _worker(rank, world, port, fn, folder):
     dist.destroy_process_group()
 
 
-def run(fn, world: int):
-    """Answers of ``fn(rank, world)`` on every rank of a fresh gloo group (``fn`` must be importable)."""
+def run(fn, world: int, backend: str = "gloo"):
+    """Answers of ``fn(rank, world)`` on every rank of a fresh group (``fn`` must be importable)."""
     with tempfile.TemporaryDirectory() as folder:
-        mp.start_processes(_worker, args=(world, free_port(), fn, folder), nprocs=world, join=True,
-                           start_method=start_method())
+        # CUDA cannot be used in a forked child of a process that touched it: NCCL ranks start fresh
+        method = "spawn" if backend == "nccl" else start_method()
+        mp.start_processes(_worker, args=(world, free_port(), fn, folder, backend), nprocs=world, join=True,
+                           start_method=method)
         answers = []
         for rank in range(world):
             with open(os.path.join(folder, f"{rank}.pkl"), "rb") as f:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from attnkit import masks
-from attnkit.distributed import allgather
+from attnkit.distributed import agreement, allgather
 
 from . import cases, spawn
 
@@ -30,4 +30,5 @@ def test_bytes_measured_equal_the_formula(measured, layout, kv_heads):
     block = cases.BATCH * kv_heads * (cases.LENGTH // WORLD) * (cases.HEAD_DIM + cases.VALUE_DIM) * 8
     assert want == (WORLD - 1) * block
     for found in measured:
-        assert found[layout, kv_heads] == (want, want)  # all-gather forward, reduce-scatter backward
+        # all-gather forward (after the agreement check), reduce-scatter backward
+        assert found[layout, kv_heads] == (want + agreement.bytes_sent(WORLD), want)

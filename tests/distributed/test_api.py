@@ -5,8 +5,10 @@ subgroups, ``[1, 2, 3]`` (3 ranks, group ranks differ from global ranks) and ``[
 (2 ranks). On each, every scheme x layout x case of :mod:`tests.distributed.cases` is
 compared in float64 with single-process ``attnkit.attention`` on the full tensors
 (output, lse, gradients of q, k, v within 1e-12). The same spawn checks the error
-contract, ``no_grad``, bool tensor masks and float32 dtypes. The larger sweep (more
-lengths, seeds, another spawn per world size) is marked slow.
+contract, ``no_grad``, bool tensor masks and float32 dtypes, and attention sinks on the world
+group against the float64 oracle of tests/oracle.py (outputs, lse, gradients of q, k, v and the
+sinks, summed over the ranks). The larger sweep (more lengths, seeds, another spawn per world
+size) is marked slow.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch.distributed as dist
 
 import attnkit
 from attnkit import masks
-from attnkit.distributed import SCHEMES, attention, shard
+from attnkit.distributed import SCHEMES, attention, gather, shard
 
 from . import cases, spawn
 
@@ -32,7 +34,7 @@ def _errors_raised(rank, pair):
         "learned_bias_ring": lambda: attention(q, q, q, bias=attnkit.bias.RelativePositionBias(6)),
         "ulysses_heads": lambda: attention(q, q, q, scheme="ulysses"),
         "length_zigzag": lambda: attention(q[..., :3, :], q[..., :3, :], q[..., :3, :], layout="zigzag"),
-        "scheme": lambda: attention(q, q, q, scheme="tree"),
+        "scheme": lambda: attention(q, q, q, scheme="star"),
         "layout": lambda: attention(q, q, q, layout="spiral"),
         "float_mask": lambda: attention(q, q, q, mask=torch.zeros(24, 24)),
         "mask_length": lambda: attention(q, q, q, mask=masks.segments(torch.zeros(10, dtype=torch.long))),
@@ -42,14 +44,7 @@ def _errors_raised(rank, pair):
     }
     if rank not in GROUPS[2]:
         calls["not_a_member"] = lambda: attention(q, q, q, group=pair)
-    found = {}
-    for name, call in calls.items():
-        try:
-            call()
-            found[name] = ("no error", "")
-        except attnkit.AttnkitError as e:
-            found[name] = (type(e).__name__, str(e))
-    return found
+    return cases.raised(calls)
 
 
 def _contract_checks(rank, world):
@@ -85,6 +80,24 @@ def _learned_bias_error(scheme):
     return (got - want).abs().max().item()
 
 
+def _zero_length(rank, world):
+    """Every scheme x layout on a sequence of length 0 (every shard empty): shapes, dtypes and gradients."""
+    found = {}
+    for scheme in SCHEMES:
+        for layout in cases.LAYOUTS:
+            q = torch.zeros(2, 12, 0, 5, dtype=torch.float64, requires_grad=True)
+            k = torch.zeros(2, 4, 0, 5, dtype=torch.float64, requires_grad=True)
+            v = torch.zeros(2, 4, 0, 3, dtype=torch.float64, requires_grad=True)
+            got = attention(q, k, v, mask=masks.causal(), bias=attnkit.bias.alibi(12), scheme=scheme, layout=layout,
+                            return_lse=True)
+            (got.output.sum() + got.lse.sum()).backward()
+            found[scheme, layout] = (tuple(got.output.shape), tuple(got.lse.shape), got.lse.dtype,
+                                     [tuple(t.grad.shape) for t in (q, k, v)])
+    x = torch.zeros(2, 0, 3)
+    found["shard_gather"] = (tuple(shard(x, dim=1).shape), tuple(gather(shard(x, dim=1), dim=1).shape))
+    return found
+
+
 def _quick(rank, world):
     groups = {w: None if ranks is None else dist.new_group(ranks) for w, ranks in GROUPS.items()}
     found = {"sweep": {}}
@@ -93,6 +106,8 @@ def _quick(rank, world):
             found["sweep"][w] = cases.sweep(groups[w])
     found["errors"] = _errors_raised(rank, groups[2])
     found["contract"] = _contract_checks(rank, world)
+    found["zero_length"] = _zero_length(rank, world)
+    found["sinks"] = cases.sink_sweep()
     return found
 
 
@@ -115,7 +130,7 @@ def test_matches_one_process_in_float64(quick, world, scheme, layout, case):
 
 @pytest.mark.parametrize(("name", "kind", "words"), [
     ("ulysses_heads", "ShapeError", "heads=6"), ("length_zigzag", "ShapeError", "divisible by 8"),
-    ("scheme", "ArgumentError", "'tree'"), ("layout", "ArgumentError", "'spiral'"),
+    ("scheme", "ArgumentError", "'star'"), ("layout", "ArgumentError", "'spiral'"),
     ("float_mask", "DTypeError", "bool"), ("mask_length", "ShapeError", "q_len=10"),
     ("bool_mask_shape", "ShapeError", "(B, H, L, L)"), ("shard_length", "ShapeError", "divisible by 8"),
     ("kv_length", "ShapeError", "share their length"), ("learned_bias_ring", "ArgumentError", "learned bias"),
@@ -136,6 +151,24 @@ def test_no_grad_lse_dtypes_bool_tensor_masks_and_learned_biases(quick):
         out_dtype, lse_dtype, error = found["float32"]
         assert (out_dtype, lse_dtype) == (torch.float32, torch.float32) and error < 1e-5
         assert max(found["learned_bias"].values()) <= TOL, found["learned_bias"]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("layout", cases.LAYOUTS)
+def test_a_sequence_of_length_zero_gives_empty_results_on_every_scheme(quick, scheme, layout):
+    for found in quick:
+        out, lse, lse_dtype, grads = found["zero_length"][scheme, layout]
+        assert (out, lse, lse_dtype) == ((2, 12, 0, 3), (2, 12, 0), torch.float64)
+        assert grads == [(2, 12, 0, 5), (2, 4, 0, 5), (2, 4, 0, 3)]
+        assert found["zero_length"]["shard_gather"] == ((2, 0, 3), (2, 0, 3))
+
+
+@pytest.mark.parametrize(("scheme", "layout", "case"), [(s, lay, name) for s in SCHEMES for lay in cases.LAYOUTS
+                                                        for name in cases.sink_cases()])
+def test_sinks_join_once_after_the_merge_and_equal_the_float64_oracle(quick, scheme, layout, case):
+    for rank in range(4):
+        errors = quick[rank]["sinks"][(scheme, layout, case)]
+        assert max(errors) <= TOL, f"rank {rank}: output, lse, dq, dk, dv, dsinks errors {errors}"
 
 
 def _slow(rank, world):

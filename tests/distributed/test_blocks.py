@@ -40,7 +40,7 @@ def test_a_block_that_allows_nothing_stays_in_the_graph_with_zero_gradients():
     nothing = masks.from_function(lambda b, h, i, j: i < 0, "nothing")
     active, full = chunk_plan(nothing, 8, 4, 1, 2, None)
     setting = Setting(mask=nothing, bias=bias.alibi(2), scale=0.5, length=8, chunk=4, active=active, full=full,
-                      active_map=torch.zeros(2, 2, dtype=torch.bool))
+                      active_map=torch.zeros(2, 2, dtype=torch.bool), full_map=torch.zeros(2, 2, dtype=torch.bool))
     q, k, v = (torch.randn(1, 2, 4, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
     out, lse = block_attention(setting, q, k, v, q0=4, k0=0)
     assert out.requires_grad and torch.equal(out, torch.zeros_like(out))

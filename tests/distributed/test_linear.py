@@ -14,10 +14,10 @@ import torch.distributed as dist
 
 import attnkit
 from attnkit.distributed import count_bytes, shard
-from attnkit.distributed.linear import sequence_parallel
+from attnkit.distributed.linear import feature_attention, sequence_parallel
 from attnkit.nn import LinearAttention, PerformerAttention
 
-from . import spawn
+from . import cases, spawn
 
 LAYERS = {"linear_causal": lambda: LinearAttention(12, 3, causal=True, chunk_size=4),
           "linear": lambda: LinearAttention(12, 3, chunk_size=4),
@@ -52,9 +52,24 @@ def _compare(name, layout, masked, group):
             "bytes": tally.by_kind.get("all_gather", 0)}
 
 
+def _empty(name, layout):
+    """A sequence of length 0 on every rank: the output's shape and the gradient of the input."""
+    layer = LAYERS[name]().double()
+    x = torch.zeros(2, 0, 12, dtype=torch.float64, requires_grad=True)
+    out = sequence_parallel(layer, x, layout=layout)
+    out.sum().backward()
+    phi = torch.zeros(2, 3, 0, 4, dtype=torch.float64)
+    return tuple(out.shape), tuple(x.grad.shape), tuple(feature_attention(phi, phi, phi, layout=layout).shape)
+
+
 def _run(rank, world):
     groups = {4: None, 3: dist.new_group([1, 2, 3])}
     found = {}
+    for name, layout in itertools.product(LAYERS, ("contiguous", "zigzag")):
+        found["padding", name, layout] = cases.padding_is_inert(
+            LAYERS[name], lambda m, x, keep, lay=layout: sequence_parallel(m, x, key_keep_mask=keep, layout=lay),
+            layout=layout, padded=7)
+        found["empty", name, layout] = _empty(name, layout)
     for w, group in groups.items():
         if group is None or rank in (1, 2, 3):
             for name, layout, masked in itertools.product(LAYERS, ("contiguous", "zigzag"), (False, True)):
@@ -87,3 +102,19 @@ def test_matches_the_module_on_one_process(results, world, name, layout, masked)
 
 def test_other_modules_are_refused(results):
     assert "LinearAttention or PerformerAttention" in results[0]["error"]
+
+
+@pytest.mark.parametrize("name", LAYERS)
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_non_finite_padding_reaches_no_output_and_no_gradient(results, name, layout):
+    """The padding promise of the one-process modules (tests/nn/test_padding.py), across ranks."""
+    for rank in range(4):
+        for fill, (finite, diff) in results[rank]["padding", name, layout].items():
+            assert finite and diff == 0.0, (rank, fill, finite, diff)
+
+
+@pytest.mark.parametrize("name", LAYERS)
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_a_sequence_of_length_zero_gives_an_empty_output(results, name, layout):
+    for rank in range(4):
+        assert results[rank]["empty", name, layout] == ((2, 0, 12), (2, 0, 12), (2, 3, 0, 4))

@@ -22,7 +22,7 @@ from attnkit.distributed import shard
 from attnkit.distributed.modules import SequenceParallelSelfAttention
 from attnkit.models import TransformerLM
 
-from . import spawn
+from . import cases, spawn
 
 VOCAB, LENGTH, WORLD, TOL = 11, 24, 4, 1e-10
 
@@ -104,8 +104,22 @@ def _ddp_and_fsdp(layout):
     return found
 
 
+def _empty(scheme, layout):
+    module = SequenceParallelSelfAttention(12, 4, causal=True, scheme=scheme, layout=layout).double()
+    x = torch.zeros(2, 0, 12, dtype=torch.float64, requires_grad=True)
+    out = module(x, key_keep_mask=torch.zeros(2, 0, dtype=torch.bool))
+    out.sum().backward()
+    return tuple(out.shape), tuple(x.grad.shape), all(p.grad is not None for p in module.parameters())
+
+
 def _run(rank, world):
-    found = {(s, lay): _compare(s, lay) for s, lay in itertools.product(("ring", "ulysses", "allgather"),
+    found = {("padding", s, lay): cases.padding_is_inert(
+        functools.partial(SequenceParallelSelfAttention, 12, 4, causal=True, scheme=s, layout=lay),
+        lambda m, x, keep: m(x, key_keep_mask=keep), layout=lay, padded=9)
+        for s, lay in itertools.product(("ring", "ulysses", "allgather"), ("contiguous", "zigzag"))}
+    found.update({("empty", s, lay): _empty(s, lay) for s, lay in itertools.product(
+        ("ring", "ulysses", "allgather"), ("contiguous", "zigzag"))})
+    found |= {(s, lay): _compare(s, lay) for s, lay in itertools.product(("ring", "ulysses", "allgather"),
                                                                           ("contiguous", "zigzag"))}
     found["wrappers"] = {lay: _ddp_and_fsdp(lay) for lay in ("contiguous", "zigzag")}
     try:
@@ -138,3 +152,19 @@ def test_one_sgd_step_under_ddp_and_fsdp2_equals_one_process(results, layout, wr
 
 def test_a_kv_cache_is_refused(results):
     assert "no KV cache across ranks" in results[0]["cache_error"]
+
+
+@pytest.mark.parametrize("scheme", ["ring", "ulysses", "allgather"])
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_non_finite_padding_reaches_no_output_and_no_gradient(results, scheme, layout):
+    """The padding promise of the one-process modules (tests/nn/test_padding.py), across ranks."""
+    for rank, found in enumerate(results):
+        for fill, (finite, diff) in found["padding", scheme, layout].items():
+            assert finite and diff == 0.0, (rank, fill, finite, diff)
+
+
+@pytest.mark.parametrize("scheme", ["ring", "ulysses", "allgather"])
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_a_sequence_of_length_zero_gives_an_empty_output(results, scheme, layout):
+    for found in results:
+        assert found["empty", scheme, layout] == ((2, 0, 12), (2, 0, 12), True)

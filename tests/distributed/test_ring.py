@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 
 from attnkit import masks
-from attnkit.distributed import ring
+from attnkit.distributed import agreement, ring
 
 from . import cases, spawn
 
 WORLD, LENGTH = 4, 48
 SIZES = {"batch": cases.BATCH, "kv_heads": cases.HEADS, "length": LENGTH, "head_dim": cases.HEAD_DIM,
          "value_dim": cases.VALUE_DIM, "world": WORLD, "itemsize": 8}
+CHECK = agreement.bytes_sent(WORLD)  # every call starts with the agreement check
 MASKS = {"none": None, "causal": masks.causal(), "causal_window": masks.causal() & masks.sliding_window(3),
          "window_both_sides": masks.sliding_window(3, 3)}
 
@@ -67,11 +68,12 @@ def test_no_rank_holds_the_whole_kv(facts, layout, name):
 def test_bytes_measured_equal_the_formula(facts, layout, name):
     for found in facts:
         f = found[layout, name]
-        assert f["bytes"] == (ring.bytes_sent(**SIZES, sends=f["sends"]),
+        assert f["bytes"] == (ring.bytes_sent(**SIZES, sends=f["sends"]) + CHECK,  # the agreement check: forward
                               ring.bytes_sent(**SIZES, sends=f["sends"], backward=True))
     if name == "none":
         block = cases.BATCH * cases.HEADS * (LENGTH // WORLD) * (cases.HEAD_DIM + cases.VALUE_DIM) * 8
-        assert all(found[layout, name]["bytes"] == ((WORLD - 1) * block, (2 * WORLD - 1) * block) for found in facts)
+        assert all(found[layout, name]["bytes"] == ((WORLD - 1) * block + CHECK, (2 * WORLD - 1) * block)
+                   for found in facts)
 
 
 def test_causal_blocks_travel_only_as_far_as_needed(facts):

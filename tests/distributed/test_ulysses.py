@@ -7,7 +7,7 @@ import math
 import pytest
 
 from attnkit import masks
-from attnkit.distributed import ulysses
+from attnkit.distributed import agreement, ulysses
 
 from . import cases, spawn
 
@@ -41,7 +41,7 @@ def test_bytes_measured_equal_the_formula(measured, layout, kv_heads, lse):
                               head_dim=cases.HEAD_DIM, value_dim=cases.VALUE_DIM, world=WORLD, itemsize=8,
                               lse_itemsize=8 if lse else 0)
     for found in measured:
-        assert found[layout, kv_heads, lse] == (want, want)
+        assert found[layout, kv_heads, lse] == (want + agreement.bytes_sent(WORLD), want)  # the check: forward
 
 
 def test_formula_counts_the_share_for_other_ranks():

@@ -13,6 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnkit import masks
+from attnkit.errors import ArgumentError
+from attnkit.functional.mask_base import KINDS as KINDS_OF_MASKS
 
 
 # ------------------------------------------------------------------ block layouts and materialize
@@ -186,3 +188,69 @@ def test_analytic_layouts_equal_the_evaluated_ones(lq, lk, bs, stride, block, su
     both = masks.strided(stride) & masks.causal()  # an AND may over-approximate active, never full
     fast, exact = both.block_layout(lq, lk, bs), both.block_layout(lq, lk, bs, exact=True)
     assert bool((fast.active >= exact.active).all()) and torch.equal(fast.full, exact.full)
+
+
+# ------------------------------------------------------------------ kinds, band terms, text
+KINDS = {
+    "full": masks.full(), "causal": masks.causal(), "causal top-left": masks.causal(align="top_left"),
+    "window": masks.sliding_window(3, 1), "diagonals": masks.diagonals(-2, 4),
+    "window & causal": masks.sliding_window(3, 1) & masks.causal(),
+    "mixed alignments": masks.causal() & masks.sliding_window(2, 5, align="top_left"),
+    "shifted causal": masks.shifted(masks.causal(), q0=5, k0=2, q_len=20, kv_len=20),
+    "padding": masks.padding([4, 9]), "keys": masks.keys(torch.tensor([True, False] * 6)),
+    "tensor": masks.TensorMask(torch.ones(1, 1, 9, 12, dtype=torch.bool)),
+    "strided": masks.strided(3), "dilated": masks.dilated(2, 2), "fixed": masks.fixed(4),
+    "or": masks.sliding_window(1, 1) | masks.causal(), "not": ~masks.causal(),
+    "segments": masks.segments(torch.arange(12) // 4),
+}
+EXPECTED_KIND = {"full": "full", "causal": "causal", "causal top-left": "causal", "window": "band",
+                 "diagonals": "band", "window & causal": "band", "mixed alignments": "band",
+                 "shifted causal": "band", "padding": "keys", "keys": "tensor", "tensor": "tensor",
+                 "strided": "pattern", "dilated": "pattern", "fixed": "pattern", "or": "pattern", "not": "pattern",
+                 "segments": "pattern"}
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_each_mask_states_its_kind_and_its_band_terms_are_exact(name):
+    mask = KINDS[name]
+    assert mask.kind == EXPECTED_KIND[name] and mask.kind in KINDS_OF_MASKS
+    for lq, lk in ((9, 12), (12, 12), (12, 9), (1, 12)):
+        band = mask.band(lq, lk)
+        assert (band is not None) == (mask.band_terms is not None)
+        if band is None:
+            continue
+        lo, hi = (-99 if band[0] is None else band[0]), (99 if band[1] is None else band[1])
+        i, j = torch.arange(lq)[:, None], torch.arange(lk)[None, :]
+        assert torch.equal(mask.materialize(lq, lk, batch=2)[0, 0], (j - i >= lo) & (j - i <= hi)), (lq, lk)
+
+
+def test_masks_without_tensors_carry_the_text_that_rebuilds_them():
+    for mask in KINDS.values():
+        if mask.text is not None:
+            assert repr(masks.parse(mask.text)) == mask.text == repr(mask)
+    assert masks.padding([3]).text is None and (masks.causal() & masks.padding([3])).text is None
+
+
+def test_chains_are_flat_and_double_negation_cancels():
+    chain = masks.causal()
+    for _ in range(3000):  # one And of 3001 parts, not 3000 nested ones: repr and evaluation stay shallow
+        chain = chain & masks.sliding_window(4)
+    assert len(chain.parts) == 3001 and chain.band(8, 8) == (-4, 0)
+    assert torch.equal(chain.materialize(8, 8), (masks.causal() & masks.sliding_window(4)).materialize(8, 8))
+    negated = masks.causal()
+    for _ in range(5001):
+        negated = ~negated
+    assert repr(negated) == "~causal(align='bottom_right')"
+
+
+@pytest.mark.parametrize("make", [lambda: masks.sliding_window(10 ** 20), lambda: masks.diagonals(-10 ** 20, 0),
+                                  lambda: masks.strided(2 ** 41), lambda: masks.fixed(10 ** 20)])
+def test_spans_past_any_sequence_are_refused_by_name(make):
+    with pytest.raises(ArgumentError, match=r"must be (at most 2\*\*40|an int >= )"):
+        make()
+
+
+def test_parsing_deeply_nested_text_is_a_clear_error():
+    with pytest.raises(ArgumentError, match="nested too deeply"):
+        masks.parse("~" * 5000 + "causal()")
+    assert repr(masks.parse("~" * 200 + "causal()")) == "causal(align='bottom_right')"

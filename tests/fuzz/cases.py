@@ -3,8 +3,11 @@
 A case is drawn in three steps so every part fits the others: the sizes (batch and lengths
 including 0 and 1, odd head dims, grouped-query ratios, ``Dv != D``, rank 2, 3 or 4), then a
 mask expression over every constructor of :mod:`attnkit.masks` combined with ``&``, ``|`` and
-``~`` (both causal alignments; per-sample masks sized to the batch), then the bias, score,
-scale, normaliser, dtype and what is asked for (lse, weights, gradients). The tensors are
+``~`` (both causal alignments; per-sample masks sized to the batch), then the bias (tensors with
+``-inf`` entries, a ``finfo.min`` row, ``finfo.min`` keys a mask may leave a row alone with),
+score, scale, normaliser, attention sinks (with softmax: per head or per sample, ``-inf`` or
+dominating entries, learned or not), dtype and what is asked for (lse, weights, gradients,
+second derivatives through a gradient penalty). The tensors are
 made from the case's seed, so a failing case prints everything needed to replay it.
 """
 
@@ -45,6 +48,8 @@ class Case:
     return_lse: bool = False
     return_weights: bool = False
     grad: bool = False
+    second_order: bool = False  # also a gradient penalty: the gradients of |dq|, with create_graph=True
+    sinks: tuple | None = None  # ("sinks", shape, kind, learned): attention sinks, softmax only
     extra: dict = field(default_factory=dict)
 
     def shapes(self):
@@ -65,12 +70,27 @@ class Case:
                 bias = bias.masked_fill(torch.rand(shape, generator=g) < 0.3, float("-inf"))
             elif kind == "finfo.min row" and len(shape) >= 2 and shape[-2] > 0:
                 bias[..., 0, :] = torch.finfo(torch.float32).min
+            elif kind == "finfo.min keys":  # "masking" as a bias on some keys: a mask may leave a row only those
+                bias[..., torch.rand(shape[-1], generator=g) < 0.5] = torch.finfo(torch.float32).min
             bias = bias.to(self.dtype).requires_grad_(learned and self.grad)
         return q, k, v, bias
 
-    def kwargs(self, bias):
+    def sink_tensor(self):
+        """The sinks (None without), from the seed; a leaf that needs a gradient when asked and learned."""
+        if self.sinks is None:
+            return None
+        _, shape, kind, learned = self.sinks
+        g = torch.Generator().manual_seed(self.seed + 2)
+        sinks = 2.0 * torch.randn(shape, generator=g, dtype=torch.float64)
+        if kind == "-inf entries":
+            sinks = sinks.masked_fill(torch.rand(shape, generator=g) < 0.5, float("-inf"))
+        elif kind == "large":  # the sink dominates the row: outputs near 0, lse near s
+            sinks = 15.0 * sinks.abs()
+        return sinks.to(self.dtype).requires_grad_(learned and self.grad)
+
+    def kwargs(self, bias, sinks=None):
         return dict(mask=self.mask, bias=bias, score=self.score, scale=self.scale, normalize=self.normalize,
-                    return_lse=self.return_lse, return_weights=self.return_weights)
+                    return_lse=self.return_lse, return_weights=self.return_weights, sinks=sinks)
 
 
 @st.composite
@@ -84,7 +104,7 @@ def _bools(draw, shape):
 def _leaf_mask(draw, batch, lq, lk):
     kind = draw(st.sampled_from(["full", "causal", "sliding_window", "dilated", "strided", "fixed",
                                  "global_tokens", "segments", "padding", "keys", "prefix_lm", "from_function",
-                                 "block_layout"]))
+                                 "block_layout", "flex_block_mask"]))
     align = draw(st.sampled_from(ALIGNS))
     small = st.integers(0, 40)
     if kind == "full":
@@ -117,7 +137,24 @@ def _leaf_mask(draw, batch, lq, lk):
         return masks.from_function(lambda b, h, i, j: (i + j) % period != 0, name=f"i + j not divisible by {period}")
     block = draw(st.sampled_from([1, 3, 16, 64]))
     nq, nk = -(-lq // block), -(-lk // block)
-    return masks.block_layout(draw(_bools((nq, nk))), block)
+    if kind == "block_layout" or not (lq and lk):
+        return masks.block_layout(draw(_bools((nq, nk))), block)
+    return masks.from_block_mask(draw(_flex_block_mask(lq, lk, block)))
+
+
+@st.composite
+def _flex_block_mask(draw, lq, lk, block):
+    """A FlexAttention BlockMask with random partial and full tiles and a mask_mod for the partial ones."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    from attnkit.functional.block_masks import ordered
+
+    nq, nk = -(-lq // block), -(-lk // block)
+    active, full = draw(_bools((1, 1, nq, nk))), draw(_bools((1, 1, nq, nk)))
+    partial, full = active & ~full, active & full
+    period = draw(st.integers(2, 5))
+    return BlockMask.from_kv_blocks(*ordered(partial), *ordered(full), BLOCK_SIZE=block, seq_lengths=(lq, lk),
+                                    mask_mod=lambda b, h, i, j: (i + 2 * j) % period != 0)
 
 
 @st.composite
@@ -144,8 +181,18 @@ def _bias(draw, case_scores, heads):
         return attnkit.bias.softcap(draw(st.floats(0.5, 30.0)))
     rank = draw(st.integers(1, len(case_scores)))
     shape = tuple(s if draw(st.booleans()) else 1 for s in case_scores[-rank:-1]) + (case_scores[-1],)
-    values = draw(st.sampled_from(["plain", "plain", "-inf entries", "finfo.min row"]))
+    values = draw(st.sampled_from(["plain", "plain", "-inf entries", "finfo.min row", "finfo.min keys"]))
     return ("tensor", shape, values, values == "plain" and draw(st.booleans()))
+
+
+@st.composite
+def _sinks(draw, batch, heads):
+    """None mostly; else a sink description: shape ``(H,)``, ``(B, H)`` or a broadcast of it, and its values."""
+    if draw(st.integers(0, 2)):
+        return None
+    shape = draw(st.sampled_from([(heads,), (batch, heads), (1, heads), (batch, 1), ()]))
+    kind = draw(st.sampled_from(["plain", "plain", "-inf entries", "large"]))
+    return ("sinks", shape, kind, kind != "-inf entries" and draw(st.booleans()))
 
 
 @st.composite
@@ -174,4 +221,6 @@ def cases(draw) -> Case:
         score=draw(st.sampled_from(["scaled_dot", "scaled_dot", "dot", "cosine"])),
         scale=draw(st.sampled_from([None, None, 0.0, -0.7, 0.3, 2.0])), normalize=normalize,
         return_lse=normalize == "softmax" and draw(st.booleans()), return_weights=draw(st.integers(0, 5)) == 0,
-        grad=normalize in ("softmax", "sigmoid") and draw(st.booleans()))
+        grad=(grad := normalize in ("softmax", "sigmoid") and draw(st.booleans())),
+        second_order=grad and draw(st.integers(0, 2)) == 0,
+        sinks=draw(_sinks(batch, heads)) if normalize == "softmax" else None)

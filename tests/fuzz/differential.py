@@ -1,10 +1,11 @@
 """The fuzzer's check: one :class:`~tests.fuzz.cases.Case` on every backend against the float64 oracles.
 
-Softmax and sigmoid calls are compared with :mod:`tests.fuzz.masked_softmax` (forward, lse and
-gradients by autograd in float64); sparsemax and hard, and returned weights, with the dense
-oracle of :mod:`tests.oracle` (forward only). Every backend runs: ``auto`` must answer; a forced
-backend either answers within tolerance or raises :class:`~attnkit.errors.BackendError`, nothing else.
-Tolerances scale with the size of the exact answer: ``|got - exact| <= tol * (1 + max |exact|)``.
+Softmax and sigmoid calls are compared with :mod:`tests.fuzz.masked_softmax` (forward, lse,
+gradients, of the sinks too, and second derivatives of a gradient penalty, by autograd in float64); sparsemax and
+hard, and returned weights, with the dense oracle of :mod:`tests.oracle` (forward only). Every
+backend runs: ``auto`` must answer; a forced backend either answers within tolerance or raises
+:class:`~attnkit.errors.BackendError`, nothing else. Tolerances scale with the size of the exact
+answer: ``|got - exact| <= tol * (1 + max |exact|)``.
 """
 
 from __future__ import annotations
@@ -47,21 +48,30 @@ def _close(what, got, exact, tol, plain=None):
     assert err <= bound, f"{what}: error {err:.3g} > {bound:.3g}"
 
 
-def _exact(case: Case, q, k, v, bias, dtype=torch.float64):
+def _exact(case: Case, q, k, v, bias, sinks, dtype=torch.float64):
     """``(out, lse, differentiable)`` in ``dtype``, from the masked-softmax oracle where it applies."""
     kwargs = dict(mask=case.mask, bias=bias, score=case.score, scale=case.scale, normalize=case.normalize)
     if case.normalize in ("softmax", "sigmoid"):
-        out, lse = attend(q, k, v, dtype=dtype, **kwargs)
+        out, lse = attend(q, k, v, dtype=dtype, sinks=sinks, **kwargs)
         return out, lse, True
     return dense_attention(q, k, v, dtype=dtype, **kwargs), None, False
 
 
-def _grad_inputs(q, k, v, bias):
-    return [t for t in (q, k, v, bias) if isinstance(t, torch.Tensor) and t.requires_grad]
+def _grad_inputs(*tensors):
+    named = zip(("dq", "dk", "dv", "dbias", "dsinks"), tensors, strict=True)
+    return [(n, t) for n, t in named if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
 def _grads(out, probe, inputs):
-    grads = torch.autograd.grad((out * probe.to(out.dtype)).sum(), inputs, allow_unused=True)
+    grads = torch.autograd.grad((out * probe.to(out.dtype)).sum(), inputs, allow_unused=True, retain_graph=True)
+    return [torch.zeros_like(t, dtype=torch.float64) if g is None else g for g, t in zip(grads, inputs, strict=True)]
+
+
+def _penalty_grads(out, probe, inputs):
+    """Gradients of ``sum(dq^2)`` with ``dq = d <out, probe> / dq`` (create_graph): second derivatives."""
+    (dq,) = torch.autograd.grad((out * probe.to(out.dtype)).sum(), inputs[0], create_graph=True)
+    grads = torch.autograd.grad(dq.square().sum(), inputs, allow_unused=True) if dq.requires_grad else [None] * len(
+        inputs)
     return [torch.zeros_like(t, dtype=torch.float64) if g is None else g for g, t in zip(grads, inputs, strict=True)]
 
 
@@ -71,25 +81,31 @@ def check(case: Case) -> list[str]:
     Returns the paths that ran (for the caller's statistics).
     """
     q, k, v, bias = case.tensors()
-    exact, exact_lse, differentiable = _exact(case, q, k, v, bias)
-    plain = None if case.dtype == torch.float64 else _exact(case, q, k, v, bias, torch.float32)[0]
+    sinks = case.sink_tensor()
+    exact, exact_lse, differentiable = _exact(case, q, k, v, bias, sinks)
+    plain = None if case.dtype == torch.float64 else _exact(case, q, k, v, bias, sinks, torch.float32)[0]
     weights = None
     if case.return_weights:
-        weights = dense_attention(q, k, v, **{**case.kwargs(bias), "return_lse": False}).weights
-    inputs = _grad_inputs(q, k, v, bias)
+        weights = dense_attention(q, k, v, **{**case.kwargs(bias, sinks), "return_lse": False}).weights
+    named = _grad_inputs(q, k, v, bias, sinks)
+    names, inputs = [n for n, _ in named], [t for _, t in named]
     want_grads = bool(case.grad and differentiable and inputs and exact.numel())
     if want_grads:
         probe = torch.randn(exact.shape, generator=torch.Generator().manual_seed(case.seed + 1), dtype=torch.float64)
         exact_grads = _grads(exact, probe, inputs)
         plain_grads = [None] * len(inputs) if plain is None else _grads(plain, probe, inputs)
+        second = case.second_order and inputs[0] is q
+        if second:
+            exact_second = _penalty_grads(exact, probe, inputs)
+            plain_second = [None] * len(inputs) if plain is None else _penalty_grads(plain, probe, inputs)
     ran = []
     for backend in ("auto", *BACKENDS):
         try:
-            res = attnkit.attention(q, k, v, backend=backend, **case.kwargs(bias))
+            res = attnkit.attention(q, k, v, backend=backend, **case.kwargs(bias, sinks))
         except BackendError:
             assert backend != "auto", "backend='auto' raised BackendError"
             continue
-        ran.append(attnkit.explain(q, k, v, backend=backend, **case.kwargs(bias)).path)
+        ran.append(attnkit.explain(q, k, v, backend=backend, **case.kwargs(bias, sinks)).path)
         out = res.output if isinstance(res, tuple) else res
         where = f"backend={backend} ({ran[-1]})"
         assert out.dtype == q.dtype, f"{where}: output dtype {out.dtype}"
@@ -99,7 +115,13 @@ def check(case: Case) -> list[str]:
         if case.return_weights:
             _close(f"{where}: weights", res.weights, weights, OUT_TOL[case.dtype])
         if want_grads:
-            for name, g, e, p in zip(("dq", "dk", "dv", "dbias"), _grads(out, probe, inputs), exact_grads,
-                                     plain_grads, strict=False):
+            for name, g, e, p in zip(names, _grads(out, probe, inputs), exact_grads, plain_grads, strict=True):
                 _close(f"{where}: {name}", g, e, GRAD_TOL[case.dtype], p)
+        if want_grads and second:
+            again = attnkit.attention(q, k, v, backend=backend, **case.kwargs(bias, sinks))
+            again = again.output if isinstance(again, tuple) else again
+            for name, g, e, p in zip(names, _penalty_grads(again, probe, inputs), exact_second, plain_second,
+                                     strict=True):
+                name = f"d2{name[1:]}"
+                _close(f"{where}: {name} (second order)", g, e, GRAD_TOL[case.dtype], p)
     return ran

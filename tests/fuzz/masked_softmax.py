@@ -7,6 +7,9 @@ For one attention call, with ``A`` the allowed pairs (the mask, True = attend)::
     m_i = max_{l in A_i} S[i, l];  a row with no allowed key (A_i empty, or every S -inf) has W = 0
     out = W @ V;  lse_i = m_i + log sum_{l in A_i} exp(S[i, l] - m_i)  (-inf for an empty row)
 
+With sinks ``s_h`` (a logit per head), ``exp(s_h - m_i)`` joins every sum of head h and ``m_i`` is the
+max of the row and ``s_h``: the sink takes weight and gives no value, and an empty row has lse ``s_h``.
+
 Every score is built at once in float64 from the inputs (upcast, never the library's kernels,
 scores, normalisers or validation), so ``torch.autograd.grad`` through it gives the exact gradients
 of that definition. Sigmoid weights are ``sigmoid(S)`` on allowed pairs. The modifiers it knows are
@@ -53,9 +56,10 @@ def _modified(modifier, s, lq, lk):
 
 
 def attend(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, normalize="softmax",
-           dtype=torch.float64):
+           sinks=None, dtype=torch.float64):
     """``(out, lse or None)`` computed in ``dtype`` (float64: the oracle; float32: the plain same-dtype
-    implementation the tolerances compare with), differentiable in q, k, v and a tensor bias; out has q's rank."""
+    implementation the tolerances compare with), differentiable in q, k, v, a tensor bias and the sinks; out has
+    q's rank."""
     rank = q.dim()
     user_scores = (*q.shape[:-1], k.shape[-2])
     q, k, v = (as_4d(t).to(dtype) for t in (q, k, v))
@@ -77,7 +81,7 @@ def attend(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, nor
     if normalize == "sigmoid":
         weights, lse = torch.sigmoid(s).masked_fill(~allowed, 0.0), None
     elif normalize == "softmax":
-        weights, lse = _softmax(s, allowed)
+        weights, lse = _softmax(s, allowed, None if sinks is None else sinks.to(dtype))
     else:
         raise NotImplementedError(f"masked_softmax oracle: normalize {normalize!r}")
     out = weights @ v
@@ -85,12 +89,19 @@ def attend(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, nor
     return back(out), (back(lse) if lse is not None else None)
 
 
-def _softmax(s, allowed):
+def _softmax(s, allowed, sinks=None):
+    """Over allowed keys; sinks add ``exp(sink_h - m)`` to every row's sum of head h (``m`` includes it)."""
     s = s.masked_fill(~allowed, _NEG_INF)
     m = s.amax(-1, keepdim=True).detach() if s.shape[-1] else s.new_full((*s.shape[:-1], 1), _NEG_INF)
+    sink = None if sinks is None else torch.broadcast_to(sinks, s.shape[:2])[:, :, None, None]
+    if sink is not None:
+        m = torch.maximum(m, sink.detach())
     empty = m == _NEG_INF
     e = torch.exp(s - torch.where(empty, torch.zeros_like(m), m))
     total = e.sum(-1, keepdim=True)
+    if sink is not None:
+        total = total + torch.exp(sink - torch.where(empty, torch.zeros_like(m), m))
+        empty = total == 0  # a sink of -inf and no allowed key
     weights = torch.where(empty, torch.zeros_like(e), e / torch.where(empty, torch.ones_like(total), total))
     lse = torch.where(empty, torch.full_like(m, _NEG_INF), m + torch.log(torch.where(empty, torch.ones_like(total),
                                                                                        total)))

@@ -12,10 +12,12 @@ import pytest
 import torch
 
 import attnkit
+from attnkit import masks
 from attnkit.functional.validate import validate
 from attnkit.kernels import bias_slabs
 from tests.fuzz.masked_softmax import attend
 from tests.helpers import rand_qkv
+from tests.oracle import dense_attention
 
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float64: dict(rtol=1e-8, atol=1e-10)}
 # float32 adds a bias of 1e6 with an error of 0.03 (its ulp) before any kernel runs: only finfo.min rows
@@ -54,3 +56,24 @@ def test_the_path_refuses_only_rows_its_lse_cannot_resolve():
         bad[6] = value
         assert "lse" in bias_slabs.refusal(validate(q, k, v, bias=bad)), value
     assert bias_slabs.refusal(validate(q.double(), k.double(), v.double(), bias=(ok + 3000.0).double())) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_mask_leaving_a_row_only_finfo_min_bias_entries_keeps_exact_gradients(dtype):
+    """The row's largest allowed entry is finfo.min even though its unmasked maximum is 0: the kernel's lse
+    could not hold it, so bias-slabs must not run (gradients were off by O(10))."""
+    q, k, v = rand_qkv(2, 3, 160, 160, 8, dtype=dtype, seed=3, requires_grad=True)
+    bias = torch.zeros(160, 160, dtype=dtype)
+    bias[:, 80:] = torch.finfo(dtype).min  # "masking" written as a bias, on the keys the window leaves some rows
+    mask = masks.sliding_window(10, 0)
+    assert attnkit.explain(q.detach(), k.detach(), v.detach(), bias=bias, mask=mask).path != "bias-slabs"
+    assert attnkit.explain(q.detach(), k.detach(), v.detach(), bias=bias.clamp(min=-1e3)).path == "bias-slabs"
+    out = attnkit.attention(q, k, v, bias=bias, mask=mask)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
+    got = torch.autograd.grad((out * g).sum(), (q, k, v))
+    exact = dense_attention(q, k, v, bias=bias, mask=mask, differentiable=True)
+    want = torch.autograd.grad((exact * g.double()).sum(), (q, k, v))
+    tol = 1e-9 if dtype == torch.float64 else 1e-4
+    torch.testing.assert_close(out.double(), exact, rtol=tol, atol=tol)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a.double(), b.double(), rtol=tol, atol=tol)

@@ -27,14 +27,14 @@ MASKS = {  # mask, the path expected when traced at L = 256
     "causal": (masks.causal(), "torch-sdpa"),
     "window": (masks.sliding_window(32, 32), "band-windows"),
     "causal window": (masks.causal() & masks.sliding_window(20), "band-windows"),
-    "strided": (masks.causal() & masks.strided(64), "blocksparse"),
-    "fixed": (masks.fixed(64), "blocksparse"),
+    "strided": (masks.causal() & masks.strided(64), "blocksparse-fused"),
+    "fixed": (masks.fixed(64), "blocksparse-fused"),
 }
 
 
 def _args(mask, length=256, hkv=None, dtype=torch.float32, seed=0):
     q, k, v = rand_qkv(1, 4, length, length, 16, hkv=hkv, dtype=dtype, seed=seed, requires_grad=True)
-    return q, k, v, None, custom_op.mask_text(mask), 0.0, 16 ** -0.5, "auto"
+    return q, k, v, None, custom_op.mask_text(mask), 0.0, 16 ** -0.5, "scaled_dot", "softmax", "auto"
 
 
 def _oracle_and_grads(q, k, v, mask, dout):
@@ -177,10 +177,10 @@ def test_grouped_queries_and_bfloat16_through_the_operator():
 
 
 def test_the_operator_passes_opcheck_with_a_learned_bias_and_a_softcap():
-    q, k, v, _, mask, _, scale, path = _args(masks.causal(), length=64)
+    q, k, v, _, mask, _, scale, score, normalize, path = _args(masks.causal(), length=64)
     bias = torch.randn(1, 4, 64, 64, dtype=torch.float32, requires_grad=True)
-    torch.library.opcheck(OP, (q, k, v, bias, mask, 0.0, scale, path))
-    torch.library.opcheck(OP, (q, k, v, None, mask, 30.0, scale, path))
+    torch.library.opcheck(OP, (q, k, v, bias, mask, 0.0, scale, score, normalize, path))
+    torch.library.opcheck(OP, (q, k, v, None, mask, 30.0, scale, score, normalize, path))
 
 
 @pytest.mark.parametrize("kind", ["bias", "softcap"])
@@ -229,3 +229,67 @@ def test_mask_text_rebuilds_the_mask_and_is_none_for_masks_holding_data():
         assert text == "" if mask is None else repr(masks.parse(text)) == text
     assert custom_op.mask_text(masks.padding(torch.tensor([3, 5]))) is None
     assert custom_op.mask_text(masks.causal() & masks.keys(torch.ones(2, 5, dtype=torch.bool))) is None
+
+
+def test_the_masks_the_operator_parses_are_kept_within_a_byte_budget(monkeypatch):
+    """Each text's mask keeps layouts and plans; 40 texts at L = 512 must not keep them all."""
+    monkeypatch.setattr(custom_op, "MASK_CACHE_BYTES", 1 << 20)
+    monkeypatch.setattr(custom_op, "_MASKS", custom_op._ParsedMasks())
+    q, k, v = rand_qkv(1, 2, 512, 512, 16, seed=1)
+    for width in range(1, 41):
+        text = repr(masks.causal() & masks.strided(width + 7))
+        out, _, _ = OP(q, k, v, None, text, 0.0, 0.25, "scaled_dot", "softmax", "blocksparse-fused")
+        assert out.shape == q.shape
+    kept = list(custom_op._MASKS._masks.values())
+    assert 1 <= len(kept) < 40
+    assert sum(m.cached_bytes() for m in kept[:-1]) <= custom_op.MASK_CACHE_BYTES  # the newest is always kept
+
+
+def test_a_mask_captured_in_a_closure_compiles_with_dynamic_shapes():
+    def attend_with(mask):
+        return lambda q, k, v: attnkit.attention(q, k, v, mask=mask)
+
+    fn = attend_with(masks.sliding_window(8, 8) & masks.causal())
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend="aot_eager")
+    for length in (40, 90):
+        q, k, v = rand_qkv(1, 2, length, length, 8, seed=length)
+        torch.testing.assert_close(compiled(q, k, v), fn(q, k, v), atol=1e-6, rtol=1e-5)
+
+
+def test_export_refuses_one_tensor_passed_as_two_inputs():
+    """The exported program would read q for k and v: the README's old example computed attention(q, q, q)."""
+    q = torch.randn(1, 2, 16, 8)
+    with pytest.raises(attnkit.ArgumentError, match="distinct tensors"):
+        torch.export.export(Windowed(masks.causal()), (q, q, q))
+    k, v = q.clone(), q.clone()
+    exported = torch.export.export(Windowed(masks.causal()), (q, k, v))
+    q2, k2, v2 = rand_qkv(1, 2, 16, 16, 8, seed=9)
+    torch.testing.assert_close(exported.module()(q2, k2, v2), attnkit.attention(q2, k2, v2, mask=masks.causal()))
+
+
+def test_compiled_and_eager_decisions_agree_on_every_row_of_the_table():
+    """For one call per path, the path named by the compiled graph's operator node is eager's choice."""
+    from tests.kernels.test_paths import REACH
+    textual = masks.prefix_lm(64) & masks.sliding_window(64, 0)  # the operator carries masks that have a text
+    carried = {"blocksparse-fused": dict(mask=textual), "blocksparse-masked": dict(mask=textual),
+               "blocksparse-gathered": dict(mask=textual, score="cosine")}
+    for name, (sizes, kwargs) in REACH.items():
+        kwargs = carried.get(name, kwargs)
+        if name == "bias-slabs":  # an ALiBi modifier is a Python object: the operator carries a bias tensor
+            kwargs = dict(bias=torch.randn(1, 3, sizes["lq"], sizes["lk"]))
+        q, k, v = rand_qkv(2, 3, sizes["lq"], sizes["lk"], 11, sizes.get("dv"), seed=5)
+        eager = attnkit.explain(q, k, v, **kwargs)
+        assert eager.path == name and eager.compiled.startswith(f"one {custom_op.OPERATOR} node, expected path "
+                                                                f"{name}:"), (name, eager.compiled)
+        graphs = []
+        torch._dynamo.reset()  # one compilation per row, not recompilations of one lambda
+
+        def backend(gm, example_inputs, graphs=graphs):
+            graphs.append(gm)
+            return gm.forward
+
+        fn = lambda q, k, v, kwargs=kwargs: attnkit.attention(q, k, v, **kwargs)
+        compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
+        torch.testing.assert_close(compiled(q, k, v), fn(q, k, v), atol=2e-5, rtol=1e-4)
+        nodes = [n for n in graphs[0].graph.nodes if "attnkit" in str(n.target)]
+        assert len(nodes) == 1 and nodes[0].args[-1] == name, (name, [n.args[-1] for n in nodes])

@@ -7,7 +7,9 @@
 - the common calls are decided in O(1): no block layout, no mask picture, no pass over
   q, k, v (a spy makes each of those raise);
 - torch's kernel checks its own output: NaN or inf anywhere in q, k, v gives the exact
-  path's answer, never torch's zeros.
+  path's answer, never torch's zeros;
+- the device column: each row serves the devices it says, decided from the problem's
+  facts and a device type given to it (CUDA and MPS decided here, without either).
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from attnkit import masks
 from attnkit.bias import ALiBi, Softcap
 from attnkit.core import _prepare
 from attnkit.functional.mask_base import Mask
-from attnkit.functional.validate import BACKENDS, Problem
+from attnkit.functional.validate import Problem
 from attnkit.kernels import dispatch, paths, rules
-from tests.helpers import assert_close_to_oracle, oracle, rand_qkv
+from attnkit.kernels.paths import BACKENDS
+from tests.helpers import assert_close_to_oracle, on_device, oracle, rand_qkv
 
 SRC = FilePath(attnkit.__file__).parent
 
@@ -34,7 +37,8 @@ def test_the_table_is_well_formed():
     assert len(names) == len(set(names))
     assert {path.backend for path in paths.PATHS} == set(BACKENDS) - {"auto"} == set(paths.BACKEND_NAMES)
     for path in paths.PATHS:
-        assert callable(path.module.refusal) and callable(path.module.run) and callable(path.module.cost)
+        assert all(callable(rule) for rule in path.refusals)
+        assert callable(path.module.run) and callable(path.module.cost)
         assert (SRC / path.source).is_file(), path.source
     assert paths.of_backend("reference")[-1].name == "dense-reference"
     assert paths.of_backend("chunked")[-1].name == "online-softmax"
@@ -56,8 +60,21 @@ REACH = {
 }
 
 
+# Paths that serve no CPU call: reached under backend="auto" on the device named (decided, not run, here).
+REACH_ON = {"flex": ("cuda", dict(lq=300, lk=300), dict(mask=masks.sliding_window(16, 16)))}
+
+
 def test_every_path_is_reached():
-    assert set(REACH) == set(paths.BY_NAME)
+    assert set(REACH) == {path.name for path in paths.PATHS if path.serves("cpu")}
+    assert set(REACH) | set(REACH_ON) == set(paths.BY_NAME)
+
+
+@pytest.mark.parametrize("name", list(REACH_ON))
+def test_auto_chooses_a_path_on_the_device_it_serves(name):
+    device, sizes, kwargs = REACH_ON[name]
+    q, k, v = rand_qkv(2, 3, sizes["lq"], sizes["lk"], 11, seed=5)
+    p = on_device(_prepare(q, k, v, **kwargs), device)
+    assert dispatch.choose(p).path.name == name == dispatch.choose(p, data=False).path.name
 
 
 @pytest.mark.parametrize("name", list(REACH))
@@ -224,13 +241,107 @@ def test_rows_with_no_allowed_key_are_trusted_without_a_second_run(mask, monkeyp
     calls = []
     kernel = rules.FLASH
 
-    class Counting:
-        @staticmethod
-        def default(*args, **kwargs):
-            calls.append(1)
-            return kernel.default(*args, **kwargs)
-    monkeypatch.setattr(rules, "FLASH", Counting)
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return kernel(*args, **kwargs)
+    monkeypatch.setattr(rules, "FLASH", counting)
     _, ran = dispatch.execute(_prepare(q, k, v, mask=mask))
     assert ran.name == "torch-sdpa" and len(calls) == 1  # the kernel's lse 0 there is expected: no second run
     torch.testing.assert_close(attnkit.attention(q, k, v, mask=mask), oracle(q, k, v, mask=mask).float(),
                                rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ the device column
+
+CPU_ONLY = {"band-windows", "blocksparse-fused", "blocksparse-masked", "bias-slabs"}
+SIMPLE = {  # lq, lk, hq, hkv, kwargs: calls torch's kernel takes as they are
+    "no mask": (300, 300, 4, 4, {}),
+    "causal": (300, 300, 4, 4, {"mask": masks.causal()}),
+    "GQA, causal": (300, 300, 4, 2, {"mask": masks.causal()}),
+    "decode over a cache": (1, 300, 4, 2, {"mask": masks.causal()}),
+    "key padding": (300, 300, 4, 4, {"mask": masks.padding([300, 120])}),
+}
+STRUCTURED = {
+    "window": {"mask": masks.sliding_window(32, 32)},
+    "causal window": {"mask": masks.causal() & masks.sliding_window(64)},
+    "Sparse Transformer strided": {"mask": masks.causal() & masks.strided(17)},
+    "Sparse Transformer fixed": {"mask": masks.causal() & masks.fixed(64, 8)},
+    "documents": {"mask": masks.segments(torch.arange(300) // 70) & masks.causal()},
+    "prefix LM": {"mask": masks.prefix_lm(40)},
+    "dilated": {"mask": masks.dilated(16, 3)},
+    "ALiBi": {"bias": ALiBi(4), "mask": masks.causal()},
+    "relative positions": {"bias": attnkit.bias.RelativePositionBias(4)},
+    "soft-cap": {"bias": Softcap(20.0), "mask": masks.causal()},
+    "tensor bias": {"bias": torch.randn(1, 4, 300, 300, generator=torch.Generator().manual_seed(1))},
+    "lse": {"return_lse": True},
+}
+
+
+def _decided(device, lq=300, lk=300, hq=4, hkv=4, data=True, **kwargs):
+    q, k, v = rand_qkv(2, hq, lq, lk, 16, hkv=hkv, seed=3)
+    return dispatch.choose(on_device(_prepare(q, k, v, **kwargs), device), data=data)
+
+
+def test_each_row_says_which_devices_it_serves():
+    assert {path.name for path in paths.PATHS if path.devices == ("cpu",)} == CPU_ONLY
+    assert paths.BY_NAME["flex"].devices == ("cuda",)
+    assert all(path.devices is None for path in paths.PATHS if path.name not in CPU_ONLY | {"flex"})
+    rule = rules.serves(("cpu",))
+    q = torch.zeros(1, 1, 4, 8)
+    assert rule(_prepare(q, q, q)) is None and rule(on_device(_prepare(q, q, q), "cuda")) == "CPU only"
+    assert rules.serves(None) is None
+
+
+@pytest.mark.parametrize("data", [True, False])
+@pytest.mark.parametrize("device", ["cuda", "mps", "cpu"])
+@pytest.mark.parametrize("name", list(SIMPLE))
+def test_no_mask_causal_gqa_and_padding_go_to_torch_sdpa_on_every_device(name, device, data):
+    lq, lk, hq, hkv, kwargs = SIMPLE[name]
+    assert _decided(device, lq, lk, hq, hkv, data, **kwargs).path.name == "torch-sdpa"
+
+
+@pytest.mark.parametrize("data", [True, False])
+@pytest.mark.parametrize("name", list(STRUCTURED))
+def test_on_cuda_every_structured_mask_and_bias_goes_to_flex(name, data):
+    choice = _decided("cuda", data=data, **STRUCTURED[name])
+    assert choice.path.name == "flex" and choice.rule == "flex"
+
+
+@pytest.mark.parametrize("name", list(STRUCTURED))
+def test_off_cuda_no_structured_call_takes_flex_or_a_cpu_only_path(name):
+    for device in ("mps", "cpu"):
+        chosen = _decided(device, **STRUCTURED[name]).path
+        assert chosen.name != "flex" and chosen.serves(device)
+    assert _decided("mps", **STRUCTURED[name]).path.name not in CPU_ONLY
+
+
+@pytest.mark.parametrize("kwargs", [dict(return_weights=True), dict(normalize="sparsemax"), dict(dropout_p=0.1),
+                                    dict(score="cosine")], ids=["weights", "sparsemax", "dropout", "cosine"])
+def test_on_cuda_a_structured_call_flex_refuses_says_why_and_serves_its_device(kwargs):
+    q, k, v = rand_qkv(2, 4, 300, 300, 16, seed=3)
+    p = on_device(_prepare(q, k, v, mask=masks.sliding_window(16, 16), **kwargs), "cuda")
+    decision = dispatch.decide(p)
+    assert decision.reasons["flex"].startswith("refused: ") and "CUDA only" not in decision.reasons["flex"]
+    assert paths.BY_NAME[decision.path].serves("cuda")
+    if decision.path == "dense-reference":  # by a rule that says why: no chunked path honours it, or too dense
+        assert dispatch.choose(p).rule == "no chunked path"
+        assert all(why.startswith("refused: ") or "density" in why
+                   for name, why in decision.reasons.items() if name != decision.path)
+
+
+def test_explain_names_the_device_in_the_reasons_of_rows_serving_another():
+    q, k, v = rand_qkv(1, 2, 300, 300, 16, seed=1)
+    mask = masks.causal() & masks.sliding_window(32)
+    on_cuda = dispatch.decide(on_device(_prepare(q, k, v, mask=mask), "cuda"))
+    assert on_cuda.reasons["band-windows"] == "refused: CPU only; on cuda: flex"
+    assert on_cuda.reasons["flex"].startswith("chosen: torch's FlexAttention")
+    on_cpu = attnkit.explain(q, k, v, mask=mask)
+    assert on_cpu.path == "band-windows" and on_cpu.reasons["flex"] == "refused: CUDA only; on cpu: band-windows"
+
+
+def test_forcing_flex_off_cuda_names_the_device():
+    q, k, v = rand_qkv(1, 2, 300, 300, 16)
+    with pytest.raises(attnkit.BackendError, match=r"backend='flex'.*CUDA only"):
+        attnkit.attention(q, k, v, mask=masks.sliding_window(8), backend="flex")
+    forced = dispatch.choose(on_device(_prepare(q, k, v, mask=masks.sliding_window(8)), "cuda"), "blocksparse")
+    assert forced.path.name == "blocksparse-gathered"  # the block path that serves every device

@@ -1,4 +1,4 @@
-"""The elementwise rewrite of issue 7 (target 4) computes the float64 reference's function.
+"""The elementwise rewrite of the soft-capping path (benchmark target 4) computes the float64 reference's function.
 
 ``kernels/softcap_loop.py``: ``tanh`` by a Pade approximant in float32 blocks whose
 arguments lie in ``[-2, 2]``, ``torch.tanh`` elsewhere; ``exp2`` of one fused

@@ -1,4 +1,4 @@
-"""The fast paths of issue 7 compute the float64 reference's function, forward and backward.
+"""The fast paths of the benchmark suite compute the float64 reference's function, forward and backward.
 
 - attention() and explain() make one decision (``dispatch.choose``); the finiteness
   check (after torch's kernel) and the cached padding mask never change a result.

@@ -64,3 +64,116 @@ def test_strided_inputs_give_the_oracle_answer_whether_copied_or_read_in_place(l
     causal = attnkit.masks.causal()
     assert attnkit.explain(q, k, v, mask=causal).path == "torch-sdpa"
     assert_close_to_oracle(attnkit.attention(q, k, v, mask=causal), q, k, v, mask=causal)
+
+
+# ------------------------------------------------------------------ torch's public kernel off the CPU
+# On CUDA and MPS the path runs torch's public SDPA and checks the sums of its output and inputs; the same code
+# runs here on CPU tensors given the device type (tests.helpers.on_device), and on a GPU in the tests marked cuda.
+
+PUBLIC = {  # lq, lk, hkv, mask
+    "no mask": (9, 9, 4, None),
+    "causal, GQA": (9, 9, 2, attnkit.masks.causal()),
+    "decode": (1, 9, 2, attnkit.masks.causal()),
+    "chunked prefill": (4, 9, 4, attnkit.masks.causal()),
+    "Lq > Lk: empty rows": (12, 9, 4, attnkit.masks.causal()),
+    "a sample with no key": (9, 9, 4, attnkit.masks.padding([9, 0])),
+}
+
+
+def _problem(lq, lk, hkv, mask, device="cuda", seed=2, grad=False):
+    from attnkit.core import _prepare
+    from tests.helpers import on_device, rand_qkv
+
+    q, k, v = rand_qkv(2, 4, lq, lk, 16, hkv=hkv, seed=seed, requires_grad=grad)
+    return on_device(_prepare(q, k, v, mask=mask), device), (q, k, v)
+
+
+@pytest.mark.parametrize("name", list(PUBLIC))
+def test_off_the_cpu_the_public_kernel_runs_checked_and_empty_rows_are_zero(name):
+    from attnkit.kernels import sdpa
+    from tests.helpers import oracle
+
+    lq, lk, hkv, mask = PUBLIC[name]
+    p, (q, k, v) = _problem(lq, lk, hkv, mask, grad=True)
+    assert sdpa.checks_output(p) and not sdpa.backward_differentiable(p)
+    assert "public kernel on cuda" in sdpa.describe(p)
+    out = sdpa.run(p).out
+    torch.testing.assert_close(out.double(), oracle(q, k, v, mask=mask), rtol=1e-5, atol=1e-5)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    from tests.oracle import dense_attention
+    exact_grads = torch.autograd.grad(dense_attention(*exact, mask=mask, differentiable=True).sum(), exact)
+    for got, want in zip(grads, exact_grads, strict=True):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    assert p.memo["inputs_finite"]  # the sums passed: later checks need not read q, k, v again
+
+
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_off_the_cpu_non_finite_inputs_make_the_output_untrusted(where, value):
+    from attnkit.kernels import sdpa
+
+    p, (q, k, v) = _problem(9, 9, 4, attnkit.masks.padding([9, 5]))
+    {"q": q, "k": k, "v": v}[where].data[0, 1, 2, 3] = value
+    with pytest.raises(sdpa.UntrustedOutput):
+        sdpa.run(p)
+
+
+def test_off_the_cpu_a_row_with_no_key_reaches_the_kernel_with_every_key_allowed():
+    """No kernel sees a row of -inf: the float mask lets the row through, :func:`run` zeroes it after."""
+    from attnkit.kernels import sdpa
+
+    mask = torch.ones(9, 9, dtype=torch.bool)
+    mask[4] = False
+    on_cuda, _ = _problem(9, 9, 4, mask)
+    opened = sdpa.kernel_mask(on_cuda, torch.float32)
+    assert torch.isfinite(opened.float_mask).all() and opened.empty_rows.nonzero().tolist() == [[0, 0, 4]]
+    on_cpu, _ = _problem(9, 9, 4, mask, device="cpu")
+    assert torch.isinf(sdpa.kernel_mask(on_cpu, torch.float32).float_mask[..., 4, :]).all()  # the CPU kernel's own
+    assert torch.equal(sdpa.run(on_cuda).out[..., 4, :], torch.zeros(2, 4, 16))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", list(PUBLIC))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_on_cuda_torch_sdpa_and_the_lane_train_as_the_oracle(name, dtype):
+    from tests.helpers import rand_qkv
+    from tests.oracle import dense_attention
+
+    lq, lk, hkv, mask = PUBLIC[name]
+    q, k, v = (t.cuda().requires_grad_() for t in rand_qkv(2, 4, lq, lk, 64, hkv=hkv, dtype=dtype, seed=2))
+    decision = attnkit.explain(q, k, v, mask=mask)
+    assert decision.path == "torch-sdpa"
+    out = attnkit.attention(q, k, v, mask=mask)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    exact_leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    exact = dense_attention(*exact_leaves, mask=mask, differentiable=True)
+    exact_grads = torch.autograd.grad(exact, exact_leaves, dout.double())
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    for got, want in zip((out, *grads), (exact, *exact_grads), strict=True):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_on_cuda_non_finite_inputs_give_the_exact_answer(where, value):
+    from tests.helpers import rand_qkv
+
+    q, k, v = (t.cuda() for t in rand_qkv(2, 2, 9, 9, 64, seed=3))
+    {"q": q, "k": k, "v": v}[where][1, 0, 0, 3] = value
+    for mask in (None, attnkit.masks.causal(), attnkit.masks.padding([9, 5])):
+        got = attnkit.attention(q, k, v, mask=mask)
+        torch.testing.assert_close(got, attnkit.attention(q, k, v, mask=mask, backend="reference"), equal_nan=True)
+        assert torch.isfinite(got[0]).all()
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_fast_lane_serves_decoding_and_says_so():
+    from tests.helpers import rand_qkv
+
+    q, k, v = (t.cuda() for t in rand_qkv(1, 8, 1, 300, 64, hkv=2, dtype=torch.bfloat16))
+    decision = attnkit.explain(q, k, v, mask=attnkit.masks.causal())
+    assert decision.lane is not None and "public SDPA on CUDA" in decision.lane

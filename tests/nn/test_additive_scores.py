@@ -1,4 +1,4 @@
-"""The tiled additive (Bahdanau) score kernel, ``nn/additive_scores.py`` (issue 7, target 6).
+"""The tiled additive (Bahdanau) score kernel, ``nn/additive_scores.py`` (the benchmark suite's target 6).
 
 ``additive_scores(q, k, v, max_elements=...)`` against a float64 loop transcription of
 eq. A.1.2 and against autograd through the broadcast formula ``tanh(q + k) @ v``, forward

@@ -287,3 +287,14 @@ def test_performer_error_falls_like_one_over_sqrt_of_the_features():
     slope = torch.linalg.lstsq(logs, torch.tensor(errors, dtype=torch.float64).log()[:, None]).solution[0].item()
     assert -0.75 <= slope <= -0.35, (slope, errors)
     assert errors[-1] < 0.1 * errors[0], errors  # 256 x the features: the rate gives 1/16
+
+
+def test_a_causal_layer_decodes_from_its_prefix_sums_whatever_the_length():
+    from attnkit.analysis.cost import cost
+
+    for length in (7, 70):  # S (d x d) and z (d) per head, in float32 for bfloat16 layers
+        lin = cost("linear-attention", batch=2, length=length, dim=12, heads=3, dtype="bfloat16")
+        assert (lin.state_fixed, lin.state_per_token) == (3 * 4 * (4 + 1) * 4, 0)
+        perf = cost("performer", length=length, dim=12, heads=3, num_features=5, causal=True, dtype="float64")
+        assert perf.state_fixed == 3 * 5 * (4 + 1) * 8
+    assert cost("linear-attention", causal=False).state_fixed == 0  # nothing to decode from

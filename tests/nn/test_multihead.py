@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 
 import pytest
 import torch
@@ -348,6 +349,10 @@ def reference_mha(mod, query, key, value, allowed=None):
             scores = q_i @ k_g.T / math.sqrt(d)
             if allowed is not None:
                 scores = scores.masked_fill(~allowed, float("-inf"))
+            if "sinks" in sd:  # the head's sink: one more column of the softmax, its weight dropped
+                scores = torch.cat([scores, sd["sinks"][i].expand(scores.shape[0], 1)], -1)
+                heads.append(torch.softmax(scores, -1)[:, :-1] @ v_g)
+                continue
             heads.append(torch.softmax(scores, -1) @ v_g)
         out.append(torch.cat(heads, -1) @ sd["out_proj.weight"].T + sd["out_proj.bias"])
     return torch.stack(out)
@@ -369,6 +374,32 @@ def test_grouped_query_heads_match_transcription(num_kv_heads):
     causal = torch.ones(L, S, dtype=torch.bool).tril()
     torch.testing.assert_close(mod(q, k, k, mask=causal)[0], reference_mha(mod, q, k, k, causal),
                                **TOL[torch.float64])
+
+
+def test_learned_sinks_match_transcription_train_and_decode():
+    torch.manual_seed(16)
+    mod = MultiHeadAttention(E, 6, batch_first=True, num_kv_heads=3, dtype=torch.float64, sinks=True)
+    assert mod.sinks.shape == (6,) and not mod.sinks.any() and "sinks" in mod.state_dict()
+    with torch.no_grad():
+        mod.sinks.normal_(0, 2)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(N, L, E, generator=g, dtype=torch.float64)
+    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    out, _ = mod(x, x, x, is_causal=True)
+    torch.testing.assert_close(out, reference_mha(mod, x, x, x, causal), **TOL[torch.float64])
+    out.square().sum().backward()
+    assert mod.sinks.grad is not None and mod.sinks.grad.abs().min() > 0
+    cache = mod.new_cache(N, L)
+    steps = torch.cat([mod.forward_step(x[:, :2], cache)[0]] + [mod.forward_step(x[:, i:i + 1], cache)[0]
+                                                               for i in range(2, L)], 1)
+    torch.testing.assert_close(steps, out, **TOL[torch.float64])
+    with pytest.raises(ArgumentError, match="no attention sinks"):
+        mod.to_torch()
+    with torch.no_grad():
+        mod.sinks.fill_(float("-inf"))  # a sink that takes nothing: plain softmax
+    plain = MultiHeadAttention(E, 6, batch_first=True, num_kv_heads=3, dtype=torch.float64)
+    plain.load_state_dict({n: t for n, t in mod.state_dict().items() if n != "sinks"})
+    torch.testing.assert_close(mod(x, x, x)[0], plain(x, x, x)[0], **TOL[torch.float64])
 
 
 def test_grouped_query_heads_cannot_become_torch():
@@ -607,3 +638,42 @@ def test_attnkit_tensor_mask_of_the_wrong_key_length_is_a_shape_error():
     x = torch.randn(2, 5, 12)
     with pytest.raises(ShapeError, match="kv_len=4"):
         MultiHeadAttention(12, 3, batch_first=True)(x, x, x, mask=masks.keys(torch.ones(2, 4, dtype=torch.bool)))
+
+
+@pytest.mark.parametrize(("kpm_kind", "am_kind"), [("float", "bool2"), ("bool", "float3")])
+def test_masks_of_different_types_warn_as_torch_does_and_give_its_result(kpm_kind, am_kind):
+    """RELIABILITY row 10: torch 2.13 accepts a key_padding_mask and an attn_mask of different dtypes with a
+    deprecation warning, reading the bool one as -inf; so does the drop-in, naming both arguments and dtypes."""
+    theirs = torch_mha(31)
+    ours = MultiHeadAttention.from_torch(theirs)
+    kpm, am = torch_style_masks(kpm_kind, am_kind)
+    args = qkv(theirs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        expected = theirs(*args, key_padding_mask=kpm, attn_mask=am)
+    assert any("mismatched key_padding_mask and attn_mask" in str(w.message) for w in caught)  # torch's own
+    with pytest.warns(UserWarning, match=rf"key_padding_mask \({kpm.dtype}\) and attn_mask \({am.dtype}\)"):
+        got = ours(*args, key_padding_mask=kpm, attn_mask=am)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, **TOL[torch.float32])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one mask, or two of one type: no warning
+        ours(*args, key_padding_mask=kpm)
+        ours(*args, key_padding_mask=kpm, attn_mask=torch_style_masks(kpm_kind, kpm_kind + "2")[1])
+
+
+def test_a_key_padding_mask_keeps_the_call_on_torchs_kernel(monkeypatch):
+    """The padding mask, wrapped for the extra keys, still reads as a key-only mask: the O(1) torch-sdpa rule."""
+    from attnkit.kernels import dispatch
+    ran = []
+    execute = dispatch.execute
+    monkeypatch.setattr(dispatch, "execute", lambda p, backend="auto": ran.append(execute(p, backend)[1].name)
+                        or execute(p, backend))
+    monkeypatch.setattr("attnkit.core.execute", dispatch.execute)
+    monkeypatch.setattr(masks.Mask, "block_layout", lambda *a, **k: pytest.fail("a block layout was built"))
+    m = MultiHeadAttention(32, 4, batch_first=True)
+    x = torch.randn(2, 300, 32)
+    pad = torch.zeros(2, 300, dtype=torch.bool)
+    pad[1, 200:] = True
+    m(x, x, x, key_padding_mask=pad, need_weights=False)
+    assert ran and set(ran) == {"torch-sdpa"}

@@ -13,6 +13,7 @@ import torch
 
 import attnkit.nn as N
 from attnkit import masks
+from attnkit.models.self_attention import SoftmaxSelfAttention
 from attnkit.nn.padding import clear_key_padding, clear_padding
 
 B, L, E = 2, 7, 8
@@ -45,6 +46,12 @@ def _perceiver_encoder(x):
     return m, lambda: m(x, input_keep_mask=KEEP)
 
 
+def _mha_causal_padding(x):
+    m = N.MultiHeadAttention(E, 2, batch_first=True, dtype=torch.float64)
+    return m, lambda: m(x, x, x, key_padding_mask=~KEEP, need_weights=False, is_causal=True,
+                        attn_mask=torch.ones(L, L, dtype=torch.bool).triu(1))[0]
+
+
 def _keyed(cls, **kwargs):
     def build(x):
         m = cls(E, 2, **kwargs).double()
@@ -55,6 +62,9 @@ def _keyed(cls, **kwargs):
 MODULES = {
     "MultiHeadAttention": _mha,
     "MultiHeadAttention, float padding mask": _mha_float_padding,
+    "MultiHeadAttention, causal and padding": _mha_causal_padding,
+    "SoftmaxSelfAttention": _keyed(SoftmaxSelfAttention),
+    "SoftmaxSelfAttention, causal": _keyed(SoftmaxSelfAttention, causal=True),
     "AdditiveAttention": _additive,
     "PerceiverAttention": _perceiver_self,
     "PerceiverEncoder": _perceiver_encoder,

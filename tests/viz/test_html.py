@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
@@ -215,3 +216,72 @@ def test_browser_gives_strips_readable_rows(tmp_path, shape, cells):
     assert (int(info["data-cellw"]), int(info["data-cellh"])) == cells
     assert info["data-cells"] == str(w.numel())
     assert float(info["data-checksum"]) == pytest.approx(w.sum().item(), rel=1e-3)
+
+
+# ------------------------------------------------------------------ long maps and colour scales
+def test_pooled_maps_fit_the_budget_keep_row_sums_and_label_groups(tmp_path):
+    from attnkit.viz import fit_maps
+    from tests.viz.test_pool import pooled_by_hand
+
+    g = torch.Generator().manual_seed(3)
+    maps = {f"layers.{i}": torch.softmax(torch.randn(3, 30, 30, generator=g), -1) for i in range(2)}
+    tokens = [f"t{i}" for i in range(30)]
+    with pytest.raises(ArgumentError, match=r"5,400 weights .* max_weights=2,000\. Pass fewer layers or heads, pool"):
+        html_page(maps, q_tokens=tokens, k_tokens=tokens, path=tmp_path / "p.html", max_weights=2000)
+    size = fit_maps(maps, 2000, "test")
+    assert size == 18 and 6 * 18 * 18 <= 2000 < 6 * 19 * 19
+    data = _data(html_page(maps, q_tokens=tokens, k_tokens=tokens, path=tmp_path / "p.html", max_weights=2000,
+                           max_size=size).read_text())
+    first = data["maps"][0]
+    assert (first["lq"], first["lk"], first["n"]) == (18, 18, [30, 30])
+    assert first["q"][:3] == ["t0…t1", "t2", "t3…t4"] and first["k"][-1] == "t28…t29"
+    torch.testing.assert_close(torch.tensor(first["w"][1], dtype=torch.float64).view(18, 18),
+                               pooled_by_hand(maps["layers.0"][1], 18),
+                               rtol=5e-4, atol=1e-6)
+    assert fit_maps(maps, 5400, "test") is None
+
+
+def test_the_page_carries_its_colour_scale(tmp_path):
+    for scale in ("linear", "log", "row"):
+        assert _data(html_page(_maps(), path=tmp_path / "p.html", scale=scale).read_text())["scale"] == scale
+    with pytest.raises(ArgumentError, match="html_page: scale must be one of"):
+        html_page(_maps(), path=tmp_path / "p.html", scale="sqrt")
+    with pytest.raises(ArgumentError, match="html_page: max_size must be an int >= 1"):
+        html_page(_maps(), path=tmp_path / "p.html", max_size=0)
+
+
+NODE = shutil.which("node")
+PAINTER = Path(__file__).with_name("paint_in_node.js")
+VIRIDIS_FIRST, VIRIDIS_LAST = [68, 1, 84], [253, 231, 37]
+
+
+def paint(page: Path, hash_: str = "") -> dict:
+    """What the page's own script paints, run in node with a stand-in DOM (tests/viz/paint_in_node.js)."""
+    done = subprocess.run([NODE, str(PAINTER), str(page), hash_], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+def test_the_page_paints_log_and_row_scales(tmp_path):
+    w = torch.tensor([[1.0, 1e-3, 1e-2, 1e-5], [0.5, 0.25, 0.25, 0.0]])
+    cells = {scale: paint(html_page({"m": w}, path=tmp_path / f"{scale}.html", scale=scale))["cells"][0]
+             for scale in ("linear", "log", "row")}
+    assert cells["linear"][0] == cells["log"][0] == cells["row"][0] == VIRIDIS_LAST  # the largest weight
+    assert cells["log"][1] == cells["log"][3] == VIRIDIS_FIRST  # 10^-3 of the largest, and below it
+    near = lambda a, b: max(abs(x - y) for x, y in zip(a, b, strict=True)) <= 6
+    assert near(cells["linear"][2], VIRIDIS_FIRST) and not near(cells["log"][2], VIRIDIS_FIRST)  # 0.01: dark on
+    # a linear scale, a third of the way up on the log one
+    assert cells["row"][4] == VIRIDIS_LAST and cells["row"][5] == cells["row"][6] != VIRIDIS_FIRST  # row 1: 0.25/0.5
+    scores = torch.tensor([[-1.0, 1.0]])
+    assert paint(html_page({"s": scores}, path=tmp_path / "s.html", scale="log"))["cells"][0] == [VIRIDIS_FIRST,
+                                                                                                  VIRIDIS_LAST]
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+def test_the_viewer_says_a_map_is_pooled_and_draws_every_cell(tmp_path):
+    w = torch.softmax(torch.randn(2, 40, 40, generator=torch.Generator().manual_seed(4)), -1)
+    shown = paint(html_page({"m": w}, path=tmp_path / "p.html", max_size=10), "#layer=0&head=1")
+    assert shown["info"]["cells"] == "100" and float(shown["info"]["checksum"]) == pytest.approx(10, rel=1e-3)
+    assert shown["shape"].startswith("10 queries (rows, down) × 10 keys (columns, across), pooled from 40 × 40")

@@ -247,3 +247,74 @@ def test_long_titles_are_wrapped_inside_the_figure():
         box = text.get_window_extent(fig.canvas.get_renderer())
         assert box.x0 >= 0 and box.x1 <= fig.bbox.width, (box, fig.bbox.width)
         assert text.get_text().replace("\n", " ").startswith(title)
+
+
+# ------------------------------------------------------------------ colour scales, long maps
+def _drawn(fig):
+    heads = [ax for ax in fig.axes if ax.get_label() == "head"] or fig.axes[:1]
+    return heads, [np.ma.getdata(ax.images[0].get_array()) for ax in heads]
+
+
+def test_the_log_scale_spans_three_decades_below_the_largest_weight():
+    w = torch.tensor([[1.0, 1e-2, 1e-5, 0.0], [0.5, 0.3, 0.2, 0.0]], dtype=torch.float64)
+    for fig in (heatmap(w, scale="log"), head_grid({"m": w[None]}, scale="log")):
+        (ax, *_), (data, *_) = _drawn(fig)
+        norm = ax.images[0].norm
+        assert type(norm).__name__ == "LogNorm" and (norm.vmin, norm.vmax) == (pytest.approx(1e-3), 1.0)
+        np.testing.assert_allclose(data, w.clamp(min=1e-3).numpy())  # below the floor: the floor's colour
+        assert any(ax.get_ylabel() == "weight (log)" for ax in fig.axes)
+
+
+def test_the_row_scale_divides_each_query_row_by_its_largest_weight():
+    w = torch.tensor([[[0.9, 0.1, 0.0], [0.2, 0.2, 0.6]], [[0.5, 0.5, 0.0], [0.0, 0.0, 0.0]]], dtype=torch.float64)
+    heads, drawn = _drawn(head_grid({"m": w}, scale="row"))
+    want = [[[1.0, 1 / 9, 0.0], [1 / 3, 1 / 3, 1.0]], [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]]  # a zero row stays 0
+    for got, expected in zip(drawn, want, strict=True):
+        np.testing.assert_allclose(got, expected)
+    assert heads[0].images[0].get_clim() == (0.0, 1.0)
+
+
+def test_scores_keep_the_diverging_linear_scale_whatever_the_scale_asked():
+    scores = torch.tensor([[-2.0, 1.0], [0.5, 3.0]], dtype=torch.float64)
+    for scale in ("log", "row"):
+        ax = heatmap(scores, scale=scale).axes[0]
+        assert ax.images[0].get_clim() == (-3.0, 3.0) and ax.images[0].get_cmap().name.startswith("RdBu_r")
+    with pytest.raises(ArgumentError, match="scale must be one of 'linear', 'log', 'row'; got 'sqrt'"):
+        heatmap(scores, scale="sqrt")
+    with pytest.raises(ArgumentError, match="scale"):
+        head_grid({"m": scores}, scale="Log")
+
+
+def test_a_map_longer_than_its_panel_is_pooled_and_keeps_its_axes_in_positions():
+    from tests.viz.test_pool import pooled_by_hand
+
+    w = _weights(2, 400, 400, seed=7)
+    fig = head_grid({"long": w})
+    heads, drawn = _drawn(fig)
+    panel_px = heads[0].get_window_extent().width * 150 / fig.dpi
+    assert drawn[0].shape[0] == drawn[0].shape[1] < 400 and drawn[0].shape[0] <= 1.5 * panel_px  # about its pixels
+    np.testing.assert_allclose(drawn[1], pooled_by_hand(w[1], drawn[0].shape[0]))
+    np.testing.assert_allclose(drawn[0].sum(-1), 1.0)  # a pooled row sums as the rows it pools
+    assert heads[0].get_xlim() == (-0.5, 399.5) and heads[0].get_ylim() == (399.5, -0.5)  # positions, not cells
+    small = head_grid({"long": w}, max_size=4)
+    np.testing.assert_allclose(_drawn(small)[1][0], pooled_by_hand(w[0], 4))
+    assert _drawn(head_grid({"short": _weights(1, 5, 7)}))[1][0].shape == (5, 7)  # short maps: every position
+
+
+def test_tick_labels_are_thinned_to_what_the_panel_fits():
+    from attnkit.viz._style import tick_budget
+
+    tokens = [f"tok{i}" for i in range(242)]
+    fig = head_grid({"layer": _weights(12, 242, 242, seed=8)}, q_tokens=tokens, k_tokens=tokens)
+    first = next(ax for ax in fig.axes if ax.get_label() == "head")
+    shown, ticks = _ticks(first.get_xticklabels()), list(first.get_xticks())
+    panel = first.get_window_extent().width / fig.dpi
+    assert 2 <= len(shown) <= tick_budget(panel, 7) < 64
+    assert shown == [tokens[int(t)] for t in ticks] and shown[0] == "tok0"  # each label at its own position
+
+
+def test_titles_are_cut_to_three_lines():
+    title = " ".join(["a very long text that a model read"] * 40)
+    fig = head_grid({"m": _weights(1, 3, 3)}, title=title)
+    lines = fig.get_suptitle().split("\n")
+    assert len(lines) == 3 and lines[-1].endswith("…")

@@ -83,3 +83,20 @@ def test_browser_draws_every_head_as_a_link_to_the_viewer(tmp_path):
         name, head = list(maps)[int(a["data-layer"])], int(a["data-head"])
         w = maps[name][0, head] if maps[name].dim() == 4 else maps[name][head]
         assert float(shown["data-checksum"]) == pytest.approx(w.sum().item(), rel=1e-3)
+
+
+def test_long_maps_are_pooled_to_their_thumbnails(tmp_path):
+    from attnkit.viz.overview import THUMBNAIL
+
+    g = torch.Generator().manual_seed(2)
+    maps = {f"layers.{i}": torch.softmax(torch.randn(4, 300, 300, generator=g), -1) for i in range(3)}
+    page = overview_page(maps, viewer="v.html", path=tmp_path / "heads.html", scale="log").read_text()
+    data = _data(page)
+    assert data["scale"] == "log" and "logarithmically" in page
+    assert all((m["lq"], m["lk"], m["n"]) == (THUMBNAIL, THUMBNAIL, [300, 300]) for m in data["maps"])
+    rows = torch.tensor(data["maps"][2]["w"][3]).view(THUMBNAIL, THUMBNAIL).sum(-1)
+    torch.testing.assert_close(rows, torch.ones(THUMBNAIL), rtol=0, atol=2e-3)  # pooled rows keep their sums
+    small = _data(overview_page(maps, viewer="v.html", path=tmp_path / "s.html", max_size=20).read_text())
+    assert {(m["lq"], m["lk"]) for m in small["maps"]} == {(20, 20)}
+    short = _data(overview_page(_maps(), viewer="v.html", path=tmp_path / "short.html").read_text())
+    assert [(m["lq"], m["lk"]) for m in short["maps"]] == [(5, 5), (5, 7)]  # shorter than a thumbnail: as they are

@@ -5,9 +5,9 @@ block; :func:`recording_from_outputs` turns a transformers model's ``output_atte
 tuples into one and :func:`record_transformers` runs such a model on texts (transformers is
 imported only then); :mod:`.stats` summarises maps; :func:`cost` counts FLOPs, bytes and peak memory
 analytically (the :mod:`.cost` subpackage); :func:`scaling` measures time and memory
-against length; :mod:`.timing` and :mod:`.memory` time and measure side by side with
-PyTorch (``attnkit bench``; the benchmark suite's harness builds on them in
-``benchmarks/harness/`` of the source tree).
+against length; :mod:`.timing` (the one timing loop of every measurement) and :mod:`.memory`
+time and measure side by side with PyTorch (``attnkit bench``; :mod:`attnkit.benchmarking`
+builds the benchmark suite's rows on them).
 """
 
 from .cost import Cost, cost, sizes

@@ -1,7 +1,7 @@
 """Child process for :func:`attnkit.analysis.timing.peak_memory`: run one method once, print bytes added.
 
-Linux only: the peak resident size is reset through ``/proc/self/clear_refs`` just
-before the call, so the import of torch and the inputs do not count.
+The peak is reset (:func:`attnkit.analysis.memory.reset_peak`) just before the call, so
+the import of torch and the inputs do not count.
 """
 
 import json
@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from attnkit.analysis.memory import reset_peak, resident_bytes
+from attnkit.analysis.memory import peak_bytes, reset_peak
 from attnkit.analysis.timing import Case, methods, with_backward
 
 
@@ -20,10 +20,9 @@ def main(spec_text: str) -> None:
     fn = methods(case, q, k, v, spec["backends"])[spec["method"]]
     call = with_backward(fn, (q, k, v)) if case.backward else fn
     with torch.set_grad_enabled(case.backward):
-        reset_peak()
-        before = resident_bytes("VmRSS")
+        base = reset_peak(case.device)
         call()
-        print(resident_bytes("VmHWM") - before)
+        print(peak_bytes(case.device) - base)
 
 
 if __name__ == "__main__":

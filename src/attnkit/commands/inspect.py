@@ -43,13 +43,20 @@ def _cmd_list(args) -> int:
 
 
 def _cmd_explain(args) -> int:
+    import torch
+
     from ..core import explain
     from ..masks import parse
 
     mask = parse(args.mask) if args.mask else None  # before the tensors: a bad expression fails at once
-    q, k, v = case_from_args(args).inputs()
+    case = case_from_args(args)
+    # Views of one row of D zeros (stride 0 but along D): any size is explained without allocating it; no value
+    # is read, and the innermost stride is the 1 a real tensor has.
+    zero = torch.zeros(case.head_dim, dtype=getattr(torch, args.dtype))
+    q = zero.expand(case.batch, case.heads, case.q_len, case.head_dim)
+    k = v = zero.expand(case.batch, case.heads, case.kv_len or case.q_len, case.head_dim)
     print(f"attention(q{tuple(q.shape)}, k{tuple(k.shape)}, v{tuple(v.shape)}, mask={args.mask or None})")
-    print(explain(q, k, v, mask=mask))
+    print(explain(q, k, v, mask=mask, read_data=False))
     return 0
 
 
@@ -61,10 +68,11 @@ def add(sub) -> None:
     p.add_argument("--family", default=None, help="only this family (default: every family)")
     p.set_defaults(func=_cmd_list)
     p = add_command(sub, "explain", summary="which execution path attnkit.attention takes for given sizes, and why",
-                    description="Build q, k, v of the given sizes and print attnkit.explain(): the execution path "
-                                "the dispatcher picks, why every other path was refused or not preferred, the "
-                                "block density of the mask and the estimated FLOPs and extra memory. Nothing is "
-                                "computed but the mask's block layout.",
+                    description="Print attnkit.explain() for q, k, v of the given sizes (zero-stride views: nothing "
+                                "of that size is allocated, and no value is read): the execution path the "
+                                "dispatcher picks, why every other path was refused or not preferred, and the "
+                                "estimated FLOPs and extra memory. A block-sparse layout's density is left to run "
+                                "time.",
                     examples=['attnkit explain --q-len 4096 --mask "sliding_window(128, 128)"',
                               'attnkit explain --q-len 1 --kv-len 4096 --mask "causal()"   # one decoding step'])
     add_case_args(p)

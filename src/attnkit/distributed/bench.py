@@ -17,13 +17,13 @@ import os
 import socket
 import statistics
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ..analysis.timing import time_rounds
 from ..masks import parse
 from .accounting import expected_bytes
 from .api import SCHEMES, attention
@@ -56,13 +56,8 @@ def _free_port() -> int:
 
 
 def _timed(call, repeats):
-    times = []
-    for _ in range(repeats + 1):  # the first is a warm-up
-        dist.barrier()
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    slowest = torch.tensor(times[1:], dtype=torch.float64)
+    times = time_rounds({"call": call}, repeats, warmup=1, before=dist.barrier)["call"]
+    slowest = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return statistics.median(slowest.tolist())
 

@@ -36,12 +36,17 @@ class Setting:
     active: tuple[tuple[bool, ...], ...]
     full: tuple[tuple[bool, ...], ...]
     active_map: torch.Tensor  # ``active`` as a bool tensor (n, n) on the CPU
+    full_map: torch.Tensor  # ``full`` likewise
+    ulysses_size: int | None = None  # scheme="usp": the ranks of a Ulysses group
 
 
 def chunk_maps(mask: Mask | None, length: int, chunk: int, batch: int, heads: int, device):
-    """``(active, full)``: n x n bool tensors (CPU) over chunk pairs (any sample and head / every one)."""
-    n = length // chunk
-    if mask is None:
+    """``(active, full)``: n x n bool tensors (CPU) over chunk pairs (any sample and head / every one).
+
+    An empty sequence (``length == 0``) has no chunk pair: ``(0, 0)`` maps.
+    """
+    n = length // chunk if length else 0
+    if mask is None or n == 0:
         everything = torch.ones(n, n, dtype=torch.bool)
         return everything, everything
     layout = mask.block_layout(length, length, chunk, device=device, batch=batch, heads=heads)

@@ -8,6 +8,7 @@ which counts what this rank puts on the wire (the same count under gloo and NCCL
     all_gather(t)                     (W - 1) * t.nbytes   (t reaches the W - 1 other ranks)
     reduce_scatter(inputs)            sum of inputs[j].nbytes, j != rank
     all_reduce(t)                     2 (W - 1) / W * t.nbytes   (a ring all-reduce)
+    agreement check                   (W - 1) * 192              (an all-gather, see :mod:`.agreement`)
 
 ``with count_bytes() as tally:`` collects those counts per operation kind;
 ``tally.total`` is the bytes this rank sent. Ranks are relative to the group
@@ -101,19 +102,26 @@ class Comm:
         dist.all_to_all(outputs, inputs, group=self.group)
         return outputs
 
-    def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
-        """Every rank's ``t`` (same shape everywhere), in rank order."""
+    def all_gather(self, t: torch.Tensor, kind: str = "all_gather") -> list[torch.Tensor]:
+        """Every rank's ``t`` (same shape everywhere), in rank order; its bytes are counted under ``kind``."""
         t = t.contiguous()
         outputs = [torch.empty_like(t) for _ in range(self.world)]
-        _record("all_gather", (self.world - 1) * t.nbytes)
+        _record(kind, (self.world - 1) * t.nbytes)
         dist.all_gather(outputs, t, group=self.group)
         return outputs
 
     def all_reduce_max(self, t: torch.Tensor) -> torch.Tensor:
         """The elementwise max of ``t`` over ranks (a new tensor)."""
+        return self._all_reduce(t, dist.ReduceOp.MAX)
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """The elementwise sum of ``t`` over ranks (a new tensor)."""
+        return self._all_reduce(t, dist.ReduceOp.SUM)
+
+    def _all_reduce(self, t: torch.Tensor, op) -> torch.Tensor:
         t = t.contiguous().clone()
         _record("all_reduce", 2 * (self.world - 1) * t.nbytes // self.world)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        dist.all_reduce(t, op=op, group=self.group)
         return t
 
     def reduce_scatter(self, inputs: list[torch.Tensor]) -> torch.Tensor:

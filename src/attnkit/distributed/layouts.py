@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ArgumentError, ShapeError
+from ..errors import ArgumentError, DTypeError, ShapeError
+from .agreement import Field, checked, size
 from .comm import Comm
 
 __all__ = ["LAYOUTS", "num_chunks", "chunks_of", "shard", "gather"]
@@ -61,9 +62,23 @@ def shard(x: torch.Tensor, *, dim: int = -2, layout: str = "contiguous", group=N
 
 
 def gather(x: torch.Tensor, *, dim: int = -2, layout: str = "contiguous", group=None) -> torch.Tensor:
-    """The full tensor on every rank from the shards ``x`` (differentiable: the gradient is reduce-scattered)."""
+    """The full tensor on every rank from the shards ``x`` (differentiable: the gradient is reduce-scattered).
+
+    Every rank must pass a shard of the same shape and dtype, with the same ``dim`` and ``layout``:
+    one small all-gather checks that first (:mod:`.agreement`).
+    """
     comm = Comm(group)
-    chunk_size(x.shape[dim] * comm.world, layout, comm.world, f"the gathered x.shape[{dim}]")
+    shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+    checked(comm, "attnkit.distributed.gather",
+            lambda: chunk_size(x.shape[dim] * comm.world, layout, comm.world, f"the gathered x.shape[{dim}]"), [
+        Field(f"the shard length x.shape[{dim}]", size(x, dim), ShapeError),
+        Field("the shape of x", str(shape), ShapeError), Field("x.dtype", str(getattr(x, "dtype", None)), DTypeError),
+        Field("dim", repr(dim)), Field("layout", repr(layout))], device=getattr(x, "device", None))
+    return gathered(x, dim, layout, comm)
+
+
+def gathered(x: torch.Tensor, dim: int, layout: str, comm: Comm) -> torch.Tensor:
+    """:func:`gather` once every rank has agreed on the call (no check here)."""
     if x.dtype == torch.bool:  # collectives move numbers; a bool travels as uint8
         return _Gather.apply(x.to(torch.uint8), dim, layout, comm).bool()
     return _Gather.apply(x, dim, layout, comm)

@@ -167,6 +167,7 @@ class _Padding(Mask):
     """Per batch element b, keys ``j < lengths[b]``."""
 
     uses = frozenset({"b", "kv"})
+    kind = "keys"
 
     def __init__(self, lengths):
         self.lengths = _index_tensor("lengths", lengths, nonnegative=True).flatten()
@@ -189,6 +190,8 @@ class _Padding(Mask):
 
 class TensorMask(Mask):
     """A dense bool tensor ``(B|1, H|1, Lq|1, Lk)`` seen as a mask (validated by the caller)."""
+
+    kind = "tensor"
 
     def __init__(self, tensor: torch.Tensor):
         if tensor.dtype != torch.bool or tensor.dim() != 4:

@@ -20,7 +20,9 @@ import torch
 from ..errors import ArgumentError, DTypeError
 from . import cache
 
-__all__ = ["Mask", "BlockLayout", "And", "Or", "Not"]
+__all__ = ["Mask", "BlockLayout", "And", "Or", "Not", "KINDS"]
+
+KINDS = ("full", "causal", "band", "keys", "tensor", "pattern")  # Mask.kind, what kernels read
 
 # Query rows evaluated at once when a layout has to be computed by brute force.
 _EVAL_ROWS_BUDGET = 1 << 22
@@ -71,12 +73,24 @@ class Mask:
         num_heads: number of heads the mask is tied to, else None.
         q_len, kv_len: sequence lengths the mask's data is for (tensor masks,
             segment ids), else None; attention() checks them against the inputs.
-        textual: the mask holds no tensor or function, and its ``repr`` is the text that
-            :func:`attnkit.masks.parse` rebuilds it from (what compiled graphs carry).
+        kind: what kernels read to choose how to run the mask, one of :data:`KINDS`:
+            ``"full"`` (every key), ``"causal"`` (:func:`attnkit.masks.causal`, with its
+            ``align``), ``"band"`` (exactly the keys ``lo <= j - i <= hi``: :meth:`band`),
+            ``"keys"`` (reads no query index: key padding, per-head key masks),
+            ``"tensor"`` (a bool tensor), ``"pattern"`` (any other function of indices).
+        band_terms: how :meth:`band` depends on the lengths, as data (no call into the
+            mask): ``(lo_terms, hi_terms)``, each a tuple of ``(const, shift)`` with
+            ``lo = max(const + shift * (kv_len - q_len))`` (``hi``: min); an empty tuple is
+            an open side; None: not a band.
+        text: the text :func:`attnkit.masks.parse` rebuilds the mask from (its ``repr``,
+            computed once), or None for masks holding tensors or functions. Compiled and
+            exported graphs carry a mask as this text.
     """
 
     uses: frozenset = frozenset({"b", "h", "q", "kv"})
-    textual: bool = False
+    kind: str = "pattern"
+    band_terms: tuple | None = None
+    text: str | None = None
     batch_size: int | None = None
     num_heads: int | None = None
     q_len: int | None = None
@@ -97,7 +111,12 @@ class Mask:
         return Not(self)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
+        return self.text if self.text is not None else f"{type(self).__name__}()"
+
+    @property
+    def textual(self) -> bool:
+        """Whether :attr:`text` rebuilds this mask (no tensor or function inside)."""
+        return self.text is not None
 
     # -------------------------------------------------------- dense pictures
     def materialize(self, q_len: int, kv_len: int, *, batch: int | None = None,
@@ -161,14 +180,37 @@ class Mask:
             full.append((allowed | ~in_range).reshape(blocks).all(5).all(3))
         return torch.cat(active, 2), torch.cat(full, 2)
 
+    def to_block_mask(self, q_len: int, kv_len: int, *, batch: int | None = None, heads: int | None = None,
+                      block_size: int = 128, device=None, exact: bool = False):
+        """This mask as FlexAttention's ``BlockMask`` (:func:`attnkit.functional.block_masks.to_block_mask`)."""
+        from .block_masks import to_block_mask
+        return to_block_mask(self, q_len, kv_len, batch=batch, heads=heads, block_size=block_size, device=device,
+                             exact=exact)
+
     # ------------------------------------------------------------- helpers
     def band(self, q_len: int, kv_len: int) -> tuple[int | None, int | None] | None:
         """``(lo, hi)`` when the mask allows exactly the keys ``lo <= j - i <= hi`` (None: that side is open).
 
         None when the mask is not such a band. A band lets a kernel read each query
-        block's keys as one contiguous window instead of gathering key blocks.
+        block's keys as one contiguous window instead of gathering key blocks. Read
+        from :attr:`band_terms`: arithmetic on data, the same code for every mask.
         """
-        return None
+        terms = self.band_terms
+        if terms is None:
+            return None
+        offset = kv_len - q_len
+        los, his = terms
+        return (max(c + s * offset for c, s in los) if los else None,
+                min(c + s * offset for c, s in his) if his else None)
+
+    def cached_bytes(self) -> int:
+        """Bytes held by the caches on this mask and on the masks it is made of (layouts, plans, biases)."""
+        held = 0
+        for value in vars(self).values():  # the mask's caches, and masks it holds (parts, a parent, an inner mask)
+            for item in value if isinstance(value, tuple) else (value,):
+                held += (item.bytes_held if isinstance(item, cache.BoundedCache) else
+                         item.cached_bytes() if isinstance(item, Mask) else 0)
+        return held
 
     def key_padding(self) -> Mask | None:
         """The key-padding part of this mask: a mask reading only ``b`` and ``kv`` that this mask implies, if any.
@@ -193,38 +235,60 @@ def _merge_owner(masks, attr):
 
 
 class _Combined(Mask):
+    """A logical combination; ``&`` and ``|`` chains are flattened (``a & b & c`` is one And of three)."""
+
+    symbol = ""
+
     def __init__(self, *parts: Mask):
-        self.parts = parts
-        self.uses = frozenset().union(*(p.uses for p in parts))
-        self.batch_size = _merge_owner(parts, "batch_size")
-        self.num_heads = _merge_owner(parts, "num_heads")
-        self.q_len = _merge_owner(parts, "q_len")
-        self.kv_len = _merge_owner(parts, "kv_len")
-        self.textual = all(p.textual for p in parts)
+        flat = []
+        for part in parts:
+            flat.extend(part.parts if type(part) is type(self) and self.symbol else (part,))
+        self.parts = tuple(flat)
+        self.uses = frozenset().union(*(p.uses for p in self.parts))
+        self.batch_size = _merge_owner(self.parts, "batch_size")
+        self.num_heads = _merge_owner(self.parts, "num_heads")
+        self.q_len = _merge_owner(self.parts, "q_len")
+        self.kv_len = _merge_owner(self.parts, "kv_len")
+        if self.symbol and all(p.text is not None for p in self.parts):
+            self.text = "(" + f" {self.symbol} ".join(p.text for p in self.parts) + ")"
+        self.kind = "keys" if "q" not in self.uses else "pattern"
 
     def _part_layouts(self, q_len, kv_len, bs, device, sizes):
         return [p.block_layout(q_len, kv_len, bs, device=device, batch=sizes[0], heads=sizes[1])[:2]
                 for p in self.parts]
 
+    def __repr__(self):
+        if self.text is not None:
+            return self.text
+        if not self.symbol:
+            return f"~{self.parts[0]!r}"
+        return "(" + f" {self.symbol} ".join(repr(p) for p in self.parts) + ")"
+
 
 class And(_Combined):
     """Logical AND: allowed where every part allows (logical ops, never summed sentinels)."""
 
+    symbol = "&"
+
+    def __init__(self, *parts: Mask):
+        super().__init__(*parts)
+        terms = [p.band_terms for p in self.parts]
+        if None not in terms:  # the intersection of bands: every part's bounds hold
+            self.band_terms = (sum((lo for lo, _ in terms), ()), sum((hi for _, hi in terms), ()))
+            self.kind = "full" if all(p.kind == "full" for p in self.parts) else "band"
+
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
-        a, c = (p.allows(b, h, q_idx, kv_idx, q_len, kv_len) for p in self.parts)
-        return a & c
+        allowed = self.parts[0].allows(b, h, q_idx, kv_idx, q_len, kv_len)
+        for part in self.parts[1:]:
+            allowed = allowed & part.allows(b, h, q_idx, kv_idx, q_len, kv_len)
+        return allowed
 
     def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
-        (a1, f1), (a2, f2) = self._part_layouts(q_len, kv_len, bs, device, sizes)
-        return a1 & a2, f1 & f2  # active over-approximates; full is exact
-
-    def band(self, q_len, kv_len):
-        bands = [p.band(q_len, kv_len) for p in self.parts]
-        if None in bands:
-            return None
-        los = [lo for lo, _ in bands if lo is not None]
-        his = [hi for _, hi in bands if hi is not None]
-        return (max(los) if los else None), (min(his) if his else None)  # the intersection of two bands
+        layouts = self._part_layouts(q_len, kv_len, bs, device, sizes)
+        active, full = layouts[0]
+        for a, f in layouts[1:]:
+            active, full = active & a, full & f  # active over-approximates; full is exact
+        return active, full
 
     def key_padding(self):
         filters = [f for f in (p.key_padding() for p in self.parts) if f is not None]
@@ -232,27 +296,33 @@ class And(_Combined):
             return None
         return filters[0] if len(filters) == 1 else And(*filters)
 
-    def __repr__(self):
-        return f"({self.parts[0]!r} & {self.parts[1]!r})"
-
 
 class Or(_Combined):
     """Logical OR: allowed where some part allows."""
 
+    symbol = "|"
+
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
-        a, c = (p.allows(b, h, q_idx, kv_idx, q_len, kv_len) for p in self.parts)
-        return a | c
+        allowed = self.parts[0].allows(b, h, q_idx, kv_idx, q_len, kv_len)
+        for part in self.parts[1:]:
+            allowed = allowed | part.allows(b, h, q_idx, kv_idx, q_len, kv_len)
+        return allowed
 
     def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
-        (a1, f1), (a2, f2) = self._part_layouts(q_len, kv_len, bs, device, sizes)
-        return a1 | a2, f1 | f2  # active is exact; full under-approximates
-
-    def __repr__(self):
-        return f"({self.parts[0]!r} | {self.parts[1]!r})"
+        layouts = self._part_layouts(q_len, kv_len, bs, device, sizes)
+        active, full = layouts[0]
+        for a, f in layouts[1:]:
+            active, full = active | a, full | f  # active is exact; full under-approximates
+        return active, full
 
 
 class Not(_Combined):
-    """Logical NOT: allowed where the part forbids."""
+    """Logical NOT: allowed where the part forbids. ``~~m`` is ``m`` itself."""
+
+    def __init__(self, part: Mask):
+        super().__init__(part)
+        if part.text is not None:
+            self.text = f"~{part.text}"
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         return ~self.parts[0].allows(b, h, q_idx, kv_idx, q_len, kv_len)
@@ -261,5 +331,5 @@ class Not(_Combined):
         ((active, full),) = self._part_layouts(q_len, kv_len, bs, device, sizes)
         return ~full, ~active
 
-    def __repr__(self):
-        return f"~{self.parts[0]!r}"
+    def __invert__(self) -> Mask:
+        return self.parts[0]

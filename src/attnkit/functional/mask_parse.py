@@ -40,7 +40,14 @@ def _build(node: ast.AST, text: str, constructors: dict) -> Mask:
 def parse(text: str, constructors: dict) -> Mask:
     """Build the mask a text describes from ``constructors`` (name -> function)."""
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        return _build(ast.parse(text.strip(), mode="eval").body, text, constructors)
     except SyntaxError as err:
-        raise ArgumentError(f"cannot parse mask {text!r}: {err.msg}") from err
-    return _build(tree.body, text, constructors)
+        raise ArgumentError(f"cannot parse mask {_short(text)}: {err.msg}") from err
+    except (RecursionError, MemoryError):  # Python's parser, or the build, nested past the interpreter's limit
+        raise ArgumentError(f"cannot parse mask {_short(text)}: nested too deeply (write ~~m as m, and combine "
+                            "long chains with & and | at one level)") from None
+
+
+def _short(text: str) -> str:
+    """The text as errors quote it: at most 80 characters."""
+    return repr(text) if len(text) <= 80 else repr(text[:77] + "...")

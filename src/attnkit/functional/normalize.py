@@ -5,14 +5,18 @@ so NaN/inf in a masked-out score cannot leak and no constant has to fit a dtype.
 A row with no allowed key gets all-zero weights and ``lse = -inf``, with finite
 gradients (RELIABILITY rows 1-2): the zero-sum division is guarded *before* it
 happens rather than patched afterwards. NaN in an allowed score still propagates.
+Sigmoid attention, softpick and stick-breaking are written over key blocks in
+:mod:`.blockwise`, so that the O(L)-memory paths run them too.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["softmax", "masked_softmax", "guard_empty_rows", "sparsemax", "sigmoid", "hard", "gumbel_softmax",
-           "NORMALIZERS"]
+from .blockwise import sigmoid, sigmoid_log_n, softpick, stick_breaking
+
+__all__ = ["softmax", "masked_softmax", "guard_empty_rows", "sparsemax", "sigmoid", "sigmoid_log_n", "softpick",
+           "stick_breaking", "hard", "gumbel_softmax", "NORMALIZERS"]
 
 _NEG_INF = float("-inf")
 
@@ -34,19 +38,24 @@ def guard_empty_rows(m: torch.Tensor, s: torch.Tensor):
     return s_safe, lse.squeeze(-1)
 
 
-def softmax(scores: torch.Tensor, allowed: torch.Tensor | None = None):
+def softmax(scores: torch.Tensor, allowed: torch.Tensor | None = None, sink: torch.Tensor | None = None):
     """Safe softmax over the last dim. Returns ``(weights, lse)``, lse of shape ``(...)``.
 
     ``weights_j = exp(s_j - m) / sum_l exp(s_l - m)`` with ``m`` the row max over
-    allowed keys; ``lse = m + log sum_l exp(s_l - m)``.
+    allowed keys; ``lse = m + log sum_l exp(s_l - m)``. A ``sink`` (broadcastable to the
+    rows, keepdim: :mod:`attnkit.functional.sinks`) is one more term of every row's sum
+    that takes no weight: a row with no allowed key then has lse ``sink``.
     """
     scores = _masked(scores, allowed)
-    if scores.shape[-1] == 0:
+    if scores.shape[-1] == 0 and sink is None:
         return scores, scores.new_full(scores.shape[:-1], _NEG_INF)
-    m = scores.amax(-1, keepdim=True)
+    m = scores.amax(-1, keepdim=True) if scores.shape[-1] else scores.new_full((*scores.shape[:-1], 1), _NEG_INF)
+    if sink is not None:
+        m = torch.maximum(m, sink)
     m = m.masked_fill(m == _NEG_INF, 0).detach()  # shift invariance: m needs no gradient
     e = torch.exp(scores - m)
-    s_safe, lse = guard_empty_rows(m, e.sum(-1, keepdim=True))
+    total = e.sum(-1, keepdim=True)
+    s_safe, lse = guard_empty_rows(m, total if sink is None else total + torch.exp(sink - m))
     return e / s_safe, lse
 
 
@@ -93,15 +102,6 @@ def sparsemax(scores: torch.Tensor, allowed: torch.Tensor | None = None) -> torc
     return p.masked_fill(no_key, 0.0)
 
 
-def sigmoid(scores: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
-    """Elementwise sigmoid weights (not normalised; Ramapuram et al. 2024, arXiv:2409.04431).
-
-    Add a bias such as ``-log(Lk)`` through ``bias=`` for the paper's recipe.
-    """
-    w = torch.sigmoid(scores)
-    return w if allowed is None else w.masked_fill(~allowed, 0.0)
-
-
 def hard(scores: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
     """One-hot at the best allowed key (Xu et al. 2015 deterministic hard attention).
 
@@ -144,6 +144,9 @@ NORMALIZERS = {
     "softmax": _softmax_weights,
     "sparsemax": sparsemax,
     "sigmoid": sigmoid,
+    "sigmoid_log_n": sigmoid_log_n,
+    "softpick": softpick,
+    "stick_breaking": stick_breaking,
     "hard": hard,
     "gumbel": gumbel_softmax,
 }

@@ -8,12 +8,10 @@ in float32 or better and cannot overflow fp16's range (RELIABILITY row 23).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
-__all__ = ["dot", "cosine", "general", "additive", "SCORES", "default_scale"]
+__all__ = ["dot", "cosine", "general", "additive", "SCORES"]
 
 
 def dot(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -51,8 +49,3 @@ def additive(q: torch.Tensor, k: torch.Tensor, w_q: torch.Tensor, w_k: torch.Ten
 
 
 SCORES = {"dot": dot, "scaled_dot": dot, "cosine": cosine}
-
-
-def default_scale(score, head_dim: int) -> float:
-    """``1/sqrt(D)`` for "scaled_dot" (Vaswani et al. 2017, eq. 1); 1 for every other score."""
-    return 1.0 / math.sqrt(head_dim) if score == "scaled_dot" and head_dim > 0 else 1.0

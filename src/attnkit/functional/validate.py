@@ -7,6 +7,7 @@ Each error names the argument and shows expected vs actual (RELIABILITY.md).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,18 +18,22 @@ from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError
 from .indexed_masks import TensorMask
 from .mask_base import Mask
 from .normalize import NORMALIZERS
-from .scores import SCORES, default_scale
+from .scores import SCORES
 
-__all__ = ["Problem", "validate", "BACKENDS"]
-
-BACKENDS = ("auto", "reference", "chunked", "sdpa", "blocksparse")
+__all__ = ["Problem", "validate", "default_scale", "check_sinks"]
 _WHO = "attnkit.attention"
-_UNKNOWN = object()
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class Problem:
-    """A validated attention call: 4-D tensors and resolved options."""
+    """A validated attention call: 4-D tensors, resolved options, and the facts every rule reads.
+
+    Immutable: a changed call is a new problem (:meth:`with_inputs`). The facts that
+    depend only on the arguments (sizes, grouped heads, compute dtype, whether autograd
+    records the call) are computed once, when the problem is built; the mask's band,
+    facts that read the data (whether q, k, v are finite) and facts a kernel derives
+    (torch's kernel checks its own output) at most once, on first use, into :attr:`memo`.
+    """
 
     q: torch.Tensor  # (B, Hq, Lq, D)
     k: torch.Tensor  # (B, Hkv, Lk, D)
@@ -43,38 +48,46 @@ class Problem:
     return_weights: bool
     return_lse: bool
     user_rank: int
-    _finite: bool | None = None  # inputs_finite(), once known
-    # Read once per call (plain attributes, not functools.cached_property, whose lock torch.compile cannot trace).
-    sizes: tuple[int, int, int, int, int, int] = field(init=False)
-    _band: object = field(init=False, default=_UNKNOWN)
+    tracing: bool = False  # traced by torch.compile / export: nothing may read the data
+    sinks: torch.Tensor | None = None  # (B|1, H|1): a logit per head in each row's softmax denominator
+    sizes: tuple[int, int, int, int, int, int] = field(init=False)  # (B, Hq, Lq, Lk, D, Dv)
+    groups: int = field(init=False)  # query heads per key/value head (1 unless grouped-query attention)
+    compute_dtype: torch.dtype = field(init=False)  # float64 stays float64; everything else runs in float32
+    learned: tuple[torch.Tensor, ...] = field(init=False)  # bias tensors autograd asks gradients of
+    needs_grad: bool = field(init=False)  # autograd records this call
+    memo: dict = field(init=False, repr=False)  # facts computed on first use (see rules.fact)
 
     def __post_init__(self):
-        b, h, lq, d = self.q.shape  # (B, Hq, Lq, Lk, D, Dv); zeroing padded K/V rows keeps the shapes
-        self.sizes = (b, h, lq, self.k.shape[2], d, self.v.shape[3])
+        b, h, lq, d = self.q.shape
+        hkv, lk = self.k.shape[1], self.k.shape[2]
+        learned = _learned(self.bias, self.modifier)
+        grad = torch.is_grad_enabled() and (
+            bool(learned) or self.q.requires_grad or self.k.requires_grad or self.v.requires_grad
+            or (self.sinks is not None and self.sinks.requires_grad))
+        for name, value in (("sizes", (b, h, lq, lk, d, self.v.shape[3])), ("groups", h // hkv if hkv else 1),
+                            ("compute_dtype", torch.float64 if self.q.dtype == torch.float64 else torch.float32),
+                            ("learned", learned), ("needs_grad", grad), ("memo", {})):
+            object.__setattr__(self, name, value)
 
     @property
     def band(self) -> tuple[int, int] | None:
         """``(lo, hi)`` when the mask allows exactly the keys ``lo <= j - i <= hi``, both sides bounded; else None.
 
-        Computed once per call (the band path's check, plan and cost all read it).
+        Arithmetic on the mask's band terms, done once per problem (on first use: with
+        symbolic sizes, comparing the terms would pin the sizes, so nothing asks then).
         """
-        if self._band is _UNKNOWN:
-            b = None if self.mask is None else self.mask.band(self.sizes[2], self.sizes[3])
-            self._band = None if b is None or None in b else b
-        return self._band
+        memo = self.memo
+        if "band" not in memo:
+            band = None if self.mask is None else self.mask.band(self.sizes[2], self.sizes[3])
+            memo["band"] = None if band is None or None in band else band
+        return memo["band"]
 
-    @property
-    def groups(self) -> int:
-        """Query heads per key/value head (1 unless grouped-query attention)."""
-        return self.q.shape[1] // self.k.shape[1] if self.k.shape[1] else 1
-
-    @property
-    def compute_dtype(self) -> torch.dtype:
-        """float64 stays float64; everything else is computed in float32."""
-        return torch.float64 if self.q.dtype == torch.float64 else torch.float32
+    def with_inputs(self, **changes) -> Problem:
+        """This call with some arguments replaced (e.g. ``k=..., v=...``): a new problem, its facts anew."""
+        return dataclasses.replace(self, **changes)
 
     def inputs_finite(self) -> bool:
-        """Whether q, k and v hold no NaN/inf (one summed pass, computed once and cached).
+        """Whether q, k and v hold no NaN/inf (one summed pass, computed once per problem).
 
         NaN or inf anywhere makes a tensor's sum NaN or inf; the three sums are added
         as Python floats (float64, so that addition cannot overflow), one reduction
@@ -82,20 +95,26 @@ class Problem:
         a float32 sum: that only makes the answer a cautious False (an exact kernel
         then runs), never a wrong result. Meta tensors hold no values: True, unread.
         """
-        if self._finite is None and self.q.is_meta:
-            self._finite = True
-        if self._finite is None:
+        finite = self.memo.get("inputs_finite")
+        if finite is None:
             distinct = {id(t): t for t in (self.q, self.k, self.v)}.values()  # q is k is v: sum once
-            self._finite = math.isfinite(sum(t.sum(dtype=self.compute_dtype).item() for t in distinct))
-        return self._finite
-
-    def forget_finiteness(self) -> None:
-        """Forget what :meth:`inputs_finite` found (the inputs changed: padded rows were zeroed)."""
-        self._finite = None
+            finite = self.q.is_meta or math.isfinite(sum(t.sum(dtype=self.compute_dtype).item() for t in distinct))
+            self.memo["inputs_finite"] = finite
+        return finite
 
     @property
     def finiteness_known(self) -> bool:
-        return self._finite is not None
+        return "inputs_finite" in self.memo
+
+
+def _learned(bias, modifier) -> tuple[torch.Tensor, ...]:
+    """The bias tensors whose gradients autograd asks for (a tensor bias, an additive modifier's parameters)."""
+    if not torch.is_grad_enabled():
+        return ()
+    if bias is not None:
+        return (bias,) if bias.requires_grad else ()
+    grads = getattr(modifier, "parameters_needing_grad", None)  # additive modifiers (ALiBi, relative positions)
+    return tuple(grads()) if grads is not None else ()
 
 
 def _shape(t) -> tuple:
@@ -194,12 +213,36 @@ def _check_bias(bias, q4, user_q, user_k):
                      f"got {type(bias).__name__}")
 
 
+def check_sinks(sinks, q4, user_q, normalize="softmax", who=_WHO):
+    """Sinks ``(H_q,)`` or broadcastable to ``(B, H_q)``, as ``(B|1, H|1)``; softmax only."""
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point():
+        got = f"dtype {sinks.dtype}" if isinstance(sinks, torch.Tensor) else type(sinks).__name__
+        raise DTypeError(f"{who}: sinks must be a floating tensor (a logit per query head); got {got}")
+    if sinks.device != q4.device:
+        raise DeviceError(f"{who}: sinks is on {sinks.device} but query is on {q4.device}")
+    if normalize != "softmax":
+        raise ArgumentError(f"{who}: sinks join a softmax's denominator: normalize must be 'softmax'; "
+                            f"got normalize={normalize!r}")
+    batch, heads = q4.shape[:2]
+    if sinks.dim() > 2 or any(s not in (1, f) for s, f in zip(reversed(sinks.shape), (heads, batch), strict=False)):
+        raise ShapeError(f"{who}: sinks must have shape (H_q,) = ({heads},) or broadcast to (batch, H_q) = "
+                         f"({batch}, {heads}) for query {_shape(user_q)}; got {_shape(sinks)}")
+    return sinks.reshape((1,) * (2 - sinks.dim()) + tuple(sinks.shape))
+
+
 def _check_choice(name, value, table):
     if callable(value):
         return value
     if not isinstance(value, str) or value not in table:
         raise ArgumentError(f"{_WHO}: {name} must be one of {sorted(table)} or a callable; got {value!r}")
     return value
+
+
+def default_scale(score, head_dim: int) -> float:
+    """``1/sqrt(D)`` for "scaled_dot" (Vaswani et al. 2017, eq. 1); 1 for every other score."""
+    return 1.0 / math.sqrt(head_dim) if score == "scaled_dot" and head_dim > 0 else 1.0
 
 
 def _check_scale(scale, score, head_dim):
@@ -217,14 +260,12 @@ def _check_dropout(p):
 
 
 def validate(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, normalize="softmax",
-             dropout_p=0.0, return_weights=False, return_lse=False, backend="auto") -> Problem:
+             dropout_p=0.0, return_weights=False, return_lse=False, tracing=False, sinks=None) -> Problem:
     """Check every argument of :func:`attnkit.attention` and build the :class:`Problem`."""
     _check_qkv(q, k, v)
     q4, k4, v4 = _as_4d(q), _as_4d(k), _as_4d(v)
     score = _check_choice("score", score, SCORES)
     normalize = _check_choice("normalize", normalize, NORMALIZERS)
-    if backend not in BACKENDS:
-        raise ArgumentError(f"{_WHO}: backend must be one of {BACKENDS}; got {backend!r}")
     if return_lse and normalize != "softmax":
         raise ArgumentError(f"{_WHO}: return_lse is defined for normalize='softmax' only; got normalize={normalize!r}")
     bias_tensor, modifier = _check_bias(bias, q4, q, k)
@@ -234,5 +275,6 @@ def validate(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, n
         bias=bias_tensor, modifier=modifier,
         score=score, scale=_check_scale(scale, score, q.shape[-1]), normalize=normalize,
         dropout_p=_check_dropout(dropout_p),
-        return_weights=bool(return_weights), return_lse=bool(return_lse), user_rank=q.dim(),
+        return_weights=bool(return_weights), return_lse=bool(return_lse), user_rank=q.dim(), tracing=tracing,
+        sinks=check_sinks(sinks, q4, q, normalize),
     )

@@ -13,8 +13,10 @@ rows past ``Lq``) get zero-padded copies and their exact mask (:mod:`.band_block
 Rows are normalised whole by torch's fused softmax (in place), so the backward
 (Dao 2023, arXiv:2307.08691, Alg. 2, written by hand) recomputes the same
 probabilities without a saved log-sum-exp, and adds the key and value gradients
-of overlapping windows back block by block. Work is ``O(Lq W D)``; extra memory is
-one slab of scores (``SLAB`` elements) and the output.
+of overlapping windows back block by block; sinks join the output and lse after the
+windows (:func:`.pipeline.sinks_after`), and the backward takes the lse gradient that
+hands it. Work is ``O(Lq W D)``; extra memory is one slab of scores (``SLAB``
+elements) and the output.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ from ..functional.validate import Problem
 from . import band_blocks as ws
 from . import rules
 from .path_cost import PathCost, fused_attention, itemsize
-from .pipeline import KernelOutput, Workspace
+from .pipeline import KernelOutput, Workspace, sinks_after
 
-__all__ = ["refusal", "plan", "run", "forward", "backward", "describe", "cost", "density"]
+__all__ = ["REFUSALS", "refusal", "plan", "run", "forward", "backward", "describe", "cost", "density", "op_forward",
+           "op_backward"]
 
 BLOCK_SIZES = (32, 64, 128)
 _NEG_INF = float("-inf")
@@ -66,8 +69,13 @@ def plan(p: Problem) -> ws.Plan:
 
 @functools.lru_cache(maxsize=64)
 def _best_plan(lo: int, hi: int, lq: int, lk: int, block_sizes: tuple[int, ...]) -> ws.Plan:
-    plans = [ws.make_plan(bs, lo, hi, lq, lk) for bs in block_sizes]
-    return min(plans, key=lambda pl: pl.nq * pl.bs * pl.width * (1 + 16 / pl.bs))
+    best, best_cost = None, None
+    for bs in block_sizes:  # a plain loop: torch.compile traces this (not min() with a key)
+        pl = ws.make_plan(bs, lo, hi, lq, lk)
+        cost = pl.nq * pl.bs * pl.width * (1 + 16 / pl.bs)
+        if best is None or cost < best_cost:
+            best, best_cost = pl, cost
+    return best
 
 
 def _probs(work: Workspace, sl: ws.Slab, scale: float, need_max: bool = False):
@@ -166,13 +174,35 @@ def describe(p: Problem) -> str:
     return f"band windows of {pl.width} keys per block of {pl.bs} queries, read in place (no gathers)"
 
 
+def backward_differentiable(p: Problem) -> bool:
+    """Its backward is written by hand: a second derivative recomputes the call (pipeline.twice_differentiable)."""
+    return False
+
+
 def run(p: Problem) -> KernelOutput:
-    """Out ``(B, H, Lq, Dv)`` and lse ``(B, H, Lq)`` or None, in the compute dtype."""
+    """Out ``(B, H, Lq, Dv)`` and lse ``(B, H, Lq)`` or None, in the compute dtype; sinks join (out, lse)."""
+    if p.sinks is not None:
+        return sinks_after(p, run)
     dt = p.compute_dtype
     q, k, v = (t.to(dt).contiguous() for t in (p.q, p.k, p.v))
-    finite = p.inputs_finite() if rules.needs_grad(p) else True  # only the backward reads it
+    finite = p.inputs_finite() if p.needs_grad else True  # only the backward reads it
     out, lse = _BandAttention.apply(q, k, v, plan(p), p.scale, finite, p.return_lse)
     return KernelOutput(out, None, lse if p.return_lse else None)
+
+
+def _kernel_inputs(p: Problem):
+    dt = p.compute_dtype
+    return tuple(t.to(dt).contiguous() for t in (p.q, p.k, p.v))
+
+
+def op_forward(p: Problem):
+    """For the compiled operator: ``(out, None)``; the backward recomputes the probabilities, no lse saved."""
+    return forward(*_kernel_inputs(p), plan(p), p.scale, False)[0], None
+
+
+def op_backward(p: Problem, out, saved, dout):
+    """For the compiled operator: ``dq, dk, dv`` (key/value heads as given)."""
+    return backward(*_kernel_inputs(p), out, dout, None, plan(p), p.scale, p.inputs_finite())
 
 
 def cost(p: Problem, grad: bool = False) -> PathCost:

@@ -24,14 +24,13 @@ from __future__ import annotations
 import torch
 
 from ..bias import AdditiveModifier
+from ..functional import sinks
 from ..functional.validate import Problem
-from ..masks import _Causal
 from ..runtime import low_precision_math
 from . import rules
 from .bias_slabs_grad import SlabAttention
 from .path_cost import PathCost, fused_attention, itemsize
 from .pipeline import KernelOutput, dense_indices, upcast_inputs
-from .rules import learned
 
 __all__ = ["refusal", "run", "describe", "cost", "Plan"]
 
@@ -50,13 +49,28 @@ def _lse_resolves(row_max: torch.Tensor, dtype: torch.dtype) -> bool:
     ``2^-12 / eps`` of 0 (2048 in float32) keep the weights within ``2^-13``; a row of
     ``-inf`` (no allowed key) is exact. NaN and ``+inf`` fail too.
     """
-    limit = 2.0 ** -12 / torch.finfo(dtype).eps
+    limit = _lse_limit(dtype)
     return bool(((row_max.abs() <= limit) | (row_max == _NEG_INF)).all())
 
 
-def _bias_tensor_ok(bias: torch.Tensor, dtype: torch.dtype) -> bool:
-    """No NaN, no ``+inf`` and no row whose largest entry is too large for the kernel's lse (one pass)."""
-    return bias.numel() == 0 or _lse_resolves(bias.amax(-1), dtype)  # no key, or no row: nothing to resolve
+def _lse_limit(dtype: torch.dtype) -> float:
+    """The largest ``|score|`` whose lse keeps the weights within ``2^-13`` (see :func:`_lse_resolves`)."""
+    return 2.0 ** -12 / torch.finfo(dtype).eps
+
+
+def _bias_tensor_ok(bias: torch.Tensor, dtype: torch.dtype, masked: bool) -> bool:
+    """No NaN, no ``+inf`` and no row whose largest entry is too far from 0 for the kernel's lse.
+
+    With a mask, a row's largest *allowed* entry is what the lse holds, and the mask may
+    leave a row only very negative entries (``finfo.min`` written as a mask), however
+    large the row's unmasked maximum: then every finite entry must lie within the bound
+    too (a second pass), so that any allowed subset of a row keeps its weights.
+    """
+    if bias.numel() == 0:  # no key, or no row: nothing to resolve
+        return True
+    if not _lse_resolves(bias.amax(-1), dtype):
+        return False
+    return not masked or float(torch.nan_to_num(bias, nan=0.0, posinf=0.0, neginf=0.0).amin()) >= -_lse_limit(dtype)
 
 
 def _additive_bias(p: Problem) -> str | None:
@@ -65,9 +79,11 @@ def _additive_bias(p: Problem) -> str | None:
     return None
 
 
+@rules.reads_data
 def _finite_bias(p: Problem) -> str | None:
-    if p.bias is not None and not _bias_tensor_ok(p.bias, p.compute_dtype):
-        return "the bias holds NaN or +inf, or a row whose largest entry is too far from 0 for the kernel's lse"
+    if p.bias is not None and not _bias_tensor_ok(p.bias, p.compute_dtype, p.mask is not None):
+        return ("the bias holds NaN or +inf, or entries too far from 0 for the kernel's lse where they can be a "
+                "row's largest allowed entry")
     if p.modifier is not None and not p.modifier.term_is_finite():
         return "the modifier's parameters hold NaN or inf"
     return None
@@ -86,7 +102,7 @@ def refusal(p: Problem) -> str | None:
 def _toeplitz(p: Problem) -> bool:
     """The bias is a function of ``(h, j - i)`` (and no parameter needs its gradient): view it, never build it."""
     relative = isinstance(p.modifier, AdditiveModifier) and p.modifier.relative
-    return relative and (p.mask is None or isinstance(p.mask, _Causal)) and not learned(p)
+    return relative and (p.mask is None or p.mask.kind == "causal") and not p.learned
 
 
 class Plan:
@@ -155,7 +171,7 @@ def _inputs(p: Problem):
     """q, k, v for the kernel: bfloat16/float16 stay as they are where the CPU computes them natively (the fused
     kernel accumulates in float32, as torch's SDPA does; see attnkit.runtime); everything else, and any learned
     bias, in the compute dtype."""
-    if low_precision_math(p.q.dtype, p.q.device) != p.q.dtype or learned(p):
+    if low_precision_math(p.q.dtype, p.q.device) != p.q.dtype or p.learned:
         return upcast_inputs(p)
     k, v = p.k, p.v
     if p.groups > 1:
@@ -163,15 +179,23 @@ def _inputs(p: Problem):
     return p.q.contiguous(), k.contiguous(), v.contiguous()
 
 
+def backward_differentiable(p: Problem) -> bool:
+    """Its backward is written by hand: a second derivative recomputes the call (pipeline.twice_differentiable)."""
+    return False
+
+
 def run(p: Problem) -> KernelOutput:
     """Out in the compute dtype, or in bfloat16/float16 for such inputs; lse when asked (without autograd)."""
     q, k, v = _inputs(p)
     plan = Plan(p, p.compute_dtype)
-    if rules.needs_grad(p):
-        return KernelOutput(SlabAttention.apply(plan, q, k, v, *learned(p)), None, None)
+    if p.needs_grad:
+        return KernelOutput(SlabAttention.apply(plan, q, k, v, p.sinks, *p.learned), None, None)
     with torch.no_grad():
         out, lse = plan.forward(q, *plan.keys(k, v))
-        return KernelOutput(out, None, lse.masked_fill(plan.empty_rows(), _NEG_INF) if p.return_lse else None)
+        lse = lse.masked_fill(plan.empty_rows(), _NEG_INF) if p.return_lse else lse  # the kernel says 0 there
+        if p.sinks is not None:
+            out, lse = sinks.joined(out, lse, p.sinks)
+        return KernelOutput(out, None, lse if p.return_lse else None)
 
 
 def cost(p: Problem, grad: bool = False) -> PathCost:

@@ -20,34 +20,42 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from ..functional import sinks
 from .rules import FLASH_BACKWARD
 
 __all__ = ["SlabAttention"]
 
 class SlabAttention(torch.autograd.Function):
-    """``plan.forward`` saving only ``q, k, v, out, lse``; ``apply(plan, q, k, v, *learned)``."""
+    """``plan.forward`` saving only ``q, k, v, out, lse``; ``apply(plan, q, k, v, sinks, *learned)``.
+
+    With sinks (or None), the output and lse are joined with them and both backwards run from the joined
+    pair, which rebuilds the sink call's probabilities (:mod:`attnkit.functional.sinks`).
+    """
 
     @staticmethod
-    def forward(ctx, plan, q, k, v, *params):
+    def forward(ctx, plan, q, k, v, sink_logits, *params):
         k, v = plan.keys(k, v)
         out, lse = plan.forward(q, k, v)
-        ctx.save_for_backward(q, k, v, out, lse)
+        if sink_logits is not None:
+            out, lse = sinks.joined(out, lse, sink_logits)
+        ctx.save_for_backward(q, k, v, out, lse, sink_logits)
         ctx.plan, ctx.params = plan, params
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, sink_logits = ctx.saved_tensors
         plan, dout = ctx.plan, dout.contiguous()
-        if any(ctx.needs_input_grad[4:]):
+        if any(ctx.needs_input_grad[5:]):
             dq, dk, dv, dparams = _learned_backward(plan, q, k, v, out, lse, dout, ctx.params)
         else:
             dq, dk, dv = _fused_backward(plan, q, k, v, out, lse, dout)
             dparams = [None] * len(ctx.params)
         if plan.reversed:
             dk, dv = dk.flip(2), dv.flip(2)
-        return None, dq, dk, dv, *dparams
+        dsinks = sinks.kernel_gradient(dout, out, lse, sink_logits) if ctx.needs_input_grad[4] else None
+        return None, dq, dk, dv, dsinks, *dparams
 
 
 def _fused_backward(plan, q, k, v, out, lse, dout):

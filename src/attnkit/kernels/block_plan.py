@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from ..functional import cache
 from ..functional.validate import Problem
 from ..masks import full as full_mask
+from . import rules
 from .path_cost import PathCost, fused_attention, itemsize
 from .pipeline import KernelOutput
 
@@ -138,8 +139,11 @@ def plan_for(p: Problem) -> BlockPlan:
     return cache.on(mask, "block_plans", max_entries=PLAN_CACHE_ENTRIES).get_or_build(plan_key(p), lambda: _build(p))
 
 
+@rules.reads_data
 def density(p: Problem) -> float:
-    """The plan's block density: the fraction of (query block, key block) pairs some element or head attends."""
+    """The plan's block density: the fraction of (query block, key block) pairs some element or head attends.
+
+    It reads the mask's layout, so a decision that reads no data leaves it to run time."""
     return plan_for(p).density
 
 

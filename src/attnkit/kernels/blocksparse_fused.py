@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..functional import cache
+from ..functional import cache, sinks
 from ..functional.validate import Problem
 from . import block_plan, rules
 from .block_plan import density
@@ -38,7 +38,7 @@ from .path_cost import PathCost
 from .pipeline import KernelOutput, Workspace, upcast_inputs
 from .rules import FLASH, FLASH_BACKWARD
 
-__all__ = ["refusal", "run", "forward", "backward", "cost", "density", "slab_biases"]
+__all__ = ["REFUSALS", "refusal", "run", "op_forward", "op_backward", "cost", "density", "slab_biases"]
 
 BIAS_CACHE = 4  # cached (sizes -> biases) entries per mask; the oldest goes first
 BIAS_CACHE_BYTES = 1 << 26  # larger bias sets (long, dense layouts) are built per call instead
@@ -131,38 +131,52 @@ def _backward(p: Problem, slabs, biases, qb, kb, vb, out, lse, dout):
 
 
 class _FusedBlockSparse(torch.autograd.Function):
+    """With sinks, the slabs' ``(out, lse)`` are joined with them and the fused backward runs from the joined
+    pair, which rebuilds the sink call's probabilities (:mod:`attnkit.functional.sinks`)."""
+
     @staticmethod
-    def forward(ctx, qb, kb, vb, p: Problem, slabs, biases):
+    def forward(ctx, qb, kb, vb, sink_logits, p: Problem, slabs, biases):
         out, lse = _forward(p, slabs, biases, qb, kb, vb)
-        ctx.save_for_backward(qb, kb, vb, out, lse)
+        if sink_logits is not None:
+            out, lse = sinks.joined(out, lse, sink_logits)
+        ctx.save_for_backward(qb, kb, vb, out, lse, sink_logits)
         ctx.p, ctx.slabs, ctx.biases = p, slabs, biases
         return out, lse
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, dout, _dlse):  # applies() refuses lse under autograd: _dlse is never used
-        qb, kb, vb, out, lse = ctx.saved_tensors
-        return (*_backward(ctx.p, ctx.slabs, ctx.biases, qb, kb, vb, out, lse, dout.contiguous()), None, None, None)
+    def backward(ctx, dout, _dlse):  # the rules refuse lse under autograd: _dlse is never used
+        qb, kb, vb, out, lse, sink_logits = ctx.saved_tensors
+        dout = dout.contiguous()
+        dsinks = sinks.kernel_gradient(dout, out, lse, sink_logits) if ctx.needs_input_grad[3] else None
+        return (*_backward(ctx.p, ctx.slabs, ctx.biases, qb, kb, vb, out, lse, dout), dsinks, None, None, None)
+
+
+def backward_differentiable(p: Problem) -> bool:
+    """Its backward is written by hand: a second derivative recomputes the call (pipeline.twice_differentiable)."""
+    return False
 
 
 def run(p: Problem) -> KernelOutput:
     pl = block_plan.plan_for(p)
     qb, kb, vb = block_plan.to_blocks(*upcast_inputs(p), pl.bs)
     biases = slab_biases(p, pl.slabs, pl.bs, qb.dtype)
-    out, lse = _FusedBlockSparse.apply(qb, kb, vb, p, pl.slabs, biases)
+    out, lse = _FusedBlockSparse.apply(qb, kb, vb, p.sinks, p, pl.slabs, biases)
     return block_plan.from_blocks(p, out, lse if p.return_lse else None)
 
 
-def forward(p: Problem):
-    """Out ``(B, H, Lq, Dv)`` and the kernel's own lse ``(B, H, Lq)`` (0 on rows with no key), without autograd."""
+def op_forward(p: Problem):
+    """For the compiled operator: out ``(B, H, Lq, Dv)`` and the kernel's own lse ``(B, H, Lq)`` (0 on rows with
+    no key), without autograd."""
     pl = block_plan.plan_for(p)
     qb, kb, vb = block_plan.to_blocks(*upcast_inputs(p), pl.bs)
     out, lse = _forward(p, pl.slabs, slab_biases(p, pl.slabs, pl.bs, qb.dtype), qb, kb, vb)
     return block_plan.from_blocks(p, out, lse)[::2]
 
 
-def backward(p: Problem, out, lse, dout):
-    """``dq, dk, dv`` (key/value heads repeated for grouped queries) from :func:`forward`'s output and lse."""
+def op_backward(p: Problem, out, lse, dout):
+    """For the compiled operator: ``dq, dk, dv`` (key/value heads repeated for grouped queries) from
+    :func:`op_forward`'s output and lse."""
     pl = block_plan.plan_for(p)
     q, k, v = upcast_inputs(p)
     qb, kb, vb = block_plan.to_blocks(q, k, v, pl.bs)

@@ -1,4 +1,4 @@
-"""Path ``blocksparse-gathered``: any score, bias, mask, row normaliser and dropout on gathered key blocks.
+"""Path ``blocksparse-gathered``: any score, bias, mask, row normaliser, sinks and dropout on gathered key blocks.
 
 Each slab of the block plan (:mod:`.block_plan`) gathers its key blocks and runs
 the shared pipeline (:mod:`.pipeline`) on them: the mask is evaluated at every
@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from ..functional import sinks
 from ..functional.validate import Problem
 from . import block_plan, rules
 from .block_plan import density
@@ -80,11 +81,13 @@ def _general(p: Problem, slabs, blocks, bs: int):
         pieces.append(checkpoint(_compute, *args, use_reentrant=False) if checkpointed else _compute(*args))
     nq = qb.shape[2]
     listed = torch.cat([rows for rows, _, _, _ in slabs]) if slabs else qb.new_zeros(0, dtype=torch.long)
-    missing = nq - listed.numel()  # blocks in no slab attend nothing: output 0, lse -inf
+    missing = nq - listed.numel()  # blocks in no slab attend nothing: output 0, lse -inf (the sink's, with one)
     if missing:
         with_lse = pieces[0][1] is not None if pieces else p.return_lse  # softmax gives every slab an lse
-        pieces.append((qb.new_zeros(batch, heads, missing, bs, vb.shape[-1]),
-                       qb.new_full((batch, heads, missing, bs), float("-inf")) if with_lse else None))
+        empty = qb.new_full((batch, heads, missing, bs), float("-inf")) if with_lse else None
+        if empty is not None and p.sinks is not None:
+            empty = sinks.per_row(p.sinks, empty).expand_as(empty)
+        pieces.append((qb.new_zeros(batch, heads, missing, bs, vb.shape[-1]), empty))
         seen = torch.zeros(nq, dtype=torch.bool, device=qb.device)
         seen[listed] = True
         listed = torch.cat([listed, (~seen).nonzero().flatten()])

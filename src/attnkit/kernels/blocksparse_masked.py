@@ -24,7 +24,7 @@ from ..functional.validate import Problem
 from . import block_plan, rules
 from .block_plan import density
 from .path_cost import PathCost
-from .pipeline import KernelOutput, Workspace, upcast_inputs
+from .pipeline import KernelOutput, Workspace, sinks_after, upcast_inputs
 
 __all__ = ["refusal", "run", "cost", "density", "allowed_in", "query_blocks", "put_query_blocks"]
 
@@ -189,7 +189,14 @@ class _BlockSparseSoftmax(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
+def backward_differentiable(p: Problem) -> bool:
+    """Its backward is written by hand: a second derivative recomputes the call (pipeline.twice_differentiable)."""
+    return False
+
+
 def run(p: Problem) -> KernelOutput:
+    if p.sinks is not None:  # joined with the output and lse; the backward takes the lse gradient
+        return sinks_after(p, run)
     pl = block_plan.plan_for(p)
     blocks = block_plan.to_blocks(*upcast_inputs(p), pl.bs)
     out, lse = _BlockSparseSoftmax.apply(*blocks, p, pl.slabs, pl.bs)

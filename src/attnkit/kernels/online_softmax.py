@@ -11,16 +11,21 @@ max ``m``, normaliser ``l`` and unnormalised output ``acc`` are updated::
 Only a slab of ``rows x kv_block`` scores exists at a time, so memory is
 ``O((Lq + Lk) D)`` plus a fixed budget, never ``O(Lq Lk)``. Under autograd each
 slab of rows is checkpointed: backward recomputes it, holding one slab's graph.
-Supports every score, bias, modifier and mask, dropout, and returns lse: the
-``chunked`` backend's general path. Its faster siblings for additive biases
-(:mod:`.bias_slabs`) and soft-capping (:mod:`.softcap_loop`) come first in the
-table of paths (:mod:`.paths`).
+Supports every score, bias, modifier and mask, dropout, sinks (the running sum starts
+with the sink's term, the running max at the sink), and returns lse: the
+``chunked`` backend's general path. The normalisers written over key blocks
+(sigmoid attention, softpick, stick-breaking: :mod:`attnkit.functional.blockwise`)
+run the same loop with their own state per row, in the same memory. Its faster
+siblings for additive biases (:mod:`.bias_slabs`) and soft-capping
+(:mod:`.softcap_loop`) come first in the table of paths (:mod:`.paths`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..functional import sinks
+from ..functional.blockwise import BLOCKWISE
 from ..functional.normalize import guard_empty_rows
 from ..functional.validate import Problem
 from . import rules
@@ -36,7 +41,7 @@ ROWS = 1024  # query rows per slab without autograd
 _NEG_INF = float("-inf")
 
 
-REFUSALS = (rules.softmax_only, rules.no_weights)
+REFUSALS = (rules.over_key_blocks, rules.no_weights)
 
 
 def refusal(p: Problem) -> str | None:
@@ -47,8 +52,7 @@ def _slab(p: Problem, start: int, stop: int, q, k, v, kv_block: int):
     batch, heads, _, lk, _, dv = p.sizes
     qc = q[:, :, start:stop]  # (B, H, rows, D)
     rows = stop - start
-    m = qc.new_full((batch, heads, rows, 1), _NEG_INF)
-    l = qc.new_zeros((batch, heads, rows, 1))
+    m, l = _start(p, qc.new_empty(batch, heads, rows, 1))
     acc = qc.new_zeros((batch, heads, rows, dv))
     for ks in range(0, lk, kv_block):
         ke = min(lk, ks + kv_block)
@@ -67,6 +71,32 @@ def _slab(p: Problem, start: int, stop: int, q, k, v, kv_block: int):
     return acc / l_safe, lse
 
 
+def _slab_blockwise(p: Problem, start: int, stop: int, q, k, v, kv_block: int):
+    """A normaliser over key blocks (:mod:`attnkit.functional.blockwise`): its state per row, block by block."""
+    batch, heads, _, lk, _, dv = p.sizes
+    rule = BLOCKWISE[p.normalize]
+    qc = q[:, :, start:stop]  # (B, H, rows, D)
+    state = rule.start(qc.new_zeros(batch, heads, stop - start, 1))
+    acc = qc.new_zeros((batch, heads, stop - start, dv))
+    firsts = range(0, lk, kv_block)
+    for ks in reversed(firsts) if rule.reverse else firsts:
+        ke = min(lk, ks + kv_block)
+        s, allowed = block_scores(p, qc, k[:, :, ks:ke], *dense_indices(batch, heads, start, stop, ks, ke, q.device))
+        w, state, rescale = rule.block(state, s, allowed, lk)
+        acc = (acc if rescale is None else acc * rescale) + dropout(p, w) @ v[:, :, ks:ke]
+    divisor = rule.divisor(state)
+    return (acc if divisor is None else acc / divisor), None
+
+
+def _start(p: Problem, like: torch.Tensor):
+    """The running max and sum before the first key block: empty, or the sink alone (a term with no value)."""
+    if p.sinks is None:
+        return torch.full_like(like, _NEG_INF), torch.zeros_like(like)
+    s = sinks.per_row(p.sinks, like)
+    m = s.detach().expand_as(like).clone()
+    return m, torch.exp(s - m.masked_fill(m == _NEG_INF, 0.0)).expand_as(like)  # 1, or 0 for s = -inf
+
+
 def plan(p: Problem, grad: bool) -> tuple[int, int]:
     """``(rows per slab, keys per block)`` keeping about BUDGET scores alive.
 
@@ -83,8 +113,9 @@ def plan(p: Problem, grad: bool) -> tuple[int, int]:
 
 def run(p: Problem) -> KernelOutput:
     q, k, v = upcast_inputs(p)
-    rows, kv_block = plan(p, rules.needs_grad(p))
-    out, lse = run_row_chunks(lambda s, e, q_, k_, v_: _slab(p, s, e, q_, k_, v_, kv_block),
+    rows, kv_block = plan(p, p.needs_grad)
+    slab = _slab if p.normalize == "softmax" else _slab_blockwise
+    out, lse = run_row_chunks(lambda s, e, q_, k_, v_: slab(p, s, e, q_, k_, v_, kv_block),
                               p.sizes[2], rows, q, k, v)
     return KernelOutput(out, None, lse)
 

@@ -16,13 +16,15 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..bias import apply_modifier
+from ..functional import sinks
+from ..functional.blockwise import BLOCKWISE
 from ..functional.indexed_masks import gather_at
 from ..functional.normalize import NORMALIZERS, masked_softmax, softmax
 from ..functional.scores import SCORES
 from ..functional.validate import Problem
 
-__all__ = ["KernelOutput", "upcast_inputs", "block_scores", "block_weights", "zero_padded_keys",
-           "dense_indices", "run_row_chunks", "Workspace", "in_graph", "shapes_only"]
+__all__ = ["KernelOutput", "upcast_inputs", "block_scores", "block_weights", "sinks_after", "zero_padded_keys",
+           "dense_indices", "run_row_chunks", "Workspace", "in_graph", "shapes_only", "twice_differentiable"]
 
 
 class KernelOutput(NamedTuple):
@@ -44,6 +46,42 @@ def in_graph(result: KernelOutput, differentiable: list[torch.Tensor]) -> Kernel
         return result
     link = sum(t[..., :0].sum() for t in differentiable)  # 0-dim zero in the graph of every input
     return result._replace(out=result.out + link.to(result.out.dtype))
+
+
+class _SecondOrder(torch.autograd.Function):
+    """The identity on a path's output and lse, whose gradients come from a differentiable recomputation under
+    ``create_graph=True`` (and pass through to the path's own backward otherwise)."""
+
+    @staticmethod
+    def forward(ctx, recompute, out, lse, *inputs):
+        ctx.recompute, ctx.has_lse = recompute, lse.numel() > 0
+        ctx.save_for_backward(*inputs)
+        return out.view_as(out), lse.view_as(lse)
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        inputs = ctx.saved_tensors
+        if not torch.is_grad_enabled():  # a first derivative: the path's own backward computes it
+            return None, dout, dlse, *(None for _ in inputs)
+        with torch.enable_grad():  # create_graph=True: gradients that autograd can differentiate again
+            out, lse = ctx.recompute(*inputs)
+            pairs = [(out, dout)] + ([(lse, dlse)] if ctx.has_lse and dlse is not None else [])
+            grads = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], create_graph=True,
+                                        allow_unused=True)
+        return None, None, None, *grads
+
+
+def twice_differentiable(out: torch.Tensor, lse: torch.Tensor | None, inputs: list[torch.Tensor], recompute):
+    """``(out, lse)`` of a path whose backward is written by hand (not itself differentiable), made so.
+
+    A second derivative (``create_graph=True``: gradient penalties, meta-learning) through such a path
+    would silently lose its second-order term; here the first backward, when autograd records it,
+    returns the gradients of ``recompute(*inputs) -> (out, lse)`` (the dense reference: exact, and
+    differentiable again) instead. Plain backward passes are untouched.
+    """
+    empty = out.new_empty(0)
+    out2, lse2 = _SecondOrder.apply(recompute, out, empty if lse is None else lse, *inputs)
+    return out2, (None if lse is None else lse2)
 
 
 def shapes_only(p: Problem) -> KernelOutput:
@@ -129,14 +167,34 @@ def block_weights(p: Problem, scores, allowed):
     May overwrite ``scores`` in place (it is a fresh temporary in every kernel).
     """
     if p.normalize == "softmax":
+        if p.sinks is not None:
+            return softmax(scores, allowed, sinks.per_row(p.sinks, scores))
         if _only_mask_makes_inf(p):
             return masked_softmax(scores, allowed, need_lse=p.return_lse)
         return softmax(scores, allowed)
+    rule = BLOCKWISE.get(p.normalize) if isinstance(p.normalize, str) else None
+    if rule is not None:  # a whole row as one block, its length the call's (sigmoid's -log n)
+        return rule.weights(scores, allowed, p.sizes[3]), None
     fn = NORMALIZERS[p.normalize] if isinstance(p.normalize, str) else p.normalize
     weights = fn(scores, allowed)
     if allowed is not None:
         weights = weights.masked_fill(~allowed, 0.0)
     return weights, None
+
+
+def sinks_after(p: Problem, run) -> KernelOutput:
+    """``run(p)`` without the sinks, its ``(out, lse)`` then joined with them (:class:`~attnkit.functional.sinks.Join`).
+
+    For the paths whose backward takes an lse gradient (band windows, masked slabs, the soft-cap
+    loop): the join hands them ``dO = f dO_s`` and ``dlse = f (1 - f) rowsum(dO_s O) + f dlse_s``,
+    and their own backward then gives the sink call's exact ``dq, dk, dv``.
+    """
+    inner = p.with_inputs(sinks=None, return_lse=True)
+    inner.memo.update(p.memo)  # the facts (band, finiteness, ...) do not depend on the sinks
+    result = run(inner)
+    out, lse = sinks.join(result.out, result.lse, p.sinks)
+    p.memo.update(inner.memo)
+    return KernelOutput(out, result.weights, lse if p.return_lse else None)
 
 
 def dropout(p: Problem, weights):
@@ -190,19 +248,19 @@ class Workspace:
         return buf[:numel].view(shape)
 
 
-def zero_padded_keys(p: Problem) -> bool:
-    """Zero the K/V rows the mask rejects for every query (padding) when the inputs are not finite.
+def zero_padded_keys(p: Problem) -> Problem | None:
+    """The call with the K/V rows the mask rejects for every query (padding) zeroed, when the inputs are not finite.
 
     Masked scores are selected away already; zeroing the rows too means that NaN or inf
     past a sequence's valid length cannot reach the output or the gradients through
-    ``0 * NaN`` (RELIABILITY row 22). With finite inputs the rows are left as they are:
-    the result is the same without the copies. Returns whether rows were zeroed (the
-    problem then forgets its finiteness: those rows may have been the only non-finite ones).
+    ``0 * NaN`` (RELIABILITY row 22). With finite inputs, or no padded key, nothing
+    changes and None is returned; otherwise a new problem, whose finiteness is learnt
+    anew (those rows may have been the only non-finite ones).
     """
     keys = p.mask.key_padding() if p.mask is not None else None
     compiling = torch.compiler.is_compiling()
     if keys is None or (not compiling and p.inputs_finite()):
-        return False
+        return None
     batch, _, _, lk, _, _ = p.sizes
     dev = p.q.device
     zero = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=dev)
@@ -210,7 +268,5 @@ def zero_padded_keys(p: Problem) -> bool:
                        torch.arange(lk, device=dev).view(1, 1, -1, 1), p.sizes[2], lk)  # (B|1, 1, Lk, 1)
     keep = torch.broadcast_to(keep, (batch, 1, lk, 1))
     if not compiling and bool(keep.all()):  # the check needs the data: skip it when tracing
-        return False
-    p.k, p.v = p.k.masked_fill(~keep, 0.0), p.v.masked_fill(~keep, 0.0)
-    p.forget_finiteness()
-    return True
+        return None
+    return p.with_inputs(k=p.k.masked_fill(~keep, 0.0), v=p.v.masked_fill(~keep, 0.0))

@@ -1,7 +1,8 @@
 """Path ``dense-reference``: the whole pipeline on dense ``(B, H, Lq, Lk)`` scores.
 
-Readable, any dtype (float64 included), every option; the path that returns
-attention weights, and the one small problems take. Memory ``O(B H Lq Lk)``.
+Readable, any dtype (float64 included), every option (sinks as one more term of each row's
+softmax sum); the path that returns attention weights, and the one small problems take.
+Memory ``O(B H Lq Lk)``.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from ..functional.validate import Problem
 from .path_cost import PathCost, dense_products, itemsize
 from .pipeline import KernelOutput, block_scores, block_weights, dense_indices, dropout, upcast_inputs
 
-__all__ = ["refusal", "run", "cost"]
+__all__ = ["REFUSALS", "refusal", "run", "cost", "recomputed"]
+
+REFUSALS = ()  # the reference honours every argument
 
 
 def refusal(p: Problem) -> str | None:
-    """The reference honours every argument."""
     return None
 
 
@@ -32,3 +34,14 @@ def cost(p: Problem, grad: bool = False) -> PathCost:
     """Both products over every pair; scores, weights and their softmax temporaries in memory."""
     b, h, lq, lk, _, _ = p.sizes
     return PathCost(b * h * lq * lk, 3.0 * b * h * lq * lk * itemsize(p), dense_products(p))
+
+
+def recomputed(p: Problem, originals, replacements) -> tuple:
+    """``(out, lse)`` of ``p`` here, with its tensors ``originals`` replaced (a second derivative's recomputation,
+    :func:`.pipeline.twice_differentiable`); lse is None unless the normaliser is softmax."""
+    swap = {id(t): r for t, r in zip(originals, replacements, strict=True)}
+    q, k, v = (swap.get(id(t), t) for t in (p.q, p.k, p.v))
+    bias = swap.get(id(p.bias), p.bias) if p.bias is not None else None
+    sinks = swap.get(id(p.sinks), p.sinks) if p.sinks is not None else None
+    result = run(p.with_inputs(q=q, k=k, v=v, bias=bias, sinks=sinks, return_lse=p.normalize == "softmax"))
+    return result.out, result.lse

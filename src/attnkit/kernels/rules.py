@@ -1,10 +1,18 @@
-"""The eligibility rules of the execution paths, each written once.
+"""The eligibility rules of the execution paths, each written once, and the facts they share.
 
 A rule takes a :class:`~attnkit.functional.validate.Problem` and returns why a path
 cannot compute it exactly (a short reason that :func:`attnkit.explain` shows), or
-None when it can. A path's eligibility is a tuple of rules checked in order by
-:func:`first_refusal`, cheap ones first, so the data-dependent ones (the finiteness
-pass over q, k, v) run only when everything else already holds.
+None when it can. A path's eligibility is the tuple of rules in its row of
+:data:`attnkit.kernels.paths.PATHS`, checked in order by :func:`first_refusal`,
+cheap ones first, so the rules that read the data run only when everything else
+already holds. Those are marked with :func:`reads_data`: a traced call (compile,
+export) cannot read data, so the decision it expects skips them and the operator
+that carries it decides them at run time (:func:`attnkit.kernels.dispatch.choose`).
+
+Rules read the problem's facts (``p.sizes``, ``p.band``, ``p.needs_grad``, the mask's
+``kind``, :func:`device_type`), each computed once per call; facts a kernel derives are
+memoised on the problem with :func:`fact`. The device a path serves is a column of the
+table (``Path.devices``), checked by :func:`serves` before the path's own rules.
 """
 
 from __future__ import annotations
@@ -13,47 +21,106 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..bias import AdditiveModifier
+from ..bias import Softcap
+from ..functional.blockwise import BLOCKWISE
 from ..functional.validate import Problem
 
-__all__ = ["Rule", "first_refusal", "FLASH", "FLASH_BACKWARD", "needs_grad", "learned", "softmax_of_dot_products",
-           "no_bias", "no_dropout", "no_weights", "no_lse", "not_compiling", "finite_inputs",
-           "not_known_non_finite", "fused_cpu_kernel", "equal_head_dims", "lse_without_grad", "softmax_only"]
+__all__ = ["Rule", "reads_data", "fact", "first_refusal", "FLASH", "FLASH_BACKWARD", "softmax_of_dot_products",
+           "no_bias", "no_sinks", "no_dropout", "no_weights", "no_lse", "not_compiling", "finite_inputs",
+           "not_known_non_finite",
+           "fused_cpu_kernel", "equal_head_dims", "lse_without_grad", "over_key_blocks", "cpu_flash", "simple_mask",
+           "operator_carries", "device_type", "serves", "device_text"]
 
 Rule = Callable[[Problem], "str | None"]
 
 # torch's fused CPU attention kernel (flash-style tiles), forward and backward, called directly where a
-# path needs its log-sum-exp or a float mask per slab; None on builds without it.
-FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+# path needs its log-sum-exp or a float mask per slab; None on builds without it. torch's own binding
+# (torch._...) when it has one: its call costs less than torch.ops.aten's Python overload (a few µs, which a
+# decoding step over a short cache notices).
+FLASH = getattr(torch, "_scaled_dot_product_flash_attention_for_cpu", None) or getattr(
+    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 FLASH_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 
 
-def first_refusal(p: Problem, rules: Sequence[Rule]) -> str | None:
-    """The first reason among ``rules`` why ``p`` cannot run, or None."""
+def reads_data(rule: Rule) -> Rule:
+    """Mark ``rule`` as one that reads the values of the inputs (or runs only eagerly): traced calls skip it."""
+    rule.reads_data = True
+    return rule
+
+
+def fact(compute: Callable[[Problem], object]) -> Callable[[Problem], object]:
+    """``compute(p)`` evaluated at most once per problem (kept in ``p.memo`` under the function's name)."""
+    name = compute.__name__
+
+    def once(p: Problem):
+        memo = p.memo
+        if name not in memo:
+            memo[name] = compute(p)
+        return memo[name]
+
+    once.__name__, once.__doc__ = name, compute.__doc__
+    return once
+
+
+def first_refusal(p: Problem, rules: Sequence[Rule], data: bool = True, device: Rule | None = None) -> str | None:
+    """The first reason among ``rules`` why ``p`` cannot run, or None; ``data=False`` skips :func:`reads_data` rules.
+
+    ``device``: the row's device rule (:func:`serves`), asked first."""
+    if device is not None:
+        why = device(p)
+        if why is not None:
+            return why
     for rule in rules:
+        if not data and getattr(rule, "reads_data", False):
+            continue
         why = rule(p)
         if why is not None:
             return why
     return None
 
 
-def learned(p: Problem) -> list[torch.Tensor]:
-    """The bias tensors whose gradients autograd asks for (a tensor bias, an additive modifier's table)."""
-    if not torch.is_grad_enabled():
-        return []
-    if p.bias is not None:
-        return [p.bias] if p.bias.requires_grad else []
-    return list(p.modifier.parameters_needing_grad()) if isinstance(p.modifier, AdditiveModifier) else []
+@fact
+def device_type(p: Problem) -> str:
+    """The type of the device the tensors live on (``"cpu"``, ``"cuda"``, ``"mps"``, ...): every device decision
+    reads this one fact, so a test can decide a problem for a device it does not have."""
+    return p.q.device.type
 
 
-def needs_grad(p: Problem) -> bool:
-    """Whether autograd records this call (q, k, v or a learned bias need a gradient)."""
-    return torch.is_grad_enabled() and (any(t.requires_grad for t in (p.q, p.k, p.v)) or bool(learned(p)))
+def device_text(devices: tuple[str, ...]) -> str:
+    """How a row's devices read in a reason: ``"CPU only"``, ``"CUDA only"``, ``"CPU and MPS only"``."""
+    return " and ".join(d.upper() for d in devices) + " only"
 
 
-def softmax_only(p: Problem) -> str | None:
-    if p.normalize != "softmax":
-        return f"softmax only; normalize={p.normalize!r} needs each whole row at once"
+def serves(devices: tuple[str, ...] | None) -> Rule | None:
+    """The device rule of a row of the table serving ``devices``: the row's reason when ``p`` lives elsewhere.
+
+    None for a row serving every device (no rule to check). The reason is written once, here.
+    """
+    if devices is None:
+        return None
+    reason = device_text(devices)
+
+    def device(p: Problem) -> str | None:
+        return None if device_type(p) in devices else reason
+    return device
+
+
+@fact
+def cpu_flash(p: Problem) -> bool:
+    """torch's fused CPU kernel can be called directly: it exists, the tensors are on the CPU, ``Dv == D``."""
+    return FLASH is not None and device_type(p) == "cpu" and p.sizes[4] == p.sizes[5]
+
+
+def simple_mask(p: Problem) -> bool:
+    """Masks torch's kernel takes without evaluating the mask per call (no mask, causal, key-only, a tensor)."""
+    return p.mask is None or p.mask.kind in ("full", "causal", "keys", "tensor")
+
+
+def over_key_blocks(p: Problem) -> str | None:
+    """Softmax, or a normaliser written over key blocks (:mod:`attnkit.functional.blockwise`)."""
+    if p.normalize != "softmax" and not (isinstance(p.normalize, str) and p.normalize in BLOCKWISE):
+        return (f"softmax or a normaliser over key blocks ({', '.join(BLOCKWISE)}) only; normalize={p.normalize!r} "
+                "needs each whole row at once")
     return None
 
 
@@ -65,6 +132,10 @@ def softmax_of_dot_products(p: Problem) -> str | None:
 
 def no_bias(p: Problem) -> str | None:
     return "no bias or score modifier" if p.bias is not None or p.modifier is not None else None
+
+
+def no_sinks(p: Problem) -> str | None:
+    return "no attention sinks" if p.sinks is not None else None
 
 
 def no_dropout(p: Problem) -> str | None:
@@ -80,26 +151,30 @@ def no_lse(p: Problem) -> str | None:
 
 
 def not_compiling(p: Problem) -> str | None:
-    if torch.compiler.is_compiling():
-        return "under torch.compile: its exactness or plan needs data-dependent checks"
+    """Paths whose plan or exactness needs the data: traced as plain ops they cannot run (the operator can)."""
+    if p.tracing:
+        return "traced (torch.compile, export): its exactness or plan needs data-dependent checks"
     return None
 
 
 _NON_FINITE = "non-finite inputs: torch's fused kernel can zero a NaN row and leaks NaN from masked keys"
 
 
+@reads_data
 def finite_inputs(p: Problem) -> str | None:
-    """One summed pass over each distinct q, k, v (cached on the problem)."""
+    """One summed pass over each distinct q, k, v (computed once per problem)."""
     return None if p.inputs_finite() else _NON_FINITE
 
 
+@reads_data
 def not_known_non_finite(p: Problem) -> str | None:
     """Refuses only inputs already known to be non-finite (a path that checks its own output instead)."""
     return _NON_FINITE if p.finiteness_known and not p.inputs_finite() else None
 
 
 def fused_cpu_kernel(p: Problem) -> str | None:
-    return "needs torch's fused CPU flash kernel" if FLASH is None or p.q.device.type != "cpu" else None
+    """This torch build has the fused CPU kernel (the device itself is the row's column, :func:`serves`)."""
+    return "needs torch's fused CPU flash kernel" if FLASH is None else None
 
 
 def equal_head_dims(p: Problem) -> str | None:
@@ -107,4 +182,25 @@ def equal_head_dims(p: Problem) -> str | None:
 
 
 def lse_without_grad(p: Problem) -> str | None:
-    return "the fused backward takes no lse gradient" if p.return_lse and needs_grad(p) else None
+    return "the fused backward takes no lse gradient" if p.return_lse and p.needs_grad else None
+
+
+_CARRIED_SCORES = ("scaled_dot", "dot", "cosine")
+# deterministic: a recomputation repeats them
+_CARRIED_NORMALIZERS = ("softmax", "sparsemax", "hard", *BLOCKWISE)
+
+
+def operator_carries(p: Problem, backend: str) -> bool:
+    """Whether a traced call becomes one ``attnkit::attention`` operator node (:mod:`.custom_op`).
+
+    A mask that has a text (or none), a score and a normaliser named by a string (the
+    stochastic Gumbel softmax aside: the backward recomputes the call), optionally an
+    additive bias tensor or a soft-cap; no sinks, dropout, weights or lse; ``backend="auto"``;
+    not in an export to ONNX, whose runtimes know only standard operators.
+    """
+    modifier = p.modifier
+    return (backend == "auto" and not p.q.is_meta and p.sinks is None and not torch.onnx.is_in_onnx_export()
+            and p.score in _CARRIED_SCORES and p.normalize in _CARRIED_NORMALIZERS
+            and (modifier is None or type(modifier) is Softcap)
+            and p.dropout_p == 0 and not p.return_weights and not p.return_lse
+            and (p.mask is None or p.mask.text is not None))

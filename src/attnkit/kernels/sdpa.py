@@ -5,7 +5,8 @@ turn a NaN query row into zeros, lets NaN in a masked key leak (RELIABILITY rows
 21-22), reads strided inputs wrongly (row 28) and, with ``is_causal`` and a scale
 ``<= 0``, returns NaN for finite inputs; and it has no weights, bias modifiers or
 other scores. So it takes softmax of (scaled) dot products, contiguous, with a mask
-it reads exactly.
+it reads exactly. Sinks join the kernel's ``(out, lse)`` and its backward runs from the
+joined pair (:mod:`attnkit.functional.sinks`), on the CPU kernel only.
 
 Masks, in O(1) for the common calls: none; causal through ``is_causal`` when the
 alignments agree (top-left, or ``Lq == Lk``) and the scale is positive; bottom-right
@@ -23,8 +24,17 @@ key; rows the mask leaves empty are known (:class:`KernelMask`), so any other ls
 of 0 is not trusted (:func:`trustworthy`). The check is ``O(B H Lq (Dv + 1))``
 instead of a pass over q, k and v. When it fails, :class:`UntrustedOutput` tells the
 dispatcher to decide the call again without this path, after the exact checks
-(padded K/V rows zeroed, one finiteness pass). With dropout, on other devices, or
-with ``Dv != D``, torch's public SDPA runs after a finiteness pass over q, k, v.
+(padded K/V rows zeroed, one finiteness pass). With dropout, or with ``Dv != D`` on
+the CPU, torch's public SDPA runs after a finiteness pass over q, k, v.
+
+On other devices (CUDA, MPS) torch's public ``F.scaled_dot_product_attention`` runs
+(flash, memory-efficient or cuDNN, as torch picks for the call; grouped K/V heads
+read unexpanded), and the same kind of check follows it: those kernels return no lse,
+so the sums of the output and of q, k, v stand for it (one reduction and one
+synchronisation; with finite inputs and a finite output every row is torch's exact
+answer). A row the mask leaves with no key is handed to the kernel with every key
+allowed and set to 0 afterwards, so no kernel ever sees a row of ``-inf`` (whose
+answer, and whose gradient, differ between kernels) and its gradients are 0.
 """
 
 from __future__ import annotations
@@ -34,17 +44,17 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
-from ..functional import cache
+from ..functional import cache, sinks
 from ..functional.validate import Problem
-from ..masks import TensorMask, _Causal, _Full
 from ..runtime import low_precision_math
 from . import rules
 from .path_cost import PathCost, fused_attention, itemsize
 from .pipeline import KernelOutput
 
-__all__ = ["UntrustedOutput", "KernelMask", "refusal", "run", "describe", "cost", "simple_mask", "kernel_mask",
-           "trustworthy", "checks_output"]
+__all__ = ["UntrustedOutput", "KernelMask", "REFUSALS", "refusal", "run", "describe", "cost", "kernel_mask",
+           "trustworthy", "sums_finite", "checks_output", "op_forward", "op_backward"]
 
 _CAUSAL_MASKS = cache.BoundedCache(max_entries=32, max_bytes=1 << 24)  # causal (Lq, Lk) float masks
 _NEG_INF = float("-inf")
@@ -64,17 +74,26 @@ class KernelMask(NamedTuple):
     empty_rows: torch.Tensor | None
 
 
+@rules.fact
 def checks_output(p: Problem) -> bool:
-    """Whether :func:`run` calls the CPU kernel and checks its output instead of checking the inputs first."""
-    return rules.first_refusal(p, (rules.fused_cpu_kernel, rules.no_dropout, rules.equal_head_dims)) is None
+    """Whether :func:`run` checks the kernel's output instead of checking the inputs first: torch's CPU kernel
+    called directly (its lse), or torch's public kernel on another device (the sums); not with dropout."""
+    return p.dropout_p == 0 and (rules.cpu_flash(p) or rules.device_type(p) != "cpu")
 
 
+@rules.reads_data
 def _finiteness(p: Problem) -> str | None:
     return rules.not_known_non_finite(p) if checks_output(p) else rules.finite_inputs(p)
 
 
+def _sinks_on_cpu_kernel(p: Problem) -> str | None:
+    if p.sinks is not None and not checks_output(p):
+        return "sinks need the CPU kernel's lse (CPU tensors, Dv == D, no dropout)"
+    return None
+
+
 REFUSALS = (rules.softmax_of_dot_products, rules.no_bias, rules.no_weights, rules.no_lse, rules.not_compiling,
-            _finiteness)
+            _sinks_on_cpu_kernel, _finiteness)
 
 
 def refusal(p: Problem) -> str | None:
@@ -84,13 +103,7 @@ def refusal(p: Problem) -> str | None:
 def causal_flag(p: Problem) -> bool:
     """True when ``is_causal`` computes the mask: causal, top-left alignment (or ``Lq == Lk``), positive scale."""
     _, _, lq, lk, _, _ = p.sizes
-    return isinstance(p.mask, _Causal) and (p.mask.align == "top_left" or lq == lk) and p.scale > 0
-
-
-def simple_mask(p: Problem) -> bool:
-    """Masks this path takes without evaluating the mask per call: the O(1) dispatch cases."""
-    m = p.mask
-    return m is None or isinstance(m, (_Full, TensorMask, _Causal)) or "q" not in m.uses
+    return p.mask.kind == "causal" and (p.mask.align == "top_left" or lq == lk) and p.scale > 0
 
 
 def _additive(allowed: torch.Tensor, dtype) -> torch.Tensor:
@@ -98,38 +111,43 @@ def _additive(allowed: torch.Tensor, dtype) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, _NEG_INF)
 
 
-def _with_empty_rows(allowed: torch.Tensor, dtype) -> KernelMask:
-    return KernelMask(_additive(allowed, dtype), False, ~allowed.any(-1))
+def _with_empty_rows(allowed: torch.Tensor, dtype, open_empty: bool = False) -> KernelMask:
+    """``open_empty`` (off the CPU): a row with no allowed key is given every key, and :func:`run` zeroes it after,
+    so no kernel sees a row of ``-inf``."""
+    empty = ~allowed.any(-1)
+    if open_empty:
+        allowed = allowed | empty[..., None]
+    return KernelMask(_additive(allowed, dtype), False, empty)
 
 
-def _causal(p: Problem, dtype) -> KernelMask:
+def causal_mask(lq: int, lk: int, offset: int, dtype, device) -> KernelMask:
     """Query i sees keys ``j <= i + offset``: no mask for one query over every key (decoding), else cached."""
-    _, _, lq, lk, _, _ = p.sizes
-    offset = lk - lq if p.mask.align == "bottom_right" else 0
     if lq == 1 and offset >= lk - 1:
         return KernelMask(None, False, None)
-    key = (lq, lk, offset, dtype, str(p.q.device))
+    key = (lq, lk, offset, dtype, str(device))
     return _CAUSAL_MASKS.get_or_build(key, lambda: _with_empty_rows(
-        torch.ones(lq, lk, dtype=torch.bool, device=p.q.device).tril(offset), dtype))
+        torch.ones(lq, lk, dtype=torch.bool, device=device).tril(offset), dtype, torch.device(device).type != "cpu"))
 
 
 def kernel_mask(p: Problem, dtype) -> KernelMask:
     """The mask as the kernel reads it, in ``dtype``."""
     m = p.mask
     batch, heads, lq, lk, _, _ = p.sizes
-    if m is None or isinstance(m, _Full):
+    kind = "full" if m is None else m.kind
+    if kind == "full":
         return KernelMask(None, False, None)
     if causal_flag(p):
         return KernelMask(None, True, None)
-    if isinstance(m, _Causal):
-        return _causal(p, dtype)
-    if isinstance(m, TensorMask):
-        return _with_empty_rows(m.tensor, dtype)
-    if "q" not in m.uses:  # key-only (padding): a (B, 1, 1, Lk) mask, built once per mask and sizes
-        key = (lk, batch, heads, dtype, str(p.q.device))
+    if kind == "causal":
+        return causal_mask(lq, lk, lk - lq if m.align == "bottom_right" else 0, dtype, p.q.device)
+    open_empty = rules.device_type(p) != "cpu"
+    if kind == "tensor":
+        return _with_empty_rows(m.tensor, dtype, open_empty)
+    if kind == "keys":  # a (B, H|1, 1, Lk) mask, built once per mask and sizes
+        key = (lk, batch, heads, dtype, str(p.q.device), open_empty)
         return cache.on(m, "sdpa", max_entries=8).get_or_build(key, lambda: _with_empty_rows(
-            m.materialize(1, lk, batch=batch, heads=heads, device=p.q.device), dtype))
-    return _with_empty_rows(m.materialize(lq, lk, batch=batch, heads=heads, device=p.q.device), dtype)
+            m.materialize(1, lk, batch=batch, heads=heads, device=p.q.device), dtype, open_empty))
+    return _with_empty_rows(m.materialize(lq, lk, batch=batch, heads=heads, device=p.q.device), dtype, open_empty)
 
 
 def trustworthy(out: torch.Tensor, lse: torch.Tensor, empty_rows: torch.Tensor | None) -> bool:
@@ -151,6 +169,17 @@ def trustworthy(out: torch.Tensor, lse: torch.Tensor, empty_rows: torch.Tensor |
     return math.isfinite(torch.addcdiv(lse, _ONES[lse.dtype], lse).sum().item() + out.sum().item())
 
 
+def sums_finite(out: torch.Tensor, inputs) -> bool:
+    """No NaN or inf in ``out`` nor in the ``inputs`` (q, k, v): the check of a kernel that returns no lse.
+
+    With finite q, k, v every row has a finite largest score, so a finite output is the
+    kernel's exact answer; NaN or inf anywhere makes a float32 sum non-finite. One
+    reduction per distinct tensor and one ``.item()`` (a synchronisation on CUDA).
+    """
+    distinct = {id(t): t.detach() for t in (out, *inputs)}.values()
+    return math.isfinite(torch.stack([t.sum(dtype=torch.float32) for t in distinct]).sum().item())
+
+
 def _readable(t: torch.Tensor, grad: bool) -> torch.Tensor:
     """``t`` as the CPU kernel reads it right: torch 2.13's forward misreads an innermost stride other than 1
     (RELIABILITY row 28) but reads any other strides (a KV cache's view of its buffer, permuted heads) as they
@@ -158,20 +187,60 @@ def _readable(t: torch.Tensor, grad: bool) -> torch.Tensor:
     return t.contiguous() if grad or t.stride(-1) != 1 else t
 
 
+def backward_differentiable(p: Problem) -> bool:
+    """torch's CPU kernel, called directly, has no second derivative; its public entry point's math path has."""
+    return not checks_output(p)
+
+
+class _WithSinks(torch.autograd.Function):
+    """The CPU kernel with sinks: its ``(O, lse)`` joined with them, and its own backward from the joined pair
+    (which rebuilds the sink call's probabilities), plus the sinks' gradient (:mod:`attnkit.functional.sinks`)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sink_logits, km: KernelMask, scale: float, check: bool):
+        out, lse = rules.FLASH(q, k, v, 0.0, km.is_causal, attn_mask=km.float_mask, scale=scale)
+        if check and not trustworthy(out, lse, km.empty_rows):
+            raise UntrustedOutput
+        if km.empty_rows is not None:  # the kernel's lse there is 0; the sink alone is those rows' sum
+            lse = lse.masked_fill(km.empty_rows, _NEG_INF)
+        out, lse = sinks.joined(out, lse, sink_logits)
+        ctx.save_for_backward(q, k, v, out, lse, sink_logits)
+        ctx.km, ctx.scale = km, scale
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        q, k, v, out, lse, sink_logits = ctx.saved_tensors
+        dout = dout.contiguous()
+        dq, dk, dv = rules.FLASH_BACKWARD(dout, q, k, v, out, lse, 0.0, ctx.km.is_causal,
+                                          attn_mask=ctx.km.float_mask, scale=ctx.scale)[:3]
+        return dq, dk, dv, sinks.kernel_gradient(dout, out, lse, sink_logits), None, None, None
+
+
 def run(p: Problem) -> KernelOutput:
     """bfloat16/float16 inputs run in float32 where the CPU has no matmul units for them (attnkit.runtime)."""
     dtype = low_precision_math(p.q.dtype, p.q.device)
     q, k, v = (t if t.dtype == dtype else t.to(dtype) for t in (p.q, p.k, p.v))
     km = kernel_mask(p, dtype)
-    if checks_output(p):
-        q, k, v = (_readable(t, rules.needs_grad(p)) for t in (q, k, v))
-        out, lse = rules.FLASH.default(q, k, v, 0.0, km.is_causal, attn_mask=km.float_mask, scale=p.scale)
+    if checks_output(p) and rules.cpu_flash(p):
+        q, k, v = (_readable(t, p.needs_grad) for t in (q, k, v))
+        if p.sinks is not None:
+            return KernelOutput(_WithSinks.apply(q, k, v, p.sinks, km, p.scale, not p.finiteness_known), None, None)
+        out, lse = rules.FLASH(q, k, v, 0.0, km.is_causal, attn_mask=km.float_mask, scale=p.scale)
         if not p.finiteness_known and not trustworthy(out, lse, km.empty_rows):
             raise UntrustedOutput
         return KernelOutput(out, None, None)
     # bool(): under torch.jit.trace sizes are traced tensors, and torch wants a Python bool here
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=km.float_mask, dropout_p=p.dropout_p,
                                          is_causal=km.is_causal, scale=p.scale, enable_gqa=bool(p.groups > 1))
+    if rules.device_type(p) != "cpu":
+        if km.empty_rows is not None:
+            out = out.masked_fill(km.empty_rows[..., None], 0.0)
+        if checks_output(p) and not p.finiteness_known:
+            if not sums_finite(out, (p.q, p.k, p.v)):
+                raise UntrustedOutput
+            p.memo["inputs_finite"] = True  # finite sums of q, k, v: what the finiteness pass would have learnt
     return KernelOutput(out, None, None)
 
 
@@ -179,7 +248,13 @@ def describe(p: Problem) -> str:
     km = kernel_mask(p, p.compute_dtype)
     mask = ("is_causal" if km.is_causal else "no mask" if km.float_mask is None
             else f"a float mask {tuple(km.float_mask.shape)}")
-    how = "the output checked for NaN/inf after" if checks_output(p) else "after a finiteness pass over q, k, v"
+    if not checks_output(p):
+        how = "after a finiteness pass over q, k, v"
+    elif rules.cpu_flash(p):
+        how = "the output checked for NaN/inf after"
+    else:
+        how = (f"torch's public kernel on {rules.device_type(p)} (flash, memory-efficient or cuDNN, as torch picks), "
+               "the sums of the output and of q, k, v checked after")
     return f"torch's fused kernel, {mask}, {how}"
 
 
@@ -193,3 +268,28 @@ def cost(p: Problem, grad: bool = False) -> PathCost:
     mask = kernel_mask(p, p.compute_dtype).float_mask
     workspace = (0 if mask is None else mask.numel() * itemsize(p)) + (0 if flash else 3 * pairs * itemsize(p))
     return PathCost(pairs, workspace, fused=(label, fwd, bwd if flash else 2 * fwd), materialized=not flash)
+
+
+def _kernel_inputs(p: Problem):
+    dt = p.compute_dtype
+    return tuple(t.to(dt).contiguous() for t in (p.q, p.k, p.v))
+
+
+def op_forward(p: Problem):
+    """For the compiled operator: ``(out, lse)`` of the CPU kernel, or None where :func:`run` would not call it."""
+    if not (checks_output(p) and rules.cpu_flash(p)):
+        return None
+    q, k, v = _kernel_inputs(p)
+    km = kernel_mask(p, q.dtype)
+    out, lse = rules.FLASH(q, k, v, 0.0, km.is_causal, attn_mask=km.float_mask, scale=p.scale)
+    if not trustworthy(out, lse, km.empty_rows):
+        raise UntrustedOutput
+    return out, lse
+
+
+def op_backward(p: Problem, out, lse, dout):
+    """For the compiled operator: ``dq, dk, dv`` from the kernel's own lse."""
+    q, k, v = _kernel_inputs(p)
+    km = kernel_mask(p, q.dtype)
+    return rules.FLASH_BACKWARD(dout.to(q.dtype).contiguous(), q, k, v, out, lse, 0.0, km.is_causal,
+                                attn_mask=km.float_mask, scale=p.scale)[:3]

@@ -40,7 +40,7 @@ from ..functional.normalize import guard_empty_rows
 from ..functional.validate import Problem
 from . import rules
 from .path_cost import PathCost, fused_attention, itemsize
-from .pipeline import KernelOutput, Workspace, dense_indices, upcast_inputs
+from .pipeline import KernelOutput, Workspace, dense_indices, sinks_after, upcast_inputs
 from .softcap_grad import SoftcapAttention
 
 __all__ = ["refusal", "run", "shift", "describe", "Blocks"]
@@ -195,11 +195,18 @@ def describe(p: Problem) -> str:
     return f"soft-capping with a fixed shift {c:g} instead of a running max"
 
 
+def backward_differentiable(p: Problem) -> bool:
+    """Its backward is written by hand: a second derivative recomputes the call (pipeline.twice_differentiable)."""
+    return False
+
+
 def run(p: Problem) -> KernelOutput:
-    """Out and lse; under autograd through :class:`~.softcap_grad.SoftcapAttention`."""
+    """Out and lse; under autograd through :class:`~.softcap_grad.SoftcapAttention`; sinks join (out, lse)."""
+    if p.sinks is not None:
+        return sinks_after(p, run)
     q, k, v = upcast_inputs(p)
     blocks = Blocks(p)
-    if rules.needs_grad(p):
+    if p.needs_grad:
         out, lse = SoftcapAttention.apply(blocks, q, k, v)
     else:
         out, lse = blocks.forward(q, k, v)

@@ -1,5 +1,6 @@
-"""What the models share: input checks (token ids, features, keep masks, lengths), the source mask, and
-a padding-aware RNN encoder (the recurrent models' helpers, which used to live in ``seq2seq``).
+"""What the models share: token-id checks (the checks of features, keep masks and lengths are those of
+:mod:`attnkit.nn._inputs`), the source mask, and a padding-aware RNN encoder (the recurrent models' helpers,
+which used to live in ``seq2seq``).
 
 Used by :class:`~attnkit.models.seq2seq.Seq2Seq`, :class:`~attnkit.models.pointer_network.PointerNetwork`,
 :class:`~attnkit.models.pointer_generator.PointerGenerator`,
@@ -14,9 +15,10 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..errors import ArgumentError, DTypeError, ShapeError, check_bool_mask
+from ..errors import ArgumentError, DTypeError, ShapeError
+from ..nn._inputs import check_keep_mask, check_lengths
 
-__all__ = ["IGNORE_INDEX", "INDEX_DTYPES", "check_tokens", "check_index_dtype", "check_features", "check_keep",
+__all__ = ["IGNORE_INDEX", "INDEX_DTYPES", "check_tokens", "check_index_dtype",
            "loss_targets", "masked_mean", "source_mask", "make_rnn", "encode_padded"]
 
 IGNORE_INDEX = -100
@@ -47,24 +49,6 @@ def check_tokens(who: str, name: str, ids, vocab: int, batch: int | None = None,
         raise ArgumentError(f"{who}: {name} ids must lie in [0, {vocab}); got [{int(ids.min())}, {int(ids.max())}]")
 
 
-def check_features(who: str, name: str, x, module: nn.Module, dim: int | None = None) -> None:
-    """``x`` must be a floating tensor of ``module``'s parameter dtype and, if ``dim`` is given, ``(batch, n, dim)``."""
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
-        raise DTypeError(f"{who}: {name} must be a floating tensor; got {got}")
-    dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), x.dtype)
-    if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
-        raise DTypeError(f"{who}: {name} must have the parameters' dtype {dtype} (convert the input or the "
-                         f"model); got {x.dtype}")
-    if dim is not None and (x.dim() != 3 or x.shape[-1] != dim):
-        raise ShapeError(f"{who}: {name} must have shape (batch, n, dim={dim}); got {tuple(x.shape)}")
-
-
-def check_keep(who: str, name: str, keep, shape: tuple[int, int]) -> torch.Tensor | None:
-    """A ``(batch, n)`` bool mask, True = real token (None passes)."""
-    return check_bool_mask(who, name, keep, shape, true_means="real token", dims="(batch, n)")
-
-
 def loss_targets(who: str, target, mask, shape: tuple[int, int], num_classes: int):
     """``(target (B, T) long with IGNORE_INDEX -> 0, keep (B, T) bool)`` for a per-token loss.
 
@@ -79,7 +63,7 @@ def loss_targets(who: str, target, mask, shape: tuple[int, int], num_classes: in
     if bool(outside.any()):
         raise ArgumentError(f"{who}: target ids must lie in [0, {num_classes}) or be {IGNORE_INDEX} (not scored); "
                             f"got {int(target[outside][0])}")
-    keep = scored if mask is None else check_keep(who, "mask", mask, shape) & scored
+    keep = scored if mask is None else check_keep_mask(who, "mask", mask, *shape) & scored
     return target.long().masked_fill(~scored, 0), keep
 
 
@@ -95,24 +79,14 @@ def source_mask(who: str, shape, device, lengths=None, mask=None) -> tuple[torch
     if lengths is not None and mask is not None:
         raise ArgumentError(f"{who}: give src_lengths or src_mask, not both")
     if mask is not None:
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-            raise DTypeError(f"{who}: mask must be a bool tensor (True = real token); "
-                             f"got {mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__}")
-        if tuple(mask.shape) != (b, s):
-            raise ShapeError(f"{who}: mask must have shape (batch, length) = {(b, s)}; got {tuple(mask.shape)}")
+        check_keep_mask(who, "mask", mask, b, s, dims="(batch, length)")
         lengths = mask.sum(-1)
         if not torch.equal(mask, positions < lengths[:, None]):
             raise ArgumentError(f"{who}: mask must be left-aligned (True then False in each row) for the RNN")
         return mask, lengths
     if lengths is None:
         return torch.ones(b, s, dtype=torch.bool, device=device), torch.full((b,), s, device=device)
-    if not isinstance(lengths, torch.Tensor) or lengths.is_floating_point() or lengths.is_complex() \
-            or lengths.dtype == torch.bool:
-        raise DTypeError(f"{who}: lengths must be an integer tensor of shape ({b},); got {_got(lengths)}")
-    if tuple(lengths.shape) != (b,):
-        raise ShapeError(f"{who}: lengths must have shape (batch,) = ({b},); got {tuple(lengths.shape)}")
-    if b and (int(lengths.min()) < 0 or int(lengths.max()) > s):
-        raise ArgumentError(f"{who}: lengths must lie in [0, {s}]; got [{int(lengths.min())}, {int(lengths.max())}]")
+    check_lengths(who, "lengths", lengths, b, s)
     return positions < lengths.to(device)[:, None], lengths.to(device)
 
 

@@ -7,7 +7,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..errors import ArgumentError, DTypeError, ShapeError, check_int
+from ..errors import ArgumentError, check_int
+from ..nn._inputs import check_keep_mask, check_lengths, check_shape
 from ..nn.pooling import HierarchicalAttention
 from ._rnn import check_tokens
 
@@ -85,31 +86,18 @@ class HierarchicalAttentionNetwork(nn.Module):
         b, s, w = ids.shape
         if word_mask is None:
             word_mask = ids != self.padding_idx if self.padding_idx is not None else torch.ones_like(ids, dtype=bool)
-        elif not isinstance(word_mask, torch.Tensor) or word_mask.dtype != torch.bool:
-            got = word_mask.dtype if isinstance(word_mask, torch.Tensor) else type(word_mask).__name__
-            raise DTypeError(f"{_WHO}: word_mask must be a bool tensor (True = a real word); got {got}")
-        elif word_mask.shape != ids.shape:
-            raise ShapeError(f"{_WHO}: word_mask must have the shape of ids {(b, s, w)}; got {tuple(word_mask.shape)}")
+        else:
+            check_keep_mask(_WHO, "word_mask", word_mask, b, s, w, true_means="a real word", dims="(the shape of ids)")
         if sentence_lengths is None:
             return word_mask, None
-        if not isinstance(sentence_lengths, torch.Tensor) or sentence_lengths.is_floating_point() \
-                or sentence_lengths.is_complex() or sentence_lengths.dtype == torch.bool:
-            got = sentence_lengths.dtype if isinstance(sentence_lengths, torch.Tensor) else type(sentence_lengths)
-            raise DTypeError(f"{_WHO}: sentence_lengths must be an integer tensor of shape ({b},); got {got}")
-        if tuple(sentence_lengths.shape) != (b,):
-            raise ShapeError(f"{_WHO}: sentence_lengths must have shape (batch,) = ({b},); "
-                             f"got {tuple(sentence_lengths.shape)}")
-        if b and (int(sentence_lengths.min()) < 0 or int(sentence_lengths.max()) > s):
-            raise ArgumentError(f"{_WHO}: sentence_lengths must lie in [0, {s}]; got {sentence_lengths.tolist()}")
+        check_lengths(_WHO, "sentence_lengths", sentence_lengths, b, s)
         sentence_mask = torch.arange(s, device=ids.device) < sentence_lengths.to(ids.device)[:, None]  # (B, S)
         return word_mask & sentence_mask[..., None], sentence_mask
 
     def forward(self, ids: torch.Tensor, *, word_mask: torch.Tensor | None = None,
                 sentence_lengths: torch.Tensor | None = None) -> HANOutput:
         """Classify documents of token ids ``(B, S, W)``; word_mask: True = a real word."""
-        if not isinstance(ids, torch.Tensor) or ids.dim() != 3:
-            got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
-            raise ShapeError(f"{_WHO}: ids must have shape (batch, sentences, words); got {got}")
+        check_shape(_WHO, "ids", ids, lambda t: t.dim() == 3, "have shape (batch, sentences, words)")
         check_tokens(_WHO, "ids", ids.flatten(1), self.vocab_size)
         word_mask, sentence_mask = self._masks(ids, word_mask, sentence_lengths)
         if ids.shape[0] == 0 or ids.shape[1] == 0:  # no document or no sentence slot: v = 0, as for an all-padding

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ..errors import ArgumentError
+from .hybrid import RECURRENT, hybrid_attention
 from .stacks import TransformerDecoder, TransformerEncoder
 from .tokens import TokenEmbedding, cache_offset, check_generate, check_tokens, decode, output_head
 
@@ -41,7 +42,11 @@ class TransformerLM(nn.Module):
         causal: decoder-only (True) or bidirectional.
         ff_dim, dropout, activation, norm_first: as :class:`TransformerEncoder`.
         positional: "sinusoidal", "learned", "rotary" or None.
-        attention, attention_mask: see :class:`TransformerEncoder`.
+        attention, attention_mask: see :class:`TransformerEncoder`; also a linear-recurrent layer's name
+            ("retnet", "gla", "mamba2", "deltanet", "gated-deltanet", "kimi-delta-attention"; causal only).
+        softmax_every: with a linear-recurrent ``attention``, every ``softmax_every``-th layer is softmax
+            attention instead (4: three linear layers to one softmax layer, as Qwen3-Next); see
+            :func:`attnkit.models.hybrid.hybrid_attention`.
         max_len: longest sequence (learned positions, linformer, lambda-layer).
         tie_embeddings: ``W_out = E^T`` (Press & Wolf 2017).
 
@@ -61,8 +66,13 @@ class TransformerLM(nn.Module):
     def __init__(self, vocab_size: int, *, dim: int = 64, num_heads: int = 4, num_layers: int = 2,
                  causal: bool = True, ff_dim: int | None = None, dropout: float = 0.1, activation: str = "relu",
                  norm_first: bool = False, positional: str | None = "sinusoidal", attention="softmax",
-                 attention_mask=None, max_len: int | None = 256, tie_embeddings: bool = False):
+                 attention_mask=None, max_len: int | None = 256, tie_embeddings: bool = False,
+                 softmax_every: int | None = None):
         super().__init__()
+        if attention in RECURRENT or softmax_every is not None:
+            if not causal:
+                raise ArgumentError("TransformerLM: linear-recurrent layers are causal; got causal=False")
+            attention = hybrid_attention(attention, softmax_every, dropout=dropout)
         self.embed = TokenEmbedding("TransformerLM", vocab_size, dim, positional=positional, max_len=max_len,
                                     dropout=dropout)
         self.vocab_size, self.max_len, self.causal = vocab_size, max_len, bool(causal)

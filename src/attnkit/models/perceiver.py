@@ -8,8 +8,9 @@ import torch
 from torch import nn
 
 from ..errors import ArgumentError, ShapeError, check_int
+from ..nn._inputs import check_floating, check_keep_mask, check_like
 from ..nn.perceiver import PerceiverEncoder
-from .tokens import check_features, check_keep, check_tokens
+from .tokens import check_tokens
 
 __all__ = ["Perceiver", "fourier_features"]
 
@@ -115,7 +116,8 @@ class Perceiver(nn.Module):
             check_tokens(who, "tokens", x.flatten(1) if isinstance(x, torch.Tensor) else x, self.vocab_size)
             x = self.embed(x)  # (B, *index) -> (B, *index, C)
         else:
-            check_features(who, "x (or token ids with vocab_size)", x, self)
+            check_floating(who, "x (or token ids with vocab_size)", x)
+            check_like(who, "x", x, self)
         if x.dim() != 2 + self.index_dims or x.shape[-1] != self.input_dim:
             raise ShapeError(f"{who}: x must have shape (batch, *index, input_dim={self.input_dim}) with "
                              f"{self.index_dims} index dims; got {tuple(x.shape)}")
@@ -132,6 +134,6 @@ class Perceiver(nn.Module):
 
     def forward(self, x: torch.Tensor, *, input_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
         x = self._inputs(x)
-        keep = check_keep("Perceiver", "input_keep_mask", input_keep_mask, x.shape[:2])
+        keep = check_keep_mask("Perceiver", "input_keep_mask", input_keep_mask, *x.shape[:2])
         z = self.encoder(x, input_keep_mask=keep)  # (B, N, D)
         return self.head(z.mean(1))

@@ -8,8 +8,9 @@ import torch
 from torch import nn
 
 from ..errors import ArgumentError, ShapeError, check_int
+from ..nn._inputs import check_sequence
 from ..nn.pointer import PointerAttention
-from ._rnn import check_features, check_index_dtype, encode_padded, source_mask
+from ._rnn import check_index_dtype, encode_padded, source_mask
 
 __all__ = ["PointerNetwork", "PointerDecode"]
 
@@ -87,9 +88,7 @@ class PointerNetwork(nn.Module):
 
     def _encode(self, points, mask):
         """``(memory (B, n_out, H), inputs (B, n_out, d), keep (B, n_out), decoder start state)``."""
-        check_features(_WHO, "points", points, self)
-        if points.dim() != 3 or points.shape[-1] != self.input_dim:
-            raise ShapeError(f"{_WHO}: points must have shape (batch, n, {self.input_dim}); got {tuple(points.shape)}")
+        check_sequence(_WHO, "points", points, self.input_dim, like=self)
         keep, lengths = source_mask(_WHO, points.shape[:2], points.device, None, mask)
         memory, state = encode_padded(self.encoder, points, lengths)  # (B, n, H)
         if self.end_token:

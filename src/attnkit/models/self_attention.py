@@ -16,6 +16,7 @@ from torch import nn
 
 from .. import masks
 from ..errors import ArgumentError, DTypeError, ShapeError
+from ..nn._inputs import check_keep_mask, check_sequence
 from ..nn.bigbird import BigBirdAttention
 from ..nn.blocksparse import BlockSparseAttention
 from ..nn.kv_cache import KVCache
@@ -25,27 +26,12 @@ from ..nn.linformer import LinformerAttention
 from ..nn.local import LocalAttention
 from ..nn.longformer import LongformerAttention
 from ..nn.multihead import MultiHeadAttention
+from ..nn.padding import clear_padding
 from ..nn.reformer import ReformerAttention
 from ..nn.rotary import RotaryEmbedding
 from ..nn.sparse_transformer import SparseTransformerAttention
-from ._rnn import check_features, check_keep
 
 __all__ = ["SoftmaxSelfAttention", "MECHANISMS", "self_attention_maker", "self_attend"]
-
-
-class _ShiftedRows(masks.Mask):
-    """``inner`` evaluated for the last ``q_len`` rows of a square ``total x total`` problem (decoding steps)."""
-
-    def __init__(self, inner: masks.Mask, total: int):
-        self.inner, self.total = inner, total
-        self.uses = inner.uses | {"q", "kv"}
-        self.batch_size, self.num_heads = inner.batch_size, inner.num_heads
-
-    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
-        return self.inner.allows(b, h, q_idx + (self.total - q_len), kv_idx, self.total, self.total)
-
-    def __repr__(self):
-        return f"rows_of({self.inner!r}, total={self.total})"
 
 
 class SoftmaxSelfAttention(MultiHeadAttention):
@@ -103,9 +89,10 @@ class SoftmaxSelfAttention(MultiHeadAttention):
         who = type(self).__name__
         if cache is not None and not isinstance(cache, KVCache):
             raise DTypeError(f"{who}: cache must be a KVCache; got {type(cache).__name__}")
-        check_features(who, "x", x, self, self.embed_dim)
+        check_sequence(who, "x", x, self.embed_dim, named=True, like=self)
         start = 0 if cache is None else len(cache)
-        check_keep(who, "key_keep_mask", key_keep_mask, (x.shape[0], start + x.shape[1]))  # n = cached + new
+        check_keep_mask(who, "key_keep_mask", key_keep_mask, x.shape[0], start + x.shape[1])  # n = cached + new
+        x = clear_padding(x, key_keep_mask[:, start:] if key_keep_mask is not None else None)  # the promise
         q, k, v = self._project(x, x, x)  # (B, H, t, d) each
         if self.rotary is not None:
             q, k = self.rotary(q, k, q_offset=start, k_offset=start)
@@ -117,7 +104,8 @@ class SoftmaxSelfAttention(MultiHeadAttention):
     def _mask(self, t: int, n: int, keep):
         parts = [masks.causal()] if self.causal else []
         if self.pattern is not None:
-            parts.append(self.pattern if t == n else _ShiftedRows(self.pattern, n))
+            # decoding: the t new queries are the last rows of the n x n problem
+            parts.append(self.pattern if t == n else masks.shifted(self.pattern, q0=n - t, q_len=n, kv_len=n))
         if keep is not None:
             parts.append(masks.keys(keep))
         return functools.reduce(lambda a, b: a & b, parts) if parts else None

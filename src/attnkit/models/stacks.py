@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import ArgumentError, ShapeError, check_int
+from ..errors import ArgumentError, check_int
+from ..nn._inputs import check_keep_mask, check_sequence
 from ..nn.kv_cache import KVCache
 from .blocks import TransformerDecoderLayer, TransformerEncoderLayer
 from .self_attention import SoftmaxSelfAttention, self_attention_maker
-from .tokens import cache_offset, check_features, check_keep
+from .tokens import cache_offset
 
 __all__ = ["TransformerEncoder", "TransformerDecoder"]
 
@@ -102,8 +103,8 @@ class TransformerEncoder(nn.Module):
 
     def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
         who = type(self).__name__
-        check_features(who, "x", x, self, self.dim)
-        keep = check_keep(who, "key_keep_mask", key_keep_mask, x.shape[:2])
+        check_sequence(who, "x", x, self.dim, named=True, like=self)
+        keep = check_keep_mask(who, "key_keep_mask", key_keep_mask, *x.shape[:2])
         for layer in self.layers:
             x = layer(x, key_keep_mask=keep)
         return x if self.norm is None else self.norm(x)
@@ -175,18 +176,16 @@ class TransformerDecoder(nn.Module):
                 memory_keep_mask: torch.Tensor | None = None, key_keep_mask: torch.Tensor | None = None,
                 caches: list[KVCache] | None = None) -> torch.Tensor:
         who = type(self).__name__
-        check_features(who, "x", x, self, self.dim)
+        check_sequence(who, "x", x, self.dim, named=True, like=self)
         if self.cross:
             if memory is None:
                 raise ArgumentError(f"{who}: memory (the encoder output) is required with cross=True; got None")
-            check_features(who, "memory", memory, self, self.dim)
-            if memory.shape[0] != x.shape[0]:
-                raise ShapeError(f"{who}: memory batch {memory.shape[0]} != x batch {x.shape[0]}")
-            check_keep(who, "memory_keep_mask", memory_keep_mask, memory.shape[:2])
+            check_sequence(who, "memory", memory, self.dim, batch=x.shape[0], named=True, like=self)
+            check_keep_mask(who, "memory_keep_mask", memory_keep_mask, *memory.shape[:2])
         elif memory is not None:
             raise ArgumentError(f"{who}: memory given to a decoder built with cross=False")
         n = x.shape[1] + cache_offset(who, caches, len(self.layers))
-        keep = check_keep(who, "key_keep_mask", key_keep_mask, (x.shape[0], n))
+        keep = check_keep_mask(who, "key_keep_mask", key_keep_mask, x.shape[0], n)
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, memory_keep_mask=memory_keep_mask, key_keep_mask=keep,
                       cache=None if caches is None else caches[i])

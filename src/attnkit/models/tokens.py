@@ -13,10 +13,9 @@ from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 from ..nn.kv_cache import KVCache
 from ..nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from . import _rnn
-from ._rnn import check_features, check_keep  # re-exported: one check each for every model
 from .blocks import check_dropout
 
-__all__ = ["TokenEmbedding", "check_tokens", "check_features", "check_keep", "cache_offset", "decode"]
+__all__ = ["TokenEmbedding", "check_tokens", "cache_offset", "decode"]
 
 POSITIONAL = ("sinusoidal", "learned", "rotary", None)
 

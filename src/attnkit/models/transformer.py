@@ -6,8 +6,9 @@ import torch
 from torch import nn
 
 from ..errors import ArgumentError
+from ..nn._inputs import check_keep_mask
 from .stacks import TransformerDecoder, TransformerEncoder
-from .tokens import TokenEmbedding, cache_offset, check_generate, check_keep, check_tokens, decode, output_head
+from .tokens import TokenEmbedding, cache_offset, check_generate, check_tokens, decode, output_head
 
 __all__ = ["Transformer"]
 
@@ -80,7 +81,7 @@ class Transformer(nn.Module):
     def encode(self, src: torch.Tensor, *, src_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The encoder output ``memory`` ``(B, s, dim)``."""
         check_tokens("Transformer", "src", src, self.src_vocab)
-        keep = check_keep("Transformer", "src_keep_mask", src_keep_mask, src.shape)
+        keep = check_keep_mask("Transformer", "src_keep_mask", src_keep_mask, *src.shape)
         return self.encoder(self.src_embed(src), key_keep_mask=keep)
 
     def decode(self, tgt: torch.Tensor, memory: torch.Tensor, *, src_keep_mask: torch.Tensor | None = None,

@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ArgumentError, ShapeError, check_int
+from ..errors import ArgumentError, check_int
+from ..nn._inputs import check_floating, check_like, check_shape
 from .blocks import check_dropout
 from .stacks import TransformerEncoder
-from .tokens import check_features
 
 __all__ = ["VisionTransformer"]
 
@@ -88,11 +88,11 @@ class VisionTransformer(nn.Module):
 
     def _check(self, images) -> None:
         who = "VisionTransformer"
-        check_features(who, "images", images, self)
+        check_floating(who, "images", images)
+        check_like(who, "images", images, self)
         want = (self.in_channels, *self.image_size)
-        if images.dim() != 4 or tuple(images.shape[1:]) != want:
-            raise ShapeError(f"{who}: images must have shape (batch, in_channels, H, W) = (batch, {want[0]}, "
-                             f"{want[1]}, {want[2]}); got {tuple(images.shape)}")
+        check_shape(who, "images", images, lambda t: t.dim() == 4 and tuple(t.shape[1:]) == want,
+                    f"have shape (batch, in_channels, H, W) = (batch, {want[0]}, {want[1]}, {want[2]})")
 
     def features(self, images: torch.Tensor) -> torch.Tensor:
         """The encoder output ``z_L`` ``(B, N + 1, dim)``, class token first (after the final LN)."""

@@ -1,9 +1,10 @@
-"""Shared pieces of the sparse-pattern modules: q/k/v/out projections and input checks.
+"""Shared pieces of the sparse-pattern modules: q/k/v/out projections, input checks and cost.
 
 :class:`ProjectedAttention` owns the four ``dim -> dim`` linear maps of multi-head
 self-attention (state-dict keys ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``)
 and the head split/merge; a mechanism subclasses it and only says which keys each
-query may see.
+query may see. The cost specs of those modules share :data:`PROJECTED_SIZES`,
+:func:`projected_spec` and :func:`count_self_attention`.
 """
 
 from __future__ import annotations
@@ -11,9 +12,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import ArgumentError, DTypeError, ShapeError, check_int
+from ..costing.attend import attend
+from ..costing.spec import Spec
+from ..costing.tally import dtype_of, randn
+from ..errors import ArgumentError, ShapeError, check_int
+from ._inputs import check_sequence
 
-__all__ = ["ProjectedAttention", "check_int"]
+__all__ = ["ProjectedAttention", "check_int", "count_self_attention", "sequence_input", "projected_spec",
+           "PROJECTED_SIZES", "PROJECTED_FORMULA"]
+
+PROJECTED_SIZES = {"batch": 2, "length": 12, "dim": 16, "heads": 2, "dtype": "float32"}
+PROJECTED_FORMULA = "projections 2 B n dim^2 each (q, k, v, out); "
 
 
 class ProjectedAttention(nn.Module):
@@ -46,12 +55,7 @@ class ProjectedAttention(nn.Module):
 
     def check_input(self, x) -> None:
         """Raise unless ``x`` is a floating ``(batch, n, dim)`` tensor."""
-        who = type(self).__name__
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
-            raise DTypeError(f"{who}: x must be a floating tensor; got {got}")
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ShapeError(f"{who}: x must have shape (batch, n, dim={self.dim}); got {tuple(x.shape)}")
+        check_sequence(type(self).__name__, "x", x, self.dim, named=True)
 
     def split_heads(self, t: torch.Tensor) -> torch.Tensor:
         """``(B, n, dim) -> (B, H, n, dim / H)``."""
@@ -64,3 +68,30 @@ class ProjectedAttention(nn.Module):
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-head ``q, k, v``, each ``(B, H, n, dim / H)``."""
         return tuple(self.split_heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
+
+
+def count_self_attention(t, label: str, s, module: ProjectedAttention, mask, **kwargs) -> None:
+    """One ``attention(q, k, v, mask=mask)`` of the module's heads over its ``length`` positions."""
+    b, n, h = s["batch"], s["length"], s["heads"]
+    attend(t, label, b, h, n, n, s["dim"] // h, s["dim"] // h, dtype=dtype_of(s), mask=mask,
+           dropout_p=module.dropout_p, **kwargs)
+
+
+def sequence_input(s, module):
+    """``(module, (x,))`` with ``x`` ``(batch, length, dim)`` at the sizes ``s``."""
+    return module, (randn(s["batch"], s["length"], s["dim"], dtype=dtype_of(s)),)
+
+
+def projected_spec(module_type: type, count, formula: str, *, sizes, options: tuple[str, ...] = (),
+                   make=None, inputs=sequence_input, **kwargs) -> Spec:
+    """The cost spec of ``module_type(dim, heads, **options)``, a :class:`ProjectedAttention`.
+
+    ``sizes``: the example's values beyond :data:`PROJECTED_SIZES` (``options`` among them, read back from a
+    module); ``count`` reads the module's own masks (``reads_module``); ``formula`` follows the projections'.
+    """
+    def build(s):
+        return module_type(s["dim"], s["heads"], **{k: s[k] for k in options}).to(dtype_of(s))
+
+    return Spec({**PROJECTED_SIZES, **sizes}, count, inputs, PROJECTED_FORMULA + formula, make=make or build,
+                reads_module=True, module_type=module_type,
+                config=lambda m: {"dim": m.dim, "heads": m.num_heads, **{k: getattr(m, k) for k in options}}, **kwargs)

@@ -5,40 +5,25 @@ The tiled score kernel lives in :mod:`.additive_scores` (re-exported here as ``a
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from ..core import attention
-from ..errors import ArgumentError, ShapeError
+from ..costing.attend import attend
+from ..costing.spec import Spec
+from ..costing.tally import dropout_of, dtype_of, randn
+from ..entry import Entry, register
+from ..errors import ArgumentError
 from ..functional.validate import validate
-from ..registry import Entry, register
+from ._inputs import check_memory, check_sequence
 from .additive_scores import DEFAULT_MAX_ELEMENTS, additive_scores
 from .padding import clear_padding
 
 __all__ = ["AdditiveAttention", "AdditiveOutput", "additive_scores", "dense_allowed", "padded_keys",
-           "drop_unseen", "check_input", "check_memory", "DEFAULT_MAX_ELEMENTS"]
-
-
-def check_input(who: str, name: str, t, dim: int) -> None:
-    """Raise :class:`~attnkit.errors.ShapeError` unless ``t`` is ``(batch, length, dim)``."""
-    if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.shape[-1] != dim:
-        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ShapeError(f"{who}: {name} must have shape (batch, length, {dim}); got {got}")
-
-
-def check_memory(who: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None = None,
-                 key_name: str = "key") -> None:
-    """Batch sizes of query and key (and value) agree; value is ``(batch, key_len, *)``."""
-    if query.shape[0] != key.shape[0]:
-        raise ShapeError(f"{who}: query and {key_name} must share the batch size; got query {tuple(query.shape)} "
-                         f"and {key_name} {tuple(key.shape)}")
-    if value is not None and (not isinstance(value, torch.Tensor) or value.dim() != 3
-                              or value.shape[:2] != key.shape[:2]):
-        got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-        raise ShapeError(f"{who}: value must have shape (batch, key_len, value_dim) = ({key.shape[0]}, "
-                         f"{key.shape[1]}, ...); got {got}")
+           "drop_unseen", "DEFAULT_MAX_ELEMENTS"]
 
 
 def dense_allowed(mask, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
@@ -161,8 +146,8 @@ class AdditiveAttention(nn.Module):
         A query with no allowed key gets context 0 and weights 0.
         """
         value = key if value is None else value
-        check_input("AdditiveAttention", "query", query, self.query_dim)
-        check_input("AdditiveAttention", "key", key, self.key_dim)
+        check_sequence("AdditiveAttention", "query", query, self.query_dim, length="length")
+        check_sequence("AdditiveAttention", "key", key, self.key_dim, length="length")
         check_memory("AdditiveAttention", query, key, value)
         keep = padded_keys(mask, query, key)  # (B|1, 1, Lk) or None
         if keep is not None and query is key:  # self-attention: a padded key is a padded query too
@@ -179,6 +164,61 @@ def _example():
     return AdditiveAttention(8, 6, 16), (torch.randn(2, 5, 8, generator=g), torch.randn(2, 7, 6, generator=g))
 
 
+# Cost: the additive family's sizes are batch, q_len, kv_len, the modules' widths and dtype. The score
+# v^T tanh(W_q q + W_k k) ends in a matrix-vector product (aten.mv), which FlopCounterMode does not
+# count: it is in other_flops (2 B Lq Lk A plus the add and tanh), not in flops.
+ADDITIVE_SIZES = {"batch": 2, "q_len": 5, "kv_len": 7, "query_dim": 8, "key_dim": 6, "hidden_dim": 16,
+                  "dtype": "float32"}
+ADDITIVE_FORMULA = ("W_q q, W_k k: 2 B (Lq Dq + Lk Dk) A; weights @ v: 2 B Lq Lk Dv; "
+                    "v^T tanh(.): 2 B Lq Lk A (other)")
+
+
+def _score_stand_in(q, k):  # a pairwise score function: the dispatcher only needs to see that it is one
+    raise NotImplementedError
+
+
+def count_additive_score(t, s, lq, lk, a, label="scores"):
+    """``W_q q`` and ``W_k k`` (counted products) and the uncounted ``tanh(.) @ v`` matrix-vector product."""
+    b = s["batch"]
+    t.mm(f"{label}: W_q q", 1, b * lq, s["query_dim"], a)
+    t.mm(f"{label}: W_k k", 1, b * lk, s["key_dim"], a)
+    t.ew(f"{label}: v^T tanh(W_q q + W_k k) (matrix-vector, not counted)", b * lq * lk * a, 4)
+    t.inter(b * lq * a, b * lk * a)
+
+
+def query_key_inputs(s, module, value_dim=None):
+    """``(module, (query (B, Lq, Dq), key (B, Lk, Dk)[, value (B, Lk, Dv)]))`` at the sizes ``s``."""
+    dt = dtype_of(s)
+    args = [randn(s["batch"], s["q_len"], s["query_dim"], dtype=dt),
+            randn(s["batch"], s["kv_len"], s["key_dim"], seed=1, dtype=dt)]
+    if value_dim is not None:
+        args.append(randn(s["batch"], s["kv_len"], value_dim, seed=2, dtype=dt))
+    return module, tuple(args)
+
+
+def value_dim_of(s) -> int:
+    return s["key_dim"] if s.get("value_dim") is None else s["value_dim"]
+
+
+def _count(t, s, module=None):
+    b, lq, lk, a = s["batch"], s["q_len"], s["kv_len"], s["hidden_dim"]
+    count_additive_score(t, s, lq, lk, a)
+    attend(t, "", b, 1, lq, lk, a, value_dim_of(s), dtype=dtype_of(s), pairwise=False, score=_score_stand_in,
+           scale=1.0, return_weights=s["need_weights"], dropout_p=dropout_of(module))
+    t.io(b * lq * s["query_dim"], b * lk * s["key_dim"], a * (s["query_dim"] + s["key_dim"] + 1))
+
+
+def _inputs(s, module):
+    fn, args = query_key_inputs(s, module, s["value_dim"])
+    return functools.partial(fn, need_weights=s["need_weights"]), args
+
+
 register(Entry("additive", AdditiveAttention, "Bahdanau et al. 2015, arXiv:1409.0473, eq. 6 and A.1.2",
                "O(Lq Lk A)", "v^T tanh(W_q q + W_k k) scores (also Luong's concat), memory-bounded",
-               family="module", example=_example))
+               family="module", example=_example,
+               spec=Spec({**ADDITIVE_SIZES, "value_dim": None, "need_weights": True}, _count, _inputs,
+                         ADDITIVE_FORMULA, length=("q_len", "kv_len"), module_type=AdditiveAttention,
+                         make=lambda s: AdditiveAttention(s["query_dim"], s["key_dim"],
+                                                          s["hidden_dim"]).to(dtype_of(s)),
+                         config=lambda m: {"query_dim": m.query_dim, "key_dim": m.key_dim,
+                                           "hidden_dim": m.v.shape[0]})))

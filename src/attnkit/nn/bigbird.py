@@ -5,9 +5,11 @@ from __future__ import annotations
 import torch
 
 from ..core import attention
+from ..costing.attend import attend, projections
+from ..costing.tally import dtype_of
+from ..entry import Entry, register
 from ..errors import ArgumentError, DTypeError, check_int
-from ..registry import Entry, register
-from ._projections import ProjectedAttention
+from ._projections import ProjectedAttention, projected_spec
 from .blocksparse import BlockPattern
 
 __all__ = ["BigBirdAttention"]
@@ -123,6 +125,28 @@ def _example():
     return layer, (torch.randn(2, 15, 16, generator=g),)
 
 
+def _count(t, s, module):
+    n, bs = s["length"], module.block_size
+    projections(t, s)
+    lay = module.layout(n)
+    g = min(module.global_blocks, lay.shape[0])
+    split = min(g * bs, n)
+    b, h, hd = s["batch"], s["heads"], s["dim"] // s["heads"]
+    if split:
+        attend(t, "global rows: ", b, h, split, n, hd, hd, dtype=dtype_of(s), dropout_p=module.dropout_p)
+    if split < n:
+        attend(t, "other rows: ", b, h, n - split, n, hd, hd, dtype=dtype_of(s), mask=BlockPattern(lay[g:], bs),
+               dropout_p=module.dropout_p)
+
+
+_BLOCKS = ("block_size", "window_blocks", "global_blocks", "random_blocks", "seed")
 register(Entry("bigbird", BigBirdAttention, "Zaheer et al. 2020, arXiv:2007.14062, eq. 1, Sec. 2 and App. D",
                "O(L (w + g + r) b D)", "blocked window, global and random attention, reproducible random blocks",
-               "long-sequence", _example))
+               "long-sequence", _example,
+               spec=projected_spec(
+                   BigBirdAttention, _count, "global rows 2 B H g b n 2D; other rows over their layout's blocks",
+                   options=_BLOCKS, sizes={"length": 15, "block_size": 2, "window_blocks": 3, "global_blocks": 1,
+                                           "random_blocks": 2, "seed": 0},
+                   at_scale={"block_size": 64, "window_blocks": 3, "global_blocks": 2, "random_blocks": 3},
+                   source="Zaheer et al. 2020, arXiv:2007.14062, App. E (BigBird-ITC): blocks of b = 64, window 3 b, "
+                          "global 2 b, random 3 b")))

@@ -6,10 +6,12 @@ import torch
 import torch.nn.functional as F
 
 from ..core import attention
+from ..costing.attend import ATTENTION_FORMULA, projections
+from ..costing.tally import dtype_of
+from ..entry import Entry, register
 from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 from ..functional.mask_base import Mask
-from ..registry import Entry, register
-from ._projections import ProjectedAttention
+from ._projections import ProjectedAttention, count_self_attention, projected_spec
 
 __all__ = ["BlockPattern", "BlockSparseAttention"]
 
@@ -146,6 +148,26 @@ def _example():
     return BlockSparseAttention(16, 2, layout, block_size=4), (torch.randn(2, 14, 16, generator=g),)
 
 
+def _make(s):
+    nb = -(-s["length"] // s["block_size"])
+    if s["layout"] == "random":
+        layout = torch.rand(nb, nb, generator=torch.Generator().manual_seed(s["seed"])) < s["density"]
+        layout |= torch.eye(nb, dtype=torch.bool)
+    else:  # a band of `band` blocks on each side and the first `columns` block columns
+        idx = torch.arange(nb)
+        layout = (idx[:, None] - idx[None, :]).abs() <= s["band"]
+        layout[:, :s["columns"]] = True
+    return BlockSparseAttention(s["dim"], s["heads"], layout, block_size=s["block_size"]).to(dtype_of(s))
+
+
+def _count(t, s, module):
+    projections(t, s)
+    count_self_attention(t, "", s, module, module.pattern)
+
+
 register(Entry("block-sparse", BlockSparseAttention, "Child et al. 2019, arXiv:1904.10509, Sec. 5.5",
                "O(L w D), w = computed keys per query", "attention only in the blocks a layout or mask allows",
-               "long-sequence", _example))
+               "long-sequence", _example,
+               spec=projected_spec(BlockSparseAttention, _count, ATTENTION_FORMULA, make=_make,
+                                   sizes={"length": 14, "block_size": 4, "layout": "random", "density": 0.5, "seed": 0,
+                                          "band": 1, "columns": 1})))

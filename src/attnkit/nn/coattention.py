@@ -8,8 +8,12 @@ import torch
 from torch import nn
 
 from ..core import attention
-from ..errors import ArgumentError, ShapeError, check_bool_mask
-from ..registry import Entry, register
+from ..costing.spec import Spec
+from ..costing.tally import dtype_of, randn
+from ..entry import Entry, register
+from ..errors import ArgumentError
+from ._inputs import check_keep_mask, check_sequence
+from .pooling import count_pool
 
 __all__ = ["CoAttention", "CoAttentionOutput"]
 
@@ -35,14 +39,6 @@ def _pool(hidden, w, x, keep):
     out = attention(query, hidden, x, score="dot", scale=1.0, return_weights=True,
                     mask=None if keep is None else keep[:, None, :])
     return out.output[:, 0], out.weights[:, 0]
-
-
-def _check(name, t, dim, batch=None):
-    if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.shape[-1] != dim or (batch is not None and
-                                                                                 t.shape[0] != batch):
-        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ShapeError(f"{_WHO}: {name} must have shape (batch{'=' + str(batch) if batch else ''}, length, {dim}); "
-                         f"got {got}")
 
 
 class CoAttention(nn.Module):
@@ -127,10 +123,10 @@ class CoAttention(nn.Module):
     def forward(self, question: torch.Tensor, image: torch.Tensor, *, question_mask: torch.Tensor | None = None,
                 image_mask: torch.Tensor | None = None) -> CoAttentionOutput:
         """Co-attend; masks are bool, True = a real word / region."""
-        _check("question", question, self.question_dim)
-        _check("image", image, self.image_dim, batch=question.shape[0])
-        q_keep = check_bool_mask(_WHO, "question_mask", question_mask, question.shape[:2])
-        v_keep = check_bool_mask(_WHO, "image_mask", image_mask, image.shape[:2])
+        check_sequence(_WHO, "question", question, self.question_dim, length="length")
+        check_sequence(_WHO, "image", image, self.image_dim, batch=question.shape[0], length="length")
+        q_keep = check_keep_mask(_WHO, "question_mask", question_mask, *question.shape[:2], true_means="keep", dims="")
+        v_keep = check_keep_mask(_WHO, "image_mask", image_mask, *image.shape[:2], true_means="keep", dims="")
         # Zeroed padding gives zero affinity and projections (no biases), and NaN there cannot leak.
         if q_keep is not None:
             question = question.masked_fill(~q_keep[..., None], 0.0)
@@ -147,10 +143,47 @@ def _example(mode):
     return build
 
 
+def _parallel_count(t, s, module=None):
+    b, lq, lv, dq, dv, k = s["batch"], s["q_len"], s["kv_len"], s["question_dim"], s["image_dim"], s["hidden_dim"]
+    t.mm("affinity: Q W_b", 1, b * lq, dq, dv)
+    t.mm("affinity: (Q W_b) V^T", b, lq, dv, lv)
+    t.mm("W_q Q, W_v V", 1, b * lq, dq, k)
+    t.mm("W_q Q, W_v V", 1, b * lv, dv, k)
+    t.mm("C^T (W_q Q), C (W_v V)", 2 * b, lv, lq, k)
+    t.inter(b * lq * lv, b * (lq + lv) * k * 2)
+    count_pool(t, "image pooling: ", b, 1, lv, k, dv, dtype_of(s))
+    count_pool(t, "question pooling: ", b, 1, lq, k, dq, dtype_of(s))
+
+
+def _alternating_count(t, s, module=None):
+    b, lq, lv, dq, dv, k = s["batch"], s["q_len"], s["kv_len"], s["question_dim"], s["image_dim"], s["hidden_dim"]
+    t.mm("projections of Q and V", 2, b * lq, dq, k)
+    t.mm("projections of Q and V", 1, b * lv, dv, k)
+    t.mm("projections of the guides", 1, b, dq, k)
+    t.mm("projections of the guides", 1, b, dv, k)
+    t.inter(2 * b * lq * k, b * lv * k)
+    for label, n, width in (("step 1", lq, dq), ("step 2", lv, dv), ("step 3", lq, dq)):
+        count_pool(t, f"{label}: ", b, 1, n, k, width, dtype_of(s))
+
+
+def _spec(mode):
+    return Spec({"batch": 2, "q_len": 4, "kv_len": 9, "question_dim": 6, "image_dim": 8, "hidden_dim": 5, "mode": mode,
+                 "dtype": "float32"}, _parallel_count if mode == "parallel" else _alternating_count,
+                lambda s, m: (m, (randn(s["batch"], s["q_len"], s["question_dim"], dtype=dtype_of(s)),
+                                  randn(s["batch"], s["kv_len"], s["image_dim"], seed=1, dtype=dtype_of(s)))),
+                "affinity 2 B T (Dq Dv + Dv N) + projections 2 B (T Dq + N Dv) k + pooling" if mode == "parallel"
+                else "projections 2 B (2 T Dq + N Dv) k + three pooling steps",
+                make=lambda s: CoAttention(s["question_dim"], s["image_dim"], s["hidden_dim"],
+                                           mode=s["mode"]).to(dtype_of(s)),
+                length=("q_len", "kv_len"), module_type=CoAttention, matches=lambda m: m.mode == mode,
+                config=lambda m: {"question_dim": m.question_dim, "image_dim": m.image_dim, "mode": m.mode,
+                                  "hidden_dim": (m.question_proj if m.mode == "parallel" else m.step1_x).out_features})
+
+
 _PAPER = "Lu et al. 2016, arXiv:1606.00061"
 register(Entry("co-attention-parallel", CoAttention, _PAPER + ", eqs. 3-5", "O(T N (Dq + k))",
                "question and image attend to each other through a bilinear affinity matrix",
-               family="module", example=_example("parallel")))
+               family="module", example=_example("parallel"), spec=_spec("parallel")))
 register(Entry("co-attention-alternating", CoAttention, _PAPER + ", eq. 6", "O((T Dq + N Dv) k)",
                "summarise the question, attend to the image, then attend back to the question",
-               family="module", example=_example("alternating")))
+               family="module", example=_example("alternating"), spec=_spec("alternating")))

@@ -8,16 +8,21 @@ import torch
 from torch import nn
 
 from .. import recording
-from ..errors import DTypeError, ShapeError
+from ..costing.spec import Spec
+from ..costing.tally import dtype_of
+from ..entry import Entry, register
+from ..errors import DTypeError
 from ..functional.normalize import softmax
-from ..registry import Entry, register
+from ._inputs import check_memory, check_sequence, check_shape
 from .additive import (
+    ADDITIVE_FORMULA,
+    ADDITIVE_SIZES,
     DEFAULT_MAX_ELEMENTS,
     additive_scores,
-    check_input,
-    check_memory,
     dense_allowed,
     drop_unseen,
+    query_key_inputs,
+    value_dim_of,
 )
 
 __all__ = ["CoverageAttention", "CoverageOutput", "coverage_loss"]
@@ -101,8 +106,8 @@ class CoverageAttention(nn.Module):
                 coverage: torch.Tensor | None = None, *, mask=None) -> CoverageOutput:
         """Run ``Lq`` decoder steps from ``coverage`` (default zeros); ``mask``: True = attend."""
         value = key if value is None else value
-        check_input("CoverageAttention", "query", query, self.query_dim)
-        check_input("CoverageAttention", "key", key, self.key_dim)
+        check_sequence("CoverageAttention", "query", query, self.query_dim, length="length")
+        check_sequence("CoverageAttention", "key", key, self.key_dim, length="length")
         check_memory("CoverageAttention", query, key, value)
         batch, lk = key.shape[:2]
         if coverage is None:
@@ -110,9 +115,9 @@ class CoverageAttention(nn.Module):
         elif not isinstance(coverage, torch.Tensor):
             raise DTypeError(f"CoverageAttention: coverage must be a tensor (batch, key_len); "
                              f"got {type(coverage).__name__}")
-        elif coverage.shape != (batch, lk):
-            raise ShapeError(f"CoverageAttention: coverage must have shape (batch, key_len) = ({batch}, {lk}); "
-                             f"got {tuple(coverage.shape)}")
+        else:
+            check_shape("CoverageAttention", "coverage", coverage, lambda t: t.shape == (batch, lk),
+                        f"have shape (batch, key_len) = ({batch}, {lk})")
         allowed = dense_allowed(mask, query, key)  # (B|1, Lq|1, Lk)
         key, value = drop_unseen(allowed, key, value)
         compute = torch.promote_types(query.dtype, torch.float32)
@@ -141,6 +146,25 @@ def _example():
     return CoverageAttention(8, 6, 16), (torch.randn(2, 5, 8, generator=g), torch.randn(2, 7, 6, generator=g))
 
 
+def _count(t, s, module=None):
+    b, lq, lk, a, dv = s["batch"], s["q_len"], s["kv_len"], s["hidden_dim"], value_dim_of(s)
+    t.mm("W_h h", 1, b * lk, s["key_dim"], a)
+    t.mm("W_s s", 1, b * lq, s["query_dim"], a)
+    t.ew("scores: v^T tanh(W_h h + W_s s + w_c c) (matrix-vector, not counted)", b * lq * lk * a, 6)
+    t.ew("softmax, coverage update and loss", b * lq * lk, 8)
+    t.mm("weights @ v (one step at a time)", b * lq, 1, lk, dv)
+    t.inter(b * lk * a, b * lq * a, b * lq * lk, b * lq * dv)
+    t.io(b * lq * s["query_dim"], b * lk * s["key_dim"])
+
+
 register(Entry("coverage-attention", CoverageAttention, "See et al. 2017, arXiv:1704.04368, eqs. 10-13",
                "O(Lq Lk A)", "additive attention fed the running sum of past weights, with the coverage loss",
-               family="module", example=_example))
+               family="module", example=_example,
+               spec=Spec({**ADDITIVE_SIZES, "value_dim": None}, _count,
+                         lambda s, m: query_key_inputs(s, m, s["value_dim"]),
+                         ADDITIVE_FORMULA + " (the score one step at a time)", length=("q_len", "kv_len"),
+                         make=lambda s: CoverageAttention(s["query_dim"], s["key_dim"],
+                                                          s["hidden_dim"]).to(dtype_of(s)),
+                         module_type=CoverageAttention,
+                         config=lambda m: {"query_dim": m.query_dim, "key_dim": m.key_dim,
+                                           "hidden_dim": m.v.shape[0]})))

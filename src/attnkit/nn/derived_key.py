@@ -8,9 +8,12 @@ import torch
 from torch import nn
 
 from ..core import attention
-from ..errors import ArgumentError, DTypeError, ShapeError
-from ..functional.mask_base import Mask
-from ..registry import Entry, register
+from ..costing.attend import attend
+from ..costing.spec import Spec
+from ..costing.tally import dtype_of, randn
+from ..entry import Entry, register
+from ..errors import ArgumentError
+from ._inputs import check_key_mask, check_sequence, check_shape
 
 __all__ = ["DerivedKeyAttention", "DerivedKeyOutput"]
 
@@ -22,21 +25,6 @@ class DerivedKeyOutput(NamedTuple):
 
     output: torch.Tensor
     weights: torch.Tensor
-
-
-def _key_mask(mask, batch, lq, n):
-    """A bool ``(B, n)`` key mask or ``(B, Lq, n)`` mask, or an :mod:`attnkit.masks` mask, for 3-D attention."""
-    if mask is None or isinstance(mask, Mask):
-        return mask
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise DTypeError(f"{_WHO}: mask must be a bool tensor (True = attend) or an attnkit.masks mask; got {got}")
-    if tuple(mask.shape) == (batch, n):
-        return mask[:, None, :]
-    if tuple(mask.shape) == (batch, lq, n):
-        return mask
-    raise ShapeError(f"{_WHO}: mask must have shape (batch, n) = {(batch, n)} or (batch, Lq, n) = "
-                     f"{(batch, lq, n)}; got {tuple(mask.shape)}")
 
 
 class DerivedKeyAttention(nn.Module):
@@ -100,20 +88,16 @@ class DerivedKeyAttention(nn.Module):
             if self.query is None:
                 raise ArgumentError(f"{_WHO}: query is required unless the module was built with learned_query=True")
             return self.query.expand(batch, 1, -1), True
-        if not isinstance(query, torch.Tensor) or query.dim() not in (2, 3) or query.shape[-1] != self.attn_dim \
-                or query.shape[0] != batch:
-            got = tuple(query.shape) if isinstance(query, torch.Tensor) else type(query).__name__
-            raise ShapeError(f"{_WHO}: query must have shape (batch, {self.attn_dim}) or (batch, Lq, {self.attn_dim}) "
-                             f"with batch={batch}; got {got}")
+        check_shape(_WHO, "query", query, lambda t: t.dim() in (2, 3) and t.shape[-1] == self.attn_dim
+                    and t.shape[0] == batch,
+                    f"have shape (batch, {self.attn_dim}) or (batch, Lq, {self.attn_dim}) with batch={batch}")
         return (query[:, None, :], True) if query.dim() == 2 else (query, False)
 
     def forward(self, value: torch.Tensor, query: torch.Tensor | None = None, *, mask=None) -> DerivedKeyOutput:
         """Attend over ``value`` with keys derived from it; see the class docstring for shapes."""
-        if not isinstance(value, torch.Tensor) or value.dim() != 3 or value.shape[-1] != self.value_dim:
-            got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-            raise ShapeError(f"{_WHO}: value must have shape (batch, n, {self.value_dim}); got {got}")
+        check_sequence(_WHO, "value", value, self.value_dim)
         q, single = self._queries(query, value.shape[0])  # (B, Lq, La)
-        allowed = _key_mask(mask, value.shape[0], q.shape[1], value.shape[1])
+        allowed = check_key_mask(_WHO, "mask", mask, value.shape[0], q.shape[1], value.shape[1], masks_too=True)
         out = attention(q.to(value.dtype), self.keys(value), value, mask=allowed, score="dot", scale=1.0,
                         return_weights=True)
         if single:
@@ -126,6 +110,25 @@ def _example():
     return DerivedKeyAttention(8, 6), (torch.randn(2, 7, 8, generator=g), torch.randn(2, 5, 6, generator=g))
 
 
+def _count(t, s, module=None):
+    b, lq, n, dv, la = s["batch"], s["q_len"], s["kv_len"], s["value_dim"], s["attn_dim"]
+    t.mm("keys: V W_a", 1, b * n, dv, la)
+    t.ew("keys: tanh", b * n * la)
+    t.inter(b * n * la)
+    attend(t, "", b, 1, lq, n, la, dv, dtype=dtype_of(s), score="dot", scale=1.0, return_weights=True)
+
+
+def _inputs(s, module):
+    dt = dtype_of(s)
+    return module, (randn(s["batch"], s["kv_len"], s["value_dim"], dtype=dt),
+                    randn(s["batch"], s["q_len"], s["attn_dim"], seed=1, dtype=dt))
+
+
 register(Entry("derived-key", DerivedKeyAttention,
                "Brown et al. 2018, arXiv:1803.04967, eqs. 5-7", "O(Lq n (La + Dv) + n Dv La)",
-               "keys computed from the values: softmax(q tanh(V W_a)^T) V", family="module", example=_example))
+               "keys computed from the values: softmax(q tanh(V W_a)^T) V", family="module", example=_example,
+               spec=Spec({"batch": 2, "q_len": 5, "kv_len": 7, "value_dim": 8, "attn_dim": 6, "dtype": "float32"},
+                         _count, _inputs, "keys 2 B n Dv La; attention 2 B Lq n (La + Dv)",
+                         length=("q_len", "kv_len"), module_type=DerivedKeyAttention,
+                         make=lambda s: DerivedKeyAttention(s["value_dim"], s["attn_dim"]).to(dtype_of(s)),
+                         config=lambda m: {"value_dim": m.value_dim, "attn_dim": m.attn_dim})))

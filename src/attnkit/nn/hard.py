@@ -9,16 +9,22 @@ import torch
 from torch import nn
 
 from .. import recording
+from ..costing.spec import Spec
+from ..costing.tally import dtype_of
+from ..entry import Entry, register
 from ..errors import ArgumentError
 from ..functional.normalize import gumbel_softmax, hard, softmax
-from ..registry import Entry, register
+from ._inputs import check_memory, check_sequence
 from .additive import (
+    ADDITIVE_FORMULA,
+    ADDITIVE_SIZES,
     DEFAULT_MAX_ELEMENTS,
     AdditiveAttention,
-    check_input,
-    check_memory,
+    count_additive_score,
     dense_allowed,
     drop_unseen,
+    query_key_inputs,
+    value_dim_of,
 )
 
 __all__ = ["HardAttention", "HardOutput"]
@@ -106,8 +112,8 @@ class HardAttention(nn.Module):
         ``generator`` drives the sampling ("stochastic", "gumbel"); None uses torch's global RNG.
         """
         value = key if value is None else value
-        check_input("HardAttention", "query", query, self.f_att.query_dim)
-        check_input("HardAttention", "key", key, self.f_att.key_dim)
+        check_sequence("HardAttention", "query", query, self.f_att.query_dim, length="length")
+        check_sequence("HardAttention", "key", key, self.f_att.key_dim, length="length")
         check_memory("HardAttention", query, key, value)
         compute = torch.promote_types(query.dtype, torch.float32)
         allowed = dense_allowed(mask, query, key)  # (B|1, Lq|1, Lk)
@@ -152,6 +158,25 @@ def _example():
     return module, (torch.randn(2, 5, 8, generator=g), torch.randn(2, 7, 6, generator=g))
 
 
+def _count(t, s, module=None):
+    b, lq, lk, a, dv = s["batch"], s["q_len"], s["kv_len"], s["hidden_dim"], value_dim_of(s)
+    count_additive_score(t, s, lq, lk, a)
+    t.ew("softmax and sampling", b * lq * lk, 6)
+    soft = s["mode"] in ("soft", "gumbel") or (s["mode"] == "argmax" and s["straight_through"])
+    t.mm("weights @ v", b, lq, lk, dv, grads=2 if soft else 1)  # a sampled one-hot has no gradient
+    t.inter(b * lq * lk, b * lq * lk, b * lq * dv)
+
+
 register(Entry("hard-attention", HardAttention, "Xu et al. 2015, arXiv:1502.03044, Sec. 4.1-4.2",
                "O(Lq Lk A)", "stochastic (REINFORCE), argmax and Gumbel-softmax hard attention; soft as baseline",
-               family="module", example=_example))
+               family="module", example=_example,
+               spec=Spec({**ADDITIVE_SIZES, "value_dim": None, "mode": "stochastic", "straight_through": False},
+                         _count, lambda s, m: query_key_inputs(s, m, s["value_dim"]),
+                         ADDITIVE_FORMULA + "; a sampled or argmax one-hot passes no gradient to the scores "
+                         "through weights @ v", length=("q_len", "kv_len"),
+                         make=lambda s: HardAttention(s["query_dim"], s["key_dim"], s["hidden_dim"], mode=s["mode"],
+                                                      straight_through=s["straight_through"]).to(dtype_of(s)),
+                         module_type=HardAttention,
+                         config=lambda m: {"query_dim": m.f_att.query_dim, "key_dim": m.f_att.key_dim,
+                                           "hidden_dim": m.f_att.v.shape[0], "mode": m.mode,
+                                           "straight_through": m.straight_through})))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import DeviceError, DTypeError, ShapeError, check_int
+from ..errors import ShapeError, check_int
+from ._inputs import check_placement, check_shape
 
 __all__ = ["KVCache"]
 
@@ -96,16 +97,11 @@ class KVCache:
         self._length = 0
 
     def _check(self, name: str, t, buffer: torch.Tensor) -> None:
-        if not isinstance(t, torch.Tensor):
-            raise DTypeError(f"KVCache.append: {name} must be a torch.Tensor; got {type(t).__name__}")
-        if t.dtype != buffer.dtype:
-            raise DTypeError(f"KVCache.append: {name} must have the cache dtype {buffer.dtype}; got {t.dtype}")
-        if t.device != buffer.device:
-            raise DeviceError(f"KVCache.append: {name} must be on the cache device {buffer.device}; got {t.device}")
+        who = "KVCache.append"
+        check_placement(who, name, t, dtype=buffer.dtype, device=buffer.device, owner="the cache")
         b, h, _, d = buffer.shape
-        if t.dim() != 4 or (t.shape[0], t.shape[1], t.shape[3]) != (b, h, d):
-            raise ShapeError(f"KVCache.append: {name} must have shape (batch={b}, kv_heads={h}, new_len, {d}); "
-                             f"got {tuple(t.shape)}")
+        check_shape(who, name, t, lambda t: t.dim() == 4 and (t.shape[0], t.shape[1], t.shape[3]) == (b, h, d),
+                    f"have shape (batch={b}, kv_heads={h}, new_len, {d})")
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store ``t`` new positions after the current ones; return all stored keys and values."""

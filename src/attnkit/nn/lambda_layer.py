@@ -6,9 +6,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..costing.spec import Spec
+from ..costing.tally import dtype_of
+from ..entry import Entry, register
 from ..errors import ArgumentError, ShapeError, check_int
-from ..registry import Entry, register
-from .linear import check_sequence, merge_heads, split_heads
+from ._inputs import check_sequence
+from ._projections import sequence_input
+from .linear import merge_heads, split_heads
 
 __all__ = ["LambdaLayer"]
 
@@ -76,7 +80,7 @@ class LambdaLayer(nn.Module):
         self.rel_pos = nn.Parameter(torch.randn(offsets, key_dim) * key_dim ** -0.5)  # row o: offset m - n
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_sequence("x", x, self.dim)
+        check_sequence("LambdaLayer", "x", x, self.dim)
         n = x.shape[1]
         if self.max_len is not None and n > self.max_len:
             raise ShapeError(f"x has length {n} but this LambdaLayer's global context has max_len={self.max_len}")
@@ -116,9 +120,44 @@ def _example(**kwargs):
     return build
 
 
+def _count(t, s, module=None):
+    b, n, h, dim, k = s["batch"], s["length"], s["heads"], s["dim"], s["key_dim"]
+    dv = (s["dim_out"] or dim) // h
+    if not n:
+        return
+    t.mm("projections (queries)", 1, b * n, dim, k * h)
+    t.mm("projections (keys, values)", 1, b * n, dim, k + dv)
+    t.mm("content lambda K^T V", b, k, n, dv)
+    t.mm("content output q lambda_c", b * h, n, k, dv)
+    t.inter(b * n * (k * h + k + dv), b * k * dv)
+    if s["local_context"] is None:
+        t.mm("position logits q R^T", 1, b * h * n, k, 2 * n - 1)
+        t.mm("position output (q R) V", b * h, n, n, dv)
+        t.inter(b * h * n * (2 * n - 1), b * h * n * n)
+    else:
+        t.conv("position lambdas (conv1d over positions)", b * dv, 1, k, n, s["local_context"])
+        t.mm("position output q lambda_p", b * n, h, k, dv)
+        t.inter(b * n * k * dv)
+
+
+def _spec(local):
+    return Spec({"batch": 2, "length": 16, "dim": 32, "heads": 4, "dtype": "float32", "key_dim": 8, "dim_out": None,
+                 "max_len": None, "local_context": local}, _count, sequence_input,
+                "projections 2 B n dim (k h + k + v); content 2 B k n v + 2 B h n k v; " + (
+                    "positions 2 B h n k (2n - 1) + 2 B h n^2 v" if local is None else
+                    "positions conv 2 B v k n r + 2 B h n k v"),
+                make=lambda s: LambdaLayer(s["dim"], key_dim=s["key_dim"], num_heads=s["heads"], dim_out=s["dim_out"],
+                                           max_len=None if s["local_context"] else s["max_len"] or s["length"],
+                                           local_context=s["local_context"]).to(dtype_of(s)),
+                module_type=LambdaLayer, matches=lambda m: (m.local_context is None) == (local is None),
+                config=lambda m: {"dim": m.dim, "key_dim": m.key_dim, "heads": m.num_heads,
+                                  "dim_out": m.value_dim * m.num_heads, "local_context": m.local_context,
+                                  "max_len": m.max_len})
+
+
 _PAPER = "Bello 2021, arXiv:2102.08602, Sec. 3"
 register(Entry("lambda-layer", LambdaLayer, _PAPER, "O(L^2 (k + v))", "content + global relative-position lambdas "
-               "applied to multi-query heads", "long-sequence", _example(max_len=16)))
+               "applied to multi-query heads", "long-sequence", _example(max_len=16), spec=_spec(None)))
 register(Entry("lambda-layer-local", LambdaLayer, _PAPER + " and 4.3", "O(L r k v)",
                "content lambda + local position lambdas by a 1-D convolution", "long-sequence",
-               _example(local_context=5)))
+               _example(local_context=5), spec=_spec(5)))

@@ -12,26 +12,16 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..errors import ArgumentError, DTypeError, ShapeError, check_bool_mask, check_int
-from ..registry import Entry, register
-from ._projections import ProjectedAttention
+from ..costing.attend import projections
+from ..costing.spec import Spec
+from ..costing.tally import dtype_of
+from ..entry import Entry, register
+from ..errors import ArgumentError, check_int
+from ._inputs import check_keep_mask
+from ._projections import ProjectedAttention, sequence_input
 from .padding import clear_padding
 
 __all__ = ["LinearAttention", "PerformerAttention", "orthogonal_random_features"]
-
-
-def check_sequence(name: str, x: torch.Tensor, dim: int) -> None:
-    """Raise unless ``x`` is a floating ``(batch, n, dim)`` tensor."""
-    if isinstance(x, torch.Tensor) and not x.is_floating_point():
-        raise DTypeError(f"{name} must be a floating tensor; got {x.dtype}")
-    if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != dim:
-        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ShapeError(f"{name} must have shape (batch, n, {dim}); got {got}")
-
-
-def check_keep_mask(who: str, name: str, keep, batch: int, n: int):
-    """Validate a ``(batch, n)`` bool mask, True = real token (may be attended)."""
-    return check_bool_mask(who, name, keep, (batch, n), dims="(batch, n)")
 
 
 def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -46,7 +36,7 @@ def accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _causal_sums(phi_q, phi_k, v, chunk):
+def causal_sums(phi_q, phi_k, v, chunk):
     """Numerator and normaliser over ``j <= i``: exact within chunks, prefix sums of chunk states across."""
     n = phi_q.shape[2]
     pad = (-n) % chunk
@@ -71,7 +61,7 @@ def feature_map_attention(phi_q, phi_k, v, *, causal: bool, chunk_size: int = 64
     acc = accumulate_dtype(v.dtype)
     phi_q, phi_k, vv = phi_q.to(acc), phi_k.to(acc), v.to(acc)
     if causal:
-        num, den = _causal_sums(phi_q, phi_k, vv, chunk_size)
+        num, den = causal_sums(phi_q, phi_k, vv, chunk_size)
     else:
         num = phi_q @ (phi_k.transpose(-1, -2) @ vv)  # (b, h, n, dv) through an (f, dv) state
         den = phi_q @ phi_k.sum(2).unsqueeze(-1)  # (b, h, n, 1)
@@ -283,9 +273,95 @@ def _example(cls, **kwargs):
     return build
 
 
+def _prefix_state(t, s, f, dv):
+    """What a causal layer decodes from: the prefix sums S ``(f, dv)`` and z ``(f)`` per head, accumulated."""
+    t.decoding(fixed=s["heads"] * f * (dv + 1) * accumulate_dtype(dtype_of(s)).itemsize)
+
+
+def _feature_sums(t, s, f, dv, causal, chunk):
+    """:func:`feature_map_attention` on features of width ``f``."""
+    bh, n = s["batch"] * s["heads"], s["length"]
+    if not causal:
+        t.mm("phi(K)^T V", bh, f, n, dv)
+        t.mm("phi(Q) (phi(K)^T V)", bh, n, f, dv)
+        t.mm("normaliser phi(Q) sum phi(K)", bh, n, f, 1)
+        return
+    chunks = -(-n // chunk)  # padded to whole chunks
+    _prefix_state(t, s, f, dv)
+    t.mm("chunk states phi(K)^T V", bh * chunks, f, chunk, dv)
+    t.mm("in-chunk scores phi(Q) phi(K)^T", bh * chunks, chunk, f, chunk)
+    t.mm("phi(Q) @ state (prefix)", bh, chunks * chunk, f, dv)
+    t.mm("in-chunk scores @ V", bh * chunks, chunk, chunk, dv)
+    t.mm("normaliser phi(Q) @ prefix sum", bh, chunks * chunk, f, 1)
+    t.inter(bh * chunks * chunk * (chunk + f * dv // chunk))
+
+
+def _linear_count(t, s, module=None):
+    projections(t, s)
+    if s["length"]:
+        t.ew("feature map elu(x) + 1", 2 * s["batch"] * s["length"] * s["dim"], 2)
+        _feature_sums(t, s, s["dim"] // s["heads"], s["dim"] // s["heads"], s["causal"], s["chunk_size"])
+
+
+def _chunk_kinds(n: int, c: int):
+    """``(count, size, first, last)`` of the chunks of :meth:`PerformerAttention._causal_scan`, alike ones together."""
+    chunks = -(-n // c)
+    kinds = [(1, min(c, n), True, chunks == 1), (chunks - 2, c, False, False), (1, n - (chunks - 1) * c, False, True)]
+    return [kinds[0]] + ([kinds[1]] if chunks > 2 else []) + ([kinds[2]] if chunks > 1 else [])
+
+
+def _performer_count(t, s, module=None):
+    bh, n, d, m = s["batch"] * s["heads"], s["length"], s["dim"] // s["heads"], s["num_features"]
+    projections(t, s)
+    if not n:
+        return
+    t.mm("feature logits x W^T (W fixed)", 2, bh * n, d, m, grads=1)
+    t.ew("features exp(. - |x|^2 / 2)", 2 * bh * n * m, 6)
+    t.inter(2 * bh * n * m)
+    if not s["causal"]:
+        _feature_sums(t, s, m, d, False, 1)
+        return
+    _prefix_state(t, s, m, d)
+    for count, ci, first, last in _chunk_kinds(n, s["chunk_size"]):
+        g = 1 if first else 2  # the first chunk reads the zero state
+        t.mm("in-chunk scores phi(Q) phi(K)^T", bh * count, ci, m, ci)
+        t.mm("phi(Q) @ state", bh * count, ci, m, d, grads=g)
+        t.mm("in-chunk scores @ V", bh * count, ci, ci, d)
+        t.mm("normaliser phi(Q) @ zstate", bh * count, ci, m, 1, grads=g)
+        t.mm("state update phi(K)^T V", bh * count, m, ci, d, grads=0 if last else 2)  # the last is never read
+
+
+def _performer_derive(s):
+    if s["num_features"] is None:
+        d = s["dim"] // s["heads"]
+        s["num_features"] = d * max(1, math.ceil(math.log(d)))
+    return s
+
+
+_SIZES = {"batch": 2, "length": 16, "dim": 32, "heads": 4, "dtype": "float32"}
+_FEATURES = "phi(K)^T V 2 B H n f Dv, phi(Q) state 2 B H n f Dv, normaliser 2 B H n f"
+_CAUSAL = " (causal: per chunk of c, plus in-chunk scores 2 B H n c (f + Dv))"
+
+
 register(Entry("linear-attention", LinearAttention, "Katharopoulos et al. 2020, arXiv:2006.16236, eq. 4-6",
                "O(L D^2)", "elu(x)+1 feature map: phi(Q) (phi(K)^T V), causal by prefix sums", "long-sequence",
-               _example(LinearAttention, causal=True)))
+               _example(LinearAttention, causal=True),
+               spec=Spec({**_SIZES, "causal": True, "chunk_size": 64}, _linear_count, sequence_input,
+                         "projections 8 B n dim^2; " + _FEATURES + _CAUSAL + ", n padded to whole chunks",
+                         make=lambda s: LinearAttention(s["dim"], s["heads"], causal=s["causal"],
+                                                        chunk_size=s["chunk_size"]).to(dtype_of(s)),
+                         module_type=LinearAttention,
+                         config=lambda m: {"dim": m.dim, "heads": m.num_heads, "causal": m.causal,
+                                           "chunk_size": m.chunk_size})))
 register(Entry("performer", PerformerAttention, "Choromanski et al. 2021, arXiv:2009.14794, Lemma 1 (FAVOR+)",
                "O(L m D)", "positive orthogonal random features estimate softmax attention in linear time",
-               "long-sequence", _example(PerformerAttention, num_features=32)))
+               "long-sequence", _example(PerformerAttention, num_features=32),
+               spec=Spec({**_SIZES, "num_features": 32, "causal": False, "chunk_size": 128}, _performer_count,
+                         sequence_input, "projections 8 B n dim^2; features 2 x 2 B H n d m; " + _FEATURES + _CAUSAL,
+                         make=lambda s: PerformerAttention(s["dim"], s["heads"], num_features=s["num_features"],
+                                                           causal=s["causal"],
+                                                           chunk_size=s["chunk_size"]).to(dtype_of(s)),
+                         derive=_performer_derive, module_type=PerformerAttention,
+                         nullable=frozenset({"num_features"}),
+                         config=lambda m: {"dim": m.dim, "heads": m.num_heads, "num_features": m.num_features,
+                                           "causal": m.causal, "chunk_size": m.chunk_size})))

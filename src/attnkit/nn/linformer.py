@@ -6,10 +6,13 @@ import torch
 from torch import nn
 
 from ..core import attention
+from ..costing.attend import ATTENTION_FORMULA, attend, projections
+from ..costing.spec import Spec
+from ..costing.tally import dropout_of, dtype_of
+from ..entry import Entry, register
 from ..errors import ArgumentError, ShapeError
-from ..registry import Entry, register
-from ._projections import ProjectedAttention
-from .linear import check_keep_mask
+from ._inputs import check_keep_mask
+from ._projections import ProjectedAttention, sequence_input
 from .padding import clear_padding
 
 __all__ = ["LinformerAttention", "SequenceProjection"]
@@ -129,6 +132,24 @@ def _example():
     return LinformerAttention(32, 4, max_len=16, k_proj_dim=8), (torch.randn(2, 16, 32, generator=g),)
 
 
+def _count(t, s, module=None):
+    b, n, h, kp = s["batch"], s["length"], s["heads"], s["k_proj_dim"]
+    d = s["dim"] // h
+    projections(t, s)
+    t.mm("sequence projections E K, F V", 2 * b * h, kp, n, d)
+    t.inter(2 * b * h * kp * d)
+    attend(t, "", b, h, n, kp, d, d, dtype=dtype_of(s), dropout_p=dropout_of(module))
+
+
 register(Entry("linformer", LinformerAttention, "Wang et al. 2020, arXiv:2006.04768, eq. 7", "O(L k D)",
                "keys and values projected along the sequence to k rows: n x k scores", "long-sequence",
-               _example))
+               _example,
+               spec=Spec({"batch": 2, "length": 16, "dim": 32, "heads": 4, "dtype": "float32", "k_proj_dim": 8,
+                          "max_len": None, "sharing": "headwise"}, _count, sequence_input,
+                         "projections 8 B n dim^2; E K and F V 2 x 2 B H k n d; " + ATTENTION_FORMULA + " with Lk = k",
+                         make=lambda s: LinformerAttention(s["dim"], s["heads"], max_len=s["max_len"] or s["length"],
+                                                           k_proj_dim=s["k_proj_dim"],
+                                                           sharing=s["sharing"]).to(dtype_of(s)),
+                         module_type=LinformerAttention,
+                         config=lambda m: {"dim": m.dim, "heads": m.num_heads, "max_len": m.max_len,
+                                           "k_proj_dim": m.proj_k.k_proj_dim})))

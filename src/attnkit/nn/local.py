@@ -6,9 +6,10 @@ import torch
 
 from .. import masks
 from ..core import attention
+from ..costing.attend import ATTENTION_FORMULA, projections
+from ..entry import Entry, register
 from ..errors import ArgumentError, check_int
-from ..registry import Entry, register
-from ._projections import ProjectedAttention
+from ._projections import ProjectedAttention, count_self_attention, projected_spec
 
 __all__ = ["LocalAttention"]
 
@@ -96,6 +97,13 @@ def _example():
     return LocalAttention(16, 2, 3), (torch.randn(2, 12, 16, generator=g),)
 
 
+def _count(t, s, module):
+    projections(t, s)
+    count_self_attention(t, "", s, module, module.pattern(s["length"]))
+
+
 register(Entry("local", LocalAttention, "Luong et al. 2015, arXiv:1508.04025, Sec. 3.2 (local-m)",
                "O(L w D)", "each query attends a window of 2D+1 keys, or its own block",
-               "long-sequence", _example))
+               "long-sequence", _example,
+               spec=projected_spec(LocalAttention, _count, ATTENTION_FORMULA, options=("size", "mode", "causal"),
+                                   sizes={"size": 3, "mode": "window", "causal": False})))

@@ -8,10 +8,12 @@ from torch import nn
 
 from .. import masks
 from ..core import attention
+from ..costing.attend import attend, projections
+from ..costing.tally import dtype_of
+from ..entry import Entry, register
 from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 from ..functional.mask_base import Mask
-from ..registry import Entry, register
-from ._projections import ProjectedAttention
+from ._projections import ProjectedAttention, count_self_attention, projected_spec, sequence_input
 
 __all__ = ["LongformerAttention", "GlobalKeys"]
 
@@ -169,6 +171,31 @@ def _example():
     return lambda x: layer(x, global_tokens=[0, 5]), (torch.randn(2, 14, 16, generator=g),)
 
 
+def _count(t, s, module):
+    b, n, h, dim = s["batch"], s["length"], s["heads"], s["dim"]
+    projections(t, s)
+    flags = module.global_flags(list(s["global_tokens"]), b, n, None)
+    count_self_attention(t, "window rows: ", s, module,
+                         module._window if flags is None else module._window | GlobalKeys(flags))
+    if flags is not None and b:
+        g = int(flags.expand(b, n).sum(1).max())
+        t.mm("global projections (Q_g, K_g, V_g)", 1, b * g, dim, dim)
+        t.mm("global projections (Q_g, K_g, V_g)", 2, b * n, dim, dim)
+        t.inter(b * g * dim, 2 * b * n * dim)
+        attend(t, "global rows: ", b, h, g, n, dim // h, dim // h, dtype=dtype_of(s), dropout_p=module.dropout_p)
+
+
+def _inputs(s, module):
+    return (lambda x: module(x, global_tokens=list(s["global_tokens"]))), sequence_input(s, module)[1]
+
+
 register(Entry("longformer", LongformerAttention, "Beltagy et al. 2020, arXiv:2004.05150, Sec. 3.1",
                "O(L (w + g) D)", "dilated sliding window plus global tokens with their own projections",
-               "long-sequence", _example))
+               "long-sequence", _example,
+               spec=projected_spec(
+                   LongformerAttention, _count, "global projections 2 B (g + 2 n) dim^2; window rows as the mask's "
+                   "blocks; global rows 2 B H g n 2D", inputs=_inputs, options=("window", "dilation"),
+                   sizes={"length": 14, "window": 4, "dilation": 2, "global_tokens": (0, 5)},
+                   at_scale={"window": 512, "dilation": 1, "global_tokens": (0,)},
+                   source="Beltagy et al. 2020, arXiv:2004.05150, Sec. 5: window 512 in every layer, no dilation (the "
+                          "pretrained model); Sec. 3.1: global attention on the [CLS] token")))

@@ -8,10 +8,20 @@ import torch
 from torch import nn
 
 from .. import recording
+from ..costing.spec import Spec
+from ..costing.tally import dtype_of
+from ..entry import Entry, register
 from ..errors import ArgumentError, ShapeError, check_int
 from ..functional.normalize import softmax
-from ..registry import Entry, register
-from .additive import AdditiveAttention, check_input, check_memory, dense_allowed, drop_unseen
+from ._inputs import check_memory, check_sequence
+from .additive import (
+    ADDITIVE_SIZES,
+    AdditiveAttention,
+    count_additive_score,
+    dense_allowed,
+    drop_unseen,
+    query_key_inputs,
+)
 
 __all__ = ["LuongAttention", "LuongOutput"]
 
@@ -133,8 +143,8 @@ class LuongAttention(nn.Module):
         ``step``: decoder time of ``query[:, 0]`` (local-m centres ``t = step + i``).
         ``source_lengths``: ``S`` per sample for local-p ``(B,)``; default ``Lk``.
         """
-        check_input("LuongAttention", "query", query, self.query_dim)
-        check_input("LuongAttention", "memory", memory, self.key_dim)
+        check_sequence("LuongAttention", "query", query, self.query_dim, length="length")
+        check_sequence("LuongAttention", "memory", memory, self.key_dim, length="length")
         check_memory("LuongAttention", query, memory, key_name="memory")
         check_int("LuongAttention", "step", step, 0)
         compute = torch.promote_types(query.dtype, torch.float32)  # softmax in float32 or better
@@ -164,6 +174,39 @@ def _example():
     return module, (torch.randn(2, 5, 8, generator=g), torch.randn(2, 7, 6, generator=g))
 
 
+def _count(t, s, module=None):
+    b, lq, lk, qd, kd = s["batch"], s["q_len"], s["kv_len"], s["query_dim"], s["key_dim"]
+    a, out = s["hidden_dim"] or qd, s["out_dim"] or qd
+    if s["score"] == "dot":
+        t.mm("scores: h_t . h_s", b, lq, qd, lk)
+    elif s["score"] == "general":
+        t.mm("scores: h_t W_a", 1, b * lq, qd, kd)
+        t.mm("scores: (h_t W_a) . h_s", b, lq, kd, lk)
+    else:
+        count_additive_score(t, {**s, "hidden_dim": a}, lq, lk, a)
+    if s["mode"] == "local-p":
+        t.mm("centres: W_p h_t", 1, b * lq, qd, a)
+        t.ew("centres: v_p^T tanh(W_p h_t) (matrix-vector, not counted) and sigmoid", b * lq * a, 3)
+    t.ew("softmax, window and Gaussian", b * lq * lk, 9)
+    t.mm("context: weights @ h_s", b, lq, lk, kd)
+    t.mm("W_c [c_t; h_t]", 1, b * lq, kd + qd, out)
+    t.inter(b * lq * lk, b * lq * lk, b * lq * kd, b * lq * out)
+
+
+def _config(m):
+    hidden = m.v_p.shape[0] if m.mode == "local-p" else m.concat.v.shape[0] if m.score_name == "concat" else None
+    return {"query_dim": m.query_dim, "key_dim": m.key_dim, "score": m.score_name, "mode": m.mode,
+            "window": m.window, "out_dim": m.w_c.out_features, "hidden_dim": hidden or m.query_dim}
+
+
 register(Entry("luong", LuongAttention, "Luong et al. 2015, arXiv:1508.04025, eqs. 5, 7-10",
                "O(Lq Lk D)", "dot/general/concat scores; global, local-m and local-p (Gaussian) alignment",
-               family="module", example=_example))
+               family="module", example=_example,
+               spec=Spec({**ADDITIVE_SIZES, "hidden_dim": None, "out_dim": None, "score": "general",
+                          "mode": "local-p", "window": 2}, _count, query_key_inputs,
+                         "scores (dot 2 B Lq Lk D | general + 2 B Lq Dq Dk | concat as additive); context "
+                         "2 B Lq Lk Dk; W_c 2 B Lq (Dk + Dq) Dout; local-p centres 2 B Lq Dq A",
+                         length=("q_len", "kv_len"), module_type=LuongAttention, config=_config,
+                         make=lambda s: LuongAttention(s["query_dim"], s["key_dim"], score=s["score"],
+                                                       mode=s["mode"], window=s["window"], hidden_dim=s["hidden_dim"],
+                                                       out_dim=s["out_dim"]).to(dtype_of(s)))))

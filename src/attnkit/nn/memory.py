@@ -9,8 +9,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import attention
-from ..errors import ShapeError, check_bool_mask, check_int
-from ..registry import Entry, register
+from ..costing.attend import attend
+from ..costing.spec import Spec
+from ..costing.tally import dtype_of, ones, randn, zeros
+from ..entry import Entry, register
+from ..errors import check_int
+from ._inputs import check_keep_mask, check_sequence, check_shape
+from .pooling import POOL_SCORES
 
 __all__ = ["MemoryAttention", "MemoryOutput"]
 
@@ -24,17 +29,10 @@ class MemoryOutput(NamedTuple):
     weights: torch.Tensor
 
 
-def _check(name, t, shape_text, ok):
-    if not isinstance(t, torch.Tensor) or not ok(t):
-        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ShapeError(f"{_WHO}: {name} must have shape {shape_text}; got {got}")
-
-
-def _check_mask(mask, shape):
+def _keep(mask, shape):
     """The ``shape`` bool mask (True = a real state), all True when None."""
-    if mask is None:
-        return torch.ones(shape, dtype=torch.bool)
-    return check_bool_mask(_WHO, "mask", mask, shape, true_means="a real state")
+    mask = check_keep_mask(_WHO, "mask", mask, *shape, true_means="a real state", dims="")
+    return torch.ones(shape, dtype=torch.bool) if mask is None else mask
 
 
 def _mix(logits, slots, allowed):
@@ -97,10 +95,10 @@ class MemoryAttention(nn.Module):
 
     def forward(self, h: torch.Tensor, *, mask: torch.Tensor | None = None) -> MemoryOutput:
         """``m_t`` for every step ``t`` of ``h``."""
-        _check("h", h, f"(batch, T, {self.dim})", lambda t: t.dim() == 3 and t.shape[-1] == self.dim)
+        check_sequence(_WHO, "h", h, self.dim, length="T")
         b, steps, _ = h.shape
         k = self.memory_size
-        mask = _check_mask(mask, (b, steps)).to(h.device)
+        mask = _keep(mask, (b, steps)).to(h.device)
         rows = torch.arange(steps, device=h.device)[:, None] + torch.arange(k, device=h.device)  # (T, K)
         slot_scores = F.pad(h @ self.slot_weight.to(h.dtype).T, (0, 0, k, 0))  # (B, K + T, K): row K + i is h_i
         logits = slot_scores.gather(1, rows.expand(b, steps, k))  # (B, T, K): w_{m,j} h_{t-K+j}
@@ -116,12 +114,13 @@ class MemoryAttention(nn.Module):
 
         Returns memory ``(B, dim)`` and weights ``(B, P)``; equal to :meth:`forward` at that step.
         """
-        _check("h_t", h_t, f"(batch, {self.dim})", lambda t: t.dim() == 2 and t.shape[-1] == self.dim)
-        _check("past", past, f"(batch={h_t.shape[0]}, P <= {self.memory_size}, {self.dim})",
-               lambda t: t.dim() == 3 and t.shape[0] == h_t.shape[0] and t.shape[1] <= self.memory_size
-               and t.shape[2] == self.dim)
+        check_shape(_WHO, "h_t", h_t, lambda t: t.dim() == 2 and t.shape[-1] == self.dim,
+                    f"have shape (batch, {self.dim})")
+        check_shape(_WHO, "past", past, lambda t: t.dim() == 3 and t.shape[0] == h_t.shape[0]
+                    and t.shape[1] <= self.memory_size and t.shape[2] == self.dim,
+                    f"have shape (batch={h_t.shape[0]}, P <= {self.memory_size}, {self.dim})")
         p = past.shape[1]
-        mask = _check_mask(mask, past.shape[:2]).to(past.device)
+        mask = _keep(mask, tuple(past.shape[:2])).to(past.device)
         logits = (past * self.slot_weight[self.memory_size - p:].to(past.dtype)).sum(-1)  # (B, P)
         logits = logits + (h_t @ self.state_weight.to(h_t.dtype))[:, None]
         return MemoryOutput(*_mix(logits, past, mask))
@@ -132,8 +131,22 @@ def _example():
     return MemoryAttention(8, 4), (torch.randn(2, 9, 8, generator=g),)
 
 
+def _count(t, s, module=None):
+    b, steps, d, k = s["batch"], s["length"], s["dim"], s["memory_size"]
+    t.mm("slot scores: h W_m^T", 1, b * steps, d, k)
+    t.ew("state score: h . w_mh (matrix-vector, not counted)", b * steps * d, 2)
+    t.inter(b * steps * k, b * steps * k * d)
+    attend(t, "", b * steps, 1, 1, k, 1, d, dtype=dtype_of(s), grads=(False, False, True), weights_grad=True,
+           bias=zeros(dtype_of(s), b * steps, 1, 1, k), mask=ones(b * steps, 1, 1, k), **POOL_SCORES)
+
+
 register(Entry("memory-attention", MemoryAttention,
                "Yogatama et al. 2018, ICLR, 'Memory Architectures in Recurrent Neural Network Language Models', "
                "Sec. 2 (random access memory)", "O(T K D)",
                "each step attends over the previous K hidden states, weights from per-slot vectors",
-               family="module", example=_example))
+               family="module", example=_example,
+               spec=Spec({"batch": 2, "length": 9, "dim": 8, "memory_size": 4, "dtype": "float32"}, _count,
+                         lambda s, m: (m, (randn(s["batch"], s["length"], s["dim"], dtype=dtype_of(s)),)),
+                         "slot scores 2 B T D K; weights @ slots 2 B T K D",
+                         make=lambda s: MemoryAttention(s["dim"], s["memory_size"]).to(dtype_of(s)),
+                         module_type=MemoryAttention, config=lambda m: {"dim": m.dim, "memory_size": m.memory_size})))

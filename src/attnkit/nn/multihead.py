@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .. import masks
 from ..core import attention
+from ..costing.attend import ATTENTION_FORMULA, ATTENTION_SIZES, attend, attention_inputs, derive_lengths, kv_cache
+from ..costing.spec import Spec
+from ..costing.tally import dropout_of, dtype_of, randn
+from ..entry import Entry, register
 from ..errors import ArgumentError, DTypeError, ShapeError
 from ..functional.mask_base import Mask
-from ..registry import Entry, register
 from . import torch_compat, torch_layers
+from ._inputs import check_shape
 from .kv_cache import KVCache
 from .padding import clear_key_padding
 
@@ -67,9 +73,9 @@ class DotProductAttention(nn.Module):
     def forward(self, q, k, v, *, mask=None, need_weights: bool = False):
         """``out``, or ``(out, weights)`` when ``need_weights``; ``mask`` as in :func:`attnkit.attention`."""
         for name, t in (("q", q), ("k", k), ("v", v)):
-            if isinstance(t, torch.Tensor) and t.dim() not in (3, 4):
-                raise ShapeError(f"DotProductAttention: {name} must be 3-D (B, L, D) or 4-D (B, H, L, D); "
-                                 f"got shape {tuple(t.shape)}")
+            if isinstance(t, torch.Tensor):  # anything else: attention() names it
+                check_shape("DotProductAttention", name, t, lambda t: t.dim() in (3, 4),
+                            "be 3-D (B, L, D) or 4-D (B, H, L, D)")
         res = attention(q, k, v, mask=mask, score="scaled_dot" if self.scaled else "dot",
                         dropout_p=self.dropout if self.training else 0.0, return_weights=need_weights)
         return (res.output, res.weights) if need_weights else res
@@ -127,6 +133,9 @@ class MultiHeadAttention(nn.Module):
             ``num_heads``). Projections for K and V then output ``num_kv_heads * head_dim`` features.
         mask: an :mod:`attnkit.masks` mask AND-ed into every call (``forward`` and ``forward_step``),
             e.g. a sliding window inside a model built from torch's layers; kept as ``extra_mask``.
+        sinks: learn one attention-sink logit per head (gpt-oss, arXiv:2508.10925), ``sinks`` of shape
+            ``(num_heads,)`` initialised to 0: a term in every row's softmax denominator that takes no
+            value (:func:`attnkit.attention`'s ``sinks=``). Not in ``torch.nn.MultiheadAttention``.
 
     Example:
         >>> import torch
@@ -148,7 +157,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
                  vdim: int | None = None, batch_first: bool = False, device=None, dtype=None, *,
-                 num_kv_heads: int | None = None, mask: Mask | None = None):
+                 num_kv_heads: int | None = None, mask: Mask | None = None, sinks: bool = False):
         super().__init__()
         who = "MultiHeadAttention"
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -173,6 +182,7 @@ class MultiHeadAttention(nn.Module):
             raise DTypeError(f"{who}: mask must be an attnkit.masks.Mask or None; got {type(mask).__name__}")
         self.extra_mask = mask
         self._build(bias, add_bias_kv, {"device": device, "dtype": dtype})
+        self.sinks = nn.Parameter(torch.zeros(num_heads, device=device, dtype=dtype)) if sinks else None
         self._reset_parameters()
         torch_layers.decline_fused_layer(self)  # torch's encoder layer calls this module, never its own kernel
 
@@ -208,6 +218,7 @@ class MultiHeadAttention(nn.Module):
         """Unpickling a module saved before the extra mask and the hook existed gives it both."""
         super().__setstate__(state)
         self.__dict__.setdefault("extra_mask", None)
+        self._parameters.setdefault("sinks", None)
         torch_layers.decline_fused_layer(self)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *args):
@@ -253,7 +264,7 @@ class MultiHeadAttention(nn.Module):
         k, v = self._extra_keys(k, v)
         mask, bias = torch_compat.with_extra_keys(mask, bias, self._n_extra)
         res = attention(q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0,
-                        return_weights=need_weights)
+                        return_weights=need_weights, sinks=self.sinks)
         out = res.output if need_weights else res
         out = self.out_proj(out.transpose(1, 2).flatten(2))  # (B, H, L, d) -> (B, L, E)
         weights = (res.weights.mean(1) if average else res.weights) if need_weights else None
@@ -319,13 +330,16 @@ class MultiHeadAttention(nn.Module):
         return torch_compat.from_torch(cls, module, mask=mask)
 
     def to_torch(self) -> nn.MultiheadAttention:
-        """The equivalent ``torch.nn.MultiheadAttention`` (raises for grouped-query heads and an extra mask)."""
+        """The equivalent ``torch.nn.MultiheadAttention`` (raises for grouped-query heads, an extra mask, sinks)."""
+        if self.sinks is not None:
+            raise ArgumentError("MultiHeadAttention.to_torch: torch.nn.MultiheadAttention has no attention sinks")
         return torch_compat.to_torch(self)
 
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
                 f"kdim={self.kdim}, vdim={self.vdim}, batch_first={self.batch_first}"
-                + ("" if self.extra_mask is None else f", mask={self.extra_mask!r}"))
+                + ("" if self.extra_mask is None else f", mask={self.extra_mask!r}")
+                + ("" if self.sinks is None else ", sinks=True"))
 
 
 def _mha_example():
@@ -339,9 +353,54 @@ def _dot_example():
     return DotProductAttention(), tuple(torch.randn(2, 3, 16, 8, generator=g) for _ in range(3))
 
 
+def _dot_count(t, s, module=None):
+    attend(t, "", s["batch"], s["heads"], s["q_len"], s["kv_len"], s["head_dim"], s["value_dim"],
+           hkv=s["kv_heads"], dtype=dtype_of(s), score="scaled_dot" if s["scaled"] else "dot",
+           return_weights=s["need_weights"], dropout_p=dropout_of(module))
+
+
+def _mha_count(t, s, module=None):
+    b, lq, lk, e, h = s["batch"], s["q_len"], s["kv_len"], s["embed_dim"], s["heads"]
+    hd = e // h
+    kv = s["kv_heads"] * hd
+    t.mm("projections (q, k, v)", 1, b * lq, e, e)
+    t.mm("projections (q, k, v)", 2, b * lk, e, kv)
+    t.inter(b * lq * e, 2 * b * lk * kv)
+    attend(t, "", b, h, lq, lk, hd, hd, hkv=s["kv_heads"], dtype=dtype_of(s), return_weights=s["need_weights"],
+           dropout_p=dropout_of(module))
+    t.mm("output projection", 1, b * lq, e, e)
+    t.io(3 * e * e, b * lq * e, 2 * b * lk * e, b * lq * e)
+    kv_cache(t, s["kv_heads"], hd, hd)
+
+
+def _mha_inputs(s, module):
+    x = randn(s["batch"], s["q_len"], s["embed_dim"], dtype=dtype_of(s))
+    kv = x if s["kv_len"] == s["q_len"] else randn(s["batch"], s["kv_len"], s["embed_dim"], seed=1, dtype=dtype_of(s))
+    return functools.partial(module, need_weights=s["need_weights"]), (x, kv, kv)
+
+
+def _mha_config(m):
+    if not m._qkv_same_embed_dim or m._n_extra:
+        raise ArgumentError("cost: multi-head with kdim/vdim, add_bias_kv or add_zero_attn has no cost formula here")
+    return {"embed_dim": m.embed_dim, "heads": m.num_heads, "kv_heads": m.num_kv_heads}
+
+
+_MHA_SPEC = Spec(
+    {"batch": 2, "q_len": 16, "kv_len": None, "embed_dim": 24, "heads": 3, "kv_heads": None, "need_weights": True,
+     "dtype": "float32"},
+    _mha_count, _mha_inputs, "projections 2 B (Lq E^2 + 2 Lk E E_kv) + output 2 B Lq E^2; " + ATTENTION_FORMULA,
+    make=lambda s: MultiHeadAttention(s["embed_dim"], s["heads"], batch_first=True, num_kv_heads=s["kv_heads"],
+                                      dtype=dtype_of(s)).eval(),
+    length=("q_len", "kv_len"), derive=derive_lengths, module_type=MultiHeadAttention, config=_mha_config)
+_DOT_SPEC = Spec(
+    {**ATTENTION_SIZES, "scaled": True, "need_weights": False}, _dot_count,
+    lambda s, m: (functools.partial(m, need_weights=s["need_weights"]), attention_inputs(s)), ATTENTION_FORMULA,
+    make=lambda s: DotProductAttention(scaled=s["scaled"]).eval(), length=("q_len", "kv_len"), derive=derive_lengths,
+    config=lambda m: {"scaled": m.scaled}, module_type=DotProductAttention)
 register(Entry("multi-head", MultiHeadAttention, f"{_PAPER}, Sec. 3.2.2", "O(L S E + (L + S) E^2)",
                "h heads of scaled dot-product attention on learned projections; torch.nn.MultiheadAttention "
-               "drop-in with grouped-query heads and a KV cache", family="module", example=_mha_example))
+               "drop-in with grouped-query heads and a KV cache", family="module", example=_mha_example,
+               spec=_MHA_SPEC))
 register(Entry("dot-product-module", DotProductAttention, f"{_PAPER}, Sec. 3.2.1, eq. 1", "O(Lq Lk D)",
                "softmax(q k^T / sqrt(d)) v as a parameter-free module (scaled=False: Luong's dot score)",
-               family="module", example=_dot_example))
+               family="module", example=_dot_example, spec=_DOT_SPEC))

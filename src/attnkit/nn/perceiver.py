@@ -7,9 +7,13 @@ from torch import nn
 
 from .. import masks
 from ..core import attention
+from ..costing.attend import ATTENTION_FORMULA, attend
+from ..costing.spec import Spec
+from ..costing.tally import dropout_of, dtype_of, randn
+from ..entry import Entry, register
 from ..errors import ArgumentError
-from ..registry import Entry, register
-from .linear import check_keep_mask, check_sequence, merge_heads, split_heads
+from ._inputs import check_keep_mask, check_sequence
+from .linear import merge_heads, split_heads
 from .padding import clear_padding
 
 __all__ = ["PerceiverAttention", "PerceiverEncoder"]
@@ -66,8 +70,9 @@ class PerceiverAttention(nn.Module):
                 context_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
         self_attention = context is None
         context = latents if context is None else context
-        check_sequence("latents", latents, self.query_dim)
-        check_sequence("context", context, self.context_dim)
+        who = type(self).__name__
+        check_sequence(who, "latents", latents, self.query_dim)
+        check_sequence(who, "context", context, self.context_dim)
         keep = check_keep_mask(type(self).__name__, "context_keep_mask", context_keep_mask,
                                context.shape[0], context.shape[1])
         context = clear_padding(context, keep)
@@ -134,7 +139,7 @@ class PerceiverEncoder(nn.Module):
         self.norm_out = nn.LayerNorm(latent_dim)
 
     def forward(self, x: torch.Tensor, *, input_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
-        check_sequence("x", x, self.input_dim)
+        check_sequence(type(self).__name__, "x", x, self.input_dim)
         x = clear_padding(x, check_keep_mask(type(self).__name__, "input_keep_mask", input_keep_mask, *x.shape[:2]))
         z = self.latents.to(x.dtype).expand(x.shape[0], -1, -1)  # (b, N, D)
         z = z + self.cross_attn(self.norm_latents(z), self.norm_input(x), context_keep_mask=input_keep_mask)
@@ -158,8 +163,65 @@ def _example_encoder():
     return enc, (torch.randn(2, 32, 8, generator=g),)
 
 
+def _cross(t, label, b, lq, lk, q_dim, kv_dim, heads, hd, dt, module):
+    """:class:`PerceiverAttention`: projections, attention, output projection."""
+    inner = heads * hd
+    t.mm(f"{label}projections (q, out)", 2, b * lq, q_dim, inner)
+    t.mm(f"{label}projections (k, v)", 2, b * lk, kv_dim, inner)
+    t.inter(2 * b * lq * inner, 2 * b * lk * inner)
+    attend(t, label, b, heads, lq, lk, hd, hd, dtype=dt, dropout_p=dropout_of(module))
+
+
+def _attention_count(t, s, module=None):
+    _cross(t, "", s["batch"], s["latents"], s["length"], s["query_dim"], s["context_dim"], s["heads"],
+           s["head_dim"], dtype_of(s), module)
+
+
+def _encoder_count(t, s, module=None):
+    b, lat, dim, dt = s["batch"], s["latents"], s["latent_dim"], dtype_of(s)
+    parts = [None] * (s["depth"] + 1) if module is None else [module.cross_attn, *(k["attn"] for k in module.blocks)]
+    for i, part in enumerate(parts):
+        label = "cross-attend: " if i == 0 else "latent blocks: "
+        if i:
+            _cross(t, label, b, lat, lat, dim, dim, s["latent_heads"], s["head_dim"], dt, part)
+        else:
+            _cross(t, label, b, lat, s["length"], dim, s["input_dim"], s["cross_heads"], s["head_dim"], dt, part)
+        t.mm(f"{label}MLP (D -> 4D -> D)", 2, b * lat, dim, 4 * dim)
+        t.ew(f"{label}layer norms, GELU, residuals", b * lat * dim, 16)
+
+
+def _encoder_config(m):
+    cross, blocks = m.cross_attn, m.blocks
+    return {"input_dim": m.input_dim, "latents": m.latents.shape[0], "latent_dim": m.latents.shape[1],
+            "depth": len(blocks), "cross_heads": cross.num_heads,
+            "head_dim": cross.q_proj.out_features // cross.num_heads,
+            "latent_heads": blocks[0]["attn"].num_heads if len(blocks) else 1}
+
+
+_ATTENTION_SPEC = Spec(
+    {"batch": 2, "latents": 4, "length": 32, "query_dim": 16, "context_dim": 8, "heads": 2, "head_dim": 8,
+     "dtype": "float32"}, _attention_count,
+    lambda s, m: (m, (randn(s["batch"], s["latents"], s["query_dim"], dtype=dtype_of(s)),
+                      randn(s["batch"], s["length"], s["context_dim"], seed=1, dtype=dtype_of(s)))),
+    "projections 2 B (2 N Dq + 2 L Dc) H d; " + ATTENTION_FORMULA + " with Lq = N latents",
+    make=lambda s: PerceiverAttention(s["query_dim"], s["context_dim"], num_heads=s["heads"],
+                                      head_dim=s["head_dim"]).to(dtype_of(s)),
+    module_type=PerceiverAttention,
+    config=lambda m: {"query_dim": m.query_dim, "context_dim": m.context_dim, "heads": m.num_heads,
+                      "head_dim": m.q_proj.out_features // m.num_heads})
+_ENCODER_SPEC = Spec(
+    {"batch": 2, "length": 32, "input_dim": 8, "latents": 4, "latent_dim": 16, "depth": 1, "cross_heads": 1,
+     "latent_heads": 2, "head_dim": 8, "dtype": "float32"}, _encoder_count,
+    lambda s, m: (m, (randn(s["batch"], s["length"], s["input_dim"], dtype=dtype_of(s)),)),
+    "cross-attend (as perceiver-attention) + MLP 16 B N D^2; depth x (latent self-attention + MLP)",
+    make=lambda s: PerceiverEncoder(s["input_dim"], num_latents=s["latents"], latent_dim=s["latent_dim"],
+                                    depth=s["depth"], cross_heads=s["cross_heads"], latent_heads=s["latent_heads"],
+                                    head_dim=s["head_dim"]).to(dtype_of(s)),
+    module_type=PerceiverEncoder, config=_encoder_config)
 _PAPER = "Jaegle et al. 2021, arXiv:2103.03206, Sec. 2.1"
 register(Entry("perceiver-attention", PerceiverAttention, _PAPER, "O(L N D)",
-               "N latent queries cross-attend to a length-L input", "long-sequence", _example_attention))
+               "N latent queries cross-attend to a length-L input", "long-sequence", _example_attention,
+               spec=_ATTENTION_SPEC))
 register(Entry("perceiver-encoder", PerceiverEncoder, _PAPER, "O(L N D + N^2 D)",
-               "latent cross-attention then a latent Transformer", "long-sequence", _example_encoder))
+               "latent cross-attention then a latent Transformer", "long-sequence", _example_encoder,
+               spec=_ENCODER_SPEC))

@@ -6,18 +6,16 @@ import torch
 from torch import nn
 
 from .. import recording
-from ..errors import DTypeError, ShapeError
+from ..costing.spec import Spec
+from ..costing.tally import dtype_of, randn
+from ..entry import Entry, register
 from ..functional.normalize import softmax
 from ..functional.scores import additive
-from ..registry import Entry, register
+from ._inputs import check_key_mask, check_sequence, check_shape
 
 __all__ = ["PointerAttention"]
 
 _WHO = "PointerAttention"
-
-
-def _shape(t):
-    return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
 
 
 class PointerAttention(nn.Module):
@@ -75,31 +73,17 @@ class PointerAttention(nn.Module):
         return additive(decoder, encoder, self.decoder_proj.weight.T.to(dtype), self.encoder_proj.weight.T.to(dtype),
                         self.v.to(dtype))
 
-    def _allowed(self, mask, b, lq, n):
-        if mask is None:
-            return None
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-            got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-            raise DTypeError(f"{_WHO}: mask must be a bool tensor (True = may be chosen); got {got}")
-        if tuple(mask.shape) == (b, n):
-            return mask[:, None, :]
-        if tuple(mask.shape) == (b, lq, n):
-            return mask
-        raise ShapeError(f"{_WHO}: mask must have shape (batch, n) = {(b, n)} or (batch, Lq, n) = {(b, lq, n)}; "
-                         f"got {tuple(mask.shape)}")
-
     def forward(self, decoder: torch.Tensor, encoder: torch.Tensor, *, mask: torch.Tensor | None = None):
         """Log-probabilities of pointing at each encoder position; see the class docstring."""
-        if not isinstance(encoder, torch.Tensor) or encoder.dim() != 3 or encoder.shape[-1] != self.encoder_dim:
-            raise ShapeError(f"{_WHO}: encoder must have shape (batch, n, {self.encoder_dim}); got {_shape(encoder)}")
+        check_sequence(_WHO, "encoder", encoder, self.encoder_dim)
         single = isinstance(decoder, torch.Tensor) and decoder.dim() == 2
-        if not isinstance(decoder, torch.Tensor) or decoder.dim() not in (2, 3) \
-                or decoder.shape[-1] != self.decoder_dim or decoder.shape[0] != encoder.shape[0]:
-            raise ShapeError(f"{_WHO}: decoder must have shape (batch, {self.decoder_dim}) or (batch, Lq, "
-                             f"{self.decoder_dim}) with batch={encoder.shape[0]}; got {_shape(decoder)}")
+        check_shape(_WHO, "decoder", decoder, lambda t: t.dim() in (2, 3) and t.shape[-1] == self.decoder_dim
+                    and t.shape[0] == encoder.shape[0],
+                    f"have shape (batch, {self.decoder_dim}) or (batch, Lq, {self.decoder_dim}) "
+                    f"with batch={encoder.shape[0]}")
         dec = decoder[:, None, :] if single else decoder  # (B, Lq, Dd)
         b, lq, n = dec.shape[0], dec.shape[1], encoder.shape[1]
-        allowed = self._allowed(mask, b, lq, n)
+        allowed = check_key_mask(_WHO, "mask", mask, b, lq, n, true_means="may be chosen")
         u = self.scores(dec.to(encoder.dtype), encoder)  # (B, Lq, n)
         if allowed is not None:
             allowed = allowed.expand(b, lq, n)
@@ -117,6 +101,29 @@ def _example():
     return PointerAttention(8, 6, 5), (torch.randn(2, 3, 6, generator=g), torch.randn(2, 7, 8, generator=g))
 
 
+def _count(t, s, module=None):
+    b, lq, n, a = s["batch"], s["q_len"], s["kv_len"], s["hidden_dim"]
+    t.mm("W_2 d (decoder)", 1, b * lq, s["decoder_dim"], a)
+    t.mm("W_1 e (encoder)", 1, b * n, s["encoder_dim"], a)
+    t.ew("u = v^T tanh(W_1 e + W_2 d) (matrix-vector, not counted)", b * lq * n * a, 4)
+    t.ew("log-softmax", b * lq * n, 5)
+    t.inter(b * lq * a, b * n * a, b * lq * n)
+
+
+def _inputs(s, module):
+    dt = dtype_of(s)
+    return module, (randn(s["batch"], s["q_len"], s["decoder_dim"], dtype=dt),
+                    randn(s["batch"], s["kv_len"], s["encoder_dim"], seed=1, dtype=dt))
+
+
 register(Entry("pointer", PointerAttention, "Vinyals et al. 2015, arXiv:1506.03134, eq. 3", "O(Lq n A)",
                "attention weights as the output distribution over input positions (log-probabilities)",
-               family="module", example=_example))
+               family="module", example=_example,
+               spec=Spec({"batch": 2, "q_len": 3, "kv_len": 7, "encoder_dim": 8, "decoder_dim": 6, "hidden_dim": 5,
+                          "dtype": "float32"}, _count, _inputs,
+                         "W_1 e, W_2 d: 2 B (n De + Lq Dd) A; v^T tanh(.): 2 B Lq n A (other)",
+                         length=("q_len", "kv_len"), module_type=PointerAttention,
+                         make=lambda s: PointerAttention(s["encoder_dim"], s["decoder_dim"],
+                                                         s["hidden_dim"]).to(dtype_of(s)),
+                         config=lambda m: {"encoder_dim": m.encoder_dim, "decoder_dim": m.decoder_dim,
+                                           "hidden_dim": m.v.shape[0]})))

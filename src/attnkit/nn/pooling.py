@@ -9,9 +9,12 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..core import attention
-from ..errors import ArgumentError, ShapeError
-from ..errors import check_bool_mask as _check_mask
-from ..registry import Entry, register
+from ..costing.attend import attend
+from ..costing.spec import Spec
+from ..costing.tally import dtype_of, ones, randn
+from ..entry import Entry, register
+from ..errors import ArgumentError
+from ._inputs import check_keep_mask, check_sequence, check_shape
 
 __all__ = ["AttentionPooling", "PoolingOutput", "HierarchicalAttention", "HierarchicalOutput"]
 
@@ -65,10 +68,8 @@ class AttentionPooling(nn.Module):
 
     def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None = None) -> PoolingOutput:
         """Pool ``x`` over its positions; ``mask`` (B, n) bool, True = keep."""
-        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
-            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ShapeError(f"AttentionPooling: x must have shape (batch, length, {self.dim}); got {got}")
-        _check_mask("AttentionPooling", "mask", mask, x.shape[:2])
+        check_sequence("AttentionPooling", "x", x, self.dim, length="length")
+        check_keep_mask("AttentionPooling", "mask", mask, *x.shape[:2], true_means="keep", dims="")
         u = torch.tanh(self.proj(x))  # (B, n, A)
         query = self.context.to(u.dtype).expand(x.shape[0], 1, -1)  # (B, 1, A)
         out = attention(query, u, x, score="dot", scale=1.0, return_weights=True,
@@ -188,17 +189,16 @@ class HierarchicalAttention(nn.Module):
     def forward(self, x: torch.Tensor, *, word_mask: torch.Tensor | None = None,
                 sentence_mask: torch.Tensor | None = None) -> HierarchicalOutput:
         """Encode a batch of documents; masks are bool, True = a real word / sentence."""
-        if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[-1] != self.input_dim:
-            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ShapeError(f"HierarchicalAttention: x must have shape (batch, sentences, words, "
-                             f"{self.input_dim}); got {got}")
+        check_shape("HierarchicalAttention", "x", x, lambda t: t.dim() == 4 and t.shape[-1] == self.input_dim,
+                    f"have shape (batch, sentences, words, {self.input_dim})")
         b, s, w, d = x.shape
-        word_mask = _check_mask("HierarchicalAttention", "word_mask", word_mask, (b, s, w))
+        word_mask = check_keep_mask("HierarchicalAttention", "word_mask", word_mask, b, s, w, true_means="keep",
+                                    dims="")
         if word_mask is None:
             word_mask = torch.ones(b, s, w, dtype=torch.bool, device=x.device)
         if sentence_mask is None:
             sentence_mask = word_mask.any(-1)
-        _check_mask("HierarchicalAttention", "sentence_mask", sentence_mask, (b, s))
+        check_keep_mask("HierarchicalAttention", "sentence_mask", sentence_mask, b, s, true_means="keep", dims="")
         flat_mask = word_mask.reshape(b * s, w)
         h = self._encode(self.word_encoder, x.reshape(b * s, w, d), flat_mask, "word_mask")  # (B*S, W, Dw)
         sentences, word_weights = self.word_attention(h, mask=flat_mask)  # (B*S, Dw), (B*S, W)
@@ -218,11 +218,93 @@ def _han_example():
     return HierarchicalAttention(8, 6), (torch.randn(2, 3, 5, 8, generator=g),)
 
 
-register(Entry("attention-pooling", AttentionPooling,
-               "Yang et al. 2016, NAACL-HLT, 'Hierarchical Attention Networks for Document Classification', eqs. 5-7",
+# Cost of the pooling family (here, memory, co-attention, segment). Masks are taken as all-true (full
+# sequences). A call of attention() on constant queries/keys (a mean, or weights given as a bias) passes no
+# gradient through its score product; its backward counts only what needs a gradient.
+POOL_SCORES = {"score": "dot", "scale": 1.0, "return_weights": True}
+POOL_FORMULA = "scores 2 B Lq n A, weights @ x 2 B Lq n D"
+
+
+def count_pool(t, label, b, lq, lk, d, dv, dt):
+    """A learned query over ``lk`` rows (:class:`AttentionPooling`, the co-attention steps)."""
+    attend(t, label, b, 1, lq, lk, d, dv, dtype=dt, **POOL_SCORES)
+
+
+def count_mean(t, label, b, groups, n, dv, dt):
+    """A mean per group as attention with zero queries and keys: only ``weights @ x`` has a gradient."""
+    attend(t, label, b, 1, groups, n, 1, dv, dtype=dt, grads=(False, False, True), mask=ones(1, 1, groups, n),
+           **POOL_SCORES)
+
+
+def _pooling_count(t, s, module=None):
+    b, n, d, a = s["batch"], s["length"], s["dim"], s["attn_dim"]
+    t.mm("u = tanh(W h + b)", 1, b * n, d, a)
+    t.inter(b * n * a)
+    count_pool(t, "", b, 1, n, a, d, dtype_of(s))
+
+
+def _gru(t, label, sequences, steps, fan_in, hidden):
+    """A bidirectional GRU over full sequences: input products once, hidden products per step.
+
+    The first step of each direction multiplies the zero initial state, which needs no gradient.
+    """
+    tokens = sequences * steps
+    for direction in ("forward", "backward"):
+        t.mm(f"{label} GRU ({direction}): inputs", 1, tokens, fan_in, 3 * hidden)
+        t.mm(f"{label} GRU ({direction}): hidden state", 1, tokens - sequences, hidden, 3 * hidden)
+        t.mm(f"{label} GRU ({direction}): hidden state", 1, sequences, hidden, 3 * hidden, grads=1)
+        t.ew(f"{label} GRU ({direction}): gates", tokens * hidden, 12)
+        t.inter(tokens * hidden)
+
+
+def _han_count(t, s, module=None):
+    b, ns, nw, dt = s["batch"], s["sentences"], s["words"], dtype_of(s)
+    word_dim = s["hidden_dim"] if s["word_encoder"] == "gru" else s["input_dim"]
+    out_dim = s["hidden_dim"] if s["sentence_encoder"] == "gru" else word_dim
+    a_word, a_sent = s["attn_dim"] or word_dim, s["attn_dim"] or out_dim
+    if s["word_encoder"] == "gru":
+        _gru(t, "word", b * ns, nw, s["input_dim"], s["hidden_dim"] // 2)
+    t.mm("word pooling: tanh(W h + b)", 1, b * ns * nw, word_dim, a_word)
+    count_pool(t, "word pooling: ", b * ns, 1, nw, a_word, word_dim, dt)
+    if s["sentence_encoder"] == "gru":
+        _gru(t, "sentence", b, ns, word_dim, s["hidden_dim"] // 2)
+    t.mm("sentence pooling: tanh(W h + b)", 1, b * ns, out_dim, a_sent)
+    count_pool(t, "sentence pooling: ", b, 1, ns, a_sent, out_dim, dt)
+
+
+def _han_config(m):
+    def kind(encoder):
+        if encoder is None or isinstance(encoder, _BiGRU):
+            return "identity" if encoder is None else "gru"
+        raise ArgumentError("cost: hierarchical-attention with a custom encoder module has no cost formula")
+    word, sentence = kind(m.word_encoder), kind(m.sentence_encoder)
+    word_dim, a_word = m.word_attention.dim, m.word_attention.proj.out_features
+    default = a_word == word_dim and m.sentence_attention.proj.out_features == m.output_dim
+    return {"input_dim": m.input_dim, "hidden_dim": word_dim if word == "gru" else m.output_dim,
+            "attn_dim": None if default else a_word, "word_encoder": word, "sentence_encoder": sentence}
+
+
+def _x_inputs(*names):
+    return lambda s, m: (m, (randn(*(s[k] for k in names), dtype=dtype_of(s)),))
+
+
+_YANG = "Yang et al. 2016, NAACL-HLT, 'Hierarchical Attention Networks for Document Classification'"
+register(Entry("attention-pooling", AttentionPooling, f"{_YANG}, eqs. 5-7",
                "O(n D A)", "pool a sequence with softmax(tanh(W h + b)^T u_w) over a learned context vector",
-               family="module", example=_pooling_example))
-register(Entry("hierarchical-attention", HierarchicalAttention,
-               "Yang et al. 2016, NAACL-HLT, 'Hierarchical Attention Networks for Document Classification', eqs. 2-10",
+               family="module", example=_pooling_example,
+               spec=Spec({"batch": 2, "length": 7, "dim": 8, "attn_dim": 6, "dtype": "float32"}, _pooling_count,
+                         _x_inputs("batch", "length", "dim"), "u = tanh(W h + b): 2 B n D A; " + POOL_FORMULA,
+                         make=lambda s: AttentionPooling(s["dim"], s["attn_dim"]).to(dtype_of(s)),
+                         module_type=AttentionPooling,
+                         config=lambda m: {"dim": m.dim, "attn_dim": m.proj.out_features})))
+register(Entry("hierarchical-attention", HierarchicalAttention, f"{_YANG}, eqs. 2-10",
                "O(S W (H^2 + H A))", "BiGRU + attention pooling over words, then over sentences",
-               family="module", example=_han_example))
+               family="module", example=_han_example,
+               spec=Spec({"batch": 2, "sentences": 3, "words": 5, "input_dim": 8, "hidden_dim": 6, "attn_dim": None,
+                          "word_encoder": "gru", "sentence_encoder": "gru", "dtype": "float32"},
+                         _han_count, _x_inputs("batch", "sentences", "words", "input_dim"),
+                         "per level: BiGRU 2 x 2 tokens (in + h) 3h, pooling 2 tokens D A + " + POOL_FORMULA,
+                         make=lambda s: HierarchicalAttention(s["input_dim"], s["hidden_dim"], attn_dim=s["attn_dim"],
+                                                              word_encoder=s["word_encoder"],
+                                                              sentence_encoder=s["sentence_encoder"]).to(dtype_of(s)),
+                         length=("words",), module_type=HierarchicalAttention, config=_han_config)))

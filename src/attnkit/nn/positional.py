@@ -15,19 +15,15 @@ from torch import nn
 
 from .. import bias as bias_mod
 from ..core import attention
-from ..errors import ArgumentError, DTypeError, ShapeError
-from ..registry import Entry, register
+from ..costing.attend import attention_spec
+from ..costing.spec import Spec
+from ..costing.tally import dtype_of, randn
+from ..entry import Entry, register
+from ..errors import ArgumentError, ShapeError
+from ._inputs import check_sequence
 from .rotary import RotaryEmbedding, angle_dtype, check_base, check_dim, check_offset
 
 __all__ = ["SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "RotaryEmbedding"]
-
-
-def _check_input(who: str, x, dim: int) -> None:
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
-        raise DTypeError(f"{who}: x must be a floating tensor; got {got}")
-    if x.dim() != 3 or x.shape[-1] != dim:
-        raise ShapeError(f"{who}: x must have shape (batch, n, dim={dim}); got {tuple(x.shape)}")
 
 
 def _check_length(who: str, max_len: int | None, length: int, offset: int) -> None:
@@ -105,7 +101,7 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def forward(self, x: torch.Tensor, *, offset: int = 0) -> torch.Tensor:
         """``dropout(x + PE[offset : offset + n])`` for ``x`` of shape ``(batch, n, dim)``."""
-        _check_input("SinusoidalPositionalEncoding", x, self.dim)
+        check_sequence("SinusoidalPositionalEncoding", "x", x, self.dim, named=True)
         out = x + self.encoding(x.shape[1], offset=offset, device=x.device, dtype=x.dtype)
         return F.dropout(out, self.dropout, training=self.training) if self.dropout > 0 else out
 
@@ -162,7 +158,7 @@ class LearnedPositionalEmbedding(nn.Module):
     def forward(self, x: torch.Tensor, *, offset: int = 0) -> torch.Tensor:
         """``x + weight[offset : offset + n]`` for ``x`` of shape ``(batch, n, dim)``."""
         who = "LearnedPositionalEmbedding"
-        _check_input(who, x, self.dim)
+        check_sequence(who, "x", x, self.dim, named=True)
         offset = check_offset(who, "offset", offset)
         _check_length(who, self.max_len, x.shape[1], offset)
         return x + self.weight[offset: offset + x.shape[1]].to(x.dtype)  # (n, dim) broadcasts over batch
@@ -170,40 +166,73 @@ class LearnedPositionalEmbedding(nn.Module):
 
 # Registry entries of the positional family (ALiBi is the core entry "alibi").
 
-def _randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
 def _sinusoidal_example():
-    return SinusoidalPositionalEncoding(16), (_randn(2, 10, 16),)
+    return SinusoidalPositionalEncoding(16), (randn(2, 10, 16),)
 
 
 def _learned_example():
-    return LearnedPositionalEmbedding(32, 16), (_randn(2, 10, 16),)
+    return LearnedPositionalEmbedding(32, 16), (randn(2, 10, 16),)
 
 
 def _rotary_example():
-    return RotaryEmbedding(8), (_randn(2, 3, 10, 8), _randn(2, 3, 12, 8, seed=1))
+    return RotaryEmbedding(8), (randn(2, 3, 10, 8), randn(2, 3, 12, 8, seed=1))
 
 
 def _relative_bias_example():
     rpb = bias_mod.RelativePositionBias(3, num_buckets=16, max_distance=32)
     with torch.no_grad():
-        rpb.table.copy_(_randn(3, 16, seed=2))
-    return functools.partial(attention, bias=rpb), (_randn(2, 3, 10, 8), _randn(2, 3, 10, 8, seed=1),
-                                                    _randn(2, 3, 10, 8, seed=2))
+        rpb.table.copy_(randn(3, 16, seed=2))
+    return functools.partial(attention, bias=rpb), (randn(2, 3, 10, 8), randn(2, 3, 10, 8, seed=1),
+                                                    randn(2, 3, 10, 8, seed=2))
+
+
+def _count(t, s, module=None):  # elementwise only: no matmul FLOPs, only other_flops
+    t.ew("x + position (elementwise; no matmul)", s["batch"] * s["length"] * s["dim"], 1)
+    t.io(2 * s["batch"] * s["length"] * s["dim"])
+
+
+def _rotary_count(t, s, module=None):
+    numel = s["batch"] * s["heads"] * (s["q_len"] + s["kv_len"]) * s["dim"]
+    t.ew("rotation of feature pairs (elementwise; no matmul)", numel, 3)
+    t.io(2 * numel)
+
+
+def _x(s, module):
+    return module, (randn(s["batch"], s["length"], s["dim"], dtype=dtype_of(s)),)
+
+
+def _rotary_inputs(s, module):
+    return module, (randn(s["batch"], s["heads"], s["q_len"], s["dim"], dtype=dtype_of(s)),
+                    randn(s["batch"], s["heads"], s["kv_len"], s["dim"], seed=1, dtype=dtype_of(s)))
 
 
 register(Entry("sinusoidal-positional-encoding", SinusoidalPositionalEncoding,
                "Vaswani et al. 2017, arXiv:1706.03762, Sec. 3.5", "O(L D)",
-               "fixed sin/cos of position at geometric frequencies, added to x", "positional", _sinusoidal_example))
+               "fixed sin/cos of position at geometric frequencies, added to x", "positional", _sinusoidal_example,
+               spec=Spec({"batch": 2, "length": 10, "dim": 16, "dtype": "float32"}, _count, _x,
+                         "elementwise only: B n dim adds (and n dim sin/cos)",
+                         make=lambda s: SinusoidalPositionalEncoding(s["dim"]),
+                         module_type=SinusoidalPositionalEncoding,
+                         config=lambda m: {"dim": m.dim})))
 register(Entry("learned-positional-embedding", LearnedPositionalEmbedding,
                "Gehring et al. 2017, arXiv:1705.03122, Sec. 3.1", "O(L D)",
-               "a learned vector per absolute position, added to x", "positional", _learned_example))
+               "a learned vector per absolute position, added to x", "positional", _learned_example,
+               spec=Spec({"batch": 2, "length": 10, "dim": 16, "max_len": 32, "dtype": "float32"}, _count, _x,
+                         "elementwise only: B n dim adds",
+                         make=lambda s: LearnedPositionalEmbedding(s["max_len"], s["dim"]).to(dtype_of(s)),
+                         module_type=LearnedPositionalEmbedding,
+                         config=lambda m: {"dim": m.dim, "max_len": m.max_len})))
 register(Entry("rotary-embedding", RotaryEmbedding,
                "Su et al. 2021, arXiv:2104.09864, eq. 34", "O(L D)",
-               "rotate q/k feature pairs by position so q.k sees relative position", "positional", _rotary_example))
+               "rotate q/k feature pairs by position so q.k sees relative position", "positional", _rotary_example,
+               spec=Spec({"batch": 2, "heads": 3, "q_len": 10, "kv_len": 12, "dim": 8, "dtype": "float32"},
+                         _rotary_count, _rotary_inputs, "elementwise only: 6 operations per rotated pair of q and k",
+                         make=lambda s: RotaryEmbedding(s["dim"]), length=("q_len", "kv_len"),
+                         aliases={"head_dim": "dim"}, module_type=RotaryEmbedding, config=lambda m: {"dim": m.dim})))
 register(Entry("relative-position-bias", bias_mod.RelativePositionBias,
                "Shaw et al. 2018, arXiv:1803.02155; Raffel et al. 2020, arXiv:1910.10683 (T5 buckets)",
                "O(Lq Lk D)", "learned per-head scalar bias on bucketed j - i, a score modifier", "positional",
-               _relative_bias_example))
+               _relative_bias_example,
+               spec=attention_spec(lambda s: {"bias": bias_mod.RelativePositionBias(
+                   s["heads"], num_buckets=s["num_buckets"], max_distance=s["max_distance"])},
+                   num_buckets=16, max_distance=32, q_len=10)))

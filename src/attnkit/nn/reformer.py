@@ -7,9 +7,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import attention
+from ..costing.attend import attend, projections
+from ..costing.spec import Spec
+from ..costing.tally import dropout_of, dtype_of, ones, zeros
+from ..entry import Entry, register
 from ..errors import ArgumentError, ShapeError
-from ..registry import Entry, register
-from .linear import check_keep_mask, check_sequence, merge_heads, split_heads
+from ._inputs import check_keep_mask, check_sequence
+from ._projections import sequence_input
+from .linear import merge_heads, split_heads
 from .padding import clear_padding
 
 __all__ = ["LSHAttention", "ReformerAttention", "bucket_order"]
@@ -204,8 +209,9 @@ class ReformerAttention(nn.Module):
                                 causal=causal, dropout=dropout, seed=seed)
 
     def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
-        check_sequence("x", x, self.dim)
-        x = clear_padding(x, check_keep_mask(type(self).__name__, "key_keep_mask", key_keep_mask, *x.shape[:2]))
+        who = type(self).__name__
+        check_sequence(who, "x", x, self.dim)
+        x = clear_padding(x, check_keep_mask(who, "key_keep_mask", key_keep_mask, *x.shape[:2]))
         qk, v = split_heads(self.qk_proj(x), self.num_heads), split_heads(self.v_proj(x), self.num_heads)
         return self.out_proj(merge_heads(self.lsh(qk, v, key_keep_mask=key_keep_mask)))
 
@@ -216,6 +222,41 @@ def _example():
     return layer, (torch.randn(2, 16, 32, generator=g),)
 
 
+def _count(t, s, module=None):
+    b, n, h, dim, rounds = s["batch"], s["length"], s["heads"], s["dim"], s["n_hashes"]
+    d = dim // h
+    projections(t, s, 3, "projections (qk, v, out)")
+    if n == 0 or b == 0:
+        return
+    if s["n_buckets"] > 1:
+        t.mm("hashing: x R (no gradient)", 1, b * h * n, d, rounds * s["n_buckets"] // 2, grads=0)
+    c = max(1, min(s["chunk_size"], n))
+    heads = h * rounds * -(-n // c)
+    bias = zeros(dtype_of(s), b, heads, c, 2 * c) if rounds > 1 else None
+    attend(t, "chunks: ", b, heads, c, 2 * c, d, d, dtype=dtype_of(s), bias=bias, return_lse=True,
+           mask=ones(b, heads, c, 2 * c), dropout_p=dropout_of(None if module is None else module.lsh))
+    t.ew("sort, gather and round combination", b * h * rounds * n * (2 * d + 8))
+
+
+def _derive(s):
+    if s["n_buckets"] is None:  # chunk m = 2 n / n_buckets (Sec. 2): buckets of about half a chunk
+        s["n_buckets"] = 2 * max(1, s["length"] // s["chunk_size"])
+    return s
+
+
+_LSH = ("n_buckets", "n_hashes", "chunk_size", "causal")
 register(Entry("reformer", ReformerAttention, "Kitaev et al. 2020, arXiv:2001.04451, Sec. 2",
                "O(L c D R)", "shared-QK angular LSH, sort by bucket, attend within chunks; R rounds",
-               "long-sequence", _example))
+               "long-sequence", _example,
+               spec=Spec({"batch": 2, "length": 16, "dim": 32, "heads": 4, "dtype": "float32", "n_buckets": 4,
+                          "n_hashes": 2, "chunk_size": 4, "causal": True, "seed": 0}, _count, sequence_input,
+                         "projections 2 B n dim^2 (qk, v, out); hashing 2 B H n d R n_buckets/2; "
+                         "chunks 2 B H R ceil(n/c) c (2c) 2d",
+                         at_scale={"chunk_size": 64, "n_buckets": None, "n_hashes": 4},
+                         source="Kitaev et al. 2020, arXiv:2001.04451, Sec. 2: chunks of m = 2 n / n_buckets "
+                                "(m = 64 here, so n_buckets = 2 n / 64); Sec. 5, Fig. 4: 1 to 8 hash rounds (4 here)",
+                         make=lambda s: ReformerAttention(s["dim"], s["heads"], **{k: s[k] for k in _LSH},
+                                                          seed=s["seed"]).to(dtype_of(s)),
+                         derive=_derive, module_type=ReformerAttention, nullable=frozenset({"n_buckets"}),
+                         config=lambda m: {"dim": m.dim, "heads": m.num_heads,
+                                           **{k: getattr(m.lsh, k) for k in _LSH}})))

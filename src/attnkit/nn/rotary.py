@@ -7,7 +7,8 @@ import math
 import torch
 from torch import nn
 
-from ..errors import ArgumentError, DTypeError, ShapeError, check_int
+from ..errors import ArgumentError, check_int
+from ._inputs import check_floating, check_shape
 
 __all__ = ["RotaryEmbedding"]
 
@@ -127,9 +128,6 @@ class RotaryEmbedding(nn.Module):
         return out.to(x.dtype)
 
     def _check(self, t, name: str) -> None:
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-            raise DTypeError(f"RotaryEmbedding: {name} must be a floating tensor; got {got}")
-        if t.dim() < 2 or t.shape[-1] != self.dim:
-            raise ShapeError(f"RotaryEmbedding: {name} must have shape (..., L, dim={self.dim}), "
-                             f"usually (B, H, L, {self.dim}); got {tuple(t.shape)}")
+        check_floating("RotaryEmbedding", name, t)
+        check_shape("RotaryEmbedding", name, t, lambda t: t.dim() >= 2 and t.shape[-1] == self.dim,
+                    f"have shape (..., L, dim={self.dim}), usually (B, H, L, {self.dim})")

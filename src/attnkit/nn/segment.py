@@ -10,10 +10,14 @@ from torch import nn
 
 from .. import recording
 from ..core import attention
-from ..errors import ArgumentError, DTypeError, ShapeError
+from ..costing.attend import attend
+from ..costing.spec import Spec
+from ..costing.tally import dtype_of, ones, randn, zeros
+from ..entry import Entry, register
+from ..errors import ArgumentError, DTypeError
 from ..functional.normalize import softmax
-from ..registry import Entry, register
-from .pooling import AttentionPooling
+from ._inputs import check_keep_mask, check_sequence, check_shape
+from .pooling import POOL_SCORES, AttentionPooling, count_mean
 
 __all__ = ["SegmentAttention", "TieredAttention", "SegmentOutput"]
 
@@ -27,17 +31,9 @@ class SegmentOutput(NamedTuple):
 
 
 def _check_inputs(who, query, x, query_dim, dim, keep):
-    batch = x.shape[0] if isinstance(x, torch.Tensor) and x.dim() == 3 else None
-    for name, t, d in (("x", x, dim), ("query", query, query_dim)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.shape[-1] != d or t.shape[0] != batch:
-            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ShapeError(f"{who}: {name} must have shape (batch{'' if batch is None else '=' + str(batch)}, "
-                             f"length, {d}); got {got}")
-    if keep is not None and (not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool):
-        got = keep.dtype if isinstance(keep, torch.Tensor) else type(keep).__name__
-        raise DTypeError(f"{who}: mask must be a bool tensor (True = a real token); got {got}")
-    if keep is not None and tuple(keep.shape) != tuple(x.shape[:2]):
-        raise ShapeError(f"{who}: mask must have shape {tuple(x.shape[:2])}; got {tuple(keep.shape)}")
+    check_sequence(who, "x", x, dim, length="length")
+    check_sequence(who, "query", query, query_dim, batch=x.shape[0], length="length")
+    check_keep_mask(who, "mask", keep, *x.shape[:2], true_means="a real token", dims="")
 
 
 def _membership(who, ids, x, keep, num):
@@ -47,8 +43,8 @@ def _membership(who, ids, x, keep, num):
         raise DTypeError(f"{who}: segment ids must be an integer tensor; got {got}")
     b, n = x.shape[:2]
     ids = ids[None] if ids.dim() == 1 else ids
-    if ids.dim() != 2 or ids.shape[0] not in (1, b) or ids.shape[1] != n:
-        raise ShapeError(f"{who}: segment ids must have shape ({n},) or ({b}, {n}); got {tuple(ids.shape)}")
+    check_shape(who, "segment ids", ids, lambda t: t.dim() == 2 and t.shape[0] in (1, b) and t.shape[1] == n,
+                f"have shape ({n},) or ({b}, {n})")
     num = (int(ids.max()) + 1 if ids.numel() else 0) if num is None else num
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num):
         raise ArgumentError(f"{who}: segment ids must lie in [0, {num}); got values in "
@@ -240,11 +236,61 @@ def _example(cls, **kwargs):
     return build
 
 
+def _segment_count(t, s, module=None):
+    b, lq, n, d, groups, dt = s["batch"], s["q_len"], s["length"], s["dim"], s["segments"], dtype_of(s)
+    attentive = s["pool"] == "attention"
+    if attentive:
+        t.mm("pooling: tanh(W x + b)", 1, b * n, d, d)
+        attend(t, "pooling: ", b, 1, groups, n, d, d, dtype=dt, mask=ones(1, 1, groups, n), **POOL_SCORES)
+    else:
+        count_mean(t, "pooling (mean): ", b, groups, n, d, dt)
+    t.mm("projections: W_q q", 1, b * lq, s["query_dim"] or d, d)
+    t.mm("projections: W_k g, W_v g", 2, b * groups, d, d)
+    attend(t, "segments: ", b, 1, lq, groups, d, d, dtype=dt, mask=ones(1, 1, 1, groups), return_weights=True)
+    t.mm("token weights: alpha @ beta", b, lq, groups, n, grads=1 + attentive)
+
+
+def _tiered_count(t, s, module=None):
+    b, lq, n, d, groups, dt = s["batch"], s["q_len"], s["length"], s["dim"], s["groups"], dtype_of(s)
+    t.mm("projections: W_q q", 1, b * lq, s["query_dim"] or d, d)
+    t.mm("projections: W_k x, W_v x", 2, b * n, d, d)
+    count_mean(t, "group keys (mean): ", b, groups, n, d, dt)
+    t.mm("group scores: q . mean key", b, lq, d, groups)
+    t.mm("token scores: q . k", b, lq, d, n)
+    t.ew("group softmax, top-k and within-group log-sum-exp", b * lq * (n + groups), 12)
+    t.inter(b * lq * groups, b * lq * n)
+    attend(t, "tokens: ", b, 1, lq, n, 1, d, dtype=dt, grads=(False, False, True), weights_grad=True,
+           bias=zeros(dt, b, 1, lq, n), mask=ones(b, 1, lq, n), **POOL_SCORES)
+
+
+def _inputs(s, module):
+    n, groups = s["length"], s["segments" if "segments" in s else "groups"]
+    ids = torch.arange(n) * groups // max(n, 1)
+    return module, (randn(s["batch"], s["q_len"], s["query_dim"] or s["dim"], dtype=dtype_of(s)),
+                    randn(s["batch"], n, s["dim"], seed=1, dtype=dtype_of(s)), ids)
+
+
+_SIZES = {"batch": 2, "q_len": 4, "length": 9, "dim": 8, "query_dim": None, "dtype": "float32"}
 register(Entry("segment-attention", SegmentAttention, "Yang et al. 2016, NAACL (pooling); Vaswani et al. 2017, "
                "arXiv:1706.03762, eq. 1 (scores)", "O(S n D + Lq S D)",
                "pool tokens per segment, attend over segments; token weights = segment weight x share",
-               family="module", example=_example(SegmentAttention)))
+               family="module", example=_example(SegmentAttention),
+               spec=Spec({**_SIZES, "segments": 3, "pool": "mean"}, _segment_count, _inputs,
+                         "pooling 2 B S n (1 + D); projections 2 B (Lq Dq + 2 S D) D; attention 2 B Lq S 2D; "
+                         "tokens 2 B Lq S n",
+                         make=lambda s: SegmentAttention(s["dim"], query_dim=s["query_dim"],
+                                                         pool=s["pool"]).to(dtype_of(s)),
+                         module_type=SegmentAttention,
+                         config=lambda m: {"dim": m.dim, "query_dim": m.query_dim,
+                                           "pool": "mean" if m.pooler is None else "attention"})))
 register(Entry("tiered-attention", TieredAttention, "Brown et al. 2018, arXiv:1803.04967 (tiers); Vaswani et al. "
                "2017, arXiv:1706.03762, eq. 1 (scores)", "O(Lq (G + n) D)",
                "attend over groups, then within them: weight = group weight x within-group weight; top-k form",
-               family="module", example=_example(TieredAttention, top_k=2)))
+               family="module", example=_example(TieredAttention, top_k=2),
+               spec=Spec({**_SIZES, "groups": 3, "top_k": 2}, _tiered_count, _inputs,
+                         "projections 2 B (Lq Dq + 2 n D) D; group keys 2 B G n (1 + D); scores 2 B Lq (G + n) D; "
+                         "weights @ v 2 B Lq n (1 + D)",
+                         make=lambda s: TieredAttention(s["dim"], query_dim=s["query_dim"],
+                                                        top_k=s["top_k"]).to(dtype_of(s)),
+                         module_type=TieredAttention, nullable=frozenset({"top_k"}),
+                         config=lambda m: {"dim": m.dim, "query_dim": m.query_dim, "top_k": m.top_k})))

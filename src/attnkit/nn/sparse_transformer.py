@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from .. import masks
 from ..core import attention
+from ..costing.attend import attend, projections
+from ..costing.tally import dtype_of
+from ..entry import Entry, register
 from ..errors import ArgumentError, check_int
 from ..functional.mask_base import Mask
-from ..registry import Entry, register
-from ._projections import ProjectedAttention
+from ._projections import ProjectedAttention, count_self_attention, projected_spec
 
 __all__ = ["SparseTransformerAttention"]
 
@@ -186,7 +190,43 @@ def _example():
     return SparseTransformerAttention(16, 2, "strided", stride=4), (torch.randn(2, 18, 16, generator=g),)
 
 
+def _count(t, s, module):
+    b, n, h = s["batch"], s["length"], s["heads"]
+    hd = s["dim"] // h
+    projections(t, s)
+    if module.pattern == "strided":
+        count_self_attention(t, "band: ", s, module, module._band, return_lse=True)
+        l, m = module.stride, -(-n // module.stride)
+        if m >= 2:
+            mask = module._column
+            if not module.causal and m * l != n:
+                mask = mask & masks.padding(((n - torch.arange(l) + l - 1) // l).repeat(b))
+            attend(t, "strided keys: ", b * l, h, m, m, hd, hd, dtype=dtype_of(s), mask=mask, return_lse=True,
+                   dropout_p=module.dropout_p)
+    else:
+        own = masks.segments(torch.arange(n) // module.stride)
+        count_self_attention(t, "own block: ", s, module, own & masks.causal() if module.causal else own,
+                             return_lse=True)
+        l, c = module.stride, module.summary
+        summary = n // l * c + max(0, n % l - (l - c))  # positions p with p % l >= l - c
+        if summary and n > l:
+            attend(t, "summary keys: ", b, h, n, summary, hd, hd, dtype=dtype_of(s), mask=module._summary,
+                   return_lse=True, dropout_p=module.dropout_p)
+    t.ew("merge of the two softmaxes", b * h * n * (hd + 4), 3)
+
+
+def _derive(s):
+    s["stride"] = math.isqrt(max(s["length"], 1)) if s["stride"] is None else s["stride"]
+    s["summary"] = max(1, s["stride"] // 4) if s["summary"] is None else s["summary"]
+    return s
+
+
+_SETTINGS = ("pattern", "stride", "summary", "causal")
 register(Entry("sparse-transformer", SparseTransformerAttention,
                "Child et al. 2019, arXiv:1904.10509, Sec. 4 and 5.1", "O(L sqrt(L) D)",
                "strided or fixed factorized pattern, merged head, causal by default",
-               "long-sequence", _example))
+               "long-sequence", _example,
+               spec=projected_spec(
+                   SparseTransformerAttention, _count, "local set (band or own block) + strided set (folded to "
+                   "(l, n/l)) or summary keys, each as the dispatcher runs it", options=_SETTINGS, derive=_derive,
+                   sizes={"length": 18, "pattern": "strided", "stride": None, "summary": None, "causal": True})))

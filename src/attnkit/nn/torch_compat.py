@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,7 @@ from .. import masks
 from ..core import _autocast_enabled
 from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError
 from ..functional.mask_base import Mask
+from ._inputs import check_floating
 
 __all__ = ["ExtraKeys", "check_inputs", "convert_masks", "with_extra_keys", "merge_projection_keys",
            "from_torch", "to_torch"]
@@ -42,6 +44,12 @@ class ExtraKeys(Mask):
         self.batch_size, self.num_heads = inner.batch_size, inner.num_heads
         self.q_len = inner.q_len  # the data sizes stay checkable against the inputs
         self.kv_len = None if inner.kv_len is None else inner.kv_len + n
+        self.kind = "keys" if "q" not in self.uses else "pattern"  # key padding stays on torch's kernel
+
+    def key_padding(self):
+        """The inner mask's key padding, over the real keys (the extra keys are never padding)."""
+        inner = self.inner.key_padding()
+        return None if inner is None else ExtraKeys(inner, self.n)
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         real = kv_len - self.n
@@ -76,9 +84,7 @@ class ExtraKeys(Mask):
 def check_inputs(who: str, module, query, key, value) -> bool:
     """Torch's input contract (2-D unbatched or 3-D batched); returns whether the input is batched."""
     for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-            raise DTypeError(f"{who}: {name} must be a floating tensor; got {got}")
+        check_floating(who, name, t)
     want = module.out_proj.weight.dtype
     autocast = _autocast_enabled(query.device.type)  # projections cast the inputs then
     if not (query.dtype == key.dtype == value.dtype and (autocast or query.dtype == want)):
@@ -136,12 +142,18 @@ def convert_masks(who, *, key_padding_mask, attn_mask, is_causal, mask, full, ba
     ``full`` is ``(B, H, L, S)``. Bool masks are combined with logical AND; float
     masks are added into one bias ``(B|1, H|1, L|1, S)``; a bool mask beside a float one
     (torch's decoder layers pass a float causal mask and a bool padding mask) is the same
-    as torch's conversion of the bool one to ``-inf``. ``is_causal`` beside ``attn_mask``
+    as torch's conversion of the bool one to ``-inf``. A ``key_padding_mask`` and an
+    ``attn_mask`` of different dtypes warn, as torch 2.13's module does (it deprecates the
+    pair), naming both arguments and their dtypes (RELIABILITY row 10). ``is_causal`` beside ``attn_mask``
     is torch's hint that ``attn_mask`` is causal: AND-ed with it when ``L == S``; when
     ``L != S`` (no alignment is implied) ``attn_mask`` alone applies.
     """
     b, h, lq, s = full
     parts, biases = [], []
+    if key_padding_mask is not None and attn_mask is not None and key_padding_mask.dtype != attn_mask.dtype:
+        warnings.warn(f"{who}: key_padding_mask ({key_padding_mask.dtype}) and attn_mask ({attn_mask.dtype}) differ in "
+                      "type; as torch.nn.MultiheadAttention (torch 2.13 deprecates such pairs), a bool mask is read as "
+                      "-inf where True and added to the float one. Give both the same type", UserWarning, stacklevel=3)
     if key_padding_mask is not None:
         _check_mask_tensor(who, "key_padding_mask", key_padding_mask, [(b, s)] if batched else [(s,)], device)
         parts.append(key_padding_mask.reshape(-1, 1, 1, s))  # (B|1, 1, 1, S)

@@ -49,6 +49,13 @@ LEFT_OUT: dict[str, str] = {
     "relative-position-bias": "every tour model uses sinusoidal positions, the same for all mechanisms",
     "rotary-embedding": "every tour model uses sinusoidal positions: most long-sequence mechanisms have no rotary "
                         "form, and the comparison keeps the positions equal",
+    "retnet": "retention's decay without a gate; the recall experiment trains GLA and Mamba-2, whose decays are "
+              "gated, and Gated DeltaNet, which keeps the same per-head decay beside the delta rule",
+    "kimi-delta-attention": "Kimi Linear's per-channel gate on the delta rule; the recall experiment trains DeltaNet "
+                            "and Gated DeltaNet, the delta rule without and with a per-head gate",
+    "sigmoid-log-n": _REPLACED + "and none uses sigmoid weights (with or without the -log n bias)",
+    "softpick": _REPLACED + "and none uses softpick's rectified softmax",
+    "stick-breaking": _REPLACED + "and none uses stick-breaking weights",
     "tiered-attention": "tiered attention over log sessions needs multi-session histories; the event-log task "
                         "has one session per sequence",
 }

@@ -1,7 +1,8 @@
 """The HTML/CSS/JS of :func:`attnkit.viz.overview_page`, kept apart from the Python that fills it.
 
 Placeholders: ``__TITLE__`` (HTML-escaped text), ``__VIEWER__`` (the viewer's address, escaped for an
-attribute) and ``__DATA__`` (the same JSON as the viewer's page, ``<``, ``>`` and ``&`` escaped). Every
+attribute), ``__SCALE__`` (the colour scale in words) and ``__DATA__`` (the same JSON as the viewer's page,
+``<``, ``>`` and ``&`` escaped). Every
 thumbnail is a link ``VIEWER#layer=i&head=h``, built with DOM properties, never as markup. After drawing,
 the page writes into ``#render-info`` how many maps and thumbnails it drew and the sum of the finite
 weights drawn (``checksum``), which tests read.
@@ -30,10 +31,10 @@ _OVERVIEW = r"""<!DOCTYPE html>
 </head>
 <body>
 <h1>__TITLE__</h1>
-<p class="note">Every head of every map: one row per map, sharing one colour scale (viridis, 0 to the row's
-largest weight; grey: not finite); in each map queries run down and keys across, and a map's sizes show when
-the pointer rests on it. Click a map to open it in <a id="viewer" href="__VIEWER__">the one-head
-viewer</a>.</p>
+<p class="note">Every head of every map: one row per map, sharing one colour scale (viridis, __SCALE__; grey:
+not finite); in each map queries run down and keys across, long maps pooled to their thumbnail's size, and a
+map's sizes show when the pointer rests on it. Click a map to open it in <a id="viewer" href="__VIEWER__">the
+one-head viewer</a>.</p>
 <table id="grid"></table>
 <div id="render-info" hidden></div>
 <script type="application/json" id="attnkit-data">__DATA__</script>
@@ -60,7 +61,8 @@ function thumbnail(m, h, layer, s) {
   paint(canvas.getContext("2d"), m.w[h], m.lq, m.lk, s, 0, 0, canvas.width, canvas.height);
   const link = cell("a", undefined, "thumb");
   link.href = VIEWER + "#layer=" + layer + "&head=" + h;
-  link.title = m.name + ", head " + h + " (" + m.lq + " queries × " + m.lk + " keys)";
+  const [lq, lk] = m.n || [m.lq, m.lk];
+  link.title = m.name + ", head " + h + " (" + lq + " queries × " + lk + " keys)";
   link.dataset.layer = String(layer);
   link.dataset.head = String(h);
   link.appendChild(canvas);
@@ -76,7 +78,8 @@ function build() {
   let drawn = 0, sum = 0, bad = 0;
   DATA.maps.forEach((m, layer) => {
     const scales = m.w.map(scaleOf);
-    const s = { lo: Math.min(...scales.map((x) => x.lo)), hi: Math.max(...scales.map((x) => x.hi)) };
+    const s = { lo: Math.min(...scales.map((x) => x.lo)), hi: Math.max(...scales.map((x) => x.hi)),
+      mode: DATA.scale || "linear" };
     const row = cell("tr");
     row.appendChild(cell("th", m.name, "map"));
     m.w.forEach((_, h) => {

@@ -7,7 +7,8 @@ and ``&`` written as ``\\u003c`` etc., so no label can close the script element)
 Labels reach the page only through ``textContent`` and canvas ``fillText``, never
 as markup. After each draw the page writes what it drew into ``#render-info``
 (cells, checksum = sum of the finite weights drawn, layer, head, cell width and height in
-CSS pixels), which tests read.
+CSS pixels), which tests read. ``DATA.scale`` (``"linear"``, ``"log"``, ``"row"``) picks the colour
+scale, as :mod:`attnkit.viz._scale` does for the pictures; a map's ``n`` holds its sizes before pooling.
 """
 
 COLOURS = r"""
@@ -19,8 +20,8 @@ const LUT = Array.from({ length: 256 }, (_, n) => {  // viridis, linearly interp
   const a = hexRgb(ANCHORS[i]), b = hexRgb(ANCHORS[i + 1]);
   return a.map((c, k) => Math.round(c + f * (b[k] - c)));
 });
-const colour = (x, lo, hi) =>
-  (x === null ? NAN_RGB : LUT[Math.max(0, Math.min(255, Math.round(255 * (x - lo) / (hi - lo))))]);
+const colour = (t) => (t === null ? NAN_RGB : LUT[Math.max(0, Math.min(255, Math.round(255 * t)))]);
+const DECADES = 3;  // the log scale: the largest weight down to 10^-3 of it
 
 function scaleOf(w) {  // colour range 0 (or the minimum, if negative) .. maximum; sum and count of non-finite
   let lo = Infinity, hi = -Infinity, sum = 0, bad = 0;
@@ -29,12 +30,23 @@ function scaleOf(w) {  // colour range 0 (or the minimum, if negative) .. maximu
     lo = Math.min(lo, x); hi = Math.max(hi, x); sum += x;
   }
   lo = lo === Infinity ? 0 : Math.min(0, lo);
-  return { lo, hi: hi > lo ? hi : lo + 1, sum, bad };
+  return { lo, hi: hi > lo ? hi : lo + 1, sum, bad, mode: DATA.scale || "linear" };
+}
+
+function level(x, s, rowMax) {  // 0..1 along the colour map; negative maps (scores) stay linear
+  if (x === null) return null;
+  if (s.mode === "row" && s.lo >= 0) return rowMax > 0 ? x / rowMax : 0;
+  if (s.mode === "log" && s.lo >= 0) return x > 0 ? 1 + (Math.log10(x) - Math.log10(s.hi)) / DECADES : 0;
+  return (x - s.lo) / (s.hi - s.lo);
 }
 
 function paint(ctx, w, lq, lk, s, x, y, width, height) {  // one map at (x, y), a cell per weight, not smoothed
   const img = new ImageData(lk, lq);
-  for (let n = 0; n < w.length; n++) img.data.set([...colour(w[n], s.lo, s.hi), 255], 4 * n);
+  for (let i = 0; i < lq; i++) {
+    let rowMax = 0;
+    for (let j = 0; j < lk && s.mode === "row"; j++) rowMax = Math.max(rowMax, w[i * lk + j] ?? 0);
+    for (let n = i * lk; n < (i + 1) * lk; n++) img.data.set([...colour(level(w[n], s, rowMax)), 255], 4 * n);
+  }
   const off = document.createElement("canvas");
   off.width = lk; off.height = lq;
   off.getContext("2d").putImageData(img, 0, 0);
@@ -138,7 +150,7 @@ function drawLabels(ctx, labels, cell, at, rotate) {
   }
 }
 
-function drawLegend(lo, hi, top, height) {
+function drawLegend(s, top, height) {
   const h = Math.max(60, height), ctx = setCanvas($("legend"), 80, top + h + 8);
   for (let y = 0; y < h; y++) {
     ctx.fillStyle = "rgb(" + LUT[Math.round(255 * (1 - y / (h - 1)))].join(",") + ")";
@@ -147,9 +159,12 @@ function drawLegend(lo, hi, top, height) {
   ctx.font = FONT;
   ctx.fillStyle = "#333";
   ctx.textBaseline = "middle";
-  ctx.fillText(fmt(hi), 22, top + 5);
-  ctx.fillText(fmt(lo), 22, top + h - 5);
-  ctx.fillText("weight", 22, top + h / 2);
+  const [top_, bottom, name] = s.mode === "row" && s.lo >= 0 ? ["row max", "0", "weight / row max"]
+    : s.mode === "log" && s.lo >= 0 ? [fmt(s.hi), fmt(s.hi * 10 ** -DECADES), "weight (log)"]
+    : [fmt(s.hi), fmt(s.lo), "weight"];
+  ctx.fillText(top_, 22, top + 5);
+  ctx.fillText(bottom, 22, top + h - 5);
+  ctx.fillText(name, 22, top + h / 2);
 }
 
 function draw(layer, head) {
@@ -169,11 +184,13 @@ function draw(layer, head) {
   drawLabels(ctx, m.q, ch, (i) => [left - 4, top + (i + 0.5) * ch], false);
   ctx.textAlign = "left";
   drawLabels(ctx, m.k, cw, (j) => [left + (j + 0.5) * cw, top - 4], true);
-  drawLegend(s.lo, s.hi, top, m.lq * ch);
+  drawLegend(s, top, m.lq * ch);
   $("mark").style.display = "none";
   view = { m, w, left, top, cw, ch };
   const sample = m.batch > 1 ? " (sample 0 of " + m.batch + ")" : "";
-  $("shape").textContent = m.lq + " queries (rows, down) × " + m.lk + " keys (columns, across)" + sample;
+  const pooled = m.n && (m.n[0] !== m.lq || m.n[1] !== m.lk)
+    ? ", pooled from " + m.n[0] + " × " + m.n[1] + " positions (a cell: its queries' mean of its keys' sum)" : "";
+  $("shape").textContent = m.lq + " queries (rows, down) × " + m.lk + " keys (columns, across)" + pooled + sample;
   const info = $("render-info");
   Object.assign(info.dataset, { layer: String(layer), head: String(head), cells: String(w.length),
     nonfinite: String(s.bad), checksum: s.sum.toPrecision(10), cellw: String(cw), cellh: String(ch) });

@@ -19,11 +19,9 @@ import torch
 from ..errors import ArgumentError, DTypeError, ShapeError
 
 __all__ = ["save", "new_figure", "as_weights", "checked", "check_path", "set_token_ticks", "title_lines", "drawable",
-           "weight_norm", "labels_or_recorded", "series_styles", "MAX_TICK_LABELS"]
+           "labels_or_recorded", "series_styles", "tick_budget", "MAX_TICK_LABELS"]
 
 SUFFIXES = (".png", ".svg")
-WEIGHTS_CMAP = "viridis"  # sequential, perceptually uniform, readable in grey scale
-SCORES_CMAP = "RdBu_r"  # diverging, used only when a map holds negative values (raw scores)
 MAX_TICK_LABELS = 64
 _LABEL_CHARS = 18
 
@@ -168,19 +166,29 @@ def _plain(label: str) -> str:
     return drawable(label).replace("$", r"\$")
 
 
-def title_lines(text: str, width_in: float, fontsize: float = 12.0) -> str:
-    """``text`` wrapped to fit a figure ``width_in`` inches wide, drawable and free of mathtext."""
+def title_lines(text: str, width_in: float, fontsize: float = 12.0, max_lines: int | None = None) -> str:
+    """``text`` wrapped to fit a figure ``width_in`` inches wide, drawable and free of mathtext; at most
+    ``max_lines`` lines (the last one ends in "…" where text was cut)."""
     chars = max(20, int(width_in * 72 / (0.6 * fontsize)))
-    return "\n".join(textwrap.wrap(drawable(text), chars, break_on_hyphens=False)).replace("$", r"\$")
+    lines = textwrap.wrap(drawable(text), chars, break_on_hyphens=False)
+    if max_lines is not None and len(lines) > max_lines:
+        lines = lines[:max_lines]
+        lines[-1] = lines[-1][: chars - 1] + "…"
+    return "\n".join(lines).replace("$", r"\$")
 
 
-def set_token_ticks(ax, axis: str, labels: list[str] | None, n: int) -> None:
-    """Token labels on one axis, every k-th one when there are more than MAX_TICK_LABELS; whole indices without."""
+def tick_budget(length_in: float, fontsize: float) -> int:
+    """How many labels fit along ``length_in`` inches of an axis at ``fontsize`` points without overlapping."""
+    return max(2, int(length_in * 72 / (1.4 * fontsize)))
+
+
+def set_token_ticks(ax, axis: str, labels: list[str] | None, n: int, max_labels: int = MAX_TICK_LABELS) -> None:
+    """Token labels on one axis, every k-th one when there are more than ``max_labels``; whole indices without."""
     if labels is None:
         locator = matplotlib().ticker.MaxNLocator(integer=True, min_n_ticks=1)
         (ax.xaxis if axis == "x" else ax.yaxis).set_major_locator(locator)
         return
-    step = math.ceil(n / MAX_TICK_LABELS)
+    step = math.ceil(n / max(1, min(max_labels, MAX_TICK_LABELS)))
     ticks = list(range(0, n, step))
     size = 9 if len(ticks) <= 24 else 7 if len(ticks) <= 40 else 6
     shown = [_plain(labels[i]) for i in ticks]
@@ -188,34 +196,6 @@ def set_token_ticks(ax, axis: str, labels: list[str] | None, n: int) -> None:
         ax.set_xticks(ticks, shown, rotation=90, fontsize=size)
     else:
         ax.set_yticks(ticks, shown, fontsize=size)
-
-
-def weight_norm(values: torch.Tensor):
-    """(cmap, vmin, vmax): 0..max for weights, a symmetric diverging scale if any value is negative."""
-    finite = values[torch.isfinite(values)]
-    if finite.numel() == 0:
-        return WEIGHTS_CMAP, 0.0, 1.0
-    lo, hi = finite.min().item(), finite.max().item()
-    if lo < 0:
-        bound = max(-lo, hi, 1e-12)
-        return SCORES_CMAP, -bound, bound
-    return WEIGHTS_CMAP, 0.0, hi if hi > 0 else 1.0
-
-
-def cmap_with_bad(name: str):
-    """The named colormap with NaN/inf drawn in light grey."""
-    mpl = matplotlib()
-    return mpl.colormaps[name].with_extremes(bad="#c8c8c8")
-
-
-def draw_map(ax, values: torch.Tensor, cmap: str, vmin: float, vmax: float):
-    """imshow of a (Lq, Lk) map with NaN/inf masked, one square cell per entry."""
-    import numpy as np
-
-    data = np.ma.masked_invalid(values.numpy())
-    lq, lk = values.shape
-    aspect = "equal" if max(lq, lk) <= 4 * min(lq, lk) else "auto"  # square cells unless a strip
-    return ax.imshow(data, cmap=cmap_with_bad(cmap), vmin=vmin, vmax=vmax, interpolation="nearest", aspect=aspect)
 
 
 def map_figsize(lq: int, lk: int, *, extra_w: float = 1.6, extra_h: float = 1.2) -> tuple[float, float]:

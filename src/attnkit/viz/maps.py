@@ -1,9 +1,11 @@
 """Attention maps as pictures: one map, a grid of heads per layer, a seq2seq alignment.
 
-Weights are drawn with a sequential colour map (viridis, 0 to the map's maximum);
-a map holding negative values (raw scores) gets a symmetric diverging scale
-instead. NaN and inf are allowed and drawn in light grey: a picture is often how
-a NaN is found, so refusing it would hide exactly what one wants to see.
+Weights are drawn with a sequential colour map (viridis) on a linear, logarithmic or
+per-row scale (:mod:`._scale`); a map holding negative values (raw scores) gets a
+symmetric diverging scale instead. NaN and inf are allowed and drawn in light grey: a
+picture is often how a NaN is found, so refusing it would hide exactly what one wants
+to see. Maps longer than a panel has pixels are pooled to its resolution first
+(:mod:`._pool`: rows keep their sums), and tick labels are thinned to what the panel fits.
 """
 
 from __future__ import annotations
@@ -14,25 +16,26 @@ import torch
 
 from ..analysis.model_maps import maps_and_tokens
 from ..errors import ShapeError, check_int
+from ._pool import pool
+from ._scale import check_scale, draw_map, scaled
 from ._style import (
     as_weights,
     check_labels,
     check_path,
     checked,
-    draw_map,
     finish,
     labels_or_recorded,
     map_figsize,
     new_figure,
     set_token_ticks,
+    tick_budget,
     title_lines,
-    weight_norm,
 )
 
 __all__ = ["heatmap", "head_grid", "alignment"]
 
 
-def heatmap(weights, *, q_labels=None, k_labels=None, title=None, path=None, ax=None):
+def heatmap(weights, *, q_labels=None, k_labels=None, title=None, path=None, ax=None, scale="linear"):
     """Draw one attention map ``(Lq, Lk)``: queries down, keys across, with a colour bar.
 
     Args:
@@ -41,6 +44,8 @@ def heatmap(weights, *, q_labels=None, k_labels=None, title=None, path=None, ax=
         title: axes title.
         path: ``.png`` or ``.svg`` file to write (the suffix picks the format).
         ax: draw into this matplotlib Axes instead of a new figure.
+        scale: ``"linear"``, ``"log"`` (three decades below the largest weight) or ``"row"`` (each query
+            row over its largest weight).
 
     Returns:
         The Figure (``ax.figure`` when ``ax`` is given), which pyplot does not hold.
@@ -53,6 +58,7 @@ def heatmap(weights, *, q_labels=None, k_labels=None, title=None, path=None, ax=
         ['w', 'x', 'y', 'z']
     """
     path = check_path(path)
+    scale = check_scale("heatmap", scale)
     w = as_weights(weights, "heatmap", (2,), "(Lq, Lk)")
     lq, lk = w.shape
     q_labels = check_labels(q_labels, lq, "heatmap", "q_labels")
@@ -62,9 +68,9 @@ def heatmap(weights, *, q_labels=None, k_labels=None, title=None, path=None, ax=
         ax = fig.add_subplot()
     else:
         fig = ax.figure
-    cmap, vmin, vmax = weight_norm(w)
-    image = draw_map(ax, w, cmap, vmin, vmax)
-    fig.colorbar(image, ax=ax, shrink=0.8, label="weight" if vmin >= 0 else "score")
+    data, cmap, norm, label = scaled(w, scale)
+    image = draw_map(ax, data, cmap, norm)
+    fig.colorbar(image, ax=ax, shrink=0.8, label=label)
     set_token_ticks(ax, "x", k_labels, lk)
     set_token_ticks(ax, "y", q_labels, lq)
     ax.set_xlabel("key")
@@ -99,25 +105,37 @@ def _row_tokens(tokens, name: str, n: int, arg: str) -> list[str] | None:
     return check_labels(tokens, n, f"head_grid: maps[{name!r}]", arg)
 
 
-def _label_first_head(ax, name: str, w: torch.Tensor, q_tokens, k_tokens, row_in: float) -> None:
-    """The axes of a row's first head: its tokens (or positions) and what each axis is, with its length."""
+def _label_first_head(ax, name: str, w: torch.Tensor, q_tokens, k_tokens, row_in: float, panel: float) -> None:
+    """The axes of a row's first head: its tokens (or positions, as many as ``panel`` inches fit) and what each
+    axis is, with its length."""
     _, lq, lk = w.shape
     q = _row_tokens(q_tokens, name, lq, "q_tokens")
     k = _row_tokens(k_tokens, name, lk, "k_tokens")
-    set_token_ticks(ax, "x", k, lk)
-    set_token_ticks(ax, "y", q, lq)
+    set_token_ticks(ax, "x", k, lk, tick_budget(panel, 7))
+    set_token_ticks(ax, "y", q, lq, tick_budget(panel, 7))
     ax.tick_params(labelsize=7)
     ax.set_xlabel(f"key ({lk})", fontsize=8)
     ax.set_ylabel(f"{_row_label(name, row_in)}\nquery ({lq})", fontsize=9)
 
 
-def head_grid(maps, *, path=None, title=None, max_heads=None, q_tokens=None, k_tokens=None):
+def _panel_inches(fig, ax) -> float:
+    """The shorter side of ``ax`` in inches once the layout has placed everything (labels, colour bars)."""
+    fig.get_layout_engine().execute(fig)
+    box = ax.get_position()
+    return min(box.width * fig.get_figwidth(), box.height * fig.get_figheight())
+
+
+def head_grid(maps, *, path=None, title=None, max_heads=None, q_tokens=None, k_tokens=None, scale="linear",
+              max_size=None):
     """Draw every head of every layer: one row per map name, one column per head.
 
     Each row shares one colour scale (its own colour bar), so heads of a layer can be
     compared; rows are scaled independently. The first head of each row carries the
-    axes: keys across, queries down, with their tokens (or positions) and lengths; the
-    title adds the number of maps and heads and the map sizes.
+    axes: keys across, queries down, with their tokens (or positions: as many as the
+    panel fits) and lengths; the title (at most three lines) adds the number of maps and
+    heads and the map sizes. A map longer than its panel has pixels (150 per inch) is
+    pooled to that resolution first, its rows keeping their sums, so thin patterns (a
+    diagonal) neither vanish nor alias.
 
     Args:
         maps: ``Mapping[str, tensor]``, each ``(H, Lq, Lk)``; ``(Lq, Lk)`` is one head and
@@ -129,6 +147,8 @@ def head_grid(maps, *, path=None, title=None, max_heads=None, q_tokens=None, k_t
         max_heads: draw only the first this many heads of each row.
         q_tokens, k_tokens: query / key labels, one sequence for every row or a mapping map
             name -> tokens; a recording's own tokens where none are given.
+        scale: ``"linear"``, ``"log"`` or ``"row"`` (as :func:`heatmap`).
+        max_size: pool every map to at most this many cells per axis (default: the panel's pixels).
 
     Returns:
         The Figure.
@@ -142,10 +162,12 @@ def head_grid(maps, *, path=None, title=None, max_heads=None, q_tokens=None, k_t
         5
     """
     path = check_path(path)
+    scale = check_scale("head_grid", scale)
     maps, found = maps_and_tokens(maps, "head_grid")
     q_tokens, k_tokens = labels_or_recorded(q_tokens, found, 0), labels_or_recorded(k_tokens, found, 1)
-    if max_heads is not None:
-        check_int("head_grid", "max_heads", max_heads, 1)
+    for name, value in (("max_heads", max_heads), ("max_size", max_size)):
+        if value is not None:
+            check_int("head_grid", name, value, 1)
     heads = {str(name): _heads(str(name), value, max_heads) for name, value in maps.items()}
     rows = {name: w for name, (w, _) in heads.items()}
     total = max(h for _, h in heads.values())
@@ -157,28 +179,33 @@ def head_grid(maps, *, path=None, title=None, max_heads=None, q_tokens=None, k_t
     width, height = min(max(panel * ncols + 1.4 + extra, 4.5), 22.0), min((panel + extra) * len(rows) + 0.8, 24.0)
     fig = new_figure(width, height)
     grid = fig.subplots(len(rows), ncols, squeeze=False)
+    row_in = (height - 0.8) / len(rows)
+    shown_in = min((width - 1.4 - extra) / ncols, row_in - extra)  # a panel's side as drawn
     for r, (name, w) in enumerate(rows.items()):
-        cmap, vmin, vmax = weight_norm(w[:ncols])
+        data, cmap, norm, label = scaled(pool(w[:ncols], max_size or max(8, int(shown_in * 150)))[0], scale)
         image = None
         for h in range(ncols):
             ax = grid[r][h]
             if h >= w.shape[0]:
                 ax.set_axis_off()
                 continue
-            image = draw_map(ax, w[h], cmap, vmin, vmax)
+            image = draw_map(ax, data[h], cmap, norm, size=tuple(w.shape[1:]))
             ax.set_label("head")
             ax.set_xticks([])
             ax.set_yticks([])
             if h == 0:
-                _label_first_head(ax, name, w, q_tokens, k_tokens, (height - 0.8) / len(rows))
+                _label_first_head(ax, name, w, q_tokens, k_tokens, row_in, shown_in)
             if r == 0 or h >= rows[list(rows)[r - 1]].shape[0]:
                 ax.set_title(f"head {h}", fontsize=9)
-        fig.colorbar(image, ax=list(grid[r]), shrink=0.85, aspect=12, label="weight" if vmin >= 0 else "score")
+        fig.colorbar(image, ax=list(grid[r]), shrink=0.85, aspect=12, label=label)
     shown = f"first {ncols} of {total} heads" if ncols < total else f"{total} head{'s' * (total > 1)}"
     sizes = sorted({tuple(w.shape[1:]) for w in rows.values()})
     shapes = ", ".join(f"{lq} queries x {lk} keys" for lq, lk in sizes)
     suffix = f"{len(rows)} map{'s' * (len(rows) > 1)}, {shown}, {shapes}"
-    fig.suptitle(title_lines(f"{title}: {suffix}" if title else suffix, width, 11), fontsize=11)
+    fig.suptitle(title_lines(f"{title}: {suffix}" if title else suffix, width, 11, max_lines=3), fontsize=11)
+    panel = _panel_inches(fig, grid[0][0])  # the labels set above used an estimate: thin them to the real panel
+    for r, (name, w) in enumerate(rows.items()):
+        _label_first_head(grid[r][0], name, w, q_tokens, k_tokens, row_in, panel)
     return finish(fig, path)
 
 

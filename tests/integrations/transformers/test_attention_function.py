@@ -48,10 +48,21 @@ def test_output_layout_and_grouped_heads_against_the_oracle():
     torch.testing.assert_close(out, expected.transpose(1, 2), rtol=0, atol=1e-12)
 
 
-def test_attention_sinks_are_refused_naming_the_model():
+@pytest.mark.parametrize("keyword", ["s_aux", "sinks"])
+def test_attention_sinks_pass_through_against_the_oracle(keyword):
     q, k, v = _qkv()
-    with pytest.raises(attnkit.UnsupportedFeature, match=r"_Module.*s_aux"):
-        make_attention_function()(_Module(), q, k, v, None, s_aux=torch.zeros(4))
+    sinks = torch.randn(4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    out, weights = make_attention_function()(_Module(), q, k, v, None, scaling=0.3, output_attentions=True,
+                                             **{keyword: sinks})
+    expected = dense_attention(q, k, v, mask=masks.causal(), scale=0.3, sinks=sinks, return_weights=True)
+    torch.testing.assert_close(out, expected.output.transpose(1, 2), rtol=0, atol=1e-12)
+    torch.testing.assert_close(weights, expected.weights, rtol=0, atol=1e-12)
+
+
+def test_per_token_sinks_are_refused_naming_the_model():
+    q, k, v = _qkv()
+    with pytest.raises(attnkit.UnsupportedFeature, match=r"_Module.*per-token attention sinks"):
+        make_attention_function()(_Module(), q, k, v, None, sinks=torch.zeros(2, 4, 3, 1))
 
 
 def test_a_users_float_mask_longer_than_the_keys():
@@ -115,8 +126,8 @@ def test_a_users_4d_mask_with_a_registered_mask():
         make_attention_function(masks.sliding_window(1))(_Module(), q, k, v, torch.randn(2, 1, 3, 5))
 
 
-@pytest.mark.parametrize("keyword", ["sinks", "indices", "block_indices"])
-def test_sparse_indices_and_sinks_are_refused(keyword):
+@pytest.mark.parametrize("keyword", ["indices", "block_indices"])
+def test_sparse_indices_are_refused(keyword):
     q, k, v = _qkv()
     with pytest.raises(attnkit.UnsupportedFeature, match=keyword):
         make_attention_function()(_Module(), q, k, v, None, **{keyword: torch.zeros(2, dtype=torch.long)})

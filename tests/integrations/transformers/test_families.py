@@ -5,14 +5,12 @@ rotary decoders with grouped heads (Qwen2/3, Phi-3, Mixtral), parallel blocks (G
 Falcon), alternating local/global layers (Gemma-3, Cohere-2, ModernBERT), chunked attention
 (Llama-4: a pattern attnkit does not recognise, taken exactly as a dense mask), encoders
 (RoBERTa, DistilBERT, ViT), encoder-decoders with cross-attention (BART, Whisper) and T5's
-position bias. gpt-oss's attention sinks are refused.
+position bias; gpt-oss's learned attention sinks, on its sliding and full layers.
 """
 
 import pytest
 import torch
 import transformers as hf
-
-import attnkit
 
 from .helpers import VOCAB, assert_same_outputs, left_padded, right_padded, tokens, twins
 
@@ -86,8 +84,15 @@ def test_encoder_decoders_with_cross_attention(family):
     assert torch.equal(ours.generate(tokens(), **gen), eager.generate(tokens(), **gen))
 
 
-def test_attention_sinks_are_refused_by_name():
+def test_gpt_oss_with_learned_sinks_on_sliding_and_full_layers():
     config = hf.GptOssConfig(**GQA, head_dim=8, num_local_experts=2, num_experts_per_tok=1, sliding_window=4)
-    _, ours = twins(hf.GptOssForCausalLM, config)
-    with pytest.raises(attnkit.UnsupportedFeature, match=r"GptOssAttention \(gpt_oss\).*sinks"):
-        ours(tokens())
+    assert set(config.layer_types) == {"sliding_attention", "full_attention"}
+    eager, ours = twins(hf.GptOssForCausalLM, config)
+    g = torch.Generator().manual_seed(3)
+    for a, b in zip(eager.model.layers, ours.model.layers, strict=True):  # sinks that matter: N(0, 4), not ~0
+        with torch.no_grad():
+            a.self_attn.sinks.copy_(2 * torch.randn(a.self_attn.sinks.shape, generator=g))
+            b.self_attn.sinks.copy_(a.self_attn.sinks)
+    assert_same_outputs(eager, ours, input_ids=tokens(), attention_mask=left_padded())
+    gen = dict(attention_mask=left_padded(), max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours.generate(tokens(), **gen), eager.generate(tokens(), **gen))

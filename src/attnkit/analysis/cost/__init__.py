@@ -1,12 +1,28 @@
-"""Analytic cost of every registered mechanism: FLOPs (as torch's FlopCounterMode counts them), bytes, peak.
+"""Analytic cost of every registered mechanism: matmul FLOPs, elementwise FLOPs, bytes and peak memory.
 
-``cost("sliding-window", q_len=4096, window=128)`` or ``cost(module, batch=8, length=4096)``
-returns a :class:`Cost`. What is counted:
+``cost("sliding-window", q_len=4096, window=128)``, ``cost("longformer", q_len=4096)`` or
+``cost(module, batch=8, q_len=4096)`` returns a :class:`Cost`. Each mechanism's formula is the
+cost spec carried by its registry entry (written beside the mechanism, :mod:`attnkit.costing`);
+"dense", "sdpa" and mask expressions for :func:`attnkit.attention` are priced here.
+
+Sizes: the vocabulary every command shares, ``batch, heads, q_len, kv_len, head_dim``, and each
+mechanism's own sizes and options (:func:`sizes`; ``length`` and ``dim`` of a self-attention
+module are set by ``q_len`` and ``heads x head_dim``). With no size given, the registry example's
+small values; once a sequence length is given, every size not given takes a realistic layer's
+value (batch 1, 8 heads of 64 features) and every option the paper's setting (Longformer's
+window of 512, BigBird's blocks of 64 with 3 window, 2 global and 3 random blocks, Reformer's
+chunks of 64 with ``2 n / 64`` buckets; each spec cites its source). Unknown names raise ArgumentError.
+
+What is counted:
 
 - ``flops``: matrix products only, ``2 m k n`` per ``(m, k) @ (k, n)`` (mm, bmm, addmm,
-  baddbmm, conv, SDPA), exactly as ``torch.utils.flop_counter.FlopCounterMode`` counts
-  the mechanism's forward pass on CPU (the tests assert equality). For
-  :func:`attnkit.attention` the count follows the kernel :func:`attnkit.explain` picks:
+  baddbmm, conv, SDPA), as ``torch.utils.flop_counter.FlopCounterMode`` counts the
+  mechanism's forward pass on CPU, *once that counter is given torch's SDPA formulas for the
+  fused CPU kernel*: torch 2.13's counter has no entry for
+  ``aten._scaled_dot_product_flash_attention_for_cpu`` (nor its backward) and counts 0 for
+  every call that runs it. The tests register ``sdpa_flop_count`` / ``sdpa_backward_flop_count``
+  for those two ops (``custom_mapping``) and assert equality for every entry. For
+  :func:`attnkit.attention` the count follows the kernel the dispatcher picks:
   SDPA's formula, all ``Lq x Lk`` pairs on the reference/chunked kernels, only the
   active key blocks (padding lanes included) on the block-sparse kernel. With
   ``backward=True`` the backward is added: a product costs once more per operand that
@@ -21,146 +37,74 @@ returns a :class:`Cost`. What is counted:
   read), at the dtype's size: an estimate of memory traffic with no cache reuse.
 - ``peak_bytes``: the largest set of intermediates alive at once in the forward pass
   (kept activations plus a kernel's workspace as the dispatcher estimates it).
+- ``state_fixed``, ``state_per_token`` and ``state_bytes`` (at ``context``, the spec's length):
+  what a decoder keeps of the layer for one sequence, a linear-recurrent layer's fixed state
+  (and its short convolution's last inputs), linear attention's prefix sums, or softmax
+  attention's KV cache, which grows by ``Hkv (D + Dv)`` numbers per token.
+- ``forms``: the matmul FLOPs of the same pass in each form of a linear-recurrent layer
+  (``"parallel"``, ``"chunk"``, ``"recurrent"``; the ``form`` size picks the one ``flops`` counts).
 
-Sizes are keyword arguments; each mechanism accepts its own (:func:`sizes`), with the
-registry example's values as defaults, and rejects any other name.
+Counting is arithmetic on the sizes: the dispatcher is asked about each attention call on
+stand-in tensors of one element each, so ``cost("dense", q_len=10**9)`` makes no tensor of that
+length. A masked call of more than 2^31 q, k, v elements is refused with ArgumentError (its
+path would be decided from the mask's blocks and a pass over the data), as is a module whose
+count reads its own masks beyond 2^20 positions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import NamedTuple
+from collections.abc import Mapping
 
 from torch import nn
 
 from ... import registry
+from ...costing.spec import Built, Cost, Spec
 from ...errors import ArgumentError, did_you_mean
-from . import additive, core, linear, pooling, positional, sparse
-from .tally import ITEMSIZE, Spec, Tally
+from . import core
 
-__all__ = ["Cost", "Built", "cost", "sizes", "build", "spec", "resolve", "SPECS"]
-
-_FAMILIES = (core, additive, pooling, sparse, linear, positional)
-SPECS: dict[str, Spec] = {s.name: s for family in _FAMILIES for s in family.SPECS}
+__all__ = ["Cost", "Built", "cost", "sizes", "build", "spec", "resolve", "specs", "SPECS"]
 
 
-@dataclass(frozen=True)
-class Cost:
-    """The cost of one forward (and with ``backward``, backward) pass of a mechanism at given sizes.
-
-    Attributes:
-        name: registry name (or "dense", "sdpa", a mask expression).
-        sizes: every size and option used, defaults filled in.
-        flops: matmul FLOPs, as FlopCounterMode counts them; ``sum(terms.values())``.
-        other_flops: elementwise FLOPs (estimate); ``sum(other_terms.values())``.
-        bytes_moved: inputs + outputs + parameters once, intermediates twice (estimate).
-        peak_bytes: largest set of live intermediates in the forward pass (estimate).
-        terms: matmul FLOPs by named part ("scores (q k^T)", "weights @ v", "projections ...").
-        other_terms: elementwise FLOPs by named part.
-        formula: the formula in symbols.
-        backward: whether the backward pass is included.
-    """
-
-    name: str
-    sizes: Mapping[str, object]
-    flops: int
-    other_flops: int
-    bytes_moved: int
-    peak_bytes: int
-    terms: Mapping[str, int]
-    other_terms: Mapping[str, int]
-    formula: str
-    backward: bool
-
-    def table(self) -> str:
-        """The cost as a plain-text table (what ``attnkit cost`` prints)."""
-        rows = [("matmul FLOPs" + (" (forward + backward)" if self.backward else " (forward)"), _num(self.flops))]
-        rows += [(f"  {k}", _num(v)) for k, v in self.terms.items()]
-        rows.append(("elementwise FLOPs (estimate)", _num(self.other_flops)))
-        rows += [(f"  {k}", _num(v)) for k, v in self.other_terms.items()]
-        rows += [("bytes moved (estimate)", _bytes(self.bytes_moved)),
-                 ("peak bytes (estimate)", _bytes(self.peak_bytes))]
-        width = max(len(k) for k, _ in rows)
-        sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
-        return "\n".join([f"{self.name}: {sizes}", *(f"{k:<{width}}  {v:>12}" for k, v in rows),
-                          f"formula: {self.formula}"])
+def specs() -> dict[str, Spec]:
+    """Every spec by name: the registry entries' and "dense" and "sdpa"."""
+    return {**{e.name: e.spec for e in registry.entries()}, **{s.name: s for s in core.SPECS}}
 
 
-def _num(x: int) -> str:
-    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= scale:
-            return f"{x / scale:.3f} {suffix}"
-    return str(x)
-
-
-def _bytes(x: int) -> str:
-    return f"{x / 2**20:.2f} MiB" if x >= 2**20 else f"{x} B"
+def __getattr__(name: str):
+    if name == "SPECS":  # read from the registry when asked for, so importing this module loads no mechanism
+        return specs()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def spec(name_or_module) -> Spec:
     """The cost spec of a registry name, "dense", "sdpa", a mask expression, or a module instance."""
     if isinstance(name_or_module, nn.Module):
-        found = [s for s in SPECS.values() if s.module_type is type(name_or_module)
-                 and (s.matches is None or s.matches(name_or_module))]
+        found = [e.spec for e in registry.entries() if e.spec.module_type is type(name_or_module)
+                 and (e.spec.matches is None or e.spec.matches(name_or_module))]
         if not found:
             raise ArgumentError(f"cost: no cost formula for a {type(name_or_module).__name__} module; "
                                 f"pass a registry name instead")
         return found[0]
     if not isinstance(name_or_module, str):
         raise ArgumentError(f"cost: expected a registry name or a module; got {type(name_or_module).__name__}")
-    if name_or_module in SPECS:
-        return SPECS[name_or_module]
+    known = specs()
+    if name_or_module in known:
+        return known[name_or_module]
     if "(" in name_or_module:  # a mask expression such as "sliding_window(128, 128)"
         return core.mask_spec(name_or_module)
-    known = sorted({e.name for e in registry.entries()} | {"dense", "sdpa"})
     raise ArgumentError(f"unknown mechanism {name_or_module!r}; {did_you_mean(name_or_module, known)}"
-                        f"known: {', '.join(known)} "
+                        f"known: {', '.join(sorted(known))} "
                         "or a mask expression such as 'sliding_window(128, 128)'")
 
 
 def sizes(name_or_module) -> dict:
-    """The sizes and options a mechanism accepts, with their defaults (None: derived from the others)."""
+    """The sizes and options a mechanism accepts, with the registry example's values (None: derived)."""
     return dict(spec(name_or_module).defaults)
 
 
-def _check_value(name: str, key: str, value, default) -> None:
-    if isinstance(default, bool) or isinstance(value, bool):
-        ok = isinstance(value, bool) and (isinstance(default, bool) or default is None)
-    elif isinstance(default, int) or (default is None and isinstance(value, int)):
-        ok = isinstance(value, int) and value >= 0
-    elif isinstance(default, float):
-        ok = isinstance(value, (int, float)) and value >= 0
-    elif isinstance(default, tuple):
-        ok = isinstance(value, (tuple, list)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-    elif isinstance(default, str):
-        ok = isinstance(value, str) and (key != "dtype" or value in ITEMSIZE)
-    else:
-        ok = value is None or isinstance(value, (int, str))
-    if not ok:
-        raise ArgumentError(f"cost({name!r}): size {key}={value!r} has the wrong type or value "
-                            f"(default {default!r}{'; dtypes: ' + ', '.join(ITEMSIZE) if key == 'dtype' else ''})")
-
-
 def resolve(sp: Spec, given: Mapping[str, object], module: nn.Module | None = None) -> dict:
-    """Defaults, then the module's configuration, then ``given``; unknown names raise ArgumentError."""
-    unknown = sorted(set(given) - set(sp.defaults))
-    if unknown:
-        raise ArgumentError(f"cost({sp.name!r}): unknown size(s) {', '.join(unknown)}; accepted: "
-                            f"{', '.join(sp.defaults)}")
-    config = sp.config(module) if module is not None and sp.config else {}
-    clash = sorted(set(config) & set(given))
-    if clash:
-        raise ArgumentError(f"cost({sp.name!r}): {', '.join(clash)} come(s) from the module; "
-                            f"give only the other sizes ({', '.join(k for k in sp.defaults if k not in config)})")
-    for key, value in given.items():
-        if not (value is None and key in sp.nullable):
-            _check_value(sp.name, key, value, sp.defaults[key])
-    s = {**sp.defaults, **config, **given}
-    if "dtype" in s and module is not None and "dtype" not in given:
-        param = next(module.parameters(), None)
-        s["dtype"] = str(param.dtype).removeprefix("torch.") if param is not None else s["dtype"]
-    return sp.derive(s) if sp.derive else s
+    """Every size of ``sp`` for the ``given`` ones (:meth:`attnkit.costing.spec.Spec.resolve`)."""
+    return sp.resolve(given, module)
 
 
 def cost(name_or_module, *, backward: bool = False, **size_kwargs) -> Cost:
@@ -171,7 +115,8 @@ def cost(name_or_module, *, backward: bool = False, **size_kwargs) -> Cost:
             for :func:`attnkit.attention` such as ``"causal() & sliding_window(64, 0)"``, or a
             module instance (its configuration is read from it; give only batch and lengths).
         backward: include the backward pass (FLOPs only; bytes and peak stay forward).
-        size_kwargs: sizes and options, see :func:`sizes`; unknown names raise ArgumentError.
+        size_kwargs: the vocabulary (``batch, heads, q_len, kv_len, head_dim``) and the
+            mechanism's own sizes and options, see :func:`sizes`; unknown names raise ArgumentError.
 
     Example:
         >>> from attnkit.analysis.cost import cost
@@ -181,25 +126,11 @@ def cost(name_or_module, *, backward: bool = False, **size_kwargs) -> Cost:
         >>> cb = cost("scaled-dot-product", batch=1, heads=2, q_len=64, head_dim=16, backward=True)
         >>> cb.flops / c.flops  # torch's fused CPU SDPA backward recomputes the scores: 2.5x the forward
         3.5
+        >>> cost("longformer", q_len=4096).sizes["window"]  # a length given: the paper's window
+        512
     """
     module = name_or_module if isinstance(name_or_module, nn.Module) else None
-    sp = spec(name_or_module)
-    s = resolve(sp, size_kwargs, module)
-    if module is None and sp.make is not None:
-        module = sp.make(s)
-    t = Tally(backward=bool(backward), itemsize=ITEMSIZE.get(s.get("dtype", "float32"), 4))
-    sp.count(t, s, module)
-    return Cost(sp.name, s, sum(t.terms.values()), sum(t.other.values()), t.bytes, t.peak, dict(t.terms),
-                dict(t.other), sp.formula, bool(backward))
-
-
-class Built(NamedTuple):
-    """A mechanism ready to run: ``fn(*inputs)``; ``module`` holds its parameters (None for attention())."""
-
-    fn: Callable
-    inputs: tuple
-    sizes: dict
-    module: nn.Module | None
+    return spec(name_or_module).cost(size_kwargs, backward=backward, module=module)
 
 
 def build(name_or_module, **size_kwargs) -> Built:
@@ -208,9 +139,4 @@ def build(name_or_module, **size_kwargs) -> Built:
     Integer inputs (segment ids) are built too; modules are in eval mode where that matters.
     """
     module = name_or_module if isinstance(name_or_module, nn.Module) else None
-    sp = spec(name_or_module)
-    s = resolve(sp, size_kwargs, module)
-    if module is None and sp.make is not None:
-        module = sp.make(s)
-    fn, inputs = sp.inputs(s, module)
-    return Built(fn, inputs, s, module)
+    return spec(name_or_module).build(size_kwargs, module)

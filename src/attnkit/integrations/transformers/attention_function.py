@@ -15,10 +15,13 @@ Each keyword the model passes is honoured or refused:
   (:func:`attnkit.bias.softcap`); ``position_bias`` (T5-style) is a float bias;
 * ``sliding_window`` is already in the mask (the mask function read it from the
   layer's mask function), so it is not applied twice;
-* attention sinks (``s_aux``, ``sinks``) change the softmax's denominator and sparse
-  indexers' key indices (``indices``, ``block_indices``) its support: attnkit refuses them
-  with :class:`attnkit.UnsupportedFeature` naming the model; so are names from
-  :func:`register` on encoder-decoders (cross-attention has no shared positions).
+* learned attention sinks (gpt-oss's ``s_aux``; ``sinks``), one logit per head in the softmax's
+  denominator, are passed on as ``attention(..., sinks=)``; per-token sinks (a logit per
+  query, computed from the hidden states) are not;
+* sparse indexers' key indices (``indices``, ``block_indices``) change the softmax's support:
+  attnkit refuses them, and per-token sinks, with :class:`attnkit.UnsupportedFeature` naming
+  the model; so are names from :func:`register` on encoder-decoders (cross-attention has no
+  shared positions).
 
 The weights are computed (on attnkit's exact dense path) only when the model collects
 them: ``output_attentions=True`` reaches the function as a keyword in some models and
@@ -33,9 +36,10 @@ from ... import bias as attnkit_bias
 from ... import masks
 from ...bias import ScoreModifier, apply_modifier
 from ...core import attention
-from ...errors import UnsupportedFeature
+from ...errors import ShapeError, UnsupportedFeature
 from ...functional.shifted import shift_modifier
-from .model_masks import ModelMask, with_extra
+from .model_mask import ModelMask
+from .model_masks import with_extra
 
 try:  # where transformers keeps the outputs a forward pass collects (output_attentions without the keyword)
     from transformers.utils.output_capturing import _active_collector
@@ -44,12 +48,11 @@ except ImportError:  # pragma: no cover - an older layout: the keyword alone dec
 
 __all__ = ["make_attention_function"]
 
-# Keywords that change what attention computes and that attnkit cannot honour: attention sinks (a term in
-# the softmax's denominator) and the top-k key indices of sparse-attention indexers. Other keywords models pass
-# (cu_seq_lens_*/max_length_*: packing hints whose mask transformers builds from position_ids; position_ids,
-# deterministic) change nothing attnkit computes.
-_REFUSED = {"s_aux": "attention sinks", "sinks": "attention sinks", "indices": "top-k sparse key indices",
-            "block_indices": "sparse key block indices"}
+# Keywords that change what attention computes and that attnkit cannot honour: the top-k key indices of
+# sparse-attention indexers. Other keywords models pass (cu_seq_lens_*/max_length_*: packing hints whose mask
+# transformers builds from position_ids; position_ids, deterministic) change nothing attnkit computes.
+_REFUSED = {"indices": "top-k sparse key indices", "block_indices": "sparse key block indices"}
+_SINKS = ("s_aux", "sinks")  # gpt-oss names its sinks s_aux; other models sinks
 
 
 def _model_name(module) -> str:
@@ -58,25 +61,48 @@ def _model_name(module) -> str:
     return f"{type(module).__name__} ({kind})" if kind else type(module).__name__
 
 
+def _sinks_of(module, kwargs) -> torch.Tensor | None:
+    """The layer's sinks, one logit per query head ``(H,)``; per-token sinks ``(B, H, L, 1)`` are refused."""
+    sinks = next((kwargs[name] for name in _SINKS if kwargs.get(name) is not None), None)
+    if sinks is not None and sinks.dim() != 1:
+        raise UnsupportedFeature(f"{_model_name(module)} uses per-token attention sinks (shape {tuple(sinks.shape)}): "
+                                 "attnkit takes one sink logit per head (H,); use attn_implementation='eager'")
+    return sinks
+
+
 def weights_wanted(kwargs) -> bool:
     """True when this forward pass returns attention weights to the user."""
     if kwargs.get("output_attentions"):
         return True
-    collected = _active_collector.get() if _active_collector is not None else None
+    if _active_collector is None:
+        return False
+    # Under torch.compile transformers keeps the collector in a plain attribute (dynamo cannot read a ContextVar),
+    # set by the model's forward when tracing; before that, nothing collected is being traced.
+    if torch.compiler.is_compiling() and not getattr(_active_collector, "compiling", False):
+        return False
+    collected = _active_collector.get()
     return bool(collected) and any(key.endswith("attentions") for key in collected)
 
 
 def _float_mask_as_bool(mask: torch.Tensor) -> torch.Tensor:
     """A float mask holding only 0 (attend) and very negative values (masked) as a bool mask, else the float."""
+    if torch.compiler.is_compiling():
+        return mask  # which it is is data; added to the scores, as eager adds it, it means the same
     low = torch.finfo(mask.dtype).min / 2
     return mask == 0 if bool(((mask == 0) | (mask <= low)).all()) else mask
 
 
-def model_mask_of(attention_mask, module, is_causal, q_len: int, kv_len: int, extra) -> ModelMask:
+def model_mask_of(attention_mask, module, is_causal, query, kv_len: int, extra) -> ModelMask:
     """The :class:`ModelMask` of a call; one the mask function did not build is read here (the keys end the
     sequence, as in a dynamic cache) and ``extra`` is AND-ed in, as the mask function would have."""
     if isinstance(attention_mask, ModelMask):
+        if kv_len > attention_mask.sizes[2]:
+            raise UnsupportedFeature(
+                f"{_model_name(module)} attends to {kv_len} keys with a mask built for {attention_mask.sizes[2]}: "
+                "the model appends keys past the mask (compressed entries) and keeps which queries see them in its "
+                "own code (a `block_bias`); use attn_implementation='eager' for this model")
         return attention_mask
+    q_len = query.shape[-2]
     if attention_mask is None:
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
         mask = masks.causal() if causal else None
@@ -87,7 +113,9 @@ def model_mask_of(attention_mask, module, is_causal, q_len: int, kv_len: int, ex
             if mask.is_floating_point() and extra is not None:
                 raise UnsupportedFeature(f"{_model_name(module)}: an additive float mask cannot be combined with "
                                          "a registered mask; pass a bool mask (True = attend)")
-    return with_extra(ModelMask(mask, max(kv_len - q_len, 0), 0, kv_len), extra)
+    model_mask = ModelMask(mask, max(kv_len - q_len, 0), 0, kv_len, shape=(query.shape[0], q_len, kv_len),
+                           dtype=query.dtype, device=query.device)
+    return with_extra(model_mask, extra)
 
 
 class _Chain(ScoreModifier):
@@ -125,6 +153,18 @@ def _bias_of(module, model_mask: ModelMask, softcap, position_bias, extra):
     return modifiers[0] if len(modifiers) == 1 else _Chain(*modifiers)
 
 
+def _check_heads(module, heads: int, extra_mask, extra_bias) -> None:
+    """A registered mask or bias with per-head data (ALiBi's slopes) has one entry per query head of the model.
+
+    :func:`attnkit.attention` checks this itself, but sees them shifted to the block, which hides their heads.
+    """
+    for what, extra in (("mask", extra_mask), ("bias", extra_bias)):
+        held = getattr(extra, "num_heads", None)
+        if isinstance(held, int) and held != heads:
+            raise ShapeError(f"{_model_name(module)} has {heads} query heads but the registered {what} {extra!r} "
+                             f"holds data for {held} heads")
+
+
 def make_attention_function(extra_mask=None, extra_bias=None, backend: str = "auto"):
     """A function for transformers' ``AttentionInterface`` (see the module docstring)."""
 
@@ -135,20 +175,21 @@ def make_attention_function(extra_mask=None, extra_bias=None, backend: str = "au
                 raise UnsupportedFeature(
                     f"{_model_name(module)} uses {feature} ({name!r}): attnkit cannot honour them exactly; "
                     "use attn_implementation='eager' for this model")
+        _check_heads(module, query.shape[1], extra_mask, extra_bias)
         if (extra_mask is not None or extra_bias is not None) and getattr(
                 getattr(module, "config", None), "is_encoder_decoder", False):
             raise UnsupportedFeature(
                 f"{_model_name(module)}: a registered mask or bias is read at positions of one sequence, and an "
                 "encoder-decoder's cross-attention has two; register() names are for decoder-only and encoder "
                 "models")
-        model_mask = model_mask_of(attention_mask, module, is_causal, query.shape[-2], key.shape[-2], extra_mask)
+        model_mask = model_mask_of(attention_mask, module, is_causal, query, key.shape[-2], extra_mask)
         bias = _bias_of(module, model_mask, softcap, position_bias, extra_bias)
         mask = model_mask.mask
         if torch.is_tensor(mask) and mask.is_floating_point():
             mask = None  # it is in the bias
         want_weights = weights_wanted(kwargs)
         result = attention(query, key, value, mask=mask, bias=bias, scale=scaling, dropout_p=dropout,
-                           return_weights=want_weights, backend=backend)
+                           return_weights=want_weights, backend=backend, sinks=_sinks_of(module, kwargs))
         out, weights = (result.output, result.weights) if want_weights else (result, None)
         return out.transpose(1, 2).contiguous(), weights
 

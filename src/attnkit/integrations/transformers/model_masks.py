@@ -14,11 +14,14 @@ whole sequence, and are shifted to the block, so a plain causal layer keeps attn
 O(1) causal path and a sliding-window layer its band path. A predicate that is not
 recognised (packed sequences, chunked attention, a model's own overlay) is evaluated by
 transformers' own ``sdpa_mask`` into a dense bool tensor: exact, only not sparse.
+
+Under ``torch.compile`` nothing here reads data: a padding mask is kept whether or not it pads
+(that is data), and a mask function built while tracing (windows, combinations: dynamo reads no
+closure of such a function) or a static cache's tensor offsets take the dense, exact form.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import reduce
 
 import torch
@@ -27,31 +30,18 @@ from transformers import masking_utils as hf_masks
 from ... import masks
 from ...functional.mask_base import Mask
 from ...masks import _Diagonals
+from .model_mask import ModelMask
 
-__all__ = ["ModelMask", "make_mask_function", "whole_sequence_mask", "with_extra"]
-
-
-@dataclass(frozen=True)
-class ModelMask:
-    """What the mask function hands the attention function.
-
-    ``mask`` is the attnkit mask of the block (None: every key), ``q_offset``/``kv_offset``
-    the global positions of its first query and key, ``length`` the length of the whole
-    sequence the positions count in (so registered masks and biases are evaluated there).
-    """
-
-    mask: Mask | torch.Tensor | None
-    q_offset: int
-    kv_offset: int
-    length: int
-
-    # generate() with a static cache builds the masks before the forward pass and hands them to the model as
-    # its attention_mask; transformers then asks a prepared mask for its rank (4-D: a prepared mask, not padding)
-    ndim = 4
+__all__ = ["make_mask_function", "whole_sequence_mask", "with_extra"]
 
 
-def _free_vars(fn) -> dict:
-    cells = fn.__closure__ or ()
+def _free_vars(fn) -> dict | None:
+    """The values a closure captured; None where they cannot be read (torch.compile's dynamo reads no closure
+    of a function created while tracing: the mask then counts as unknown, and transformers evaluates it)."""
+    try:
+        cells = fn.__closure__ or ()
+    except AttributeError:
+        return None
     return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in cells), strict=True))
 
 
@@ -79,15 +69,16 @@ def whole_sequence_mask(mask_function) -> Mask | None:
     if mask_function is hf_masks.bidirectional_mask_function:
         return masks.full()
     code = getattr(mask_function, "__code__", None)
+    captured = _free_vars(mask_function) if code in (_WINDOW, _TWO_SIDED_WINDOW, _AND, _OR) else None
+    if captured is None:
+        return None
     if code is _WINDOW:
-        return masks.diagonals(lo=1 - _free_vars(mask_function)["sliding_window"])  # kv > q - w
+        return masks.diagonals(lo=1 - captured["sliding_window"])  # kv > q - w
     if code is _TWO_SIDED_WINDOW:
-        w = _free_vars(mask_function)["sliding_window"]
+        w = captured["sliding_window"]
         return masks.diagonals(-w, w)  # |q - kv| <= w
-    if code in (_AND, _OR):
-        parts = [whole_sequence_mask(f) for f in _free_vars(mask_function)["mask_functions"]]
-        return None if None in parts else _combine(parts, both=code is _AND)
-    return None
+    parts = [whole_sequence_mask(f) for f in captured["mask_functions"]]
+    return None if None in parts else _combine(parts, both=code is _AND)
 
 
 def _on_block(whole: Mask, q_length: int, kv_length: int, q_offset: int, kv_offset: int, length: int):
@@ -114,7 +105,20 @@ def _block_padding(attention_mask, kv_length: int, kv_offset: int) -> torch.Tens
     if short > 0:  # transformers pads a short padding mask with "padded" (False) keys
         keep = torch.nn.functional.pad(keep, (0, short), value=False)
     keep = keep[:, kv_offset:kv_offset + kv_length]
+    if torch.compiler.is_compiling():
+        return keep  # whether it keeps every key is data, which a traced graph cannot branch on
     return None if bool(keep.all()) else keep
+
+
+def _structured_block(whole: Mask, q_length: int, kv_length: int, q_offset: int, kv_offset: int, length: int,
+                      attention_mask) -> Mask | None:
+    """The block's attnkit mask: the whole-sequence mask on the block, AND the keys the padding mask keeps."""
+    block = _on_block(whole, q_length, kv_length, q_offset, kv_offset, length)
+    keep = _block_padding(attention_mask, kv_length, kv_offset)
+    if keep is None:
+        return block
+    pad = masks.keys(keep)
+    return pad if block is None else block & pad
 
 
 def with_extra(model_mask: ModelMask, extra: Mask | None) -> ModelMask:
@@ -126,8 +130,7 @@ def with_extra(model_mask: ModelMask, extra: Mask | None) -> ModelMask:
     block = model_mask.mask
     if torch.is_tensor(block):
         block = masks.TensorMask(block)
-    return ModelMask(mine if block is None else block & mine, model_mask.q_offset, model_mask.kv_offset,
-                     model_mask.length)
+    return model_mask.with_mask(mine if block is None else block & mine)
 
 
 def make_mask_function(extra: Mask | None = None):
@@ -135,23 +138,27 @@ def make_mask_function(extra: Mask | None = None):
 
     def attnkit_mask(*, batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
                      mask_function=hf_masks.causal_mask_function, attention_mask=None, device="cpu",
-                     use_vmap=False, **_ignored) -> ModelMask:
+                     use_vmap=False, dtype=torch.float32, **_ignored) -> ModelMask:
         if isinstance(attention_mask, ModelMask):  # prepared for this very call by generate()
             return attention_mask
-        q_offset, kv_offset = int(q_offset), int(kv_offset)  # a static cache gives a tensor offset
-        length = max(q_offset + q_length, kv_offset + kv_length)
         whole = whole_sequence_mask(mask_function)
-        if whole is not None:
-            block = _on_block(whole, q_length, kv_length, q_offset, kv_offset, length)
-            keep = _block_padding(attention_mask, kv_length, kv_offset)
-            if keep is not None:
-                pad = masks.keys(keep)
-                block = pad if block is None else block & pad
+        # A static cache gives its offsets as tensors: read once in eager code; traced, they stay tensors (their
+        # values are data), the mask is transformers' evaluated at them, and the cache holds the whole sequence.
+        traced = torch.compiler.is_compiling() and (torch.is_tensor(q_offset) or torch.is_tensor(kv_offset))
+        if traced:
+            length = kv_offset + kv_length
+        else:
+            q_offset, kv_offset = int(q_offset), int(kv_offset)
+            length = max(q_offset + q_length, kv_offset + kv_length)
+        if whole is not None and not traced:
+            block = _structured_block(whole, q_length, kv_length, q_offset, kv_offset, length, attention_mask)
         else:  # not a pattern attnkit knows: transformers evaluates it, exactly, as a dense bool tensor
             block = hf_masks.sdpa_mask(
                 batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                 kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
                 allow_is_causal_skip=False, allow_is_bidirectional_skip=False, use_vmap=use_vmap, device=device)
-        return with_extra(ModelMask(block, q_offset, kv_offset, length), extra)
+        model_mask = ModelMask(block, q_offset, kv_offset, length, shape=(batch_size, q_length, kv_length),
+                               dtype=dtype, device=device)
+        return with_extra(model_mask, extra)
 
     return attnkit_mask

@@ -27,9 +27,12 @@ from ...models.pointer_network import PointerNetwork
 from . import Built, Experiment
 from .classic import HardObjective, MemoryLM, MemoryObjective, OnePositionClassifier, QuestionModel, QuestionObjective
 from .coverage import SummaryObjective
+from .recall import KEYS as RECALL_KEYS
+from .recall import recall_experiments
 from .seq2seq import NoAttention, Seq2SeqObjective, seq2seq_model
+from .sinks import SinkObjective, with_sinks
 from .structured import AnomalyObjective, HANObjective, ImageObjective, PointerObjective
-from .tokens import CopyObjective, MQARObjective, language_model
+from .tokens import CopyObjective, language_model
 from .train import Budget
 
 __all__ = ["catalog", "DEFAULT", "QUICK", "CLASSIC", "MQAR", "WINDOW", "USES"]
@@ -38,9 +41,10 @@ MQAR = {"num_pairs": 4, "num_keys": 16, "num_values": 16, "gap": 8}
 WINDOW = 4  # each query sees 4 tokens back; two layers reach 2 x 4 = 8 = gap positions: still no pair token
 
 
-def _mqar(attention: str = "softmax", layers: int = 2, window: int | None = None) -> Built:
+def _mqar(attention: str = "softmax", layers: int = 2, window: int | None = None, sinks: bool = False) -> Built:
     task = tasks.get("mqar", **MQAR)
-    return Built(language_model(task, attention, layers=layers, window=window), task, task, MQARObjective())
+    model = language_model(task, attention, layers=layers, window=window)
+    return Built(with_sinks(model) if sinks else model, task, task, SinkObjective())
 
 
 def _mqar_experiments() -> list[Experiment]:
@@ -53,6 +57,8 @@ def _mqar_experiments() -> list[Experiment]:
          partial(_mqar), "scaled-dot-product"),
         ("softmax-1layer", "1-layer softmax Transformer: one layer cannot bind a value to its key",
          partial(_mqar, layers=1), "scaled-dot-product"),
+        ("softmax-sinks", "2-layer softmax Transformer with a learned sink per head (gpt-oss): less weight "
+         "on the first token (first_token_mass)", partial(_mqar, sinks=True), "attention-sinks"),
         ("linear", "2-layer linear attention (Katharopoulos et al. 2020): a fixed-size state, no sharp lookup",
          partial(_mqar, "linear-attention"), "linear-attention"),
         ("sliding-window", f"2-layer softmax, causal window of {WINDOW}: every pair lies beyond its reach",
@@ -203,6 +209,7 @@ def _classic_experiments() -> list[Experiment]:
 _TOKENS = ("multi-head", "sinusoidal-positional-encoding", "causal")  # the causal pre-norm Transformer LM
 USES = {  # experiment key -> the registry entries its model exercises (attnkit.tour.catalogue checks them)
     "mqar/softmax-2layer": (*_TOKENS, "scaled-dot-product"), "mqar/softmax-1layer": (*_TOKENS, "scaled-dot-product"),
+    "mqar/softmax-sinks": (*_TOKENS, "scaled-dot-product", "attention-sinks"),
     "mqar/linear": (*_TOKENS[1:], "linear-attention"), "mqar/sliding-window": (*_TOKENS, "sliding-window"),
     "mqar/performer": (*_TOKENS[1:], "performer"),
     "dates/additive": ("additive",), "dates/luong-general": ("luong",), "dates/none": (),
@@ -221,19 +228,21 @@ USES = {  # experiment key -> the registry entries its model exercises (attnkit.
 
 
 def catalog() -> list[Experiment]:
-    """Every experiment, in tour order, each with the registry entries it uses (:data:`USES`)."""
+    """Every experiment, in tour order; those of this file with the registry entries they use (:data:`USES`),
+    the others (recall against state size) name their own."""
     exps = [*_mqar_experiments(), *_dates_experiments(), *_copy_experiments(), *_model_experiments(),
-            *_classic_experiments()]
-    return [replace(e, uses=USES[e.key]) for e in exps]
+            *_classic_experiments(), *recall_experiments()]
+    return [replace(e, uses=USES[e.key]) if e.key in USES else e for e in exps]
 
 
 CLASSIC = ("key_summaries/pointer-generator", "key_summaries/coverage", "deciding_position/soft",
            "deciding_position/hard-reinforce", "repeated_block/lstm", "repeated_block/memory-8",
            "document_questions/segment", "document_questions/co-attention", "document_questions/none")
-DEFAULT = ("mqar/softmax-2layer", "mqar/softmax-1layer", "mqar/linear", "mqar/sliding-window", "mqar/performer",
+DEFAULT = ("mqar/softmax-2layer", "mqar/softmax-1layer", "mqar/softmax-sinks", "mqar/linear", "mqar/sliding-window",
+           "mqar/performer",
            "dates/additive", "dates/luong-general", "dates/none", "selective_copy/softmax",
            "selective_copy/sparse-fixed", "han_documents/han", "shapes/vit",
-           "sorting/pointer", "event_logs/semantic", "event_logs/none", *CLASSIC)
+           "sorting/pointer", "event_logs/semantic", "event_logs/none", *CLASSIC, *RECALL_KEYS)
 QUICK = ("mqar/softmax-2layer", "mqar/softmax-1layer", "mqar/sliding-window", "dates/additive",
          "han_documents/han", "shapes/vit", "sorting/pointer", "event_logs/semantic",
          "deciding_position/hard-reinforce", "repeated_block/memory-8", "document_questions/segment")

@@ -1,0 +1,117 @@
+"""The three forms of one gated linear recurrence, and the driver every family function calls.
+
+``parallel``: the whole sequence as one block (:mod:`.local`): an ``L x L`` attention matrix with the
+decay mask ``exp(segsum(g))``, O(L^2) time and memory; the reference. ``chunk``: blocks of
+``chunk_size`` tokens, each done in parallel, the state passed from block to block
+(:mod:`.scan`): O(L c (Dk + Dv) + L Dk Dv) time, memory linear in L. ``recurrent``: one token at a
+time (:mod:`.recurrent`): O(L Dk Dv) time, an O(Dk Dv) state, what decoding runs. All three
+compute the same function; gradients are autograd's through the chosen form.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from .checks import check_form, check_lengths, check_qkv, check_state, check_tensor
+from .local import local_terms
+from .recurrent import recurrent
+from .scan import pass_states
+
+__all__ = ["l2_normalize", "parallel", "blocks", "through_blocks", "chunked", "prepare", "recurrent",
+           "linear_recurrence", "gated_recurrence"]
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x / sqrt(|x|^2 + eps)`` over the last dim (the eps inside the root, as flash-linear-attention)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def parallel(q, k, v, g, beta, initial):
+    """``o = Q^ S_0 + A (U - W S_0)`` over the whole sequence; the final state likewise (see :mod:`.local`)."""
+    terms = local_terms(q, k, v, g, beta)
+    written = terms.u if terms.w is None else terms.u - terms.w @ initial
+    out = terms.q_from_start @ initial + terms.scores @ written
+    return out, terms.decay * initial + terms.k_to_end.transpose(-1, -2) @ written
+
+
+def blocks(q, k, v, g, beta, size: int):
+    """The :class:`~.local.Local` terms of blocks of ``size`` tokens, ``(..., C, c, D)`` (the last block padded
+    with tokens that neither decay nor write)."""
+    pad = (-q.shape[-2]) % size
+    q, k, v, g = (F.pad(t, (0, 0, 0, pad)).unflatten(-2, (-1, size)) for t in (q, k, v, g))  # (..., C, c, D)
+    beta = None if beta is None else F.pad(beta, (0, pad)).unflatten(-1, (-1, size))
+    return local_terms(q, k, v, g, beta)
+
+
+def through_blocks(terms, initial, n: int):
+    """Outputs of the first ``n`` tokens ``(..., n, Dv)`` and the last state, the blocks entered from ``initial``."""
+    entering, written, final = pass_states(initial, terms)
+    out = terms.q_from_start @ entering + terms.scores @ written  # (..., C, c, Dv)
+    return out.flatten(-3, -2)[..., :n, :], final
+
+
+def chunked(q, k, v, g, beta, initial, size: int):
+    """Blocks of ``size`` tokens, each in parallel, the state passed from block to block."""
+    return through_blocks(blocks(q, k, v, g, beta, size), initial, q.shape[-2])
+
+
+def prepare(q, k, v, g, beta, *, scale, normalize_qk: bool):
+    """The inputs in the computation's dtype (float32, float64 for float64 values), q and k normalised if asked,
+    q scaled (``Dk^-1/2`` if ``scale`` is None), q/k heads repeated for grouped value heads."""
+    acc = torch.promote_types(v.dtype, torch.float32)
+    q, k = q.to(acc), k.to(acc)
+    if normalize_qk:
+        q, k = l2_normalize(q), l2_normalize(k)
+    q = q * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if q.shape[1] != v.shape[1]:
+        q, k = (t.repeat_interleave(v.shape[1] // t.shape[1], 1) for t in (q, k))
+    return q, k, v.to(acc), g.to(acc), None if beta is None else beta.to(acc)
+
+
+def linear_recurrence(who: str, q, k, v, g, beta, *, scale, normalize_qk: bool, form: str, chunk_size: int,
+                      initial_state, cu_seqlens):
+    """Run the recurrence on checked ``q, k`` ``(B, Hk, L, Dk)``, ``v`` ``(B, H, L, Dv)``, log decays ``g``
+    ``(B, H, L, G)``, ``beta`` ``(B, H, L)`` or None; returns ``(out (B, H, L, Dv), final (N, H, Dk, Dv))``.
+
+    Computed in float32 (float64 for float64 values); the output in ``v``'s dtype, the state in the
+    computation's. ``q, k`` heads serve ``H / Hk`` consecutive value heads each.
+    """
+    check_form(who, form, chunk_size)
+    b, h, n, dk, dv = (*v.shape[:3], q.shape[-1], v.shape[-1])
+    lengths = check_lengths(who, cu_seqlens, b, n)
+    docs = b if lengths is None else len(lengths)
+    initial = check_state(who, initial_state, (docs, h, dk, dv), q.device)
+    q, k, vv, g, beta = prepare(q, k, v, g, beta, scale=scale, normalize_qk=normalize_qk)
+    initial = vv.new_zeros(docs, h, dk, dv) if initial is None else initial.to(vv.dtype)
+    run = {"parallel": parallel, "chunk": functools.partial(chunked, size=chunk_size), "recurrent": recurrent}[form]
+    if n == 0:  # no token: the empty output joined to every input by an empty sum (zero gradients, not None)
+        return (vv + sum(t.sum() for t in (q, k, g, beta) if t is not None)).to(v.dtype), initial
+    if lengths is None:
+        out, final = run(q, k, vv, g, beta, initial)
+        return out.to(v.dtype), final
+    outs, finals = [], []
+    pieces = zip(*(t.split(lengths, 2) for t in (q, k, vv, g)), (None,) * len(lengths) if beta is None else
+                 beta.split(lengths, 2), initial.split(1), strict=True)
+    for qd, kd, vd, gd, bd, sd in pieces:
+        out, final = run(qd, kd, vd, gd, bd, sd) if qd.shape[2] else (vd, sd)
+        outs.append(out)
+        finals.append(final)
+    return torch.cat(outs, 2).to(v.dtype), torch.cat(finals)
+
+
+def gated_recurrence(who: str, q, k, v, g=None, beta=None, *, per_channel: bool = False, **options):
+    """:func:`linear_recurrence` after checking ``q, k, v``, the log decays ``g`` (``(B, H, L)``, or ``(B, H, L, Dk)``
+    with ``per_channel``; None: no decay) and ``beta`` ``(B, H, L)`` (None: no delta rule) against them."""
+    b, h, n, dk, _ = check_qkv(who, q, k, v)
+    if g is None:
+        g = v.new_zeros(b, h, n, 1)
+    elif per_channel:
+        check_tensor(who, "g", g, (b, h, n, dk), "(B, H, L, Dk)", q.device)
+    else:
+        g = check_tensor(who, "g", g, (b, h, n), "(B, H, L)", q.device)[..., None]
+    if beta is not None:
+        check_tensor(who, "beta", beta, (b, h, n), "(B, H, L)", q.device)
+    return linear_recurrence(who, q, k, v, g, beta, **options)

@@ -1,0 +1,62 @@
+"""What one block of tokens does on its own: the terms of the chunked (and parallel) form of a gated recurrence.
+
+The recurrence, per head, with state ``S`` ``(Dk, Dv)``, log decay ``g_t`` (one per head or per key
+channel) and, for the delta rule, a write strength ``beta_t``::
+
+    plain:   S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T
+    delta:   S_t = diag(exp(g_t)) S_{t-1} + k_t d_t^T,   d_t = beta_t (v_t - (diag(exp(g_t)) S_{t-1})^T k_t)
+    output:  o_t = S_t^T q_t
+
+Over a block of c tokens entered with state ``S_0`` everything is linear in ``S_0``::
+
+    o     = Q^ S_0 + A (U - W S_0)             final = diag(Gamma) S_0 + K~^T (U - W S_0)
+
+    A_ij  = sum_d q_id k_jd exp(seg_ijd)        (j <= i; seg = segsum(g), the decay mask)
+    Q^_i  = q_i * exp(g_1 + ... + g_i)          K~_j = k_j * exp(g_{j+1} + ... + g_c)    Gamma = exp(g_1 + ... + g_c)
+    plain: U = V, W = 0
+    delta: (I + T) [U | W] = diag(beta) [V | K^],  T_ij = beta_i sum_d k_id k_jd exp(seg_ijd) (i > j),
+           K^_j = k_j * exp(g_1 + ... + g_j)
+
+``U - W S_0`` are the values actually written (the delta rule's corrections); the unit lower
+triangular solve is the WY / UT form of a product of Householder-like updates (Yang et al. 2024,
+arXiv:2406.06484; with gates, arXiv:2412.06464). Every exponent is a sum of
+log decays over a segment inside the block, so nothing overflows when the gates are ``<= 0``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .segsum import decayed_products, segsum
+
+__all__ = ["Local", "local_terms"]
+
+
+class Local(NamedTuple):
+    """The terms of :func:`local_terms`, shapes for blocks of c tokens (leading dims ``...``)."""
+
+    scores: torch.Tensor  # A (..., c, c)
+    q_from_start: torch.Tensor  # Q^ (..., c, Dk): reads the entering state
+    k_to_end: torch.Tensor  # K~ (..., c, Dk): writes into the leaving state
+    decay: torch.Tensor  # Gamma (..., G, 1): the entering state's decay over the block
+    u: torch.Tensor  # (..., c, Dv)
+    w: torch.Tensor | None  # (..., c, Dk); None without the delta rule
+
+
+def local_terms(q, k, v, g, beta) -> Local:
+    """The block terms for ``q, k`` ``(..., c, Dk)``, ``v`` ``(..., c, Dv)``, ``g`` ``(..., c, G)``, ``beta``
+    ``(..., c)`` or None (no delta rule)."""
+    seg = segsum(g)  # (..., c, c, G)
+    mask = seg.exp()
+    start = g.cumsum(-2)  # (..., c, G): g_1 + ... + g_i, a sum of terms of one sign (no cancellation)
+    terms = Local(decayed_products(q, k, mask), q * start.exp(), k * seg[..., -1, :, :].exp(),
+                  start[..., -1, :, None].exp(), v, None)
+    if beta is None:
+        return terms
+    lower = decayed_products(k * beta[..., None], k, mask)  # only its strictly lower part is read below
+    rhs = beta[..., None] * torch.cat([v, k * start.exp()], -1)
+    solved = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
+    u, w = solved.split([v.shape[-1], k.shape[-1]], -1)
+    return terms._replace(u=u, w=w)

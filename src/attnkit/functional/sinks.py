@@ -1,0 +1,98 @@
+"""Learned attention sinks: one logit per head that joins every row's softmax denominator and takes no value.
+
+gpt-oss (OpenAI 2025, arXiv:2508.10925) gives each head a learned logit in its softmax's
+denominator; attention sinks are Xiao et al. 2023 (arXiv:2309.17453), whose StreamingLLM also
+pre-trains a dedicated sink token. With scores ``S`` of one row and the head's sink ``s``::
+
+    out = softmax([S, s])[:-1] @ V = sum_j exp(S_j - lse_s) V_j,    lse_s = log(exp(s) + sum_j exp(S_j))
+
+From the row's attention *without* the sink, ``(O, lse)``, the same row is::
+
+    lse_s = logaddexp(lse, s),    O_s = f O,    f = exp(lse - lse_s) = sigmoid(lse - s)
+
+(``f`` is the share of the real keys; the sink takes ``1 - f`` and adds nothing). The gradients,
+with ``dlse_s`` what reaches a returned lse::
+
+    d(scores) = P_s * (dO_s V^T - rowsum(dO_s * O_s) + dlse_s),     P_s = exp(S - lse_s) = f P
+    ds        = -sum_rows (1 - f) * (rowsum(dO_s * O_s) - dlse_s)
+
+so a fused backward that rebuilds ``P`` from a saved lse gives the sink call's exact ``dq, dk, dv``
+when handed ``(O_s, lse_s)`` in place of ``(O, lse)`` (:func:`joined`, :func:`kernel_gradient`), and
+any path whose backward takes an lse gradient is exact under :class:`Join`, the map above as an
+autograd function. A row with no allowed key (``lse = -inf``) has ``f = 0``: output 0, lse_s = s
+(the sink alone is its denominator), no gradient for q, k or v, and for ``s`` only what reaches
+lse_s. ``s = -inf`` is plain softmax.
+
+Sinks are stored as ``(B|1, H|1)``; :func:`per_row` views them against ``(B, H, ...)`` tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["per_row", "real_share", "joined", "kernel_gradient", "summed_to", "Join", "join"]
+
+_NEG_INF = float("-inf")
+
+
+def per_row(sinks: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``(B|1, H|1)`` sinks viewed to broadcast against ``like (B, H, ...)``, in ``like``'s dtype."""
+    return sinks.to(like.dtype).view(*sinks.shape, *(1,) * (like.dim() - 2))
+
+
+def real_share(lse: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """``f = sigmoid(lse - s)``, 0 where the row has no key (``lse = -inf``, also when ``s = -inf`` too)."""
+    return torch.sigmoid(lse - s).masked_fill(lse == _NEG_INF, 0.0)
+
+
+def joined(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor):
+    """``(O_s, lse_s)`` from a path's ``(O, lse)`` without the sink: what its forward returns and saves."""
+    s = per_row(sinks, lse)
+    return out * real_share(lse, s).unsqueeze(-1).to(out.dtype), torch.logaddexp(lse, s.expand_as(lse))
+
+
+def summed_to(rows: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Per-row sink gradients ``(B, H, ...)`` summed to the sinks' shape ``(B|1, H|1)`` and dtype."""
+    grad = rows.flatten(2).sum(-1) if rows.dim() > 2 else rows
+    dims = [d for d in (0, 1) if sinks.shape[d] == 1 and grad.shape[d] != 1]
+    return (grad.sum(dims, keepdim=True) if dims else grad).to(sinks.dtype)
+
+
+def kernel_gradient(dout: torch.Tensor, out_s: torch.Tensor, lse_s: torch.Tensor, sinks: torch.Tensor,
+                    dlse: torch.Tensor | None = None) -> torch.Tensor:
+    """``ds`` of a call whose forward saved ``(O_s, lse_s)`` (see the module's docstring)."""
+    s = per_row(sinks, lse_s)
+    sink_share = torch.exp(s - lse_s).masked_fill(lse_s == _NEG_INF, 0.0)  # 1 - f
+    delta = (dout.to(out_s.dtype) * out_s).sum(-1).to(lse_s.dtype)
+    if dlse is not None:
+        delta = delta - dlse
+    return summed_to(-sink_share * delta, sinks)
+
+
+class Join(torch.autograd.Function):
+    """``(O, lse, sinks) -> (O_s, lse_s)`` with its exact backward (gradients for O, lse and the sinks).
+
+    Upstream ``(dO_s, dlse_s)`` become ``dO = f dO_s`` and ``dlse = f (1 - f) rowsum(dO_s O) + f dlse_s``
+    for the path below, and ``ds = -sum (1 - f)(f rowsum(dO_s O) - dlse_s)``; rows with no key (f = 0)
+    pass nothing down, whatever the path's lse gradient would do there.
+    """
+
+    @staticmethod
+    def forward(ctx, out, lse, sinks):
+        ctx.save_for_backward(out, lse, sinks)
+        return joined(out, lse, sinks)
+
+    @staticmethod
+    def backward(ctx, dout_s, dlse_s):
+        out, lse, sinks = ctx.saved_tensors
+        f = real_share(lse, per_row(sinks, lse))
+        g = (dout_s.to(out.dtype) * out).sum(-1).to(lse.dtype)  # rowsum(dO_s O)
+        dlse_s = torch.zeros_like(lse) if dlse_s is None else dlse_s
+        kept = f * (1 - f) * g
+        dout = dout_s * f.unsqueeze(-1).to(dout_s.dtype)
+        return dout, kept + f * dlse_s, summed_to((1 - f) * dlse_s - kept, sinks)
+
+
+def join(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor):
+    """:class:`Join` applied: ``(O_s, lse_s)``, differentiable in ``out``, ``lse`` and ``sinks``."""
+    return Join.apply(out, lse, sinks)

@@ -1,0 +1,129 @@
+"""The fast lane: the calls generation makes, on torch's fused kernel, at torch's speed.
+
+A decoding step (one query over a KV cache), chunked prefill, and small training calls
+spend most of their time around the kernel, not in it: validation, the decision and
+the output check cost more than the arithmetic at short lengths. For the calls whose
+result cannot differ from the ``torch-sdpa`` path (and whose mask leaves no row
+empty), :func:`route` decides with attribute checks only (types, ranks, sizes,
+dtypes, devices, strides; no torch operator) and :func:`run` calls torch's CPU kernel
+directly, as its own entry point would:
+
+- softmax of (scaled) dot products, ``backend="auto"``, no bias, sinks, dropout, weights or lse;
+- plain 4-D CPU tensors (float32/float64), ``Dv == D``, grouped-query heads allowed,
+  innermost stride 1 (contiguous when autograd records the call); or the same on one
+  CUDA device (float16, bfloat16, float32, float64), where torch's public
+  ``F.scaled_dot_product_attention`` runs (flash, memory-efficient or cuDNN, as torch picks);
+- no mask, or :func:`attnkit.masks.causal` that leaves no row empty: ``is_causal``
+  for top-left alignment or ``Lq == Lk`` (with a positive scale), no mask for one
+  query under bottom-right alignment (decoding), a cached float mask for several
+  (chunked prefill).
+
+Every contract holds: the output and the kernel's log-sum-exp are checked after the
+call (NaN or inf in the output, an lse of NaN, inf or exactly 0: an overflow, a
+masked NaN key torch leaked, a NaN query row it zeroed; on CUDA, whose public kernel
+returns no lse, NaN or inf in the output or in q: :func:`.sdpa.sums_finite`, no second
+pass over the KV cache), and then the call is handed
+to the full route (validation, :func:`~.dispatch.choose`), which raises attnkit's
+errors and runs an exact path. Anything the lane does not take goes there too.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .. import recording
+from ..functional.validate import default_scale, validate
+from . import reference, rules
+from .pipeline import twice_differentiable
+from .sdpa import causal_mask, sums_finite
+
+__all__ = ["route", "run", "describe"]
+
+_DTYPES = (torch.float32, torch.float64)
+_CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse,
+          backend, sinks=None) -> tuple | None:
+    """``(is_causal, float_mask, scale, on_cpu)`` for a call the lane takes, else None; reads attributes only."""
+    if (backend != "auto" or bias is not None or sinks is not None or dropout_p or return_weights or return_lse
+            or normalize != "softmax" or score not in ("scaled_dot", "dot") or rules.FLASH is None
+            or recording.listening):
+        return None
+    if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
+        return None
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        return None
+    cpu = q.is_cpu and k.is_cpu and v.is_cpu
+    if not cpu and not (q.is_cuda and k.device == q.device and v.device == q.device):
+        return None
+    dtype = q.dtype
+    if dtype not in (_DTYPES if cpu else _CUDA_DTYPES) or k.dtype != dtype or v.dtype != dtype:
+        return None
+    batch, heads, lq, d = q.shape
+    _, hkv, lk, dk = k.shape
+    if (k.shape[0] != batch or tuple(v.shape) != (batch, hkv, lk, d) or dk != d or not hkv or heads % hkv
+            or not (batch and lq and lk and d)):
+        return None
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+            return None
+    elif q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1:  # torch's kernel misreads such strides
+        return None
+    if scale is None:
+        scale = default_scale(score, d)
+    elif type(scale) not in (float, int) or not math.isfinite(scale):
+        return None
+    if torch.compiler.is_compiling() or torch.is_autocast_enabled("cpu" if cpu else "cuda"):
+        return None
+    if mask is None:
+        return False, None, scale, cpu
+    if getattr(mask, "kind", None) != "causal":
+        return None
+    if (mask.align == "top_left" or lq == lk) and scale > 0:
+        return True, None, scale, cpu
+    if mask.align == "bottom_right" and lq == 1:  # decoding: the one query sees every key
+        return False, None, scale, cpu
+    if mask.align == "bottom_right" and lq <= lk:  # chunked prefill
+        return False, causal_mask(lq, lk, lk - lq, dtype, q.device).float_mask, scale, cpu
+    return None
+
+
+def run(q, k, v, mask, lane: tuple) -> torch.Tensor | None:
+    """torch's kernel on the lane's call; None when its output or log-sum-exp shows a row it answered differently.
+
+    Under autograd the output is made twice differentiable (torch's kernel has no second derivative).
+    """
+    is_causal, float_mask, scale, cpu = lane
+    if not cpu:  # torch's public kernel, which returns no lse: the sums of the output and the queries stand for it
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, is_causal=is_causal, scale=scale,
+                                             enable_gqa=q.shape[1] != k.shape[1])
+        # Not k and v: a decoding step is bound by reading the cache, and a second pass over it would double it.
+        # NaN or inf in an attended key or value reaches the output (checked); a NaN query row, which a kernel
+        # may answer 0 like a row with no key, is seen in q.
+        if not sums_finite(out, (q,)):
+            return None
+    else:
+        out, lse = rules.FLASH(q, k, v, 0.0, is_causal, attn_mask=float_mask, scale=scale)
+        # Each row's output sum plus lse / lse: NaN or inf for NaN or inf in the output (an overflow, a leak) and
+        # for an lse of NaN, +-inf or exactly 0 (a row torch zeroed: no row is empty here). One reduction, one read.
+        if not math.isfinite(torch.addcdiv(out.sum(-1), lse, lse).sum().item()):
+            return None
+    if out.requires_grad:
+        inputs = [t for t in (q, k, v) if t.requires_grad]
+        out, _ = twice_differentiable(out, None, inputs, lambda *ts: reference.recomputed(
+            validate(q, k, v, mask=mask, scale=scale), inputs, ts))
+    return out
+
+
+def describe(lane: tuple) -> str:
+    is_causal, float_mask, _, cpu = lane
+    mask = "is_causal" if is_causal else "no mask" if float_mask is None else "a cached causal float mask"
+    if not cpu:
+        return (f"fast lane: torch's public SDPA on CUDA ({mask}), attribute checks before it, the sums of its "
+                "output and inputs checked after (kernels/lane.py)")
+    return (f"fast lane: torch's fused CPU kernel called directly ({mask}), attribute checks before it, its "
+            "log-sum-exp checked after (kernels/lane.py)")

@@ -1,0 +1,246 @@
+"""What the linear-recurrent layers share: the short convolution, the decoding cache, the gated RMS norm, the base.
+
+Each layer (:mod:`.retnet`, :mod:`.gla`, :mod:`.mamba2`, :mod:`.deltanet`, :mod:`.gated_deltanet`,
+:mod:`.kimi_delta`) only says how it turns ``x`` into the recurrence's inputs (``_mix``) and the
+recurrence's output into ``y`` (``_finish``); :class:`RecurrentLayer` runs the recurrence of
+:mod:`attnkit.functional.linear` in the form asked for, keeps the cache, and makes padded
+positions inert: they neither write to nor decay the state, and the short convolution reads
+zeros there, so a left-padded sequence gives at its real positions what it gives unpadded.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import DTypeError, ShapeError, UnsupportedFeature, check_int
+from ..functional.linear.forms import linear_recurrence
+from ._inputs import check_keep_mask, check_sequence
+
+__all__ = ["RecurrentCache", "RecurrentLayer", "DeltaRuleLayer", "Mixed", "ShortConvolution", "GatedRMSNorm",
+           "decay_parameters", "log_decay", "example", "transformers_layer", "copy_weights"]
+
+
+class RecurrentCache:
+    """The decoding state of one linear-recurrent layer: ``O(1)`` in the length, unlike a KV cache.
+
+    Attributes:
+        conv: the short convolution's last ``kernel - 1`` inputs ``(B, channels, kernel - 1)``, or None.
+        state: the recurrence's state ``(B, H, Dk, Dv)`` (float32, float64 for float64 layers), or None.
+        length: tokens seen so far (positions of rotary layers continue from it).
+
+    A fresh cache is empty (None: zeros); the layer fills it on ``forward(x, cache=cache)`` and
+    ``forward_step(x, cache)``.
+    """
+
+    def __init__(self):
+        self.conv: torch.Tensor | None = None
+        self.state: torch.Tensor | None = None
+        self.length = 0
+
+    def __len__(self) -> int:
+        return self.length
+
+    def reset(self) -> None:
+        self.conv, self.state, self.length = None, None, 0
+
+
+class ShortConvolution(nn.Module):
+    """A depthwise causal convolution over the sequence (kernel ``size``), then SiLU: ``y_t = silu(sum_i w_i x_{t-i})``.
+
+    The short convolution of H3/Mamba (Fu et al. 2023, arXiv:2212.14052) that Mamba-2 and the
+    DeltaNets put before their recurrences. ``weight`` is ``(channels, 1, size)``, as a
+    ``torch.nn.Conv1d`` with ``groups=channels``. Shapes: ``x`` ``(B, L, C)``, ``context`` the
+    ``size - 1`` inputs before it ``(B, C, size - 1)`` (zeros if None) -> ``(y (B, L, C), the last
+    size - 1 inputs)``.
+    """
+
+    def __init__(self, channels: int, size: int, *, bias: bool = False):
+        super().__init__()
+        check_int("ShortConvolution", "size", size, 1)
+        self.weight = nn.Parameter(torch.empty(channels, 1, size))
+        self.bias = nn.Parameter(torch.zeros(channels)) if bias else None
+        nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None):
+        size = self.weight.shape[-1]
+        if context is None:
+            context = x.new_zeros(x.shape[0], x.shape[-1], size - 1)
+        seen = torch.cat([context.to(x.dtype), x.transpose(1, 2)], -1)  # (B, C, size - 1 + L)
+        if x.shape[1] == 0:  # no output to compute (conv1d refuses an input shorter than its kernel)
+            return x, seen
+        y = F.conv1d(seen, self.weight, self.bias, groups=x.shape[-1])
+        return F.silu(y).transpose(1, 2), seen[..., seen.shape[-1] - (size - 1):]
+
+
+class GatedRMSNorm(nn.Module):
+    """RMS norm with an optional multiplicative gate: ``weight * x / rms(x) * act(gate)``, or Mamba-2's gate first.
+
+    ``rms`` is taken over groups of ``width / groups`` features; ``gate_first`` normalises
+    ``x * act(gate)`` instead (Mamba-2's ``norm_before_gate=False``). Computed in float32 or better,
+    returned in x's dtype. ``weight`` is ``(width,)``.
+    """
+
+    def __init__(self, width: int, *, eps: float, activation: str | None = "silu", gate_first: bool = False,
+                 groups: int = 1):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps, self.groups, self.gate_first = eps, groups, gate_first
+        self.activation = {"silu": F.silu, "sigmoid": torch.sigmoid, None: None}[activation]
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        acc = torch.promote_types(x.dtype, torch.float32)
+        y = x.to(acc)
+        if gate is not None and self.gate_first:
+            y = y * self.activation(gate.to(acc))
+        y = y.unflatten(-1, (self.groups, -1))
+        y = F.rms_norm(y, (y.shape[-1],), eps=self.eps).flatten(-2) * self.weight.to(acc)
+        if gate is not None and not self.gate_first:
+            y = y * self.activation(gate.to(acc))
+        return y.to(x.dtype)
+
+
+def decay_parameters(heads: int, steps: int) -> tuple[nn.Parameter, nn.Parameter]:
+    """Mamba-2's ``A_log`` ``(heads,)`` (``A`` uniform in [1, 16]) and ``dt_bias`` ``(steps,)`` (``softplus^-1`` of
+    step sizes log-uniform in [0.001, 0.1], floor 1e-4), as initialised by the reference code; Gated DeltaNet and
+    Kimi Linear reuse them for their decays."""
+    dt = torch.exp(torch.rand(steps) * (math.log(0.1) - math.log(0.001)) + math.log(0.001)).clamp(min=1e-4)
+    return nn.Parameter(torch.empty(heads).uniform_(1, 16).log()), nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+
+
+def log_decay(raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+    """``log alpha = -exp(A_log) softplus(raw + dt_bias)`` (Mamba-2's discretised decay), in float32 or better:
+    ``raw`` ``(B, n, H c)`` -> ``(B, H, n, c)`` (c decays per head: 1, or one per key channel)."""
+    acc = torch.promote_types(raw.dtype, torch.float32)
+    rates = F.softplus(raw.to(acc) + dt_bias.to(acc)).unflatten(-1, (A_log.shape[0], -1)).transpose(1, 2)
+    return -A_log.to(acc).exp()[:, None, None] * rates
+
+
+def example(cls, *args, **kwargs):
+    """A registry example: ``cls(32, *args, **kwargs)`` on a ``(2, 16, 32)`` input."""
+    def build():
+        g = torch.Generator().manual_seed(0)
+        return cls(32, *args, **kwargs), (torch.randn(2, 16, 32, generator=g),)
+    return build
+
+
+def transformers_layer(who: str, layer, expected: str):
+    """``layer`` if it is transformers' ``expected`` class with a SiLU short convolution, else a named error."""
+    if type(layer).__name__ != expected:
+        raise DTypeError(f"{who}.from_transformers takes a {expected}; got {type(layer).__name__}")
+    if layer.activation not in ("silu", "swish"):
+        raise UnsupportedFeature(f"{who}.from_transformers: the convolution's activation must be silu; got "
+                                 f"{layer.activation!r}")
+    return layer
+
+
+@torch.no_grad()
+def copy_weights(pairs) -> None:
+    """``mine.copy_(theirs)`` for each pair of parameters (shapes must agree)."""
+    for mine, theirs in pairs:
+        mine.copy_(theirs.reshape(mine.shape))
+
+
+class Mixed(NamedTuple):
+    """A layer's recurrence inputs (see :func:`attnkit.functional.linear.forms.linear_recurrence`) and what its
+    output side needs (``rest``)."""
+
+    q: torch.Tensor  # (B, Hk, L, Dk)
+    k: torch.Tensor  # (B, Hk, L, Dk)
+    v: torch.Tensor  # (B, H, L, Dv)
+    g: torch.Tensor  # (B, H, L, 1 or Dk) log decays
+    beta: torch.Tensor | None  # (B, H, L) or None: no delta rule
+    rest: tuple = ()
+
+
+class RecurrentLayer(nn.Module):
+    """Base of the linear-recurrent layers: ``forward`` (any form), ``forward_step`` (decoding), ``new_cache``.
+
+    A subclass sets ``dim``, ``chunk_size``, ``core_sizes``, ``scale`` (None: ``Dk^-1/2``), ``normalize_qk``,
+    ``delta_rule`` and ``learned_decay`` (for its cost spec, :mod:`._recurrent_spec`), an optional
+    ``conv1d`` (:class:`ShortConvolution`) and defines ``_mix(x, keep, context, offset) -> (Mixed, conv
+    tail)`` and ``_finish(out, mixed, x) -> y``.
+    """
+
+    scale: float | None = None
+    normalize_qk: bool = False
+    delta_rule: bool = False
+    learned_decay: bool = True  # the log decays come from parameters or the input (they take gradients)
+    core_sizes: tuple[int, int, int]  # the recurrence's (H, Dk, Dv), for the cost spec
+
+    def new_cache(self) -> RecurrentCache:
+        """An empty :class:`RecurrentCache` for :meth:`forward` and :meth:`forward_step`."""
+        return RecurrentCache()
+
+    def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None,
+                cache: RecurrentCache | None = None, form: str = "chunk") -> torch.Tensor:
+        """``(B, n, dim) -> (B, n, dim)``, causal; ``cache`` continues an earlier call and is updated."""
+        check_sequence(type(self).__name__, "x", x, self.dim, like=self)
+        keep = check_keep_mask(type(self).__name__, "key_keep_mask", key_keep_mask, x.shape[0], x.shape[1])
+        if cache is not None and not isinstance(cache, RecurrentCache):
+            raise DTypeError(f"{type(self).__name__}: cache must be a RecurrentCache (new_cache()); got "
+                             f"{type(cache).__name__}")
+        if keep is not None:  # by select, so NaN or inf there reaches nothing
+            x = x.masked_fill(~keep[..., None], 0.0)
+        mixed, tail = self._mix(x, keep, None if cache is None else cache.conv, 0 if cache is None else cache.length)
+        out, state = self.recurrence(mixed, keep, form, None if cache is None else cache.state)
+        if cache is not None:
+            cache.conv, cache.state, cache.length = tail, state, cache.length + x.shape[1]
+        return self._finish(out, mixed, x)
+
+    def forward_step(self, x: torch.Tensor, cache: RecurrentCache) -> torch.Tensor:
+        """One token ``(B, dim) -> (B, dim)`` in the recurrent form, continuing ``cache`` (updated)."""
+        if isinstance(x, torch.Tensor) and x.dim() != 2:
+            raise ShapeError(f"{type(self).__name__}.forward_step: x must have shape (batch, dim={self.dim}); got "
+                             f"{tuple(x.shape)}")
+        return self(x[:, None], cache=cache, form="recurrent")[:, 0]
+
+    def recurrence(self, mixed: Mixed, keep, form: str, initial_state):
+        """The recurrence of ``mixed`` (:meth:`inert` at padded positions)."""
+        mixed = self.inert(mixed, keep)
+        return linear_recurrence(type(self).__name__, mixed.q, mixed.k, mixed.v, mixed.g, mixed.beta,
+                                 scale=self.scale, normalize_qk=self.normalize_qk, form=form,
+                                 chunk_size=self.chunk_size, initial_state=initial_state, cu_seqlens=None)
+
+    @staticmethod
+    def inert(mixed: Mixed, keep) -> Mixed:
+        """``mixed`` with zero keys and log decays where ``keep`` is False: those tokens neither write nor decay (a
+        zero key writes nothing, delta rule or not)."""
+        if keep is None:
+            return mixed
+        pad = ~keep[:, None, :, None]
+        return mixed._replace(k=mixed.k.masked_fill(pad, 0.0), g=mixed.g.masked_fill(pad, 0.0))
+
+    def convolve(self, channels: torch.Tensor, keep, context):
+        """The short convolution of ``(B, L, C)`` pre-convolution channels, zeros read at padded positions."""
+        if keep is not None:
+            channels = channels.masked_fill(~keep[..., None], 0.0)
+        return self.conv1d(channels, context)
+
+    def channels(self, x: torch.Tensor) -> torch.Tensor:
+        """The short convolution's input channels of ``x``: ``q_proj, k_proj, v_proj`` side by side (as Mamba-2's
+        ``[x, B, C]``)."""
+        return torch.cat([p(x) for p in (self.q_proj, self.k_proj, self.v_proj)], -1)
+
+    def conv_context(self, x: torch.Tensor, keep) -> torch.Tensor:
+        """The convolution's context ``(B, C, K - 1)`` after the tokens ``x`` ``(B, K - 1, dim)`` (zeros if padded)."""
+        channels = self.channels(x)
+        return (channels if keep is None else channels.masked_fill(~keep[..., None], 0.0)).transpose(1, 2)
+
+    def convolved_qkv(self, x, keep, context):
+        """:meth:`channels` through the short convolution: ``(q, k, v, conv tail)``, each ``(B, n, width)``."""
+        mixed, tail = self.convolve(self.channels(x), keep, context)
+        widths = [p.out_features for p in (self.q_proj, self.k_proj, self.v_proj)]
+        return (*mixed.split(widths, -1), tail)
+
+
+class DeltaRuleLayer(RecurrentLayer):
+    """Base of the delta-rule layers (:mod:`.deltanet`, :mod:`.gated_deltanet`, :mod:`.kimi_delta`): their q and k
+    are L2-normalised, so that with ``0 <= beta <= 1`` every transition ``I - beta k k^T`` is a contraction."""
+
+    normalize_qk = True
+    delta_rule = True

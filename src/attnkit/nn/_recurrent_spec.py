@@ -1,0 +1,132 @@
+"""The cost spec of the linear-recurrent layers: matmul FLOPs in each form and the decoding state.
+
+FLOPs are the matrix products of one pass as ``torch.utils.flop_counter.FlopCounterMode`` counts
+them (the tests assert equality, forward and backward): every ``nn.Linear`` once per token, the
+depthwise short convolution (``2 K`` per channel and token), and the recurrence, per sequence and
+value head with ``L`` tokens, widths ``Dk, Dv``, blocks of ``c`` tokens (``C = ceil(L / c)``, the
+last one padded) and ``r = 1`` with the delta rule::
+
+    parallel    2 L^2 Dk (1 + r) + 2 L^2 Dv + 2 L Dk Dv (2 + r)          (one block of L tokens)
+    chunk       C (2 c^2 Dk (1 + r) + 2 c^2 Dv + 2 c Dk Dv (2 + r))
+    recurrent   2 L Dk Dv (1 + r)
+
+The backward costs each product once more per operand that needs a gradient: the state a layer
+starts from (zeros) needs none, and nothing is differentiated through its final state (a layer
+without a cache discards it). The delta rule's triangular solve is counted by no counter
+forward; its backward adds one product, ``2 c^2 (Dk + Dv)`` per block. Decays and gates are
+elementwise. The decoding state is the recurrence's ``H Dk Dv`` numbers (float32, float64 for
+float64 layers) and the convolution's last ``K - 1`` inputs per channel, whatever the context.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from ..costing.spec import Spec
+from ..costing.tally import Tally, dtype_of, randn
+from ..functional.linear.checks import FORMS, check_form
+
+__all__ = ["RECURRENT_SIZES", "RECURRENT_FORMULA", "recurrent_spec", "count_recurrence"]
+
+RECURRENT_SIZES = {"batch": 2, "length": 16, "dim": 32, "dtype": "float32", "form": "chunk"}
+RECURRENT_FORMULA = ("projections 2 B L (sum of in x out); convolution 2 B L channels K; recurrence per head: "
+                     "parallel 2 L^2 (Dk (1 + r) + Dv) + 2 L Dk Dv (2 + r), chunk C times that at L = c, "
+                     "recurrent 2 L Dk Dv (1 + r) (r = 1 with the delta rule)")
+
+
+def count_recurrence(t: Tally, form: str, heads: int, n: int, dk: int, dv: int, *, chunk: int, delta: bool,
+                     learned_decay: bool = True) -> None:
+    """The products of :func:`attnkit.functional.linear.forms.linear_recurrence` over ``heads`` (batch x value
+    heads) sequences of ``n`` tokens, entered from a zero state, the final state unused.
+
+    ``learned_decay``: the log decays need a gradient (learned or input-dependent gates), so the
+    first step's decayed state does too (the recurrent form's first ``k^T S``).
+    """
+    if n == 0:
+        return
+    if form == "recurrent":
+        if delta:
+            t.mm("delta rule: k^T S per token", heads, 1, dk, dv, grads=1 + learned_decay)
+            t.mm("delta rule: k^T S per token", heads * (n - 1), 1, dk, dv)
+        t.mm("output q^T S per token", heads * n, 1, dk, dv)
+        return
+    c, blocks = (n, 1) if form == "parallel" else (chunk, -(-n // chunk))
+    t.mm("block scores q k^T (decay-masked)", heads * blocks, c, dk, c)
+    if delta:
+        t.mm("delta rule: block k k^T", heads * blocks, c, dk, c)
+        if t.backward:  # the solve itself is counted by no counter; its backward forms one product
+            t.fused("delta rule: the triangular solve's backward product", 0, 2 * heads * blocks * c * c * (dk + dv))
+        t.mm("delta rule: values written U - W S", heads, c, dk, dv, grads=1)  # the first block reads S = 0
+        t.mm("delta rule: values written U - W S", heads * (blocks - 1), c, dk, dv)
+        t.mm("state passed on K~^T (U - W S)", heads * (blocks - 1), dk, c, dv)
+        t.mm("state passed on K~^T (U - W S)", heads, dk, c, dv, grads=0)  # the last block's: the final state
+    else:
+        t.mm("state passed on K~^T U", heads * blocks, dk, c, dv, grads=2 if blocks > 1 else 0)
+    t.mm("output from the entering state Q^ S", heads * blocks, c, dk, dv, grads=2 if blocks > 1 else 1)
+    t.mm("output within blocks A U", heads * blocks, c, c, dv)
+    t.inter(heads * blocks * c * c * (1 + delta), heads * blocks * dk * dv)
+
+
+def _count_layer(t: Tally, s, layer, form: str) -> None:
+    b, n = s["batch"], s["length"]
+    linears = [(name, m) for name, m in layer.named_modules() if isinstance(m, nn.Linear)]
+    for _, m in linears:
+        t.mm(f"projections ({', '.join(name for name, _ in linears)})", 1, b * n, m.in_features, m.out_features)
+        t.inter(b * n * m.out_features)
+    conv = getattr(layer, "conv1d", None)
+    if conv is not None:
+        channels, taps = conv.weight.shape[0], conv.weight.shape[-1]
+        t.conv("short convolution (depthwise)", b, 1, channels, n, taps)
+        t.inter(b * n * channels)
+    heads, dk, dv = layer.core_sizes
+    count_recurrence(t, form, b * heads, n, dk, dv, chunk=layer.chunk_size, delta=layer.delta_rule,
+                     learned_decay=layer.learned_decay)
+    t.ew("decays, gates and norms (estimate)", b * n * heads * (dk + dv), 5)
+    t.io(2 * b * n * s["dim"], sum(p.numel() for p in layer.parameters()))
+
+
+def _count(make, t: Tally, s, module=None) -> None:
+    layer = module if module is not None else make(s)
+    check_form("cost", s["form"], layer.chunk_size)
+    for form in FORMS:
+        each = Tally(backward=t.backward, itemsize=t.itemsize)
+        _count_layer(each, s, layer, form)
+        t.forms[form] = sum(each.terms.values())
+    _count_layer(t, s, layer, s["form"])
+    heads, dk, dv = layer.core_sizes
+    dtype = dtype_of(s)
+    conv = getattr(layer, "conv1d", None)
+    context = 0 if conv is None else conv.weight.shape[0] * (conv.weight.shape[-1] - 1) * dtype.itemsize
+    t.decoding(fixed=heads * dk * dv * torch.promote_types(dtype, torch.float32).itemsize + context)
+
+
+def _inputs(s, module):
+    return functools.partial(module, form=s["form"]), (randn(s["batch"], s["length"], s["dim"], dtype=dtype_of(s)),)
+
+
+def _config(options, sizes: dict, layer) -> dict:
+    """What a layer says of its sizes: ``dim``, ``chunk_size`` and, where the spec has them, ``heads`` and
+    ``conv_size``, with ``options(layer)``."""
+    shared = {"dim": layer.dim, "chunk_size": layer.chunk_size}
+    if "heads" in sizes:
+        shared["heads"] = layer.num_heads
+    if "conv_size" in sizes:
+        shared["conv_size"] = layer.conv1d.weight.shape[-1]
+    return {**shared, **options(layer)}
+
+
+def recurrent_spec(module_type: type, make, sizes: dict, options=lambda layer: {},
+                   formula: str = RECURRENT_FORMULA) -> Spec:
+    """The spec of a linear-recurrent layer: :data:`RECURRENT_SIZES` and ``sizes`` (its options, the example's
+    values; None: the layer's default), ``make(sizes) -> layer`` and ``options(layer) -> sizes`` (those a layer
+    reads back beyond ``dim, heads, chunk_size, conv_size``). The count builds the layer when none is given
+    (its size does not grow with the length)."""
+    def build(s):
+        return make(s).to(dtype_of(s))
+
+    return Spec({**RECURRENT_SIZES, **sizes}, functools.partial(_count, build), _inputs, formula, make=build,
+                module_type=module_type, config=functools.partial(_config, options, sizes),
+                nullable=frozenset(k for k, v in sizes.items() if v is None))

@@ -1,0 +1,122 @@
+"""The Mamba-2 mixer: projections, short convolution and gated norm around the SSD core."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..entry import Entry, register
+from ..errors import ShapeError, check_int
+from ..functional.linear.ssd import ssd_inputs
+from ._recurrent import GatedRMSNorm, Mixed, RecurrentLayer, ShortConvolution, decay_parameters, example
+from ._recurrent_spec import recurrent_spec
+from .linear import merge_heads, split_heads
+
+__all__ = ["Mamba2Mixer"]
+
+
+class Mamba2Mixer(RecurrentLayer):
+    """The Mamba-2 block's mixer: a selective SSM with a scalar decay per head (SSD), in parallel projections.
+
+    Dao & Gu 2024, "Transformers are SSMs", arXiv:2405.21060, Sec. 7 (the Mamba-2 block, Fig. 6)::
+
+        [z, x, B, C, dt] = u W_in                      (one projection, in parallel)
+        [x, B, C] = silu(conv1d([x, B, C]))            (depthwise causal, kernel 4)
+        dt = softplus(dt + dt_bias),  A = -exp(A_log)
+        y = SSD(x, dt, A, B, C) + D x                  (:func:`attnkit.functional.linear.ssd`)
+        out = RMSNorm(y * silu(z)) W_out               (the norm over groups of d_inner / G features)
+
+    Notation: ``W_in`` = ``in_proj`` (outputs in the order z, x, B, C, dt, as Mamba's code and
+    transformers' ``Mamba2Mixer``), ``conv1d``, ``dt_bias``, ``A_log``, ``D``, ``norm``, ``W_out`` =
+    ``out_proj``; d_inner = ``expand * dim``, ``H = d_inner / head_dim`` heads of width P = ``head_dim``,
+    ``state_dim`` = N, ``num_groups`` = G (heads ``h`` read ``B, C`` of group ``h // (H / G)``).
+
+    Differences from the paper: none in the computation (no ``dt`` clamping: the reference's
+    default limits are (0, inf)). Initialisation as the reference code: ``A`` uniform in [1, 16],
+    ``dt`` log-uniform in [0.001, 0.1] (floor 1e-4), ``D = 1``.
+
+    Shapes: ``x`` ``(B, n, dim)``, ``key_keep_mask`` ``(B, n)`` bool (True = real token) -> ``(B, n, dim)``;
+    :meth:`forward_step`: ``(B, dim) -> (B, dim)``.
+
+    Complexity: chunk form O(n c (N + P) H + n N P H) plus the projections O(n dim d_inner); state
+    ``H N P`` numbers plus the convolution's ``3 (d_inner + 2 G N)``.
+
+    Args:
+        dim: model width.
+        head_dim: P.
+        state_dim: N.
+        expand: d_inner / dim.
+        num_groups: G.
+        conv_size: the short convolution's kernel.
+        chunk_size: block length of the chunk form.
+        eps: the norm's epsilon.
+
+    Example:
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
+        >>> layer = Mamba2Mixer(16, head_dim=8, state_dim=4)
+        >>> x = torch.randn(2, 9, 16)
+        >>> cache = layer.new_cache()
+        >>> prefix = layer(x[:, :5], cache=cache)
+        >>> rest = torch.stack([layer.forward_step(x[:, t], cache) for t in range(5, 9)], 1)
+        >>> torch.allclose(torch.cat([prefix, rest], 1), layer(x), atol=1e-5)
+        True
+    """
+
+    scale = 1.0
+
+    def __init__(self, dim: int, *, head_dim: int = 64, state_dim: int = 128, expand: int = 2, num_groups: int = 1,
+                 conv_size: int = 4, chunk_size: int = 64, eps: float = 1e-5):
+        super().__init__()
+        who = "Mamba2Mixer"
+        inner = check_int(who, "expand", expand, 1) * check_int(who, "dim", dim, 1)
+        heads = inner // check_int(who, "head_dim", head_dim, 1)
+        if inner % head_dim or heads % check_int(who, "num_groups", num_groups, 1):
+            raise ShapeError(f"{who}: expand * dim = {inner} must be a multiple of head_dim = {head_dim}, and the "
+                             f"heads ({inner / head_dim:g}) a multiple of num_groups = {num_groups}")
+        self.dim, self.num_heads, self.chunk_size = dim, heads, check_int(who, "chunk_size", chunk_size, 1)
+        self.sizes = (inner, num_groups * check_int(who, "state_dim", state_dim, 1), num_groups)
+        self.core_sizes = (heads, state_dim, head_dim)
+        conv_channels = inner + 2 * num_groups * state_dim
+        self.in_proj = nn.Linear(dim, inner + conv_channels + heads, bias=False)
+        self.conv1d = ShortConvolution(conv_channels, check_int(who, "conv_size", conv_size, 1), bias=True)
+        self.A_log, self.dt_bias = decay_parameters(heads, heads)
+        self.D = nn.Parameter(torch.ones(heads))
+        self.norm = GatedRMSNorm(inner, eps=eps, gate_first=True, groups=num_groups)
+        self.out_proj = nn.Linear(inner, dim, bias=False)
+
+    def _split(self, projected):
+        """``(z, [x, B, C], dt)`` of ``in_proj``'s output."""
+        inner, bc, _ = self.sizes
+        return projected.split([inner, inner + 2 * bc, self.num_heads], -1)
+
+    def channels(self, x):
+        return self._split(self.in_proj(x))[1]
+
+    def _mix(self, x, keep, context, offset):
+        inner, bc, groups = self.sizes
+        z, xbc, dt = self._split(self.in_proj(x))
+        xbc, tail = self.convolve(xbc, keep, context)
+        xs, b, c = xbc.split([inner, bc, bc], -1)
+        xs = split_heads(xs, self.num_heads)  # (B, H, n, P)
+        dt = F.softplus(dt.to(torch.promote_types(x.dtype, torch.float32)) + self.dt_bias).transpose(1, 2)  # (B, H, n)
+        q, k, v, g = ssd_inputs(xs, dt, -self.A_log.exp(), split_heads(b, groups), split_heads(c, groups))
+        return Mixed(q, k, v, g, None, (xs, z)), tail
+
+    def _finish(self, out, mixed, x):
+        xs, z = mixed.rest
+        y = merge_heads(out + xs.to(out.dtype) * self.D.to(out.dtype)[:, None, None]).to(x.dtype)  # (B, n, d_inner)
+        return self.out_proj(self.norm(y, z))
+
+
+_OPTIONS = ("head_dim", "state_dim", "expand", "num_groups", "conv_size", "chunk_size")
+register(Entry("mamba2", Mamba2Mixer, "Dao & Gu 2024, arXiv:2405.21060, Sec. 7 (the Mamba-2 block's mixer)",
+               "O(L c (N + P) H + L N P H)", "selective SSM with a scalar decay per head (SSD), short convolution "
+               "and gated norm", "linear-recurrent", example(Mamba2Mixer, head_dim=16, state_dim=16),
+               spec=recurrent_spec(Mamba2Mixer,
+                                   lambda s: Mamba2Mixer(s["dim"], **{k: s[k] for k in _OPTIONS}),
+                                   {"head_dim": 16, "state_dim": 16, "expand": 2, "num_groups": 1, "conv_size": 4,
+                                    "chunk_size": 64},
+                                   lambda m: {"head_dim": m.core_sizes[2], "state_dim": m.core_sizes[1],
+                                              "expand": m.sizes[0] // m.dim, "num_groups": m.sizes[2]})))

@@ -1,0 +1,32 @@
+"""Segment sums: each entry the sum over its own segment (exact where a difference of prefix sums is not)."""
+
+import torch
+
+from attnkit.functional.linear.segsum import decayed_products, segsum
+
+
+def test_entries_are_sums_over_their_segments_and_minus_inf_above():
+    g = torch.randn(2, 6, 3, dtype=torch.float64)
+    seg = segsum(g)
+    assert seg.shape == (2, 6, 6, 3)
+    for i in range(6):
+        for j in range(6):
+            want = g[:, j + 1 : i + 1].sum(1) if j <= i else torch.full((2, 3), float("-inf"), dtype=torch.float64)
+            torch.testing.assert_close(seg[:, i, j], want, rtol=0, atol=1e-14)
+
+
+def test_short_segments_stay_exact_after_long_prefixes():
+    g = -1000 - torch.rand(1000, 1, generator=torch.Generator().manual_seed(0))  # prefix sums reach -1e6
+    seg = segsum(g)
+    one_step = seg.diagonal(-1, 0, 1)[0]  # seg[i, i - 1] = g_i, a sum of one term
+    assert torch.equal(one_step, g[1:, 0])
+    naive = g.cumsum(0)[1:, 0] - g.cumsum(0)[:-1, 0]  # the difference of prefix sums loses the low bits
+    assert (naive - g[1:, 0]).abs().max() > 1e-3
+
+
+def test_decayed_products_with_one_decay_or_one_per_channel():
+    a, b = torch.randn(4, 3, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
+    decay = torch.rand(4, 5, 3, dtype=torch.float64)
+    want = torch.stack([torch.stack([(a[i] * b[j] * decay[i, j]).sum() for j in range(5)]) for i in range(4)])
+    torch.testing.assert_close(decayed_products(a, b, decay), want)
+    torch.testing.assert_close(decayed_products(a, b, decay[..., :1]), (a @ b.T) * decay[..., 0])

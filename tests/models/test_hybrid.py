@@ -1,0 +1,52 @@
+"""Hybrid stacks: linear-recurrent layers with a softmax layer every few layers, in TransformerLM."""
+
+import pytest
+import torch
+
+from attnkit.errors import ArgumentError
+from attnkit.models import TransformerLM
+from attnkit.models.hybrid import RECURRENT, hybrid_attention
+
+V, DIM, H = 17, 12, 3
+
+
+def _lm(name="gated-deltanet", every=4, layers=8, **kw):
+    torch.manual_seed(0)
+    return TransformerLM(V, dim=DIM, num_heads=H, num_layers=layers, dropout=0.0, attention=name, softmax_every=every,
+                         **kw).eval()
+
+
+def test_every_fourth_layer_is_softmax():
+    kinds = [type(layer.self_attn).__name__ for layer in _lm().body.layers]
+    assert kinds == ["GatedDeltaNet"] * 3 + ["SoftmaxSelfAttention"] + ["GatedDeltaNet"] * 3 + ["SoftmaxSelfAttention"]
+    assert {type(layer.self_attn).__name__ for layer in _lm(every=None, layers=3).body.layers} == {"GatedDeltaNet"}
+
+
+@pytest.mark.parametrize("name", RECURRENT)
+def test_hybrid_models_are_causal_and_generate(name):
+    lm = _lm(name, every=2, layers=2)
+    tokens = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(1))
+    logits = lm(tokens)
+    changed = tokens.clone()
+    changed[:, 6:] = (changed[:, 6:] + 1) % V
+    torch.testing.assert_close(lm(changed)[:, :6], logits[:, :6], rtol=0, atol=1e-6)
+    out, scores = lm.generate(tokens[:, :5], 3, return_logits=True)
+    torch.testing.assert_close(scores[:, 0], logits[:, 4], rtol=0, atol=1e-5)
+    assert out.shape == (2, 8) and torch.equal(out[:, :5], tokens[:, :5])
+
+
+def test_left_padding_leaves_the_real_tokens_alone():
+    lm = _lm(every=2, layers=4, positional=None)
+    tokens = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(2))
+    keep = torch.ones(2, 9, dtype=torch.bool)
+    keep[1, :3] = False
+    torch.testing.assert_close(lm(tokens, key_keep_mask=keep)[1, 3:], lm(tokens[1:, 3:])[0], rtol=0, atol=1e-5)
+
+
+def test_bad_options_are_named():
+    with pytest.raises(ArgumentError, match="linear-recurrent layers are causal; got causal=False"):
+        TransformerLM(V, dim=DIM, num_heads=H, attention="retnet", causal=False)
+    with pytest.raises(ArgumentError, match="linear must be one of 'retnet'"):
+        TransformerLM(V, dim=DIM, num_heads=H, softmax_every=2)
+    with pytest.raises(ArgumentError, match="softmax_every must be an int >= 1; got 0"):
+        hybrid_attention("gla", 0)

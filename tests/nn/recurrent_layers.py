@@ -1,0 +1,28 @@
+"""The six linear-recurrent layers at small, distinct sizes (dim 12), for the tests that run all of them."""
+
+from __future__ import annotations
+
+import torch
+
+from attnkit.nn import DeltaNet, GatedDeltaNet, GatedLinearAttention, KimiDeltaAttention, Mamba2Mixer, RetNetRetention
+
+DIM = 12
+LAYERS = {
+    "retnet": lambda chunk: RetNetRetention(DIM, 3, chunk_size=chunk),
+    "gla": lambda chunk: GatedLinearAttention(DIM, 2, chunk_size=chunk),
+    "mamba2": lambda chunk: Mamba2Mixer(DIM, head_dim=4, state_dim=5, num_groups=2, chunk_size=chunk),
+    "deltanet": lambda chunk: DeltaNet(DIM, 3, chunk_size=chunk),
+    "gated_deltanet": lambda chunk: GatedDeltaNet(DIM, 4, num_key_heads=2, key_head_dim=5, value_head_dim=3,
+                                                  chunk_size=chunk),
+    "kda": lambda chunk: KimiDeltaAttention(DIM, 3, head_dim=5, chunk_size=chunk),
+}
+
+
+def layer(name: str, chunk: int = 4):
+    """A float64 layer whose parameters are moved off their initial values (ones, zeros), so every one matters."""
+    torch.manual_seed(0)
+    built = LAYERS[name](chunk).double()
+    with torch.no_grad():
+        for p in built.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return built

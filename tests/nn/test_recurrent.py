@@ -1,0 +1,139 @@
+"""What every linear-recurrent layer promises (nn/_recurrent.py): one function in every form, decoding equal to
+the full pass, padded positions inert, state_dict round trips and named errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnkit.errors import DTypeError, ShapeError
+from attnkit.nn import GatedDeltaNet, Mamba2Mixer, RecurrentCache
+from attnkit.nn._recurrent import GatedRMSNorm, ShortConvolution
+
+from .recurrent_layers import DIM, LAYERS
+from .recurrent_layers import layer as _layer
+
+TOL = dict(rtol=0, atol=1e-10)
+
+
+def _x(b=2, n=11, seed=1):
+    return torch.randn(b, n, DIM, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_every_form_computes_the_same_layer_and_gradients(name):
+    layer, x = _layer(name), _x()
+    w = torch.randn_like(x)
+    results = []
+    for form in ("parallel", "chunk", "recurrent"):
+        inp = x.clone().requires_grad_()
+        out = layer(inp, form=form)
+        grads = torch.autograd.grad((out * w).sum(), [inp, *layer.parameters()])
+        results.append((out, grads))
+    for out, grads in results[1:]:
+        torch.testing.assert_close(out, results[0][0], **TOL)
+        for a, b in zip(grads, results[0][1], strict=True):
+            torch.testing.assert_close(a, b, **TOL)
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_prefill_and_decoding_equal_the_full_pass(name):
+    layer, x = _layer(name), _x()
+    full = layer(x)
+    cache = layer.new_cache()
+    parts = [layer(x[:, :2], cache=cache), layer(x[:, 2:6], cache=cache, form="parallel")]
+    parts += [layer.forward_step(x[:, t], cache)[:, None] for t in range(6, 11)]
+    torch.testing.assert_close(torch.cat(parts, 1), full, **TOL)
+    assert len(cache) == 11
+    cache.reset()
+    torch.testing.assert_close(layer(x[:, :3], cache=cache), full[:, :3], **TOL)
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_an_empty_sequence_gives_an_empty_output_and_leaves_the_cache_as_it_was(name):
+    layer, x = _layer(name), _x()
+    cache = layer.new_cache()
+    layer(x[:, :3], cache=cache)
+    state, conv = cache.state.clone(), None if cache.conv is None else cache.conv.clone()
+    for form in ("parallel", "chunk", "recurrent"):
+        empty = x[:, :0].clone().requires_grad_()
+        out = layer(empty, cache=cache, form=form)
+        out.sum().backward()
+        assert out.shape == (2, 0, DIM) and empty.grad.shape == (2, 0, DIM)
+    assert len(cache) == 3 and torch.equal(cache.state, state)
+    assert (conv is None and cache.conv is None) or torch.equal(cache.conv, conv)
+    torch.testing.assert_close(layer(x[:, 3:], cache=cache), layer(x)[:, 3:], **TOL)  # and it continues
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_left_padding_is_inert(name):
+    layer, x = _layer(name), _x()
+    keep = torch.ones(2, 11, dtype=torch.bool)
+    keep[1, :4] = False
+    bad = x.clone()
+    bad[1, :4] = float("nan")
+    bad.requires_grad_()
+    out = layer(bad, key_keep_mask=keep)
+    alone = layer(x[1:, 4:])
+    torch.testing.assert_close(out[1:, 4:], alone, **TOL)
+    torch.testing.assert_close(out[:1], layer(x[:1]), **TOL)
+    (out[keep] ** 2).sum().backward()
+    assert torch.isfinite(bad.grad).all() and (bad.grad[1, :4] == 0).all()
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters())
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_state_dict_round_trip_and_causality(name):
+    layer, x = _layer(name), _x()
+    twin = LAYERS[name](4).double()
+    twin.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(twin(x), layer(x), rtol=0, atol=0)
+    later = x.clone()
+    later[:, 7:] += 1.0
+    torch.testing.assert_close(layer(later)[:, :7], layer(x)[:, :7], **TOL)
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_float32_layers_keep_a_float32_state(name):
+    layer = LAYERS[name](4)
+    cache = layer.new_cache()
+    out = layer(_x().float(), cache=cache)
+    assert out.dtype == torch.float32 and cache.state.dtype == torch.float32
+
+
+def test_errors_name_the_argument():
+    layer = _layer("gated_deltanet")
+    with pytest.raises(ShapeError, match=r"GatedDeltaNet: x must have shape \(batch, n, 12\); got \(2, 11\)"):
+        layer(torch.zeros(2, 11, dtype=torch.float64))
+    with pytest.raises(DTypeError, match="cache must be a RecurrentCache"):
+        layer(_x(), cache={})
+    with pytest.raises(ShapeError, match=r"forward_step: x must have shape \(batch, dim=12\); got \(2, 1, 12\)"):
+        layer.forward_step(_x(n=1), RecurrentCache())
+    with pytest.raises(ShapeError, match="num_heads must be a multiple of num_key_heads; got 4 and 3"):
+        GatedDeltaNet(DIM, 4, num_key_heads=3)
+    with pytest.raises(ShapeError, match="must be a multiple of head_dim"):
+        Mamba2Mixer(DIM, head_dim=5)
+
+
+def test_short_convolution_is_causal_depthwise_with_context():
+    conv = ShortConvolution(3, 4).double()
+    x = torch.randn(2, 6, 3, dtype=torch.float64)
+    y, tail = conv(x)
+    padded = torch.nn.functional.pad(x.transpose(1, 2), (3, 0))
+    want = torch.nn.functional.silu(torch.stack([(padded[..., t : t + 4] * conv.weight[:, 0]).sum(-1)
+                                                 for t in range(6)], -1)).transpose(1, 2)
+    torch.testing.assert_close(y, want)
+    torch.testing.assert_close(tail, x[:, -3:].transpose(1, 2))
+    second, _ = conv(x[:, 4:], x[:, 1:4].transpose(1, 2))
+    torch.testing.assert_close(second, y[:, 4:])
+
+
+def test_gated_rms_norm_gates_after_or_before():
+    x, gate, w = torch.randn(5, 8, dtype=torch.float64), torch.randn(5, 8, dtype=torch.float64), torch.rand(8)
+    norm = GatedRMSNorm(8, eps=1e-6, activation="sigmoid").double()
+    norm.weight.data = w.double()
+    rms = lambda t: t / (t.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
+    torch.testing.assert_close(norm(x, gate), rms(x) * w * torch.sigmoid(gate))
+    first = GatedRMSNorm(8, eps=1e-6, gate_first=True, groups=2).double()
+    gated = x * torch.nn.functional.silu(gate)
+    torch.testing.assert_close(first(x, gate), torch.cat([rms(gated[:, :4]), rms(gated[:, 4:])], -1))
