@@ -3,6 +3,7 @@
 import torch
 
 from attnkit import tasks
+from attnkit.tasks import IGNORE_INDEX
 from attnkit.tasks.long_checks import bag_of_tokens_accuracy, solve
 
 
@@ -20,21 +21,30 @@ def check_seeds(name, **sizes):
     assert not torch.equal(a["inputs"], c["inputs"])
 
 
+def _labels(batch) -> torch.Tensor:
+    """The scored labels of a batch: one per sequence, or those of the labelled positions."""
+    y = batch["targets"]
+    return y[y != IGNORE_INDEX]
+
+
 def check_layout(name, n=32, **sizes):
-    """``inputs (n, length)`` int64 ids in ``1 .. vocab_size - 1`` (no padding), ``targets (n,)`` int64 classes."""
+    """``inputs (n, length)`` int64 ids in ``1 .. vocab_size - 1`` (no padding); ``targets`` int64 classes,
+    ``(n,)``, or ``(n, length)`` with -100 where nothing is scored for a task labelled per position."""
     task, batch = sample(name, n=n, **sizes)
     x, y = batch["inputs"], batch["targets"]
     assert x.shape == (n, task.length) and x.dtype == torch.int64
-    assert y.shape == (n,) and y.dtype == torch.int64
+    assert y.shape == ((n, task.length) if task.kind == "tokens" else (n,)) and y.dtype == torch.int64
     assert x.min() >= 1 and x.max() < task.vocab_size
-    assert y.min() >= 0 and y.max() < task.num_classes
+    labels = _labels(batch)
+    assert labels.numel() >= n and labels.min() >= 0 and labels.max() < task.num_classes
     return task, batch
 
 
 def check_balance(name, n=400, tolerance=0.06, **sizes):
-    """Every class holds ``1 / num_classes`` of a batch, within ``tolerance``."""
+    """Every class holds ``1 / num_classes`` of a batch's labels, within ``tolerance``."""
     task, batch = sample(name, n=n, **sizes)
-    share = torch.bincount(batch["targets"], minlength=task.num_classes).double() / n
+    labels = _labels(batch)
+    share = torch.bincount(labels, minlength=task.num_classes).double() / labels.numel()
     assert ((share - 1 / task.num_classes).abs() <= tolerance).all(), share.tolist()
 
 

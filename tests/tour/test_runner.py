@@ -16,7 +16,7 @@ import torch
 
 import attnkit.tour as tour_pkg
 from attnkit.errors import ArgumentError
-from attnkit.tour import runner
+from attnkit.tour import runner, store
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def test_an_interrupted_tour_keeps_finished_runs_and_resumes(tmp_path, fake):
     files = sorted(p.name for p in (tmp_path / "runs" / "default").iterdir())
     assert len(files) == 2 and all(p.endswith(".json") for p in files)  # no temporary files left
     for name in files:
-        assert runner.load_run(tmp_path / "runs" / "default" / name)["status"] == "ok"
+        assert store.load_run(tmp_path / "runs" / "default" / name)["status"] == "ok"
     api = fake(FakeAPI())
     _tour(tmp_path, seeds=(0, 1))
     assert len(api.calls) == 4  # only the 4 runs the interruption lost
@@ -143,9 +143,9 @@ def test_an_interrupted_tour_keeps_finished_runs_and_resumes(tmp_path, fake):
 
 def test_write_json_is_atomic_when_writing_fails(tmp_path):
     path = tmp_path / "run.json"
-    runner.write_json(path, {"a": 1})
+    store.write_json(path, {"a": 1})
     with pytest.raises(TypeError):
-        runner.write_json(path, {"a": object()})  # json.dump fails half-way through the file
+        store.write_json(path, {"a": object()})  # json.dump fails half-way through the file
     assert json.loads(path.read_text()) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
 
@@ -160,7 +160,7 @@ def test_a_corrupt_or_truncated_cache_is_redone(tmp_path, fake):
     api = fake(FakeAPI())
     _tour(tmp_path, seeds=(0, 1))
     assert sorted(api.calls) == [("dates/additive", 0, False), ("mqar/linear", 1, False)]
-    assert runner.load_run(folder / "mqar__linear__seed1.json")["result"]["accuracy"] == 0.5
+    assert store.load_run(folder / "mqar__linear__seed1.json")["result"]["accuracy"] == 0.5
 
 
 def test_quick_and_default_modes_are_cached_apart(tmp_path, fake):
@@ -169,7 +169,7 @@ def test_quick_and_default_modes_are_cached_apart(tmp_path, fake):
     _tour(tmp_path, keys=["mqar/softmax"], seeds=(0,))
     assert api.calls == [("mqar/softmax", 0, True), ("mqar/softmax", 0, False)]
     assert (tmp_path / "runs" / "quick" / "mqar__softmax__seed0.json").exists()
-    assert runner.load_run(tmp_path / "runs" / "quick" / "mqar__softmax__seed0.json", mode="default") is None
+    assert store.load_run(tmp_path / "runs" / "quick" / "mqar__softmax__seed0.json", mode="default") is None
 
 
 def test_a_new_code_version_reruns(tmp_path, fake, monkeypatch):
@@ -186,7 +186,7 @@ def test_a_failing_run_is_recorded_the_tour_goes_on_and_a_rerun_retries_it(tmp_p
     summary = _tour(tmp_path, seeds=(0,))
     assert [c[0] for c in api.calls] == list(EXPERIMENTS)
     assert summary.failed == ["mqar/linear seed 0"] and len(summary.ran) == 2
-    record = runner.load_run(tmp_path / "runs" / "default" / "mqar__linear__seed0.json")
+    record = store.load_run(tmp_path / "runs" / "default" / "mqar__linear__seed0.json")
     assert record["status"] == "failed" and record["error"] == "RuntimeError: boom in mqar/linear"
     assert "Traceback" in record["traceback"] and record["result"] is None
     api = fake(FakeAPI())
@@ -200,7 +200,7 @@ def test_a_result_that_cannot_be_written_as_json_is_a_failed_run(tmp_path, fake,
                                                                             extra={"bad": object()}), raising=False)
     summary = _tour(tmp_path, keys=["mqar/softmax"], seeds=(0,))
     assert summary.failed == ["mqar/softmax seed 0"] and api.calls == []
-    record = runner.load_run(tmp_path / "runs" / "default" / "mqar__softmax__seed0.json")
+    record = store.load_run(tmp_path / "runs" / "default" / "mqar__softmax__seed0.json")
     assert record["status"] == "failed" and record["error"].startswith("TypeError")
 
 

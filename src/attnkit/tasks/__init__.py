@@ -15,8 +15,10 @@ attributes, ``sample(n, generator) -> dict[str, Tensor]`` (always with ``"inputs
 True
 """
 
+from .associative_recall import AssociativeRecall
 from .base import IGNORE_INDEX, Task, get, names
 from .bigram_backcopy import BigramBackcopy
+from .byte_context import ByteContext
 from .byte_retrieval import ByteRetrieval
 from .byte_text import ByteText
 from .convex_hull import ConvexHull
@@ -32,6 +34,7 @@ from .long_listops import LongListOps
 from .mqar import MQAR
 from .pathfinder import Pathfinder
 from .pixel_images import PixelImages
+from .pixel_legend import PixelLegend
 from .repeated_block import RepeatedBlock
 from .reversal import Reversal
 from .selective_copy import SelectiveCopy
@@ -43,5 +46,6 @@ __all__ = [
     "Task", "get", "names", "IGNORE_INDEX", "CharSeq2Seq",
     "MQAR", "SelectiveCopy", "ListOps", "Sorting", "ConvexHull", "Dates", "Reversal", "HANDocuments",
     "EventLogs", "Shapes", "Digits", "LongListOps", "ByteText", "ByteRetrieval", "PixelImages", "Pathfinder",
-    "DecidingPosition", "RepeatedBlock", "DocumentQuestions", "KeySummaries", "BigramBackcopy",
+    "DecidingPosition", "RepeatedBlock", "DocumentQuestions", "KeySummaries", "AssociativeRecall", "BigramBackcopy",
+    "ByteContext", "PixelLegend",
 ]

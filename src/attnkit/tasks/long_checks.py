@@ -11,8 +11,11 @@ Pathfinder (Linsley et al. 2018, arXiv:1805.08315) make the same argument for th
 - ``bag_of_tokens_accuracy(task, window=None)``: held-out accuracy of multinomial logistic
   regression on token frequencies (of the whole input, or of its last ``window`` non-padding
   tokens), and the chance level (the share of the most common class among the held-out labels).
+  For a task labelled per position (kind ``"tokens"``) each example is one labelled position:
+  the frequencies of its sequence and which token stands there.
 
-Shapes: ``inputs (n, L)`` token ids (0 = padding), ``targets (n,)``; ``token_counts`` gives ``(n, V)``.
+Shapes: ``inputs (n, L)`` token ids (0 = padding), ``targets (n,)`` (or ``(n, L)`` with -100 where
+nothing is scored); ``token_counts`` gives ``(n, V)``.
 
 Example:
     >>> import torch
@@ -32,6 +35,7 @@ from collections.abc import Callable
 import torch
 
 from ..errors import ArgumentError, check_int
+from .base import IGNORE_INDEX
 from .byte_docs import decode
 from .listops import evaluate
 
@@ -101,18 +105,55 @@ def _solve_pathfinder(task, inputs: torch.Tensor) -> torch.Tensor:
     return torch.tensor(answers)
 
 
+def _solve_associative_recall(task, inputs: torch.Tensor) -> torch.Tensor:
+    first_fact = task.filler + 1 + task.num_keys  # filler, then keys, then facts (k, v)
+    answers = torch.zeros_like(inputs)
+    for row, out in zip(inputs.tolist(), answers, strict=True):
+        value = {(i - first_fact) // task.num_values: (i - first_fact) % task.num_values
+                 for i in row if i >= first_fact}
+        for j, i in enumerate(row):
+            if task.filler < i < first_fact:
+                out[j] = value[i - task.filler - 1]
+    return answers
+
+
+def _solve_byte_context(task, inputs: torch.Tensor) -> torch.Tensor:
+    answers = torch.zeros_like(inputs)
+    for row, out in zip(inputs, answers, strict=True):
+        text = decode(row)
+        negated = text[0] == "~"
+        for j, ch in enumerate(text):
+            out[j] = int((ch == "+") != negated)
+    return answers
+
+
+def _solve_pixel_legend(task, inputs: torch.Tensor) -> torch.Tensor:
+    first_colour, first_entry = 9, 9 + task.colours  # background levels 1..8, then colours, then legend entries
+    answers = torch.zeros_like(inputs)
+    for row, out in zip(inputs.tolist(), answers, strict=True):
+        legend = {(i - first_entry) // task.classes: (i - first_entry) % task.classes
+                  for i in row[:task.legend_rows * task.side]}
+        for j, i in enumerate(row):
+            if first_colour <= i < first_entry:
+                out[j] = legend[i - first_colour]
+    return answers
+
+
 SOLVERS: dict[str, Callable[[object, torch.Tensor], torch.Tensor]] = {
     "long_listops": _solve_long_listops,
     "byte_text": _solve_byte_text,
     "byte_retrieval": _solve_byte_retrieval,
     "pixel_images": _solve_pixel_images,
     "pathfinder": _solve_pathfinder,
+    "associative_recall": _solve_associative_recall,
+    "byte_context": _solve_byte_context,
+    "pixel_legend": _solve_pixel_legend,
 }
-"""Task name -> ``solver(task, inputs) -> predictions (n,)``."""
+"""Task name -> ``solver(task, inputs) -> predictions`` shaped like the task's targets."""
 
 
 def solve(task, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Predictions ``(n,)`` of the exact solver of ``task`` on ``batch["inputs"]`` (labels are never read)."""
+    """Predictions (shaped like the targets) of the exact solver of ``task`` on ``batch["inputs"]`` (labels unread)."""
     if task.name not in SOLVERS:
         raise ArgumentError(f"long_checks.solve: task must be one of {sorted(SOLVERS)}; got {task.name!r}")
     return SOLVERS[task.name](task, batch["inputs"])
@@ -129,35 +170,55 @@ def token_counts(inputs: torch.Tensor, vocab_size: int, window: int | None = Non
     return counts.scatter_add_(1, inputs, kept.double())
 
 
+def _examples(task, batch: dict[str, torch.Tensor], counts: torch.Tensor, positions: int, generator):
+    """``(features, targets)``: one example per sequence, or up to ``positions`` labelled positions of each."""
+    if batch["targets"].dim() == 1:
+        return counts, batch["targets"]
+    scored = batch["targets"] != IGNORE_INDEX  # (n, L)
+    pick = torch.rand(scored.shape, generator=generator).masked_fill(~scored, -1.0)
+    order = pick.argsort(1, descending=True)[:, :positions]  # random labelled positions first
+    keep = scored.gather(1, order)  # (n, positions)
+    rows = torch.arange(len(counts)).view(-1, 1).expand_as(order)[keep]
+    cols = order[keep]
+    own = torch.nn.functional.one_hot(batch["inputs"][rows, cols], task.vocab_size).double()
+    return torch.cat([counts[rows], own], 1), batch["targets"][rows, cols]
+
+
 def bag_of_tokens_accuracy(task, *, window: int | None = None, train: int = 2000, test: int = 1000,
-                           steps: int = 300, seed: int = 0) -> tuple[float, float]:
+                           steps: int = 300, seed: int = 0, positions: int = 4) -> tuple[float, float]:
     """``(held-out accuracy, chance)`` of logistic regression on the token frequencies of ``task``'s inputs.
 
     Features: counts (``token_counts``) divided by the number of counted tokens, standardised with
     the training set's mean and spread; a linear layer to ``num_classes`` trained by Adam (full batch,
     ``steps`` steps, lr 0.05) on ``train`` fresh examples, scored on ``test`` others. ``chance`` is
-    the share of the most common class among the held-out labels.
+    the share of the most common class among the held-out labels. A task labelled per position
+    gives ``positions`` labelled positions of each sequence as examples, each with the frequencies
+    of its sequence and a one-hot of its own token (the model can tell what it labels, not where
+    the answer is): ``train`` and ``test`` then count sequences.
     """
     check_int("long_checks.bag_of_tokens_accuracy", "train", train, 1)
     check_int("long_checks.bag_of_tokens_accuracy", "test", test, 1)
     check_int("long_checks.bag_of_tokens_accuracy", "steps", steps, 1)
+    check_int("long_checks.bag_of_tokens_accuracy", "positions", positions, 1)
     generator = torch.Generator().manual_seed(seed)
     batch = task.sample(train + test, generator=generator)
     counts = token_counts(batch["inputs"], task.vocab_size, window)
-    features = counts / counts.sum(1, keepdim=True).clamp_min(1)
-    mean, spread = features[:train].mean(0), features[:train].std(0).clamp_min(1e-6)
-    features = ((features - mean) / spread).float()
-    targets = batch["targets"]
+    counts = counts / counts.sum(1, keepdim=True).clamp_min(1)
+    split = {name: {k: v[part] for k, v in batch.items() if isinstance(v, torch.Tensor)}
+             for name, part in (("train", slice(0, train)), ("test", slice(train, None)))}
+    x_train, y_train = _examples(task, split["train"], counts[:train], positions, generator)
+    x_test, y_test = _examples(task, split["test"], counts[train:], positions, generator)
+    mean, spread = x_train.mean(0), x_train.std(0).clamp_min(1e-6)
+    x_train, x_test = ((x_train - mean) / spread).float(), ((x_test - mean) / spread).float()
     torch.manual_seed(seed)
-    layer = torch.nn.Linear(task.vocab_size, task.num_classes)
+    layer = torch.nn.Linear(x_train.shape[1], task.num_classes)
     optimiser = torch.optim.Adam(layer.parameters(), lr=0.05)
     for _ in range(steps):
         optimiser.zero_grad()
-        torch.nn.functional.cross_entropy(layer(features[:train]), targets[:train]).backward()
+        torch.nn.functional.cross_entropy(layer(x_train), y_train).backward()
         optimiser.step()
     with torch.no_grad():
-        predictions = layer(features[train:]).argmax(1)
-    held_out = targets[train:]
-    accuracy = (predictions == held_out).double().mean().item()
-    chance = torch.bincount(held_out, minlength=task.num_classes).max().item() / test
+        predictions = layer(x_test).argmax(1)
+    accuracy = (predictions == y_test).double().mean().item()
+    chance = torch.bincount(y_test, minlength=task.num_classes).max().item() / len(y_test)
     return accuracy, chance

@@ -8,7 +8,6 @@ distractors where softmax does not yet (Ye et al. 2024).
 
 from __future__ import annotations
 
-import importlib
 from functools import cache
 
 import pytest
@@ -16,8 +15,9 @@ import torch
 import torch.nn.functional as F
 
 import attnkit.tour as tour
+from attnkit.tour.experiments.sinks import first_token_mass
+from attnkit.tour.experiments.tokens import record_maps
 
-modern = importlib.import_module("attnkit.tour.experiments.modern")
 KEYS = ("bigram_backcopy/softmax", "bigram_backcopy/gated", "mqar/distractors-softmax", "mqar/distractors-differential")
 
 
@@ -28,7 +28,7 @@ def test_sink_objective_and_first_token_mass():
     loss = objective.loss(model, batch, task)
     want = F.cross_entropy(model(batch["inputs"]).reshape(-1, task.vocab_size), batch["next"].reshape(-1))
     torch.testing.assert_close(loss, want)
-    mass = modern.first_token_mass(model, batch["inputs"])
+    mass = first_token_mass(record_maps(model, batch["inputs"]))
     assert 0 < mass < 1 and objective.extra(model, batch, task) == {"first_token_mass": mass}
     assert objective.labels([0, 5, 23], task) == ["BOS", "5", "T23"]
 

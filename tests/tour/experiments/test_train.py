@@ -14,7 +14,7 @@ from attnkit import tasks
 from attnkit.errors import ArgumentError
 from attnkit.nn.linear import LinearAttention, PerformerAttention
 from attnkit.tour.experiments.tokens import MQARObjective, implied_linear_maps, language_model
-from attnkit.tour.experiments.train import Budget, Result, fit
+from attnkit.tour.experiments.train import Budget, PeakMemory, Result, fit, on_device
 
 experiments_module = importlib.import_module("attnkit.tour.experiments")
 
@@ -50,6 +50,29 @@ def test_loss_decreases_on_a_tiny_problem():
     assert [p[0] for p in trained.curve] == [20, 40, 60]
     assert trained.curve[-1][1] < trained.curve[0][1]
     assert trained.seconds > 0 and (trained.peak_bytes is None or trained.peak_bytes >= 0)
+
+
+def test_batches_move_to_the_device_and_the_peak_is_what_the_work_added():
+    batch = {"inputs": torch.ones(2, 3, dtype=torch.long), "name": "kept"}
+    moved = on_device(batch, "meta")
+    assert moved["inputs"].device.type == "meta" and moved["name"] == "kept" and batch["inputs"].device.type == "cpu"
+    peak = PeakMemory("cpu")
+    assert peak.bytes() is None  # not started
+    peak.start()
+    if peak.base is not None:  # Linux: the high-water mark grows with 64 MiB written now
+        block = torch.ones(16 * 2**20)
+        assert peak.bytes() >= 60 * 2**20
+        del block
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fit_trains_on_cuda_and_measures_cuda_memory():
+    torch.manual_seed(0)
+    model, task, _, objective = tiny_build()
+    batch = task.sample(16, torch.Generator().manual_seed(1))
+    trained = fit(model, task, objective, Budget(steps=3, batch_size=8, eval_size=16),
+                  generator=torch.Generator().manual_seed(0), eval_batch=batch, evals=1, device="cuda")
+    assert next(model.parameters()).is_cuda and trained.peak_bytes > 0
 
 
 def test_run_is_deterministic_per_seed_and_leaves_the_global_state(tiny):

@@ -1,4 +1,4 @@
-"""The long suite's classifier (src/attnkit/tour/long/model.py): matched parameters, pooling over real tokens."""
+"""The long suite's model (src/attnkit/tour/long/model.py): matched parameters, pooling, one label per position."""
 
 from __future__ import annotations
 
@@ -6,51 +6,59 @@ import pytest
 import torch
 
 from attnkit.tour.experiments.train import count_parameters
-from attnkit.tour.long.model import TOLERANCE, LongClassifier, build
+from attnkit.tour.long.model import MIN_LATENTS, TOLERANCE, LongClassifier, build, matched_width
 from attnkit.tour.long.roster import MECHANISMS, Sizes
-from attnkit.tour.long.suite import DIM, HEADS, LAYERS, TASKS, plan, sizes_of
+from attnkit.tour.long.suite import plan, sizes_of
 
 
-def _suite_models(quick: bool):
-    for task_name in plan(quick).tasks if quick else TASKS:
-        spec = TASKS[task_name]
-        task = spec.make(quick)
-        for name, mech in MECHANISMS.items():
-            if spec.image or not mech.images_only:
-                yield task_name, name, task, sizes_of(spec, task)
+def _counts(scale: str):
+    for setup in plan(scale).setups:
+        task = setup.make()
+        sizes, per_position = sizes_of(setup, task), task.kind == "tokens"
+        args = (task.vocab_size, task.num_classes, sizes)
+        for name in setup.mechanisms:
+            with torch.device("meta"):
+                count = count_parameters(build(*args, layers=setup.model.layers, ff=setup.model.ff, name=name,
+                                               per_position=per_position))
+                dense = count_parameters(build(*args, layers=setup.model.layers, ff=setup.model.ff,
+                                               name="softmax", per_position=per_position))
+            width = matched_width(*args, setup.model.layers, setup.model.ff, name, per_position)
+            yield setup.task, name, count, dense, width
 
 
-@pytest.mark.parametrize("quick", [False, True])
-def test_every_roster_entry_matches_softmax_parameter_count_on_every_task(quick):
+@pytest.mark.parametrize("scale", ["default", "quick"])
+def test_every_mechanism_matches_softmax_parameter_count_or_is_at_its_smallest(scale):
     seen = set()
-    for task_name, name, task, sizes in _suite_models(quick):
-        dense = count_parameters(build(task.vocab_size, task.num_classes, sizes, layers=LAYERS, name="softmax"))
-        count = count_parameters(build(task.vocab_size, task.num_classes, sizes, layers=LAYERS, name=name))
-        assert abs(count - dense) <= TOLERANCE * dense, (task_name, name, count, dense)
+    for task, name, count, dense, width in _counts(scale):
+        smallest = MIN_LATENTS if MECHANISMS[name].build is None else 1
+        # Linformer's k x L projection at 2048 tokens and the Perceiver's latent MLP exceed a small model's
+        # feed-forward block: they can only be made as small as they go (the report shows their counts)
+        assert abs(count - dense) <= TOLERANCE * dense or (width == smallest and count > dense), (task, name)
         seen.add(name)
     assert seen == set(MECHANISMS)
 
 
-def test_the_suite_sizes_are_the_stated_ones():
-    for task_name, _, _, sizes in _suite_models(False):
-        assert (sizes.dim, sizes.heads) == (DIM, HEADS) and 512 <= sizes.length <= 2048, task_name
-
-
-@pytest.mark.parametrize("name", ["softmax", "perceiver", "bigbird"])
-def test_mean_pooling_averages_the_real_positions_only(name):
-    """Mean pooling averages the real positions: with every position real, it is the plain mean."""
+def test_mean_pooling_averages_the_real_positions_only():
     torch.manual_seed(0)
-    model = LongClassifier(20, 3, Sizes(32, 16, 2), layers=1, width=32 if name != "perceiver" else 8,
-                           name=name).eval()
+    model = LongClassifier(20, 3, Sizes(32, 16, 2), layers=1, width=32, name="softmax").eval()
     tokens = torch.randint(1, 20, (2, 32), generator=torch.Generator().manual_seed(1))
+    head = model.head.weight.double(), model.head.bias.double()
+    hidden = model.body(model.embed(tokens)).double().mean(1)
+    assert torch.allclose(model(tokens).double(), hidden @ head[0].T + head[1], atol=1e-5)
+    padded = tokens.clone()
+    padded[:, -4:] = 0
+    hidden = model.body(model.embed(padded)).double()[:, :-4].mean(1)  # the padded positions are left out
+    assert torch.allclose(model(padded).double(), hidden @ head[0].T + head[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["softmax", "perceiver", "bigbird", "linear"])
+def test_per_position_logits_have_one_row_per_token_and_depend_on_distant_tokens(name):
+    torch.manual_seed(0)
+    width = MIN_LATENTS if name == "perceiver" else 32
+    model = LongClassifier(20, 3, Sizes(64, 16, 2), layers=2, width=width, name=name, per_position=True).eval()
+    tokens = torch.randint(1, 20, (2, 64), generator=torch.Generator().manual_seed(1))
     logits = model(tokens)
-    assert logits.shape == (2, 3) and torch.isfinite(logits).all()
-    if name != "perceiver":
-        hidden = model.body(model.embed(tokens)).double().mean(1)
-        expected = hidden @ model.head.weight.double().T + model.head.bias.double()
-        assert torch.allclose(logits.double(), expected, atol=1e-5)
-        padded = tokens.clone()
-        padded[:, -4:] = 0
-        hidden = model.body(model.embed(padded)).double()[:, :-4].mean(1)  # the padded positions are left out
-        expected = hidden @ model.head.weight.double().T + model.head.bias.double()
-        assert torch.allclose(model(padded).double(), expected, atol=1e-5)
+    assert logits.shape == (2, 64, 3) and torch.isfinite(logits).all()
+    changed = tokens.clone()
+    changed[:, 0] = (changed[:, 0] % 19) + 1  # the first token changes: the last position's logits move
+    assert not torch.allclose(model(changed)[:, -1], logits[:, -1])

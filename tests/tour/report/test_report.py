@@ -11,7 +11,7 @@ import pytest
 
 from attnkit.commands import tour as tour_command
 from attnkit.errors import ArgumentError
-from attnkit.tour import report, runner
+from attnkit.tour import report, runner, store
 from tests.tour.test_runner import ACCURACY, EXPERIMENTS, FakeAPI, fake  # noqa: F401  (fake is a fixture)
 
 
@@ -79,7 +79,7 @@ def test_readme_holds_the_same_parseable_table_and_how_it_was_run(tmp_path, fake
     parsed = _parse(table)
     assert [(r["task"], r["mechanism"]) for r in parsed] == [(e.task, e.mechanism) for e in EXPERIMENTS.values()]
     for needle in ("attnkit tour --seeds 0 1", "torch", "## What each task tests", "**mqar**", "**dates**",
-                   "attention_on_key", "## How it was run"):
+                   "attention_on_key", "## How it was run", "## Registry entries the tour leaves out", "**alibi**"):
         assert needle in text
 
 
@@ -136,7 +136,7 @@ def test_report_shows_measured_scaling_from_its_cache(tmp_path, fake):  # noqa: 
     pytest.importorskip("matplotlib")
     fake(FakeAPI())
     _tour(tmp_path, keys=["mqar/softmax"], seeds=(0,))
-    runner.write_json(tmp_path / "runs" / "default" / "scaling.json", {
+    store.write_json(tmp_path / "runs" / "default" / "scaling.json", {
         "status": "ok", "series": {"dense": [[256, 1e-3, 2**20], [512, 4e-3, 2**22]]},
         "points": {"dense": [[256, 1e-3, 2e-4, 2**20, "ok"], [512, 4e-3, 4e-4, 2**22, "ok"]]},
         "lengths": [256, 512], "repeats": 3, "threads": 1, "sizes": {"heads": 4}, "seconds": 3.0})

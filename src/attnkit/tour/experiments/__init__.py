@@ -50,7 +50,9 @@ class Experiment:
     ``build()`` makes the model from the global RNG (seeded by :func:`run`) and the tasks;
     ``budget`` and ``quick`` are the default and ``--quick`` training budgets. ``cost_name``
     and ``cost_sizes`` (pairs) name the :mod:`attnkit.analysis.cost` formula of the mechanism
-    and its sizes for the report; ``steps`` is the number of progress calls of a run.
+    and its sizes for the report; ``steps`` is the number of progress calls of a run; ``uses``
+    names the registry entries (:func:`attnkit.registry.entries`) the model exercises
+    (:mod:`attnkit.tour.catalogue` checks them).
     """
 
     task: str
@@ -62,6 +64,7 @@ class Experiment:
     cost_name: str | None = None
     cost_sizes: tuple[tuple[str, int], ...] = ()
     steps: int = EVALS + 1
+    uses: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -92,7 +95,8 @@ def default_set(quick: bool) -> list[str]:
     return list(QUICK if quick else DEFAULT)
 
 
-def run(key: str, seed: int, *, quick: bool = False, progress: Callable[[str], None] | None = None) -> Result:
+def run(key: str, seed: int, *, quick: bool = False, progress: Callable[[str], None] | None = None,
+        device: str = "cpu") -> Result:
     """Train experiment ``key`` with ``seed`` and return its :class:`Result` (test metric, cost, curve, maps).
 
     Args:
@@ -100,6 +104,7 @@ def run(key: str, seed: int, *, quick: bool = False, progress: Callable[[str], N
         seed: a non-negative int; the same seed gives the same result on the same machine.
         quick: use the experiment's short budget.
         progress: called with a label once per curve point and once after the test.
+        device: where the model trains (``"cpu"`` or ``"cuda"``); the maps and measurements come back on the CPU.
     """
     exps = _registry()
     if key not in exps:
@@ -110,21 +115,23 @@ def run(key: str, seed: int, *, quick: bool = False, progress: Callable[[str], N
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        result = _train(key, exp, budget, seed, progress)
+        result = _train(key, exp, budget, seed, progress, torch.device(device))
     finally:
         torch.set_num_threads(threads)
     return result
 
 
-def _train(key: str, exp: Experiment, budget: Budget, seed: int, progress) -> Result:
+def _train(key: str, exp: Experiment, budget: Budget, seed: int, progress, device: torch.device | str = "cpu"
+           ) -> Result:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model, task, test_task, objective = exp.build()
         eval_batch = test_task.sample(budget.eval_size, torch.Generator().manual_seed(seed + _EVAL_SEED))
         trained = fit(model, task, objective, budget, generator=torch.Generator().manual_seed(seed),
-                      eval_batch=eval_batch, evals=EVALS, progress=progress)
+                      eval_batch=eval_batch, evals=EVALS, progress=progress, device=device)
         test_batch = test_task.sample(budget.test_size, torch.Generator().manual_seed(seed + _TEST_SEED))
         accuracy = evaluate(model, objective, test_batch, test_task)
+        model.to("cpu")  # the maps and extra measurements read the model on the CPU, as the tasks draw there
         with torch.no_grad():
             examples = objective.examples(model, test_batch, test_task)
             extra = objective.extra(model, test_batch, test_task)

@@ -15,6 +15,7 @@ seeds plus the scaling measurement took about 8.5 minutes, the classic ones add 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 from ... import tasks
@@ -35,7 +36,7 @@ from .structured import AnomalyObjective, HANObjective, ImageObjective, PointerO
 from .tokens import CopyObjective, language_model
 from .train import Budget
 
-__all__ = ["catalog", "DEFAULT", "QUICK", "CLASSIC", "MQAR", "WINDOW"]
+__all__ = ["catalog", "DEFAULT", "QUICK", "CLASSIC", "MQAR", "WINDOW", "USES"]
 
 MQAR = {"num_pairs": 4, "num_keys": 16, "num_values": 16, "gap": 8}
 WINDOW = 4  # each query sees 4 tokens back; two layers reach 2 x 4 = 8 = gap positions: still no pair token
@@ -206,10 +207,33 @@ def _classic_experiments() -> list[Experiment]:
     ]
 
 
+_TOKENS = ("multi-head", "sinusoidal-positional-encoding", "causal")  # the causal pre-norm Transformer LM
+USES = {  # experiment key -> the registry entries its model exercises (attnkit.tour.catalogue checks them)
+    "mqar/softmax-2layer": (*_TOKENS, "scaled-dot-product"), "mqar/softmax-1layer": (*_TOKENS, "scaled-dot-product"),
+    "mqar/softmax-sinks": (*_TOKENS, "scaled-dot-product", "attention-sinks"),
+    "mqar/linear": (*_TOKENS[1:], "linear-attention"), "mqar/sliding-window": (*_TOKENS, "sliding-window"),
+    "mqar/performer": (*_TOKENS[1:], "performer"),
+    "dates/additive": ("additive",), "dates/luong-general": ("luong",), "dates/none": (),
+    "selective_copy/softmax": (*_TOKENS, "scaled-dot-product"),
+    "selective_copy/sparse-fixed": (*_TOKENS[1:], "block-sparse", "sparse-fixed"),
+    "selective_copy/sparse-strided": (*_TOKENS[1:], "sparse-transformer", "sparse-strided"),
+    "selective_copy/linear": (*_TOKENS[1:], "linear-attention"),
+    "han_documents/han": ("hierarchical-attention", "attention-pooling"), "shapes/vit": ("multi-head",),
+    "sorting/pointer": ("pointer",), "event_logs/semantic": ("derived-key",), "event_logs/none": (),
+    "key_summaries/pointer-generator": ("additive",), "key_summaries/coverage": ("coverage-attention",),
+    "deciding_position/soft": ("hard-attention",), "deciding_position/hard-reinforce": ("hard-attention",),
+    "repeated_block/lstm": (), "repeated_block/memory-8": ("memory-attention",),
+    "document_questions/segment": ("segment-attention",), "document_questions/co-attention": ("co-attention-parallel",),
+    "document_questions/none": (),
+}
+
+
 def catalog() -> list[Experiment]:
-    """Every experiment, in tour order."""
-    return [*_mqar_experiments(), *_dates_experiments(), *_copy_experiments(), *_model_experiments(),
+    """Every experiment, in tour order; those of this file with the registry entries they use (:data:`USES`),
+    the others (recall against state size, recent models' attention) name their own."""
+    exps = [*_mqar_experiments(), *_dates_experiments(), *_copy_experiments(), *_model_experiments(),
             *_classic_experiments(), *recall_experiments(), *_modern_experiments()]
+    return [replace(e, uses=USES[e.key]) if e.key in USES else e for e in exps]
 
 
 CLASSIC = ("key_summaries/pointer-generator", "key_summaries/coverage", "deciding_position/soft",

@@ -24,22 +24,18 @@ from ... import tasks
 from ...models import TransformerLM
 from ...nn.differential import DifferentialAttention, lambda_init
 from . import Built, Experiment
+from .sinks import first_token_mass
 from .tokens import MQARObjective, TokenObjective, record_maps
 from .train import Budget
 
-__all__ = ["SinkObjective", "first_token_mass", "experiments"]
+__all__ = ["BackcopyObjective", "experiments"]
 
 NOISY_MQAR = {"num_pairs": 8, "num_queries": 2, "num_keys": 24, "num_values": 8, "gap": 0}
 
 
-def first_token_mass(model, inputs: torch.Tensor) -> float:
-    """Mean attention weight on key 0 over queries 1.. (query 0 has no other key), heads and layers."""
-    maps = record_maps(model, inputs)
-    return float(torch.stack([w[:, :, 1:, 0].mean() for w in maps.values()]).mean()) if maps else float("nan")
-
-
-class SinkObjective(TokenObjective):
-    """Next-token loss everywhere, accuracy after triggers, and ``first_token_mass`` on 256 test examples."""
+class BackcopyObjective(TokenObjective):
+    """Next-token loss everywhere, accuracy after triggers, and ``first_token_mass`` (:func:`.sinks.first_token_mass`)
+    on 256 test examples."""
 
     def loss(self, model, batch, task):
         return F.cross_entropy(model(batch["inputs"]).transpose(1, 2), batch["next"])
@@ -48,14 +44,15 @@ class SinkObjective(TokenObjective):
         return ["BOS" if i == 0 else f"T{i}" if task.is_trigger(torch.tensor(i)) else str(i) for i in ids]
 
     def extra(self, model, batch, task):
-        return {"first_token_mass": first_token_mass(model, batch["inputs"][:256])}
+        maps = record_maps(model, batch["inputs"][:256])
+        return {"first_token_mass": first_token_mass(maps) if maps else float("nan")}
 
 
 def _sink(gate: bool) -> Built:
     task = tasks.get("bigram_backcopy")
     model = TransformerLM(task.vocab_size, dim=64, num_heads=2, num_layers=1, dropout=0.0, norm_first=True, gate=gate,
                           max_len=task.seq_len)
-    return Built(model, task, task, SinkObjective())
+    return Built(model, task, task, BackcopyObjective())
 
 
 class _Differential:
@@ -76,6 +73,9 @@ def _noisy(differential: bool) -> Built:
     return Built(model, task, task, MQARObjective())
 
 
+_LM = ("sinusoidal-positional-encoding", "causal", "scaled-dot-product")  # what every model here is built on
+
+
 def experiments() -> list[Experiment]:
     """The four experiments, in tour order."""
     sink = "Bigram-Backcopy (Guo et al. 2024), 1-layer causal pre-norm softmax Transformer, 2 heads"
@@ -89,11 +89,12 @@ def experiments() -> list[Experiment]:
     budget, quick = Budget(steps=400, lr=3e-3), Budget(steps=300, lr=3e-3)
     return [
         Experiment("bigram_backcopy", "softmax", f"{sink}: no gate; first_token_mass is the weight on BOS",
-                   partial(_sink, False), budget, quick, "multi-head", sink_sizes),
+                   partial(_sink, False), budget, quick, "multi-head", sink_sizes, uses=(*_LM, "multi-head")),
         Experiment("bigram_backcopy", "gated", f"{sink}: sigmoid output gate (Qiu et al. 2025)", partial(_sink, True),
-                   budget, quick, "gated-attention", sink_sizes),
+                   budget, quick, "gated-attention", sink_sizes, uses=(*_LM, "gated-attention")),
         Experiment("mqar", "distractors-softmax", f"{noisy}: softmax attention", partial(_noisy, False), budget,
-                   quick, "multi-head", noisy_sizes),
+                   quick, "multi-head", noisy_sizes, uses=(*_LM, "multi-head")),
         Experiment("mqar", "distractors-differential", f"{noisy}: differential attention (Ye et al. 2024), 2 heads "
-                   "of 2 maps each", partial(_noisy, True), budget, quick, "differential", noisy_sizes),
+                   "of 2 maps each", partial(_noisy, True), budget, quick, "differential", noisy_sizes,
+                   uses=(*_LM, "differential")),
     ]

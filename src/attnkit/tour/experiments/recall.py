@@ -34,7 +34,7 @@ from . import Built, Experiment
 from .tokens import MQARObjective, language_model
 from .train import Budget
 
-__all__ = ["TASK", "RECALL", "WIDTHS", "HEADS", "MECHANISMS", "CLAIM", "layer_state_bytes", "state_bytes",
+__all__ = ["TASK", "RECALL", "WIDTHS", "HEADS", "MECHANISMS", "USES", "CLAIM", "layer_state_bytes", "state_bytes",
            "recall_experiments", "KEYS"]
 
 TASK = "mqar"
@@ -62,6 +62,10 @@ MECHANISMS = {
     "gated-deltanet": (partial(GatedDeltaNet, chunk_size=LENGTH),
                        "Gated DeltaNet (Yang et al. 2024): the delta rule with a decay per head"),
 }
+# name -> the registry entries its model exercises (the catalogue of attnkit.tour.catalogue)
+USES = {"softmax": ("multi-head", "sinusoidal-positional-encoding", "causal", "scaled-dot-product"),
+        "linear": ("linear-attention",), "gla": ("gla",), "mamba2": ("mamba2",), "deltanet": ("deltanet",),
+        "gated-deltanet": ("gated-deltanet",)}
 CLAIM = {"statement": "the delta rule recalls far better than additive linear attention at equal state",
          "source": "Yang et al. 2024, arXiv:2406.06484, Sec. 5.1 (MQAR); Arora et al. 2023, arXiv:2312.04927",
          "better": "deltanet", "worse": "linear"}
@@ -99,7 +103,7 @@ def recall_experiments() -> list[Experiment]:
     head = (f"MQAR ({RECALL['num_pairs']} pairs of {RECALL['num_keys']} keys) against state size, 2-layer causal "
             f"pre-norm LM, {HEADS} head")
     return [Experiment(TASK, f"{name}-d{width}", f"{head}, width {width}: {text}", partial(_build, name, width),
-                       budget, quick) for name, (_, text) in MECHANISMS.items() for width in WIDTHS]
+                       budget, quick, uses=USES[name]) for name, (_, text) in MECHANISMS.items() for width in WIDTHS]
 
 
 KEYS = tuple(f"{TASK}/{name}-d{width}" for name in MECHANISMS for width in WIDTHS)

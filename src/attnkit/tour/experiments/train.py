@@ -27,7 +27,7 @@ from ...errors import ArgumentError, check_int
 from ...tasks import Task
 
 __all__ = ["Budget", "Objective", "Fit", "Result", "fit", "evaluate", "count_parameters", "tensors_to_lists",
-           "recorded"]
+           "recorded", "on_device", "PeakMemory"]
 
 Progress = Callable[[str], None] | None
 
@@ -108,57 +108,93 @@ def _schedule(budget: Budget) -> Callable[[int], float]:
     return factor
 
 
+def on_device(batch: dict[str, torch.Tensor], device: torch.device | str) -> dict[str, torch.Tensor]:
+    """``batch`` with every tensor moved to ``device`` (the tasks draw their batches on the CPU)."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, objective: Objective, batch: dict[str, torch.Tensor], task: Task) -> float:
-    """The objective's score of ``model`` in eval mode on ``batch`` (the model's mode is restored)."""
+    """The objective's score of ``model`` in eval mode on ``batch`` (the model's mode is restored).
+
+    The batch is moved to the device of the model's parameters first.
+    """
     was = model.training
     model.eval()
     try:
-        return float(objective.score(model, batch, task))
+        device = next(model.parameters()).device
+        return float(objective.score(model, on_device(batch, device), task))
     finally:
         model.train(was)
 
 
-def _peak_start() -> int | None:
-    try:
-        memory.reset_peak()
-        return memory.resident_bytes("VmRSS")
-    except (OSError, RuntimeError):  # not Linux: no peak measurement
-        return None
+class PeakMemory:
+    """The peak memory a block of work adds: resident size on the CPU (Linux), allocated bytes on CUDA.
 
+    ``start()`` before the work, ``bytes()`` after it (None where it cannot be measured: not Linux).
+    On the CPU it is the growth of the process's high-water mark (VmHWM, reset at ``start``) over
+    its resident size then, so memory that the process freed earlier and the work reuses is not
+    counted: only a process that has done nothing else before measures the work alone.
+    """
 
-def _peak_end(start: int | None) -> int | None:
-    if start is None:
-        return None
-    try:
-        return max(0, memory.resident_bytes("VmHWM") - start)
-    except (OSError, RuntimeError):
-        return None
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.base: int | None = None
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+            return
+        try:
+            memory.reset_peak()
+            self.base = memory.resident_bytes("VmRSS")
+        except (OSError, RuntimeError):  # not Linux: no peak measurement
+            self.base = None
+
+    def bytes(self) -> int | None:
+        if self.base is None:
+            return None
+        if self.device.type == "cuda":
+            return max(0, torch.cuda.max_memory_allocated(self.device) - self.base)
+        try:
+            return max(0, memory.resident_bytes("VmHWM") - self.base)
+        except (OSError, RuntimeError):
+            return None
 
 
 def fit(model: nn.Module, task: Task, objective: Objective, budget: Budget, *, generator: torch.Generator,
-        eval_batch: dict[str, torch.Tensor], evals: int = 10, progress: Progress = None) -> Fit:
+        eval_batch: dict[str, torch.Tensor], evals: int = 10, progress: Progress = None,
+        device: torch.device | str = "cpu") -> Fit:
     """Train ``model`` on fresh batches of ``task`` for ``budget.steps`` steps; return the curve and the cost.
 
     The train loss in the curve is the mean over the steps since the previous point; the
     eval accuracy is :func:`evaluate` on ``eval_batch``. ``progress(label)`` is called once
-    per curve point. Seconds count the training steps only (not the evaluations).
+    per curve point. Seconds count the training steps only (not the evaluations, not drawing
+    the batches). ``device``: the model is moved there and each batch is moved there as it is drawn.
     """
     check_int("fit", "evals", evals, 1)
+    device = torch.device(device)
+    model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=budget.lr, weight_decay=budget.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(budget))
     points = sorted({max(1, round(budget.steps * (i + 1) / evals)) for i in range(evals)})
     curve, losses, seconds = [], [], 0.0
     model.train()
-    peak = _peak_start()
+    peak = PeakMemory(device)
+    peak.start()
     for step in range(1, budget.steps + 1):
+        batch = on_device(task.sample(budget.batch_size, generator), device)
+        _sync(device)
         start = time.perf_counter()
-        loss = objective.loss(model, task.sample(budget.batch_size, generator), task)
+        loss = objective.loss(model, batch, task)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), budget.clip)
         opt.step()
         sched.step()
+        _sync(device)
         seconds += time.perf_counter() - start
         losses.append(float(loss.detach()))
         if step in points:
@@ -168,7 +204,12 @@ def fit(model: nn.Module, task: Task, objective: Objective, budget: Budget, *, g
             if progress is not None:
                 progress(f"step {step}: loss {curve[-1][1]:.3f}, eval {acc:.3f}")
     model.eval()
-    return Fit(curve, seconds, _peak_end(peak))
+    return Fit(curve, seconds, peak.bytes())
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":  # kernels run asynchronously: wait for them before reading the clock
+        torch.cuda.synchronize(device)
 
 
 def tensors_to_lists(value):

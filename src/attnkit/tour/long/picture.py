@@ -1,10 +1,11 @@
 """The LRA picture: accuracy against training speed, bubble size = peak memory, one labelled bubble per mechanism.
 
 Tay et al. 2020, arXiv:2011.04006, Figure 3 ("Performance (y axis), speed (x axis), and memory
-footprint (size of the circles)"). Here: y = test accuracy, mean over the suite's tasks and seeds;
-x = training steps per second at each task's length, mean over the tasks; bubble area proportional
-to the peak memory, mean over the tasks. A mechanism that ran on fewer tasks (Lambda: the image
-tasks only) is averaged over those, which the caption says.
+footprint (size of the circles)"). Here: y = test accuracy, mean over the tasks a mechanism ran and
+their seeds; x = training steps per second at each task's length, mean over those tasks; bubble area
+proportional to the peak memory, mean over them. A mechanism that ran on fewer tasks (the retrieval
+task trains the claims' mechanisms only, Lambda runs on images only) is averaged over those, which
+the report says.
 """
 
 from __future__ import annotations

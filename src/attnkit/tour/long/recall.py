@@ -82,7 +82,7 @@ CLAIM = Claim(
     "chosen blocks recall the pairs as dense attention does; the sliding window cannot.",
     "Yuan et al. 2025, arXiv:2502.11089, Sec. 4.3 (needle retrieval at 64k); Lu et al. 2025, arXiv:2502.13189, "
     "Sec. 3.2 (long-context evaluation on par with full attention); Arora et al. 2023, arXiv:2312.04927, Sec. 3",
-    "accuracy", ("softmax", "nsa", "moba"), ("sliding-window",), reproduces=False)
+    "accuracy", ("softmax", "nsa", "moba"), ("sliding-window",))
 
 
 def _attention(name: str, s: RecallSetting):

@@ -74,11 +74,16 @@ Factory = Callable[[int, int], nn.Module]
 
 @dataclass(frozen=True)
 class Mechanism:
-    """One roster entry: its name, paper, how it is built from :class:`Sizes`, and its family flags."""
+    """One roster entry: its name, paper, how it is built from :class:`Sizes`, its registry entries and family flags.
+
+    ``uses``: the registry entries (:func:`attnkit.registry.entries`) the mechanism's model exercises
+    (:mod:`attnkit.tour.catalogue` checks them).
+    """
 
     name: str
     paper: str
     build: Callable[[Sizes], Factory] | None
+    uses: tuple[str, ...] = ()
     linear_time: bool = False
     global_tokens: bool = False
     fixed_state: bool = False
@@ -99,44 +104,48 @@ def _lambda(s: Sizes) -> Factory:
 
 
 _ENTRIES = [
-    Mechanism("softmax", "Vaswani et al. 2017, arXiv:1706.03762", lambda s: "softmax"),
+    Mechanism("softmax", "Vaswani et al. 2017, arXiv:1706.03762", lambda s: "softmax",
+              ("scaled-dot-product", "multi-head")),
     Mechanism("local", "Luong et al. 2015, arXiv:1508.04025 (local attention, blocks)",
-              lambda s: lambda d, h: LocalAttention(d, h, block(s.length), mode="blocks"),
+              lambda s: lambda d, h: LocalAttention(d, h, block(s.length), mode="blocks"), ("local",),
               linear_time=True, local_only=True),
     Mechanism("sliding-window", "Beltagy et al. 2020, arXiv:2004.05150 (window alone)",
               lambda s: lambda d, h: _masked(d, h, masks.sliding_window(block(s.length) // 2, block(s.length) // 2)),
-              linear_time=True, local_only=True),
+              ("sliding-window", "multi-head"), linear_time=True, local_only=True),
     Mechanism("sparse-strided", "Child et al. 2019, arXiv:1904.10509, Sec. 4.2 (strided)",
               lambda s: lambda d, h: SparseTransformerAttention(d, h, "strided", stride=block(s.length), causal=False),
-              linear_time=True),
+              ("sparse-transformer", "sparse-strided"), linear_time=True),
     Mechanism("sparse-fixed", "Child et al. 2019, arXiv:1904.10509, Sec. 4.2 (fixed)",
               lambda s: lambda d, h: SparseTransformerAttention(d, h, "fixed", stride=block(s.length),
                                                                 summary=max(1, block(s.length) // 8), causal=False),
-              linear_time=True),
+              ("sparse-transformer", "sparse-fixed"), linear_time=True),
     Mechanism("longformer", "Beltagy et al. 2020, arXiv:2004.05150",
               lambda s: lambda d, h: GlobalFirstToken(LongformerAttention(d, h, window=block(s.length))),
-              linear_time=True, global_tokens=True),
+              ("longformer",), linear_time=True, global_tokens=True),
     Mechanism("bigbird", "Zaheer et al. 2020, arXiv:2007.14062",
               lambda s: lambda d, h: BigBirdAttention(d, h, block_size=block(s.length) // 2, window_blocks=3,
-                                                      global_blocks=1, random_blocks=2),
+                                                      global_blocks=1, random_blocks=2), ("bigbird",),
               linear_time=True, global_tokens=True),
     Mechanism("block-sparse", "Child et al. 2019, arXiv:1904.10509, Sec. 5.5",
-              lambda s: lambda d, h: BlockSparseAttention(d, h, masks.fixed(block(s.length), 1)), linear_time=True),
+              lambda s: lambda d, h: BlockSparseAttention(d, h, masks.fixed(block(s.length), 1)),
+              ("block-sparse", "sparse-fixed"), linear_time=True),
     Mechanism("reformer", "Kitaev et al. 2020, arXiv:2001.04451",
               lambda s: lambda d, h: ReformerAttention(d, h, n_buckets=max(2, 2 * (s.length // 128)), n_hashes=2,
-                                                       chunk_size=block(s.length) * 2),
+                                                       chunk_size=block(s.length) * 2), ("reformer",),
               linear_time=True),
     Mechanism("linformer", "Wang et al. 2020, arXiv:2006.04768",
               lambda s: lambda d, h: LinformerAttention(d, h, max_len=s.length, k_proj_dim=LINFORMER_K,
-                                                        sharing="key-value"),
+                                                        sharing="key-value"), ("linformer",),
               linear_time=True, fixed_state=True),
     Mechanism("linear", "Katharopoulos et al. 2020, arXiv:2006.16236",
-              lambda s: lambda d, h: LinearAttention(d, h), linear_time=True, fixed_state=True),
+              lambda s: lambda d, h: LinearAttention(d, h), ("linear-attention",), linear_time=True, fixed_state=True),
     Mechanism("performer", "Choromanski et al. 2021, arXiv:2009.14794",
-              lambda s: lambda d, h: PerformerAttention(d, h, num_features=2 * (d // h)),
+              lambda s: lambda d, h: PerformerAttention(d, h, num_features=2 * (d // h)), ("performer",),
               linear_time=True, fixed_state=True),
-    Mechanism("perceiver", "Jaegle et al. 2021, arXiv:2103.03206", None, linear_time=True),
-    Mechanism("lambda", "Bello 2021, arXiv:2102.08602", _lambda, linear_time=True, images_only=True),
+    Mechanism("perceiver", "Jaegle et al. 2021, arXiv:2103.03206", None, ("perceiver-encoder", "perceiver-attention"),
+              linear_time=True),
+    Mechanism("lambda", "Bello 2021, arXiv:2102.08602", _lambda, ("lambda-layer-local",), linear_time=True,
+              images_only=True),
 ]
 
 

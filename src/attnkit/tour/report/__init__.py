@@ -8,15 +8,16 @@ failed are counted and listed with their error; nothing here trains or measures.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..runner import load_run
+from ..store import load_manifest, load_records
+from .pieces import cell, md_table
 
-__all__ = ["Row", "Report", "load", "load_records", "summarize", "markdown_table", "write", "TASK_PURPOSE"]
+__all__ = ["Row", "Report", "load", "load_manifest", "load_records", "summarize", "markdown_table", "write",
+           "TASK_PURPOSE", "cell", "fmt_accuracy"]
 
 TASK_PURPOSE = {
     "mqar": "in-context recall: find the value bound to a queried key earlier in the sequence (Zoology)",
@@ -38,33 +39,6 @@ TASK_PURPOSE = {
     "shapes": "vision: classify small generated shapes from image patches (ViT)",
     "digits": "vision: classify sklearn's 8x8 digits from image patches (ViT)",
 }
-
-
-def load_manifest(out) -> dict | None:
-    """``out/tour.json`` (the last invocation), or None."""
-    try:
-        data = json.loads((Path(out) / "tour.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def load_records(out, manifest: dict | None = None) -> list[dict]:
-    """The run records of the last tour: its mode, keys, seeds and code version (all of a mode without a manifest)."""
-    manifest = load_manifest(out) if manifest is None else manifest
-    if manifest is None:
-        modes = [p.name for p in sorted((Path(out) / "runs").glob("*")) if p.is_dir()]
-        mode = "default" if "default" in modes else (modes[0] if modes else "default")
-    else:
-        mode = manifest["mode"]
-    records = []
-    for path in sorted((Path(out) / "runs" / mode).glob("*__seed*.json")):
-        rec = load_run(path, mode=mode, version=None if manifest is None else manifest.get("version"))
-        if rec is None or (manifest and (rec["key"] not in manifest["keys"] or rec["seed"] not in manifest["seeds"])):
-            continue
-        records.append(rec)
-    order = {k: i for i, k in enumerate(manifest["keys"])} if manifest else {}
-    return sorted(records, key=lambda r: (order.get(r["key"], len(order)), r["key"], r["seed"]))
 
 
 def _mean_std(values: list[float]) -> tuple[float, float | None]:
@@ -126,11 +100,6 @@ def summarize(records: list[dict]) -> list[Row]:
     return list(rows.values())
 
 
-def cell(text) -> str:
-    """``text`` as one Markdown table cell: pipes escaped, newlines folded."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def fmt_accuracy(row: Row) -> str:
     """Accuracy in percent, ``mean ± std`` (std over seeds, n - 1), or "failed"."""
     if row.accuracy is None:
@@ -167,10 +136,7 @@ def markdown_table(out_or_rows) -> str:
         | mqar | softmax | 95.0 ± 7.1 | 2 | 2.0 | 1.0 | 900 |
     """
     rows = out_or_rows if isinstance(out_or_rows, list) else summarize(load_records(out_or_rows))
-    lines = table_rows(rows)
-    text = ["| " + " | ".join(cell(c) for c in lines[0]) + " |", "|" + "---|" * len(lines[0])]
-    text += ["| " + " | ".join(cell(c) for c in line) + " |" for line in lines[1:]]
-    return "\n".join(text)
+    return "\n".join(md_table(table_rows(rows)))
 
 
 @dataclass

@@ -6,7 +6,9 @@ import datetime
 import math
 from pathlib import Path
 
-from . import TASK_PURPOSE, Report, Row, cell, markdown_table
+from ..catalogue import LEFT_OUT
+from . import TASK_PURPOSE, Report, Row, markdown_table
+from .pieces import md_table
 from .recall import recall_markdown
 from .scaling import cost_table, scaling_markdown
 
@@ -71,11 +73,6 @@ def extra_rows(rows: list[Row]) -> list[list[str]]:
     return out
 
 
-def _md(table: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(cell(c) for c in table[0]) + " |", "|" + "---|" * len(table[0])]
-    return lines + ["| " + " | ".join(cell(c) for c in row) + " |" for row in table[1:]]
-
-
 def write_markdown(rep: Report) -> Path:
     """Write ``out/README.md``."""
     rows = rep.rows
@@ -90,17 +87,18 @@ def write_markdown(rep: Report) -> Path:
         text += ["## Experiments", ""] + [f"- `{r.key}`: {desc.get(r.key, '')}" for r in rows] + [""]
     extras = extra_rows(rows)
     if len(extras) > 1:
-        text += ["## Extra metrics", ""] + _md(extras) + [""]
+        text += ["## Extra metrics", ""] + md_table(extras) + [""]
     failed = [(r.key, s, e) for r in rows for s, e in r.failed.items()]
     if failed:
         text += ["## Failed runs", ""] + [f"- `{k}` seed {s}: {e}" for k, s, e in failed] + [""]
     if rep.costs:
-        text += ["## Analytic cost at the tour's sizes (forward pass)", ""] + _md(cost_table(rep.costs)) + [""]
+        text += ["## Analytic cost at the tour's sizes (forward pass)", ""] + md_table(cost_table(rep.costs)) + [""]
     if rep.scaling and scaling_markdown(rep.scaling):
         text += ["## Measured scaling", "", scaling_markdown(rep.scaling), ""]
     elif rep.scaling and rep.scaling.get("error"):
         text += ["## Measured scaling", "", f"The measurement failed: {rep.scaling['error']}", ""]
     text += recall_markdown(rep)
+    text += ["## Registry entries the tour leaves out", ""] + [f"- **{k}**: {v}" for k, v in LEFT_OUT.items()] + [""]
     text += ["## How it was run", ""] + [f"- {label}: {value}" for label, value in run_info(rep)]
     path = rep.out / "README.md"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..runner import slug
+from ..store import slug
 from . import Report
 
 __all__ = ["curves", "attention_maps", "cost_plot", "scaling_picture", "as_maps", "PLOT_LENGTHS"]

@@ -26,7 +26,8 @@ from typing import NamedTuple
 
 from ... import __version__
 from ...progress import bars
-from ..runner import SCALING_LENGTHS, write_json
+from ..runner import SCALING_LENGTHS
+from ..store import write_json
 
 __all__ = ["ALIASES", "cost_name", "cost_sizes", "cost_entries", "cost_table", "length_sizes", "measure",
            "load_scaling", "MEASURED_FAMILIES", "SIZES", "REPEATS", "THREADS", "MIN_R_SQUARED",
