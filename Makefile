@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(BIN)/attnkit tour --out tour-report
 
 demo-long: $(STAMP)
-	$(BIN)/attnkit tour --suite long --out docs/tour-long --readme README.md
+	$(BIN)/attnkit tour --suite long --out docs/tour-long --readme docs/guide/tour.md
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples docs/site

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import email
 import importlib.metadata
+import os
 import shutil
 import subprocess
 import sys
@@ -28,6 +29,24 @@ def _clean_copy(dest: Path) -> Path:
         else:
             shutil.copy2(src, dest / name)
     return dest
+
+
+def installed_wheel(tmp_path: Path, *packages: str) -> tuple[Path, dict]:
+    """A fresh virtual environment holding torch 2.13.0, this checkout's wheel and ``packages`` (from PyPI), and
+    the environment to run its programs in a folder outside the checkout: ``(venv, env)``."""
+    dist, venv = tmp_path / "dist", tmp_path / "venv"
+    project = _clean_copy(tmp_path / "project")
+    run = lambda *argv: subprocess.run(argv, check=True, capture_output=True, text=True, timeout=900)
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(project))
+    run(sys.executable, "-m", "venv", str(venv))
+    pip = str(venv / "bin" / "pip")
+    run(pip, "install", "--quiet", "torch==2.13.0")
+    run(pip, "install", "--quiet", "--no-deps", str(next(dist.glob("attnkit-*.whl"))))
+    if packages:
+        run(pip, "install", "--quiet", *packages)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    return venv, env
 
 
 def _build(tmp_path: Path) -> tuple[Path, Path]:

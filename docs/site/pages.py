@@ -1,6 +1,7 @@
 """The generated pages of the API reference site, written into ``generated/`` before Sphinx reads the sources.
 
-Nothing here is written by hand twice: the guides are the README's sections, the reports are
+Nothing here is written by hand twice: the guides are the README's sections and the files of
+``docs/guide/``, the reports are
 BENCHMARKS.md and the tour report, the mechanism pages come from :mod:`attnkit.registry`, the API
 pages from each public module's ``__all__`` (autodoc), and every picture is drawn now, offline.
 """
@@ -60,7 +61,11 @@ def _copy(src: Path, dest: Path) -> None:
 # ----------------------------------------------------------------------------------------------- markdown
 
 # Repository files that are pages of the site: path in the repository -> document name under generated/.
+# The guides in docs/guide/, in the order of the README's list: file stem -> page name guides/<stem>.
+GUIDES = ("core", "packed", "integrations", "mechanisms", "models", "measure", "distributed", "cli", "benchmarks",
+          "tour")
 PAGES = {
+    **{f"docs/guide/{stem}.md": f"guides/{stem}" for stem in GUIDES},
     "BENCHMARKS.md": "reports/benchmarks",
     "docs/tour/README.md": "reports/tour",
     "docs/DESIGN.md": "project/design",
@@ -134,6 +139,17 @@ def readme_guides() -> list[str]:
         _write(OUT / f"{name}.md", _relink(body, name, "README.md"))
         names.append(name)
     return names
+
+
+def guide_files() -> list[str]:
+    """The files of docs/guide/ (each a ``#``-titled page), in :data:`GUIDES` order; returns the page names."""
+    found = {path.stem for path in (ROOT / "docs" / "guide").glob("*.md")}
+    if found != set(GUIDES):
+        raise RuntimeError(f"docs/guide/ holds {sorted(found)}; pages.GUIDES lists {sorted(GUIDES)}")
+    for stem in GUIDES:
+        source = f"docs/guide/{stem}.md"
+        _write(OUT / f"{PAGES[source]}.md", _relink((ROOT / source).read_text(encoding="utf-8"), PAGES[source], source))
+    return [PAGES[f"docs/guide/{stem}.md"] for stem in GUIDES]
 
 
 def reports_and_project() -> None:
@@ -325,7 +341,7 @@ def generate() -> None:
 
     matplotlib.use("Agg")
     OUT.mkdir(exist_ok=True)
-    guides = readme_guides()
+    guides = readme_guides() + guide_files()
     reports_and_project()
     mask_algebra()
     mechanisms = mechanism_pages()

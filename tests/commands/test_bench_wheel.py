@@ -1,5 +1,6 @@
 """``attnkit bench`` offers what ships: no module of the package reaches for a checkout's ``benchmarks/``, and
-every ``attnkit bench`` form the README shows runs from an installed wheel, in a folder outside the checkout.
+every ``attnkit bench`` form the README and its guides show runs from an installed wheel, in a folder outside
+the checkout.
 
 The wheel test is slow (it builds the wheel, makes a fresh virtual environment with the CPU
 torch wheel from this machine's disk, and compiles FlexAttention and the whole models at tiny
@@ -10,16 +11,15 @@ sizes: minutes). Run it with
 from __future__ import annotations
 
 import ast
-import os
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.test_packaging import ROOT, _clean_copy
+from tests.test_packaging import ROOT, installed_wheel
+from tests.user_docs import every_document
 
 SRC = ROOT / "src" / "attnkit"
 TINY_MODELS = ("batch=2,length=12,window_length=16,window=3,width=16,heads=2,layers=1,vocab=23,prompt=4,"
@@ -76,7 +76,7 @@ def test_the_check_sees_each_way_of_reaching_for_a_checkout():
 
 def readme_bench_forms() -> set[str]:
     """The mode flags of every ``attnkit bench`` command the README shows (code blocks and inline code)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = every_document()
     forms = set()
     for command in re.findall(r"attnkit bench\b([^`\n]*(?:\n(?!\n)[^`\n]*)?)", text):
         words = shlex.split(command.split("#")[0].replace("\n", " "))
@@ -90,17 +90,10 @@ def test_the_wheel_test_covers_every_form_the_readme_shows():
 
 @pytest.mark.slow
 def test_every_readme_form_of_bench_runs_from_an_installed_wheel(tmp_path):
-    dist, venv, work = tmp_path / "dist", tmp_path / "venv", tmp_path / "elsewhere"
+    work = tmp_path / "elsewhere"
     work.mkdir()
-    project = _clean_copy(tmp_path / "project")
+    venv, env = installed_wheel(tmp_path, "tqdm")
     run = lambda *argv, **kw: subprocess.run(argv, check=True, capture_output=True, text=True, **kw)
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(project),
-        timeout=600)
-    run(sys.executable, "-m", "venv", str(venv), timeout=300)
-    pip = str(venv / "bin" / "pip")
-    run(pip, "install", "--quiet", "torch==2.13.0", timeout=600)
-    run(pip, "install", "--quiet", "--no-deps", str(next(dist.glob("attnkit-*.whl"))), "tqdm", timeout=600)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
     where = run(str(venv / "bin" / "python"), "-c", "import attnkit; print(attnkit.__file__)", cwd=work, env=env)
     assert Path(where.stdout.strip()).is_relative_to(venv)  # the installed package, not the checkout's src/
     for form, argv in FORMS.items():

@@ -143,4 +143,4 @@ def test_cost_kv_cache_prints_the_variants_side_by_side(capsys):
     with pytest.raises(ArgumentError, match="give a mechanism's name, or --kv-cache alone"):
         run(["cost"])
     assert run(["cost", "multi-head-latent", "--q-len", "64"]) == 0
-    assert "KV-cache bytes per token" in capsys.readouterr().out
+    assert "growing per token (a KV cache)" in capsys.readouterr().out

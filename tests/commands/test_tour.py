@@ -40,6 +40,7 @@ def test_long_suite_options_are_checked(capsys):
                       "did you mean 'lra'")
     assert_user_error(["tour", "--suite", "long", "--scale", "lra", "--quick"], capsys, "--quick is the toy form")
     assert_user_error(["tour", "--scale", "lra"], capsys, "--scale belongs to the long suite")
+    assert_user_error(["tour", "--workers", "2", "--in-process"], capsys, "--workers trains runs in processes")
     assert_user_error(["tour", "--device", "tpu"], capsys, "--device")
 
 

@@ -1,19 +1,20 @@
-"""The README's section on using attnkit inside transformers and torch models runs as written."""
+"""The guide to using attnkit inside transformers and torch models (docs/guide/integrations.md) runs as written,
+and so does the README's transformers recipe."""
 
 import re
-from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-SECTION = "## Use attnkit inside transformers and torch models"
+from tests.user_docs import README, guide
 
 
 def _examples() -> list[str]:
-    text = README.read_text()
-    section = text[text.index(SECTION):]
-    section = section[:section.index("\n## ", len(SECTION))]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    return re.findall(r"```python\n(.*?)```", guide("integrations"), flags=re.S)
+
+
+def test_the_readme_recipe_is_the_guides():
+    recipe = README.read_text(encoding="utf-8").split("## In transformers models", 1)[1]
+    assert re.search(r"```python\n(.*?)```", recipe, flags=re.S).group(1) == _examples()[0]
 
 
 def test_the_section_has_an_example_for_each_library():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import types
 from dataclasses import dataclass, field
 
@@ -253,3 +254,18 @@ def test_scaling_is_measured_once_and_cached(tmp_path, fake, monkeypatch):
     assert data["points"]["dense"][0] == [256, 1e-3, 1e-4, 2**20, "ok"]
     _tour(tmp_path, keys=["mqar/softmax"], seeds=(0,), quick=True, scaling=None)
     assert len(calls) == 1  # the quick mode measures nothing
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_workers_train_that_many_runs_at_once(tmp_path, fake, monkeypatch, workers):
+    """Each run waits until ``workers`` runs are in flight: with two workers all meet, one at a time none does."""
+    fake(FakeAPI())
+    meeting = threading.Barrier(2, timeout=5)
+
+    def in_child(key, seed, quick, step, device="cpu"):
+        meeting.wait()  # raises BrokenBarrierError when no second run arrives: a failed run
+        return {**runner._as_dict(make_result(key, seed)), "peak_bytes": 1}
+
+    monkeypatch.setattr(runner, "_run_in_child", in_child)
+    summary = _tour(tmp_path, keys=["mqar/linear", "mqar/softmax"], seeds=(0,), isolate=True, workers=workers)
+    assert (len(summary.ran), len(summary.failed)) == ((2, 0) if workers == 2 else (0, 2))

@@ -176,9 +176,11 @@ def _cmd_tour(args) -> int:
     _device(args.device, present=not args.list)
     if _suite(args) == "long":
         return _cmd_long(args, command)
-    for option, value, default in (("--scale", args.scale, "default"), ("--workers", args.workers, None)):
-        if value != default:
-            raise ArgumentError(f"attnkit tour: {option} belongs to the long suite (--suite long)")
+    if args.scale != "default":
+        raise ArgumentError("attnkit tour: --scale belongs to the long suite (--suite long)")
+    if args.workers is not None and args.in_process:
+        raise ArgumentError("attnkit tour: --workers trains runs in processes of their own; --in-process trains "
+                            "them one after another in this one")
     args.out = args.out or "tour-report"
     args.seeds = args.seeds or [0, 1, 2]
     api = runner.api()
@@ -192,7 +194,7 @@ def _cmd_tour(args) -> int:
         _readme(args.readme, "tour")
     summary = runner.tour(keys, args.seeds, quick=args.quick, out=args.out, fresh=args.fresh,
                           progress=not args.no_progress, command=command, isolate=not args.in_process,
-                          device=args.device)
+                          device=args.device, workers=args.workers)
     markdown, page = report.write(args.out)
     if args.readme:
         _splice(args.readme, "tour", report.markdown_table(args.out))
@@ -224,8 +226,8 @@ def add(sub) -> None:
     p.add_argument("--out", default=None, help="report folder (default: tour-report; tour-long with --suite long)")
     p.add_argument("--device", default="cpu", help="where the models train: cpu or cuda (default: cpu)")
     p.add_argument("--workers", type=positive_int, default=None,
-                   help="long suite: runs trained at once, each in its own process at one thread (default: 2 on a "
-                        "CPU with 2 cores or more, 1 on a GPU)")
+                   help="runs trained at once, each in its own process at one thread (default: 2 on a CPU with 2 "
+                        "cores or more, 1 on a GPU)")
     p.add_argument("--readme", default=None,
                    help="also put the results table into this Markdown file, between its <!-- tour:start --> and "
                         "<!-- tour:end --> lines (<!-- tour-long:start/end --> for the long suite)")

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 
-__all__ = ["ChildFailed", "run_child", "main", "api", "PROGRESS", "RESULT"]
+__all__ = ["ChildFailed", "run_child", "main", "api", "default_workers", "PROGRESS", "RESULT"]
 
 PROGRESS, RESULT = "progress ", "result "
 
@@ -39,6 +40,12 @@ class ChildFailed(RuntimeError):
     def __init__(self, message: str, log: str):
         super().__init__(message)
         self.log = log
+
+
+def default_workers(device: str = "cpu") -> int:
+    """Runs trained at once, each in its own process: one per core up to two on the CPU (each at one thread),
+    one on a GPU."""
+    return 1 if device != "cpu" else max(1, min(2, os.cpu_count() or 1))
 
 
 def run_child(job: dict, step, on_result=None) -> list[dict]:

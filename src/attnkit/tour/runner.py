@@ -13,11 +13,12 @@ import json
 import time
 import traceback
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..errors import ArgumentError, check_int
 from ..progress import bars
-from .child import ChildFailed, api, run_child
+from .child import ChildFailed, api, default_workers, run_child
 from .store import (
     Summary,
     cached,
@@ -107,7 +108,8 @@ def _check(keys, seeds, known: dict, quick: bool) -> tuple[list[str], list[int]]
 
 def tour(keys: Iterable[str] | None = None, seeds: Sequence[int] = (0, 1, 2), *, quick: bool = False,
          out="tour-report", fresh: bool = False, progress: bool = True, command: str | None = None,
-         scaling: bool | None = None, isolate: bool = True, device: str = "cpu") -> TourSummary:
+         scaling: bool | None = None, isolate: bool = True, device: str = "cpu",
+         workers: int | None = None) -> TourSummary:
     """Run every (experiment, seed) of the tour not already cached under ``out``, caching each as it finishes.
 
     Args:
@@ -122,6 +124,8 @@ def tour(keys: Iterable[str] | None = None, seeds: Sequence[int] = (0, 1, 2), *,
         isolate: train each run in a fresh process (:mod:`attnkit.tour.child`), which measures its
             peak memory; False: in this process, with the peak memory left out (None).
         device: where the models train (``"cpu"`` or ``"cuda"``).
+        workers: runs trained at once, each in its own process at one thread (default
+            :func:`~attnkit.tour.child.default_workers`: two on a 2-core CPU); 1 with ``isolate=False``.
 
     Returns:
         A :class:`TourSummary`. Failed runs are recorded and reported, not raised.
@@ -141,15 +145,21 @@ def tour(keys: Iterable[str] | None = None, seeds: Sequence[int] = (0, 1, 2), *,
                 summary.cached.append(f"{key} seed {seed}")
             else:
                 todo.append((key, seed, check_writable(run_path(out, exp.task, exp.mechanism, seed, mode))))
+    workers = 1 if not isolate else workers or default_workers(device)
     with bars(progress and bool(todo), len(todo), f"tour ({mode})") as overall:
-        for key, seed, path in todo:
+        def one(item):
+            key, seed, path = item
             name = f"{key} seed {seed}"
-            with bars(progress, getattr(known[key], "steps", None), name, position=1, per_step=True) as step:
+            steps = getattr(known[key], "steps", None)
+            with bars(progress and workers == 1, steps, name, position=1, per_step=True) as step:
                 record = _run_one(key, known[key], seed, quick, version, step, isolate, device)
             write_json(path, record)
             (summary.ran if record["status"] == "ok" else summary.failed).append(name)
             if overall:
                 overall(f"{name}: {record['status']}")
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(one, todo))
     if scaling if scaling is not None else not quick:
         from .report.scaling import measure
         measure(out, [known[k] for k in keys], mode=mode, version=version, fresh=fresh, progress=progress)

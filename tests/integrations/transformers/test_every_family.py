@@ -1,23 +1,22 @@
-"""Every text family of transformers runs on "attnkit" equal to "eager", or is refused as the README's table says.
+"""Every text family of transformers runs on "attnkit" equal to "eager", or is refused as the guide says.
 
 The families come from transformers itself (families.py); the refusals from the one table in the
-README's transformers section, so a family refused for a reason the README does not state fails,
-and so does a stale row (a family the README lists that runs, or that transformers no longer has).
+guide's transformers section (docs/guide/integrations.md), so a family refused for a reason the guide does not
+state fails, and so does a stale row (a family the guide lists that runs, or that transformers no longer has).
 Only families whose own code reads the mask build its dense form. The whole enumeration is marked
 slow; the quick test runs one family of each convention and the families that read the mask.
 """
 
 import re
-from pathlib import Path
 
 import pytest
 
 import attnkit
 from attnkit.integrations.transformers import ModelMask
+from tests.user_docs import guide
 
 from .families import compare_with_eager, families
 
-README = Path(__file__).parents[3] / "README.md"
 FAMILIES = families()
 # Their own code reads the mask: sparse-attention indexers, an encoder adding it to its scores, dynamic masks.
 # Only they build its dense form.
@@ -33,7 +32,7 @@ QUICK = [
 
 def refusals() -> dict[str, list[str]]:
     """``family -> the keywords of its reason``, from the README's table of refused families."""
-    section = README.read_text().split("### In transformers models", 1)[1].split("\n### ", 1)[0]
+    section = guide("integrations").split("## In transformers models", 1)[1].split("\n## ", 1)[0]
     table = section.split("| Refused because |", 1)[1]
     rows = {}
     for line in table.splitlines()[2:]:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from attnkit.tour.long import estimate
 from attnkit.tour.long.suite import plan
-
-README = Path(__file__).resolve().parents[3] / "README.md"
+from tests.user_docs import guide
 
 
 def _dense_model_flops(setup) -> int:
@@ -35,7 +33,7 @@ def test_the_default_scale_fits_its_cpu_budget():
     assert estimate.plan_seconds(plan("quick")) <= 30
 
 
-def test_the_readme_states_the_lra_scales_estimate():
+def test_the_tour_guide_states_the_lra_scales_estimate():
     seconds = estimate.plan_seconds(plan("lra"), rate=estimate.GPU_RATE, overhead=estimate.GPU_STEP)
-    stated = re.search(r"about (\d+) hours on one GPU", README.read_text(encoding="utf-8"))
+    stated = re.search(r"about (\d+) hours on one GPU", guide("tour"))
     assert stated and int(stated.group(1)) == round(seconds / 3600), (stated, seconds / 3600)

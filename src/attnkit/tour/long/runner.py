@@ -15,7 +15,6 @@ measurements run one at a time afterwards, alone, so no other run shares their c
 from __future__ import annotations
 
 import inspect
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -23,7 +22,7 @@ from pathlib import Path
 
 from ... import tasks
 from ...progress import bars
-from ..child import ChildFailed, run_child
+from ..child import ChildFailed, default_workers, run_child
 from ..store import (
     FORMAT,
     Summary,
@@ -41,7 +40,7 @@ from ..store import (
 from .jobs import speed_job, train_job
 from .suite import TASKS, Plan, plan
 
-__all__ = ["run_suite", "SuiteSummary", "suite_version", "speed_path", "load_speed", "SUITE", "default_workers"]
+__all__ = ["run_suite", "SuiteSummary", "suite_version", "speed_path", "load_speed", "SUITE"]
 
 SUITE = "long"
 SuiteSummary = Summary  # what one call of run_suite did: the same record as the default tour's
@@ -74,11 +73,6 @@ def load_speed(path, *, scale: str | None = None, version: str | None = None) ->
     if (scale is not None and data.get("mode") != scale) or (version is not None and data.get("version") != version):
         return None
     return data
-
-
-def default_workers(device: str = "cpu") -> int:
-    """Pairs trained at once: one per core up to two on the CPU (each at one thread), one on a GPU."""
-    return 1 if device != "cpu" else max(1, min(2, os.cpu_count() or 1))
 
 
 def _train(out, task, mechanism, seeds, the_plan: Plan, version, device, step, summary) -> None:
@@ -183,7 +177,7 @@ def run_suite(out="tour-long", *, scale: str = "default", fresh: bool = False, p
         seeds: seeds instead of each setup's.
         speed: mechanisms whose speed to measure at the longest length (default: those of the pairs).
         device: where the models train (``"cpu"`` or ``"cuda"``).
-        workers: pairs trained at once (default :func:`default_workers`).
+        workers: pairs trained at once (default :func:`~attnkit.tour.child.default_workers`).
 
     Returns:
         A :class:`SuiteSummary`; failed runs are recorded and reported, not raised.

@@ -1,6 +1,6 @@
-"""Every ``attnkit ...`` line of README.md's "Command line" section runs as written, at small sizes.
+"""Every ``attnkit ...`` line of the command-line guide (docs/guide/cli.md) runs as written, at small sizes.
 
-The lines are read from the README itself, so an example that stops working fails here.
+The lines are read from the guide itself, so an example that stops working fails here.
 Sizes are made small (``--q-len``, ``--kv-len``, ``--lengths``, ``q_len=``) and nothing
 else is changed. The quick ones run in-process in the default suite; the ones that
 start child processes or compile (bench, scaling, a transformers model) are ``slow``.
@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 
 from attnkit import cli
+from tests.user_docs import guide
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 SMALL_LEN = "128"
 SLOW = ("bench", "scaling", "record hf:")  # child processes, compiles or a pretrained model
 
 
 def readme_commands() -> list[str]:
-    """The command lines of the README's "Command line" section (comments after ``#`` dropped)."""
-    text = README.read_text(encoding="utf-8")
-    section = text.split("\n## Command line\n", 1)[1].split("\n## ", 1)[0]
-    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    """The command lines of the guide's first ``bash`` block (comments after ``#`` dropped)."""
+    block = guide("cli").split("```bash\n", 1)[1].split("```", 1)[0]
     lines = [shlex.split(line, comments=True) for line in block.splitlines() if line.startswith("attnkit ")]
     return [shlex.join(argv) for argv in lines]
 
