@@ -110,11 +110,11 @@ def breakdown(lk: int = 128, calls: int = 3000) -> str:
     q, k, v = _qkv(1, 8, 8, 1, lk)
     causal = masks.causal()
     p = _prepare(q, k, v, mask=causal)
-    out, lse = rules.FLASH.default(q, k, v, 0.0, False, attn_mask=None, scale=p.scale)
+    out, lse = rules.FLASH(q, k, v, 0.0, False, attn_mask=None, scale=p.scale)
     parts = {
         "torch SDPA (F.scaled_dot_product_attention)": lambda: F.scaled_dot_product_attention(q, k, v),
         "attnkit.attention(q, k, v, mask=causal())": lambda: attnkit.attention(q, k, v, mask=causal),
-        "  the fused kernel, called directly (with its lse)": lambda: rules.FLASH.default(
+        "  the fused kernel, called directly (with its lse)": lambda: rules.FLASH(
             q, k, v, 0.0, False, attn_mask=None, scale=p.scale),
         "  validation (autocast, argument checks, Problem)": lambda: _prepare(q, k, v, mask=causal),
         "  the decision (dispatch.choose)": lambda: dispatch.choose(p),

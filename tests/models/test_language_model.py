@@ -124,3 +124,36 @@ def test_option_errors():
         TransformerLM(V, dim=DIM, num_heads=H, attention="linear-attention", gate=True)
     with pytest.raises(ArgumentError, match="pairing must be one of"):
         TransformerLM(V, dim=DIM, num_heads=H, positional="rotary", rotary={"pairing": "odd"})
+
+
+def test_generation_checks_the_prefix_once_not_each_generated_token(monkeypatch):
+    from attnkit.models import _rnn
+
+    torch.manual_seed(0)
+    lm = TransformerLM(V, dim=DIM, num_heads=H, num_layers=2, ff_dim=FF, dropout=0.0).eval()
+    prefix = _tokens(5)
+    expected = torch.cat([prefix, torch.zeros(2, 0, dtype=prefix.dtype)], 1)
+    for _ in range(6):  # the oracle: one full forward pass per token, greedy
+        expected = torch.cat([expected, lm(expected)[:, -1].argmax(-1, keepdim=True)], 1)
+    checked = []
+    real = _rnn.check_tokens
+    monkeypatch.setattr(_rnn, "check_tokens", lambda *args, **kw: (checked.append(args[1]), real(*args, **kw))[1])
+    for use_cache in (True, False):
+        checked.clear()
+        assert torch.equal(lm.generate(prefix, 6, use_cache=use_cache), expected)
+        assert checked == ["prefix"]  # the 6 steps feed tokens the loop chose itself: no check per token
+
+
+def test_every_cached_generation_step_reuses_one_causal_mask(monkeypatch):
+    from attnkit.nn import multihead
+    from attnkit.nn.kv_cache import CAUSAL
+
+    torch.manual_seed(0)
+    lm = TransformerLM(V, dim=DIM, num_heads=H, num_layers=2, ff_dim=FF, dropout=0.0, positional="rotary").eval()
+    seen = []
+    real = multihead.attention
+    monkeypatch.setattr(multihead, "attention", lambda *args, **kw: (seen.append(kw["mask"]), real(*args, **kw))[1])
+    lm.generate(_tokens(5), 4)
+    assert len(seen) == 2 * 4  # two layers, the prefill and three steps
+    assert all(mask is CAUSAL for mask in seen)
+    assert CAUSAL.kind == "causal" and CAUSAL.align == "bottom_right"

@@ -677,3 +677,19 @@ def test_a_key_padding_mask_keeps_the_call_on_torchs_kernel(monkeypatch):
     pad[1, 200:] = True
     m(x, x, x, key_padding_mask=pad, need_weights=False)
     assert ran and set(ran) == {"torch-sdpa"}
+
+
+def test_forward_step_passes_one_causal_mask_object_to_every_step(monkeypatch):
+    from attnkit.nn import multihead
+    from attnkit.nn.kv_cache import CAUSAL
+
+    seen = []
+    real = multihead.attention
+    monkeypatch.setattr(multihead, "attention", lambda *args, **kw: (seen.append(kw["mask"]), real(*args, **kw))[1])
+    torch.manual_seed(0)
+    mod = MultiHeadAttention(12, 3, batch_first=True).eval()
+    x = torch.randn(2, 5, 12)
+    cache = mod.new_cache(2, 5)
+    steps = [mod.forward_step(x[:, :3], cache)[0]] + [mod.forward_step(x[:, i:i + 1], cache)[0] for i in (3, 4)]
+    torch.testing.assert_close(torch.cat(steps, 1), mod(x, x, x, is_causal=True)[0], rtol=0, atol=1e-6)
+    assert len(seen) == 4 and all(mask is CAUSAL for mask in seen[:3])  # seen[3]: the full pass

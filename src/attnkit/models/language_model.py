@@ -141,7 +141,9 @@ class TransformerLM(nn.Module):
         caches = self.body.new_caches(prefix.shape[0], prefix.shape[1] + max_new_tokens) if cached else None
 
         def step(new, tokens):
-            return self(new if cached else tokens, caches=caches)[:, -1]
+            # tokens the loop chose from a checked prefix, caches made here: nothing to check again per token
+            feed, offset = (new, tokens.shape[1] - new.shape[1]) if cached else (tokens, 0)
+            return self.head(self.body.run_layers(self.embed(feed, offset=offset), caches=caches)[:, -1])
 
         tokens, logits = decode(step, prefix, max_new_tokens, vocab_size=self.vocab_size, eos=eos,
                                 temperature=temperature, generator=generator)

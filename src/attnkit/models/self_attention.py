@@ -75,6 +75,9 @@ class SoftmaxSelfAttention(MultiHeadAttention):
         True
     """
 
+    # its forward takes one input, so torch's layers never call it: no hook on each call (see MultiHeadAttention)
+    _torch_layer_attention = False
+
     def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0, causal: bool = False,
                  mask: masks.Mask | None = None, rotary: bool | dict = False, gate: bool = False,
                  qk_norm: bool = False):

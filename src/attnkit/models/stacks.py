@@ -193,8 +193,15 @@ class TransformerDecoder(nn.Module):
             raise ArgumentError(f"{who}: memory given to a decoder built with cross=False")
         n = x.shape[1] + cache_offset(who, caches, len(self.layers))
         keep = check_keep_mask(who, "key_keep_mask", key_keep_mask, x.shape[0], n)
+        return self.run_layers(x, memory, memory_keep_mask=memory_keep_mask, key_keep_mask=keep, caches=caches)
+
+    def run_layers(self, x: torch.Tensor, memory: torch.Tensor | None = None, *,
+                   memory_keep_mask: torch.Tensor | None = None, key_keep_mask: torch.Tensor | None = None,
+                   caches: list[KVCache] | None = None) -> torch.Tensor:
+        """:meth:`forward` without its checks, for callers that made or checked every input themselves
+        (a model's decoding step: the embedding of tokens it chose, its own caches)."""
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, memory_keep_mask=memory_keep_mask, key_keep_mask=keep,
+            x = layer(x, memory, memory_keep_mask=memory_keep_mask, key_keep_mask=key_keep_mask,
                       cache=None if caches is None else caches[i])
         return x if self.norm is None else self.norm(x)
 

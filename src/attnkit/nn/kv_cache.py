@@ -11,7 +11,7 @@ from ..errors import DTypeError, ShapeError, check_int
 from ._inputs import check_keep_mask, check_placement, check_sequence, check_shape
 from .padding import clear_padding
 
-__all__ = ["KVCache", "LatentCache", "decoding_mask", "check_step"]
+__all__ = ["KVCache", "LatentCache", "CAUSAL", "decoding_mask", "check_step"]
 
 
 def _check_size(name: str, value, minimum: int) -> int:
@@ -102,9 +102,13 @@ class KVCache:
         self._length = 0
 
     def _check(self, name: str, t, buffer: torch.Tensor) -> None:
+        b, h, _, d = buffer.shape
+        # attribute comparisons only on the common call (once per layer and token); the named errors below
+        if (type(t) is torch.Tensor and t.dtype == buffer.dtype and t.device == buffer.device and t.dim() == 4
+                and t.shape[0] == b and t.shape[1] == h and t.shape[3] == d):
+            return
         who = "KVCache.append"
         check_placement(who, name, t, dtype=buffer.dtype, device=buffer.device, owner="the cache")
-        b, h, _, d = buffer.shape
         check_shape(who, name, t, lambda t: t.dim() == 4 and (t.shape[0], t.shape[1], t.shape[3]) == (b, h, d),
                     f"have shape (batch={b}, kv_heads={h}, new_len, {d})")
 
@@ -127,7 +131,7 @@ class KVCache:
             self._k[:, :, start:stop] = k
             self._v[:, :, start:stop] = v
         self._length = stop
-        return self.keys, self.values
+        return self._k[:, :, :stop], self._v[:, :, :stop]  # views of the buffers, as keys and values
 
 
 class LatentCache(KVCache):
@@ -165,14 +169,20 @@ class LatentCache(KVCache):
 
 
 
+# Masks are immutable: one bottom-right causal mask serves every decoding step of every module.
+CAUSAL = masks.causal()
+
+
 def decoding_mask(causal: bool, pattern, t: int, n: int, keep: torch.Tensor | None):
     """The mask of ``t`` new queries against ``n`` keys (``n - t`` cached): ``causal & pattern & keys(keep)``.
 
-    Causality is bottom-right aligned (query ``i`` sees keys ``j <= i + n - t``) and ``pattern``, a mask
-    written for the whole ``n x n`` sequence, is read at the queries' absolute rows; None when nothing
-    restricts the keys.
+    Causality is bottom-right aligned (query ``i`` sees keys ``j <= i + n - t``; :data:`CAUSAL`) and
+    ``pattern``, a mask written for the whole ``n x n`` sequence, is read at the queries' absolute rows;
+    None when nothing restricts the keys.
     """
-    parts = [masks.causal()] if causal else []
+    if pattern is None and keep is None:  # the common step builds nothing
+        return CAUSAL if causal else None
+    parts = [CAUSAL] if causal else []
     if pattern is not None:
         parts.append(pattern if t == n else masks.shifted(pattern, q0=n - t, q_len=n, kv_len=n))
     if keep is not None:
@@ -188,5 +198,7 @@ def check_step(who: str, module, x, dim: int, key_keep_mask, cache, kind: type =
         raise DTypeError(f"{who}: cache must be a {kind.__name__} (see new_cache); got {type(cache).__name__}")
     check_sequence(who, "x", x, dim, named=True, like=module)
     start = 0 if cache is None else len(cache)
+    if key_keep_mask is None:
+        return x, start
     check_keep_mask(who, "key_keep_mask", key_keep_mask, x.shape[0], start + x.shape[1])  # n = cached + new
-    return clear_padding(x, None if key_keep_mask is None else key_keep_mask[:, start:]), start
+    return clear_padding(x, key_keep_mask[:, start:]), start

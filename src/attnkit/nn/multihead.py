@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import masks
 from ..core import attention
 from ..costing.attend import ATTENTION_FORMULA, ATTENTION_SIZES, attend, attention_inputs, derive_lengths, kv_cache
 from ..costing.spec import Spec
@@ -19,7 +18,7 @@ from ..functional.mask_base import Mask
 from . import torch_compat, torch_layers
 from ._inputs import check_shape
 from .gated import OutputGate, QKNorm
-from .kv_cache import KVCache
+from .kv_cache import CAUSAL, KVCache
 from .padding import clear_key_padding
 from .rotary import RotaryEmbedding, rotary_for
 
@@ -163,6 +162,10 @@ class MultiHeadAttention(nn.Module):
         True
     """
 
+    # Whether torch's TransformerEncoderLayer may hold the module as its self_attn (then it gets the pre-hook that
+    # keeps the layer from its fused kernel); a subclass whose forward takes other arguments sets it False.
+    _torch_layer_attention = True
+
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
                  vdim: int | None = None, batch_first: bool = False, device=None, dtype=None, *,
@@ -199,7 +202,8 @@ class MultiHeadAttention(nn.Module):
         self.gate = OutputGate(embed_dim, embed_dim, bias=bias, **fk) if gate else None
         self.qk_norm = QKNorm(self.head_dim, **fk) if qk_norm else None
         self.rotary = rotary_for(who, rotary, self.head_dim)
-        torch_layers.decline_fused_layer(self)  # torch's encoder layer calls this module, never its own kernel
+        if self._torch_layer_attention:
+            torch_layers.decline_fused_layer(self)  # torch's encoder layer calls this module, never its own kernel
 
     def _build(self, bias, add_bias_kv, fk):
         e, kv = self.embed_dim, self.num_kv_heads * self.head_dim
@@ -236,7 +240,8 @@ class MultiHeadAttention(nn.Module):
         for name in ("gate", "qk_norm", "rotary"):
             self._modules.setdefault(name, None)
         self._parameters.setdefault("sinks", None)
-        torch_layers.decline_fused_layer(self)
+        if self._torch_layer_attention:
+            torch_layers.decline_fused_layer(self)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *args):
         torch_compat.merge_projection_keys(self, state_dict, prefix)
@@ -247,7 +252,8 @@ class MultiHeadAttention(nn.Module):
         return int(self.bias_k is not None) + int(self.add_zero_attn)
 
     def _heads(self, t, heads):
-        return t.unflatten(-1, (heads, self.head_dim)).transpose(1, 2)  # (B, L, h*d) -> (B, h, L, d)
+        # reshape, not unflatten: the same view without a Python-level wrapper, once per projection and call
+        return t.reshape(*t.shape[:-1], heads, self.head_dim).transpose(1, 2)  # (B, L, h*d) -> (B, h, L, d)
 
     def _project(self, query, key, value):
         e, kv = self.embed_dim, self.num_kv_heads * self.head_dim
@@ -351,7 +357,7 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self._project(x, x, x)
         q, k = self._position(q, k, len(cache), len(cache))
         k, v = cache.append(k, v)
-        return self._attend(q, k, v, masks.causal(), None, need_weights, average_attn_weights, batched, x)
+        return self._attend(q, k, v, CAUSAL, None, need_weights, average_attn_weights, batched, x)
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention, *, mask: Mask | None = None) -> MultiHeadAttention:

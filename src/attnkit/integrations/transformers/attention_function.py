@@ -38,6 +38,7 @@ from ... import masks
 from ...bias import ScoreModifier, apply_modifier
 from ...core import attention
 from ...errors import ShapeError, UnsupportedFeature
+from ...functional.mask_base import Mask
 from ...functional.shifted import shift_modifier
 from .model_mask import ModelMask
 from .model_masks import with_extra
@@ -53,6 +54,8 @@ __all__ = ["make_attention_function"]
 # Other keywords models pass (position_ids, max_length_*, deterministic) change nothing attnkit computes, or are
 # read by .packing (cu_seq_lens_*, indices, block_indices).
 _SINKS = ("s_aux", "sinks")  # gpt-oss names its sinks s_aux; other models sinks
+# The keywords that change what a call computes beyond its ModelMask (sinks, indexers' choices, packed documents)
+_HANDLED = frozenset((*_SINKS, "indices", "block_indices", "cu_seq_lens_q", "cu_seq_lens_k"))
 
 
 def _model_name(module) -> str:
@@ -165,11 +168,26 @@ def _check_heads(module, heads: int, extra_mask, extra_bias) -> None:
                              f"holds data for {held} heads")
 
 
+def _plain(attention_mask, key, softcap, position_bias, kwargs) -> bool:
+    """Whether the call is one the general path hands to :func:`attnkit.attention` with the :class:`ModelMask`'s
+    own mask and nothing else: an attnkit mask (or none) built by the mask function for these keys, no packed
+    documents, soft-capping, position bias, sinks, indexers' choices or varlen keywords, and no weights wanted.
+    The decoding steps of most models are such calls; the test reads attributes and keyword names only."""
+    return (type(attention_mask) is ModelMask and attention_mask.packing is None and not softcap
+            and position_bias is None and _HANDLED.isdisjoint(kwargs) and key.shape[-2] <= attention_mask.sizes[2]
+            and (attention_mask.mask is None or isinstance(attention_mask.mask, Mask)) and not weights_wanted(kwargs))
+
+
 def make_attention_function(extra_mask=None, extra_bias=None, backend: str = "auto"):
     """A function for transformers' ``AttentionInterface`` (see the module docstring)."""
+    registered = extra_mask is not None or extra_bias is not None
 
     def attnkit_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                           softcap=None, position_bias=None, sliding_window=None, **kwargs):
+        if not registered and _plain(attention_mask, key, softcap, position_bias, kwargs):
+            out = attention(query, key, value, mask=attention_mask.mask, scale=scaling, dropout_p=dropout,
+                            return_weights=False, backend=backend)
+            return out.transpose(1, 2).contiguous(), None
         sinks = _sinks_of(module, kwargs)
         _check_heads(module, query.shape[1], extra_mask, extra_bias)
         if (extra_mask is not None or extra_bias is not None) and getattr(

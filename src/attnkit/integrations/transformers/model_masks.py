@@ -112,12 +112,17 @@ def _combine(parts: list[Mask], both: bool) -> Mask:
     return reduce(pair, parts)
 
 
+# Masks are immutable: the two most models ask for on every forward pass are built once.
+_CAUSAL = masks.diagonals(hi=0)  # key position <= query position
+_FULL = masks.full()
+
+
 def whole_sequence_mask(mask_function) -> Mask | None:
     """The attnkit mask, on positions of the whole sequence, of a transformers mask function (None: unknown)."""
     if mask_function is hf_masks.causal_mask_function:
-        return masks.diagonals(hi=0)  # key position <= query position
+        return _CAUSAL
     if mask_function is hf_masks.bidirectional_mask_function:
-        return masks.full()
+        return _FULL
     code = getattr(mask_function, "__code__", None)
     captured = _free_vars(mask_function) if code in (_WINDOW, _TWO_SIDED_WINDOW, _AND, _OR) else None
     if captured is None:
