@@ -47,8 +47,8 @@ __all__ = ["Sizes", "Mechanism", "MECHANISMS", "mechanism", "block", "LINFORMER_
 
 LINFORMER_K = 8  # Linformer's projected length k: its k x L projection (shared by keys and values) is parameters
 SELECTED = 4
-"""Key blocks each query of NSA and MoBA attends: NSA's first and two nearest blocks among them (Yuan et al.
-2025, Sec. 3.3.2), MoBA's own block among them; a handful, as the papers' few of many blocks."""
+"""Key blocks each query of NSA and MoBA attends: NSA's first and two nearest blocks among them (its paper's
+setting: 1 initial and 2 local blocks of its 16), MoBA's own block among them; a few of many, as in the papers."""
 
 
 @dataclass(frozen=True)
