@@ -168,10 +168,10 @@ _ENTRIES = [
     Mechanism("lambda", "Bello 2021, arXiv:2102.08602", _lambda, ("lambda-layer-local",), linear_time=True,
               images_only=True),
     Mechanism("nsa", "Yuan et al. 2025, arXiv:2502.11089 (Native Sparse Attention)", _nsa,
-              ("native-sparse-attention",), linear_time=True, chosen_blocks=True),
+              ("native-sparse-attention",), chosen_blocks=True),
     Mechanism("moba", "Lu et al. 2025, arXiv:2502.13189 (Mixture of Block Attention)",
               lambda s: lambda d, h: MoBA(d, h, block_size=block(s.length), top_k=SELECTED), ("moba",),
-              linear_time=True, chosen_blocks=True),
+              chosen_blocks=True),
 ]
 
 
