@@ -62,10 +62,6 @@ LEFT_OUT: dict[str, str] = {
                          "can learn: at the tour's sizes it trains as multi-head attention",
     "qk-norm": "QK-norm keeps large models' logits from growing in training; the tour's small models never reach "
                "scores where it changes anything",
-    "native-sparse-attention": "trained by the long-context recall experiment (attnkit.tour.long.recall), which the "
-                               "long suite's roster does not yet run",
-    "moba": "trained by the long-context recall experiment (attnkit.tour.long.recall), which the long suite's roster "
-            "does not yet run",
     "tiered-attention": "tiered attention over log sessions needs multi-session histories; the event-log task "
                         "has one session per sequence",
 }

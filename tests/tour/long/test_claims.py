@@ -5,10 +5,20 @@ from __future__ import annotations
 import pytest
 
 from attnkit.tour.long import claims
-from attnkit.tour.long.claims import CLAIMS, HELD, NOT_HELD, RETRIEVAL_TASKS, UNDECIDED, check, compare, needed_pairs
+from attnkit.tour.long.claims import (
+    CLAIMS,
+    HELD,
+    NOT_HELD,
+    RETRIEVAL_TASKS,
+    UNDECIDED,
+    at_chance,
+    check,
+    compare,
+    needed_pairs,
+)
 from attnkit.tour.long.roster import MECHANISMS
 from attnkit.tour.long.suite import CLAIMED, plan
-from attnkit.tour.long.welch import difference_interval
+from attnkit.tour.welch import welch
 
 BY_KEY = {c.key: c for c in CLAIMS}
 CHANCE = {"associative_recall": 0.25}
@@ -28,6 +38,10 @@ def test_the_claims_name_the_groups_of_the_papers():
     fastest = BY_KEY["kernel-lowrank-window-faster"]
     assert set(fastest.better) == {"linear", "performer", "linformer", "local", "sliding-window", "perceiver"}
     assert set(fastest.better) <= set(speed.better)
+    chosen = BY_KEY["chosen-blocks-recall"]
+    assert (chosen.better, chosen.worse, chosen.tasks) == (("softmax", "nsa", "moba"), ("sliding-window",),
+                                                           ("associative_recall",))
+    assert all(c.tasks == RETRIEVAL_TASKS for c in CLAIMS if c is not chosen)
 
 
 def test_a_difference_beyond_the_noise_holds_and_a_lead_below_the_margin_does_not():
@@ -53,7 +67,8 @@ def test_the_interval_is_welchs_on_the_difference_of_means():
     a, b = [0.92, 0.88, 0.95], [0.61, 0.55, 0.70]
     c = compare("t", "a", "b", a, b, chance=0.25)
     mean_a, mean_b = sum(a) / 3, sum(b) / 3
-    assert c.difference == pytest.approx(mean_a - mean_b) and c.interval == difference_interval(a, b)
+    w = welch(a, b)
+    assert c.difference == pytest.approx(mean_a - mean_b) and c.interval == (w.low, w.high)
     assert "95 % interval" in c.text("accuracy") and "+29.7 points" in c.text("accuracy")
 
 
@@ -71,6 +86,27 @@ def test_a_claim_holds_when_every_pair_held_and_fails_when_one_did_not():
     assert partial.outcome is None and "associative_recall: longformer" in partial.missing
 
 
+def test_within_the_noise_of_chance_is_less_than_five_points_above_it_or_an_interval_reaching_it():
+    assert at_chance([0.26, 0.24, 0.25], 0.25) and at_chance([0.29, 0.29, 0.29], 0.25)  # 4 points: not learned
+    assert at_chance([0.9, 0.2, 0.5], 0.25)  # far above on average, but the spread reaches chance
+    assert not at_chance([0.31, 0.30, 0.32], 0.25) and not at_chance([0.97, 0.95], 0.25)
+
+
+def test_the_chosen_blocks_claim_reads_the_recall_alone():
+    claim = BY_KEY["chosen-blocks-recall"]
+    good = {"softmax": 0.95, "nsa": 0.9, "moba": 0.85, "sliding-window": 0.26}
+    legend = _acc({"softmax": 0.9, "sliding-window": 0.5}, task="pixel_legend")  # no NSA or MoBA there: not read
+    verdict = check(claim, _acc(good) | legend, {}, CHANCE | {"pixel_legend": 0.3})
+    assert verdict.outcome == HELD and verdict.missing == []
+    assert {(c.where, c.better, c.worse) for c in verdict.comparisons} == {
+        ("associative_recall", m, "sliding-window") for m in ("softmax", "nsa", "moba")}
+    verdict = check(claim, _acc({**good, "moba": 0.5, "sliding-window": 0.7}), {}, CHANCE)
+    assert verdict.outcome == NOT_HELD
+    assert [c.better for c in verdict.comparisons if c.outcome == NOT_HELD] == ["moba"]
+    assert check(claim, _acc({k: v for k, v in good.items() if k != "nsa"}), {}, CHANCE).missing == [
+        "associative_recall: nsa"]
+
+
 def test_a_speed_claim_reads_the_timed_steps():
     claim = BY_KEY["linear-time-faster"]
     speed = {m: [2.0, 2.1, 1.9] for m in claim.better} | {"softmax": [1.0, 1.05, 0.95]}
@@ -86,6 +122,8 @@ def test_the_default_scale_trains_what_the_claims_compare():
     the_plan = plan()
     for task, mech in needed_pairs():
         assert (task, mech) in the_plan.pairs and len(the_plan.setup(task).seeds) >= 3
+    assert ("associative_recall", "nsa") in needed_pairs() and ("pixel_legend", "nsa") not in needed_pairs()
+    assert ("pixel_legend", "sliding-window") in needed_pairs()
     assert set(CLAIMED) == {m for c in CLAIMS if c.measure == "accuracy" for m in (*c.better, *c.worse)}
     assert all(m in MECHANISMS for m in CLAIMED)
 

@@ -8,9 +8,9 @@ import torch
 from attnkit.errors import ArgumentError
 from attnkit.tour.long.model import build
 from attnkit.tour.long.roster import MECHANISMS
-from attnkit.tour.long.suite import CLAIMED, SCALES, TASKS, plan, sizes_of, suite_task
+from attnkit.tour.long.suite import CHOSEN_BLOCKS, CLAIMED, SCALES, TASKS, plan, sizes_of, suite_task
 
-META_FORWARD = ("sparse-strided", "sparse-fixed", "longformer")  # their layouts read data: no forward on meta
+META_FORWARD = ("sparse-strided", "sparse-fixed", "longformer", "nsa", "moba")  # layouts read data: no meta forward
 
 
 def test_the_default_scale_is_long_runs_every_mechanism_and_three_seeds():
@@ -21,7 +21,7 @@ def test_the_default_scale_is_long_runs_every_mechanism_and_three_seeds():
     assert all(s.seeds == (0, 1, 2) for s in the_plan.setups)
     for setup in the_plan.setups:
         if TASKS[setup.task].retrieval:
-            assert set(CLAIMED) <= set(setup.mechanisms)
+            assert set(CLAIMED) - set(CHOSEN_BLOCKS) <= set(setup.mechanisms)
         assert all(TASKS[setup.task].image or not MECHANISMS[m].images_only for m in setup.mechanisms)
         assert setup.budget.eval_size <= setup.budget.batch_size  # evaluations never outgrow training's memory
 
@@ -30,6 +30,42 @@ def test_the_quick_scale_runs_every_mechanism_once_on_toy_sizes():
     the_plan = plan("quick")
     assert sorted(m for _, m in the_plan.pairs if m != "softmax") == sorted(set(MECHANISMS) - {"softmax"})
     assert all(s.make().length <= 256 and s.budget.steps <= 8 for s in the_plan.setups)
+
+
+@pytest.mark.parametrize("scale", SCALES)
+def test_nsa_and_moba_train_on_the_associative_recall_alone(scale):
+    assert set(CHOSEN_BLOCKS) == {"nsa", "moba"} and set(CHOSEN_BLOCKS) <= set(CLAIMED)
+    assert {t for t, m in plan(scale).pairs if m in CHOSEN_BLOCKS} == {"associative_recall"}
+    assert set(CLAIMED) <= set(plan(scale).setup("associative_recall").mechanisms)
+
+
+def _recall_logits(setup, name, inputs):
+    task = setup.make()
+    torch.manual_seed(0)
+    model = build(task.vocab_size, task.num_classes, sizes_of(setup, task), layers=setup.model.layers,
+                  ff=setup.model.ff, name=name, per_position=True).eval()
+    with torch.no_grad():
+        return model(inputs)
+
+
+@pytest.mark.parametrize("scale", ["default", "quick"])
+def test_every_fact_of_the_recall_lies_beyond_the_sliding_windows_reach(scale):
+    """Facts replaced by filler move no query's logits under the window, and do move them under dense softmax
+    and NSA, whose compressed blocks see the whole past."""
+    setup = plan(scale).setup("associative_recall")
+    task = setup.make()
+    batch = task.sample(1, torch.Generator().manual_seed(0))
+    inputs, queries = batch["inputs"], batch["targets"][0] != -100
+    facts = inputs > task.filler + task.num_keys
+    assert facts.any() and queries.any()
+    assert queries.nonzero().min() - facts[0].nonzero().max() >= task.length // 4
+    erased = inputs.masked_fill(facts, 1)
+    for name in ("sliding-window", "softmax", "nsa"):
+        before, after = (_recall_logits(setup, name, x)[0, queries] for x in (inputs, erased))
+        reached = not torch.allclose(before, after, rtol=0, atol=1e-6)
+        assert reached == (name != "sliding-window"), (name, (before - after).abs().max())
+    if scale == "default":
+        assert task.length >= 2048
 
 
 def test_the_lra_scale_has_long_range_arenas_lengths_model_sizes_and_steps():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
 from attnkit import tasks
@@ -10,7 +13,7 @@ from attnkit.tour.experiments.train import count_parameters
 from attnkit.tour.long.model import build
 from attnkit.tour.long.roster import Sizes
 from attnkit.tour.long.speed import CLASSES, VOCAB, measure_speed
-from attnkit.tour.long.suite import ModelSize, plan, sizes_of
+from attnkit.tour.long.suite import CHOSEN_BLOCKS, ModelSize, plan, sizes_of
 from attnkit.tour.long.train import ClassifyObjective, chance, score, train_pair
 
 QUICK = plan("quick")
@@ -28,6 +31,15 @@ def test_a_pair_trains_each_seed_reproducibly_and_reports_speed_memory_and_chanc
         assert r.extra["steps_per_second"] == setup.budget.steps / r.train_seconds
         assert r.curve[-1][0] == setup.budget.steps and len(r.curve) == QUICK.evals
         assert 0.5 <= r.extra["chance"] <= 1 and (r.peak_bytes is None or r.peak_bytes >= 0)
+
+
+@pytest.mark.parametrize("name", CHOSEN_BLOCKS)
+def test_nsa_and_moba_train_a_few_steps_on_the_quick_recall_and_are_scored(name):
+    setup = QUICK.setup("associative_recall")
+    (result,) = train_pair("associative_recall", name, [0], scale="quick")
+    assert result.key == f"associative_recall/{name}" and 0 <= result.accuracy <= 1
+    assert result.extra["length"] == setup.make().length and result.curve[-1][0] == setup.budget.steps
+    assert all(math.isfinite(loss) and 0 <= acc <= 1 for _, loss, acc in result.curve)
 
 
 def test_chance_is_the_share_of_the_most_common_scored_label():

@@ -7,7 +7,7 @@ scale, Tay et al. 2020, arXiv:2011.04006), one fresh process per (task, mechanis
 (:mod:`.train`, :mod:`.jobs`, :mod:`.runner`), plus a speed and memory measurement at the longest
 length (:mod:`.speed`). The report (:mod:`.report`, :mod:`.picture`) draws accuracy against training
 speed with memory as bubble size (LRA's Figure 3) and decides the papers' orderings from the seeds'
-spread (:mod:`.claims`, :mod:`.welch`); :mod:`.estimate` gives a scale's time from its counted FLOPs.
+spread (:mod:`.claims`, :mod:`attnkit.tour.welch`); :mod:`.estimate` gives a scale's time from its counted FLOPs.
 """
 
 from .roster import MECHANISMS, Mechanism, mechanism

@@ -1,10 +1,10 @@
 """The papers' orderings on the long-range suite, written once as data and decided from the seeds' spread.
 
-A :class:`Claim` compares two groups of mechanisms on one measure: ``"accuracy"`` on every
-retrieval-style task of the suite (:attr:`.suite.SuiteTask.retrieval`), or ``"speed"`` (training
-steps per second at the longest length, :mod:`.speed`). Each (better, worse) pair is decided by
-Welch's t-test (:mod:`.welch`): the 95 % interval of the difference of means, over seeds (accuracy)
-or over timed steps (speed):
+A :class:`Claim` compares two groups of mechanisms on one measure: ``"accuracy"`` on the
+retrieval-style tasks of the suite it reads (:attr:`.suite.SuiteTask.retrieval`; every one unless
+it names some), or ``"speed"`` (training steps per second at the longest length, :mod:`.speed`).
+Each (better, worse) pair is decided by Welch's t-test (:mod:`attnkit.tour.welch`): the 95 %
+interval of the difference of means, over seeds (accuracy) or over timed steps (speed):
 
 - **held**: the interval lies above 0 (better is above worse, beyond the noise);
 - **did not hold**: the interval lies below :data:`MARGIN` (better is not ahead by even that much;
@@ -19,20 +19,20 @@ Mechanism groups come from the roster's flags (:mod:`.roster`), so a new mechani
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 
+from ..welch import welch
 from .roster import MECHANISMS
 from .suite import TASKS
-from .welch import difference_interval
 
-__all__ = ["Claim", "Comparison", "Verdict", "CLAIMS", "check", "compare", "needed_pairs", "needed_speed",
-           "RETRIEVAL_TASKS", "MARGIN", "NEAR_CHANCE", "CONFIDENCE", "HELD", "NOT_HELD", "UNDECIDED"]
+__all__ = ["Claim", "Comparison", "Verdict", "CLAIMS", "check", "compare", "at_chance", "needed_pairs",
+           "needed_speed", "RETRIEVAL_TASKS", "MARGIN", "NEAR_CHANCE", "CONFIDENCE", "HELD", "NOT_HELD", "UNDECIDED"]
 
 RETRIEVAL_TASKS = tuple(t.name for t in TASKS.values() if t.retrieval)
 _GLOBAL = tuple(m.name for m in MECHANISMS.values() if m.global_tokens)
 _LOCAL = tuple(m.name for m in MECHANISMS.values() if m.local_only)
 _FIXED_STATE = tuple(m.name for m in MECHANISMS.values() if m.fixed_state)
+_CHOSEN = tuple(m.name for m in MECHANISMS.values() if m.chosen_blocks)
 _LINEAR_TIME = tuple(m.name for m in MECHANISMS.values() if m.linear_time and not m.images_only)
 _LRA_FASTEST = (*_FIXED_STATE, *_LOCAL, "perceiver")  # kernel, low-rank, window and latent: no n x n work at all
 
@@ -46,7 +46,8 @@ HELD, NOT_HELD, UNDECIDED = "held", "did not hold", "undecided"
 
 @dataclass(frozen=True)
 class Claim:
-    """A stated ordering: ``better`` above ``worse`` on ``measure`` (``"accuracy"`` or ``"speed"``)."""
+    """A stated ordering: ``better`` above ``worse`` on ``measure`` (``"accuracy"`` or ``"speed"``); an accuracy
+    claim reads ``tasks``, retrieval-style tasks of the suite (default: every one)."""
 
     key: str
     statement: str
@@ -54,6 +55,7 @@ class Claim:
     measure: str
     better: tuple[str, ...]
     worse: tuple[str, ...]
+    tasks: tuple[str, ...] = RETRIEVAL_TASKS
 
 
 CLAIMS: tuple[Claim, ...] = (
@@ -75,6 +77,12 @@ CLAIMS: tuple[Claim, ...] = (
           "attention train faster than dense softmax at the longest length.",
           "Tay et al. 2020, arXiv:2011.04006, Table 3 (Performer, Linformer, Linear Transformer, Local fastest)",
           "speed", _LRA_FASTEST, ("softmax",)),
+    Claim("chosen-blocks-recall",
+          "With every fact beyond a sliding window's reach, NSA's and MoBA's data-chosen key blocks recall it as "
+          "dense attention does; the sliding window cannot.",
+          "Yuan et al. 2025, arXiv:2502.11089, Sec. 4.3 (needle retrieval at 64k); Lu et al. 2025, arXiv:2502.13189, "
+          "Sec. 3.2 (long-context evaluation on par with full attention); Arora et al. 2023, arXiv:2312.04927, Sec. 3",
+          "accuracy", ("softmax", *_CHOSEN), ("sliding-window",), ("associative_recall",)),
 )
 
 
@@ -114,6 +122,13 @@ class Verdict:
         return {HELD: True, NOT_HELD: False}.get(self.outcome)
 
 
+def at_chance(values: list[float], chance: float) -> bool:
+    """Whether accuracies ``values`` are within the noise of ``chance``: not :data:`NEAR_CHANCE` above it on
+    average, or Welch's interval of their difference from it reaches 0."""
+    w = welch(values, [chance], CONFIDENCE)
+    return w.difference < NEAR_CHANCE or w.low <= 0
+
+
 def compare(where: str, better: str, worse: str, a: list[float], b: list[float], *,
             chance: float | None = None) -> Comparison:
     """Decide ``better`` (values ``a``) above ``worse`` (values ``b``); ``chance``: accuracy's chance level.
@@ -124,20 +139,18 @@ def compare(where: str, better: str, worse: str, a: list[float], b: list[float],
         >>> compare("t", "softmax", "local", [0.27, 0.24, 0.26], [0.25, 0.26, 0.24], chance=0.25).reason
         'softmax is within the noise of chance'
     """
-    low, high = difference_interval(a, b, confidence=CONFIDENCE)
-    diff = statistics.fmean(a) - statistics.fmean(b)
+    w = welch(a, b, CONFIDENCE)
+    interval = (w.low, w.high)
     if min(len(a), len(b)) < 2:
-        return Comparison(where, better, worse, diff, (low, high), UNDECIDED, "one value has no spread to weigh "
-                                                                            "the difference against")
-    if chance is not None:
-        above_low, _ = difference_interval(a, [chance], confidence=CONFIDENCE)
-        if statistics.fmean(a) - chance < NEAR_CHANCE or above_low <= 0:
-            return Comparison(where, better, worse, diff, (low, high), UNDECIDED, f"{better} is within the noise of "
-                                                                               f"chance")
+        return Comparison(where, better, worse, w.difference, interval, UNDECIDED, "one value has no spread to "
+                                                                                   "weigh the difference against")
+    if chance is not None and at_chance(a, chance):
+        return Comparison(where, better, worse, w.difference, interval, UNDECIDED, f"{better} is within the noise "
+                                                                                   f"of chance")
     margin = MARGIN if chance is not None else 0.0
-    outcome = HELD if low > 0 else NOT_HELD if high < margin else UNDECIDED
+    outcome = HELD if w.low > 0 else NOT_HELD if w.high < margin else UNDECIDED
     reason = "the difference is within the noise" if outcome == UNDECIDED else ""
-    return Comparison(where, better, worse, diff, (low, high), outcome, reason)
+    return Comparison(where, better, worse, w.difference, interval, outcome, reason)
 
 
 def _verdict(claim: Claim, comparisons: list[Comparison], missing: list[str]) -> Verdict:
@@ -152,7 +165,7 @@ def _verdict(claim: Claim, comparisons: list[Comparison], missing: list[str]) ->
 def check(claim: Claim, accuracy: dict[tuple[str, str], list[float]], speed: dict[str, list[float]],
           chance: dict[str, float] | None = None) -> Verdict:
     """``claim`` against ``accuracy`` ((task, mechanism) -> per-seed accuracies), ``speed`` (mechanism -> per-step
-    steps/s) and ``chance`` (task -> chance level); a retrieval task with none of the claim's mechanisms is skipped.
+    steps/s) and ``chance`` (task -> chance level); a task the claim reads with none of its mechanisms is skipped.
 
     Example:
         >>> acc = {("associative_recall", m): a for m, a in [("softmax", [0.96, 0.98, 0.97]),
@@ -168,7 +181,7 @@ def check(claim: Claim, accuracy: dict[tuple[str, str], list[float]], speed: dic
                                     for b in claim.better for w in claim.worse]
         return _verdict(claim, pairs, missing)
     comparisons, missing = [], []
-    for task in RETRIEVAL_TASKS:
+    for task in claim.tasks:
         have = {m for (t, m), v in accuracy.items() if t == task and v}
         if not have & set(wanted):
             continue
@@ -182,11 +195,13 @@ def check(claim: Claim, accuracy: dict[tuple[str, str], list[float]], speed: dic
 
 
 def needed_pairs() -> tuple[tuple[str, str], ...]:
-    """The (task, mechanism) pairs the accuracy claims compare on the default scale's retrieval tasks."""
+    """The (task, mechanism) pairs the accuracy claims compare on the default scale's tasks, task by task."""
     from .suite import plan
 
-    names = dict.fromkeys(m for c in CLAIMS if c.measure == "accuracy" for m in (*c.better, *c.worse))
-    return tuple((t, m) for t in plan().tasks if TASKS[t].retrieval for m in names)
+    tasks = plan().tasks
+    pairs = [(t, m) for c in CLAIMS if c.measure == "accuracy" for t in c.tasks if t in tasks
+             for m in (*c.better, *c.worse)]
+    return tuple(dict.fromkeys(sorted(pairs, key=lambda pair: tasks.index(pair[0]))))
 
 
 def needed_speed() -> tuple[str, ...]:

@@ -22,12 +22,11 @@ from ..report.markdown import run_info
 from ..report.pieces import html_image, html_table, md_table, write_page
 from ..report.plots import curves
 from ..store import load_manifest, load_records
-from .claims import CLAIMS, CONFIDENCE, MARGIN, NEAR_CHANCE, Verdict, check
+from .claims import CLAIMS, CONFIDENCE, MARGIN, NEAR_CHANCE, Verdict, at_chance, check
 from .picture import draw, points
 from .roster import MECHANISMS
 from .runner import load_speed
 from .suite import TASKS
-from .welch import difference_interval
 
 __all__ = ["LongReport", "load", "write", "accuracy_table", "speed_table", "verdicts", "standing", "LEARNED"]
 
@@ -94,8 +93,7 @@ def standing(values: list[float], chance: float) -> str:
         >>> standing([0.97, 0.95], 0.25), standing([0.26, 0.24, 0.25], 0.25), standing([0.4, 0.42, 0.41], 0.25)
         ('learned', 'at chance', 'partly')
     """
-    low, _ = difference_interval(values, [chance], confidence=CONFIDENCE)
-    if statistics.fmean(values) - chance < NEAR_CHANCE or low <= 0:
+    if at_chance(values, chance):
         return "at chance"
     return "learned" if statistics.fmean(values) - chance >= LEARNED else "partly"
 
@@ -188,7 +186,7 @@ def _intro(rep: LongReport) -> list[str]:
              "The picture is Long Range Arena's Figure 3 (Tay et al. 2020, arXiv:2011.04006) at this scale: "
              "accuracy (mean over the tasks a mechanism ran, and seeds) against training speed, bubble area = peak "
              "memory. Mechanisms that ran on fewer tasks (the retrieval task trains the claims' mechanisms only, "
-             "Lambda runs on images only) average those."]
+             "NSA and MoBA run on it alone, Lambda runs on images only) average those."]
     return [line for line in lines if line]
 
 

@@ -10,8 +10,15 @@ modules and masks; the Perceiver instead replaces the whole encoder (``attention
 ``linear_time`` marks the mechanisms whose cost grows linearly (or as ``L sqrt(L)``) in the length,
 ``global_tokens`` those with tokens every query sees (Longformer, BigBird), ``fixed_state`` the
 kernel/low-rank ones that compress the keys into a state of fixed size (Linformer, linear,
-Performer; Zoology, Arora et al. 2023, arXiv:2312.04927), ``local_only`` those limited to a window.
-The claims in :mod:`.claims` select mechanisms by these flags.
+Performer; Zoology, Arora et al. 2023, arXiv:2312.04927), ``local_only`` those limited to a window,
+``chosen_blocks`` those whose queries each attend a few key blocks chosen from the data (NSA, MoBA:
+:data:`SELECTED` blocks of ``block(L)`` keys, so ``O(sqrt(L))`` keys per query as above, plus a gate or
+compressed keys of ``O(L / block(L))`` per query). The claims in :mod:`.claims` select mechanisms by
+these flags.
+
+NSA and MoBA are causal, as their papers' modules are (decoders): inside the suite's encoder each
+position sees only the positions up to it. The suite trains them where their claim is read, on the
+associative recall, whose facts all come before its queries (:mod:`.suite`).
 """
 
 from __future__ import annotations
@@ -31,12 +38,17 @@ from ...nn.linear import LinearAttention, PerformerAttention
 from ...nn.linformer import LinformerAttention
 from ...nn.local import LocalAttention
 from ...nn.longformer import LongformerAttention
+from ...nn.moba import MoBA
+from ...nn.nsa import NativeSparseAttention
 from ...nn.reformer import ReformerAttention
 from ...nn.sparse_transformer import SparseTransformerAttention
 
-__all__ = ["Sizes", "Mechanism", "MECHANISMS", "mechanism", "block", "LINFORMER_K"]
+__all__ = ["Sizes", "Mechanism", "MECHANISMS", "mechanism", "block", "LINFORMER_K", "SELECTED"]
 
 LINFORMER_K = 8  # Linformer's projected length k: its k x L projection (shared by keys and values) is parameters
+SELECTED = 4
+"""Key blocks each query of NSA and MoBA attends: NSA's first and two nearest blocks among them (its paper's
+setting: 1 initial and 2 local blocks of its 16), MoBA's own block among them; a few of many, as in the papers."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +101,7 @@ class Mechanism:
     fixed_state: bool = False
     local_only: bool = False
     images_only: bool = False
+    chosen_blocks: bool = False
 
     def factory(self, sizes: Sizes) -> Factory | None:
         """The self-attention factory for ``sizes`` (None for the Perceiver, which replaces the encoder)."""
@@ -101,6 +114,14 @@ def _lambda(s: Sizes) -> Factory:
     # The local lambda convolution over the flattened image, its scope one image row either side (2 side + 1
     # positions: the pixel's row and the rows above and below), Bello 2021, Sec. 4.3.
     return lambda d, h: LambdaLayer(d, key_dim=max(1, d // h), num_heads=h, local_context=2 * s.side + 1)
+
+
+def _nsa(s: Sizes) -> Factory:
+    # Compressed blocks of half a selection block every quarter block (the paper's l = 32, d = 16 for l' = 64),
+    # selection blocks and the window of block(L) keys.
+    b = block(s.length)
+    return lambda d, h: NativeSparseAttention(d, h, compress_block=b // 2, compress_stride=b // 4, select_block=b,
+                                              num_selected=SELECTED, window=b)
 
 
 _ENTRIES = [
@@ -146,6 +167,11 @@ _ENTRIES = [
               linear_time=True),
     Mechanism("lambda", "Bello 2021, arXiv:2102.08602", _lambda, ("lambda-layer-local",), linear_time=True,
               images_only=True),
+    Mechanism("nsa", "Yuan et al. 2025, arXiv:2502.11089 (Native Sparse Attention)", _nsa,
+              ("native-sparse-attention",), chosen_blocks=True),
+    Mechanism("moba", "Lu et al. 2025, arXiv:2502.13189 (Mixture of Block Attention)",
+              lambda s: lambda d, h: MoBA(d, h, block_size=block(s.length), top_k=SELECTED), ("moba",),
+              chosen_blocks=True),
 ]
 
 

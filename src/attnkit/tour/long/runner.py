@@ -54,7 +54,7 @@ def suite_version() -> str:
     """
     here = Path(__file__).parent
     generators = {Path(inspect.getsourcefile(type(tasks.get(name)))) for name in TASKS}
-    idle = {"runner.py", "report.py", "picture.py", "claims.py", "welch.py", "estimate.py"}
+    idle = {"runner.py", "report.py", "picture.py", "claims.py", "estimate.py"}
     sources = {p for p in here.glob("*.py") if p.name not in idle}
     sources |= {here.parent / "experiments" / "train.py", here.parent / "experiments" / "tokens.py", *generators}
     return source_version(sources)

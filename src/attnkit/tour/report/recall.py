@@ -4,7 +4,7 @@ From the cached runs of those experiments (:data:`~attnkit.tour.experiments.reca
 (mechanism x width: accuracy mean ± sample standard deviation over seeds, and the decoding state of
 one layer for one sequence, from the layer's cost spec), a picture (accuracy against state bytes and
 against width, Zoology's Fig. 2 in small) and the claim of
-:data:`~attnkit.tour.experiments.recall.CLAIM`, decided by Welch's t (:mod:`.welch`) on each seed's
+:data:`~attnkit.tour.experiments.recall.CLAIM`, decided by Welch's t (:mod:`attnkit.tour.welch`) on each seed's
 accuracy averaged over the widths: held, did not hold, or undecided. Nothing here trains.
 """
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..experiments.recall import CLAIM, KEYS, MECHANISMS, state_bytes
+from ..welch import Welch, verdict, welch
 from . import Report
-from .welch import Welch, verdict, welch
 
 __all__ = ["Cell", "recall_cells", "claim_verdict", "recall_picture", "recall_markdown", "recall_html"]
 
