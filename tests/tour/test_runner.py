@@ -247,7 +247,7 @@ def test_scaling_is_measured_once_and_cached(tmp_path, fake, monkeypatch):
     fake(FakeAPI())
     _tour(tmp_path, keys=["mqar/softmax"], seeds=(0,), scaling=None)
     _tour(tmp_path, keys=["mqar/softmax"], seeds=(0,), scaling=None)
-    assert calls == [(["dense", "scaled-dot-product"], list(runner.SCALING_LENGTHS), report_scaling.REPEATS, 1)]
+    assert calls == [(["dense", "scaled-dot-product"], list(report_scaling.SCALING_LENGTHS), report_scaling.REPEATS, 1)]
     assert report_scaling.REPEATS >= 3  # a median and a spread, not one sample
     data = json.loads((tmp_path / "runs" / "default" / "scaling.json").read_text())
     assert data["status"] == "ok" and data["series"]["dense"][1] == [512, 4e-3, 2**22]

@@ -31,9 +31,8 @@ from .store import (
     write_json,
 )
 
-__all__ = ["tour", "TourSummary", "mode_name", "code_version", "api", "SCALING_LENGTHS"]
+__all__ = ["tour", "TourSummary", "mode_name", "code_version", "api"]
 
-SCALING_LENGTHS = (256, 512, 1024, 2048)
 TourSummary = Summary  # what one call of tour() did
 
 

@@ -26,12 +26,14 @@ from typing import NamedTuple
 
 from ... import __version__
 from ...progress import bars
-from ..runner import SCALING_LENGTHS
+from ..child import api
 from ..store import write_json
 
-__all__ = ["ALIASES", "cost_name", "cost_sizes", "cost_entries", "cost_table", "length_sizes", "measure",
-           "load_scaling", "MEASURED_FAMILIES", "SIZES", "REPEATS", "THREADS", "MIN_R_SQUARED",
+__all__ = ["SCALING_LENGTHS", "ALIASES", "cost_name", "cost_sizes", "cost_entries", "cost_table", "length_sizes",
+           "measure", "load_scaling", "MEASURED_FAMILIES", "SIZES", "REPEATS", "THREADS", "MIN_R_SQUARED",
            "MAX_RELATIVE_SPREAD", "PowerFit", "power_fit", "exponent_text", "scaling_markdown"]
+
+SCALING_LENGTHS = (256, 512, 1024, 2048)  # the lengths each mechanism is timed at
 
 ALIASES = {
     "softmax": "scaled-dot-product", "full": "scaled-dot-product", "dense": "scaled-dot-product",
@@ -167,8 +169,6 @@ def _shape(nested) -> tuple[int, ...]:
 def cost_entries(rows, records: list[dict] | None = None) -> list[dict]:
     """One entry per distinct (mechanism, formula): ``mechanism``, ``name``, ``sizes`` given, ``cost`` or ``error``."""
     from ...analysis.cost import cost
-    from ..runner import api
-
     try:
         exps = api().experiments()
     except Exception:  # report without the experiments module: match by mechanism name only
