@@ -126,7 +126,7 @@ def test_option_errors():
         TransformerLM(V, dim=DIM, num_heads=H, positional="rotary", rotary={"pairing": "odd"})
 
 
-def test_generation_checks_the_prefix_once_not_each_generated_token(monkeypatch):
+def test_generation_runs_through_step_so_a_compiled_step_generates(monkeypatch):
     from attnkit.models import _rnn
 
     torch.manual_seed(0)
@@ -135,13 +135,16 @@ def test_generation_checks_the_prefix_once_not_each_generated_token(monkeypatch)
     expected = torch.cat([prefix, torch.zeros(2, 0, dtype=prefix.dtype)], 1)
     for _ in range(6):  # the oracle: one full forward pass per token, greedy
         expected = torch.cat([expected, lm(expected)[:, -1].argmax(-1, keepdim=True)], 1)
-    checked = []
-    real = _rnn.check_tokens
-    monkeypatch.setattr(_rnn, "check_tokens", lambda *args, **kw: (checked.append(args[1]), real(*args, **kw))[1])
-    for use_cache in (True, False):
+    real, calls, checked = lm.step, [], []
+    lm.step = lambda *args, **kw: (calls.append(args[0].shape[1]), real(*args, **kw))[1]  # as compile would
+    real_check = _rnn.check_tokens
+    monkeypatch.setattr(_rnn, "check_tokens", lambda *a, **kw: (checked.append(a[1]), real_check(*a, **kw))[1])
+    for use_cache, fed in ((True, [5, 1, 1, 1, 1, 1]), (False, [5, 6, 7, 8, 9, 10])):
+        calls.clear()
         checked.clear()
         assert torch.equal(lm.generate(prefix, 6, use_cache=use_cache), expected)
-        assert checked == ["prefix"]  # the 6 steps feed tokens the loop chose itself: no check per token
+        assert calls == fed  # the prefix, then one new token a step (the cache) or the whole sequence
+        assert checked == ["prefix"]  # the steps feed tokens the loop chose itself: no check per token
 
 
 def test_every_cached_generation_step_reuses_one_causal_mask(monkeypatch):

@@ -146,8 +146,9 @@ def _compile(step):
 
 
 def _generation(model, prompt: torch.Tensor, new_tokens: int, compiled: bool):
-    if compiled:
-        model.forward = torch.compile(model.forward, dynamic=True)
+    if compiled:  # what generate calls per token: TransformerLM.step, the plain model's forward
+        name = "step" if hasattr(model, "step") else "forward"
+        setattr(model, name, torch.compile(getattr(model, name), dynamic=True))
     return lambda: model.generate(prompt, new_tokens)
 
 

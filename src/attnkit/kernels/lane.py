@@ -40,7 +40,7 @@ from . import reference, rules
 from .pipeline import twice_differentiable
 from .sdpa import causal_mask, sums_finite
 
-__all__ = ["route", "run", "describe"]
+__all__ = ["route", "run", "trusted", "describe"]
 
 _DTYPES = (torch.float32, torch.float64)
 _CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -108,15 +108,20 @@ def run(q, k, v, mask, lane: tuple) -> torch.Tensor | None:
             return None
     else:
         out, lse = rules.FLASH(q, k, v, 0.0, is_causal, attn_mask=float_mask, scale=scale)
-        # Each row's output sum plus lse / lse: NaN or inf for NaN or inf in the output (an overflow, a leak) and
-        # for an lse of NaN, +-inf or exactly 0 (a row torch zeroed: no row is empty here). One reduction, one read.
-        if not math.isfinite(torch.addcdiv(out.sum(-1), lse, lse).sum().item()):
+        if not trusted(out, lse):
             return None
     if out.requires_grad:
         inputs = [t for t in (q, k, v) if t.requires_grad]
         out, _ = twice_differentiable(out, None, inputs, lambda *ts: reference.recomputed(
             validate(q, k, v, mask=mask, scale=scale), inputs, ts))
     return out
+
+
+def trusted(out: torch.Tensor, lse: torch.Tensor) -> bool:
+    """Whether the CPU kernel's answer is attnkit's: each row's output sum plus ``lse / lse`` is NaN or inf for
+    NaN or inf in the output (an overflow, a leak) and for an lse of NaN, +-inf or exactly 0 (a row torch
+    zeroed: no row is empty on the lane). One reduction over the output, one read of the lse, one sync."""
+    return math.isfinite(torch.addcdiv(out.sum(-1), lse, lse).sum().item())
 
 
 def describe(lane: tuple) -> str:

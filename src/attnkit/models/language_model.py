@@ -141,13 +141,23 @@ class TransformerLM(nn.Module):
         caches = self.body.new_caches(prefix.shape[0], prefix.shape[1] + max_new_tokens) if cached else None
 
         def step(new, tokens):
-            # tokens the loop chose from a checked prefix, caches made here: nothing to check again per token
-            feed, offset = (new, tokens.shape[1] - new.shape[1]) if cached else (tokens, 0)
-            return self.head(self.body.run_layers(self.embed(feed, offset=offset), caches=caches)[:, -1])
+            return self.step(new, caches) if cached else self.step(tokens)
 
         tokens, logits = decode(step, prefix, max_new_tokens, vocab_size=self.vocab_size, eos=eos,
                                 temperature=temperature, generator=generator)
         return (tokens, logits) if return_logits else tokens
+
+    def step(self, tokens: torch.Tensor, caches=None) -> torch.Tensor:
+        """One decoding step: the logits ``(B, vocab_size)`` of the last of ``tokens`` ``(B, n)``, after the
+        positions ``caches`` hold (from ``body.new_caches``; None: ``tokens`` is the whole sequence).
+
+        What :meth:`generate` calls for each token, on tokens it chose itself: nothing is checked again (a
+        decoding step's checks cost as much as its layers in small models), and only the last position goes
+        through the output head. To compile generation, compile this method
+        (``lm.step = torch.compile(lm.step)``); hooks on the model's ``forward`` do not see these steps.
+        """
+        offset = len(caches[0]) if caches else 0
+        return self.head(self.body.run_layers(self.embed(tokens, offset=offset), caches=caches)[:, -1])
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the constructor's arguments and the weights to one file (:mod:`attnkit.models.checkpoint`)."""

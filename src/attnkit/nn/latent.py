@@ -149,8 +149,15 @@ class MultiHeadLatentAttention(nn.Module):
         """Absorb: ``q~_i = [W^UK_i^T q^C_i ; q^R_i]`` over the shared rows ``[c_j ; k^R_j]``, then ``W^UV_i``."""
         w_uk, w_uv = self.kv_up.weight.unflatten(0, (self.num_heads, -1)).split([self.nope_dim, self.v_dim], dim=1)
         q_latent = torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk)  # (B, h, t, d_c)
-        out = attention(torch.cat([q_latent, q_rope], dim=-1), rows, rows[..., :self.kv_lora_rank], mask=mask,
-                        scale=self.scale)  # one key/value head: (B, h, t, d_c)
+        q = torch.cat([q_latent, q_rope], dim=-1)
+        values = rows[..., :self.kv_lora_rank]
+        if q.shape[2] == 1 and (mask is None or (getattr(mask, "kind", None), getattr(mask, "align", None)) == (
+                "causal", "bottom_right")):
+            # One decoding step: every head's query sees every cached row, and the heads share them, so the h
+            # queries are h rows of one head (MQA folded): no key or value is repeated per head.
+            out = attention(q.transpose(1, 2), rows, values, scale=self.scale).transpose(1, 2)
+        else:
+            out = attention(q, rows, values, mask=mask, scale=self.scale)  # one key/value head: (B, h, t, d_c)
         return torch.einsum("bhtr,hvr->bhtv", out, w_uv)  # (B, h, t, d_v)
 
     @classmethod
