@@ -43,7 +43,7 @@ checks, torch's fused CPU kernel called directly, and one check of its output an
 the call to the checked path. On this CPU every torch operator on a small tensor costs 3-6 µs of \
 dispatch before any arithmetic, so at 128 cached keys, where the kernel itself takes about as long \
 as torch's SDPA entry point, the check's few small operators are most of the difference (the \
-breakdown below). The check is what keeps attnkit's contract on the lane, so it stays; its cost is \
+breakdown above). The check is what keeps attnkit's contract on the lane, so it stays; its cost is \
 constant, and the ratio falls towards 1 as the kernel's time grows with the cache, the batch or the \
 prefill. `nn.MultiHeadAttention` adds its module's Python (input checks, the heads' reshapes) to \
 the same call."""

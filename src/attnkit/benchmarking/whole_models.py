@@ -49,14 +49,16 @@ ROWS = ("causal", "window", "lm", "generate")
 GOALS = {"causal": 1.03, "window": 0.67, "lm": 1.05, "generate": 1.0}
 NOTES = """What bounds the rows. Training: attention is a part of the step (the projections, the MLP, the \
 output head and AdamW are the same code on both sides), so the causal and model rows sit near 1 and \
-the window row's gain is the attention's gain diluted by the rest of the step. Generation: a step's \
-attention is one query over the cached keys, where torch's kernel takes microseconds and attnkit's \
-constant work per call (validating, choosing the path, checking the kernel's output: the \
-dispatch-overhead section) is of the same order, once per layer and token; the models' own Python \
-(input checks, `KVCache.append`, the mask objects) is a small part of it. Compiled: each attention \
+the window row's gain is the attention's gain diluted by the rest of the step. Generation: each token \
+runs `TransformerLM.step` (no checks of the tokens the loop chose, one causal mask object, the output \
+head on the last position), and its attention calls take the fast lane; a step's attention is one \
+query over about 300 cached keys, where the lane's output check (the dispatch-overhead section) is \
+still of the kernel's order, once per layer and token, and the modules' Python (pre-norm blocks, \
+`KVCache.append`) adds per token what the plain model's fewer modules do not. Compiled: each attention \
 call is one `attnkit::attention` custom operator node that runs the eager path (torch's kernel for \
 causal, band windows for the window), so the compiled rows compare the same kernels inside graphs \
-that inductor compiles on both sides."""
+that inductor compiles on both sides; compiled generation compiles `TransformerLM.step` and the \
+plain model's forward (what each generate calls per token)."""
 
 
 @dataclass(frozen=True)
