@@ -141,7 +141,7 @@ class TransformerLM(nn.Module):
         caches = self.body.new_caches(prefix.shape[0], prefix.shape[1] + max_new_tokens) if cached else None
 
         def step(new, tokens):
-            return self.step(new, caches) if cached else self.step(tokens)
+            return self.step(new if cached else tokens, caches)
 
         tokens, logits = decode(step, prefix, max_new_tokens, vocab_size=self.vocab_size, eos=eos,
                                 temperature=temperature, generator=generator)
@@ -151,9 +151,8 @@ class TransformerLM(nn.Module):
         """One decoding step: the logits ``(B, vocab_size)`` of the last of ``tokens`` ``(B, n)``, after the
         positions ``caches`` hold (from ``body.new_caches``; None: ``tokens`` is the whole sequence).
 
-        What :meth:`generate` calls for each token, on tokens it chose itself: nothing is checked again (a
-        decoding step's checks cost as much as its layers in small models), and only the last position goes
-        through the output head. To compile generation, compile this method
+        What :meth:`generate` calls for each token, on tokens it chose itself: nothing is checked again (the
+        prompt was), and only the last position goes through the output head. To compile generation, compile this method
         (``lm.step = torch.compile(lm.step)``); hooks on the model's ``forward`` do not see these steps.
         """
         offset = len(caches[0]) if caches else 0
