@@ -1,6 +1,6 @@
 """How close each execution path runs to the machine's one-thread float32 matmul ceiling: the ceiling section.
 
-The rows are measured by :mod:`attnkit.benchmarking.roofline` (``attnkit bench --roofline``
+The rows are measured by :mod:`attnkit.lab.benchmarking.roofline` (``attnkit bench --roofline``
 prints the same table); this script adds the notes on what bounds each path and writes the
 section into BENCHMARKS.md.
 
@@ -13,8 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from attnkit.benchmarking.roofline import Config, report, run
-from attnkit.benchmarking.sections import write_section
+from attnkit.lab.benchmarking.roofline import Config, report, run
+from attnkit.lab.benchmarking.sections import write_section
 
 NAME, TITLE = "ceiling", "How close each path runs to the matmul ceiling"
 

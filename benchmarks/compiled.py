@@ -10,7 +10,7 @@ forward+backward, against:
 
 Compiling keeps the band-windows path because the call becomes one
 ``attnkit::attention`` custom operator (``src/attnkit/kernels/custom_op.py``).
-Every row is the suite's own row code (:mod:`attnkit.benchmarking.rows`), so
+Every row is the suite's own row code (:mod:`attnkit.lab.benchmarking.rows`), so
 ``attnkit bench --compile --compare compiled-sdpa-mask,attnkit-eager --q-len 4096
 --mask "sliding_window(128, 128)" --threads 1`` reproduces it.
 
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from attnkit.analysis.timing import Case
-from attnkit.benchmarking.report import rows_table
-from attnkit.benchmarking.rows import Spec, run_spec
-from attnkit.benchmarking.sections import write_section
+from attnkit.lab.analysis.timing import Case
+from attnkit.lab.benchmarking.report import rows_table
+from attnkit.lab.benchmarking.rows import Spec, run_spec
+from attnkit.lab.benchmarking.sections import write_section
 
 NAME, TITLE = "compiled", "attnkit under torch.compile"
 WINDOW = "sliding_window(128, 128)"

@@ -11,9 +11,9 @@ and one rotary key of ``d_h^R`` per token for all heads. Decoding one token afte
 Rows: one decoding step of :class:`attnkit.nn.MultiHeadLatentAttention` at DeepSeek-V2's ratios
 (``d_c = 4 d_h``, ``d_h^R = d_h / 2``; 8 heads of 64, width 512, float32, B = 1, 1 thread), absorbed
 (ours) against naive (theirs), both after the same prefill of ``L`` tokens; the ratio per interleaved
-round (:func:`attnkit.benchmarking.pairs.measure`). Target: the absorbed step at most as long as the
+round (:func:`attnkit.lab.benchmarking.pairs.measure`). Target: the absorbed step at most as long as the
 naive one at ``L >= 1024``. The cache bytes per token are read from the registry's cost
-(:mod:`attnkit.analysis.cost.kv_cache`), MLA beside MHA, GQA and MQA at the same layer.
+(:mod:`attnkit.lab.analysis.cost.kv_cache`), MLA beside MHA, GQA and MQA at the same layer.
 
 Usage: ``python benchmarks/latent.py [--lengths 1024 4096] [--rounds 9] [--write BENCHMARKS.md]``.
 """
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from attnkit.analysis.cost.kv_cache import kv_cache_table
-from attnkit.benchmarking.pairs import Pair, measure, table
-from attnkit.benchmarking.sections import write_section
+from attnkit.lab.analysis.cost.kv_cache import kv_cache_table
+from attnkit.lab.benchmarking.pairs import Pair, measure, table
+from attnkit.lab.benchmarking.sections import write_section
 from attnkit.nn import MultiHeadLatentAttention
 
 NAME, TITLE = "latent", "Latent attention: absorbed against naive decoding, cache bytes per token"

@@ -4,7 +4,7 @@ For each length L (default 1024 ... 32768) and one function of :mod:`attnkit.fun
 (default ``gated_delta_rule``; B = 1, H = 4, Dk = Dv = 64, float32, blocks of 64), at one thread:
 
 - training: forward + backward of the ``chunk`` and ``parallel`` forms, timed interleaved
-  (:func:`attnkit.analysis.timing.time_interleaved`, medians), and the peak resident memory each
+  (:func:`attnkit.lab.analysis.timing.time_interleaved`, medians), and the peak resident memory each
   adds, measured in a fresh child process per form and length (this script with ``--child``; Linux
   ``VmHWM`` reset through ``/proc/self/clear_refs``). The parallel form holds ``L x L`` matrices
   (``L x L x Dk`` with one decay per channel): it is skipped, with its estimate, beyond ``--max-gib``.
@@ -13,7 +13,7 @@ For each length L (default 1024 ... 32768) and one function of :mod:`attnkit.fun
   timed interleaved.
 
 Prints a Markdown table; ``--write BENCHMARKS.md`` puts it, with the command and the machine, into
-that file's ``linear-forms`` section (:mod:`attnkit.benchmarking.sections`), ``--json FILE`` keeps
+that file's ``linear-forms`` section (:mod:`attnkit.lab.benchmarking.sections`), ``--json FILE`` keeps
 the numbers. Nothing here asserts a time.
 
 Usage::
@@ -38,11 +38,11 @@ import torch
 import torch.nn.functional as F
 
 import attnkit
-from attnkit.analysis.memory import peak_bytes, reset_peak
-from attnkit.analysis.timing import time_interleaved
-from attnkit.benchmarking.machine import machine_info
-from attnkit.benchmarking.sections import write_section
 from attnkit.functional import linear
+from attnkit.lab.analysis.memory import peak_bytes, reset_peak
+from attnkit.lab.analysis.timing import time_interleaved
+from attnkit.lab.benchmarking.machine import machine_info
+from attnkit.lab.benchmarking.sections import write_section
 
 __all__ = ["Config", "FUNCTIONS", "NAME", "TITLE", "run", "table", "section", "main"]
 

@@ -4,7 +4,7 @@ Each normaliser (``attnkit.functional.blockwise``) runs causal self-attention at
 H=1, D=64, float32) on the ``chunked`` backend (the online path: key blocks, a state per
 row; under autograd, checkpointed slabs of rows) and on the dense ``reference``. Every
 number is the peak a call adds, measured in a fresh child process (resident memory, reset
-just before the call: :mod:`attnkit.analysis.memory`). The dense path is measured forward
+just before the call: :mod:`attnkit.lab.analysis.memory`). The dense path is measured forward
 only (its backward holds several more ``L x L`` tensors); the target is the chunked path's
 forward and its forward+backward under 10% of the dense forward.
 
@@ -29,7 +29,7 @@ MODULE = "benchmarks.normalizers"
 def child(payload: dict) -> int:
     """Bytes one call adds to the peak (run in a fresh process)."""
     import attnkit
-    from attnkit.analysis.memory import peak_bytes, reset_peak
+    from attnkit.lab.analysis.memory import peak_bytes, reset_peak
 
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
@@ -46,7 +46,7 @@ def child(payload: dict) -> int:
 
 def peak(length: int, normalize: str, backend: str, backward: bool, timeout: float = 1800.0) -> int:
     """The peak of one call, from a fresh child process."""
-    from attnkit.benchmarking.child import child_output
+    from attnkit.lab.benchmarking.child import child_output
 
     payload = {"length": length, "normalize": normalize, "backend": backend, "backward": backward}
     return int(child_output(MODULE, payload, timeout))
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
             "H=1, D=64, float32; the peak one call adds, each in a fresh process)\n\n" + table(found))
     print(text)
     if args.write:
-        from attnkit.benchmarking.sections import write_section
+        from attnkit.lab.benchmarking.sections import write_section
         write_section(args.write, NAME, text, TITLE)
     return 0
 

@@ -14,7 +14,7 @@ ratio taken per round and summarised by its median and range over the rounds):
   same weights (E=256, 8 heads, B=4, L=128, eval, no_grad, self-attention).
 
 Targets: <= 1.15x for the attention rows, <= 1.10x for the module row. The pairs are measured
-by :func:`attnkit.benchmarking.pairs.measure` (the one timing loop, a ratio per round).
+by :func:`attnkit.lab.benchmarking.pairs.measure` (the one timing loop, a ratio per round).
 
 Usage: ``python benchmarks/overhead.py [--rounds 15] [--write BENCHMARKS.md]``.
 """
@@ -32,9 +32,9 @@ import torch.nn.functional as F
 import attnkit
 import attnkit.nn
 from attnkit import masks
-from attnkit.analysis.timing import time_rounds
-from attnkit.benchmarking.pairs import Pair, measure, table
-from attnkit.benchmarking.sections import write_section
+from attnkit.lab.analysis.timing import time_rounds
+from attnkit.lab.benchmarking.pairs import Pair, measure, table
+from attnkit.lab.benchmarking.sections import write_section
 
 NAME, TITLE = "overhead", "Dispatch overhead on common calls"
 NOTES = """What limits the misses: these calls take the fast lane (`kernels/lane.py`): attribute \

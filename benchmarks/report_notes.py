@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from attnkit.benchmarking.rows import Row, tolerance
+from attnkit.lab.benchmarking.rows import Row, tolerance
 from benchmarks.suite import ADDITIVE_BATCH
 
 INTRO = [

@@ -9,12 +9,12 @@ Usage::
 
 Each spec is measured in a fresh child process (``--in-process``: in this one), so
 no row inherits the heap and caches of the rows before it (see
-:mod:`attnkit.benchmarking.isolated`). Each row is cached in
+:mod:`attnkit.lab.benchmarking.isolated`). Each row is cached in
 ``benchmarks/results/<spec key>.json`` as soon as it is measured, so an
 interrupted run resumes where it stopped. A cached row is reused only for the
 same spec, torch version and attnkit sources (a hash of the kernels, masks, biases,
 entry point and benchmarking files it runs: see ``MEASURED_CODE``). The suite writes its
-own section of BENCHMARKS.md (:mod:`attnkit.benchmarking.sections`); every other byte of
+own section of BENCHMARKS.md (:mod:`attnkit.lab.benchmarking.sections`); every other byte of
 the file stays as it is.
 """
 
@@ -37,10 +37,10 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))  # the repository root: benchmarks/ imports as a package
 
-from attnkit.benchmarking.isolated import run_spec_isolated  # noqa: E402
-from attnkit.benchmarking.machine import ceiling, machine_info  # noqa: E402
-from attnkit.benchmarking.rows import Row, Spec, run_spec, sizes_text  # noqa: E402
-from attnkit.benchmarking.sections import write_section  # noqa: E402
+from attnkit.lab.benchmarking.isolated import run_spec_isolated  # noqa: E402
+from attnkit.lab.benchmarking.machine import ceiling, machine_info  # noqa: E402
+from attnkit.lab.benchmarking.rows import Row, Spec, run_spec, sizes_text  # noqa: E402
+from attnkit.lab.benchmarking.sections import write_section  # noqa: E402
 from attnkit.runtime import retain_freed_memory  # noqa: E402
 from benchmarks.report_notes import INTRO, extras  # noqa: E402
 from benchmarks.suite import TITLES, specs  # noqa: E402
@@ -137,7 +137,7 @@ def measure(all_specs: list[Spec], results: Path, *, fresh: bool, only: set[int]
 def plots(rows: list[Row], folder: Path, relative_to: Path) -> list[tuple[str, str]]:
     """Time and memory against L, one PNG per family of rows; ``[(caption, path)]``."""
     try:
-        from attnkit.viz import scaling_plot
+        from attnkit.lab.viz import scaling_plot
     except ImportError:
         return []
     families = {

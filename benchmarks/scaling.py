@@ -2,7 +2,7 @@
 
 Covers every registry entry of family "long-sequence" (``attnkit.registry.entries()``) plus
 dense attention (``attnkit.attention`` with no mask, and torch SDPA). The measuring is
-:func:`attnkit.analysis.scaling.scaling`: for every mechanism and length L (B=1, H=8, D=64,
+:func:`attnkit.lab.analysis.scaling.scaling`: for every mechanism and length L (B=1, H=8, D=64,
 float32; modules at width 512) a fresh child process builds the inputs, runs one untimed
 forward+backward (warm-up: mask layouts are cached then), times ``--repeats`` more and reports
 their median, and the peak resident memory above its level just before the warm-up (Linux:
@@ -10,7 +10,7 @@ their median, and the peak resident memory above its level just before the warm-
 ``p`` of ``time ~ L^p`` is a least-squares fit on log-log. A child that runs past ``--timeout``
 is killed and shown as "timeout"; longer L of that mechanism are then skipped. A Markdown table
 goes to stdout and, with ``--write FILE``, into FILE's scaling section
-(:mod:`attnkit.benchmarking.sections`).
+(:mod:`attnkit.lab.benchmarking.sections`).
 
 Module rows include the module's own projections (linear in L); the two dense rows are
 attention alone on ``(1, 8, L, 64)`` tensors.
@@ -31,8 +31,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from attnkit.analysis.scaling import DEFAULT_SIZES, Mechanism, fit_exponent, scaling
-from attnkit.benchmarking.sections import write_section
+from attnkit.lab.analysis.scaling import DEFAULT_SIZES, Mechanism, fit_exponent, scaling
+from attnkit.lab.benchmarking.sections import write_section
 
 __all__ = ["CASES", "fit_exponent", "is_linear", "report", "main"]
 

@@ -6,7 +6,7 @@ with the sinks, its backward from the joined pair), a causal sliding window (ban
 sinks joined after, the lse gradient through their backward), causal & strided (the fused
 block-sparse slabs) and ALiBi (bias slabs). The sinks are -30: each takes about ``e^-30`` of a
 row, so both sides give the same result (checked before timing) while the sink call does all of
-its work. Target: at most 1.05x. Measured by :func:`attnkit.benchmarking.pairs.measure` (the one
+its work. Target: at most 1.05x. Measured by :func:`attnkit.lab.benchmarking.pairs.measure` (the one
 timing loop, a ratio per interleaved round).
 
 Usage: ``python benchmarks/sinks.py [--length 4096] [--rounds 9] [--write BENCHMARKS.md]``.
@@ -22,8 +22,8 @@ import torch
 
 import attnkit
 from attnkit import masks
-from attnkit.benchmarking.pairs import Pair, measure, table
-from attnkit.benchmarking.sections import write_section
+from attnkit.lab.benchmarking.pairs import Pair, measure, table
+from attnkit.lab.benchmarking.sections import write_section
 
 NAME, TITLE = "sinks", "Attention sinks: the same call with and without sinks"
 GOAL = 1.05

@@ -1,8 +1,8 @@
 """Packed documents, paged decoding and data-dependent sparse attention against what they replace, in one run.
 
-Rows (1 thread; each row's two sides interleaved by :func:`attnkit.analysis.timing.time_rounds`,
+Rows (1 thread; each row's two sides interleaved by :func:`attnkit.lab.analysis.timing.time_rounds`,
 the time ratio taken per round and summarised by its median and range; peak memory of each side
-measured once in a fresh process, :mod:`attnkit.analysis.memory`):
+measured once in a fresh process, :mod:`attnkit.lab.analysis.memory`):
 
 - packed: documents of random lengths packed in one row, causal inside each, forward + backward
   through :func:`attnkit.varlen_attn`, against the same documents padded into a batch and run by
@@ -31,10 +31,10 @@ import torch.nn.functional as F
 
 import attnkit
 from attnkit import masks
-from attnkit.analysis.memory import peak_bytes, reset_peak
-from attnkit.analysis.timing import time_rounds
-from attnkit.benchmarking.child import child_output
-from attnkit.benchmarking.sections import write_section
+from attnkit.lab.analysis.memory import peak_bytes, reset_peak
+from attnkit.lab.analysis.timing import time_rounds
+from attnkit.lab.benchmarking.child import child_output
+from attnkit.lab.benchmarking.sections import write_section
 from attnkit.models.self_attention import SoftmaxSelfAttention
 from attnkit.nn import MoBA, NativeSparseAttention, PagedKVCache
 

@@ -1,4 +1,4 @@
-"""The rows of the benchmark suite: one :class:`~attnkit.benchmarking.rows.Spec` per measured case.
+"""The rows of the benchmark suite: one :class:`~attnkit.lab.benchmarking.rows.Spec` per measured case.
 
 ``specs(quick=False)`` is the full suite (about 15 minutes on 2 cores); ``quick``
 keeps every row at small sizes for a smoke run. Every row can be reproduced with
@@ -7,8 +7,8 @@ keeps every row at small sizes for a smoke run. Every row can be reproduced with
 
 from __future__ import annotations
 
-from attnkit.analysis.timing import Case
-from attnkit.benchmarking.rows import Spec
+from attnkit.lab.analysis.timing import Case
+from attnkit.lab.benchmarking.rows import Spec
 
 TITLES = {
     1: "Dense, causal and padding masks against torch SDPA (target: ≤ 1.05x for L ≥ 1024, ≤ 1.3x at L = 128)",

@@ -1,16 +1,16 @@
 """The suite's section of BENCHMARKS.md: how it measures, the machine and its ceiling, one table per target, misses.
 
-Pure text, from the rows (:class:`attnkit.benchmarking.rows.Row`) and the machine
-(:mod:`attnkit.benchmarking.machine`); ``benchmarks/run.py`` writes it between the
-suite's markers (:mod:`attnkit.benchmarking.sections`).
+Pure text, from the rows (:class:`attnkit.lab.benchmarking.rows.Row`) and the machine
+(:mod:`attnkit.lab.benchmarking.machine`); ``benchmarks/run.py`` writes it between the
+suite's markers (:mod:`attnkit.lab.benchmarking.sections`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from attnkit.benchmarking.report import misses, rows_table
-from attnkit.benchmarking.rows import Row
+from attnkit.lab.benchmarking.report import misses, rows_table
+from attnkit.lab.benchmarking.rows import Row
 
 __all__ = ["NAME", "TITLE", "machine_section", "render"]
 
@@ -18,7 +18,7 @@ NAME, TITLE = "suite", "Benchmark suite"
 
 
 def machine_section(info: Mapping, ceiling: Mapping, command: str) -> list[str]:
-    """The command, the machine and the measured matmul ceiling (:func:`attnkit.benchmarking.machine.ceiling`)."""
+    """The command, the machine and the measured matmul ceiling (:func:`attnkit.lab.benchmarking.machine.ceiling`)."""
     flags = ", ".join(info.get("flags", [])) or "none of AVX-512/AMX"
     lines = [f"Command: `{command}`, run {info['date']}.", "",
              f"Machine: {info['cpu']}, {info['cores']} cores, vector flags: {flags} "

@@ -28,8 +28,8 @@ import transformers
 from transformers import AttentionInterface, MistralConfig, MistralForCausalLM
 
 import attnkit.integrations.transformers  # noqa: F401  (registers "attnkit")
-from attnkit.benchmarking.pairs import Pair, measure, table
-from attnkit.benchmarking.sections import write_section
+from attnkit.lab.benchmarking.pairs import Pair, measure, table
+from attnkit.lab.benchmarking.sections import write_section
 
 NAME, TITLE = "transformers", "Inside a transformers model"
 PROMPT, WINDOW, NEW_TOKENS = 4096, 512, 32

@@ -1,6 +1,6 @@
 """Whole models, attnkit against plain torch, written into BENCHMARKS.md's "Whole models" section.
 
-The rows are :mod:`attnkit.benchmarking.whole_models` (``attnkit bench --models`` runs the
+The rows are :mod:`attnkit.lab.benchmarking.whole_models` (``attnkit bench --models`` runs the
 same); see there for the models, the rows and their targets.
 
 Usage: ``python -m benchmarks.whole_models [--rounds 5] [--rows causal,window,lm,generate]
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from attnkit.benchmarking.sections import write_section
-from attnkit.benchmarking.whole_models import ROWS, Sizes, parse_rows, parse_sizes, report, run
-from attnkit.commands.bench_models import argparse_type
+from attnkit.lab.benchmarking.sections import write_section
+from attnkit.lab.benchmarking.whole_models import ROWS, Sizes, parse_rows, parse_sizes, report, run
+from attnkit.lab.commands.bench_models import argparse_type
 
 NAME, TITLE = "models", "Whole models"
 

@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node 4 examples/sequence_parallel_lm.py [--scheme ring] [--layout zigzag] [--steps 20]
 
-Task: multi-query associative recall (``attnkit.tasks``, 32 tokens per example). Every rank
+Task: multi-query associative recall (``attnkit.lab.tasks``, 32 tokens per example). Every rank
 holds the same model (DDP keeps the parameters equal) and its shard of each batch's tokens;
 its attention layers are :class:`attnkit.distributed.modules.SequenceParallelSelfAttention`.
 Rank 0 also trains the one-process model from the same initial parameters on the full batch
@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from attnkit import distributed as sp
-from attnkit import tasks
 from attnkit.distributed.modules import SequenceParallelSelfAttention
+from attnkit.lab import tasks
 from attnkit.models import TransformerLM
 
 

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from attnkit.analysis.cost import Cost, cost
 from attnkit.costing.spec import Spec
 from attnkit.errors import ArgumentError
+from attnkit.lab.analysis.cost import Cost, cost
 from attnkit.registry import Entry, entries, get
 
 
@@ -64,7 +64,7 @@ def test_a_mechanism_module_that_registers_an_entry_without_a_spec_fails(tmp_pat
 def test_registering_imports_no_mechanism_and_the_registry_sees_every_one():
     """A mechanism's file imports attnkit.entry, which loads no other mechanism; the registry loads them all."""
     probe = ("import sys, attnkit.entry; before = sorted(m for m in sys.modules if m.startswith("
-             "('attnkit.nn', 'attnkit.catalog', 'attnkit.analysis'))); import attnkit.registry as r; "
+             "('attnkit.nn', 'attnkit.catalog', 'attnkit.lab.analysis'))); import attnkit.registry as r; "
              "print(before, len(r.entries()) > 40)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["[]", "True"], done.stdout + done.stderr

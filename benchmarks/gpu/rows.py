@@ -10,9 +10,9 @@ Three groups (bfloat16/float16, B x L = 16k tokens, H = 16, D = 128):
 - window ±128 at L = 16k against SDPA with the dense bool mask (target: 10x faster), and
   flash-attn's ``flash_attn_func`` where it is installed (no mask, causal).
 
-Every time is :func:`attnkit.analysis.timing.time_interleaved` on the device (synchronised
+Every time is :func:`attnkit.lab.analysis.timing.time_interleaved` on the device (synchronised
 around each sample); peak memory is the CUDA allocator's, per side, in this process
-(:mod:`attnkit.analysis.memory`); outputs (and gradients) are compared with the suite's
+(:mod:`attnkit.lab.analysis.memory`); outputs (and gradients) are compared with the suite's
 tolerance. Compilation happens before timing and is reported as a note.
 """
 
@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 
 import attnkit
-from attnkit.analysis import memory
-from attnkit.analysis.patterns import make_bias, make_mask
-from attnkit.analysis.timing import time_interleaved, time_once
-from attnkit.benchmarking.check import max_diff, tolerance, verdict
+from attnkit.lab.analysis import memory
+from attnkit.lab.analysis.patterns import make_bias, make_mask
+from attnkit.lab.analysis.timing import time_interleaved, time_once
+from attnkit.lab.benchmarking.check import max_diff, tolerance, verdict
 
 __all__ = ["GpuRow", "rows", "measure", "TOKENS"]
 

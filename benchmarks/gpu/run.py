@@ -24,8 +24,8 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parents[1]) not in sys.path:
     sys.path.insert(0, str(HERE.parents[1]))  # the repository root: benchmarks/ imports as a package
 
-from attnkit.benchmarking.report import goal_text  # noqa: E402
-from attnkit.benchmarking.sections import write_section  # noqa: E402
+from attnkit.lab.benchmarking.report import goal_text  # noqa: E402
+from attnkit.lab.benchmarking.sections import write_section  # noqa: E402
 from benchmarks.gpu.rows import GpuRow, measure, rows  # noqa: E402
 
 NAME, TITLE = "gpu", "On a GPU: attnkit against torch's engines"

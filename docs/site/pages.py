@@ -23,9 +23,11 @@ OUT = SITE / "generated"
 # The public API: attnkit itself, these modules, and every subpackage of attnkit and attnkit.integrations
 # except the internal ones (the command line, the pipeline's stages and the execution paths: DESIGN.md).
 API_MODULES = ("attnkit.masks", "attnkit.bias", "attnkit.errors", "attnkit.registry", "attnkit.runtime")
-INTERNAL_PACKAGES = {"commands", "functional", "kernels"}
+INTERNAL_PACKAGES = {"functional", "kernels"}
+# The lab's packages are documented one by one (attnkit.lab.viz, ...), its command line is not.
+LAB_INTERNAL = {"commands"}
 
-# The mask algebra page: (expression, what it shows), drawn with attnkit.viz.mask_picture.
+# The mask algebra page: (expression, what it shows), drawn with attnkit.lab.viz.mask_picture.
 MASK_ALGEBRA = (
     ("causal()", "Each query sees itself and the keys before it."),
     ("sliding_window(8, 8)", "A band: 8 keys on either side."),
@@ -170,10 +172,13 @@ def api_modules() -> list[str]:
 
     import attnkit
     import attnkit.integrations
+    import attnkit.lab
 
     packages = [f"attnkit.{m.name}" for m in pkgutil.iter_modules(attnkit.__path__)
-                if m.ispkg and m.name not in INTERNAL_PACKAGES and m.name != "integrations"]
+                if m.ispkg and m.name not in INTERNAL_PACKAGES and m.name not in {"integrations", "lab"}]
     packages += [f"attnkit.integrations.{m.name}" for m in pkgutil.iter_modules(attnkit.integrations.__path__)]
+    packages += [f"attnkit.lab.{m.name}" for m in pkgutil.iter_modules(attnkit.lab.__path__)
+                 if m.ispkg and m.name not in LAB_INTERNAL]
     return ["attnkit", *API_MODULES, *sorted(packages)]
 
 
@@ -194,9 +199,9 @@ def _viz():
     import matplotlib
 
     matplotlib.use("Agg")
-    import attnkit.viz
+    import attnkit.lab.viz
 
-    return attnkit.viz
+    return attnkit.lab.viz
 
 
 def mask_algebra() -> None:
@@ -223,7 +228,7 @@ def _example_map(entry):
     import torch
     from torch import nn
 
-    from attnkit.analysis import AttentionRecorder
+    from attnkit.lab.analysis import AttentionRecorder
 
     torch.manual_seed(0)
     fn, inputs = entry.example()

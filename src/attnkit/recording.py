@@ -1,4 +1,4 @@
-"""The channel between attention calls and :class:`attnkit.analysis.AttentionRecorder`.
+"""The channel between attention calls and :class:`attnkit.lab.analysis.AttentionRecorder`.
 
 While a listener is installed, :func:`attnkit.attention` takes the exact
 reference path, computes the post-normalisation weights and hands them to

@@ -1,7 +1,7 @@
 """The registry: every mechanism by name, with its paper, complexity, an example and its cost spec.
 
 :func:`get` and :func:`entries` look mechanisms up; ``attnkit list`` prints the table and
-:func:`attnkit.analysis.cost.cost` reads the specs from it. A mechanism registers itself
+:func:`attnkit.lab.analysis.cost.cost` reads the specs from it. A mechanism registers itself
 beside its code with :func:`attnkit.entry.register`; this module imports :mod:`attnkit.catalog`,
 which imports every mechanism file, so that every entry is here. Dependencies point down:
 mechanisms -> :mod:`attnkit.entry` <- :mod:`attnkit.catalog` <- this module.

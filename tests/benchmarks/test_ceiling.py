@@ -1,8 +1,8 @@
-"""benchmarks/ceiling.py: the ceiling section, measured by attnkit.benchmarking.roofline, with its notes."""
+"""benchmarks/ceiling.py: the ceiling section, measured by attnkit.lab.benchmarking.roofline, with its notes."""
 
 from __future__ import annotations
 
-from attnkit.benchmarking import roofline
+from attnkit.lab.benchmarking import roofline
 from benchmarks import ceiling
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnkit.benchmarking.rows import Spec, run_spec
+from attnkit.lab.benchmarking.rows import Spec, run_spec
 from benchmarks import compiled
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from attnkit import cli
-from attnkit.benchmarking.rows import Row, Spec
-from tests.benchmarking.helpers import tiny as _tiny
+from attnkit.lab import cli
+from attnkit.lab.benchmarking.rows import Row, Spec
 from tests.benchmarks.helpers import render_suite as _render
+from tests.lab.benchmarking.helpers import tiny as _tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,7 +93,7 @@ def test_isolated_rows_come_from_a_child_process(tmp_path, monkeypatch):
                                     "transformers_models"])
 def test_each_scripts_section_is_in_benchmarks_md_under_its_heading(script):
     """A rewrite replaces the text between the markers; the heading above them is the script's title."""
-    from attnkit.benchmarking.sections import markers
+    from attnkit.lab.benchmarking.sections import markers
 
     module = _suite_module(script)
     doc = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")

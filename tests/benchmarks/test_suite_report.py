@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tests.benchmarking.test_report import fake_rows
 from tests.benchmarks.helpers import render_suite as _render
+from tests.lab.benchmarking.test_report import fake_rows
 
 
 def test_render_shows_each_target_its_misses_and_profiles():

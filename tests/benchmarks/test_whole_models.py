@@ -1,4 +1,4 @@
-"""benchmarks/whole_models.py: the rows of attnkit.benchmarking.whole_models written into their section."""
+"""benchmarks/whole_models.py: the rows of attnkit.lab.benchmarking.whole_models written into their section."""
 
 from __future__ import annotations
 

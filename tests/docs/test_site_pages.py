@@ -57,6 +57,6 @@ def test_every_readme_section_is_a_guide(pages, tmp_path):
 def test_api_pages_cover_the_public_packages_and_not_the_internal_ones(pages):
     modules = pages.api_modules()
     assert modules[0] == "attnkit"
-    assert {"attnkit.nn", "attnkit.models", "attnkit.analysis", "attnkit.viz", "attnkit.masks",
+    assert {"attnkit.nn", "attnkit.models", "attnkit.lab.analysis", "attnkit.lab.viz", "attnkit.masks",
             "attnkit.integrations.torch", "attnkit.integrations.transformers"} <= set(modules)
-    assert not {"attnkit.commands", "attnkit.functional", "attnkit.kernels"} & set(modules)
+    assert not {"attnkit.lab.commands", "attnkit.functional", "attnkit.kernels"} & set(modules)

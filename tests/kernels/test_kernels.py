@@ -197,7 +197,7 @@ def test_small_chunks_and_blocks_change_nothing(monkeypatch):
 @pytest.mark.slow
 def test_chunked_runs_long_dense_attention_in_bounded_memory():
     """L = 65536 dense attention (B=1, H=1, D=64) forward and backward: under 2 GB peak."""
-    from attnkit.analysis.timing import Case, peak_memory
+    from attnkit.lab.analysis.timing import Case, peak_memory
     case = Case(batch=1, heads=1, q_len=65536, head_dim=64, backward=True)
     assert peak_memory(case, "attnkit chunked", backends=("chunked",)) < 2 * 2**30
 

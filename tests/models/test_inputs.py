@@ -195,7 +195,7 @@ def test_rnn_helpers_live_in_one_module_and_stay_importable_from_seq2seq():
 
 
 def test_losses_skip_the_tasks_ignore_index_and_check_targets():
-    """Targets padded with -100 (attnkit.tasks.IGNORE_INDEX) are not scored: Seq2Seq.loss used to average them
+    """Targets padded with -100 (attnkit.lab.tasks.IGNORE_INDEX) are not scored: Seq2Seq.loss used to average them
     in as zero loss (plus their coverage loss) and PointerGenerator.loss raised a gather RuntimeError."""
     torch.manual_seed(0)
     src, tgt_in = _ids(2, S), _ids(2, T)

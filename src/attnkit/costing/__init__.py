@@ -3,7 +3,7 @@
 Every mechanism file registers ``Entry(..., spec=Spec(...))``: the spec says which sizes the
 mechanism takes (the registry example's values as defaults, the paper's settings for sizes at
 scale), how to count one forward pass (``count``), and how to run it (``make``, ``inputs``).
-:mod:`attnkit.analysis.cost` reads the specs through the registry. This package sits below the
+:mod:`attnkit.lab.analysis.cost` reads the specs through the registry. This package sits below the
 mechanisms (it imports nothing from :mod:`attnkit.nn`):
 
 - :mod:`.vocabulary`: the size names every command and ``cost(...)`` share, and a realistic layer

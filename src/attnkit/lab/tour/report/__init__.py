@@ -1,0 +1,171 @@
+"""The tour's report, written from the cached run JSONs: ``out/README.md`` and ``out/index.html``.
+
+The table (task x mechanism: accuracy mean ± sample standard deviation over seeds,
+mean training time, mean peak memory, parameters) comes from :func:`summarize`, and
+:func:`markdown_table` returns it as Markdown for the project's README. Runs that
+failed are counted and listed with their error; nothing here trains or measures.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..store import load_manifest, load_records
+from .pieces import cell, md_table
+
+__all__ = ["Row", "Report", "load", "load_manifest", "load_records", "summarize", "markdown_table", "write",
+           "TASK_PURPOSE", "cell", "fmt_accuracy"]
+
+TASK_PURPOSE = {
+    "mqar": "in-context recall: find the value bound to a queried key earlier in the sequence (Zoology)",
+    "selective_copy": "content-based selection: copy the data tokens scattered in noise, in order",
+    "listops": "hierarchical reasoning: evaluate nested MIN/MAX/MED/SUM_MOD expressions (LRA ListOps)",
+    "sorting": "pointing: output the input positions in sorted order (Pointer Networks)",
+    "convex_hull": "pointing with geometry: the convex hull of planar points, counter-clockwise",
+    "dates": "alignment: normalise dates written in many formats to ISO (seq2seq with attention)",
+    "reversal": "alignment: reverse a string (a monotone anti-diagonal alignment)",
+    "han_documents": "hierarchical attention: the label is decided by one sentence; attention should find it",
+    "event_logs": "explaining anomalies: next-event prediction whose attention points at the anomalous event "
+                  "(the pair is kept for its maps: an LSTM carries the user's role through these short sessions, "
+                  "so derived-key attention cannot add detection accuracy here)",
+    "key_summaries": "repetition: summaries listing a document's key words once; the repeated words of the "
+                     "decoded summaries are measured with and without coverage (See et al. 2017)",
+    "deciding_position": "hard attention: one marked position decides the label; REINFORCE against backpropagation",
+    "repeated_block": "memory: the next token is 6 back, inside a memory of the last 8 states (Yogatama et al. 2018)",
+    "document_questions": "question-guided attention: find the segment the question asks about (Lu et al. 2016)",
+    "shapes": "vision: classify small generated shapes from image patches (ViT)",
+    "digits": "vision: classify sklearn's 8x8 digits from image patches (ViT)",
+}
+
+
+def _mean_std(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (n - 1); the deviation is None for a single value."""
+    mean = statistics.fmean(values)
+    return mean, (statistics.stdev(values) if len(values) > 1 else None)
+
+
+@dataclass
+class Row:
+    """One (task, mechanism) line of the table, aggregated over seeds."""
+
+    key: str
+    task: str
+    mechanism: str
+    seeds_ok: list[int] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)
+    accuracy: tuple[float, float | None] | None = None
+    train_seconds: float | None = None
+    peak_bytes: float | None = None
+    parameters: int | None = None
+    extra: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+
+
+def _finite(values) -> list[float]:
+    out = []
+    for v in values:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out.append(float(v))
+    return out
+
+
+def summarize(records: list[dict]) -> list[Row]:
+    """One :class:`Row` per experiment key, in the records' order."""
+    rows: dict[str, Row] = {}
+    oks: dict[str, list[dict]] = {}
+    for rec in records:
+        row = rows.setdefault(rec["key"], Row(rec["key"], rec["task"], rec["mechanism"]))
+        if rec["status"] == "ok":
+            row.seeds_ok.append(rec["seed"])
+            oks.setdefault(rec["key"], []).append(rec["result"])
+        else:
+            row.failed[rec["seed"]] = rec.get("error") or "failed"
+    for key, results in oks.items():
+        row = rows[key]
+        acc = _finite(r.get("accuracy") for r in results)
+        row.accuracy = _mean_std(acc) if acc else None
+        times = _finite(r.get("train_seconds") for r in results)
+        row.train_seconds = statistics.fmean(times) if times else None
+        peaks = _finite(r.get("peak_bytes") for r in results)
+        row.peak_bytes = statistics.fmean(peaks) if peaks else None
+        params = _finite(r.get("parameters") for r in results)
+        row.parameters = int(params[0]) if params else None
+        names = dict.fromkeys(n for r in results for n in (r.get("extra") or {}))
+        for name in names:
+            vals = _finite((r.get("extra") or {}).get(name) for r in results)
+            if vals:
+                row.extra[name] = _mean_std(vals)
+    return list(rows.values())
+
+
+def fmt_accuracy(row: Row) -> str:
+    """Accuracy in percent, ``mean ± std`` (std over seeds, n - 1), or "failed"."""
+    if row.accuracy is None:
+        return "failed" if row.failed else "n/a"
+    mean, std = row.accuracy
+    return f"{100 * mean:.1f}" + ("" if std is None else f" ± {100 * std:.1f}")
+
+
+def fmt_seeds(row: Row) -> str:
+    text = str(len(row.seeds_ok))
+    return text + (f" ({len(row.failed)} failed)" if row.failed else "")
+
+
+def table_rows(rows: list[Row]) -> list[list[str]]:
+    """The table as strings: header first."""
+    out = [["task", "mechanism", "accuracy % (mean ± std)", "seeds", "train time s", "peak memory MiB", "parameters"]]
+    for r in rows:
+        out.append([r.task, r.mechanism, fmt_accuracy(r), fmt_seeds(r),
+                    "-" if r.train_seconds is None else f"{r.train_seconds:.1f}",
+                    "-" if r.peak_bytes is None else f"{r.peak_bytes / 2**20:.1f}",
+                    "-" if r.parameters is None else f"{r.parameters:,}"])
+    return out
+
+
+def markdown_table(out_or_rows) -> str:
+    """The results table as Markdown, from a report folder or from :func:`summarize`'s rows.
+
+    Example:
+        >>> from attnkit.lab.tour.report import markdown_table, summarize
+        >>> recs = [{"key": "mqar/softmax", "task": "mqar", "mechanism": "softmax", "seed": s, "status": "ok",
+        ...          "result": {"accuracy": a, "train_seconds": 2.0, "peak_bytes": 2**20, "parameters": 900}}
+        ...         for s, a in [(0, 0.9), (1, 1.0)]]
+        >>> print(markdown_table(summarize(recs)).splitlines()[-1])
+        | mqar | softmax | 95.0 ± 7.1 | 2 | 2.0 | 1.0 | 900 |
+    """
+    rows = out_or_rows if isinstance(out_or_rows, list) else summarize(load_records(out_or_rows))
+    return "\n".join(md_table(table_rows(rows)))
+
+
+@dataclass
+class Report:
+    """Everything a report page shows, loaded once from the folder."""
+
+    out: Path
+    manifest: dict | None
+    records: list[dict]
+    rows: list[Row]
+    costs: list[dict]
+    scaling: dict | None
+
+
+def load(out) -> Report:
+    """The :class:`Report` of a tour folder (cached runs of its last invocation, cost table, scaling data)."""
+    from .scaling import cost_entries, load_scaling
+
+    out = Path(out)
+    manifest = load_manifest(out)
+    records = load_records(out, manifest)
+    rows = summarize(records)
+    return Report(out, manifest, records, rows, cost_entries(rows, records), load_scaling(out, manifest))
+
+
+def write(out) -> tuple[Path, Path]:
+    """Write ``out/README.md`` and ``out/index.html`` from the cached runs; returns both paths."""
+    from .html import write_html
+    from .markdown import write_markdown
+
+    rep = load(out)
+    return write_markdown(rep), write_html(rep)

@@ -1,0 +1,167 @@
+"""Run the default tour: every (experiment, seed) not already saved, each saved as JSON the moment it finishes.
+
+The folder and its records are the run store's (:mod:`attnkit.lab.tour.store`), shared with the long
+suite; this module decides what to run: ``out/runs/<mode>/scaling.json`` adds the measured
+scaling (default mode only). ``<mode>`` is ``quick`` or ``default``. Each run trains in a fresh
+process (:func:`attnkit.lab.tour.child.run_child`), so its peak memory is its own.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import time
+import traceback
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from ...errors import ArgumentError, check_int
+from ..progress import bars
+from .child import ChildFailed, api, default_workers, run_child
+from .store import (
+    Summary,
+    cached,
+    check_writable,
+    finish_manifest,
+    new_record,
+    run_path,
+    source_version,
+    start_manifest,
+    write_json,
+)
+
+__all__ = ["tour", "TourSummary", "mode_name", "code_version", "api"]
+
+TourSummary = Summary  # what one call of tour() did
+
+
+def mode_name(quick: bool) -> str:
+    """``"quick"`` or ``"default"``: the cache folder of a budget."""
+    return "quick" if quick else "default"
+
+
+def code_version() -> str:
+    """attnkit's version and a short hash of the code that defines and trains the experiments.
+
+    Hashed: this package's ``__init__`` and its ``experiments`` subpackage (not the runner and the
+    report, which do not change results), and the source files of ``run``/``experiments``/``default_set``
+    wherever they live.
+    """
+    here = Path(__file__).parent
+    sources = {here / "__init__.py", *(here / "experiments").glob("*.py")}
+    for name in ("run", "experiments", "default_set"):
+        try:
+            sources.add(Path(inspect.getsourcefile(getattr(api(), name))))
+        except (AttributeError, TypeError):
+            continue
+    return source_version(sources)
+
+
+def _as_dict(result) -> dict:
+    data = result.to_json()
+    return json.loads(data) if isinstance(data, str) else dict(data)
+
+
+def _run_in_child(key: str, seed: int, quick: bool, step, device: str = "cpu") -> dict:
+    """``api().run(...)`` in a fresh process (:mod:`attnkit.lab.tour.child`): its result as JSON data."""
+    return run_child({"key": key, "seed": seed, "quick": quick, "device": device}, step)[-1]
+
+
+def _run_one(key: str, exp, seed: int, quick: bool, version: str, step, isolate: bool = True,
+             device: str = "cpu") -> dict:
+    """One run as a saved record; an exception is recorded as a failed run, never raised.
+
+    ``isolate``: train in a fresh process, so its peak memory is measured; in this process instead,
+    the peak is dropped (None): memory freed by an earlier run would be reused without being counted.
+    """
+    record = new_record(exp.task, exp.mechanism, seed, mode_name(quick), version, key=key)
+    start = time.perf_counter()
+    try:
+        if isolate:
+            result = _run_in_child(key, seed, quick, step, device)
+        else:
+            options = {"device": device} if device != "cpu" else {}  # a stand-in API need not know devices
+            result = {**_as_dict(api().run(key, seed, quick=quick, progress=step, **options)), "peak_bytes": None}
+        json.dumps(result)  # a result that cannot be saved is a failed run, not a crash of the tour
+        record["result"] = result
+    except ChildFailed as err:
+        record.update(status="failed", error=str(err), traceback=err.log)
+    except Exception as err:  # a broken experiment must not stop the tour: it is reported as failed
+        record.update(status="failed", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
+    record["wall_seconds"] = time.perf_counter() - start
+    return record
+def _check(keys, seeds, known: dict, quick: bool) -> tuple[list[str], list[int]]:
+    keys = [keys] if isinstance(keys, str) else list(api().default_set(quick) if keys is None else keys)
+    unknown = [k for k in keys if k not in known]
+    if unknown or not keys:
+        raise ArgumentError(f"tour: unknown experiment(s) {', '.join(map(repr, unknown)) or '(none given)'}; "
+                            f"known: {', '.join(known)}")
+    seeds = list(seeds)
+    if not seeds:
+        raise ArgumentError("tour: seeds must hold at least one seed; got none")
+    for s in seeds:
+        check_int("tour", "seed", s, 0)
+    return list(dict.fromkeys(keys)), list(dict.fromkeys(seeds))
+
+
+def tour(keys: Iterable[str] | None = None, seeds: Sequence[int] = (0, 1, 2), *, quick: bool = False,
+         out="tour-report", fresh: bool = False, progress: bool = True, command: str | None = None,
+         scaling: bool | None = None, isolate: bool = True, device: str = "cpu",
+         workers: int | None = None) -> TourSummary:
+    """Run every (experiment, seed) of the tour not already cached under ``out``, caching each as it finishes.
+
+    Args:
+        keys: experiment keys (``attnkit.lab.tour.experiments()``); None: ``default_set(quick)``.
+        seeds: seeds to run each experiment with.
+        quick: the short budget (cached apart from the default one).
+        out: the report folder.
+        fresh: ignore the cache and run everything again.
+        progress: show an overall bar (runs) and a bar per run (steps).
+        command: the command line to record in the report (default: "python API").
+        scaling: measure the scaling plot's data; None: only in default mode.
+        isolate: train each run in a fresh process (:mod:`attnkit.lab.tour.child`), which measures its
+            peak memory; False: in this process, with the peak memory left out (None).
+        device: where the models train (``"cpu"`` or ``"cuda"``).
+        workers: runs trained at once, each in its own process at one thread (default
+            :func:`~attnkit.lab.tour.child.default_workers`: two on a 2-core CPU); 1 with ``isolate=False``.
+
+    Returns:
+        A :class:`TourSummary`. Failed runs are recorded and reported, not raised.
+    """
+    start, out = time.perf_counter(), Path(out)
+    known = api().experiments()
+    keys, seeds = _check(keys, seeds, known, quick)
+    mode, version = mode_name(quick), code_version()
+    summary = TourSummary(out, mode)
+    manifest = start_manifest(out, mode=mode, keys=keys, seeds=seeds, version=version,
+                              command=command or "attnkit.lab.tour.runner.tour(...)", device=device)
+    todo = []
+    for key in keys:
+        for seed in seeds:
+            exp = known[key]
+            if not fresh and cached(out, exp.task, exp.mechanism, seed, mode, version):
+                summary.cached.append(f"{key} seed {seed}")
+            else:
+                todo.append((key, seed, check_writable(run_path(out, exp.task, exp.mechanism, seed, mode))))
+    workers = 1 if not isolate else workers or default_workers(device)
+    with bars(progress and bool(todo), len(todo), f"tour ({mode})") as overall:
+        def one(item):
+            key, seed, path = item
+            name = f"{key} seed {seed}"
+            steps = getattr(known[key], "steps", None)
+            with bars(progress and workers == 1, steps, name, position=1, per_step=True) as step:
+                record = _run_one(key, known[key], seed, quick, version, step, isolate, device)
+            write_json(path, record)
+            (summary.ran if record["status"] == "ok" else summary.failed).append(name)
+            if overall:
+                overall(f"{name}: {record['status']}")
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(one, todo))
+    if scaling if scaling is not None else not quick:
+        from .report.scaling import measure
+        measure(out, [known[k] for k in keys], mode=mode, version=version, fresh=fresh, progress=progress)
+    summary.seconds = time.perf_counter() - start
+    finish_manifest(out, manifest, summary.seconds)
+    return summary

@@ -1,0 +1,114 @@
+"""``attnkit tour`` (src/attnkit/commands/tour.py): the suite and scale flags, their errors, listing, the README."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attnkit.lab.tour.long.suite import plan
+from attnkit.lab.tour.store import run_path
+
+from .test_contract import assert_user_error, run
+
+
+def test_a_bad_suite_name_is_one_line_with_a_suggestion(capsys):
+    assert_user_error(["tour", "--suite", "lon"], capsys, "--suite: unknown suite 'lon'", "did you mean 'long'?",
+                      "known: default, long")
+
+
+@pytest.mark.parametrize("scale", ["default", "lra"])
+def test_the_long_suite_lists_its_runs_and_its_time(scale, capsys):
+    code, out, _ = run(["tour", "--suite", "long", "--scale", scale, "--list"], capsys)
+    lines = out.strip().splitlines()
+    the_plan = plan(scale)
+    assert code == 0 and [line.split()[0] for line in lines[:len(the_plan.pairs)]] == [f"{t}/{m}" for t, m in
+                                                                                       the_plan.pairs]
+    assert "pixel_legend/lambda" in out or "pixel_images/lambda" in out
+    assert lines[-1].startswith(f"{len(the_plan.pairs)} runs x seeds (")
+    assert ("one GPU" in lines[-1]) == (scale == "lra")
+
+
+def test_long_suite_options_are_checked(capsys):
+    assert_user_error(["tour", "--suite", "long", "--mechanisms", "linaer"], capsys, "--mechanisms: unknown 'linaer'",
+                      "did you mean 'linear'")
+    assert_user_error(["tour", "--suite", "long", "--tasks", "byte_context", "--mechanisms", "lambda"], capsys,
+                      "no run has task in")
+    assert_user_error(["tour", "--suite", "long", "--tasks", "pathfinder"], capsys, "--tasks: unknown 'pathfinder'")
+    assert_user_error(["tour", "--suite", "long", "--in-process"], capsys, "--in-process is not available")
+    assert_user_error(["tour", "--suite", "long", "--scale", "lr"], capsys, "--scale: unknown scale 'lr'",
+                      "did you mean 'lra'")
+    assert_user_error(["tour", "--suite", "long", "--scale", "lra", "--quick"], capsys, "--quick is the toy form")
+    assert_user_error(["tour", "--scale", "lra"], capsys, "--scale belongs to the long suite")
+    assert_user_error(["tour", "--workers", "2", "--in-process"], capsys, "--workers trains runs in processes")
+    assert_user_error(["tour", "--device", "tpu"], capsys, "--device")
+
+
+def test_cuda_without_a_gpu_is_a_user_error(capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert_user_error(["tour", "--suite", "long", "--quick", "--device", "cuda", "--out", "unused"], capsys,
+                      "no CUDA device")
+    assert run(["tour", "--suite", "long", "--scale", "lra", "--device", "cuda", "--list"], capsys)[0] == 0
+
+
+@pytest.mark.parametrize("suite", ["default", "long"])
+def test_a_folder_where_a_run_file_belongs_is_one_line_and_exit_2(suite, tmp_path, capsys):
+    argv = ["tour", "--suite", suite, "--quick", "--out", str(tmp_path), "--seeds", "0", "--no-progress"]
+    if suite == "long":
+        run_path(tmp_path, "byte_context", "softmax", 0, "quick").mkdir(parents=True)
+        argv += ["--tasks", "byte_context", "--mechanisms", "softmax"]
+    else:
+        run_path(tmp_path, "mqar", "softmax-2layer", 0, "quick").mkdir(parents=True)
+        argv += ["--tasks", "mqar", "--mechanisms", "softmax-2layer"]
+    line = assert_user_error(argv, capsys, "cannot write", "a folder is in the way")
+    assert str(tmp_path) in line
+
+
+def test_the_readme_table_goes_between_its_markers(tmp_path):
+    from attnkit.errors import ArgumentError
+    from attnkit.lab.commands.tour import _splice
+
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- tour:start -->\nold\n<!-- tour:end -->\nrest\n")
+    _splice(readme, "tour", "| a |\n|---|")
+    assert readme.read_text() == "intro\n<!-- tour:start -->\n| a |\n|---|\n<!-- tour:end -->\nrest\n"
+    with pytest.raises(ArgumentError, match="no <!-- tour-long:start -->"):
+        _splice(readme, "tour-long", "x")
+
+
+def test_a_readme_without_the_markers_is_refused_before_any_training(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text("no markers\n")
+    assert_user_error(["tour", "--suite", "long", "--quick", "--out", str(tmp_path / "out"), "--readme", str(readme)],
+                      capsys, "has no <!-- tour-long:start -->")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_long_suite_command_writes_its_report_and_the_readme_table(tmp_path, monkeypatch, capsys):
+    import attnkit.lab.tour.long as long_suite
+    from attnkit.lab.tour.store import Summary
+    from tests.lab.tour.long.test_report import _folder
+
+    calls = []
+
+    def fake_run_suite(out, **options):  # the saved runs of a finished suite, without training
+        calls.append(options)
+        _folder(Path(out))
+        return Summary(out, options["scale"], ran=["associative_recall/softmax seed 0"])
+
+    monkeypatch.setattr(long_suite, "run_suite", fake_run_suite)
+    readme = tmp_path / "README.md"
+    readme.write_text("x\n<!-- tour-long:start -->\n<!-- tour-long:end -->\ny\n")
+    out = tmp_path / "long"
+    code, printed, err = run(["tour", "--suite", "long", "--out", str(out), "--readme", str(readme), "--workers", "1",
+                            "--tasks", "associative_recall", "--mechanisms", "softmax", "local", "--no-progress"],
+                           capsys)
+    assert code == 0, err
+    assert str(out / "README.md") in printed and (out / "index.html").exists()
+    assert calls[0]["scale"] == "default" and calls[0]["workers"] == 1 and calls[0]["device"] == "cpu"
+    assert calls[0]["pairs"] == [("associative_recall", "softmax"), ("associative_recall", "local")]
+    text = readme.read_text()
+    assert text.startswith("x\n<!-- tour-long:start -->\n| mechanism | associative_recall |")
+    assert "| chance / ceiling | 25.0 / 100 |" in text and text.endswith("<!-- tour-long:end -->\ny\n")
