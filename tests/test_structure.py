@@ -6,11 +6,16 @@ package's ``__init__`` re-exporting its own submodules is not counted (``attnkit
 ``attnkit.nn.linear``), nor is an import of a package from inside it for a name its ``__init__``
 holds (the arrow goes to the ``__init__``, which is then excluded as a re-export hub). Any other
 circle fails the test, naming its files.
+
+The library (everything outside ``attnkit.lab``) never imports the lab: no arrow points into it, and
+importing the library with its registry loads none of it.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import attnkit
@@ -96,3 +101,38 @@ def test_no_import_circle_in_the_package():
 
 def test_the_check_finds_a_circle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# ------------------------------------------------------------------------------ the library and the lab
+
+LAB = "attnkit.lab"
+LAB_DOORS = {"attnkit.__main__"}  # ``python -m attnkit`` runs the command line, which lives in the lab
+
+
+def _in_lab(module: str) -> bool:
+    return module == LAB or module.startswith(LAB + ".")
+
+
+def lab_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every arrow from a library module (outside the lab and its doors) into the lab, as ``a -> b``."""
+    return sorted(f"{module} -> {target}" for module, targets in graph.items()
+                  if not _in_lab(module) and module not in LAB_DOORS for target in targets if _in_lab(target))
+
+
+def test_the_library_never_imports_the_lab():
+    wrong = lab_imports(import_graph())
+    assert not wrong, "the library imports the lab: " + "; ".join(wrong)
+
+
+def test_the_lab_check_finds_an_arrow_into_the_lab():
+    graph = {"attnkit.nn.x": {"attnkit.lab.viz"}, "attnkit.lab.tour": {"attnkit.nn.x"},
+             "attnkit.__main__": {"attnkit.lab.cli"}}
+    assert lab_imports(graph) == ["attnkit.nn.x -> attnkit.lab.viz"]
+
+
+def test_importing_the_library_and_its_registry_loads_nothing_of_the_lab():
+    code = ("import sys, attnkit, attnkit.nn, attnkit.models, attnkit.kernels, attnkit.distributed, attnkit.masks\n"
+            "from attnkit import registry\nregistry.entries()\n"
+            "print(sorted(m for m in sys.modules if m.startswith('attnkit.lab')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout

@@ -10,7 +10,10 @@ import importlib
 from importlib import metadata as _metadata
 from typing import TYPE_CHECKING
 
+from . import _moved
 from .errors import ArgumentError, AttnkitError, BackendError, DeviceError, DTypeError, ShapeError, UnsupportedFeature
+
+_moved.install()  # the lab's old import paths (attnkit.viz, attnkit.tour, ...) for one release, with a warning
 
 
 def _version() -> str:

@@ -1,0 +1,69 @@
+"""The import paths that moved, kept working for one release with a :class:`DeprecationWarning`.
+
+The workbench (tour, tasks, analysis, viz, the benchmarking code, the command line) moved under
+:mod:`attnkit.lab`. An import of an old path, ``import attnkit.viz.maps`` or
+``from attnkit.tour import catalogue``, warns once and gives the module at its new path: the same
+object, never a second copy (``attnkit.viz.maps is attnkit.lab.viz.maps``). The finder is first on
+``sys.meta_path`` and answers only the names in :data:`MOVED` and below them.
+
+This module names the lab only as strings; nothing here runs unless an old path is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+
+__all__ = ["MOVED", "new_name", "install"]
+
+MOVED = {
+    "attnkit.tour": "attnkit.lab.tour",
+    "attnkit.tasks": "attnkit.lab.tasks",
+    "attnkit.analysis": "attnkit.lab.analysis",
+    "attnkit.viz": "attnkit.lab.viz",
+    "attnkit.benchmarking": "attnkit.lab.benchmarking",
+    "attnkit.commands": "attnkit.lab.commands",
+    "attnkit.progress": "attnkit.lab.progress",
+    "attnkit.cli": "attnkit.lab.cli",
+    "attnkit.distributed.bench": "attnkit.lab.benchmarking.distributed",
+}
+"""Old module path -> new path (a package's submodules follow it)."""
+
+
+def new_name(name: str) -> str | None:
+    """The new path of ``name`` if it (or a package above it) moved, else None.
+
+    >>> new_name("attnkit.viz.maps"), new_name("attnkit.masks")
+    ('attnkit.lab.viz.maps', None)
+    """
+    for old, new in MOVED.items():
+        if name == old or name.startswith(old + "."):
+            return new + name[len(old):]
+    return None
+
+
+class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds an old path and loads it as the module at its new path (imported if it is not yet)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        target_name = new_name(fullname)
+        if target_name is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, self, origin=target_name)
+
+    def create_module(self, spec):
+        warnings.warn(f"{spec.name} moved to {spec.origin}; the old path works until the next release",
+                      DeprecationWarning, stacklevel=2)  # warnings skips importlib's frames
+        return importlib.import_module(spec.origin)
+
+    def exec_module(self, module):
+        """Nothing to run: the module at the new path is already imported."""
+
+
+def install() -> None:
+    """Put the finder first on ``sys.meta_path`` (once)."""
+    if not any(isinstance(finder, _Alias) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _Alias())
