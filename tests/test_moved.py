@@ -52,7 +52,7 @@ def test_every_old_path_imports_with_a_warning(monkeypatch, old):
 def test_new_paths_and_the_library_raise_no_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        import attnkit.lab.viz  # noqa: F401
+        import attnkit.lab.viz
         import attnkit.masks  # noqa: F401
     assert _moved.new_name("attnkit.masks") is None and _moved.new_name("attnkit.vizier") is None
 

@@ -1,4 +1,6 @@
-"""lab/benchmarking/distributed.py and ``attnkit bench --distributed``: the table, the command line, one real run (slow)."""
+"""lab/benchmarking/distributed.py and ``attnkit bench --distributed``: the table, the command line, one real run
+(slow).
+"""
 
 from __future__ import annotations
 
