@@ -1,7 +1,8 @@
 """The import paths that moved, kept working for one release with a :class:`DeprecationWarning`.
 
 The workbench (tour, tasks, analysis, viz, the benchmarking code, the command line) moved under
-:mod:`attnkit.lab`. An import of an old path, ``import attnkit.viz.maps`` or
+:mod:`attnkit.lab`; the mask machinery of ``attnkit.functional`` moved into the package
+:mod:`attnkit.masks`. An import of an old path, ``import attnkit.viz.maps`` or
 ``from attnkit.tour import catalogue``, warns once and gives the module at its new path: the same
 object, never a second copy (``attnkit.viz.maps is attnkit.lab.viz.maps``). The finder is first on
 ``sys.meta_path`` and answers only the names in :data:`MOVED` and below them.
@@ -29,6 +30,14 @@ MOVED = {
     "attnkit.progress": "attnkit.lab.progress",
     "attnkit.cli": "attnkit.lab.cli",
     "attnkit.distributed.bench": "attnkit.lab.benchmarking.distributed",
+    "attnkit.functional.mask_base": "attnkit.masks.base",
+    "attnkit.functional.mask_parse": "attnkit.masks.parsing",
+    "attnkit.functional.indexed_masks": "attnkit.masks.indexed",
+    "attnkit.functional.selected_masks": "attnkit.masks.selected",
+    "attnkit.functional.document_masks": "attnkit.masks.documents",
+    "attnkit.functional.block_masks": "attnkit.masks.block_masks",
+    "attnkit.functional.flex_tiles": "attnkit.masks.flex_tiles",
+    "attnkit.functional.cache": "attnkit.masks.cache",
 }
 """Old module path -> new path (a package's submodules follow it)."""
 

@@ -30,11 +30,11 @@ import torch
 
 from . import recording
 from .errors import ArgumentError
-from .functional.mask_base import Mask
 from .functional.validate import Problem, validate
 from .kernels import custom_op, lane, rules
 from .kernels.dispatch import Decision, decide, execute
 from .kernels.paths import BACKENDS
+from .masks.base import Mask
 
 __all__ = ["attention", "explain", "AttentionOutput"]
 

@@ -41,8 +41,8 @@ import torch
 
 from .core import attention
 from .errors import ArgumentError, ShapeError, UnsupportedFeature
-from .functional import cache
-from .functional.flex_tiles import from_block_mask
+from .masks import cache
+from .masks.flex_tiles import from_block_mask
 
 __all__ = ["flex_attention", "transformers_attention", "register_transformers", "ATTNKIT_DEVICES"]
 

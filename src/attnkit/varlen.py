@@ -7,7 +7,7 @@ Here the same call runs on attnkit's paths:
 
 - packed documents are laid out so that each starts on a block (``block_size`` positions),
   and one :func:`attnkit.attention` call runs on the block-sparse paths with a
-  :class:`~attnkit.functional.document_masks.Documents` mask whose layout is block diagonal:
+  :class:`~attnkit.masks.documents.Documents` mask whose layout is block diagonal:
   ``sum_d Lq_d Lk_d`` scores (up to padding lanes), never a ``T x T`` mask;
 - with ``block_table`` the keys and values are a pool of pages: each sequence's queries are
   placed at the end of a ``max_q`` row (bottom-right) and the call reads the pages through
@@ -28,9 +28,9 @@ import torch
 from .bias import ScoreModifier, apply_modifier
 from .core import attention, explain
 from .errors import ArgumentError, DTypeError, ShapeError, check_int
-from .functional.document_masks import BAND_UNBOUNDED, Documents
-from .functional.mask_base import Mask
 from .masks import causal, sliding_window
+from .masks.base import Mask
+from .masks.documents import BAND_UNBOUNDED, Documents
 
 __all__ = ["varlen_attn", "explain_varlen", "BLOCK_SIZES"]
 

@@ -154,7 +154,7 @@ def _flex_block_mask(draw, lq, lk, block):
     """A FlexAttention BlockMask with random partial and full tiles and a mask_mod for the partial ones."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    from attnkit.functional.block_masks import ordered
+    from attnkit.masks.block_masks import ordered
 
     nq, nk = -(-lq // block), -(-lk // block)
     active, full = draw(_bools((1, 1, nq, nk))), draw(_bools((1, 1, nq, nk)))

@@ -23,10 +23,10 @@ import attnkit
 from attnkit import masks
 from attnkit.bias import ALiBi, Softcap
 from attnkit.core import _prepare
-from attnkit.functional.mask_base import Mask
 from attnkit.functional.validate import Problem
 from attnkit.kernels import dispatch, paths, rules
 from attnkit.kernels.paths import BACKENDS
+from attnkit.masks.base import Mask
 from tests.helpers import assert_close_to_oracle, on_device, oracle, rand_qkv
 
 SRC = FilePath(attnkit.__file__).parent

@@ -1,6 +1,6 @@
 """The fast block-sparse paths (benchmark targets 2-3): band windows, slot-masked softmax.
 
-The masks' bands and analytic layouts they rely on are tested in tests/functional/test_mask_base.py.
+The masks' bands and analytic layouts they rely on are tested in tests/masks/test_base.py.
 
 Every path is checked against the float64 reference kernel or ``tests/helpers.oracle``,
 forward and backward, on sizes that leave partial last blocks, with grouped

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError
-from .indexed_masks import TensorMask
-from .mask_base import Mask
+from ..masks.base import Mask
+from ..masks.indexed import TensorMask
+from ..masks.selected import Pages, check_pages
 from .normalize import NORMALIZERS
 from .scores import SCORES
-from .selected_masks import Pages, check_pages
 
 __all__ = ["Problem", "validate", "default_scale", "check_sinks"]
 _WHO = "attnkit.attention"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import ArgumentError, DTypeError
-from ..functional.mask_base import Mask
+from ..masks.base import Mask
 from ..nn.multihead import MultiHeadAttention
 
 __all__ = ["replace_attention"]

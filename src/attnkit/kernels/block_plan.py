@@ -23,8 +23,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..functional import cache
 from ..functional.validate import Problem
+from ..masks import cache
 from ..masks import full as full_mask
 from . import rules
 from .path_cost import PathCost, fused_attention, itemsize
@@ -111,7 +111,7 @@ def gather_plan(active: torch.Tensor, width: int):
 
 def _choose_block_size(p: Problem) -> int:
     """The block size with the fewest computed score entries, or the one the mask is laid out for (documents
-    aligned to blocks: :mod:`attnkit.functional.document_masks`)."""
+    aligned to blocks: :mod:`attnkit.masks.documents`)."""
     laid_out = getattr(p.mask, "plan_block_size", None)
     if laid_out is not None:
         return laid_out

@@ -29,8 +29,9 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..functional import cache, sinks
+from ..functional import sinks
 from ..functional.validate import Problem
+from ..masks import cache
 from . import block_plan, rules
 from .block_plan import density
 from .blocksparse_masked import allowed_in, put_query_blocks, query_blocks

@@ -33,9 +33,9 @@ from __future__ import annotations
 import torch
 
 from ..bias import apply_modifier
-from ..functional import cache
-from ..functional.indexed_masks import gather_at
 from ..functional.validate import Problem
+from ..masks import cache
+from ..masks.indexed import gather_at
 from . import rules
 from .path_cost import PathCost, fused_attention
 from .pipeline import KernelOutput

@@ -3,7 +3,7 @@
 ``attention(q, k_pages, v_pages, block_table=..., seqused_k=...)`` (and
 :func:`attnkit.varlen_attn` with a block table) hand the dispatcher a pool of pages
 ``(num_pages, page_size, H_kv, D)`` seen as one key axis, with a
-:class:`~attnkit.functional.selected_masks.Pages` mask: sequence ``b`` holds
+:class:`~attnkit.masks.selected.Pages` mask: sequence ``b`` holds
 ``seqused_k[b]`` keys on the pages ``block_table[b]``. This path reads only those pages:
 split-KV over chunks of :data:`~.selected.SPLIT_KEYS` positions of each sequence, each
 chunk's keys gathered from its pages into a chunk-sized copy (never the whole cache),

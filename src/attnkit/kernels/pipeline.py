@@ -2,7 +2,7 @@
 normalise stages applied to one block given its index tensors, and row-chunked execution.
 
 A block is described by broadcasting index tensors ``b, h, q_idx, kv_idx`` (see
-:mod:`attnkit.functional.mask_base`), so the same code serves the dense reference
+:mod:`attnkit.masks.base`), so the same code serves the dense reference
 (whole rows), the online softmax (a slab of rows and keys) and the gathered
 block-sparse path (gathered key blocks).
 """
@@ -18,10 +18,10 @@ from torch.utils.checkpoint import checkpoint
 from ..bias import apply_modifier
 from ..functional import sinks
 from ..functional.blockwise import BLOCKWISE
-from ..functional.indexed_masks import gather_at
 from ..functional.normalize import NORMALIZERS, masked_softmax, softmax
 from ..functional.scores import SCORES
 from ..functional.validate import Problem
+from ..masks.indexed import gather_at
 
 __all__ = ["KernelOutput", "upcast_inputs", "block_scores", "block_weights", "sinks_after", "zero_padded_keys",
            "dense_indices", "run_row_chunks", "Workspace", "in_graph", "shapes_only", "twice_differentiable"]

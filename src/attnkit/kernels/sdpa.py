@@ -46,8 +46,9 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from ..functional import cache, sinks
+from ..functional import sinks
 from ..functional.validate import Problem
+from ..masks import cache
 from ..runtime import low_precision_math
 from . import rules
 from .path_cost import PathCost, fused_attention, itemsize

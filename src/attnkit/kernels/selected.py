@@ -1,6 +1,6 @@
 """Attention over selected keys: each query's (or each sequence's) keys gathered, long selections split.
 
-A mask of kind ``"selected"`` (:mod:`attnkit.functional.selected_masks`) names the key
+A mask of kind ``"selected"`` (:mod:`attnkit.masks.selected`) names the key
 blocks of every query: top-k keys or key blocks (DSA, NSA, MoBA), or the pages of a
 sequence in a paged cache. Query ``i`` reads only its ``k = n * block_size`` keys::
 

@@ -16,8 +16,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..functional import cache
 from ..functional.validate import Problem
+from ..masks import cache
 from .path_cost import PathCost, Product, itemsize
 from .pipeline import KernelOutput, block_scores, block_weights, dropout
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError, check_bool_mask
-from ..functional.mask_base import Mask
+from ..masks.base import Mask
 
 __all__ = ["describe", "check_floating", "check_placement", "check_like", "check_shape", "check_sequence",
            "check_memory", "check_keep_mask", "check_key_mask", "check_lengths"]

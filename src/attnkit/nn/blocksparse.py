@@ -10,7 +10,7 @@ from ..costing.attend import ATTENTION_FORMULA, projections
 from ..costing.tally import dtype_of
 from ..entry import Entry, register
 from ..errors import ArgumentError, DTypeError, ShapeError, check_int
-from ..functional.mask_base import Mask
+from ..masks.base import Mask
 from ._projections import ProjectedAttention, count_self_attention, projected_spec
 
 __all__ = ["BlockPattern", "BlockSparseAttention"]

@@ -14,7 +14,7 @@ from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of, randn
 from ..entry import Entry, register
 from ..errors import ArgumentError, DTypeError, ShapeError
-from ..functional.mask_base import Mask
+from ..masks.base import Mask
 from . import torch_compat, torch_layers
 from ._inputs import check_shape
 from .gated import OutputGate, QKNorm

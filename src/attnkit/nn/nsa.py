@@ -15,7 +15,7 @@ from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
 from ..entry import Entry, register
 from ..errors import ArgumentError, ShapeError, check_int
-from ..functional.mask_base import Mask
+from ..masks.base import Mask
 from ._inputs import check_sequence
 
 __all__ = ["NativeSparseAttention", "nsa_blocks"]

@@ -13,7 +13,7 @@ from ..costing.attend import attend, projections
 from ..costing.tally import dtype_of
 from ..entry import Entry, register
 from ..errors import ArgumentError, check_int
-from ..functional.mask_base import Mask
+from ..masks.base import Mask
 from ._projections import ProjectedAttention, count_self_attention, projected_spec
 
 __all__ = ["SparseTransformerAttention"]

@@ -21,7 +21,7 @@ from torch import nn
 from .. import masks
 from ..core import _autocast_enabled
 from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError
-from ..functional.mask_base import Mask
+from ..masks.base import Mask
 from ._inputs import check_floating
 
 __all__ = ["ExtraKeys", "check_inputs", "convert_masks", "with_extra_keys", "merge_projection_keys",

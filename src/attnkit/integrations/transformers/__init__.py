@@ -45,8 +45,8 @@ from transformers import AttentionInterface, AttentionMaskInterface  # noqa: E40
 
 from ...bias import ScoreModifier  # noqa: E402
 from ...errors import ArgumentError, DTypeError  # noqa: E402
-from ...functional.mask_base import Mask  # noqa: E402
 from ...kernels.paths import BACKENDS  # noqa: E402
+from ...masks.base import Mask  # noqa: E402
 from .attention_function import make_attention_function, weights_wanted  # noqa: E402
 from .model_mask import ModelMask  # noqa: E402
 from .model_masks import make_mask_function, whole_sequence_mask  # noqa: E402

@@ -38,8 +38,8 @@ from ... import masks
 from ...bias import ScoreModifier, apply_modifier
 from ...core import attention
 from ...errors import ShapeError, UnsupportedFeature
-from ...functional.mask_base import Mask
 from ...functional.shifted import shift_modifier
+from ...masks.base import Mask
 from .model_mask import ModelMask
 from .model_masks import with_extra
 from .packing import attend_documents, documents, selection

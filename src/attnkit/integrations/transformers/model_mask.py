@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_map
 
-from ...functional.mask_base import Mask
+from ...masks.base import Mask
 
 __all__ = ["ModelMask"]
 

@@ -32,8 +32,8 @@ import torch
 from transformers import masking_utils as hf_masks
 
 from ... import masks
-from ...functional.mask_base import Mask
 from ...masks import _Diagonals
+from ...masks.base import Mask
 from .model_mask import ModelMask
 
 __all__ = ["make_mask_function", "whole_sequence_mask", "with_extra", "Packing", "packing"]

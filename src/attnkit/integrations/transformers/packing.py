@@ -22,7 +22,7 @@ import torch
 
 from ... import masks
 from ...errors import UnsupportedFeature
-from ...functional.mask_base import Mask
+from ...masks.base import Mask
 from ...varlen import varlen_attn
 
 __all__ = ["Documents", "documents", "attend_documents", "selection"]

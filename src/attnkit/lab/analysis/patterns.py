@@ -26,7 +26,7 @@ import torch
 from ... import bias as _bias
 from ... import masks as _masks
 from ...errors import ArgumentError
-from ...functional.mask_base import Mask
+from ...masks.base import Mask
 
 __all__ = ["BIASES", "ADDITIVE_BIASES", "make_mask", "make_bias", "dense_bias", "active_pairs"]
 

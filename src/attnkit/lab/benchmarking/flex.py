@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from ...bias import apply_modifier
-from ...functional.block_masks import mask_mod as as_mask_mod
 from ...kernels.flex import kernel
+from ...masks.block_masks import mask_mod as as_mask_mod
 from ..analysis.timing import time_once
 from .side import Method, Unavailable
 

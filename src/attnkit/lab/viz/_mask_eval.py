@@ -16,8 +16,8 @@ import math
 import torch
 
 from ...errors import ArgumentError, DTypeError, ShapeError, check_int
-from ...functional.mask_base import Mask
 from ...masks import TensorMask, parse
+from ...masks.base import Mask
 
 __all__ = ["as_mask", "element_view", "block_states", "element_fraction"]
 

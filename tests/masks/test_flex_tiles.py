@@ -1,4 +1,4 @@
-"""functional/flex_tiles.py: a FlexAttention BlockMask read as an attnkit mask allows what FlexAttention allows.
+"""masks/flex_tiles.py: a FlexAttention BlockMask read as an attnkit mask allows what FlexAttention allows.
 
 - from ``create_block_mask``: exactly what its mask_mod allows (torch's own dense ``create_mask``
   is the picture compared), with the sizes the block mask was made for;
@@ -13,9 +13,9 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, create_mask
 
 import attnkit
-from attnkit.functional.block_masks import ordered
-from attnkit.functional.flex_tiles import from_block_mask
-from tests.functional.test_block_masks import GYM, L
+from attnkit.masks.block_masks import ordered
+from attnkit.masks.flex_tiles import from_block_mask
+from tests.masks.test_block_masks import GYM, L
 
 
 @pytest.mark.parametrize("name", list(GYM))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 
 from ..errors import ArgumentError, did_you_mean
-from .mask_base import Mask
+from .base import Mask
 
 __all__ = ["parse"]
 

@@ -1,6 +1,6 @@
 """attnkit.masks constructors against brute-force loops over their definitions; repr; errors.
 
-Block layouts, bands and materialize (the Mask protocol of functional/mask_base.py) are in functional/test_mask_base.py.
+Block layouts, bands and materialize (the Mask protocol of masks/base.py) are in functional/test_mask_base.py.
 """
 
 from __future__ import annotations

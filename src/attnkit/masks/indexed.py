@@ -1,6 +1,6 @@
 """Masks that hold data: positions, layouts, ids, lengths, dense tensors, functions.
 
-Each is a :class:`~attnkit.functional.mask_base.Mask`; the constructors users
+Each is a :class:`~attnkit.masks.base.Mask`; the constructors users
 call live in :mod:`attnkit.masks`.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ArgumentError, DTypeError, check_int
-from .mask_base import Mask, _block_bounds
+from .base import Mask, _block_bounds
 
 _FAR = 1 << 62  # an index bound beyond any sequence
 

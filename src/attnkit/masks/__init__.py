@@ -1,8 +1,8 @@
 """The built-in masks: each a function of indices, True = attend (``from attnkit import masks``).
 
 The protocol every mask follows (:class:`Mask`, ``&``, ``|``, ``~``, block layouts) is in
-:mod:`attnkit.functional.mask_base`; masks that hold tensors (segments, padding, key lists,
-bool tensors) in :mod:`attnkit.functional.indexed_masks`. :func:`shifted` reads a mask at
+:mod:`attnkit.masks.base`; masks that hold tensors (segments, padding, key lists,
+bool tensors) in :mod:`attnkit.masks.indexed`. :func:`shifted` reads a mask at
 global positions (a block of a longer sequence), :func:`parse` builds one from its text.
 
 Causal alignment, for ``Lq`` queries against ``Lk`` keys (``off = Lk - Lq``)::
@@ -30,10 +30,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .errors import ArgumentError, DTypeError, check_int
-from .functional import mask_parse
-from .functional.flex_tiles import from_block_mask
-from .functional.indexed_masks import (
+from ..errors import ArgumentError, DTypeError, check_int
+from . import parsing as mask_parse
+from .base import And, BlockLayout, Mask, Not, Or, _block_bounds
+from .flex_tiles import from_block_mask
+from .indexed import (
     _FAR,
     TensorMask,
     _BlockLayoutMask,
@@ -42,8 +43,7 @@ from .functional.indexed_masks import (
     _Padding,
     _Segments,
 )
-from .functional.mask_base import And, BlockLayout, Mask, Not, Or, _block_bounds
-from .functional.selected_masks import SelectedKeys
+from .selected import SelectedKeys
 
 __all__ = [
     "Mask", "BlockLayout", "And", "Or", "Not", "TensorMask", "ShiftedMask",

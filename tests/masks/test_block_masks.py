@@ -1,9 +1,9 @@
-"""functional/block_masks.py: attnkit masks as FlexAttention's BlockMask, with the tiles torch builds.
+"""masks/block_masks.py: attnkit masks as FlexAttention's BlockMask, with the tiles torch builds.
 
 - an attnkit mask's BlockMask has the tiles ``create_block_mask`` builds from the mask's own
   predicate (the partial tiles at a sequence's end included), read from its analytic layout,
   and FlexAttention runs it to attnkit's answer;
-- a BlockMask from ``create_block_mask`` read back (:mod:`attnkit.functional.flex_tiles`) and
+- a BlockMask from ``create_block_mask`` read back (:mod:`attnkit.masks.flex_tiles`) and
   turned into a BlockMask again keeps its tiles: the round trip is lossless.
 """
 
@@ -15,8 +15,8 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, crea
 
 import attnkit
 from attnkit import masks
-from attnkit.functional.block_masks import mask_mod, to_block_mask
-from attnkit.functional.flex_tiles import from_block_mask
+from attnkit.masks.block_masks import mask_mod, to_block_mask
+from attnkit.masks.flex_tiles import from_block_mask
 
 L = 300  # not a multiple of the 128 tile: the last tiles are cut
 DOCS = torch.tensor([0] * 70 + [1] * 150 + [2] * 80)

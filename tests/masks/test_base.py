@@ -1,4 +1,4 @@
-"""The Mask protocol (functional/mask_base.py) on every mask: block layouts, bands, materialize.
+"""The Mask protocol (masks/base.py) on every mask: block layouts, bands, materialize.
 
 Layouts are checked against the dense picture block by block (``active`` never misses an
 allowed entry, ``full`` never claims a masked one, analytic layouts are exact); band
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from attnkit import masks
 from attnkit.errors import ArgumentError
-from attnkit.functional.mask_base import KINDS as KINDS_OF_MASKS
+from attnkit.masks.base import KINDS as KINDS_OF_MASKS
 
 
 # ------------------------------------------------------------------ block layouts and materialize

@@ -4,7 +4,7 @@ A ``BlockMask`` (FlexAttention, Dong et al. 2024, arXiv:2412.05496) is tiles of 
 queries x keys, each empty, full or partial (see :mod:`.block_masks`). :func:`from_block_mask`
 makes the attnkit mask that allows every entry of a full tile, ``mask_mod`` in a partial tile
 and nothing in an empty one. Its layout at the tile size is the ``BlockMask``'s own, so a round
-trip through :meth:`~attnkit.functional.mask_base.Mask.to_block_mask` returns the same tiles; at
+trip through :meth:`~attnkit.masks.base.Mask.to_block_mask` returns the same tiles; at
 other block sizes it is derived from the tiles (a block is active where a tile it meets is,
 full where all are), never dropping an allowed entry.
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import DTypeError
-from .indexed_masks import gather_at
-from .mask_base import Mask
+from .base import Mask
+from .indexed import gather_at
 
 __all__ = ["from_block_mask", "BlockMaskMask"]
 

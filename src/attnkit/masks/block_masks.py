@@ -10,7 +10,7 @@ Optimized Attention Kernels", arXiv:2412.05496, Sec. 3.2) describes a mask by ti
 
 kept as ``(kv_num_blocks, kv_indices)`` per query tile for the partial tiles and
 ``(full_kv_num_blocks, full_kv_indices)`` for the full ones, ``(B|1, H|1, nQ[, nK])``.
-An attnkit :class:`~attnkit.functional.mask_base.BlockLayout` says the same with two
+An attnkit :class:`~attnkit.masks.base.BlockLayout` says the same with two
 bool maps: ``active`` (partial or full) and ``full``. :func:`to_block_mask` builds a
 ``BlockMask`` from an attnkit mask: its block layout (analytic for the built-in masks: no
 ``Lq x Lk`` picture) and the mask's own predicate as ``mask_mod``. Tiles cut by the end of

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .mask_base import Mask
+from .base import Mask
 
 __all__ = ["Documents", "BAND_UNBOUNDED"]
 

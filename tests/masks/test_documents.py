@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnkit import masks
-from attnkit.functional.document_masks import Documents
+from attnkit.masks.documents import Documents
 
 
 def _docs(within, q_lengths=(5, 9, 1, 0, 7), k_lengths=(7, 9, 3, 2, 7), bs=4):

@@ -7,7 +7,7 @@ import torch
 
 from attnkit import masks
 from attnkit.errors import DTypeError, ShapeError
-from attnkit.functional.selected_masks import Pages
+from attnkit.masks.selected import Pages
 
 
 def _membership(indices, block_size, lq, lk, heads, group):

@@ -9,7 +9,7 @@ sequence: the page table lists the key blocks (pages) of the sequence, in order.
 masks are of kind ``"selected"``: the execution paths gather the named keys instead of
 scanning a block layout, so their cost grows with ``Lq * k``, never with ``Lq * Lk``.
 
-Every mask here answers :meth:`~attnkit.functional.mask_base.Mask.allows` too (a dense
+Every mask here answers :meth:`~attnkit.masks.base.Mask.allows` too (a dense
 membership table, built on first use and cached): the dense paths stay exact oracles.
 """
 
@@ -19,8 +19,8 @@ import torch
 
 from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 from . import cache
-from .indexed_masks import gather_at
-from .mask_base import Mask
+from .base import Mask
+from .indexed import gather_at
 
 __all__ = ["Selection", "SelectedKeys", "Pages"]
 

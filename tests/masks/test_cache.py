@@ -1,4 +1,4 @@
-"""functional/cache.py: the bounded, thread-safe cache that masks carry (layouts, plans, biases, kernel masks)."""
+"""masks/cache.py: the bounded, thread-safe cache that masks carry (layouts, plans, biases, kernel masks)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 import attnkit
 from attnkit import masks
-from attnkit.functional.cache import BoundedCache, nbytes, on
+from attnkit.masks.cache import BoundedCache, nbytes, on
 from attnkit.nn import LocalAttention
 
 

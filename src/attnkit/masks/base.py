@@ -80,7 +80,7 @@ class Mask:
             ``"tensor"`` (a bool tensor), ``"pattern"`` (any other function of indices),
             ``"selected"`` (keys named per query by index tensors, alone or AND-ed with other
             masks: ``selection`` holds the indices, ``rest`` the other parts;
-            :mod:`attnkit.functional.selected_masks`).
+            :mod:`attnkit.masks.selected`).
         band_terms: how :meth:`band` depends on the lengths, as data (no call into the
             mask): ``(lo_terms, hi_terms)``, each a tuple of ``(const, shift)`` with
             ``lo = max(const + shift * (kv_len - q_len))`` (``hi``: min); an empty tuple is
@@ -185,7 +185,7 @@ class Mask:
 
     def to_block_mask(self, q_len: int, kv_len: int, *, batch: int | None = None, heads: int | None = None,
                       block_size: int = 128, device=None, exact: bool = False):
-        """This mask as FlexAttention's ``BlockMask`` (:func:`attnkit.functional.block_masks.to_block_mask`)."""
+        """This mask as FlexAttention's ``BlockMask`` (:func:`attnkit.masks.block_masks.to_block_mask`)."""
         from .block_masks import to_block_mask
         return to_block_mask(self, q_len, kv_len, batch=batch, heads=heads, block_size=block_size, device=device,
                              exact=exact)
