@@ -1,6 +1,6 @@
 """Linear recurrences: the chunk form against the parallel form, and a decoding step against softmax attention.
 
-For each length L (default 1024 ... 32768) and one function of :mod:`attnkit.functional.linear`
+For each length L (default 1024 ... 32768) and one function of :mod:`attnkit.functional.recurrences`
 (default ``gated_delta_rule``; B = 1, H = 4, Dk = Dv = 64, float32, blocks of 64), at one thread:
 
 - training: forward + backward of the ``chunk`` and ``parallel`` forms, timed interleaved
@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 import attnkit
-from attnkit.functional import linear
+from attnkit.functional import recurrences as linear
 from attnkit.lab.analysis.memory import peak_bytes, reset_peak
 from attnkit.lab.analysis.timing import time_interleaved
 from attnkit.lab.benchmarking.machine import machine_info

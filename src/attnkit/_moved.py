@@ -2,7 +2,9 @@
 
 The workbench (tour, tasks, analysis, viz, the benchmarking code, the command line) moved under
 :mod:`attnkit.lab`; the mask machinery of ``attnkit.functional`` moved into the package
-:mod:`attnkit.masks`. An import of an old path, ``import attnkit.viz.maps`` or
+:mod:`attnkit.masks`; the recurrences with decays and the delta rule are ``recurrences`` (not
+``linear``, the Performer's word); the adapters to torch and transformers moved from ``attnkit.nn``
+to :mod:`attnkit.integrations`. An import of an old path, ``import attnkit.viz.maps`` or
 ``from attnkit.tour import catalogue``, warns once and gives the module at its new path: the same
 object, never a second copy (``attnkit.viz.maps is attnkit.lab.viz.maps``). The finder is first on
 ``sys.meta_path`` and answers only the names in :data:`MOVED` and below them.
@@ -38,6 +40,11 @@ MOVED = {
     "attnkit.functional.block_masks": "attnkit.masks.block_masks",
     "attnkit.functional.flex_tiles": "attnkit.masks.flex_tiles",
     "attnkit.functional.cache": "attnkit.masks.cache",
+    "attnkit.functional.linear": "attnkit.functional.recurrences",
+    "attnkit.distributed.decay_linear": "attnkit.distributed.recurrences",
+    "attnkit.nn.torch_compat": "attnkit.integrations.torch_compat",
+    "attnkit.nn.torch_layers": "attnkit.integrations.torch_layers",
+    "attnkit.nn.transformers_layers": "attnkit.integrations.transformers_layers",
 }
 """Old module path -> new path (a package's submodules follow it)."""
 

@@ -1,6 +1,6 @@
 """Float64 transcriptions of the linear-recurrent layers' equations, from their parameters (no attnkit code).
 
-The recurrence is :func:`tests.functional.linear.cases.oracle` (token by token, explicit matrices).
+The recurrence is :func:`tests.functional.recurrences.cases.oracle` (token by token, explicit matrices).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tests.functional.linear.cases import oracle
+from tests.functional.recurrences.cases import oracle
 
 __all__ = ["oracle", "heads", "merge", "causal_conv", "rms", "unit", "linear", "assert_every_form"]
 

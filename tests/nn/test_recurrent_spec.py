@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnkit.errors import ArgumentError
-from attnkit.functional.linear import FORMS
+from attnkit.functional.recurrences import FORMS
 from attnkit.lab.analysis.cost import cost
 
 from .recurrent_layers import LAYERS

@@ -4,15 +4,18 @@
 and returns this rank's shard of the output; ``shard`` and ``gather`` move between
 the full tensor and the shards; ``count_bytes`` measures what the schemes send.
 ``recurrence(q, k, v, g, beta, ...)`` runs the linear recurrences of
-:mod:`attnkit.functional.linear` (decays, gates, the delta rule) on shards, and
-``decay_linear.sequence_parallel(layer, x)`` the layers built on them. See docs/DISTRIBUTED.md.
+:mod:`attnkit.functional.recurrences` (decays, gates, the delta rule) on shards, and
+``recurrences.sequence_parallel(layer, x)`` the layers built on them (``decay_linear`` is the old name of
+``recurrences``, kept for one release). See docs/DISTRIBUTED.md.
 """
 
-from . import decay_linear
+from . import recurrences
 from .api import DECODE_SCHEMES, SCHEMES, attention
 from .comm import count_bytes
-from .decay_linear import recurrence
 from .layouts import LAYOUTS, gather, shard
+from .recurrences import recurrence
 
-__all__ = ["attention", "recurrence", "decay_linear", "shard", "gather", "count_bytes", "SCHEMES", "DECODE_SCHEMES",
-           "LAYOUTS"]
+decay_linear = recurrences  # the module's old name, kept for one release
+
+__all__ = ["attention", "recurrence", "recurrences", "decay_linear", "shard", "gather", "count_bytes", "SCHEMES",
+           "DECODE_SCHEMES", "LAYOUTS"]

@@ -3,7 +3,7 @@
 :class:`attnkit.nn.MultiHeadAttention` computes the function of ``torch.nn.MultiheadAttention``
 with the same parameters and state_dict keys, inside torch's ``Transformer*`` layers too
 (their fused eval path is declined and nested inputs are accepted, see
-:mod:`attnkit.nn.torch_layers`). :func:`replace_attention` puts it in place of every torch
+:mod:`attnkit.integrations.torch_layers`). :func:`replace_attention` puts it in place of every torch
 module of a model, optionally AND-ing an attnkit mask into every call (a sliding window
 turns a dense model into a local one; block-sparse kernels then skip the empty blocks).
 """

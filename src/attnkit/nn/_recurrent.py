@@ -3,7 +3,7 @@
 Each layer (:mod:`.retnet`, :mod:`.gla`, :mod:`.mamba2`, :mod:`.deltanet`, :mod:`.gated_deltanet`,
 :mod:`.kimi_delta`) only says how it turns ``x`` into the recurrence's inputs (``_mix``) and the
 recurrence's output into ``y`` (``_finish``); :class:`RecurrentLayer` runs the recurrence of
-:mod:`attnkit.functional.linear` in the form asked for, keeps the cache, and makes padded
+:mod:`attnkit.functional.recurrences` in the form asked for, keeps the cache, and makes padded
 positions inert: they neither write to nor decay the state, and the short convolution reads
 zeros there, so a left-padded sequence gives at its real positions what it gives unpadded.
 """
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import DTypeError, ShapeError, UnsupportedFeature, check_int
-from ..functional.linear.forms import linear_recurrence
+from ..functional.recurrences.forms import linear_recurrence
 from ._inputs import check_keep_mask, check_sequence
 
 __all__ = ["RecurrentCache", "RecurrentLayer", "DeltaRuleLayer", "Mixed", "ShortConvolution", "GatedRMSNorm",
@@ -146,7 +146,7 @@ def copy_weights(pairs) -> None:
 
 
 class Mixed(NamedTuple):
-    """A layer's recurrence inputs (see :func:`attnkit.functional.linear.forms.linear_recurrence`) and what its
+    """A layer's recurrence inputs (see :func:`attnkit.functional.recurrences.forms.linear_recurrence`) and what its
     output side needs (``rest``)."""
 
     q: torch.Tensor  # (B, Hk, L, Dk)

@@ -27,7 +27,7 @@ from torch import nn
 
 from ..costing.spec import Spec
 from ..costing.tally import Tally, dtype_of, randn
-from ..functional.linear.checks import FORMS, check_form
+from ..functional.recurrences.checks import FORMS, check_form
 
 __all__ = ["RECURRENT_SIZES", "RECURRENT_FORMULA", "recurrent_spec", "count_recurrence"]
 
@@ -39,7 +39,7 @@ RECURRENT_FORMULA = ("projections 2 B L (sum of in x out); convolution 2 B L cha
 
 def count_recurrence(t: Tally, form: str, heads: int, n: int, dk: int, dv: int, *, chunk: int, delta: bool,
                      learned_decay: bool = True) -> None:
-    """The products of :func:`attnkit.functional.linear.forms.linear_recurrence` over ``heads`` (batch x value
+    """The products of :func:`attnkit.functional.recurrences.forms.linear_recurrence` over ``heads`` (batch x value
     heads) sequences of ``n`` tokens, entered from a zero state, the final state unused.
 
     ``learned_decay``: the log decays need a gradient (learned or input-dependent gates), so the

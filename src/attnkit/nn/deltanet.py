@@ -26,7 +26,7 @@ class DeltaNet(DeltaRuleLayer):
         S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T q_t
         y = RMSNorm(o) W_O          (per head)
 
-    the recurrence :func:`attnkit.functional.linear.delta_rule`, in the form asked for. Notation:
+    the recurrence :func:`attnkit.functional.recurrences.delta_rule`, in the form asked for. Notation:
     ``W_Q, W_K, W_V, W_beta, W_O`` = ``q_proj, k_proj, v_proj, b_proj, out_proj``; ``conv1d`` one
     depthwise convolution over the ``3 dim`` channels; the norm = ``norm``.
 

@@ -141,7 +141,7 @@ class DifferentialAttention(nn.Module):
     @classmethod
     def from_transformers(cls, layer) -> DifferentialAttention:
         """The equivalent module of a transformers DiffLlama attention layer (weights, lambdas, rotary copied)."""
-        from .transformers_layers import differential_from_transformers
+        from ..integrations.transformers_layers import differential_from_transformers
 
         return differential_from_transformers(cls, layer)
 

@@ -35,7 +35,7 @@ class GatedDeltaNet(DeltaRuleLayer):
         S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T q_t
         y = (RMSNorm(o) * silu(x W_G)) W_O          (per head)
 
-    the recurrence :func:`attnkit.functional.linear.gated_delta_rule`, in the form asked for. Value
+    the recurrence :func:`attnkit.functional.recurrences.gated_delta_rule`, in the form asked for. Value
     heads may outnumber key heads (``num_key_heads``): each q/k head serves ``num_heads /
     num_key_heads`` consecutive value heads, as Qwen3-Next. Notation: ``W_Q, W_K, W_V, W_a, W_b, W_G,
     W_O`` = ``q_proj, k_proj, v_proj, a_proj, b_proj, g_proj, out_proj``; ``conv1d`` one depthwise

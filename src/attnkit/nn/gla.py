@@ -25,7 +25,7 @@ class GatedLinearAttention(RecurrentLayer):
         alpha_t = sigmoid(x_t W_a1 W_a2 + b_a)^(1 / tau)     (W_a1: d x 16, tau = 16)
         r_t = swish(x_t W_r + b_r),   y_t = (r_t * LN(o_t)) W_O
 
-    per head, computed by :func:`attnkit.functional.linear.gated_linear_attention` in the form asked
+    per head, computed by :func:`attnkit.functional.recurrences.gated_linear_attention` in the form asked
     for. Notation: ``W_Q, W_K, W_V`` = ``q_proj, k_proj, v_proj`` (keys ``expand_k`` = 1/2 and values
     ``expand_v`` = 1 times ``dim`` wide, as the paper); ``W_a1, W_a2, b_a`` = ``gate_down``,
     ``gate_up``; ``W_r, b_r`` = ``r_proj``; ``W_O`` = ``out_proj``; the LN = ``norm``.

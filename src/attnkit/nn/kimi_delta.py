@@ -36,7 +36,7 @@ class KimiDeltaAttention(DeltaRuleLayer):
         S_t = (I - beta_t k_t k_t^T) Diag(alpha_t) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T q_t
         y = (RMSNorm(o) * sigmoid(x W_ga W_gb)) W_O          (per head)
 
-    the recurrence :func:`attnkit.functional.linear.kimi_delta_attention`, in the form asked for.
+    the recurrence :func:`attnkit.functional.recurrences.kimi_delta_attention`, in the form asked for.
     Notation: ``W_Q, W_K, W_V, W_fa, W_fb, W_b, W_ga, W_gb, W_O`` = ``q_proj, k_proj, v_proj, f_a_proj,
     f_b_proj, b_proj, g_a_proj, g_b_proj, out_proj`` (the low ranks are the head width); ``A_log`` one
     per head, ``dt_bias`` one per channel; the norm = ``norm``.

@@ -167,7 +167,7 @@ class MultiHeadLatentAttention(nn.Module):
         ``module(x)`` then equals the layer on ``x`` at positions ``0 ..`` with a causal mask
         (rotary pairing, YaRN scaling and the softmax scale read from the layer's config).
         """
-        from .transformers_layers import latent_from_transformers
+        from ..integrations.transformers_layers import latent_from_transformers
 
         return latent_from_transformers(cls, layer)
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from ..entry import Entry, register
 from ..errors import ShapeError, check_int
-from ..functional.linear.ssd import ssd_inputs
+from ..functional.recurrences.ssd import ssd_inputs
 from ._recurrent import GatedRMSNorm, Mixed, RecurrentLayer, ShortConvolution, decay_parameters, example
 from ._recurrent_spec import recurrent_spec
 from .linear import merge_heads, split_heads
@@ -24,7 +24,7 @@ class Mamba2Mixer(RecurrentLayer):
         [z, x, B, C, dt] = u W_in                      (one projection, in parallel)
         [x, B, C] = silu(conv1d([x, B, C]))            (depthwise causal, kernel 4)
         dt = softplus(dt + dt_bias),  A = -exp(A_log)
-        y = SSD(x, dt, A, B, C) + D x                  (:func:`attnkit.functional.linear.ssd`)
+        y = SSD(x, dt, A, B, C) + D x                  (:func:`attnkit.functional.recurrences.ssd`)
         out = RMSNorm(y * silu(z)) W_out               (the norm over groups of d_inner / G features)
 
     Notation: ``W_in`` = ``in_proj`` (outputs in the order z, x, B, C, dt, as Mamba's code and

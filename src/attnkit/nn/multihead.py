@@ -14,8 +14,8 @@ from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of, randn
 from ..entry import Entry, register
 from ..errors import ArgumentError, DTypeError, ShapeError
+from ..integrations import torch_compat, torch_layers
 from ..masks.base import Mask
-from . import torch_compat, torch_layers
 from ._inputs import check_shape
 from .gated import OutputGate, QKNorm
 from .kv_cache import CAUSAL, KVCache
@@ -379,7 +379,7 @@ class MultiHeadAttention(nn.Module):
         ``x`` at positions ``0 ..`` with a causal mask. Layers whose heads do not fill ``hidden_size``,
         or with another softmax scale, raise ArgumentError.
         """
-        from .transformers_layers import multihead_from_transformers
+        from ..integrations.transformers_layers import multihead_from_transformers
 
         return multihead_from_transformers(cls, layer)
 

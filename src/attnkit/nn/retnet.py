@@ -27,7 +27,7 @@ class RetNetRetention(RecurrentLayer):
         gamma_h = 1 - 2^(-5 - h);   Y = GroupNorm_h(Concat(head_1 .. head_H))
         MSR(X) = (swish(X W_G) * Y) W_O
 
-    computed by :func:`attnkit.functional.linear.retention`'s recurrence in the form asked for
+    computed by :func:`attnkit.functional.recurrences.retention`'s recurrence in the form asked for
     (``forward(x, form=...)``: "chunk", "parallel" or "recurrent"). Notation: ``W_Q, W_K, W_V, W_G,
     W_O`` = ``q_proj, k_proj, v_proj, g_proj, out_proj``; ``Theta`` = :class:`RotaryEmbedding` (pairs
     of adjacent features); ``gamma`` = ``exp(log_decay)``; the GroupNorm = ``norm``.

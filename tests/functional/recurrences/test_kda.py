@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnkit.functional.linear import FORMS, gated_delta_rule, kimi_delta_attention
+from attnkit.functional.recurrences import FORMS, gated_delta_rule, kimi_delta_attention
 
 pytest.importorskip("transformers")
 from transformers.models.kimi_linear import modeling_kimi_linear as kimi

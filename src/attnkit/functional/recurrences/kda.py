@@ -19,12 +19,12 @@ def kimi_delta_attention(q, k, v, g, beta, *, scale=None, normalize_qk: bool = F
 
     with ``alpha_t = exp(g_t)`` ``(Dk,)``: Gated DeltaNet's scalar gate made per channel, as GLA's.
     The block terms use the decayed products ``sum_d k_id k_jd exp(seg_ijd)`` (see
-    :mod:`attnkit.functional.linear.local`).
+    :mod:`attnkit.functional.recurrences.local`).
 
     Differences from the paper: none (``normalize_qk`` and ``scale`` as :func:`delta_rule`). The
     chunk form holds ``c x c x Dk`` decays per block, hence the small default ``chunk_size``.
 
-    Shapes: as :func:`attnkit.functional.linear.delta_rule`, with ``g`` ``(B, H, L, Dk)``. Matches
+    Shapes: as :func:`attnkit.functional.recurrences.delta_rule`, with ``g`` ``(B, H, L, Dk)``. Matches
     transformers' ``chunk_kimi_delta_attention`` after moving its ``(B, L, H, D)`` tensors to
     ``(B, H, L, D)``.
 

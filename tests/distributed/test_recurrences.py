@@ -1,7 +1,7 @@
 """Linear recurrences (decays, gates, the delta rule) and the layers built on them across ranks, against one process.
 
 Each rank builds the same float64 inputs, computes the one-process answer (outputs, final state and
-gradients of a loss on both), runs distributed/decay_linear.py on its shard with the same loss
+gradients of a loss on both), runs distributed/recurrences.py on its shard with the same loss
 restricted to it (the final-state term on rank 0 only) and reports the largest differences; the
 parent asserts them (1e-12), with parameter and initial-state gradients summed over ranks.
 """
@@ -16,9 +16,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from attnkit.distributed import count_bytes, recurrence, shard
-from attnkit.distributed.decay_linear import sequence_parallel
+from attnkit.distributed.recurrences import sequence_parallel
 from attnkit.errors import AttnkitError, DTypeError
-from attnkit.functional.linear.forms import linear_recurrence
+from attnkit.functional.recurrences.forms import linear_recurrence
 from tests.nn.recurrent_layers import LAYERS
 
 from . import spawn

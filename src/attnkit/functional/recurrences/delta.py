@@ -33,7 +33,7 @@ def delta_rule(q, k, v, beta, *, scale=None, normalize_qk: bool = False, form: s
     L2 norms, as the paper's model does: with ``|k| = 1`` and ``0 <= beta <= 1`` the transition's
     eigenvalues stay in [0, 1]); q is scaled by ``scale`` (``Dk^-1/2`` by default).
 
-    Shapes: as :func:`attnkit.functional.linear.retention`, with ``beta`` ``(B, H, L)``.
+    Shapes: as :func:`attnkit.functional.recurrences.retention`, with ``beta`` ``(B, H, L)``.
 
     Complexity: parallel O(L^2 (Dk + Dv) + L^3) (the triangular solve); chunk O(L c (c + Dk + Dv) +
     L Dk Dv); recurrent O(L Dk Dv).
@@ -43,7 +43,7 @@ def delta_rule(q, k, v, beta, *, scale=None, normalize_qk: bool = False, form: s
         beta: writing strength per token and head (in [0, 1] in the paper: a sigmoid).
         scale: multiplies q after the normalisation (default ``Dk ** -0.5``).
         normalize_qk: L2-normalise q and k first.
-        form, chunk_size, initial_state, cu_seqlens: as :func:`attnkit.functional.linear.retention`.
+        form, chunk_size, initial_state, cu_seqlens: as :func:`attnkit.functional.recurrences.retention`.
 
     Example:
         >>> import torch

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from attnkit.errors import ArgumentError, ShapeError
-from attnkit.functional.linear import FORMS, gated_linear_attention, retention
+from attnkit.functional.recurrences import FORMS, gated_linear_attention, retention
 from attnkit.nn.linear import causal_sums
 
 from .cases import qkv

@@ -22,7 +22,7 @@ from .. import masks
 from ..core import _autocast_enabled
 from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError
 from ..masks.base import Mask
-from ._inputs import check_floating
+from ..nn._inputs import check_floating
 
 __all__ = ["ExtraKeys", "check_inputs", "convert_masks", "with_extra_keys", "merge_projection_keys",
            "from_torch", "to_torch"]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from attnkit.functional.linear import (
+from attnkit.functional.recurrences import (
     delta_rule,
     gated_delta_rule,
     gated_linear_attention,

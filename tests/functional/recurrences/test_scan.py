@@ -3,8 +3,8 @@
 import torch
 import torch.nn.functional as F
 
-from attnkit.functional.linear.local import local_terms
-from attnkit.functional.linear.scan import apply_map, pass_states, span_map
+from attnkit.functional.recurrences.local import local_terms
+from attnkit.functional.recurrences.scan import apply_map, pass_states, span_map
 
 
 def _blocks(delta: bool, channel: bool, seed=0):

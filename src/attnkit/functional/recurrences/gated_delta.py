@@ -19,15 +19,15 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, normalize_qk: bool = False
 
     (the paper writes ``S`` as ``(Dv, Dk)``, so ``S_{t-1} (I - beta k k^T)``; here ``(Dk, Dv)``).
     Since ``alpha_t`` is a scalar it commutes with the correction, which reads the decayed state.
-    ``alpha = 1`` is :func:`attnkit.functional.linear.delta_rule`; ``beta = 0`` only decays (Mamba-2).
+    ``alpha = 1`` is :func:`attnkit.functional.recurrences.delta_rule`; ``beta = 0`` only decays (Mamba-2).
 
     Differences from the paper: none (``normalize_qk`` and ``scale`` as :func:`delta_rule`).
 
-    Shapes: as :func:`attnkit.functional.linear.delta_rule`, with ``g`` ``(B, H, L)`` log decays
+    Shapes: as :func:`attnkit.functional.recurrences.delta_rule`, with ``g`` ``(B, H, L)`` log decays
     (<= 0). Matches transformers' ``torch_chunk_gated_delta_rule`` (Qwen3-Next) after moving its
     ``(B, L, H, D)`` tensors to ``(B, H, L, D)``.
 
-    Complexity: as :func:`attnkit.functional.linear.delta_rule`.
+    Complexity: as :func:`attnkit.functional.recurrences.delta_rule`.
 
     Args:
         q, k, v: queries, keys, values.

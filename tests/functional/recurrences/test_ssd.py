@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from attnkit.errors import ShapeError
-from attnkit.functional.linear import FORMS, ssd
+from attnkit.functional.recurrences import FORMS, ssd
 
 TOL = dict(rtol=0, atol=1e-10)
 

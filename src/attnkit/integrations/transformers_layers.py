@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from ..errors import ArgumentError
-from .rope_scaling import scaling_from_transformers
-from .rotary import RotaryEmbedding
+from ..nn.rope_scaling import scaling_from_transformers
+from ..nn.rotary import RotaryEmbedding
 
 __all__ = ["rotary_from_config", "multihead_from_transformers", "latent_from_transformers",
            "differential_from_transformers", "norm_weight", "norm_eps"]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attnkit.errors import ArgumentError, DeviceError, DTypeError, ShapeError
-from attnkit.functional.linear import gated_delta_rule
+from attnkit.functional.recurrences import gated_delta_rule
 
 Q = torch.randn(2, 3, 5, 4)
 V = torch.randn(2, 3, 5, 6)

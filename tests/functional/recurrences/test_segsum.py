@@ -2,7 +2,7 @@
 
 import torch
 
-from attnkit.functional.linear.segsum import decayed_products, segsum
+from attnkit.functional.recurrences.segsum import decayed_products, segsum
 
 
 def test_entries_are_sums_over_their_segments_and_minus_inf_above():

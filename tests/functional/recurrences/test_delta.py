@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attnkit.errors import ShapeError
-from attnkit.functional.linear import FORMS, delta_rule
+from attnkit.functional.recurrences import FORMS, delta_rule
 
 from .cases import qkv
 

@@ -6,7 +6,7 @@ Every run of tokens maps the state it is entered with to the state it leaves wit
                       M = a Dk x Dk matrix                   (delta rule: products of (I - beta k k^T) and decays)
                       N = the state left when entered with zeros
 
-(:func:`attnkit.functional.linear.scan.span_map`). Each rank computes the map of each of its pieces
+(:func:`attnkit.functional.recurrences.scan.span_map`). Each rank computes the map of each of its pieces
 of the sequence (1 piece contiguous, 2 zigzag) from its own tokens, one all-gather hands every rank
 every piece's map (a size that does not depend on L), and each rank folds the maps of the pieces
 before its own onto the initial state: the state each of its pieces is entered with, exactly the
@@ -27,9 +27,9 @@ from __future__ import annotations
 import torch
 
 from ..errors import DTypeError, ShapeError, check_int
-from ..functional.linear.checks import check_qkv, check_state, check_tensor
-from ..functional.linear.forms import blocks, linear_recurrence, prepare, through_blocks
-from ..functional.linear.scan import pass_states, span_map
+from ..functional.recurrences.checks import check_qkv, check_state, check_tensor
+from ..functional.recurrences.forms import blocks, linear_recurrence, prepare, through_blocks
+from ..functional.recurrences.scan import pass_states, span_map
 from ..nn._inputs import check_keep_mask, check_sequence
 from ..nn._recurrent import RecurrentLayer
 from .agreement import Field, checked, layer_fields, size, text_of, tracked
@@ -42,9 +42,9 @@ __all__ = ["recurrence", "sequence_parallel"]
 
 def recurrence(q, k, v, g, beta=None, *, scale=None, normalize_qk: bool = False, initial_state=None,
                chunk_size: int = 64, layout: str = "contiguous", group=None):
-    """This rank's shard of :func:`attnkit.functional.linear.forms.linear_recurrence` over the whole sequence.
+    """This rank's shard of :func:`attnkit.functional.recurrences.forms.linear_recurrence` over the whole sequence.
 
-    The generic recurrence every function of :mod:`attnkit.functional.linear` runs: ``g`` ``(B, H, L/W, 1)``
+    The generic recurrence every function of :mod:`attnkit.functional.recurrences` runs: ``g`` ``(B, H, L/W, 1)``
     (a log decay per head, as ``retention``, ``ssd``, ``gated_delta_rule``) or ``(B, H, L/W, Dk)`` (per
     key channel, as ``gated_linear_attention``, ``kimi_delta_attention``), zeros for none (``delta_rule``);
     ``beta`` ``(B, H, L/W)`` for the delta rule, None without. ``q, k`` ``(B, Hk, L/W, Dk)``, ``v`` ``(B, H,
@@ -147,7 +147,7 @@ def sequence_parallel(layer, x, *, key_keep_mask=None, layout: str = "contiguous
         raise DTypeError(f"sequence_parallel takes a linear-recurrent layer (RetNetRetention, GatedLinearAttention, "
                          f"Mamba2Mixer, DeltaNet, GatedDeltaNet, KimiDeltaAttention); got {type(layer).__name__}")
     comm = Comm(group)
-    keep = checked(comm, "attnkit.distributed.decay_linear.sequence_parallel",
+    keep = checked(comm, "attnkit.distributed.recurrences.sequence_parallel",
                    lambda: _check_layer_call(layer, x, key_keep_mask, layout, comm.world),
                    layer_fields(layer, x, key_keep_mask, layout), device=getattr(x, "device", None))
     if x.shape[1] == 0:  # as one process: an empty sequence has an empty output, and no rank has anything to send

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnkit.functional.linear import FORMS, delta_rule, gated_delta_rule
+from attnkit.functional.recurrences import FORMS, delta_rule, gated_delta_rule
 
 pytest.importorskip("transformers")
 from transformers.models.qwen3_next import modeling_qwen3_next as qwen

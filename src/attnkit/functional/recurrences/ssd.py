@@ -20,7 +20,7 @@ def ssd(x, dt, A, B, C, *, D=None, form: str = "chunk", chunk_size: int = 64, in
         Y = (L * C B^T) (dt X) + D X,      L = exp(segsum(dt A))   (L_ij = exp(dt_{j+1} A + ... + dt_i A), j <= i)
 
     so it runs as a decayed linear attention with queries C, keys B, values ``dt x`` and log
-    decay ``dt A``, no scaling (:mod:`attnkit.functional.linear.forms`).
+    decay ``dt A``, no scaling (:mod:`attnkit.functional.recurrences.forms`).
 
     Differences from the paper: none. The state is ``(N, P)`` per head (Mamba's code keeps it
     ``(P, N)``: transpose to exchange it).
@@ -28,7 +28,7 @@ def ssd(x, dt, A, B, C, *, D=None, form: str = "chunk", chunk_size: int = 64, in
     Shapes: ``x`` ``(B, H, L, P)``, ``dt`` ``(B, H, L)`` (after the softplus: > 0), ``A`` ``(H,)`` (< 0),
     ``B, C`` ``(B, G, L, N)`` (G groups; head h reads group ``h // (H / G)``), ``D`` ``(H,)`` ->
     ``(y (B, H, L, P), final state (N_docs, H, N, P))``; packed documents as
-    :func:`attnkit.functional.linear.retention`.
+    :func:`attnkit.functional.recurrences.retention`.
 
     Complexity: parallel O(L^2 (N + P)); chunk O(L c (N + P) + L N P); recurrent O(L N P).
 
@@ -38,7 +38,7 @@ def ssd(x, dt, A, B, C, *, D=None, form: str = "chunk", chunk_size: int = 64, in
         A: decay rate per head.
         B, C: input and output projections of the state (keys and queries).
         D: skip connection per head (none if None).
-        form, chunk_size, initial_state, cu_seqlens: as :func:`attnkit.functional.linear.retention`.
+        form, chunk_size, initial_state, cu_seqlens: as :func:`attnkit.functional.recurrences.retention`.
 
     Example:
         >>> import torch

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnkit.functional.linear import FORMS, gated_delta_rule, retention
+from attnkit.functional.recurrences import FORMS, gated_delta_rule, retention
 
 from .cases import NAMES, make
 
@@ -150,7 +150,7 @@ def test_the_chunk_form_keeps_memory_linear_in_the_length(name):
 
 
 def test_the_oracle_comparison_catches_a_scan_that_forgets_the_decay(monkeypatch):
-    from attnkit.functional.linear import forms, scan
+    from attnkit.functional.recurrences import forms, scan
 
     def no_decay(initial, blocks):
         return scan.pass_states(initial, blocks._replace(decay=torch.ones_like(blocks.decay)))

@@ -6,7 +6,7 @@ over the ``C = L / c`` blocks, each step ``O(c Dk Dv)``), returning the state ea
 with, the values it wrote and the last state. :func:`span_map` folds a run of blocks into one map
 ``S -> M S + N``: the scan itself, run on the augmented state ``[I | 0]`` (``Dk x (Dk + Dv)``), which
 the maps carry to ``[M | N]`` because they are affine. Sequence parallelism sends those maps, whose
-size does not depend on the length (:mod:`attnkit.distributed.decay_linear`).
+size does not depend on the length (:mod:`attnkit.distributed.recurrences`).
 """
 
 from __future__ import annotations
