@@ -7,9 +7,9 @@ from torch import nn
 
 from ..entry import Entry, register
 from ..errors import ShapeError, check_int
+from ._heads import merge_heads, split_heads
 from ._recurrent import DeltaRuleLayer, GatedRMSNorm, Mixed, ShortConvolution, example
 from ._recurrent_spec import recurrent_spec
-from .linear import merge_heads, split_heads
 
 __all__ = ["DeltaNet"]
 

@@ -7,6 +7,7 @@ from torch import nn
 
 from ..entry import Entry, register
 from ..errors import check_int
+from ._heads import merge_heads, split_heads
 from ._recurrent import (
     DeltaRuleLayer,
     GatedRMSNorm,
@@ -19,7 +20,6 @@ from ._recurrent import (
     transformers_layer,
 )
 from ._recurrent_spec import recurrent_spec
-from .linear import merge_heads, split_heads
 
 __all__ = ["KimiDeltaAttention"]
 

@@ -10,9 +10,9 @@ from ..costing.spec import Spec
 from ..costing.tally import dtype_of
 from ..entry import Entry, register
 from ..errors import ArgumentError, ShapeError, check_int
+from ._heads import merge_heads, split_heads
 from ._inputs import check_sequence
 from ._projections import sequence_input
-from .linear import merge_heads, split_heads
 
 __all__ = ["LambdaLayer"]
 

@@ -24,14 +24,6 @@ from .padding import clear_padding
 __all__ = ["LinearAttention", "PerformerAttention", "orthogonal_random_features"]
 
 
-def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    return x.unflatten(-1, (heads, -1)).transpose(1, 2)  # (b, n, h*d) -> (b, h, n, d)
-
-
-def merge_heads(x: torch.Tensor) -> torch.Tensor:
-    return x.transpose(1, 2).flatten(2)  # (b, h, n, d) -> (b, n, h*d)
-
-
 def accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 

@@ -9,9 +9,9 @@ from torch import nn
 from ..entry import Entry, register
 from ..errors import ShapeError, check_int
 from ..functional.recurrences.ssd import ssd_inputs
+from ._heads import merge_heads, split_heads
 from ._recurrent import GatedRMSNorm, Mixed, RecurrentLayer, ShortConvolution, decay_parameters, example
 from ._recurrent_spec import recurrent_spec
-from .linear import merge_heads, split_heads
 
 __all__ = ["Mamba2Mixer"]
 

@@ -12,8 +12,8 @@ from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of, randn
 from ..entry import Entry, register
 from ..errors import ArgumentError
+from ._heads import merge_heads, split_heads
 from ._inputs import check_keep_mask, check_sequence
-from .linear import merge_heads, split_heads
 from .padding import clear_padding
 
 __all__ = ["PerceiverAttention", "PerceiverEncoder"]

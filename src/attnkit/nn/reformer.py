@@ -12,9 +12,9 @@ from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of, ones, zeros
 from ..entry import Entry, register
 from ..errors import ArgumentError, ShapeError
+from ._heads import merge_heads, split_heads
 from ._inputs import check_keep_mask, check_sequence
 from ._projections import sequence_input
-from .linear import merge_heads, split_heads
 from .padding import clear_padding
 
 __all__ = ["LSHAttention", "ReformerAttention", "bucket_order"]
