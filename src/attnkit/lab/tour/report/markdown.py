@@ -16,7 +16,7 @@ __all__ = ["write_markdown", "run_info", "task_lines", "descriptions", "extra_ro
 
 
 def descriptions() -> dict[str, str]:
-    """Experiment key -> description, from ``attnkit.tour.experiments()`` (empty if it cannot be loaded)."""
+    """Experiment key -> description, from ``attnkit.lab.tour.experiments()`` (empty if it cannot be loaded)."""
     from ..runner import api
 
     try:
