@@ -4,7 +4,8 @@ The workbench (tour, tasks, analysis, viz, the benchmarking code, the command li
 :mod:`attnkit.lab`; the mask machinery of ``attnkit.functional`` moved into the package
 :mod:`attnkit.masks`; the recurrences with decays and the delta rule are ``recurrences`` (not
 ``linear``, the Performer's word); the adapters to torch and transformers moved from ``attnkit.nn``
-to :mod:`attnkit.integrations`. An import of an old path, ``import attnkit.viz.maps`` or
+to :mod:`attnkit.integrations`; the registry is one package, :mod:`attnkit.registry` (``entry.py`` and
+``catalog.py`` are its ``entry`` and ``core_entries``). An import of an old path, ``import attnkit.viz.maps`` or
 ``from attnkit.tour import catalogue``, warns once and gives the module at its new path: the same
 object, never a second copy (``attnkit.viz.maps is attnkit.lab.viz.maps``). The finder is first on
 ``sys.meta_path`` and answers only the names in :data:`MOVED` and below them.
@@ -45,6 +46,8 @@ MOVED = {
     "attnkit.nn.torch_compat": "attnkit.integrations.torch_compat",
     "attnkit.nn.torch_layers": "attnkit.integrations.torch_layers",
     "attnkit.nn.transformers_layers": "attnkit.integrations.transformers_layers",
+    "attnkit.entry": "attnkit.registry.entry",
+    "attnkit.catalog": "attnkit.registry.core_entries",
 }
 """Old module path -> new path (a package's submodules follow it)."""
 

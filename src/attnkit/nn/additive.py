@@ -15,9 +15,9 @@ from ..core import attention
 from ..costing.attend import attend
 from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of, randn
-from ..entry import Entry, register
 from ..errors import ArgumentError
 from ..functional.validate import validate
+from ..registry.entry import Entry, register
 from ._inputs import check_memory, check_sequence
 from .additive_scores import DEFAULT_MAX_ELEMENTS, additive_scores
 from .padding import clear_padding

@@ -7,8 +7,8 @@ import torch
 from ..core import attention
 from ..costing.attend import attend, projections
 from ..costing.tally import dtype_of
-from ..entry import Entry, register
 from ..errors import ArgumentError, DTypeError, check_int
+from ..registry.entry import Entry, register
 from ._projections import ProjectedAttention, projected_spec
 from .blocksparse import BlockPattern
 

@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from ..core import attention
 from ..costing.attend import ATTENTION_FORMULA, projections
 from ..costing.tally import dtype_of
-from ..entry import Entry, register
 from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 from ..masks.base import Mask
+from ..registry.entry import Entry, register
 from ._projections import ProjectedAttention, count_self_attention, projected_spec
 
 __all__ = ["BlockPattern", "BlockSparseAttention"]

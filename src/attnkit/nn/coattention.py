@@ -10,8 +10,8 @@ from torch import nn
 from ..core import attention
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
-from ..entry import Entry, register
 from ..errors import ArgumentError
+from ..registry.entry import Entry, register
 from ._inputs import check_keep_mask, check_sequence
 from .pooling import count_pool
 

@@ -11,8 +11,8 @@ from ..core import attention
 from ..costing.attend import attend
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
-from ..entry import Entry, register
 from ..errors import ArgumentError
+from ..registry.entry import Entry, register
 from ._inputs import check_key_mask, check_sequence, check_shape
 
 __all__ = ["DerivedKeyAttention", "DerivedKeyOutput"]

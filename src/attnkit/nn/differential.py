@@ -12,8 +12,8 @@ from ..core import attention
 from ..costing.attend import attend, kv_cache
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
-from ..entry import Entry, register
 from ..errors import ArgumentError, ShapeError, check_int
+from ..registry.entry import Entry, register
 from .kv_cache import KVCache, check_step, decoding_mask
 from .rotary import RotaryEmbedding, rotary_for
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..entry import Entry, register
 from ..errors import ShapeError, check_int
+from ..registry.entry import Entry, register
 from ._heads import merge_heads, split_heads
 from ._recurrent import (
     DeltaRuleLayer,

@@ -8,8 +8,8 @@ from torch import nn
 
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of
-from ..entry import Entry, register
 from ..errors import ArgumentError, ShapeError, check_int
+from ..registry.entry import Entry, register
 from ._heads import merge_heads, split_heads
 from ._inputs import check_sequence
 from ._projections import sequence_input

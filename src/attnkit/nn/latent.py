@@ -10,8 +10,8 @@ from ..core import attention
 from ..costing.attend import attend
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
-from ..entry import Entry, register
 from ..errors import ArgumentError, check_int
+from ..registry.entry import Entry, register
 from .kv_cache import LatentCache, check_step, decoding_mask
 from .rotary import RotaryEmbedding, rotary_for
 

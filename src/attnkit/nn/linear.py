@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from ..costing.attend import projections
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of
-from ..entry import Entry, register
 from ..errors import ArgumentError, check_int
+from ..registry.entry import Entry, register
 from ._inputs import check_keep_mask
 from ._projections import ProjectedAttention, sequence_input
 from .padding import clear_padding

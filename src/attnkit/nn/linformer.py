@@ -9,8 +9,8 @@ from ..core import attention
 from ..costing.attend import ATTENTION_FORMULA, attend, projections
 from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of
-from ..entry import Entry, register
 from ..errors import ArgumentError, ShapeError
+from ..registry.entry import Entry, register
 from ._inputs import check_keep_mask
 from ._projections import ProjectedAttention, sequence_input
 from .padding import clear_padding

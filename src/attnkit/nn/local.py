@@ -7,8 +7,8 @@ import torch
 from .. import masks
 from ..core import attention
 from ..costing.attend import ATTENTION_FORMULA, projections
-from ..entry import Entry, register
 from ..errors import ArgumentError, check_int
+from ..registry.entry import Entry, register
 from ._projections import ProjectedAttention, count_self_attention, projected_spec
 
 __all__ = ["LocalAttention"]

@@ -10,9 +10,9 @@ from .. import masks
 from ..core import attention
 from ..costing.attend import attend, projections
 from ..costing.tally import dtype_of
-from ..entry import Entry, register
 from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 from ..masks.base import Mask
+from ..registry.entry import Entry, register
 from ._projections import ProjectedAttention, count_self_attention, projected_spec, sequence_input
 
 __all__ = ["LongformerAttention", "GlobalKeys"]

@@ -10,9 +10,9 @@ from torch import nn
 from .. import recording
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of
-from ..entry import Entry, register
 from ..errors import ArgumentError, ShapeError, check_int
 from ..functional.normalize import softmax
+from ..registry.entry import Entry, register
 from ._inputs import check_memory, check_sequence
 from .additive import (
     ADDITIVE_SIZES,

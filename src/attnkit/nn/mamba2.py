@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..entry import Entry, register
 from ..errors import ShapeError, check_int
 from ..functional.recurrences.ssd import ssd_inputs
+from ..registry.entry import Entry, register
 from ._heads import merge_heads, split_heads
 from ._recurrent import GatedRMSNorm, Mixed, RecurrentLayer, ShortConvolution, decay_parameters, example
 from ._recurrent_spec import recurrent_spec

@@ -12,8 +12,8 @@ from ..core import attention
 from ..costing.attend import attend
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, ones, randn, zeros
-from ..entry import Entry, register
 from ..errors import check_int
+from ..registry.entry import Entry, register
 from ._inputs import check_keep_mask, check_sequence, check_shape
 from .pooling import POOL_SCORES
 

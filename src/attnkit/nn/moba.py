@@ -8,8 +8,8 @@ from .. import masks
 from ..core import attention
 from ..costing.attend import attend, projections
 from ..costing.tally import dropout_of, dtype_of
-from ..entry import Entry, register
 from ..errors import check_int
+from ..registry.entry import Entry, register
 from ._projections import ProjectedAttention, projected_spec, sequence_input
 
 __all__ = ["MoBA", "moba_blocks"]

@@ -12,10 +12,10 @@ from ..core import attention
 from ..costing.attend import ATTENTION_FORMULA, ATTENTION_SIZES, attend, attention_inputs, derive_lengths, kv_cache
 from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of, randn
-from ..entry import Entry, register
 from ..errors import ArgumentError, DTypeError, ShapeError
 from ..integrations import torch_compat, torch_layers
 from ..masks.base import Mask
+from ..registry.entry import Entry, register
 from ._inputs import check_shape
 from .gated import OutputGate, QKNorm
 from .kv_cache import CAUSAL, KVCache

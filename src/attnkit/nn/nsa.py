@@ -13,9 +13,9 @@ from ..core import attention
 from ..costing.attend import attend
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
-from ..entry import Entry, register
 from ..errors import ArgumentError, ShapeError, check_int
 from ..masks.base import Mask
+from ..registry.entry import Entry, register
 from ._inputs import check_sequence
 
 __all__ = ["NativeSparseAttention", "nsa_blocks"]

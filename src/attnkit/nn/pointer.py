@@ -8,9 +8,9 @@ from torch import nn
 from .. import recording
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
-from ..entry import Entry, register
 from ..functional.normalize import softmax
 from ..functional.scores import additive
+from ..registry.entry import Entry, register
 from ._inputs import check_key_mask, check_sequence, check_shape
 
 __all__ = ["PointerAttention"]

@@ -18,8 +18,8 @@ from ..core import attention
 from ..costing.attend import attention_spec
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
-from ..entry import Entry, register
 from ..errors import ArgumentError, ShapeError
+from ..registry.entry import Entry, register
 from ._inputs import check_sequence
 from .rotary import RotaryEmbedding, angle_dtype, check_base, check_dim, check_offset
 

@@ -10,8 +10,8 @@ from ..core import attention
 from ..costing.attend import attend, projections
 from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of, ones, zeros
-from ..entry import Entry, register
 from ..errors import ArgumentError, ShapeError
+from ..registry.entry import Entry, register
 from ._heads import merge_heads, split_heads
 from ._inputs import check_keep_mask, check_sequence
 from ._projections import sequence_input

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..entry import Entry, register
 from ..errors import ShapeError, check_int
+from ..registry.entry import Entry, register
 from ._heads import merge_heads, split_heads
 from ._recurrent import Mixed, RecurrentLayer, example
 from ._recurrent_spec import recurrent_spec

@@ -13,9 +13,9 @@ from ..core import attention
 from ..costing.attend import attend
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, ones, randn, zeros
-from ..entry import Entry, register
 from ..errors import ArgumentError, DTypeError
 from ..functional.normalize import softmax
+from ..registry.entry import Entry, register
 from ._inputs import check_keep_mask, check_sequence, check_shape
 from .pooling import POOL_SCORES, AttentionPooling, count_mean
 

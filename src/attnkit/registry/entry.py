@@ -4,7 +4,7 @@ Entries are explicit (no import-time scanning): a mechanism's file registers one
 ``Entry(..., spec=Spec(...))`` beside its code, the spec (:mod:`attnkit.costing`) saying
 how to count its cost; an entry without a spec is refused. This module imports no
 mechanism; :mod:`attnkit.registry` (``get``, ``entries``) loads them all through
-:mod:`attnkit.catalog` and reads what they registered.
+:mod:`attnkit.registry.core_entries` and reads what they registered.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .errors import ArgumentError
+from ..errors import ArgumentError
 
 __all__ = ["Entry", "register", "REGISTERED"]
 

@@ -13,11 +13,11 @@ import math
 
 import torch
 
-from . import bias as bias_mod
-from . import masks
-from . import nn as _modules  # noqa: F401  (each mechanism file registers itself on import)
-from .core import attention
-from .costing.attend import attention_spec
+from .. import bias as bias_mod
+from .. import masks
+from .. import nn as _modules  # noqa: F401  (each mechanism file registers itself on import)
+from ..core import attention
+from ..costing.attend import attention_spec
 from .entry import Entry, register
 
 _LONGFORMER = ("Beltagy et al. 2020, arXiv:2004.05150, Sec. 5: window w = 512 in every layer of the pretrained "

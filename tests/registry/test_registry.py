@@ -53,7 +53,7 @@ def test_an_entry_gives_its_name_to_its_spec():
 
 def test_a_mechanism_module_that_registers_an_entry_without_a_spec_fails(tmp_path, monkeypatch):
     (tmp_path / "specless_mechanism.py").write_text(
-        "from attnkit.entry import Entry, register\n"
+        "from attnkit.registry.entry import Entry, register\n"
         "register(Entry('specless', object, 'Nobody 2024', 'O(1)', 'an entry with no cost spec', 'module'))\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ArgumentError, match="registry entry 'specless' has no cost spec"):
@@ -62,9 +62,12 @@ def test_a_mechanism_module_that_registers_an_entry_without_a_spec_fails(tmp_pat
 
 
 def test_registering_imports_no_mechanism_and_the_registry_sees_every_one():
-    """A mechanism's file imports attnkit.entry, which loads no other mechanism; the registry loads them all."""
-    probe = ("import sys, attnkit.entry; before = sorted(m for m in sys.modules if m.startswith("
-             "('attnkit.nn', 'attnkit.catalog', 'attnkit.lab.analysis'))); import attnkit.registry as r; "
+    """A mechanism's file imports attnkit.registry.entry, which loads no other mechanism; the registry loads them all.
+
+    (``get`` and ``entries`` load them on their first call.)
+    """
+    probe = ("import sys, attnkit.registry.entry; before = sorted(m for m in sys.modules if m.startswith("
+             "('attnkit.nn', 'attnkit.registry.core_entries', 'attnkit.lab.analysis'))); import attnkit.registry as r; "
              "print(before, len(r.entries()) > 40)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["[]", "True"], done.stdout + done.stderr
