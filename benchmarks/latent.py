@@ -13,7 +13,7 @@ Rows: one decoding step of :class:`attnkit.nn.MultiHeadLatentAttention` at DeepS
 (ours) against naive (theirs), both after the same prefill of ``L`` tokens; the ratio per interleaved
 round (:func:`attnkit.lab.benchmarking.pairs.measure`). Target: the absorbed step at most as long as the
 naive one at ``L >= 1024``. The cache bytes per token are read from the registry's cost
-(:mod:`attnkit.lab.analysis.cost.kv_cache`), MLA beside MHA, GQA and MQA at the same layer.
+(:mod:`attnkit.costing.kv_cache`), MLA beside MHA, GQA and MQA at the same layer.
 
 Usage: ``python benchmarks/latent.py [--lengths 1024 4096] [--rounds 9] [--write BENCHMARKS.md]``.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from attnkit.lab.analysis.cost.kv_cache import kv_cache_table
+from attnkit.costing.kv_cache import kv_cache_table
 from attnkit.lab.benchmarking.pairs import Pair, measure, table
 from attnkit.lab.benchmarking.sections import write_section
 from attnkit.nn import MultiHeadLatentAttention

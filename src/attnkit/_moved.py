@@ -5,7 +5,10 @@ The workbench (tour, tasks, analysis, viz, the benchmarking code, the command li
 :mod:`attnkit.masks`; the recurrences with decays and the delta rule are ``recurrences`` (not
 ``linear``, the Performer's word); the adapters to torch and transformers moved from ``attnkit.nn``
 to :mod:`attnkit.integrations`; the registry is one package, :mod:`attnkit.registry` (``entry.py`` and
-``catalog.py`` are its ``entry`` and ``core_entries``). An import of an old path, ``import attnkit.viz.maps`` or
+``catalog.py`` are its ``entry`` and ``core_entries``); the analytic cost of ``attnkit.analysis.cost``
+is :mod:`attnkit.costing.analytic`, beside the cost vocabulary (a module now, so its old submodules
+``core`` and ``kv_cache`` are no longer under it: :mod:`attnkit.costing.core_specs`,
+:mod:`attnkit.costing.kv_cache`). An import of an old path, ``import attnkit.viz.maps`` or
 ``from attnkit.tour import catalogue``, warns once and gives the module at its new path: the same
 object, never a second copy (``attnkit.viz.maps is attnkit.lab.viz.maps``). The finder is first on
 ``sys.meta_path`` and answers only the names in :data:`MOVED` and below them.
@@ -48,6 +51,7 @@ MOVED = {
     "attnkit.nn.transformers_layers": "attnkit.integrations.transformers_layers",
     "attnkit.entry": "attnkit.registry.entry",
     "attnkit.catalog": "attnkit.registry.core_entries",
+    "attnkit.analysis.cost": "attnkit.costing.analytic",
 }
 """Old module path -> new path (a package's submodules follow it)."""
 
@@ -55,12 +59,12 @@ MOVED = {
 def new_name(name: str) -> str | None:
     """The new path of ``name`` if it (or a package above it) moved, else None.
 
-    >>> new_name("attnkit.viz.maps"), new_name("attnkit.masks")
-    ('attnkit.lab.viz.maps', None)
+    >>> new_name("attnkit.viz.maps"), new_name("attnkit.analysis.cost"), new_name("attnkit.masks")
+    ('attnkit.lab.viz.maps', 'attnkit.costing.analytic', None)
     """
-    for old, new in MOVED.items():
+    for old in sorted(MOVED, key=len, reverse=True):  # the longest old path that holds the name
         if name == old or name.startswith(old + "."):
-            return new + name[len(old):]
+            return MOVED[old] + name[len(old):]
     return None
 
 

@@ -38,7 +38,7 @@ def test_a_masked_call_too_large_to_decide_is_refused_and_an_unmasked_one_is_pri
 
 
 def test_an_attention_call_keeps_a_kv_cache_of_its_keys_and_values_per_token():
-    from attnkit.lab.analysis.cost import cost
+    from attnkit.costing.analytic import cost
     from attnkit.nn import MultiHeadAttention
 
     mha = MultiHeadAttention(12, 3, num_kv_heads=1, batch_first=True, dtype=torch.float64)

@@ -290,7 +290,7 @@ def test_performer_error_falls_like_one_over_sqrt_of_the_features():
 
 
 def test_a_causal_layer_decodes_from_its_prefix_sums_whatever_the_length():
-    from attnkit.lab.analysis.cost import cost
+    from attnkit.costing.analytic import cost
 
     for length in (7, 70):  # S (d x d) and z (d) per head, in float32 for bfloat16 layers
         lin = cost("linear-attention", batch=2, length=length, dim=12, heads=3, dtype="bfloat16")

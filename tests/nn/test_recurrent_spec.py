@@ -1,15 +1,15 @@
 """The linear-recurrent layers' cost spec: FLOPs in each form, the decoding state a cache really holds.
 
 That the counted FLOPs equal FlopCounterMode's, forward and backward, is checked for every registry
-entry in ``tests/lab/analysis/test_cost.py``; here: the forms, the state and the errors.
+entry in ``tests/costing/test_analytic.py``; here: the forms, the state and the errors.
 """
 
 import pytest
 import torch
 
+from attnkit.costing.analytic import cost
 from attnkit.errors import ArgumentError
 from attnkit.functional.recurrences import FORMS
-from attnkit.lab.analysis.cost import cost
 
 from .recurrent_layers import LAYERS
 

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
+from attnkit.costing.analytic import Cost, cost
 from attnkit.costing.spec import Spec
 from attnkit.errors import ArgumentError
-from attnkit.lab.analysis.cost import Cost, cost
 from attnkit.registry import Entry, entries, get
 
 

@@ -226,7 +226,7 @@ class Spec:
         return self.derive(s) if self.derive else s
 
     def cost(self, sizes: Mapping[str, object], *, backward: bool = False, module=None) -> Cost:
-        """The analytic cost at ``sizes`` (:func:`attnkit.lab.analysis.cost.cost` documents what is counted)."""
+        """The analytic cost at ``sizes`` (:func:`attnkit.costing.analytic.cost` documents what is counted)."""
         s = self.resolve(sizes, module)
         if module is None and self.reads_module:
             long = {k: s[k] for k in self.length if isinstance(s.get(k), int) and s[k] > MODULE_LENGTH_LIMIT}

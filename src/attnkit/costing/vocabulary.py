@@ -1,7 +1,7 @@
 """One vocabulary of problem sizes: ``batch, heads, q_len, kv_len, head_dim``, and the layer they describe.
 
 The command line's ``--batch --heads --q-len --kv-len --head-dim`` and the keywords of
-:func:`attnkit.lab.analysis.cost.cost` are these names. A mechanism that names a size otherwise
+:func:`attnkit.costing.analytic.cost` are these names. A mechanism that names a size otherwise
 (``length`` for a self-attention module's one sequence, ``dim`` or ``embed_dim`` for its model
 width) receives them translated (:meth:`attnkit.costing.spec.Spec.translate`). No torch here: the
 command line reads this module to build its parsers.

@@ -2,7 +2,7 @@
 
 Every path in :mod:`.paths` has a ``cost(p, grad)`` beside its code that returns a
 :class:`PathCost`; the dispatcher's estimate (:func:`attnkit.explain`), ``attnkit
-cost`` and :func:`attnkit.lab.analysis.cost` all read it, so there is one formula per path.
+cost`` and :func:`attnkit.costing.analytic` all read it, so there is one formula per path.
 Matmul FLOPs are counted as ``torch.utils.flop_counter.FlopCounterMode`` counts
 them (``2 m k n`` per ``(m, k) @ (k, n)``; torch's fused kernels by their own formulas).
 """

@@ -12,7 +12,7 @@ applies, one fused multiply-add and ``exp2``); ``dS (1 - T^2)`` is one pass
 (``aten.tanh_backward``, in place); the block temporaries live in one workspace;
 ``cap`` is applied to ``dQ`` and ``dK`` once at the end. (Accumulating with
 ``baddbmm_`` was about 1.5% faster but hides three matmuls from FlopCounterMode,
-which tests/lab/analysis/test_cost.py relies on.) ``dlse`` is the gradient reaching the returned
+which tests/costing/test_analytic.py relies on.) ``dlse`` is the gradient reaching the returned
 log-sum-exp (``d lse / d s = P``). Masked pairs have ``P = 0``; a row with no
 allowed key has ``lse = -inf``, which is replaced by 0 before the subtraction
 (all its ``P`` are masked to 0 anyway).

@@ -1,7 +1,7 @@
 """The registry: every mechanism by name, with its paper, complexity, an example and its cost spec.
 
 :func:`get` and :func:`entries` look mechanisms up; ``attnkit list`` prints the table and
-:func:`attnkit.lab.analysis.cost.cost` reads the specs from it. The registry is one package:
+:func:`attnkit.costing.analytic.cost` reads the specs from it. The registry is one package:
 :mod:`.entry` holds :class:`Entry` and :func:`register`, what a mechanism's file calls beside its
 code (it imports no mechanism, so importing it loads none); :mod:`.core_entries` registers the
 options of :func:`attnkit.attention` and imports every mechanism file, which :func:`get` and

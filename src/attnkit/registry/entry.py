@@ -49,11 +49,11 @@ class Entry:
             object.__setattr__(self, "spec", dataclasses.replace(self.spec, name=self.name))
 
     def cost(self, *, backward: bool = False, **sizes):
-        """The analytic cost of this mechanism, as :func:`attnkit.lab.analysis.cost.cost` gives it.
+        """The analytic cost of this mechanism, as :func:`attnkit.costing.analytic.cost` gives it.
 
         Args:
             backward: include the backward pass in the FLOPs.
-            sizes: the sizes and options :func:`attnkit.lab.analysis.cost.sizes` lists for this
+            sizes: the sizes and options :func:`attnkit.costing.analytic.sizes` lists for this
                 entry, or the vocabulary's (``q_len``, ``heads``, ...); registry-example values
                 by default, the paper's settings once a length is given; other names raise ArgumentError.
 

@@ -14,8 +14,8 @@ import sys
 import pytest
 import torch
 
+from attnkit.costing.analytic import cost
 from attnkit.errors import ArgumentError
-from attnkit.lab.analysis.cost import cost
 from attnkit.lab.analysis.scaling import ScalingRow, ScalingTable
 from attnkit.lab.commands import measure
 

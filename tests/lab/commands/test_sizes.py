@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
+from attnkit.costing.analytic import cost, sizes
 from attnkit.errors import ArgumentError
-from attnkit.lab.analysis.cost import cost, sizes
 from attnkit.lab.commands.sizes import DEFAULTS, add_size_args, mechanism_sizes, title, values
 
 COMMON = {"batch": 2, "heads": 3, "q_len": 50, "kv_len": None, "head_dim": 7}

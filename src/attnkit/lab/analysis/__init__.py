@@ -10,7 +10,7 @@ time and measure side by side with PyTorch (``attnkit bench``; :mod:`attnkit.lab
 builds the benchmark suite's rows on them).
 """
 
-from .cost import Cost, cost, sizes
+from ...costing.analytic import Cost, cost, sizes
 from .model_maps import layer_maps, recording_from_outputs
 from .recorder import AttentionRecorder, RecordedMap
 from .scaling import ScalingTable, fit_exponent, scaling

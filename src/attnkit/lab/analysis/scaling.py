@@ -2,7 +2,7 @@
 
 :func:`scaling` runs every ``(mechanism, L)`` in a fresh child process
 (``python -m attnkit.lab.analysis.scaling``): the child builds the mechanism at length L
-(:func:`attnkit.lab.analysis.cost.build`) on the device, runs one untimed pass (warm-up: mask
+(:func:`attnkit.costing.analytic.build`) on the device, runs one untimed pass (warm-up: mask
 layouts are cached then), times ``repeats`` more (:func:`attnkit.lab.analysis.timing.time_rounds`)
 and reports their median and spread, and the peak memory above its level just before the
 warm-up (:mod:`attnkit.lab.analysis.memory`: resident on the CPU, the allocator's on CUDA).
@@ -150,7 +150,7 @@ def _mechanisms(mechanisms) -> list[Mechanism]:
 
 def _sizes_for(m: Mechanism, common: Mapping[str, object], length: int) -> dict:
     """The mechanism's sizes at length L, checked here (a bad size is an error, not a failed child)."""
-    from .cost import resolve, spec
+    from ...costing.analytic import resolve, spec
 
     sp = spec(m.name)
     sizes = {k: v for k, v in common.items() if k in sp.defaults}
@@ -199,7 +199,7 @@ def scaling(mechanisms: Iterable, lengths: Sequence[int], *, repeats: int = 3, b
         >>> table.series()["dense"][0][0]  # doctest: +SKIP
         64
     """
-    from .cost import spec
+    from ...costing.analytic import spec
 
     rows_in, common = _mechanisms(mechanisms), dict(DEFAULT_SIZES if sizes is None else sizes)
     lengths = tuple(sorted(int(n) for n in lengths))
@@ -226,8 +226,8 @@ def _child(job: dict) -> dict:
     """Runs in the child process: warm-up, ``repeats`` timed passes, peak memory above the start."""
     import torch
 
+    from ...costing.analytic import build
     from ...runtime import retain_freed_memory
-    from .cost import build
     from .memory import peak_bytes, reset_peak
     from .timing import time_rounds
 

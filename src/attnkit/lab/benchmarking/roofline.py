@@ -9,7 +9,7 @@ round times the ceiling's products (best of 3 calls each) and one call of the pa
 interleaved (:func:`attnkit.lab.benchmarking.machine.matmul_rounds`); the row's fraction is, per round,
 the path's FLOPs over its time divided by that round's ceiling (median and range over
 the rounds). The path's FLOPs are its own ``cost(p, grad)``
-(:mod:`attnkit.kernels.path_cost`), counted for the backward as ``attnkit.lab.analysis.cost``
+(:mod:`attnkit.kernels.path_cost`), counted for the backward as ``attnkit.costing.analytic``
 counts them: the work the path computes, padding lanes of its blocks included.
 
 What bounds the rest comes from one profiled call (``torch.profiler``, self CPU time of
@@ -70,7 +70,7 @@ class Row:
 
 
 def useful_flops(decision, backward: bool) -> float:
-    """The path's FLOPs from its own ``cost()``, the backward counted as ``attnkit.lab.analysis.cost`` counts it."""
+    """The path's FLOPs from its own ``cost()``, the backward counted as ``attnkit.costing.analytic`` counts it."""
     tally = Tally(backward=backward)
     _kernel(tally, "", decision.cost, (backward, 2, 2), pairwise=True)
     return float(sum(tally.terms.values()))

@@ -12,7 +12,7 @@ from .common import add_command, positive_float, positive_int, require_plot
 from .sizes import DEFAULTS, VOCABULARY, add_device_arg, add_size_args, mechanism_sizes, title, values
 
 NAME_HELP = 'a registry name (attnkit list), "dense", "sdpa" or a mask expression such as "sliding_window(128, 128)"'
-SIZE_HELP = ("a mechanism's own size or option, e.g. --size window=128 (repeatable; attnkit.lab.analysis.cost.sizes "
+SIZE_HELP = ("a mechanism's own size or option, e.g. --size window=128 (repeatable; attnkit.costing.analytic.sizes "
              "lists them; q_len=, kv_len=, batch=, heads=, head_dim= are the options of those names)")
 
 
@@ -28,7 +28,7 @@ def _size(text: str) -> tuple[str, object]:
 
 
 def _kv_cache(args, given: dict) -> None:
-    from ..analysis.cost.kv_cache import kv_cache_table
+    from ...costing.kv_cache import kv_cache_table
 
     unknown = sorted(set(given) - {"kv_heads", "dtype"})
     if unknown:
@@ -40,7 +40,7 @@ def _kv_cache(args, given: dict) -> None:
 
 
 def _cmd_cost(args) -> int:
-    from ..analysis.cost import cost, spec
+    from ...costing.analytic import cost, spec
 
     given = dict(args.size or [])
     if args.kv_cache or args.name is None:
@@ -63,7 +63,7 @@ def _writable(option: str, path: str | None) -> None:
 
 
 def _cmd_scaling(args) -> int:
-    from ..analysis.cost import sizes
+    from ...costing.analytic import sizes
     from ..analysis.scaling import Mechanism, scaling
 
     viz = require_plot("scaling --out") if args.out else None  # before minutes of measuring, not after

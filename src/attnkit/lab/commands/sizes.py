@@ -2,7 +2,7 @@
 
 Every command that takes sizes takes these, with the same defaults (B=1, H=8, L=4096,
 D=64: a realistic layer, :data:`attnkit.costing.vocabulary.LAYER`), and so does
-:func:`attnkit.lab.analysis.cost.cost`. Mechanisms name some sizes their own way (``length`` for a
+:func:`attnkit.costing.analytic.cost`. Mechanisms name some sizes their own way (``length`` for a
 self-attention module, ``dim`` for its model width, ``words`` for a hierarchical model):
 :meth:`attnkit.costing.spec.Spec.translate` is the one translation, :func:`mechanism_sizes`
 applies it for the commands. The commands that measure also take ``--device`` (:func:`add_device_arg`).
@@ -87,7 +87,7 @@ def title(sizes: Mapping[str, object]) -> str:
 
 def mechanism_sizes(name: str, common: Mapping[str, int], given: Mapping[str, object], *,
                     lengths: bool = True) -> dict:
-    """The sizes of mechanism ``name`` (:func:`attnkit.lab.analysis.cost.sizes`) from the vocabulary.
+    """The sizes of mechanism ``name`` (:func:`attnkit.costing.analytic.sizes`) from the vocabulary.
 
     ``common`` holds the vocabulary's values; ``given`` the ``--size K=V`` options, which win; a
     vocabulary name in ``given`` (``q_len=4096``) counts as the option of that name, so it works
@@ -97,7 +97,7 @@ def mechanism_sizes(name: str, common: Mapping[str, int], given: Mapping[str, ob
     ``kv_len`` being an error for a mechanism with one length); the others are left out.
     ``lengths=False`` leaves the lengths out (``attnkit scaling`` sets them).
     """
-    from ..analysis.cost import spec
+    from ...costing.analytic import spec
 
     common, given = dict(common), dict(given)
     for key in VOCABULARY:

@@ -49,7 +49,7 @@ class Experiment:
 
     ``build()`` makes the model from the global RNG (seeded by :func:`run`) and the tasks;
     ``budget`` and ``quick`` are the default and ``--quick`` training budgets. ``cost_name``
-    and ``cost_sizes`` (pairs) name the :mod:`attnkit.lab.analysis.cost` formula of the mechanism
+    and ``cost_sizes`` (pairs) name the :mod:`attnkit.costing.analytic` formula of the mechanism
     and its sizes for the report; ``steps`` is the number of progress calls of a run; ``uses``
     names the registry entries (:func:`attnkit.registry.entries`) the model exercises
     (:mod:`attnkit.lab.tour.catalogue` checks them).

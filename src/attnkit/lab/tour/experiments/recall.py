@@ -8,7 +8,7 @@ mechanism of :data:`MECHANISMS` trains the same 2-layer causal pre-norm language
 (:func:`~.tokens.language_model`, one head) at each width of :data:`WIDTHS` on MQAR
 (:data:`RECALL`), with one budget. :func:`state_bytes` is the decoding state of one of its layers
 for one sequence at the task's length, as the layer's cost spec counts it
-(:mod:`attnkit.lab.analysis.cost`); the report's section (:mod:`attnkit.lab.tour.report.recall`) draws
+(:mod:`attnkit.costing.analytic`); the report's section (:mod:`attnkit.lab.tour.report.recall`) draws
 accuracy against it and checks :data:`CLAIM`.
 
 The budget was set on seed 0 on a busy 2-core machine, one thread: in 200 steps of
@@ -74,7 +74,7 @@ CLAIM = {"statement": "the delta rule recalls far better than additive linear at
 def layer_state_bytes(model: nn.Module, length: int) -> int:
     """The decoding state of ``model``'s first attention layer for one sequence of ``length`` tokens, in bytes:
     a recurrent layer's fixed state or a softmax layer's KV cache, as their cost specs count them."""
-    from ...analysis.cost import cost
+    from ....costing.analytic import cost
 
     for module in model.modules():
         if isinstance(module, (RecurrentLayer, LinearAttention)):

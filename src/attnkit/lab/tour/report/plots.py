@@ -158,7 +158,7 @@ def attention_maps(rep: Report) -> tuple[list[dict], list[str]]:
 
 def cost_plot(rep: Report) -> tuple[Path | None, list[str]]:
     """Analytic matmul FLOPs against sequence length (other sizes as in the cost table), one line each."""
-    from ...analysis.cost import cost
+    from ....costing.analytic import cost
     from .scaling import length_sizes
 
     entries = [e for e in rep.costs if e["cost"] is not None]

@@ -1,6 +1,6 @@
 """Cost and scaling for the tour report: the analytic cost of each mechanism, a small measured scaling run.
 
-A tour mechanism is matched to a cost formula (:mod:`attnkit.lab.analysis.cost`) by the
+A tour mechanism is matched to a cost formula (:mod:`attnkit.costing.analytic`) by the
 experiment's ``cost_name`` attribute when it has one, else by its mechanism name when
 that is a registry name, else through :data:`ALIASES`; unmatched mechanisms are listed
 as such.
@@ -98,7 +98,7 @@ def exponent_text(lengths: Sequence[float], values: Sequence[float | None],
 
 
 def _known(name: str) -> bool:
-    from ...analysis.cost import spec
+    from ....costing.analytic import spec
 
     try:
         spec(name)
@@ -129,7 +129,7 @@ def cost_name(exp_or_mechanism) -> str | None:
 
 def length_sizes(name: str, length: int, kv_length: int | None = None) -> dict:
     """The size keywords that set the sequence length(s) of ``cost(name)``."""
-    from ...analysis.cost import sizes as accepted
+    from ....costing.analytic import sizes as accepted
 
     ok = accepted(name)
     if "q_len" in ok:
@@ -142,7 +142,7 @@ def length_sizes(name: str, length: int, kv_length: int | None = None) -> dict:
 
 def cost_sizes(name: str, record: dict | None, exp=None) -> dict:
     """Sizes for ``cost(name)``: the experiment's ``cost_sizes``, else heads and lengths read off a recorded map."""
-    from ...analysis.cost import sizes as accepted
+    from ....costing.analytic import sizes as accepted
 
     given = dict(getattr(exp, "cost_sizes", None) or {})
     examples = ((record or {}).get("result") or {}).get("examples") or []
@@ -168,7 +168,7 @@ def _shape(nested) -> tuple[int, ...]:
 
 def cost_entries(rows, records: list[dict] | None = None) -> list[dict]:
     """One entry per distinct (mechanism, formula): ``mechanism``, ``name``, ``sizes`` given, ``cost`` or ``error``."""
-    from ...analysis.cost import cost
+    from ....costing.analytic import cost
     try:
         exps = api().experiments()
     except Exception:  # report without the experiments module: match by mechanism name only

@@ -30,9 +30,9 @@ from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, sdpa_back
 
 import attnkit
 from attnkit import masks, registry
+from attnkit.costing.analytic import SPECS, build, cost, sizes
 from attnkit.errors import ArgumentError
 from attnkit.kernels import blocksparse_gathered, online_softmax
-from attnkit.lab.analysis.cost import SPECS, build, cost, sizes
 
 aten = torch.ops.aten
 
@@ -331,7 +331,7 @@ def test_the_vocabulary_reaches_every_mechanism_under_its_own_names():
 _BILLION = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # a tensor of a billion positions cannot exist here
-from attnkit.lab.analysis.cost import cost
+from attnkit.costing.analytic import cost
 from attnkit.errors import ArgumentError
 n = 10 ** 9
 assert cost("dense", q_len=n).flops == 2 * 8 * n * n * (64 + 64)

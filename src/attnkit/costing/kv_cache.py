@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ....costing.tally import ITEMSIZE
-from ....costing.vocabulary import LAYER
-from ....errors import ArgumentError, check_int
+from ..errors import ArgumentError, check_int
+from .tally import ITEMSIZE
+from .vocabulary import LAYER
 
 __all__ = ["KVCacheRow", "kv_cache_rows", "kv_cache_table"]
 
@@ -32,7 +32,7 @@ class KVCacheRow(NamedTuple):
 def kv_cache_rows(*, heads: int = LAYER["heads"], head_dim: int = LAYER["head_dim"], kv_heads: int | None = None,
                   dtype: str = "float32") -> list[KVCacheRow]:
     """The four rows at ``heads`` heads of ``head_dim`` features (GQA with ``kv_heads``, default ``heads // 4``)."""
-    from . import cost
+    from .analytic import cost
 
     check_int("kv_cache_rows", "heads", heads, 1)
     check_int("kv_cache_rows", "head_dim", head_dim, 1)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attnkit.costing.analytic import cost
+from attnkit.costing.kv_cache import kv_cache_rows, kv_cache_table
 from attnkit.errors import ArgumentError
-from attnkit.lab.analysis.cost import cost
-from attnkit.lab.analysis.cost.kv_cache import kv_cache_rows, kv_cache_table
 from attnkit.nn import MultiHeadAttention, MultiHeadLatentAttention
 
 

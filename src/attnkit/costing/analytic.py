@@ -57,12 +57,12 @@ from collections.abc import Mapping
 
 from torch import nn
 
-from .... import registry
-from ....costing.spec import Built, Cost, Spec
-from ....errors import ArgumentError, did_you_mean
-from . import core
+from .. import registry
+from ..errors import ArgumentError, did_you_mean
+from . import core_specs as core
+from .spec import Built, Cost, Spec
 
-__all__ = ["Cost", "Built", "cost", "sizes", "build", "spec", "resolve", "specs", "SPECS"]
+__all__ = ["Cost", "Built", "cost", "sizes", "build", "spec", "resolve", "specs", "SPECS"]  # noqa: F822 (SPECS: __getattr__)
 
 
 def specs() -> dict[str, Spec]:
@@ -119,7 +119,7 @@ def cost(name_or_module, *, backward: bool = False, **size_kwargs) -> Cost:
             mechanism's own sizes and options, see :func:`sizes`; unknown names raise ArgumentError.
 
     Example:
-        >>> from attnkit.lab.analysis.cost import cost
+        >>> from attnkit.costing.analytic import cost
         >>> c = cost("scaled-dot-product", batch=1, heads=2, q_len=64, head_dim=16)
         >>> c.flops == 2 * 1 * 2 * 64 * 64 * (16 + 16)
         True

@@ -12,9 +12,9 @@ import functools
 
 import torch.nn.functional as F
 
-from .... import masks
-from ....costing.attend import ATTENTION_SIZES, attention_inputs, attention_spec, derive_lengths, kv_cache
-from ....costing.spec import Spec
+from .. import masks
+from .attend import ATTENTION_SIZES, attention_inputs, attention_spec, derive_lengths, kv_cache
+from .spec import Spec
 
 __all__ = ["SPECS", "mask_spec"]
 
