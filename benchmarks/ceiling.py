@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from attnkit.lab.benchmarking.roofline import Config, report, run
-from attnkit.lab.benchmarking.sections import write_section
+from attnkit.lab.benchmarking.sections import emit
 
 NAME, TITLE = "ceiling", "How close each path runs to the matmul ceiling"
 
@@ -52,10 +52,7 @@ def main(argv=None) -> int:
     command = "python benchmarks/ceiling.py" + (f" --lengths {' '.join(map(str, args.lengths))}"
                                                 f" --rounds {args.rounds}")
     text = report(cfg, rows, alone, command, NOTES)
-    print(text)
-    if args.write:
-        write_section(args.write, NAME, text, TITLE)
-    return 0
+    return emit(text, args.write, NAME, TITLE)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import torch
 from attnkit.lab.analysis.timing import Case
 from attnkit.lab.benchmarking.report import rows_table
 from attnkit.lab.benchmarking.rows import Spec, run_spec
-from attnkit.lab.benchmarking.sections import write_section
+from attnkit.lab.benchmarking.sections import emit
 
 NAME, TITLE = "compiled", "attnkit under torch.compile"
 WINDOW = "sliding_window(128, 128)"
@@ -56,10 +56,7 @@ def main(argv=None) -> int:
     text = (f"`python -m benchmarks.compiled --repeats {args.repeats}` (torch {torch.__version__}, 1 thread; both "
             "sides compiled with fullgraph=True, compile time excluded; ratio = attnkit time / other time, "
             "medians over interleaved rounds)\n\n" + "\n".join(rows_table(rows)))
-    print(text)
-    if args.write:
-        write_section(args.write, NAME, text, TITLE)
-    return 0
+    return emit(text, args.write, NAME, TITLE)
 
 
 if __name__ == "__main__":

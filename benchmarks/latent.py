@@ -28,7 +28,7 @@ import torch
 
 from attnkit.costing.kv_cache import kv_cache_table
 from attnkit.lab.benchmarking.pairs import Pair, measure, table
-from attnkit.lab.benchmarking.sections import write_section
+from attnkit.lab.benchmarking.sections import emit
 from attnkit.nn import MultiHeadLatentAttention
 
 NAME, TITLE = "latent", "Latent attention: absorbed against naive decoding, cache bytes per token"
@@ -77,10 +77,7 @@ def main(argv=None) -> int:
             f"1 thread; {HEADS} heads of {HEAD_DIM}, d_c = {4 * HEAD_DIM}, d_h^R = {HEAD_DIM // 2}; ratio = absorbed "
             "time / naive time per interleaved round)\n\n" + table(results, "µs") + "\n\n```\n"
             + kv_cache_table(heads=HEADS, head_dim=HEAD_DIM, tokens=max(args.lengths)) + "\n```")
-    print(text)
-    if args.write:
-        write_section(args.write, NAME, text, TITLE)
-    return 0
+    return emit(text, args.write, NAME, TITLE)
 
 
 if __name__ == "__main__":

@@ -87,11 +87,9 @@ def main(argv=None) -> int:
     found = rows(args.length, log=lambda line: print(line, file=sys.stderr))
     text = (f"`python benchmarks/normalizers.py --length {args.length}` (torch {torch.__version__}, causal, B=1, "
             "H=1, D=64, float32; the peak one call adds, each in a fresh process)\n\n" + table(found))
-    print(text)
-    if args.write:
-        from attnkit.lab.benchmarking.sections import write_section
-        write_section(args.write, NAME, text, TITLE)
-    return 0
+    from attnkit.lab.benchmarking.sections import emit
+
+    return emit(text, args.write, NAME, TITLE)
 
 
 if __name__ == "__main__":

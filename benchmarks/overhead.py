@@ -34,7 +34,7 @@ import attnkit.nn
 from attnkit import masks
 from attnkit.lab.analysis.timing import time_rounds
 from attnkit.lab.benchmarking.pairs import Pair, measure, table
-from attnkit.lab.benchmarking.sections import write_section
+from attnkit.lab.benchmarking.sections import emit
 
 NAME, TITLE = "overhead", "Dispatch overhead on common calls"
 NOTES = """What limits the misses: these calls take the fast lane (`kernels/lane.py`): attribute \
@@ -141,10 +141,7 @@ def main(argv=None) -> int:
             + "\n\nWhere the time of the smallest call goes, measured in the same run (each part alone; a part "
               "costs more inside the whole call, which runs more Python between the kernels):\n\n" + breakdown()
             + "\n\n" + NOTES)
-    print(text)
-    if args.write:
-        write_section(args.write, NAME, text, TITLE)
-    return 0
+    return emit(text, args.write, NAME, TITLE)
 
 
 if __name__ == "__main__":

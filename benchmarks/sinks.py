@@ -23,7 +23,7 @@ import torch
 import attnkit
 from attnkit import masks
 from attnkit.lab.benchmarking.pairs import Pair, measure, table
-from attnkit.lab.benchmarking.sections import write_section
+from attnkit.lab.benchmarking.sections import emit
 
 NAME, TITLE = "sinks", "Attention sinks: the same call with and without sinks"
 GOAL = 1.05
@@ -79,10 +79,7 @@ def main(argv=None) -> int:
             print(f"{row.name}: {results[-1]['ratio']:.3f}x", file=sys.stderr)
     text = (f"`python benchmarks/sinks.py --length {args.length} --rounds {args.rounds}` (torch {torch.__version__}, "
             "1 thread; ratio = time with sinks / time without, per interleaved round)\n\n" + table(results, "ms"))
-    print(text)
-    if args.write:
-        write_section(args.write, NAME, text, TITLE)
-    return 0
+    return emit(text, args.write, NAME, TITLE)
 
 
 if __name__ == "__main__":

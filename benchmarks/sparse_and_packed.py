@@ -34,7 +34,7 @@ from attnkit import masks
 from attnkit.lab.analysis.memory import peak_bytes, reset_peak
 from attnkit.lab.analysis.timing import time_rounds
 from attnkit.lab.benchmarking.child import child_output
-from attnkit.lab.benchmarking.sections import write_section
+from attnkit.lab.benchmarking.sections import emit
 from attnkit.models.self_attention import SoftmaxSelfAttention
 from attnkit.nn import MoBA, NativeSparseAttention, PagedKVCache
 
@@ -182,10 +182,7 @@ def main(argv=None) -> int:
     text = (f"`python benchmarks/sparse_and_packed.py --rounds {args.rounds}` (torch {torch.__version__}, 1 thread; "
             "baseline: `theirs` for packed (SDPA on the padded batch) and paged (a contiguous cache), `dense` for "
             "the sparse rows; target for paged: <= 1.10x)\n\n" + "\n".join(lines))
-    print(text)
-    if args.write and not args.smoke:
-        write_section(args.write, NAME, text, TITLE)
-    return 0
+    return emit(text, None if args.smoke else args.write, NAME, TITLE)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from transformers import AttentionInterface, MistralConfig, MistralForCausalLM
 
 import attnkit.integrations.transformers  # noqa: F401  (registers "attnkit")
 from attnkit.lab.benchmarking.pairs import Pair, measure, table
-from attnkit.lab.benchmarking.sections import write_section
+from attnkit.lab.benchmarking.sections import emit
 
 NAME, TITLE = "transformers", "Inside a transformers model"
 PROMPT, WINDOW, NEW_TOKENS = 4096, 512, 32
@@ -130,10 +130,7 @@ def main(argv=None) -> int:
             f"transformers {transformers.__version__}, 1 thread; ratio = time with "
             '`attn_implementation="attnkit"` / time with `"sdpa"`, per interleaved round)\n\n' + table(results)
             + "\n\n" + NOTES)
-    print(text)
-    if args.write:
-        write_section(args.write, NAME, text, TITLE)
-    return 0
+    return emit(text, args.write, NAME, TITLE)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from attnkit.lab.benchmarking.sections import write_section
+from attnkit.lab.benchmarking.sections import emit
 from attnkit.lab.benchmarking.whole_models import ROWS, Sizes, parse_rows, parse_sizes, report, run
 from attnkit.lab.commands.bench_models import argparse_type
 
@@ -33,10 +33,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     text = report(args, run(args.sizes, args.rows, rounds=args.rounds, compiled=args.compiled,
                             log=lambda line: print(line, file=sys.stderr)))
-    print(text)
-    if args.write:
-        write_section(args.write, NAME, text, TITLE)
-    return 0
+    return emit(text, args.write, NAME, TITLE)
 
 
 if __name__ == "__main__":

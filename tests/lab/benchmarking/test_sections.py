@@ -49,3 +49,16 @@ def test_write_section_creates_the_file_with_its_title(tmp_path):
     write_section(path, "suite", "rows again", "Benchmark suite")
     start, end = markers("suite")
     assert path.read_text() == f"# Benchmarks\n\n## Benchmark suite\n\n{start}\nrows again\n{end}\n"
+
+
+def test_emit_prints_the_text_and_writes_the_section_only_when_given_a_path(tmp_path, capsys):
+    from attnkit.lab.benchmarking.sections import emit
+
+    path = tmp_path / "B.md"
+    assert emit("rows", None, "suite", "Benchmark suite") == 0
+    assert capsys.readouterr().out == "rows\n" and not path.exists()
+    assert emit("rows", path, "suite", "Benchmark suite") == 0
+    assert capsys.readouterr().out == "rows\n"
+    assert replace_section(path.read_text(encoding="utf-8"), "suite", "rows", "Benchmark suite") == path.read_text(
+        encoding="utf-8")
+    assert "rows" in path.read_text(encoding="utf-8")

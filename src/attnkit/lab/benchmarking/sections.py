@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["markers", "replace_section", "write_section"]
+__all__ = ["markers", "replace_section", "write_section", "emit"]
 
 NEW_FILE = "# Benchmarks\n"
 
@@ -44,3 +44,11 @@ def write_section(path: Path, name: str, text: str, title: str) -> None:
     doc = path.read_text(encoding="utf-8") if path.exists() else NEW_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(replace_section(doc, name, text, title), encoding="utf-8")
+
+
+def emit(text: str, path: Path | None, name: str, title: str) -> int:
+    """A benchmark script's ending: print the section's text, write it into ``path`` if given; exit status 0."""
+    print(text)
+    if path:
+        write_section(path, name, text, title)
+    return 0
