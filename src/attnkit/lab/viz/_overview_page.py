@@ -8,17 +8,9 @@ the page writes into ``#render-info`` how many maps and thumbnails it drew and t
 weights drawn (``checksum``), which tests read.
 """
 
-from ._page import COLOURS
+from ._page import COLOURS, page_start
 
-_OVERVIEW = r"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>__TITLE__</title>
-<style>
-  body { font: 14px/1.4 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 18px; color: #222; }
-  h1 { font-size: 18px; margin: 0 0 6px; }
+_OVERVIEW = page_start(r"""  h1 { font-size: 18px; margin: 0 0 6px; }
   .note { color: #555; margin: 0 0 10px; }
   table { border-collapse: collapse; }
   th { font-weight: normal; font-size: 12px; color: #444; padding: 2px 6px; }
@@ -27,11 +19,7 @@ _OVERVIEW = r"""<!DOCTYPE html>
   a.thumb { display: inline-block; line-height: 0; outline: 1px solid #ddd; }
   a.thumb:hover, a.thumb:focus { outline: 2px solid #ff3b30; }
   canvas { display: block; }
-</style>
-</head>
-<body>
-<h1>__TITLE__</h1>
-<p class="note">Every head of every map: one row per map, sharing one colour scale (viridis, __SCALE__; grey:
+""") + r"""<p class="note">Every head of every map: one row per map, sharing one colour scale (viridis, __SCALE__; grey:
 not finite); in each map queries run down and keys across, long maps pooled to their thumbnail's size, and a
 map's sizes show when the pointer rests on it. Click a map to open it in <a id="viewer" href="__VIEWER__">the
 one-head viewer</a>.</p>

@@ -1,6 +1,7 @@
 """The HTML/CSS/JS of :func:`attnkit.lab.viz.html_page`, kept apart from the Python that fills it.
 
-:data:`COLOURS` (viridis, the colour range of a map, painting one) is shared with the overview page.
+:data:`COLOURS` (viridis, the colour range of a map, painting one) and :func:`page_start` (the doctype, head
+and heading) are shared with the overview page.
 Placeholders: ``__NAV__`` (a link to the overview, or nothing), ``__TITLE__`` (HTML-escaped text) and
 ``__DATA__`` (JSON with ``<``, ``>``
 and ``&`` written as ``\\u003c`` etc., so no label can close the script element).
@@ -55,7 +56,7 @@ function paint(ctx, w, lq, lk, s, x, y, width, height) {  // one map at (x, y), 
 }
 """
 
-_VIEWER = r"""<!DOCTYPE html>
+HEAD = r"""<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
@@ -63,7 +64,20 @@ _VIEWER = r"""<!DOCTYPE html>
 <title>__TITLE__</title>
 <style>
   body { font: 14px/1.4 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 18px; color: #222; }
-  h1 { font-size: 18px; margin: 0 0 10px; }
+__STYLE__</style>
+</head>
+<body>
+<h1>__TITLE__</h1>
+"""
+"""The pages' shared start, up to their heading: ``__STYLE__`` is each page's own CSS after the body's."""
+
+
+def page_start(style: str) -> str:
+    """:data:`HEAD` with a page's own CSS rules (``__TITLE__`` stays for the page to fill)."""
+    return HEAD.replace("__STYLE__", style)
+
+
+_VIEWER = page_start(r"""  h1 { font-size: 18px; margin: 0 0 10px; }
   .controls { display: flex; gap: 14px; align-items: center; flex-wrap: wrap; margin-bottom: 6px; }
   select { font: inherit; padding: 1px 4px; }
   #shape, #stats { color: #555; }
@@ -74,11 +88,7 @@ _VIEWER = r"""<!DOCTYPE html>
   #map { cursor: crosshair; }
   .wrap { position: relative; }
   #mark { position: absolute; display: none; outline: 2px solid #ff3b30; pointer-events: none; }
-</style>
-</head>
-<body>
-<h1>__TITLE__</h1>
-<div class="controls">
+""") + r"""<div class="controls">
   <label>layer <select id="layer"></select></label>
   <label>head <select id="head"></select></label>
   <span id="shape"></span>
