@@ -26,6 +26,8 @@ API_MODULES = ("attnkit.masks", "attnkit.bias", "attnkit.errors", "attnkit.regis
 INTERNAL_PACKAGES = {"functional", "kernels"}
 # The lab's packages are documented one by one (attnkit.lab.viz, ...), its command line is not.
 LAB_INTERNAL = {"commands"}
+# The adapters attnkit.nn's modules call (their users meet them through those modules' pages).
+INTEGRATIONS_INTERNAL = {"torch_compat", "torch_layers", "transformers_layers"}
 
 # The mask algebra page: (expression, what it shows), drawn with attnkit.lab.viz.mask_picture.
 MASK_ALGEBRA = (
@@ -176,10 +178,11 @@ def api_modules() -> list[str]:
 
     packages = [f"attnkit.{m.name}" for m in pkgutil.iter_modules(attnkit.__path__)
                 if m.ispkg and m.name not in INTERNAL_PACKAGES and m.name not in {"integrations", "lab"}]
-    packages += [f"attnkit.integrations.{m.name}" for m in pkgutil.iter_modules(attnkit.integrations.__path__)]
+    packages += [f"attnkit.integrations.{m.name}" for m in pkgutil.iter_modules(attnkit.integrations.__path__)
+                 if m.name not in INTEGRATIONS_INTERNAL]
     packages += [f"attnkit.lab.{m.name}" for m in pkgutil.iter_modules(attnkit.lab.__path__)
                  if m.ispkg and m.name not in LAB_INTERNAL]
-    return ["attnkit", *API_MODULES, *sorted(packages)]
+    return list(dict.fromkeys(["attnkit", *API_MODULES, *sorted(packages)]))  # masks and registry are packages too
 
 
 def api_pages() -> list[str]:
