@@ -136,3 +136,38 @@ def test_importing_the_library_and_its_registry_loads_nothing_of_the_lab():
             "print(sorted(m for m in sys.modules if m.startswith('attnkit.lab')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def unresolved_imports() -> list[str]:
+    """Every ``from X import ...`` in the package whose ``X`` (relative ones resolved) is no module of it."""
+    paths = {_module_name(p): p for p in SRC.rglob("*.py")}
+    wrong = []
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or not (node.level or (node.module or "").startswith("attnkit")):
+                continue
+            base = package.split(".")
+            base = base[:len(base) - (node.level - 1)] if node.level else []
+            root = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            if root not in paths:
+                wrong.append(f"{path.relative_to(SRC.parent)}:{node.lineno} imports from {root}, no module")
+    return wrong
+
+
+def test_every_import_from_the_package_names_one_of_its_modules():
+    """A file moved to another depth with its relative imports left as they were fails here, named."""
+    wrong = unresolved_imports()
+    assert not wrong, "; ".join(wrong)
+
+
+def test_the_import_check_finds_a_relative_import_left_behind_by_a_move(tmp_path, monkeypatch):
+    package = tmp_path / "attnkit"
+    (package / "lab" / "tour").mkdir(parents=True)
+    for init in (package, package / "lab", package / "lab" / "tour"):
+        (init / "__init__.py").write_text("")
+    (package / "errors.py").write_text("E = 1\n")
+    # tour/runner.py moved to lab/tour/runner.py: its "..errors" now means attnkit.lab.errors
+    (package / "lab" / "tour" / "runner.py").write_text("from ...errors import E\nfrom ..errors import E\n")
+    monkeypatch.setitem(globals(), "SRC", package)
+    assert unresolved_imports() == ["attnkit/lab/tour/runner.py:2 imports from attnkit.lab.errors, no module"]
