@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ArgumentError, DTypeError, ShapeError, check_int
+from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError, check_int
 from . import cache
 from .indexed_masks import gather_at
 from .mask_base import Mask
@@ -197,6 +197,26 @@ class Pages(Selection):
         return f"pages(table={tuple(self.table.shape)}, page_size={self.block_size}{within})"
 
 
+def check_lengths(who: str, lengths, batch: int, device, longest: int, bound: str,
+                  values: bool = True) -> torch.Tensor:
+    """``seqused_k`` ``(batch,)``: the keys each sequence holds, an integer tensor on ``device``.
+
+    With ``values`` the entries are read and must lie in ``[0, longest]`` (``bound`` names what
+    ``longest`` is). The one check of these lengths, for paged calls and packed documents alike.
+    """
+    lengths = _int_tensor(who, "seqused_k", lengths)
+    if tuple(lengths.shape) != (batch,):
+        raise ShapeError(f"{who}: seqused_k must have shape (batch={batch},); got {tuple(lengths.shape)}")
+    if lengths.device != device:
+        raise DeviceError(f"{who}: seqused_k is on {lengths.device} but query is on {device}")
+    if values and batch:
+        low, high = int(lengths.min()), int(lengths.max())
+        if low < 0 or high > longest:
+            raise ArgumentError(f"{who}: seqused_k must lie in [0, {bound} = {longest}]; got values "
+                                f"in [{low}, {high}]")
+    return lengths
+
+
 def check_pages(who: str, table, lengths, pool_pages: int, page_size: int, batch: int, device,
                 values: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """``block_table`` ``(B, n)`` and ``seqused_k`` ``(B,)`` checked against a pool of ``pool_pages`` pages.
@@ -205,20 +225,13 @@ def check_pages(who: str, table, lengths, pool_pages: int, page_size: int, batch
     sequence uses in ``[0, pool_pages)`` (entries past a sequence's length are never read).
     """
     table = _int_tensor(who, "block_table", table)
-    lengths = _int_tensor(who, "seqused_k", lengths)
     if table.dim() != 2 or table.shape[0] != batch:
         raise ShapeError(f"{who}: block_table must have shape (batch={batch}, max_pages); got {tuple(table.shape)}")
-    if tuple(lengths.shape) != (batch,):
-        raise ShapeError(f"{who}: seqused_k must have shape (batch={batch},); got {tuple(lengths.shape)}")
-    for name, t in (("block_table", table), ("seqused_k", lengths)):
-        if t.device != device:
-            raise ShapeError(f"{who}: {name} is on {t.device} but query is on {device}")
+    if table.device != device:
+        raise DeviceError(f"{who}: block_table is on {table.device} but query is on {device}")
+    lengths = check_lengths(who, lengths, batch, device, table.shape[1] * page_size, "max_pages * page_size",
+                            values=values)
     if values and batch:
-        longest = table.shape[1] * page_size
-        low, high = int(lengths.min()), int(lengths.max())
-        if low < 0 or high > longest:
-            raise ArgumentError(f"{who}: seqused_k must lie in [0, max_pages * page_size = {longest}]; got values "
-                                f"in [{low}, {high}]")
         used = torch.arange(table.shape[1], device=device) * page_size < lengths[:, None]
         pages = table[used]
         if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= pool_pages):

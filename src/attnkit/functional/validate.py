@@ -214,8 +214,13 @@ def _check_bias(bias, q4, user_q, user_k):
                      f"got {type(bias).__name__}")
 
 
-def check_sinks(sinks, q4, user_q, normalize="softmax", who=_WHO):
-    """Sinks ``(H_q,)`` or broadcastable to ``(B, H_q)``, as ``(B|1, H|1)``; softmax only."""
+def check_sinks(sinks, q4, user_q, normalize="softmax", who=_WHO, values=True):
+    """Sinks ``(H_q,)`` or broadcastable to ``(B, H_q)``, as ``(B|1, H|1)``; softmax only.
+
+    A sink of ``+inf`` would take every row's whole weight (output 0 whatever q, k and v) and has no
+    gradient but NaN: it is refused (``values``: read the sinks; off while tracing). ``-inf`` is plain
+    softmax; NaN propagates, as NaN in q, k, v does.
+    """
     if sinks is None:
         return None
     if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point():
@@ -230,6 +235,12 @@ def check_sinks(sinks, q4, user_q, normalize="softmax", who=_WHO):
     if sinks.dim() > 2 or any(s not in (1, f) for s, f in zip(reversed(sinks.shape), (heads, batch), strict=False)):
         raise ShapeError(f"{who}: sinks must have shape (H_q,) = ({heads},) or broadcast to (batch, H_q) = "
                          f"({batch}, {heads}) for query {_shape(user_q)}; got {_shape(sinks)}")
+    if values and not sinks.is_meta and sinks.numel():
+        plus = torch.isposinf(sinks.detach()).flatten()
+        if plus.any():
+            raise ArgumentError(f"{who}: sinks must be finite or -inf (plain softmax); got +inf at "
+                                f"{'head' if sinks.dim() < 2 else 'flat index'} {int(plus.nonzero()[0])} of "
+                                f"sinks {_shape(sinks)}")
     return sinks.reshape((1,) * (2 - sinks.dim()) + tuple(sinks.shape))
 
 
@@ -316,5 +327,5 @@ def validate(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, n
         score=score, scale=_check_scale(scale, score, q.shape[-1]), normalize=normalize,
         dropout_p=_check_dropout(dropout_p),
         return_weights=bool(return_weights), return_lse=bool(return_lse), user_rank=q.dim(), tracing=tracing,
-        sinks=check_sinks(sinks, q4, q, normalize),
+        sinks=check_sinks(sinks, q4, q, normalize, values=not tracing),
     )
