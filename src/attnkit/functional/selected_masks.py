@@ -56,6 +56,9 @@ class Selection(Mask):
 
     kind = "selected"
     indices: torch.Tensor
+
+    def check_keys(self, kv_len: int, who: str) -> None:
+        """Refuse indices past ``kv_len`` keys (:class:`SelectedKeys`); a page table is checked at the call."""
     block_size: int = 1
     group_size: int | None = None
     lengths: torch.Tensor | None = None
@@ -105,9 +108,28 @@ class SelectedKeys(Selection):
         self.batch_size = self.indices.shape[0] if self.indices.shape[0] > 1 else None
         self.num_heads = heads * self.group_size if heads > 1 else None
         self.q_len = self.indices.shape[2] if self.indices.shape[2] > 1 else None
+        self._largest: int | None = None  # the largest index, read on the first check (check_keys)
+
+    def check_keys(self, kv_len: int, who: str) -> None:
+        """Refuse an index past the last key (block) of ``kv_len`` keys, naming ``indices``.
+
+        The keys' count is known only at a call (or a materialisation), so that is where it is
+        checked: the largest index is read once per mask (cached), and not while compiling.
+        """
+        if self.indices.is_meta or not self.indices.numel() or torch.compiler.is_compiling():
+            return
+        if self._largest is None:
+            self._largest = int(self.indices.max())
+        blocks = -(-kv_len // self.block_size)
+        if self._largest >= blocks:
+            unit = "key" if self.block_size == 1 else f"block of {self.block_size} keys"
+            raise ArgumentError(f"{who}: {self!r}: indices must name a {unit} in [0, {blocks}) for kv_len={kv_len} "
+                                f"(negative entries are unused slots); got {self._largest}")
 
     def _table(self, kv_len: int, device) -> torch.Tensor:
         """``(B|1, Hs|1, Lq|1, n_blocks)`` bool: the blocks each query selected (cached per key length)."""
+        self.check_keys(kv_len, "materialize")
+
         def build():
             blocks = -(-kv_len // self.block_size)
             idx = self.indices.to(device)

@@ -171,7 +171,7 @@ def _check_broadcast(name, t, q, k, user_rank):
     return _as_4d(t)
 
 
-def _check_mask(mask, q4, user_q, user_k):
+def _check_mask(mask, q4, user_q, user_k, tracing=False):
     if mask is None:
         return None
     if isinstance(mask, Mask):
@@ -183,6 +183,8 @@ def _check_mask(mask, q4, user_q, user_k):
         for name, want, got in (("q_len", mask.q_len, user_q.shape[-2]), ("kv_len", mask.kv_len, user_k.shape[-2])):
             if want is not None and want != got:
                 raise ShapeError(f"{_WHO}: mask {mask!r} holds data for {name}={want}; got {name}={got}")
+        if mask.kind == "selected" and not tracing:
+            mask.selection.check_keys(user_k.shape[-2], f"{_WHO}: mask")
         return mask
     if not isinstance(mask, torch.Tensor):
         raise DTypeError(f"{_WHO}: mask must be an attnkit.masks.Mask or a bool tensor; got {type(mask).__name__}")
@@ -322,7 +324,7 @@ def validate(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, n
     bias_tensor, modifier = _check_bias(bias, q4, q, k)
     return Problem(
         q=q4, k=k4, v=v4,
-        mask=_check_mask(mask, q4, q, k),
+        mask=_check_mask(mask, q4, q, k, tracing),
         bias=bias_tensor, modifier=modifier,
         score=score, scale=_check_scale(scale, score, q.shape[-1]), normalize=normalize,
         dropout_p=_check_dropout(dropout_p),
