@@ -179,9 +179,16 @@ def mask_expression(draw, batch, lq, lk, depth=2):
 
 @st.composite
 def _bias(draw, case_scores, heads):
-    kind = draw(st.sampled_from(["none", "none", "tensor", "alibi", "softcap"]))
+    kind = draw(st.sampled_from(["none", "none", "tensor", "alibi", "softcap", "relpos"]))
     if kind == "none":
         return None
+    if kind == "relpos":  # a learned table over clipped relative positions, random entries
+        rp = attnkit.bias.RelativePositionBias(heads, mode="clip", max_distance=draw(st.integers(1, 8)),
+                                               align=draw(st.sampled_from(ALIGNS)))
+        with torch.no_grad():
+            rp.table.copy_(2 * torch.randn(rp.table.shape, generator=torch.Generator().manual_seed(draw(
+                st.integers(0, 999)))))
+        return rp
     if kind == "alibi":
         return attnkit.bias.alibi(heads, align=draw(st.sampled_from(ALIGNS)))
     if kind == "softcap":

@@ -14,7 +14,8 @@ Every score is built at once in float64 from the inputs (upcast, never the libra
 scores, normalisers or validation), so ``torch.autograd.grad`` through it gives the exact gradients
 of that definition. Sigmoid weights are ``sigmoid(S)`` on allowed pairs. The modifiers it knows are
 written from their papers here: ALiBi ``-m_h |i + Lk - Lq - j|`` (bottom-right) or ``-m_h |i - j|``
-(top-left), soft-capping ``c tanh(S / c)``. A mask is read only through ``Mask.materialize``.
+(top-left), soft-capping ``c tanh(S / c)``, a clipped relative-position table ``w_h[clip(j - i', -K, K)]``.
+A mask is read only through ``Mask.materialize``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import math
 
 import torch
 
-from attnkit.bias import ALiBi, Softcap
+from attnkit.bias import ALiBi, RelativePositionBias, Softcap
 from attnkit.masks import Mask
 
 __all__ = ["attend", "as_4d"]
@@ -52,6 +53,10 @@ def _modified(modifier, s, lq, lk):
     if isinstance(modifier, ALiBi):
         shift = lk - lq if modifier.align == "bottom_right" else 0
         return s - modifier.slopes.to(s.dtype)[h] * (i + shift - j).abs()
+    if isinstance(modifier, RelativePositionBias) and modifier.mode == "clip":  # Shaw et al. 2018, eq. 3-4
+        shift = lk - lq if modifier.align == "bottom_right" else 0
+        far = modifier.max_distance
+        return s + modifier.table.to(s.dtype)[h, (j - i - shift).clamp(-far, far) + far]
     raise NotImplementedError(f"masked_softmax oracle: modifier {modifier!r}")
 
 
