@@ -227,14 +227,17 @@ def cases(draw) -> Case:
         mask = draw(_bools(user_scores))
     else:
         mask = None
-    normalize = draw(st.sampled_from(["softmax"] * 5 + ["sigmoid", "sparsemax", "hard"]))
+    normalize = draw(st.sampled_from(["softmax"] * 5 + ["sigmoid", "sparsemax", "hard", "sigmoid_log_n", "softpick",
+                                                         "stick_breaking"]))
+    differentiable = normalize not in ("sparsemax", "hard")  # the masked-softmax oracle's (float64, autograd)
     return Case(
         rank=rank, batch=batch, heads=heads, kv_heads=kv_heads, lq=lq, lk=lk, d=d, dv=dv,
         dtype=draw(st.sampled_from(DTYPES)), seed=draw(st.integers(0, 2**31 - 1)), mask=mask,
         bias=draw(_bias(user_scores, heads)),
         score=draw(st.sampled_from(["scaled_dot", "scaled_dot", "dot", "cosine"])),
         scale=draw(st.sampled_from([None, None, 0.0, -0.7, 0.3, 2.0])), normalize=normalize,
-        return_lse=normalize == "softmax" and draw(st.booleans()), return_weights=draw(st.integers(0, 5)) == 0,
-        grad=(grad := normalize in ("softmax", "sigmoid") and draw(st.booleans())),
+        return_lse=normalize == "softmax" and draw(st.booleans()),
+        return_weights=normalize in ("softmax", "sigmoid", "sparsemax", "hard") and draw(st.integers(0, 5)) == 0,
+        grad=(grad := differentiable and draw(st.booleans())),
         second_order=grad and draw(st.integers(0, 2)) == 0,
         sinks=draw(_sinks(batch, heads)) if normalize == "softmax" else None)

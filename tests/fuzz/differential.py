@@ -17,7 +17,7 @@ import torch
 import attnkit
 from attnkit.errors import BackendError
 from tests.fuzz.cases import Case
-from tests.fuzz.masked_softmax import attend
+from tests.fuzz.masked_softmax import NORMALIZERS, attend
 from tests.helpers import BACKENDS
 from tests.oracle import dense_attention
 
@@ -71,7 +71,7 @@ def _close(what, got, exact, tol, plain=None, extra=0.0):
 def _exact(case: Case, q, k, v, bias, sinks, dtype=torch.float64):
     """``(out, lse, differentiable)`` in ``dtype``, from the masked-softmax oracle where it applies."""
     kwargs = dict(mask=case.mask, bias=bias, score=case.score, scale=case.scale, normalize=case.normalize)
-    if case.normalize in ("softmax", "sigmoid"):
+    if case.normalize in NORMALIZERS:
         out, lse = attend(q, k, v, dtype=dtype, sinks=sinks, **kwargs)
         return out, lse, True
     return dense_attention(q, k, v, dtype=dtype, **kwargs), None, False

@@ -217,3 +217,23 @@ def test_minus_infinity_sinks_and_an_empty_sequence_give_the_oracles_gradients(b
     for a, b in zip(got, exact, strict=True):
         assert not a.isnan().any()
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference", "chunked", "sdpa", "blocksparse"])
+def test_nan_on_pool_lanes_no_sequence_holds_reaches_no_output_or_gradient_on_any_backend(backend):
+    from attnkit.errors import BackendError
+
+    keys, values = _sequences([0, 5, 13], d=8, dv=8, dtype=torch.float64, seed=2)  # an empty sequence too
+    k_pool, v_pool, table = _pool(keys, values, 4, spare=2, seed=1)  # spare pages and lanes past a length: NaN
+    q = torch.randn(3, 4, 2, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    call = dict(block_table=table, seqused_k=torch.tensor([0, 5, 13]), mask=masks.causal(), backend=backend)
+    try:
+        out = attnkit.attention(q, k_pool, v_pool, **call)
+    except BackendError:  # a forced backend may refuse (torch's kernel sees its NaN output); it says why
+        assert backend == "sdpa"
+        return
+    want = torch.stack([_oracle(q[b:b + 1], [k], [v])[0] if k.shape[1] else torch.zeros(4, 2, 8, dtype=torch.float64)
+                        for b, (k, v) in enumerate(zip(keys, values, strict=True))])
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+    (grad,) = torch.autograd.grad(out.sum(), q)
+    assert torch.isfinite(grad).all() and not grad[0].any()

@@ -204,19 +204,42 @@ class Pages(Selection):
             return slots[:, :pool_pages]
         return cache.on(self, "tables", max_entries=_TABLES).get_or_build((pool_pages, str(device)), build)
 
-    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
+    def held(self, b, kv_idx, kv_len):
+        """``(whether pool key kv holds a key of sequence b, its logical position)``: a page of b, below its length."""
         ps = self.block_size
         slot = self._slots(-(-kv_len // ps), kv_idx.device)[b, kv_idx // ps]
         logical = slot * ps + kv_idx % ps
-        lengths = self.lengths.to(kv_idx.device)[b]
-        allowed = (slot >= 0) & (logical < lengths)
+        return (slot >= 0) & (logical < self.lengths.to(kv_idx.device)[b]), logical
+
+    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
+        allowed, logical = self.held(b, kv_idx, kv_len)
         if self.within is not None:
-            allowed = allowed & self.within.allows(b, h, q_idx, logical, q_len, lengths)
+            allowed = allowed & self.within.allows(b, h, q_idx, logical, q_len, self.lengths.to(kv_idx.device)[b])
         return allowed
+
+    def key_padding(self) -> Mask:
+        """The pool keys no query of sequence ``b`` may read (other sequences' pages, spare pages, lanes past its
+        length): the paths that read the whole pool zero them when it holds NaN or inf (RELIABILITY row 22)."""
+        return _HeldKeys(self)
 
     def __repr__(self):
         within = "" if self.within is None else f", within={self.within!r}"
         return f"pages(table={tuple(self.table.shape)}, page_size={self.block_size}{within})"
+
+
+class _HeldKeys(Mask):
+    """The pool keys that hold one of sequence ``b``'s keys (:meth:`Pages.key_padding`)."""
+
+    uses = frozenset({"b", "kv"})
+
+    def __init__(self, pages: Pages):
+        self.pages, self.batch_size = pages, pages.batch_size
+
+    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
+        return self.pages.held(b, kv_idx, kv_len)[0]
+
+    def __repr__(self):
+        return f"held_keys({self.pages!r})"
 
 
 def check_lengths(who: str, lengths, batch: int, device, longest: int, bound: str,
