@@ -376,11 +376,10 @@ def selected_keys(indices: torch.Tensor, *, group_size: int | None = None) -> Ma
 
     ``indices`` are integers ``(Lq, k)``, ``(B, Lq, k)`` or ``(B, Hs, Lq, k)``; a negative entry is an
     unused slot and a key named twice is one key. An index past the last key is refused (``ArgumentError``)
-    where the key count is first known: the call (or :meth:`materialize`, :func:`shifted`). With ``Hs > 1``
-    index heads, index head ``s``
-    serves the query heads ``[s * group_size, (s + 1) * group_size)`` (``group_size`` 1 by default:
-    one selection per query head; the query heads of a key/value group share one with
-    ``group_size = H // H_kv``). Data dependent: the gathered path reads each query's ``k`` keys, at a
+    where the key count is first known: the call (or :meth:`materialize`, :func:`shifted`). With
+    ``Hs > 1`` index heads, index head ``s`` serves the query heads ``[s * group_size, (s + 1) * group_size)``
+    (``group_size`` 1 by default: one selection per query head; the query heads of a key/value group
+    share one with ``group_size = H // H_kv``). Data dependent: the gathered path reads each query's ``k`` keys, at a
     cost ``O(Lq k D)``; AND it with :func:`causal` for causality.
 
     Example:
