@@ -141,3 +141,16 @@ def test_an_input_of_another_dtype_than_the_modules_raises_its_dtype_error(modul
         module(x(B, N, width, dtype=torch.float64))
     with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts the input: accepted
         module(x(B, N, width, dtype=torch.bfloat16))
+
+
+# Positional encodings add a table to x in x's own dtype: any floating dtype is theirs to take.
+WITH_PARAMETERS = [case for case in SEQUENCE_MODULES
+                   if not isinstance(case[0], SinusoidalPositionalEncoding | LearnedPositionalEmbedding)]
+
+
+@pytest.mark.parametrize(("module", "call", "name", "width"), WITH_PARAMETERS,
+                         ids=[type(m).__name__ for m, *_ in WITH_PARAMETERS])
+def test_every_module_names_an_input_of_another_dtype_than_its_parameters(module, call, name, width):
+    with pytest.raises(DTypeError, match=rf"^{type(module).__name__}: {name} must have the parameters' dtype "
+                                         r"torch.float32; got torch.float64$"):
+        call(module, x(B, N, width, dtype=torch.float64))
