@@ -82,8 +82,10 @@ def _softmax(scores, allowed):
     empty = m == _NEG_INF  # every key masked or -inf (NaN rows are not empty: NaN propagates)
     shift = torch.where(empty, torch.zeros_like(m), m)
     e = torch.exp(s - shift)
-    total = e.sum(-1, keepdim=True)
-    weights = torch.where(empty, torch.zeros_like(e), e / torch.where(empty, torch.ones_like(total), total))
+    # Guarded so that no branch an empty row does not take divides by or takes the log of 0: autograd sends
+    # zeros through the branch torch.where leaves, and 0 * inf would be NaN (a -inf sink's gradient).
+    total = torch.where(empty, torch.ones_like(m), e.sum(-1, keepdim=True))
+    weights = torch.where(empty, torch.zeros_like(e), e / total)
     lse = torch.where(empty, torch.full_like(m, _NEG_INF), shift + torch.log(total))
     return weights, lse.squeeze(-1)
 

@@ -190,3 +190,21 @@ def test_on_cuda_it_is_torchs_compiled_flex_attention(mod):
     torch.testing.assert_close(out, want)
     out.sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_a_block_mask_without_batch_and_heads_is_answered_as_the_compiled_kernel_answers_it():
+    # B=None/H=None: the tiles of b = 0, h = 0 serve every batch and head; mask_mod sees the real b and h only in
+    # partial tiles (full tiles are never asked), which is what torch's compiled kernel computes.
+    def mod(b, h, i, j):
+        return (i >= j) & ((b + h) % 2 == 0)
+
+    bm = create_block_mask(mod, None, None, 256, 256, device="cpu", BLOCK_SIZE=128)
+    q, k, v = rand_qkv(2, 2, 256, 256, 8, dtype=torch.float64, seed=4)
+    i, j = torch.arange(256)[:, None], torch.arange(256)[None, :]
+    b, h = torch.arange(2).view(2, 1, 1, 1), torch.arange(2).view(1, 2, 1, 1)
+    tile_full = (i // 128 > j // 128)  # below the diagonal tiles: full at b = h = 0
+    tile_partial = (i // 128 == j // 128)  # the diagonal tiles: partial
+    allowed = tile_full | (tile_partial & mod(b, h, i, j))
+    exact = dense_attention(q, k, v, mask=allowed)
+    torch.testing.assert_close(attnkit.flex_attention(q, k, v, block_mask=bm), exact, rtol=0, atol=1e-12)
+    assert not torch.equal(allowed, mod(b, h, i, j).expand(2, 2, 256, 256))  # torch's eager rule differs here

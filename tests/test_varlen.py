@@ -10,7 +10,7 @@ import torch.nn.attention.varlen
 
 import attnkit
 from attnkit import masks
-from attnkit.errors import ArgumentError, DTypeError, ShapeError
+from attnkit.errors import ArgumentError, DeviceError, DTypeError, ShapeError
 from attnkit.kernels import paths
 
 
@@ -176,3 +176,31 @@ def test_no_key_gives_zero_and_minus_inf():
     out, lse = attnkit.varlen_attn(q, k, k, _cu([2, 3]), _cu([0, 3]), 3, 3,
                                    return_aux=torch.nn.attention.varlen.AuxRequest(lse=True))
     assert (out[:2] == 0).all() and (lse[:, :2] == -math.inf).all() and torch.isfinite(out[2:]).all()
+
+
+@pytest.mark.parametrize(("used", "error", "words"), [
+    (torch.tensor([2.7, 5.2]), DTypeError, "seqused_k must be an integer tensor"),
+    (torch.tensor([True, True]), DTypeError, "seqused_k must be an integer tensor"),
+    (torch.tensor([-1, 5]), ArgumentError, "seqused_k must lie in [0"),
+    (torch.tensor([2, 5], device="meta"), DeviceError, "seqused_k is on meta"),
+    (torch.tensor([2, 5, 1]), ShapeError, "seqused_k must have shape (batch=2,)"),
+])
+def test_seqused_k_on_packed_documents_is_checked_as_attention_checks_it(used, error, words):
+    q = torch.randn(10, 2, 8)
+    cu = _cu([4, 6])
+    with pytest.raises(error) as caught:
+        attnkit.varlen_attn(q, q, q, cu, cu, 6, 6, seqused_k=used)
+    assert words in str(caught.value)
+    k = torch.randn(2, 2, 6, 8)  # attention(..., seqused_k=) gives the same error for the same lengths
+    with pytest.raises(error) as same:
+        attnkit.attention(torch.randn(2, 2, 1, 8), k, k, seqused_k=used)
+    assert words in str(same.value)
+
+
+@pytest.mark.parametrize("name", ["cu_seq_q", "cu_seq_k"])
+def test_cumulative_lengths_on_another_device_are_refused_naming_them(name):
+    q = torch.randn(10, 2, 8)
+    cu = {"cu_seq_q": _cu([4, 6]), "cu_seq_k": _cu([4, 6])}
+    cu[name] = cu[name].to("meta")
+    with pytest.raises(DeviceError, match=f"{name} is on meta but query is on cpu"):
+        attnkit.varlen_attn(q, q, q, cu["cu_seq_q"], cu["cu_seq_k"], 6, 6)

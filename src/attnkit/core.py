@@ -158,7 +158,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
             one logit per query head that joins every row's softmax denominator and takes no value,
             ``out = softmax([scores, s])[:-1] @ v`` (:mod:`attnkit.functional.sinks`); softmax only,
             differentiable. lse and weights include it; a row with no allowed key outputs 0 and
-            has lse ``s``.
+            has lse ``s``. ``s = -inf`` is plain softmax (gradients included, rows with no key too);
+            ``+inf`` is refused (it would take every row's whole weight).
         block_table: a paged KV cache's page table ``(B, max_pages)`` (integers): ``k`` and ``v`` are then
             pools of pages ``(num_pages, page_size, H_kv, D)`` (``D_v``), read in place, and sequence ``b``'s
             keys are its first ``seqused_k[b]`` positions on the pages ``block_table[b]`` (as

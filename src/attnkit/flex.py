@@ -20,6 +20,13 @@ same arguments, torch's ``BlockMask`` and ``score_mod`` functions unchanged, and
 - on CUDA and other devices calls torch's FlexAttention, compiled once per process
   (the plain function inside a graph being compiled).
 
+A block mask is answered as torch's compiled kernel answers it: a full tile allows every
+entry, a partial tile asks ``mask_mod`` with the call's own ``b`` and ``h``. A ``BlockMask``
+built with ``B=None`` or ``H=None`` holds the tiles of ``b = 0`` / ``h = 0`` for every batch
+and head, so a ``mask_mod`` that reads ``b`` or ``h`` is asked only inside the partial tiles
+of that layout (torch's eager CPU path, which asks it everywhere, then differs; build the
+block mask with the batch and heads, ``B=batch, H=heads``, for a per-batch or per-head mask).
+
 A row with no allowed key gives 0 and lse ``-inf`` on both. ``kernel_options`` tunes
 torch's generated kernels and is passed to them on CUDA; attnkit's paths choose their
 own tiles. The lse is the natural log-sum-exp, float32 (float64 for float64 inputs).

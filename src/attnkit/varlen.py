@@ -27,10 +27,11 @@ import torch
 
 from .bias import ScoreModifier, apply_modifier
 from .core import attention, explain
-from .errors import ArgumentError, DTypeError, ShapeError, check_int
+from .errors import ArgumentError, DeviceError, DTypeError, ShapeError, check_int
 from .masks import causal, sliding_window
 from .masks.base import Mask
 from .masks.documents import BAND_UNBOUNDED, Documents
+from .masks.selected import check_lengths
 
 __all__ = ["varlen_attn", "explain_varlen", "BLOCK_SIZES"]
 
@@ -62,11 +63,13 @@ def window_mask(window_size) -> Mask | None:
     return sliding_window(BAND_UNBOUNDED if left == -1 else left, BAND_UNBOUNDED if right == -1 else right)
 
 
-def _check_cu(name: str, cu, total: int, count: int | None) -> torch.Tensor:
-    """Cumulative sequence starts ``(N + 1,)``: integers from 0, non-decreasing, ending at ``total``."""
+def _check_cu(name: str, cu, total: int, count: int | None, device) -> torch.Tensor:
+    """Cumulative sequence starts ``(N + 1,)``: integers from 0, non-decreasing, ending at ``total``, on ``device``."""
     if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype not in (torch.int32, torch.int64):
         got = f"{cu.dtype} {tuple(cu.shape)}" if isinstance(cu, torch.Tensor) else type(cu).__name__
         raise DTypeError(f"{_WHO}: {name} must be a 1-D int32/int64 tensor (N + 1,); got {got}")
+    if cu.device != device:
+        raise DeviceError(f"{_WHO}: {name} is on {cu.device} but query is on {device}")
     if count is not None and cu.numel() != count + 1:
         raise ShapeError(f"{_WHO}: {name} must have N + 1 = {count + 1} entries; got {cu.numel()}")
     cu = cu.long()
@@ -197,7 +200,7 @@ def _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale, wind
         within = mask if within is None else within & mask
     if block_size is not None:
         check_int(_WHO, "block_size", block_size, 1)
-    cu_q = _check_cu("cu_seq_q", cu_seq_q, query.shape[0], None)
+    cu_q = _check_cu("cu_seq_q", cu_seq_q, query.shape[0], None, query.device)
     n = cu_q.numel() - 1
     _check_max("max_q", max_q, cu_q[1:] - cu_q[:-1])
     if paged:
@@ -208,10 +211,11 @@ def _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale, wind
     else:
         if cu_seq_k is None:
             raise ArgumentError(f"{_WHO}: cu_seq_k is required without block_table; got None")
-        cu_k = _check_cu("cu_seq_k", cu_seq_k, key.shape[0], n)
-        if seqused_k is not None and (not isinstance(seqused_k, torch.Tensor) or tuple(seqused_k.shape) != (n,)):
-            got = tuple(seqused_k.shape) if isinstance(seqused_k, torch.Tensor) else type(seqused_k).__name__
-            raise ShapeError(f"{_WHO}: seqused_k must have shape (N={n},); got {got}")
+        cu_k = _check_cu("cu_seq_k", cu_seq_k, key.shape[0], n, query.device)
+        if seqused_k is not None:  # the check attention(..., seqused_k=) makes; each document's own bound below
+            room = cu_k[1:] - cu_k[:-1]
+            seqused_k = check_lengths(_WHO, seqused_k, n, query.device, int(room.max()) if n else 0,
+                                      "the longest document's keys in cu_seq_k")
         _check_max("max_k", max_k, (cu_k[1:] - cu_k[:-1]) if seqused_k is None else seqused_k)
         call = _documents(query, key, value, cu_q, cu_k, seqused_k, within, bias, block_size)
     tracing = torch.compiler.is_compiling() or query.is_meta

@@ -48,3 +48,16 @@ def test_table_and_errors():
     with pytest.raises(ArgumentError, match="dtype must be one of"):
         kv_cache_rows(dtype="int8")
     assert cost("retnet").state_per_token == 0 < cost("retnet").state_fixed  # a recurrent state, no KV cache
+
+
+@pytest.mark.parametrize(("heads", "head_dim"), [(10**5, 10**4), (10**6, 10**6), (12, 10**12)])
+def test_huge_layers_are_priced_by_formula_without_a_pass_over_stand_in_inputs(heads, head_dim):
+    # A pass over the zero-stride stand-ins (the dispatcher's finiteness check) grew with heads x head_dim:
+    # over 100 s at 10^7. The rows are formulas: exact at any size, at once.
+    import time
+
+    start = time.perf_counter()
+    rows = {r.label: r for r in kv_cache_rows(heads=heads, head_dim=head_dim)}
+    assert time.perf_counter() - start < 5  # seconds, on a busy machine; the formula takes milliseconds
+    assert [rows[k].values for k in ("MHA", "MQA", "MLA")] == [2 * heads * head_dim, 2 * head_dim,
+                                                              4 * head_dim + head_dim // 2]

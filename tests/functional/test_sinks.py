@@ -31,15 +31,21 @@ def _sinks(heads, shape=None, seed=9, dtype=torch.float32):
 
 
 def _err(got, exact):
-    return (got.double() - exact.double()).abs().max().item() if exact.numel() else 0.0
+    """Largest difference; equal infinities (the lse of a row with no key and a ``-inf`` sink) differ by 0."""
+    if not exact.numel():
+        return 0.0
+    got, exact = got.double(), exact.double()
+    same = (got == exact) & exact.isinf()
+    return (got - exact).masked_fill(same, 0.0).abs().max().item()
 
 
 def _loss_and_probe(out, lse=None, seed=3):
     g = torch.Generator().manual_seed(seed)
     probe = torch.randn(out.shape, generator=g, dtype=torch.float64)
     loss = (out.double() * probe).sum()
-    if lse is not None:
-        loss = loss + (lse.double() * torch.randn(lse.shape, generator=g, dtype=torch.float64)).sum()
+    if lse is not None:  # an lse of -inf (no key and a -inf sink) has no gradient to follow
+        finite = lse.double().masked_fill(lse == float("-inf"), 0.0)
+        loss = loss + (finite * torch.randn(lse.shape, generator=g, dtype=torch.float64)).sum()
     return loss
 
 
@@ -62,7 +68,7 @@ def check_against_oracle(q, k, v, s, *, with_lse=False, factor=2.0, **kwargs):
     for name, g, x, p, f in pairs:
         g = torch.zeros_like(x) if g is None else g
         p = torch.zeros_like(x) if p is None else p
-        scale = 1.0 + x.abs().max().item() if x.numel() else 1.0
+        scale = 1.0 + x.masked_fill(x.isinf(), 0).abs().max().item() if x.numel() else 1.0
         assert g.shape == x.shape, (name, g.shape, x.shape)
         assert _err(g, x) <= f * _err(p, x) + floor * scale, f"{name}: {_err(g, x):.3g} vs plain {_err(p, x):.3g}"
     return out
@@ -268,3 +274,75 @@ def test_sinks_broadcast_from_heads_and_per_sample():
         assert _err(got, dense_attention(q, k, v, sinks=given)) < 1e-12
     three = attnkit.attention(q[:, 0], k[:, 0], v[:, 0], sinks=s[:, :1])  # (B, L, D): one head
     assert _err(three, dense_attention(q[:, 0], k[:, 0], v[:, 0], sinks=s[:, :1])) < 1e-12
+
+
+# ------------------------------------------------------------------ any sink value with rows that have no key
+def _mixed_sinks(heads, dtype=torch.float32):
+    """Sinks with ``-inf`` (plain softmax) on some heads and finite logits on the others."""
+    s = 2.0 * torch.randn(heads, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    s[0::2] = float("-inf")
+    return s.to(dtype).requires_grad_()
+
+
+EMPTY_ROW_MASKS = {  # (Lq, Lk) and a mask leaving some query rows of the batch no allowed key
+    "zero-length padding": ((24, 20), lambda lq, lk: masks.padding([0, lk])),
+    "causal Lq > Lk": ((30, 20), lambda lq, lk: masks.causal()),
+    "window Lq > Lk": ((30, 20), lambda lq, lk: masks.causal() & masks.sliding_window(4)),
+    "dilated Lq > Lk": ((30, 20), lambda lq, lk: masks.causal() & masks.dilated(6, 2)),
+    "bool row": ((24, 20), lambda lq, lk: (torch.arange(lq)[:, None] % 3 != 0).expand(lq, lk)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("hkv", [4, 2])
+@pytest.mark.parametrize("mask", list(EMPTY_ROW_MASKS))
+@pytest.mark.parametrize("backend", ["auto", *BACKENDS])
+def test_sinks_at_minus_infinity_with_rows_that_have_no_key_give_the_oracles_gradients(backend, mask, hkv, dtype):
+    (lq, lk), build = EMPTY_ROW_MASKS[mask]
+    q, k, v = rand_qkv(2, 4, lq, lk, 8, hkv=hkv, dtype=dtype, seed=11, requires_grad=True)
+    s = _mixed_sinks(4, dtype)
+    m = build(lq, lk)
+    assert (~dense_attention(q, k, v, mask=m, return_weights=True).weights.sum(-1).bool()).any()
+    try:
+        out = check_against_oracle(q, k, v, s, mask=m, backend=backend, with_lse=backend != "sdpa")
+    except BackendError:
+        assert backend != "auto"
+        return
+    assert not out.isnan().any()
+
+
+# Rows with no allowed key on every path ``auto`` reaches, with ``-inf`` and finite sinks on different heads.
+EMPTY_ROWS_PATHS = {
+    "torch-sdpa": (dict(lq=60, lk=70), dict(mask=masks.keys(torch.tensor([[False] * 70, [True] * 70])))),
+    "band-windows": (dict(lq=300, lk=300), dict(mask=masks.diagonals(90, 110))),
+    "blocksparse-fused": (dict(lq=512, lk=512), dict(mask=masks.diagonals(None, -100) | masks.global_tokens([10000]))),
+    "blocksparse-masked": (dict(lq=512, lk=512, dv=13),
+                           dict(mask=masks.diagonals(None, -100) | masks.global_tokens([10000]))),
+    "blocksparse-gathered": (dict(lq=512, lk=512), dict(mask=masks.diagonals(None, -100) | masks.global_tokens([10000]),
+                                                        score="cosine")),
+    "bias-slabs": (dict(lq=300, lk=280), dict(bias=ALiBi(4), mask=masks.causal())),
+    "softcap-loop": (dict(lq=300, lk=280), dict(bias=Softcap(5.0), mask=masks.causal())),
+    "online-softmax": (dict(lq=300, lk=280, hkv=2), dict(score="cosine", mask=masks.causal())),
+    "dense-reference": (dict(lq=30, lk=20), dict(mask=masks.causal(), score=lambda q, k: q @ k.transpose(-1, -2))),
+}
+
+
+def test_every_path_is_reached_with_sinks_and_rows_that_have_no_key():
+    assert set(EMPTY_ROWS_PATHS) | {"flex", "paged-split-kv"} == set(paths.BY_NAME)
+
+
+@pytest.mark.parametrize("name", list(EMPTY_ROWS_PATHS))
+def test_every_path_with_minus_infinity_sinks_and_rows_that_have_no_key_equals_the_oracle(name):
+    sizes, kwargs = EMPTY_ROWS_PATHS[name]
+    q, k, v = rand_qkv(2, 4, sizes["lq"], sizes["lk"], 11, sizes.get("dv"), hkv=sizes.get("hkv"), seed=12,
+                       requires_grad=True)
+    s = _mixed_sinks(4)
+    assert attnkit.explain(q, k, v, sinks=s, **kwargs).path == name
+    out = check_against_oracle(q, k, v, s, **kwargs)
+    assert not out.isnan().any()
+
+
+def test_a_sink_of_plus_infinity_is_refused_naming_the_head():
+    q, k, v = rand_qkv(2, 3, 5, 7, 11)
+    with pytest.raises(ArgumentError, match=r"sinks .*\+inf.*head 1"):
+        attnkit.attention(q, k, v, sinks=torch.tensor([0.0, float("inf"), float("-inf")]))

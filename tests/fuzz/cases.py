@@ -140,7 +140,7 @@ def _leaf_mask(draw, batch, lq, lk):
         leading = batch if batch > 0 and draw(st.booleans()) else 1
         count = draw(st.integers(1, 5))
         seed = torch.Generator().manual_seed(draw(st.integers(0, 999)))
-        indices = torch.randint(-1, max(1, -(-lk // block)) + 1, (leading, lq, count), generator=seed)
+        indices = torch.randint(-1, -(-lk // block), (leading, lq, count), generator=seed)  # none past the keys
         return masks.selected_keys(indices) if block == 1 else masks.selected_blocks(indices, block)
     block = draw(st.sampled_from([1, 3, 16, 64]))
     nq, nk = -(-lq // block), -(-lk // block)
@@ -179,9 +179,16 @@ def mask_expression(draw, batch, lq, lk, depth=2):
 
 @st.composite
 def _bias(draw, case_scores, heads):
-    kind = draw(st.sampled_from(["none", "none", "tensor", "alibi", "softcap"]))
+    kind = draw(st.sampled_from(["none", "none", "tensor", "alibi", "softcap", "relpos"]))
     if kind == "none":
         return None
+    if kind == "relpos":  # a learned table over clipped relative positions, random entries
+        rp = attnkit.bias.RelativePositionBias(heads, mode="clip", max_distance=draw(st.integers(1, 8)),
+                                               align=draw(st.sampled_from(ALIGNS)))
+        with torch.no_grad():
+            rp.table.copy_(2 * torch.randn(rp.table.shape, generator=torch.Generator().manual_seed(draw(
+                st.integers(0, 999)))))
+        return rp
     if kind == "alibi":
         return attnkit.bias.alibi(heads, align=draw(st.sampled_from(ALIGNS)))
     if kind == "softcap":
@@ -220,14 +227,17 @@ def cases(draw) -> Case:
         mask = draw(_bools(user_scores))
     else:
         mask = None
-    normalize = draw(st.sampled_from(["softmax"] * 5 + ["sigmoid", "sparsemax", "hard"]))
+    normalize = draw(st.sampled_from(["softmax"] * 5 + ["sigmoid", "sparsemax", "hard", "sigmoid_log_n", "softpick",
+                                                         "stick_breaking"]))
+    differentiable = normalize not in ("sparsemax", "hard")  # the masked-softmax oracle's (float64, autograd)
     return Case(
         rank=rank, batch=batch, heads=heads, kv_heads=kv_heads, lq=lq, lk=lk, d=d, dv=dv,
         dtype=draw(st.sampled_from(DTYPES)), seed=draw(st.integers(0, 2**31 - 1)), mask=mask,
         bias=draw(_bias(user_scores, heads)),
         score=draw(st.sampled_from(["scaled_dot", "scaled_dot", "dot", "cosine"])),
         scale=draw(st.sampled_from([None, None, 0.0, -0.7, 0.3, 2.0])), normalize=normalize,
-        return_lse=normalize == "softmax" and draw(st.booleans()), return_weights=draw(st.integers(0, 5)) == 0,
-        grad=(grad := normalize in ("softmax", "sigmoid") and draw(st.booleans())),
+        return_lse=normalize == "softmax" and draw(st.booleans()),
+        return_weights=normalize in ("softmax", "sigmoid", "sparsemax", "hard") and draw(st.integers(0, 5)) == 0,
+        grad=(grad := differentiable and draw(st.booleans())),
         second_order=grad and draw(st.integers(0, 2)) == 0,
         sinks=draw(_sinks(batch, heads)) if normalize == "softmax" else None)

@@ -12,9 +12,11 @@ max of the row and ``s_h``: the sink takes weight and gives no value, and an emp
 
 Every score is built at once in float64 from the inputs (upcast, never the library's kernels,
 scores, normalisers or validation), so ``torch.autograd.grad`` through it gives the exact gradients
-of that definition. Sigmoid weights are ``sigmoid(S)`` on allowed pairs. The modifiers it knows are
+of that definition. Sigmoid weights are ``sigmoid(S)`` on allowed pairs; sigmoid with ``-log n``,
+softpick and stick-breaking are written from their papers below. The modifiers it knows are
 written from their papers here: ALiBi ``-m_h |i + Lk - Lq - j|`` (bottom-right) or ``-m_h |i - j|``
-(top-left), soft-capping ``c tanh(S / c)``. A mask is read only through ``Mask.materialize``.
+(top-left), soft-capping ``c tanh(S / c)``, a clipped relative-position table ``w_h[clip(j - i', -K, K)]``.
+A mask is read only through ``Mask.materialize``.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ import math
 
 import torch
 
-from attnkit.bias import ALiBi, Softcap
+from attnkit.bias import ALiBi, RelativePositionBias, Softcap
 from attnkit.masks import Mask
 
-__all__ = ["attend", "as_4d"]
+__all__ = ["attend", "as_4d", "NORMALIZERS"]
 
 _NEG_INF = float("-inf")
 
@@ -52,6 +54,10 @@ def _modified(modifier, s, lq, lk):
     if isinstance(modifier, ALiBi):
         shift = lk - lq if modifier.align == "bottom_right" else 0
         return s - modifier.slopes.to(s.dtype)[h] * (i + shift - j).abs()
+    if isinstance(modifier, RelativePositionBias) and modifier.mode == "clip":  # Shaw et al. 2018, eq. 3-4
+        shift = lk - lq if modifier.align == "bottom_right" else 0
+        far = modifier.max_distance
+        return s + modifier.table.to(s.dtype)[h, (j - i - shift).clamp(-far, far) + far]
     raise NotImplementedError(f"masked_softmax oracle: modifier {modifier!r}")
 
 
@@ -78,8 +84,8 @@ def attend(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, nor
     elif bias is not None:
         s = _modified(bias, s, lq, lk)
     allowed = _allowed(mask, user_scores, b, h, lq, lk)
-    if normalize == "sigmoid":
-        weights, lse = torch.sigmoid(s).masked_fill(~allowed, 0.0), None
+    if normalize in _ELEMENTWISE:
+        weights, lse = _ELEMENTWISE[normalize](s, allowed), None
     elif normalize == "softmax":
         weights, lse = _softmax(s, allowed, None if sinks is None else sinks.to(dtype))
     else:
@@ -87,6 +93,31 @@ def attend(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, nor
     out = weights @ v
     back = (lambda t: t[0, 0]) if rank == 2 else (lambda t: t[:, 0]) if rank == 3 else (lambda t: t)
     return back(out), (back(lse) if lse is not None else None)
+
+
+def _sigmoid_log_n(s, allowed):
+    """Ramapuram et al. 2024 (arXiv:2409.04431): ``sigmoid(S - log n)``, ``n`` the row's keys (allowed or not)."""
+    return torch.sigmoid(s - math.log(max(s.shape[-1], 1))).masked_fill(~allowed, 0.0)
+
+
+def _softpick(s, allowed):
+    """Zuhri et al. 2025 (arXiv:2504.20966): ``ReLU(e^S - 1) / (sum_allowed |e^S - 1| + 1e-8)``."""
+    e = torch.where(allowed, torch.expm1(s.masked_fill(~allowed, 0.0)), torch.zeros_like(s))
+    return torch.relu(e) / (e.abs().sum(-1, keepdim=True) + 1e-8)
+
+
+def _stick_breaking(s, allowed):
+    """Tan et al. 2024 (arXiv:2410.17980): ``beta_j prod_{l > j allowed} (1 - beta_l)``, ``beta = sigmoid(S)``,
+    in logs: ``log w_j = log sigmoid(S_j) + sum_{l > j allowed} log sigmoid(-S_l)``."""
+    s0 = s.masked_fill(~allowed, 0.0)
+    later = torch.nn.functional.logsigmoid(-s0).masked_fill(~allowed, 0.0)
+    after = later.flip(-1).cumsum(-1).flip(-1) - later  # the sum over allowed l > j
+    return torch.exp(torch.nn.functional.logsigmoid(s0) + after).masked_fill(~allowed, 0.0)
+
+
+_ELEMENTWISE = {"sigmoid": lambda s, allowed: torch.sigmoid(s).masked_fill(~allowed, 0.0),
+                "sigmoid_log_n": _sigmoid_log_n, "softpick": _softpick, "stick_breaking": _stick_breaking}
+NORMALIZERS = ("softmax", *_ELEMENTWISE)
 
 
 def _softmax(s, allowed, sinks=None):

@@ -1,7 +1,9 @@
 """Differential fuzzing: random calls on every backend against float64 oracles (tests/fuzz/differential.py).
 
 The quick profile runs in the default suite: a fixed seed and a fixed number of cases, so it is
-deterministic and bounded. The long profile (``-m slow``) runs at least 5,000 cases::
+deterministic and bounded; so does a quick profile of the other surfaces (packed documents, paged
+caches, the linear recurrences, FlexAttention's API: tests/fuzz/surfaces.py). The long profiles
+(``-m slow``) run 5,000 calls of attention and 2,000 of the other surfaces::
 
     .venv/bin/python -m pytest -m slow tests/fuzz/test_differential.py
 
@@ -16,11 +18,13 @@ from unittest import mock
 import pytest
 import torch
 from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
 
 import attnkit
 from attnkit.kernels import online_softmax
 from tests.fuzz.cases import Case, cases
 from tests.fuzz.differential import check
+from tests.fuzz.surfaces import SURFACES, check_surface, surface_calls
 
 _COMMON = dict(deadline=None, suppress_health_check=list(HealthCheck), print_blob=True)
 
@@ -43,6 +47,21 @@ def test_quick_profile(case):
 @given(cases())
 def test_long_profile(case):
     _run(case)
+
+
+@pytest.mark.parametrize("kind", list(SURFACES))
+@seed(20261207)
+@settings(max_examples=6, derandomize=True, database=None, **_COMMON)
+@given(data=st.data())
+def test_quick_profile_of_the_other_surfaces(kind, data):
+    check_surface(data.draw(SURFACES[kind]))
+
+
+@pytest.mark.slow
+@settings(max_examples=2000, database=None, **_COMMON)
+@given(surface_calls())
+def test_long_profile_of_the_other_surfaces(call):
+    check_surface(call)
 
 
 def test_the_check_catches_a_kernel_off_by_five_in_ten_thousand():

@@ -55,9 +55,30 @@ def test_sparsemax_over_a_finfo_min_row_in_float32():
                return_weights=True))
 
 
-def test_a_selected_key_past_the_keys_with_a_bias_tensor():
+def test_a_selected_key_past_the_keys_is_refused_and_unused_slots_with_a_bias_tensor_are_exact():
     # A selection naming a key past Lk read the bias tensor at that position (out of bounds) on the gathered
-    # path: slots that name no real key are clamped to a real position, masked out and their data zeroed.
+    # path; such a selection is now refused at the call (its key would be dropped), and unused slots (-1) are
+    # clamped to a real position, masked out and their data zeroed.
+    q = torch.randn(1, 1, 1, 1, dtype=torch.float64)
+    k = torch.randn(1, 1, 3, 1, dtype=torch.float64)
+    with pytest.raises(attnkit.errors.ArgumentError, match=r"indices must name a key in \[0, 3\)"):
+        attnkit.attention(q, k, k, mask=masks.selected_keys(torch.tensor([[[3]]])), bias=torch.randn(3),
+                          normalize="sparsemax", backend="blocksparse")
     check(Case(rank=4, batch=1, heads=1, kv_heads=1, lq=1, lk=3, d=1, dv=1, dtype=torch.float64, seed=0,
-               mask=masks.selected_keys(torch.tensor([[[3]]])), bias=("tensor", (3,), "-inf entries", False),
+               mask=masks.selected_keys(torch.tensor([[[-1, 2, -1]]])), bias=("tensor", (3,), "-inf entries", False),
                normalize="sparsemax"))
+
+
+@pytest.mark.parametrize("lk", [513, 1000])
+def test_a_bfloat16_lse_with_a_relative_position_bias_over_many_keys_is_within_float32_accumulation(lk):
+    # Flagged twice (5e-5 on |lse| ~ 7, 513-1000 keys, the chunked path): the lse is float32 and sums Lk terms
+    # block by block; differential.lse_accumulation derives the (2 Lk + 1) u it may carry, within the contract.
+    rp = attnkit.bias.RelativePositionBias(2, mode="clip", max_distance=64)
+    with torch.no_grad():
+        rp.table.copy_(3 * torch.randn(rp.table.shape, generator=torch.Generator().manual_seed(lk)))
+    case = Case(rank=4, batch=1, heads=2, kv_heads=2, lq=24, lk=lk, d=16, dv=16, dtype=torch.bfloat16, seed=lk,
+                mask=masks.causal(), bias=rp, return_lse=True)
+    q, k, v, _ = case.tensors()
+    assert attnkit.explain(q, k, v, mask=case.mask, bias=rp, return_lse=True, backend="chunked").path in (
+        "online-softmax", "bias-slabs")
+    assert {"online-softmax", "bias-slabs"} & set(check(case))  # the chunked backend's paths ran and passed

@@ -187,3 +187,53 @@ def test_the_fast_lane_never_takes_a_paged_call(monkeypatch):
     keys, values = _sequences([20])
     k, v = _contiguous(keys, values)
     attnkit.attention(torch.randn(1, 2, 1, 16), k, v, seqused_k=torch.tensor([20]))
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference", "chunked", "sdpa", "blocksparse"])
+def test_minus_infinity_sinks_and_an_empty_sequence_give_the_oracles_gradients(backend):
+    from attnkit.errors import BackendError
+    from tests.oracle import dense_attention
+
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(*shape, dtype=torch.float64, generator=g).requires_grad_()
+               for shape in ((2, 4, 3, 8), (2, 2, 40, 8), (2, 2, 40, 8)))
+    sinks = torch.tensor([float("-inf"), 1.2, float("-inf"), 0.3], dtype=torch.float64, requires_grad=True)
+    used = torch.tensor([0, 40])  # the first sequence holds no key: its rows have none
+    call = dict(seqused_k=used, mask=masks.causal(), sinks=sinks, backend=backend)
+    try:
+        out = attnkit.attention(q, k, v, **call)
+    except BackendError:
+        assert backend != "auto"
+        return
+    if backend == "auto":
+        assert attnkit.explain(q, k, v, **call).path == "paged-split-kv"
+    pos = torch.arange(3)[:, None] + used[:, None, None] - 3  # each sequence's queries end at its last key
+    allowed = (torch.arange(40) <= pos) & (torch.arange(40) < used[:, None, None])
+    want = dense_attention(q, k, v, mask=allowed[:, None], sinks=sinks, differentiable=True)
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+    probe = torch.randn(out.shape, dtype=torch.float64, generator=g)
+    got = torch.autograd.grad((out * probe).sum(), (q, k, v, sinks))
+    exact = torch.autograd.grad((want * probe).sum(), (q, k, v, sinks))
+    for a, b in zip(got, exact, strict=True):
+        assert not a.isnan().any()
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference", "chunked", "sdpa", "blocksparse"])
+def test_nan_on_pool_lanes_no_sequence_holds_reaches_no_output_or_gradient_on_any_backend(backend):
+    from attnkit.errors import BackendError
+
+    keys, values = _sequences([0, 5, 13], d=8, dv=8, dtype=torch.float64, seed=2)  # an empty sequence too
+    k_pool, v_pool, table = _pool(keys, values, 4, spare=2, seed=1)  # spare pages and lanes past a length: NaN
+    q = torch.randn(3, 4, 2, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    call = dict(block_table=table, seqused_k=torch.tensor([0, 5, 13]), mask=masks.causal(), backend=backend)
+    try:
+        out = attnkit.attention(q, k_pool, v_pool, **call)
+    except BackendError:  # a forced backend may refuse (torch's kernel sees its NaN output); it says why
+        assert backend == "sdpa"
+        return
+    want = torch.stack([_oracle(q[b:b + 1], [k], [v])[0] if k.shape[1] else torch.zeros(4, 2, 8, dtype=torch.float64)
+                        for b, (k, v) in enumerate(zip(keys, values, strict=True))])
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+    (grad,) = torch.autograd.grad(out.sum(), q)
+    assert torch.isfinite(grad).all() and not grad[0].any()

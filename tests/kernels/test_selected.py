@@ -50,7 +50,7 @@ def _case(name, seed=0):
     b, h, hkv, lq, lk, d, dv, shape, bs, group, causal = CASES[name]
     q, k, v = rand_qkv(b, h, lq, lk, d, dv, hkv=hkv, dtype=torch.float64, seed=seed, requires_grad=True)
     g = torch.Generator().manual_seed(seed + 1)
-    indices = torch.randint(-1, -(-lk // bs) + 1, shape, generator=g)  # -1, repeats and a block past the keys
+    indices = torch.randint(-1, -(-lk // bs), shape, generator=g)  # -1 and repeats (a block past the keys: refused)
     mask = masks.selected_blocks(indices, bs, group_size=group) if bs > 1 else masks.selected_keys(
         indices[:, 0] if shape[1] == 1 and shape[2] > 1 else indices, group_size=group)
     return q, k, v, indices, bs, group or h, causal, (mask & masks.causal() if causal else mask)

@@ -79,3 +79,24 @@ def test_selected_keys_refuse_float_and_wrong_rank_indices():
         masks.selected_keys(torch.zeros(3, 2))
     with pytest.raises(ShapeError, match=r"indices must have shape \(Lq, k\)"):
         masks.selected_keys(torch.zeros(3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference", "chunked", "sdpa", "blocksparse"])
+@pytest.mark.parametrize(("build", "last"), [(lambda idx: masks.selected_keys(idx), 9),
+                                             (lambda idx: masks.selected_blocks(idx, 4) & masks.causal(), 2)])
+def test_indices_past_the_last_key_or_block_are_refused_at_the_call_naming_indices(build, last, backend):
+    import attnkit
+    from attnkit.errors import ArgumentError
+
+    q = torch.randn(1, 2, 3, 8)
+    kv = torch.randn(1, 2, 10, 8)  # 10 keys: keys 0..9, blocks of 4: 0..2
+    ok = build(torch.tensor([[0, last], [1, -1], [-5, 2]]))
+    attnkit.attention(q, kv, kv, mask=ok, backend=backend)  # the last key (block) and unused slots are fine
+    past = build(torch.tensor([[0, last + 1], [1, -1], [2, 2]]))
+    words = rf"indices must name .* in \[0, {last + 1}\) for kv_len=10.*got {last + 1}"
+    with pytest.raises(ArgumentError, match=words):
+        attnkit.attention(q, kv, kv, mask=past, backend=backend)
+    with pytest.raises(ArgumentError, match="indices must name"):
+        past.materialize(3, 10)
+    with pytest.raises(ArgumentError, match="indices must name"):
+        masks.shifted(past, q0=0, k0=0, q_len=3, kv_len=10)

@@ -101,3 +101,12 @@ def test_indexer_kl_is_zero_when_the_indexer_matches_the_target():
     weights = torch.softmax(torch.randn(2, 3, 5, 5, dtype=torch.float64), -1)
     scores = (weights.sum(1) / 3).log()
     assert float(indexer_kl(scores, weights)) < 1e-12
+
+
+def test_an_empty_sequence_gives_an_empty_output():
+    layer = DSASparseAttention(16, 2, index_heads=2, index_dim=4, top_k=3)
+    x = torch.randn(2, 0, 16, requires_grad=True)
+    out = layer(x)
+    assert out.shape == (2, 0, 16)
+    out.sum().backward()
+    assert x.grad.shape == (2, 0, 16)

@@ -16,6 +16,7 @@ from attnkit.nn import (
     CoAttention,
     CoverageAttention,
     DerivedKeyAttention,
+    DSASparseAttention,
     HardAttention,
     LambdaLayer,
     LearnedPositionalEmbedding,
@@ -25,6 +26,8 @@ from attnkit.nn import (
     LongformerAttention,
     LuongAttention,
     MemoryAttention,
+    MoBA,
+    NativeSparseAttention,
     PerceiverAttention,
     PerformerAttention,
     PointerAttention,
@@ -116,3 +119,38 @@ def test_every_module_checks_its_sequence_input_through_the_shared_check(module,
     wrong = rf"^{who}: {name} must have shape \(batch.*{width}\); got \(2, 5, {width + 1}\)$"
     with pytest.raises(ShapeError, match=wrong):
         call(module, x(B, N, width + 1))
+
+
+# The modules whose input is checked by ProjectedAttention.check_input or check_sequence(..., like=module)
+SPARSE_AND_PROJECTED = [
+    DSASparseAttention(D, 2, index_heads=2, index_dim=4, top_k=3),
+    NativeSparseAttention(8, 4, kv_heads=2, compress_block=4, compress_stride=2, select_block=4, num_selected=2,
+                          window=3),
+    MoBA(D, 2, block_size=2, top_k=2),
+    LocalAttention(D, 2, 2), BigBirdAttention(D, 2, block_size=2), SparseTransformerAttention(D, 2, stride=2),
+    LinformerAttention(D, 2, max_len=N), LinearAttention(D, 2), PerformerAttention(D, 2), ReformerAttention(D, 2),
+]
+
+
+@pytest.mark.parametrize("module", SPARSE_AND_PROJECTED, ids=[type(m).__name__ for m in SPARSE_AND_PROJECTED])
+def test_an_input_of_another_dtype_than_the_modules_raises_its_dtype_error(module):
+    width = module.dim
+    assert module(x(B, N, width)).shape == (B, N, width)
+    with pytest.raises(DTypeError, match=rf"^{type(module).__name__}: x must have the parameters' dtype "
+                                         r"torch.float32; got torch.float64$"):
+        module(x(B, N, width, dtype=torch.float64))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts the input: accepted
+        module(x(B, N, width, dtype=torch.bfloat16))
+
+
+# Positional encodings add a table to x in x's own dtype: any floating dtype is theirs to take.
+WITH_PARAMETERS = [case for case in SEQUENCE_MODULES
+                   if not isinstance(case[0], SinusoidalPositionalEncoding | LearnedPositionalEmbedding)]
+
+
+@pytest.mark.parametrize(("module", "call", "name", "width"), WITH_PARAMETERS,
+                         ids=[type(m).__name__ for m, *_ in WITH_PARAMETERS])
+def test_every_module_names_an_input_of_another_dtype_than_its_parameters(module, call, name, width):
+    with pytest.raises(DTypeError, match=rf"^{type(module).__name__}: {name} must have the parameters' dtype "
+                                         r"torch.float32; got torch.float64$"):
+        call(module, x(B, N, width, dtype=torch.float64))

@@ -58,3 +58,13 @@ def test_moba_takes_the_gathered_path_when_few_blocks_are_chosen():
     decision = attnkit.explain(q, k, k, mask=mask)
     assert decision.path == "blocksparse-gathered" and decision.block_density < 0.5
     assert layer(torch.randn(1, 512, 16)).shape == (1, 512, 16)
+
+
+def test_an_empty_sequence_gives_an_empty_output_and_zero_gradients():
+    layer = MoBA(16, 2, block_size=4, top_k=2)
+    x = torch.randn(3, 0, 16, requires_grad=True)
+    out = layer(x)
+    assert out.shape == (3, 0, 16)
+    out.sum().backward()
+    assert x.grad.shape == (3, 0, 16)
+    assert all(p.grad is None or not p.grad.any() for p in layer.parameters())

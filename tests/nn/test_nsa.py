@@ -103,3 +103,13 @@ def test_gradients_reach_every_parameter_and_the_selection_none():
 def test_block_sizes_must_be_multiples_of_the_stride():
     with pytest.raises(ArgumentError, match="multiples of compress_stride"):
         NativeSparseAttention(16, 4, compress_block=5, compress_stride=2)
+
+
+def test_an_empty_sequence_gives_an_empty_output():
+    layer = NativeSparseAttention(16, 4, kv_heads=2, compress_block=4, compress_stride=2, select_block=4,
+                                  num_selected=3, window=5)
+    x = torch.randn(2, 0, 16, requires_grad=True)
+    out = layer(x)
+    assert out.shape == (2, 0, 16)
+    out.sum().backward()
+    assert x.grad.shape == (2, 0, 16)

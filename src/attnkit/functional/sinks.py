@@ -21,7 +21,9 @@ when handed ``(O_s, lse_s)`` in place of ``(O, lse)`` (:func:`joined`, :func:`ke
 any path whose backward takes an lse gradient is exact under :class:`Join`, the map above as an
 autograd function. A row with no allowed key (``lse = -inf``) has ``f = 0``: output 0, lse_s = s
 (the sink alone is its denominator), no gradient for q, k or v, and for ``s`` only what reaches
-lse_s. ``s = -inf`` is plain softmax.
+lse_s. ``s = -inf`` is plain softmax, and a row with no key under it has ``lse_s = -inf``: a fused
+backward must not rebuild that row's weights as ``exp(-inf - (-inf))`` (torch-sdpa hands its kernel
+the lse of 0 the kernel gives such rows). ``s = +inf`` is refused by validation.
 
 Sinks are stored as ``(B|1, H|1)``; :func:`per_row` views them against ``(B, H, ...)`` tensors.
 """

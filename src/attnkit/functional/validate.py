@@ -171,7 +171,7 @@ def _check_broadcast(name, t, q, k, user_rank):
     return _as_4d(t)
 
 
-def _check_mask(mask, q4, user_q, user_k):
+def _check_mask(mask, q4, user_q, user_k, tracing=False):
     if mask is None:
         return None
     if isinstance(mask, Mask):
@@ -183,6 +183,8 @@ def _check_mask(mask, q4, user_q, user_k):
         for name, want, got in (("q_len", mask.q_len, user_q.shape[-2]), ("kv_len", mask.kv_len, user_k.shape[-2])):
             if want is not None and want != got:
                 raise ShapeError(f"{_WHO}: mask {mask!r} holds data for {name}={want}; got {name}={got}")
+        if mask.kind == "selected" and not tracing:
+            mask.selection.check_keys(user_k.shape[-2], f"{_WHO}: mask")
         return mask
     if not isinstance(mask, torch.Tensor):
         raise DTypeError(f"{_WHO}: mask must be an attnkit.masks.Mask or a bool tensor; got {type(mask).__name__}")
@@ -214,8 +216,13 @@ def _check_bias(bias, q4, user_q, user_k):
                      f"got {type(bias).__name__}")
 
 
-def check_sinks(sinks, q4, user_q, normalize="softmax", who=_WHO):
-    """Sinks ``(H_q,)`` or broadcastable to ``(B, H_q)``, as ``(B|1, H|1)``; softmax only."""
+def check_sinks(sinks, q4, user_q, normalize="softmax", who=_WHO, values=True):
+    """Sinks ``(H_q,)`` or broadcastable to ``(B, H_q)``, as ``(B|1, H|1)``; softmax only.
+
+    A sink of ``+inf`` would take every row's whole weight (output 0 whatever q, k and v) and has no
+    gradient but NaN: it is refused (``values``: read the sinks; off while tracing). ``-inf`` is plain
+    softmax; NaN propagates, as NaN in q, k, v does.
+    """
     if sinks is None:
         return None
     if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point():
@@ -230,6 +237,12 @@ def check_sinks(sinks, q4, user_q, normalize="softmax", who=_WHO):
     if sinks.dim() > 2 or any(s not in (1, f) for s, f in zip(reversed(sinks.shape), (heads, batch), strict=False)):
         raise ShapeError(f"{who}: sinks must have shape (H_q,) = ({heads},) or broadcast to (batch, H_q) = "
                          f"({batch}, {heads}) for query {_shape(user_q)}; got {_shape(sinks)}")
+    if values and not sinks.is_meta and sinks.numel():
+        plus = torch.isposinf(sinks.detach()).flatten()
+        if plus.any():
+            raise ArgumentError(f"{who}: sinks must be finite or -inf (plain softmax); got +inf at "
+                                f"{'head' if sinks.dim() < 2 else 'flat index'} {int(plus.nonzero()[0])} of "
+                                f"sinks {_shape(sinks)}")
     return sinks.reshape((1,) * (2 - sinks.dim()) + tuple(sinks.shape))
 
 
@@ -311,10 +324,10 @@ def validate(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, n
     bias_tensor, modifier = _check_bias(bias, q4, q, k)
     return Problem(
         q=q4, k=k4, v=v4,
-        mask=_check_mask(mask, q4, q, k),
+        mask=_check_mask(mask, q4, q, k, tracing),
         bias=bias_tensor, modifier=modifier,
         score=score, scale=_check_scale(scale, score, q.shape[-1]), normalize=normalize,
         dropout_p=_check_dropout(dropout_p),
         return_weights=bool(return_weights), return_lse=bool(return_lse), user_rank=q.dim(), tracing=tracing,
-        sinks=check_sinks(sinks, q4, q, normalize),
+        sinks=check_sinks(sinks, q4, q, normalize, values=not tracing),
     )

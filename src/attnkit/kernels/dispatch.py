@@ -229,7 +229,8 @@ def execute(p: Problem, backend: str = "auto") -> tuple[KernelOutput, Path]:
     path = choose(p, backend).path
     if p.q.is_meta:
         return _differentiable(p, shapes_only(p), path), path
-    if path is not _SDPA or not sdpa.checks_output(p) or p.needs_grad:
+    if (path is not _SDPA or not sdpa.checks_output(p) or p.needs_grad) and not getattr(
+            path.module, "READS_ONLY_ALLOWED_KEYS", False):
         cleaned = zero_padded_keys(p)
         if cleaned is not None:  # the zeroed rows may have been the only non-finite ones: decide again
             p, path = cleaned, choose(cleaned, backend).path

@@ -25,6 +25,9 @@ __all__ = ["REFUSALS", "refusal", "run", "cost", "density", "describe"]
 
 
 REFUSALS = (rules.paged_cache, rules.not_compiling, rules.no_weights)
+# The pages are gathered through the table up to each sequence's length: lanes no query may read are never read,
+# so the dispatcher does not zero them (a copy of the pool per sequence) when the pool holds NaN or inf.
+READS_ONLY_ALLOWED_KEYS = True
 
 
 def refusal(p: Problem) -> str | None:

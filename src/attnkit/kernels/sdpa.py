@@ -214,7 +214,10 @@ class _WithSinks(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse, sink_logits = ctx.saved_tensors
         dout = dout.contiguous()
-        dq, dk, dv = rules.FLASH_BACKWARD(dout, q, k, v, out, lse, 0.0, ctx.km.is_causal,
+        # A row with no key under a -inf sink has lse_s = -inf, and the kernel would rebuild its weights as
+        # exp(-inf - (-inf)) = NaN; with the lse of 0 the kernel gives such rows itself, they are exp(-inf) = 0.
+        kernel_lse = lse.masked_fill(lse == _NEG_INF, 0.0)
+        dq, dk, dv = rules.FLASH_BACKWARD(dout, q, k, v, out, kernel_lse, 0.0, ctx.km.is_causal,
                                           attn_mask=ctx.km.float_mask, scale=ctx.scale)[:3]
         return dq, dk, dv, sinks.kernel_gradient(dout, out, lse, sink_logits), None, None, None
 

@@ -375,10 +375,11 @@ def selected_keys(indices: torch.Tensor, *, group_size: int | None = None) -> Ma
     """Query ``i`` sees the keys ``indices[..., i, :]`` (top-k selection, DeepSeek-AI 2025, arXiv:2512.02556, eq. 2).
 
     ``indices`` are integers ``(Lq, k)``, ``(B, Lq, k)`` or ``(B, Hs, Lq, k)``; a negative entry is an
-    unused slot and a key named twice is one key. With ``Hs > 1`` index heads, index head ``s``
-    serves the query heads ``[s * group_size, (s + 1) * group_size)`` (``group_size`` 1 by default:
-    one selection per query head; the query heads of a key/value group share one with
-    ``group_size = H // H_kv``). Data dependent: the gathered path reads each query's ``k`` keys, at a
+    unused slot and a key named twice is one key. An index past the last key is refused (``ArgumentError``)
+    where the key count is first known: the call (or :meth:`materialize`, :func:`shifted`). With
+    ``Hs > 1`` index heads, index head ``s`` serves the query heads ``[s * group_size, (s + 1) * group_size)``
+    (``group_size`` 1 by default: one selection per query head; the query heads of a key/value group
+    share one with ``group_size = H // H_kv``). Data dependent: the gathered path reads each query's ``k`` keys, at a
     cost ``O(Lq k D)``; AND it with :func:`causal` for causality.
 
     Example:
@@ -393,8 +394,8 @@ def selected_keys(indices: torch.Tensor, *, group_size: int | None = None) -> Ma
 def selected_blocks(indices: torch.Tensor, block_size: int, *, group_size: int | None = None) -> Mask:
     """Query ``i`` sees the key blocks ``indices[..., i, :]`` of ``block_size`` keys each (NSA, MoBA).
 
-    Shapes and ``group_size`` as :func:`selected_keys`; block ``j`` holds keys
-    ``j * block_size ... (j + 1) * block_size - 1`` (Yuan et al. 2025, arXiv:2502.11089, eq. 10-11;
+    Shapes, ``group_size`` and the refusal of an index past the last block as :func:`selected_keys`; block
+    ``j`` holds keys ``j * block_size ... (j + 1) * block_size - 1`` (Yuan et al. 2025, arXiv:2502.11089, eq. 10-11;
     Lu et al. 2025, arXiv:2502.13189, eq. 5-6).
 
     Example:
@@ -417,6 +418,8 @@ class ShiftedMask(Mask):
     def __init__(self, parent: Mask, *, q0: int, k0: int, h0: int, q_len: int, kv_len: int):
         self.parent, self.q0, self.k0, self.h0 = parent, q0, k0, h0
         self.global_q_len, self.global_kv_len = q_len, kv_len
+        if parent.kind == "selected":  # indices name global keys: the global length is known here
+            parent.selection.check_keys(kv_len, "masks.shifted")
         self.uses = parent.uses
         self.batch_size = parent.batch_size
         band = parent.band(q_len, kv_len)

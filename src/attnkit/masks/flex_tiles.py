@@ -93,7 +93,9 @@ def from_block_mask(block_mask) -> Mask:
     empty one; the mask holds the sizes the block mask was made for (batch and heads
     when it has more than one, both lengths), which :func:`attnkit.attention` checks.
     ``mask_mod`` is called with broadcasting index tensors, as every attnkit mask is: the
-    elementwise functions FlexAttention takes work unchanged.
+    elementwise functions FlexAttention takes work unchanged. As in torch's compiled kernel, the
+    tiles of a block mask built with ``B=None``/``H=None`` serve every batch and head, and
+    ``mask_mod`` sees the call's ``b`` and ``h`` in partial tiles only (:mod:`attnkit.flex`).
 
     Example:
         >>> from torch.nn.attention.flex_attention import create_block_mask

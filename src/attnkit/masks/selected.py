@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ArgumentError, DTypeError, ShapeError, check_int
+from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError, check_int
 from . import cache
 from .base import Mask
 from .indexed import gather_at
@@ -56,6 +56,9 @@ class Selection(Mask):
 
     kind = "selected"
     indices: torch.Tensor
+
+    def check_keys(self, kv_len: int, who: str) -> None:
+        """Refuse indices past ``kv_len`` keys (:class:`SelectedKeys`); a page table is checked at the call."""
     block_size: int = 1
     group_size: int | None = None
     lengths: torch.Tensor | None = None
@@ -105,9 +108,28 @@ class SelectedKeys(Selection):
         self.batch_size = self.indices.shape[0] if self.indices.shape[0] > 1 else None
         self.num_heads = heads * self.group_size if heads > 1 else None
         self.q_len = self.indices.shape[2] if self.indices.shape[2] > 1 else None
+        self._largest: int | None = None  # the largest index, read on the first check (check_keys)
+
+    def check_keys(self, kv_len: int, who: str) -> None:
+        """Refuse an index past the last key (block) of ``kv_len`` keys, naming ``indices``.
+
+        The keys' count is known only at a call (or a materialisation), so that is where it is
+        checked: the largest index is read once per mask (cached), and not while compiling.
+        """
+        if self.indices.is_meta or not self.indices.numel() or torch.compiler.is_compiling():
+            return
+        if self._largest is None:
+            self._largest = int(self.indices.max())
+        blocks = -(-kv_len // self.block_size)
+        if self._largest >= blocks:
+            unit = "key" if self.block_size == 1 else f"block of {self.block_size} keys"
+            raise ArgumentError(f"{who}: {self!r}: indices must name a {unit} in [0, {blocks}) for kv_len={kv_len} "
+                                f"(negative entries are unused slots); got {self._largest}")
 
     def _table(self, kv_len: int, device) -> torch.Tensor:
         """``(B|1, Hs|1, Lq|1, n_blocks)`` bool: the blocks each query selected (cached per key length)."""
+        self.check_keys(kv_len, "materialize")
+
         def build():
             blocks = -(-kv_len // self.block_size)
             idx = self.indices.to(device)
@@ -182,19 +204,62 @@ class Pages(Selection):
             return slots[:, :pool_pages]
         return cache.on(self, "tables", max_entries=_TABLES).get_or_build((pool_pages, str(device)), build)
 
-    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
+    def held(self, b, kv_idx, kv_len):
+        """``(whether pool key kv holds a key of sequence b, its logical position)``: a page of b, below its length."""
         ps = self.block_size
         slot = self._slots(-(-kv_len // ps), kv_idx.device)[b, kv_idx // ps]
         logical = slot * ps + kv_idx % ps
-        lengths = self.lengths.to(kv_idx.device)[b]
-        allowed = (slot >= 0) & (logical < lengths)
+        return (slot >= 0) & (logical < self.lengths.to(kv_idx.device)[b]), logical
+
+    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
+        allowed, logical = self.held(b, kv_idx, kv_len)
         if self.within is not None:
-            allowed = allowed & self.within.allows(b, h, q_idx, logical, q_len, lengths)
+            allowed = allowed & self.within.allows(b, h, q_idx, logical, q_len, self.lengths.to(kv_idx.device)[b])
         return allowed
+
+    def key_padding(self) -> Mask:
+        """The pool keys no query of sequence ``b`` may read (other sequences' pages, spare pages, lanes past its
+        length): the paths that read the whole pool zero them when it holds NaN or inf (RELIABILITY row 22)."""
+        return _HeldKeys(self)
 
     def __repr__(self):
         within = "" if self.within is None else f", within={self.within!r}"
         return f"pages(table={tuple(self.table.shape)}, page_size={self.block_size}{within})"
+
+
+class _HeldKeys(Mask):
+    """The pool keys that hold one of sequence ``b``'s keys (:meth:`Pages.key_padding`)."""
+
+    uses = frozenset({"b", "kv"})
+
+    def __init__(self, pages: Pages):
+        self.pages, self.batch_size = pages, pages.batch_size
+
+    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
+        return self.pages.held(b, kv_idx, kv_len)[0]
+
+    def __repr__(self):
+        return f"held_keys({self.pages!r})"
+
+
+def check_lengths(who: str, lengths, batch: int, device, longest: int, bound: str,
+                  values: bool = True) -> torch.Tensor:
+    """``seqused_k`` ``(batch,)``: the keys each sequence holds, an integer tensor on ``device``.
+
+    With ``values`` the entries are read and must lie in ``[0, longest]`` (``bound`` names what
+    ``longest`` is). The one check of these lengths, for paged calls and packed documents alike.
+    """
+    lengths = _int_tensor(who, "seqused_k", lengths)
+    if tuple(lengths.shape) != (batch,):
+        raise ShapeError(f"{who}: seqused_k must have shape (batch={batch},); got {tuple(lengths.shape)}")
+    if lengths.device != device:
+        raise DeviceError(f"{who}: seqused_k is on {lengths.device} but query is on {device}")
+    if values and batch:
+        low, high = int(lengths.min()), int(lengths.max())
+        if low < 0 or high > longest:
+            raise ArgumentError(f"{who}: seqused_k must lie in [0, {bound} = {longest}]; got values "
+                                f"in [{low}, {high}]")
+    return lengths
 
 
 def check_pages(who: str, table, lengths, pool_pages: int, page_size: int, batch: int, device,
@@ -205,20 +270,13 @@ def check_pages(who: str, table, lengths, pool_pages: int, page_size: int, batch
     sequence uses in ``[0, pool_pages)`` (entries past a sequence's length are never read).
     """
     table = _int_tensor(who, "block_table", table)
-    lengths = _int_tensor(who, "seqused_k", lengths)
     if table.dim() != 2 or table.shape[0] != batch:
         raise ShapeError(f"{who}: block_table must have shape (batch={batch}, max_pages); got {tuple(table.shape)}")
-    if tuple(lengths.shape) != (batch,):
-        raise ShapeError(f"{who}: seqused_k must have shape (batch={batch},); got {tuple(lengths.shape)}")
-    for name, t in (("block_table", table), ("seqused_k", lengths)):
-        if t.device != device:
-            raise ShapeError(f"{who}: {name} is on {t.device} but query is on {device}")
+    if table.device != device:
+        raise DeviceError(f"{who}: block_table is on {table.device} but query is on {device}")
+    lengths = check_lengths(who, lengths, batch, device, table.shape[1] * page_size, "max_pages * page_size",
+                            values=values)
     if values and batch:
-        longest = table.shape[1] * page_size
-        low, high = int(lengths.min()), int(lengths.max())
-        if low < 0 or high > longest:
-            raise ArgumentError(f"{who}: seqused_k must lie in [0, max_pages * page_size = {longest}]; got values "
-                                f"in [{low}, {high}]")
         used = torch.arange(table.shape[1], device=device) * page_size < lengths[:, None]
         pages = table[used]
         if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= pool_pages):

@@ -54,8 +54,8 @@ class ProjectedAttention(nn.Module):
         return self.dropout if self.training else 0.0
 
     def check_input(self, x) -> None:
-        """Raise unless ``x`` is a floating ``(batch, n, dim)`` tensor."""
-        check_sequence(type(self).__name__, "x", x, self.dim, named=True)
+        """Raise unless ``x`` is a floating ``(batch, n, dim)`` tensor of the parameters' dtype and device."""
+        check_sequence(type(self).__name__, "x", x, self.dim, named=True, like=self)
 
     def split_heads(self, t: torch.Tensor) -> torch.Tensor:
         """``(B, n, dim) -> (B, H, n, dim / H)``."""

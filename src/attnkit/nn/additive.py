@@ -146,8 +146,8 @@ class AdditiveAttention(nn.Module):
         A query with no allowed key gets context 0 and weights 0.
         """
         value = key if value is None else value
-        check_sequence("AdditiveAttention", "query", query, self.query_dim, length="length")
-        check_sequence("AdditiveAttention", "key", key, self.key_dim, length="length")
+        check_sequence("AdditiveAttention", "query", query, self.query_dim, length="length", like=self)
+        check_sequence("AdditiveAttention", "key", key, self.key_dim, length="length", like=self)
         check_memory("AdditiveAttention", query, key, value)
         keep = padded_keys(mask, query, key)  # (B|1, 1, Lk) or None
         if keep is not None and query is key:  # self-attention: a padded key is a padded query too

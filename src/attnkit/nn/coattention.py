@@ -123,8 +123,8 @@ class CoAttention(nn.Module):
     def forward(self, question: torch.Tensor, image: torch.Tensor, *, question_mask: torch.Tensor | None = None,
                 image_mask: torch.Tensor | None = None) -> CoAttentionOutput:
         """Co-attend; masks are bool, True = a real word / region."""
-        check_sequence(_WHO, "question", question, self.question_dim, length="length")
-        check_sequence(_WHO, "image", image, self.image_dim, batch=question.shape[0], length="length")
+        check_sequence(_WHO, "question", question, self.question_dim, length="length", like=self)
+        check_sequence(_WHO, "image", image, self.image_dim, batch=question.shape[0], length="length", like=self)
         q_keep = check_keep_mask(_WHO, "question_mask", question_mask, *question.shape[:2], true_means="keep", dims="")
         v_keep = check_keep_mask(_WHO, "image_mask", image_mask, *image.shape[:2], true_means="keep", dims="")
         # Zeroed padding gives zero affinity and projections (no biases), and NaN there cannot leak.

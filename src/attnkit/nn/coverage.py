@@ -106,8 +106,8 @@ class CoverageAttention(nn.Module):
                 coverage: torch.Tensor | None = None, *, mask=None) -> CoverageOutput:
         """Run ``Lq`` decoder steps from ``coverage`` (default zeros); ``mask``: True = attend."""
         value = key if value is None else value
-        check_sequence("CoverageAttention", "query", query, self.query_dim, length="length")
-        check_sequence("CoverageAttention", "key", key, self.key_dim, length="length")
+        check_sequence("CoverageAttention", "query", query, self.query_dim, length="length", like=self)
+        check_sequence("CoverageAttention", "key", key, self.key_dim, length="length", like=self)
         check_memory("CoverageAttention", query, key, value)
         batch, lk = key.shape[:2]
         if coverage is None:

@@ -95,7 +95,7 @@ class DerivedKeyAttention(nn.Module):
 
     def forward(self, value: torch.Tensor, query: torch.Tensor | None = None, *, mask=None) -> DerivedKeyOutput:
         """Attend over ``value`` with keys derived from it; see the class docstring for shapes."""
-        check_sequence(_WHO, "value", value, self.value_dim)
+        check_sequence(_WHO, "value", value, self.value_dim, like=self)
         q, single = self._queries(query, value.shape[0])  # (B, Lq, La)
         allowed = check_key_mask(_WHO, "mask", mask, value.shape[0], q.shape[1], value.shape[1], masks_too=True)
         out = attention(q.to(value.dtype), self.keys(value), value, mask=allowed, score="dot", scale=1.0,

@@ -112,8 +112,8 @@ class HardAttention(nn.Module):
         ``generator`` drives the sampling ("stochastic", "gumbel"); None uses torch's global RNG.
         """
         value = key if value is None else value
-        check_sequence("HardAttention", "query", query, self.f_att.query_dim, length="length")
-        check_sequence("HardAttention", "key", key, self.f_att.key_dim, length="length")
+        check_sequence("HardAttention", "query", query, self.f_att.query_dim, length="length", like=self)
+        check_sequence("HardAttention", "key", key, self.f_att.key_dim, length="length", like=self)
         check_memory("HardAttention", query, key, value)
         compute = torch.promote_types(query.dtype, torch.float32)
         allowed = dense_allowed(mask, query, key)  # (B|1, Lq|1, Lk)

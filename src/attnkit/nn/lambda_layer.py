@@ -80,7 +80,7 @@ class LambdaLayer(nn.Module):
         self.rel_pos = nn.Parameter(torch.randn(offsets, key_dim) * key_dim ** -0.5)  # row o: offset m - n
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_sequence("LambdaLayer", "x", x, self.dim)
+        check_sequence("LambdaLayer", "x", x, self.dim, like=self)
         n = x.shape[1]
         if self.max_len is not None and n > self.max_len:
             raise ShapeError(f"x has length {n} but this LambdaLayer's global context has max_len={self.max_len}")

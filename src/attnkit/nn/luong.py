@@ -143,8 +143,8 @@ class LuongAttention(nn.Module):
         ``step``: decoder time of ``query[:, 0]`` (local-m centres ``t = step + i``).
         ``source_lengths``: ``S`` per sample for local-p ``(B,)``; default ``Lk``.
         """
-        check_sequence("LuongAttention", "query", query, self.query_dim, length="length")
-        check_sequence("LuongAttention", "memory", memory, self.key_dim, length="length")
+        check_sequence("LuongAttention", "query", query, self.query_dim, length="length", like=self)
+        check_sequence("LuongAttention", "memory", memory, self.key_dim, length="length", like=self)
         check_memory("LuongAttention", query, memory, key_name="memory")
         check_int("LuongAttention", "step", step, 0)
         compute = torch.promote_types(query.dtype, torch.float32)  # softmax in float32 or better

@@ -95,7 +95,7 @@ class MemoryAttention(nn.Module):
 
     def forward(self, h: torch.Tensor, *, mask: torch.Tensor | None = None) -> MemoryOutput:
         """``m_t`` for every step ``t`` of ``h``."""
-        check_sequence(_WHO, "h", h, self.dim, length="T")
+        check_sequence(_WHO, "h", h, self.dim, length="T", like=self)
         b, steps, _ = h.shape
         k = self.memory_size
         mask = _keep(mask, (b, steps)).to(h.device)

@@ -29,7 +29,8 @@ def moba_blocks(q: torch.Tensor, k: torch.Tensor, block_size: int, top_k: int) -
         blocks = -(-k.shape[2] // block_size)
         padded = torch.nn.functional.pad(k, (0, 0, 0, blocks * block_size - k.shape[2]))
         counts = torch.full((blocks,), block_size, dtype=k.dtype, device=k.device)
-        counts[-1] = k.shape[2] - (blocks - 1) * block_size if blocks else block_size
+        if blocks:  # the last block may be partial; an empty sequence has none
+            counts[-1] = k.shape[2] - (blocks - 1) * block_size
         means = padded.view(batch, heads, blocks, block_size, d).sum(3) / counts[:, None]  # (B, H, nb, D)
         gate = q @ means.transpose(-1, -2)  # (B, H, n, nb)
         own = torch.arange(n, device=q.device)[:, None] // block_size

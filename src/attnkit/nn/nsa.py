@@ -172,7 +172,7 @@ class NativeSparseAttention(nn.Module):
         return q, (k_c, v_c), (k_slc, v_slc), (k_win, v_win), mask
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_sequence(type(self).__name__, "x", x, self.dim, named=True)
+        check_sequence(type(self).__name__, "x", x, self.dim, named=True, like=self)
         batch, n, _ = x.shape
         h = self.num_heads
         q, (k_c, v_c), (k_slc, v_slc), (k_win, v_win), mask = self.branches(x)

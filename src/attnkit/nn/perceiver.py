@@ -71,8 +71,8 @@ class PerceiverAttention(nn.Module):
         self_attention = context is None
         context = latents if context is None else context
         who = type(self).__name__
-        check_sequence(who, "latents", latents, self.query_dim)
-        check_sequence(who, "context", context, self.context_dim)
+        check_sequence(who, "latents", latents, self.query_dim, like=self)
+        check_sequence(who, "context", context, self.context_dim, like=self)
         keep = check_keep_mask(type(self).__name__, "context_keep_mask", context_keep_mask,
                                context.shape[0], context.shape[1])
         context = clear_padding(context, keep)
@@ -139,7 +139,7 @@ class PerceiverEncoder(nn.Module):
         self.norm_out = nn.LayerNorm(latent_dim)
 
     def forward(self, x: torch.Tensor, *, input_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
-        check_sequence(type(self).__name__, "x", x, self.input_dim)
+        check_sequence(type(self).__name__, "x", x, self.input_dim, like=self)
         x = clear_padding(x, check_keep_mask(type(self).__name__, "input_keep_mask", input_keep_mask, *x.shape[:2]))
         z = self.latents.to(x.dtype).expand(x.shape[0], -1, -1)  # (b, N, D)
         z = z + self.cross_attn(self.norm_latents(z), self.norm_input(x), context_keep_mask=input_keep_mask)

@@ -75,7 +75,7 @@ class PointerAttention(nn.Module):
 
     def forward(self, decoder: torch.Tensor, encoder: torch.Tensor, *, mask: torch.Tensor | None = None):
         """Log-probabilities of pointing at each encoder position; see the class docstring."""
-        check_sequence(_WHO, "encoder", encoder, self.encoder_dim)
+        check_sequence(_WHO, "encoder", encoder, self.encoder_dim, like=self)
         single = isinstance(decoder, torch.Tensor) and decoder.dim() == 2
         check_shape(_WHO, "decoder", decoder, lambda t: t.dim() in (2, 3) and t.shape[-1] == self.decoder_dim
                     and t.shape[0] == encoder.shape[0],

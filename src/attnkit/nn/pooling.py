@@ -68,7 +68,7 @@ class AttentionPooling(nn.Module):
 
     def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None = None) -> PoolingOutput:
         """Pool ``x`` over its positions; ``mask`` (B, n) bool, True = keep."""
-        check_sequence("AttentionPooling", "x", x, self.dim, length="length")
+        check_sequence("AttentionPooling", "x", x, self.dim, length="length", like=self)
         check_keep_mask("AttentionPooling", "mask", mask, *x.shape[:2], true_means="keep", dims="")
         u = torch.tanh(self.proj(x))  # (B, n, A)
         query = self.context.to(u.dtype).expand(x.shape[0], 1, -1)  # (B, 1, A)

@@ -210,7 +210,7 @@ class ReformerAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
         who = type(self).__name__
-        check_sequence(who, "x", x, self.dim)
+        check_sequence(who, "x", x, self.dim, like=self)
         x = clear_padding(x, check_keep_mask(who, "key_keep_mask", key_keep_mask, *x.shape[:2]))
         qk, v = split_heads(self.qk_proj(x), self.num_heads), split_heads(self.v_proj(x), self.num_heads)
         return self.out_proj(merge_heads(self.lsh(qk, v, key_keep_mask=key_keep_mask)))

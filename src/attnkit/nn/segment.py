@@ -30,9 +30,9 @@ class SegmentOutput(NamedTuple):
     token_weights: torch.Tensor
 
 
-def _check_inputs(who, query, x, query_dim, dim, keep):
-    check_sequence(who, "x", x, dim, length="length")
-    check_sequence(who, "query", query, query_dim, batch=x.shape[0], length="length")
+def _check_inputs(who, query, x, query_dim, dim, keep, module):
+    check_sequence(who, "x", x, dim, length="length", like=module)
+    check_sequence(who, "query", query, query_dim, batch=x.shape[0], length="length", like=module)
     check_keep_mask(who, "mask", keep, *x.shape[:2], true_means="a real token", dims="")
 
 
@@ -126,7 +126,7 @@ class SegmentAttention(_Projections):
     def forward(self, query: torch.Tensor, x: torch.Tensor, segment_ids: torch.Tensor, *,
                 mask: torch.Tensor | None = None, num_segments: int | None = None) -> SegmentOutput:
         """Attend from ``query`` over the segments of ``x``."""
-        _check_inputs("SegmentAttention", query, x, self.query_dim, self.dim, mask)
+        _check_inputs("SegmentAttention", query, x, self.query_dim, self.dim, mask, self)
         member = _membership("SegmentAttention", segment_ids, x, mask, num_segments)  # (B|1, S, n)
         pooled, beta = _pool(x, member, self.pooler)  # (B, S, dim), (B, S, n)
         present = member.any(-1)[:, None, :]  # (B|1, 1, S): empty segments are masked
@@ -210,7 +210,7 @@ class TieredAttention(_Projections):
     def forward(self, query: torch.Tensor, x: torch.Tensor, group_ids: torch.Tensor, *,
                 mask: torch.Tensor | None = None, num_groups: int | None = None) -> SegmentOutput:
         """Attend from ``query`` over the groups of ``x``, then inside them."""
-        _check_inputs("TieredAttention", query, x, self.query_dim, self.dim, mask)
+        _check_inputs("TieredAttention", query, x, self.query_dim, self.dim, mask, self)
         member = _membership("TieredAttention", group_ids, x, mask, num_groups)  # (B|1, G, n)
         q, keys, values = self.q_proj(query), self.k_proj(x), self.v_proj(x)
         alpha, log_alpha, groups_on = self._group_weights(q, keys, member)

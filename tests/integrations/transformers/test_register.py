@@ -55,3 +55,23 @@ def test_accepted_names_and_modifiers_run():
     with torch.no_grad():
         assert not torch.allclose(ours(tokens()).logits, plain(tokens()).logits)  # the bias is applied
         torch.testing.assert_close(other(tokens()).logits, lambda_bias(tokens()).logits, rtol=0, atol=1e-5)
+
+
+def test_reloading_the_module_registers_its_names_again_and_foreign_names_stay_refused():
+    import importlib
+
+    from transformers import AttentionInterface
+
+    import attnkit.integrations.transformers as module
+
+    register("attnkit-test-reload", mask=masks.sliding_window(8))
+    AttentionInterface.register("foreign-test-impl", lambda *args, **kwargs: None)  # another library's name
+    try:
+        reloaded = importlib.reload(module)  # what a notebook's autoreload does
+        assert AttentionInterface._global_mapping["attnkit"].__module__.startswith("attnkit.")
+        assert reloaded.register("attnkit-test-reload") == "attnkit-test-reload"  # attnkit's own name again
+        for name in ("foreign-test-impl", "sdpa", "eager"):
+            with pytest.raises(ArgumentError, match=rf"name '{name}' is .*implementation.*; choose another"):
+                reloaded.register(name)
+    finally:
+        del AttentionInterface._global_mapping["foreign-test-impl"]

@@ -117,7 +117,7 @@ def test_an_unavailable_device_is_refused_and_a_cpu_only_mode_names_the_option(n
 
 def test_an_error_while_measuring_is_not_printed_on_the_progress_bar_line(monkeypatch, capsys):
     """The bar is closed (its line cleared) before the error is printed; tqdm writes to stderr."""
-    def fails(case, *, repeats, backends, progress):
+    def fails(case, *, repeats, backends, progress, refused=None):
         progress("timing 2 methods")
         raise ArgumentError("a method refused the case")
     monkeypatch.setattr(timing, "run_case", fails)
@@ -127,3 +127,16 @@ def test_an_error_while_measuring_is_not_printed_on_the_progress_bar_line(monkey
     assert after == "a method refused the case\n"
     line = before.rsplit("\n", 1)[-1].split("\r")  # what the terminal shows on the error's line
     assert line[-1] == "" and all(not piece.strip() for piece in line[-2:]), repr(before)
+
+
+def test_a_backend_asked_for_that_cannot_run_is_refused_with_its_reason_never_dropped(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # flex runs on CUDA only
+    small = ["--q-len", "16", "--heads", "2", "--head-dim", "8", "--repeats", "1", "--backward", "no"]
+    code, out, err = run([*small, "--backends", "flex"], capsys)
+    assert code == 2 and "| method |" not in out
+    assert "no backend asked for can run this case: flex: backend='flex' cannot honour this call" in err, err
+    code, out, err = run([*small, "--backends", "flex,chunked"], capsys)
+    assert code == 0 and "| attnkit chunked |" in out and "attnkit flex" not in out
+    warning = [line for line in err.splitlines() if "warning" in line]
+    assert warning == ["attnkit: warning: backend 'flex' is not in the table: backend='flex' cannot honour this "
+                       "call: CUDA only"], err

@@ -144,3 +144,12 @@ def test_cost_kv_cache_prints_the_variants_side_by_side(capsys):
         run(["cost"])
     assert run(["cost", "multi-head-latent", "--q-len", "64"]) == 0
     assert "growing per token (a KV cache)" in capsys.readouterr().out
+
+
+def test_cost_kv_cache_answers_at_once_for_any_heads_and_head_dim(capsys):
+    import time
+
+    start = time.perf_counter()
+    assert run(["cost", "--kv-cache", "--heads", "1000000", "--head-dim", "1000000"]) == 0
+    assert time.perf_counter() - start < 5  # seconds on a busy machine; it once ran for minutes
+    assert "1000000 heads of 1000000 features" in capsys.readouterr().out

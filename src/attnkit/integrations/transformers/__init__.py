@@ -55,10 +55,16 @@ __all__ = ["register", "ModelMask", "weights_wanted", "whole_sequence_mask"]
 
 # transformers reads meaning into an implementation's name: "owner/repo", ":" and "@" name a kernel on the Hub,
 # "x|y" a paged variant; a name holding "flash", "sdpa" or "flex_attention" gets those implementations' checks
-# and kernel loading. The names it ships with are its own.
+# and kernel loading. A name registered already is refused unless attnkit registered it (a name registered again
+# replaces it, and reloading this module, as notebooks' autoreload does, registers its names again).
 _NAME_CHARACTERS = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _READ_BY_TRANSFORMERS = ("flash", "sdpa", "flex_attention")
-_TRANSFORMERS_NAMES = frozenset(AttentionInterface._global_mapping) | {"eager"}
+
+
+def _taken(name: str) -> bool:
+    """Whether ``name`` is transformers' own implementation or another library's (not one attnkit registered)."""
+    held = AttentionInterface._global_mapping.get(name)
+    return name == "eager" or (held is not None and not getattr(held, "__module__", "").startswith(__name__))
 
 
 def _check_name(name) -> None:
@@ -67,8 +73,8 @@ def _check_name(name) -> None:
     if not _NAME_CHARACTERS.fullmatch(name):
         raise ArgumentError(f"name must be letters, digits, '_', '.' or '-' (transformers reads '/', ':', '@' and "
                             f"'|' as Hub kernels or paged variants); got {name!r}")
-    if name in _TRANSFORMERS_NAMES:
-        raise ArgumentError(f"name {name!r} is one of transformers' own implementations; choose another")
+    if _taken(name):
+        raise ArgumentError(f"name {name!r} is transformers' own implementation or another library's; choose another")
     read = [part for part in _READ_BY_TRANSFORMERS if part in name.lower()]
     if read:
         raise ArgumentError(f"name must not contain {read[0]!r}: transformers then treats the implementation as "

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ...core import attention, explain
+from ...errors import BackendError
 from .patterns import make_bias, make_mask
 
 __all__ = ["Case", "Timing", "synchronizer", "time_rounds", "time_interleaved", "time_once", "spread", "methods",
@@ -157,8 +158,12 @@ def _sdpa_dense(mask, q, k, v):
     return run
 
 
-def methods(case: Case, q, k, v, backends: Iterable[str] = ("auto", "blocksparse", "chunked", "sdpa")):
-    """Name -> zero-argument callable returning the output, for every method that can run the case."""
+def methods(case: Case, q, k, v, backends: Iterable[str] = ("auto", "blocksparse", "chunked", "sdpa"),
+            refused: dict[str, str] | None = None):
+    """Name -> zero-argument callable returning the output, for every method that can run the case.
+
+    ``refused``, when given, receives each backend that cannot run it and why (its error's message).
+    """
     mask = make_mask(case.mask, case.q_len)
     modifier = make_bias(case.bias, case.heads)
     if isinstance(modifier, torch.nn.Module):
@@ -169,8 +174,10 @@ def methods(case: Case, q, k, v, backends: Iterable[str] = ("auto", "blocksparse
     for backend in backends:
         try:
             chosen = explain(q, k, v, mask=mask, bias=modifier, backend=backend).backend
-        except ValueError:
-            continue  # this backend cannot honour the case
+        except ValueError as err:  # this backend cannot honour the case
+            if refused is not None:
+                refused[backend] = str(err).split(": ", 1)[-1]
+            continue
         label = f"attnkit auto -> {chosen}" if backend == "auto" else f"attnkit {backend}"
         out[label] = lambda b=backend: attention(q, k, v, mask=mask, bias=modifier, backend=b)
     return out
@@ -187,10 +194,20 @@ def with_backward(fn, tensors):
 
 
 def run_case(case: Case, *, repeats: int = 5, backends=("auto", "blocksparse", "chunked", "sdpa"),
-             progress: Callable[[str], None] | None = None) -> list[Timing]:
-    """Time every method on the same inputs, interleaved; keeps each output for the correctness column."""
+             progress: Callable[[str], None] | None = None, refused: dict[str, str] | None = None) -> list[Timing]:
+    """Time every method on the same inputs, interleaved; keeps each output for the correctness column.
+
+    A backend that cannot run the case is left out and named in ``refused`` (backend -> why); when no
+    backend asked for can, BackendError says why for each, before anything is timed.
+    """
     q, k, v = case.inputs()
-    found = methods(case, q, k, v, backends)
+    dropped: dict[str, str] = {}
+    found = methods(case, q, k, v, backends, dropped)
+    if dropped and set(dropped) == set(backends):
+        raise BackendError("no backend asked for can run this case: " +
+                           "; ".join(f"{b}: {why}" for b, why in dropped.items()))
+    if refused is not None:
+        refused.update(dropped)
     calls = {name: with_backward(fn, (q, k, v)) if case.backward else fn for name, fn in found.items()}
     if progress:
         progress(f"timing {len(calls)} methods")

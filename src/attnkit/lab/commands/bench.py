@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 
 from ...errors import ArgumentError, did_you_mean
 from ..progress import bars
@@ -149,12 +150,15 @@ def _backends_table(args, backward: bool) -> None:
 
     backends = args.backends or BACKENDS
     case = _case(args, backward)
+    refused: dict[str, str] = {}
     with bars(True, None, "bench") as step:
-        rows = run_case(case, repeats=args.repeats, backends=backends, progress=step)
+        rows = run_case(case, repeats=args.repeats, backends=backends, progress=step, refused=refused)
         peaks = {}
         for r in rows if args.memory else ():
             step(f"memory: {r.method}")
             peaks[r.method] = peak_memory(case, r.method, backends)
+    for backend, why in refused.items():  # asked for, not run: said, never dropped silently
+        print(f"attnkit: warning: backend {backend!r} is not in the table: {why}", file=sys.stderr)
     base = next((r for r in rows if r.method == "torch sdpa (dense bool mask)"), rows[0])
     print(f"\n{'forward+backward' if backward else 'forward'}: {case}")
     print("| method | median ms | min-max ms | time vs " + base.method + " | max abs diff |")
