@@ -176,3 +176,10 @@ def test_no_key_gives_zero_and_minus_inf():
     out, lse = attnkit.varlen_attn(q, k, k, _cu([2, 3]), _cu([0, 3]), 3, 3,
                                    return_aux=torch.nn.attention.varlen.AuxRequest(lse=True))
     assert (out[:2] == 0).all() and (lse[:, :2] == -math.inf).all() and torch.isfinite(out[2:]).all()
+
+
+def test_the_explanation_says_varlen_chose_the_block_paths_not_that_the_user_forced_them():
+    q = torch.randn(300, 2, 8)
+    cu = _cu([100, 200])
+    text = str(attnkit.explain_varlen(q, q, q, cu, cu, 200, 200, window_size=(-1, 0)))
+    assert "was forced" not in text and "varlen_attn runs packed documents on the block-sparse paths" in text
