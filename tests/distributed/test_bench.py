@@ -57,7 +57,7 @@ def test_a_real_run_counts_the_bytes_its_formula_gives():
     told = []
     rows = bench.measure(spec, progress=told.append)
     assert len(told) == len(rows) == len(bench.pairs(spec))  # one progress step per row, as rank 0 finishes it
-    assert {(r["scheme"], r["layout"]) for r in rows} == {(s, lay) for s in ("ring", "ulysses", "allgather")
+    assert {(r["scheme"], r["layout"]) for r in rows} == {(s, lay) for s in ("ring", "ulysses", "allgather", "usp")
                                                          for lay in ("contiguous", "zigzag")}
     for r in rows:
         assert (r["forward_bytes"], r["backward_bytes"]) == (r["formula_forward"], r["formula_backward"])
