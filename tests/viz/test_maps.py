@@ -322,7 +322,6 @@ def test_titles_are_cut_to_three_lines():
 
 def test_head_grid_draws_on_the_log_scale_by_default_as_the_command_line():
     from attnkit import cli
-    from attnkit.commands import record  # noqa: F401  (the parser's default is read below)
     from attnkit.viz._scale import DEFAULT_SCALE
 
     maps = {"layer 0": _weights(2, 5, 7, seed=1)}
