@@ -83,3 +83,10 @@ def test_every_readme_command_and_snippet_runs_from_an_installed_wheel(tmp_path)
         done = subprocess.run([str(venv / "bin" / argv[0]), *argv[1:]], cwd=work, env=env, capture_output=True,
                               text=True, timeout=900)
         assert done.returncode == 0 and "Traceback" not in done.stderr, f"{name}: {done.stderr[-2000:]}"
+
+
+def test_the_readme_itself_shows_a_committed_picture():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    raw = "https://raw.githubusercontent.com/attnkit/attnkit/main/"
+    pictures = re.findall(r"!\[[^\]]+\]\((https://[^)\s]+\.png)\)", readme)
+    assert pictures and all(p.startswith(raw) and (ROOT / p.removeprefix(raw)).is_file() for p in pictures)
