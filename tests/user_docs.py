@@ -44,7 +44,8 @@ def snippets(path: Path) -> list[Snippet]:
     """Every ``python`` block of ``path``, in order."""
     text = path.read_text(encoding="utf-8")
     name = path.relative_to(ROOT).as_posix()
-    return [Snippet(name, i, m.group(2), m.group(3), int(m.group(1) or 0)) for i, m in enumerate(SNIPPET.finditer(text))]
+    found = enumerate(SNIPPET.finditer(text))
+    return [Snippet(name, i, m.group(2), m.group(3), int(m.group(1) or 0)) for i, m in found]
 
 
 def every_snippet() -> list[Snippet]:
