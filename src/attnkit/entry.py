@@ -13,6 +13,7 @@ import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import ArgumentError
 
@@ -43,7 +44,7 @@ class Entry:
     summary: str
     family: str = "core"
     example: Callable | None = field(default=None, compare=False)
-    spec: object = field(default=None, compare=False, kw_only=True)
+    spec: Any = field(default=None, compare=False, kw_only=True)
 
     def __post_init__(self):
         if self.spec is not None and self.spec.name != self.name:  # the spec answers under the entry's name

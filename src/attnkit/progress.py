@@ -9,7 +9,7 @@ from contextlib import contextmanager
 __all__ = ["progress", "bars", "announce", "duration"]
 
 
-def progress(total: int, desc: str) -> Callable[[str], None]:
+def progress(total: int | None, desc: str) -> Callable[[str], None]:
     """A ``step(label)`` function advancing a bar of ``total`` steps on stderr."""
     try:
         from tqdm import tqdm

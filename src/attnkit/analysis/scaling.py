@@ -156,8 +156,8 @@ class ScalingTable:
 
     def series(self) -> dict[str, list[tuple[int, float, int | None]]]:
         """``{mechanism: [(L, seconds, peak_bytes or None)]}`` of the finished rows (for ``viz.scaling_plot``)."""
-        out = {m: [(r.length, r.median_s, r.peak_bytes) for r in self._of(m) if r.status == "ok"]
-               for m in self.mechanisms()}
+        out = {m: [(r.length, r.median_s, r.peak_bytes) for r in self._of(m)
+                   if r.status == "ok" and r.median_s is not None] for m in self.mechanisms()}
         return {m: points for m, points in out.items() if points}
 
     def exponent_text(self, mechanism: str, memory: bool = False) -> str:
@@ -183,7 +183,8 @@ class ScalingTable:
             cells.append(self.exponent_text(m))
             if memory_exponent:
                 cells.append(self.exponent_text(m, memory=True))
-            lines.append("| " + " | ".join([m] + ([configurations.get(m, "")] if config else []) + cells) + " |")
+            named = [configurations.get(m, "")] if configurations is not None else []
+            lines.append("| " + " | ".join([m, *named, *cells]) + " |")
         return "\n".join(lines)
 
 

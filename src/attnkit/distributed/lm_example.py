@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,7 +43,7 @@ def main() -> None:
     world, rank = dist.get_world_size(), dist.get_rank()
     torch.set_num_threads(1)
     task = tasks.get("mqar", num_pairs=8, num_keys=16, num_values=16, gap=8)
-    kwargs = {"dim": 32, "num_heads": 4, "num_layers": 2, "positional": None, "dropout": 0.0}
+    kwargs: dict[str, Any] = {"dim": 32, "num_heads": 4, "num_layers": 2, "positional": None, "dropout": 0.0}
     torch.manual_seed(0)
     one = TransformerLM(task.vocab_size, **kwargs).double()
     factory = functools.partial(SequenceParallelSelfAttention, scheme=args.scheme, layout=args.layout)

@@ -77,6 +77,7 @@ def run_child(job: dict, step, on_result=None) -> list[dict]:
     log, results = [], []
     with subprocess.Popen([sys.executable, "-m", "attnkit.tour.child", json.dumps(job)], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True) as child:
+        assert child.stdout is not None  # stdout=PIPE
         for line in child.stdout:
             if line.startswith(PROGRESS):
                 if step is not None:

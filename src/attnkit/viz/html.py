@@ -90,7 +90,8 @@ def fit_maps(maps, max_weights: int, who: str) -> int | None:
     """The largest ``max_size`` with which ``maps`` (what :func:`html_page` takes) fit in ``max_weights``
     weights; None when they fit as they are."""
     found, _ = maps_and_tokens(maps, who)
-    return fit_size([tuple(_heads(str(n), v)[0].shape) for n, v in found.items()], max_weights, who)
+    shapes = [(h.shape[0], h.shape[1], h.shape[2]) for h in (_heads(str(n), v)[0] for n, v in found.items())]
+    return fit_size(shapes, max_weights, who)
 
 
 def render(template: str, values: dict[str, str]) -> str:
@@ -108,10 +109,12 @@ def write_page(template: str, values: dict[str, str], path: Path) -> Path:
 def viewer_html(maps, *, q_tokens=None, k_tokens=None, title="attention maps", max_weights: int = MAX_WEIGHTS,
                 overview=None, scale: str = DEFAULT_SCALE, max_size: int | str | None = FIT) -> str:
     """The text of the page :func:`html_page` writes (arguments as there)."""
-    if max_size == FIT:  # pooled only past max_weights, as attnkit record does (one rule: fit_maps)
-        max_size = fit_maps(maps, max_weights, "html_page")
+    # pooled only past max_weights, as attnkit record does (one rule: fit_maps)
+    size = fit_maps(maps, max_weights, "html_page") if max_size == FIT else max_size
+    if isinstance(size, str):
+        raise ArgumentError(f"html_page: max_size must be 'fit', a positive int or None; got {size!r}")
     data, _ = page_data(maps, q_tokens=q_tokens, k_tokens=k_tokens, max_weights=max_weights, who="html_page",
-                        scale=scale, max_size=max_size)
+                        scale=scale, max_size=size)
     nav = "" if overview is None else f'<a id="overview" href="{html.escape(str(overview), quote=True)}">all heads</a>'
     return render(TEMPLATE, {"TITLE": html.escape(str(title)), "DATA": data, "NAV": nav})
 

@@ -90,7 +90,7 @@ def _labels(fig, ax, pts: list[Point], areas: list[float]) -> None:
     fig.canvas.draw()  # the layout and limits are final: label boxes are measured where they will be drawn
     renderer = fig.canvas.get_renderer()
     centres = [ax.transData.transform((p.steps_per_second, 100 * p.accuracy)) for p in pts]
-    placed = []
+    placed: list = []
     for i in sorted(range(len(pts)), key=lambda i: -areas[i]):
         p, radius = pts[i], math.sqrt(areas[i] / math.pi)  # points: scatter's s is an area in points^2
         label = p.mechanism + ("" if p.peak_bytes is None else f"\n{p.peak_bytes / 2**20:.0f} MiB")

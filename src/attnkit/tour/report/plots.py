@@ -51,7 +51,7 @@ def _mean_curve(curves: list, column: int) -> tuple[list[float], list[float]]:
 
 def curves(rep: Report) -> tuple[list[tuple[str, Path]], list[str]]:
     """One PNG per task: training loss and evaluation accuracy against step, mean over seeds, per mechanism."""
-    by_task = defaultdict(lambda: defaultdict(list))
+    by_task: defaultdict[str, defaultdict[str, list]] = defaultdict(lambda: defaultdict(list))
     for rec in rep.records:
         if rec["status"] == "ok":
             by_task[rec["task"]][rec["mechanism"]].append(rec["result"].get("curve"))
@@ -140,7 +140,7 @@ def _page(key: str, examples: list[dict], path: Path) -> Path:
 
 def attention_maps(rep: Report) -> tuple[list[dict], list[str]]:
     """Per experiment (lowest successful seed): a PNG per example and one interactive page of all its maps."""
-    first = {}
+    first: dict[str, dict] = {}
     for rec in rep.records:
         if rec["status"] == "ok" and rec["result"].get("examples"):
             first.setdefault(rec["key"], rec)
