@@ -144,3 +144,12 @@ def test_read_the_docs_builds_the_site_as_make_docs_does():
     assert set(install["extra_requirements"]) == {"all", "docs"} and {"all", "docs"} <= set(extras)
     assert any("torch==" in job and "/whl/cpu" in job for job in config["build"]["jobs"]["pre_install"])
     assert _project()["urls"]["Documentation"].startswith("https://attnkit.readthedocs.io")
+
+
+def test_mypy_checks_the_whole_package_and_silences_only_named_codes_of_named_modules():
+    mypy = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]
+    assert "src/attnkit" in mypy["files"] and "tests/typing/public_api.py" in mypy["files"]
+    assert not {"ignore_errors", "disable_error_code"} & mypy.keys()  # nothing turned off for the whole package
+    for override in mypy.get("overrides", []):
+        assert set(override) == {"module", "disable_error_code"} and override["disable_error_code"], override
+        assert all(not m.endswith("*") for m in override["module"])  # modules by name, no wildcard

@@ -204,3 +204,10 @@ def test_cumulative_lengths_on_another_device_are_refused_naming_them(name):
     cu[name] = cu[name].to("meta")
     with pytest.raises(DeviceError, match=f"{name} is on meta but query is on cpu"):
         attnkit.varlen_attn(q, q, q, cu["cu_seq_q"], cu["cu_seq_k"], 6, 6)
+
+
+def test_the_explanation_says_varlen_chose_the_block_paths_not_that_the_user_forced_them():
+    q = torch.randn(300, 2, 8)
+    cu = _cu([100, 200])
+    text = str(attnkit.explain_varlen(q, q, q, cu, cu, 200, 200, window_size=(-1, 0)))
+    assert "was forced" not in text and "varlen_attn runs packed documents on the block-sparse paths" in text

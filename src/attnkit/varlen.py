@@ -317,4 +317,9 @@ def explain_varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     call = _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale, window_size=window_size,
                     enable_gqa=enable_gqa, seqused_k=seqused_k, block_table=block_table, dropout_p=dropout_p,
                     mask=mask, bias=bias, block_size=block_size)
-    return explain(call.q, call.k, call.v, **call.kwargs)
+    decision = explain(call.q, call.k, call.v, **call.kwargs)
+    if call.kwargs["backend"] != "auto":  # varlen_attn asks for the block paths itself: the user forced nothing
+        why = "varlen_attn runs packed documents on the block-sparse paths only, never with a dense T x T mask"
+        decision.reasons = {name: text.replace(f"not asked: backend={call.kwargs['backend']!r} was forced", why)
+                            for name, text in decision.reasons.items()}
+    return decision

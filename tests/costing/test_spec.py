@@ -86,3 +86,10 @@ def test_the_table_shows_the_decoding_state_and_the_forms_only_where_counted():
                for line in lines)
     assert any(line.strip().startswith("per token at this length") and line.endswith(" 18 B") for line in lines)
     assert any(line.strip().startswith("other") and line.endswith(" 4") for line in lines)
+
+
+def test_the_table_names_the_sizes_given_and_leaves_unset_options_to_the_mechanism():
+    from attnkit.lab.analysis import cost
+
+    first = cost("gated-deltanet", q_len=4096).table().splitlines()[0]
+    assert first.startswith("gated-deltanet: batch=1") and "heads=8" in first and "None" not in first

@@ -9,6 +9,8 @@ size. The symbolic-size checks fail on a dispatcher that decides on a size while
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -174,3 +176,11 @@ def test_modules_built_on_the_meta_device_give_meta_outputs():
                 N.PerformerAttention(16, 4).to("meta")(x, key_keep_mask=keep),
                 N.PerceiverAttention(16, num_heads=2, head_dim=4).to("meta")(x, context_keep_mask=keep)):
         assert out.device.type == "meta" and out.shape == (2, 5, 16)
+
+
+def test_the_explanation_says_none_for_a_path_that_holds_no_extra_memory():
+    q = torch.randn(1, 2, 64, 8)
+    text = str(attnkit.explain(q, q, q, mask=masks.causal()))
+    assert "estimated extra memory: none beyond the inputs and the output" in text and "0.0 MiB" not in text
+    chunked = str(attnkit.explain(q, q, q, backend="reference"))  # the reference path holds the scores
+    assert re.search(r"estimated extra memory: \d+\.\d (KiB|MiB)$", chunked), chunked

@@ -16,3 +16,21 @@ def test_loads_transformers_mamba2_weights_and_matches_it():
 def test_registry_entry_runs_its_example():
     module, inputs = get("mamba2").example()
     assert isinstance(module, Mamba2Mixer) and module(*inputs).shape == inputs[0].shape
+
+
+def test_takes_dim_and_heads_as_the_other_layers_and_keeps_its_keywords():
+    import pytest
+    import torch
+
+    from attnkit.errors import ShapeError
+
+    by_heads = Mamba2Mixer(64, 4, state_dim=8)
+    assert by_heads.num_heads == 4 and by_heads.core_sizes == (4, 8, 32)  # expand 2: 128 features in 4 heads
+    assert Mamba2Mixer(64, head_dim=32, state_dim=8).core_sizes == by_heads.core_sizes
+    assert Mamba2Mixer(64, num_heads=4, head_dim=32, state_dim=8).num_heads == 4
+    assert Mamba2Mixer(64, state_dim=8).num_heads == 2  # head_dim 64 by default, as before
+    assert by_heads(torch.randn(1, 5, 64)).shape == (1, 5, 64)
+    with pytest.raises(ShapeError, match="num_heads"):
+        Mamba2Mixer(64, 3)
+    with pytest.raises(ShapeError, match="num_heads \\* head_dim"):
+        Mamba2Mixer(64, 4, head_dim=16)

@@ -91,7 +91,7 @@ class Cost:
                      ("  growing per token (a KV cache)", _bytes(self.state_per_token)),
                      ("  per token at this length", _bytes(round(self.state_bytes / max(1, self.context))))]
         width = max(len(k) for k, _ in rows)
-        sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
+        sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items() if v is not None)  # None: the mechanism's default
         return "\n".join([f"{self.name}: {sizes}", *(f"{k:<{width}}  {v:>12}" for k, v in rows),
                           f"formula: {self.formula}"])
 

@@ -88,9 +88,15 @@ class Decision:
         if self.cost is None:
             lines.append("estimated cost: none (the sizes are symbolic, or the mask's layout is read at run time)")
         else:
-            lines.append(f"estimated FLOPs: {self.flops:.3g}   "
-                         f"estimated extra memory: {self.peak_bytes / 2**20:.1f} MiB")
+            lines.append(f"estimated FLOPs: {self.flops:.3g}   estimated extra memory: {_extra(self.peak_bytes)}")
         return "\n".join(lines)
+
+
+def _extra(peak_bytes: float) -> str:
+    """The memory a path holds besides q, k, v and the output, in words: ``"none"`` when it holds nothing more."""
+    if peak_bytes <= 0:
+        return "none beyond the inputs and the output"
+    return f"{peak_bytes / 2**20:.1f} MiB" if peak_bytes >= 2**20 else f"{peak_bytes / 2**10:.1f} KiB"
 
 
 @dataclass

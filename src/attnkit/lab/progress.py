@@ -6,10 +6,10 @@ import sys
 from collections.abc import Callable
 from contextlib import contextmanager
 
-__all__ = ["progress", "bars"]
+__all__ = ["progress", "bars", "announce", "duration"]
 
 
-def progress(total: int, desc: str) -> Callable[[str], None]:
+def progress(total: int | None, desc: str) -> Callable[[str], None]:
     """A ``step(label)`` function advancing a bar of ``total`` steps on stderr."""
     try:
         from tqdm import tqdm
@@ -46,3 +46,20 @@ def bars(enabled: bool, total: int | None, desc: str, *, position: int = 0, per_
         yield step
     finally:
         bar.close()
+
+
+def duration(seconds: float) -> str:
+    """``"about N s"``, ``"about N min"`` or ``"about N.N h"``: an estimate in words.
+
+    Example:
+        >>> duration(42), duration(1359), duration(4 * 3600)
+        ('about 42 s', 'about 23 min', 'about 4.0 h')
+    """
+    if seconds < 90:
+        return f"about {seconds:.0f} s"
+    return f"about {seconds / 60:.0f} min" if seconds < 5400 else f"about {seconds / 3600:.1f} h"
+
+
+def announce(line: str) -> None:
+    """A line on stderr before a long job starts (what it will run and about how long), flushed at once."""
+    print(line, file=sys.stderr, flush=True)

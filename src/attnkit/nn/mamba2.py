@@ -44,6 +44,8 @@ class Mamba2Mixer(RecurrentLayer):
 
     Args:
         dim: model width.
+        num_heads: H, as the other layers take it (``head_dim`` is then ``expand * dim / H``); or give
+            ``head_dim`` (default 64) and H follows.
         head_dim: P.
         state_dim: N.
         expand: d_inner / dim.
@@ -66,11 +68,22 @@ class Mamba2Mixer(RecurrentLayer):
 
     scale = 1.0
 
-    def __init__(self, dim: int, *, head_dim: int = 64, state_dim: int = 128, expand: int = 2, num_groups: int = 1,
-                 conv_size: int = 4, chunk_size: int = 64, eps: float = 1e-5):
+    def __init__(self, dim: int, num_heads: int | None = None, *, head_dim: int | None = None, state_dim: int = 128,
+                 expand: int = 2, num_groups: int = 1, conv_size: int = 4, chunk_size: int = 64, eps: float = 1e-5):
         super().__init__()
         who = "Mamba2Mixer"
         inner = check_int(who, "expand", expand, 1) * check_int(who, "dim", dim, 1)
+        if num_heads is not None:  # (dim, heads) as the other layers: the head width follows
+            check_int(who, "num_heads", num_heads, 1)
+            if head_dim is None:
+                if inner % num_heads:
+                    raise ShapeError(f"{who}: expand * dim = {inner} must be a multiple of num_heads; "
+                                     f"got num_heads={num_heads}")
+                head_dim = inner // num_heads
+            elif num_heads * head_dim != inner:
+                raise ShapeError(f"{who}: num_heads * head_dim must equal expand * dim = {inner}; got num_heads="
+                                 f"{num_heads}, head_dim={head_dim}")
+        head_dim = 64 if head_dim is None else head_dim
         heads = inner // check_int(who, "head_dim", head_dim, 1)
         if inner % head_dim or heads % check_int(who, "num_groups", num_groups, 1):
             raise ShapeError(f"{who}: expand * dim = {inner} must be a multiple of head_dim = {head_dim}, and the "

@@ -10,8 +10,10 @@ mechanism; :mod:`attnkit.registry` (``get``, ``entries``) loads them all through
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import ArgumentError
 
@@ -42,11 +44,29 @@ class Entry:
     summary: str
     family: str = "core"
     example: Callable | None = field(default=None, compare=False)
-    spec: object = field(default=None, compare=False, kw_only=True)
+    spec: Any = field(default=None, compare=False, kw_only=True)
 
     def __post_init__(self):
         if self.spec is not None and self.spec.name != self.name:  # the spec answers under the entry's name
             object.__setattr__(self, "spec", dataclasses.replace(self.spec, name=self.name))
+
+    @property
+    def import_path(self) -> str:
+        """What to import for this entry: the shortest attnkit module exposing ``target`` under its name
+        (``attnkit.attention`` for the masks, scores, normalisers and biases that are its arguments).
+
+        Example:
+            >>> from attnkit import registry
+            >>> registry.get("mamba2").import_path, registry.get("sliding-window").import_path
+            ('attnkit.nn.Mamba2Mixer', 'attnkit.attention')
+        """
+        name, module = getattr(self.target, "__name__", ""), getattr(self.target, "__module__", "") or ""
+        parts = module.split(".")
+        for end in range(1, len(parts) + 1):
+            where = ".".join(parts[:end])
+            if getattr(importlib.import_module(where), name, None) is self.target:
+                return f"{where}.{name}"
+        return f"{module}.{name}"
 
     def cost(self, *, backward: bool = False, **sizes):
         """The analytic cost of this mechanism, as :func:`attnkit.costing.analytic.cost` gives it.

@@ -17,6 +17,19 @@ def test_list_shows_every_registered_mechanism_with_its_paper(capsys):
     assert f"{len(registry.entries())} mechanisms" in out
 
 
+def test_list_names_what_to_import_for_each_entry_and_it_imports(capsys):
+    import importlib
+
+    assert cli.main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:2] == ["name", "import"]
+    for entry in registry.entries():
+        row = next(line.split() for line in lines if line.split()[:1] == [entry.name])
+        module, _, name = row[1].rpartition(".")
+        assert getattr(importlib.import_module(module), name) is entry.target, row  # the class itself, public
+    assert registry.get("mamba2").import_path == "attnkit.nn.Mamba2Mixer"
+
+
 def test_list_unknown_family_is_a_clear_error(capsys):
     assert cli.main(["list", "--family", "nosuch"]) == 2
     assert "no mechanism in family 'nosuch'" in capsys.readouterr().err

@@ -262,10 +262,31 @@ def test_workers_train_that_many_runs_at_once(tmp_path, fake, monkeypatch, worke
     fake(FakeAPI())
     meeting = threading.Barrier(2, timeout=5)
 
-    def in_child(key, seed, quick, step, device="cpu"):
+    def in_child(key, seed, quick, step, device="cpu", threads=None):
         meeting.wait()  # raises BrokenBarrierError when no second run arrives: a failed run
         return {**runner._as_dict(make_result(key, seed)), "peak_bytes": 1}
 
     monkeypatch.setattr(runner, "_run_in_child", in_child)
     summary = _tour(tmp_path, keys=["mqar/linear", "mqar/softmax"], seeds=(0,), isolate=True, workers=workers)
     assert (len(summary.ran), len(summary.failed)) == ((2, 0) if workers == 2 else (0, 2))
+
+
+@pytest.mark.parametrize(("cores", "workers", "each"), [(2, 2, 1), (2, 1, 2), (8, 2, 4), (1, 2, 1)])
+def test_the_runs_trained_at_once_share_the_threads_and_never_oversubscribe(tmp_path, fake, monkeypatch, cores,
+                                                                            workers, each):
+    fake(FakeAPI())
+    jobs = []
+
+    def child(job, step, on_result=None):
+        jobs.append(job)
+        return [{**runner._as_dict(make_result(job["key"], job["seed"])), "peak_bytes": 1}]
+
+    monkeypatch.setattr(runner, "run_child", child)
+    before = torch.get_num_threads()
+    torch.set_num_threads(cores)
+    try:
+        _tour(tmp_path, keys=["mqar/linear", "mqar/softmax"], seeds=(0,), isolate=True, workers=workers)
+    finally:
+        torch.set_num_threads(before)
+    assert len(jobs) == 2 and all(job["threads"] == each for job in jobs)
+    assert workers * each <= max(cores, workers)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from attnkit.errors import ArgumentError
 from attnkit.lab.tour import store
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_run_record_round_trips_and_is_reused_only_for_its_mode_and_version(tmp_path):
@@ -65,3 +68,18 @@ def test_the_version_hashes_names_and_bytes(tmp_path):
     assert first == store.source_version([b, a]) and first.split("+")[0] == store.__version__
     b.write_text("y = 3\n")
     assert store.source_version([a, b]) != first
+
+
+@pytest.mark.parametrize("folder", ["tour", "tour-long"])
+def test_a_committed_report_folder_holds_exactly_the_runs_its_report_reads(folder):
+    from attnkit.lab.tour.long.runner import load_speed
+
+    out = ROOT / "docs" / folder
+    manifest = store.load_manifest(out)
+    mode = manifest["mode"]
+    read = {store.run_path(out, r["task"], r["mechanism"], r["seed"], mode) for r in store.load_records(out, manifest)}
+    read |= {p for p in (out / "runs" / mode).glob("speed__*.json")
+             if (load_speed(p, scale=mode, version=manifest["version"]) or {}).get("status") == "ok"}
+    read |= {p for p in [out / "runs" / mode / "scaling.json"] if p.exists()}  # the default tour's scaling plot
+    held = {p for p in (out / "runs").rglob("*") if p.is_file()}
+    assert read and held == read, sorted(p.name for p in held ^ read)[:10]

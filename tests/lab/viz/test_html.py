@@ -15,6 +15,7 @@ import torch
 
 from attnkit.errors import ArgumentError, ShapeError
 from attnkit.lab.viz import html_page
+from attnkit.lab.viz.html import MAX_WEIGHTS, fit_maps
 
 CHROMIUM = Path("/usr/bin/chromium")
 EVIL = "<script>alert(1)</script>"
@@ -140,16 +141,29 @@ def test_html_page_rejects_bad_input(tmp_path):
 def test_huge_maps_are_refused_before_anything_is_copied_or_written(tmp_path):
     # 64 heads of 4096 x 4096 (a 10 GB page): an expanded view, so nothing is materialised unless the code copies it.
     huge = torch.full((1, 1, 1), 1 / 4096).expand(64, 4096, 4096)
-    with pytest.raises(ArgumentError) as info:
-        html_page({"layer 0": huge}, path=tmp_path / "huge.html")
+    with pytest.raises(ArgumentError) as info:  # max_size=None: every position asked for
+        html_page({"layer 0": huge}, path=tmp_path / "huge.html", max_size=None)
     message = str(info.value)
     assert "1,073,741,824 weights" in message and "(64, 4096, 4096)" in message and "max_weights=4,000,000" in message
+    assert "fit_maps finds the largest" in message and "fit_size" not in message  # a public name only
     assert not (tmp_path / "huge.html").exists()
     small = {"a": torch.rand(3, 5, 7), "b": torch.rand(2, 4, 5, 7)}  # 105 + 140 (sample 0 of b) = 245 weights
     with pytest.raises(ArgumentError, match="245 weights"):
-        html_page(small, path=tmp_path / "small.html", max_weights=244)
+        html_page(small, path=tmp_path / "small.html", max_weights=244, max_size=None)
     assert not (tmp_path / "small.html").exists()
     assert html_page(small, path=tmp_path / "small.html", max_weights=245).exists()  # the batch is not counted
+
+
+def test_maps_past_the_limit_are_pooled_by_default_as_the_command_line_pools_them(tmp_path):
+    maps = {f"layers.{i}": torch.softmax(torch.randn(12, 512, 512), -1) for i in range(2)}  # 6.3M weights
+    page = html_page(maps, path=tmp_path / "maps.html").read_text()
+    size = fit_maps(maps, MAX_WEIGHTS, "test")
+    assert size is not None and size < 512
+    data = _data(page)
+    assert all((m["lq"], m["lk"], m["n"]) == (size, size, [512, 512]) for m in data["maps"])
+    assert data["scale"] == "log"  # the command line's default colours
+    every = {"a": torch.rand(2, 5, 7)}  # fits: every position, no pooling
+    assert _data(html_page(every, path=tmp_path / "small.html").read_text())["maps"][0]["lq"] == 5
 
 
 # ------------------------------------------------------------------ in a real browser
@@ -227,7 +241,7 @@ def test_pooled_maps_fit_the_budget_keep_row_sums_and_label_groups(tmp_path):
     maps = {f"layers.{i}": torch.softmax(torch.randn(3, 30, 30, generator=g), -1) for i in range(2)}
     tokens = [f"t{i}" for i in range(30)]
     with pytest.raises(ArgumentError, match=r"5,400 weights .* max_weights=2,000\. Pass fewer layers or heads, pool"):
-        html_page(maps, q_tokens=tokens, k_tokens=tokens, path=tmp_path / "p.html", max_weights=2000)
+        html_page(maps, q_tokens=tokens, k_tokens=tokens, path=tmp_path / "p.html", max_weights=2000, max_size=None)
     size = fit_maps(maps, 2000, "test")
     assert size == 18 and 6 * 18 * 18 <= 2000 < 6 * 19 * 19
     data = _data(html_page(maps, q_tokens=tokens, k_tokens=tokens, path=tmp_path / "p.html", max_weights=2000,

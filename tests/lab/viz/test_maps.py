@@ -125,7 +125,7 @@ def test_heatmap_rejects_label_counts_and_unknown_suffixes(tmp_path):
 
 def test_head_grid_has_one_row_per_layer_one_column_per_head_and_a_shared_scale_per_row(tmp_path):
     maps = {"layer 0": _weights(3, 5, 7, seed=1), "layer 1": _weights(2, 5, 7, seed=2) * 0.5}
-    fig = head_grid(maps, path=tmp_path / "grid.png", title="heads")
+    fig = head_grid(maps, path=tmp_path / "grid.png", title="heads", scale="linear")
     assert (tmp_path / "grid.png").read_bytes()[:8] == PNG_MAGIC
     heads = [ax for ax in fig.axes if ax.get_label() == "head"]
     assert len(heads) == 5
@@ -143,7 +143,7 @@ def test_head_grid_has_one_row_per_layer_one_column_per_head_and_a_shared_scale_
 
 def test_head_grid_takes_one_head_maps_sample_zero_and_max_heads():
     batch = _weights(2, 4, 5, 7)
-    fig = head_grid({"one": _weights(5, 7), "batched": batch}, max_heads=2)
+    fig = head_grid({"one": _weights(5, 7), "batched": batch}, max_heads=2, scale="linear")
     heads = [ax for ax in fig.axes if ax.get_label() == "head"]
     assert len(heads) == 3  # 1 + min(4, 2)
     np.testing.assert_array_equal(np.asarray(heads[2].images[0].get_array()), batch[0, 1].numpy())
@@ -154,7 +154,7 @@ def test_head_grid_takes_a_models_attentions_and_a_recordings_tokens():
     from attnkit.lab.analysis import recording_from_outputs
 
     layers = (_weights(2, 3, 5, 5, seed=3).float(), _weights(2, 3, 5, 5, seed=4).float())  # outputs.attentions
-    fig = head_grid(layers)
+    fig = head_grid(layers, scale="linear")
     heads = [ax for ax in fig.axes if ax.get_label() == "head"]
     assert len(heads) == 6
     assert [ax.get_ylabel().split("\n")[0] for ax in heads if ax.get_ylabel()] == ["layers.0", "layers.1"]
@@ -177,8 +177,8 @@ def test_head_grid_takes_a_models_attentions_and_a_recordings_tokens():
 
 def test_head_grid_labels_every_rows_axes_and_gives_tokens_room():
     maps = {"enc": _weights(2, 5, 5, seed=5), "cross": _weights(2, 3, 5, seed=6)}
-    plain = head_grid(maps)
-    fig = head_grid(maps, q_tokens={"enc": K_TOKENS[:5], "cross": Q_TOKENS[:3]}, k_tokens=K_TOKENS[:5])
+    plain = head_grid(maps, scale="linear")
+    fig = head_grid(maps, q_tokens={"enc": K_TOKENS[:5], "cross": Q_TOKENS[:3]}, k_tokens=K_TOKENS[:5], scale="linear")
     firsts = [ax for ax in fig.axes if ax.get_label() == "head" and ax.get_xlabel()]
     assert [ax.get_xlabel() for ax in firsts] == ["key (5)", "key (5)"]
     assert [ax.get_ylabel() for ax in firsts] == ["enc\nquery (5)", "cross\nquery (3)"]
@@ -289,14 +289,14 @@ def test_a_map_longer_than_its_panel_is_pooled_and_keeps_its_axes_in_positions()
     from tests.lab.viz.test_pool import pooled_by_hand
 
     w = _weights(2, 400, 400, seed=7)
-    fig = head_grid({"long": w})
+    fig = head_grid({"long": w}, scale="linear")
     heads, drawn = _drawn(fig)
     panel_px = heads[0].get_window_extent().width * 150 / fig.dpi
     assert drawn[0].shape[0] == drawn[0].shape[1] < 400 and drawn[0].shape[0] <= 1.5 * panel_px  # about its pixels
     np.testing.assert_allclose(drawn[1], pooled_by_hand(w[1], drawn[0].shape[0]))
     np.testing.assert_allclose(drawn[0].sum(-1), 1.0)  # a pooled row sums as the rows it pools
     assert heads[0].get_xlim() == (-0.5, 399.5) and heads[0].get_ylim() == (399.5, -0.5)  # positions, not cells
-    small = head_grid({"long": w}, max_size=4)
+    small = head_grid({"long": w}, max_size=4, scale="linear")
     np.testing.assert_allclose(_drawn(small)[1][0], pooled_by_hand(w[0], 4))
     assert _drawn(head_grid({"short": _weights(1, 5, 7)}))[1][0].shape == (5, 7)  # short maps: every position
 
@@ -318,3 +318,23 @@ def test_titles_are_cut_to_three_lines():
     fig = head_grid({"m": _weights(1, 3, 3)}, title=title)
     lines = fig.get_suptitle().split("\n")
     assert len(lines) == 3 and lines[-1].endswith("…")
+
+
+def test_head_grid_draws_on_the_log_scale_by_default_as_the_command_line():
+    from attnkit import cli
+    from attnkit.lab.viz._scale import DEFAULT_SCALE
+
+    maps = {"layer 0": _weights(2, 5, 7, seed=1)}
+    image = next(ax for ax in head_grid(maps).axes if ax.get_label() == "head").images[0]
+    assert type(image.norm).__name__ == "LogNorm" and DEFAULT_SCALE == "log"
+    assert cli.build_parser().parse_args(["record", "x", "--text", "a"]).scale == DEFAULT_SCALE
+
+
+def test_a_wide_grid_fills_its_page_no_empty_bands_between_rows():
+    maps = {f"layers.{i}": _weights(12, 64, 64, seed=i) for i in range(6)}  # 6 layers x 12 heads, as MiniLM
+    tokens = [f"t{i}" for i in range(64)]
+    fig = head_grid(maps, q_tokens=tokens, k_tokens=tokens)
+    heads = [ax for ax in fig.axes if ax.get_label() == "head"]
+    height = fig.get_size_inches()[1] * fig.dpi
+    drawn = sum(ax.get_window_extent().height for ax in heads[::12])  # one panel per row
+    assert drawn > 0.6 * height, (drawn, height)  # the panels, not blank space, take the page

@@ -24,7 +24,8 @@ from typing import NamedTuple
 
 from ...errors import ArgumentError
 
-__all__ = ["Mechanism", "ScalingRow", "ScalingTable", "scaling", "fit_exponent", "DEFAULT_SIZES"]
+__all__ = ["Mechanism", "ScalingRow", "ScalingTable", "scaling", "fit_exponent", "DEFAULT_SIZES", "PowerFit",
+           "power_fit", "exponent_text", "MIN_R_SQUARED", "MAX_RELATIVE_SPREAD"]
 
 DEFAULT_SIZES = {"batch": 1, "heads": 8, "head_dim": 64, "dim": 512}  # given to each mechanism that accepts them
 
@@ -64,6 +65,67 @@ def fit_exponent(lengths: Sequence[float], values: Sequence[float | None]) -> fl
     return sum((p[0] - mx) * (p[1] - my) for p in pts) / var if var else None
 
 
+MIN_R_SQUARED = 0.9
+"""Below this, ``log time`` is not a straight line in ``log L``: no single exponent describes the points."""
+MAX_RELATIVE_SPREAD = 0.5
+"""A point whose repeats differ by more than half their median moves ``log time`` by up to ~0.4, more than
+half of ``log 2`` (one doubling of L): the slope between neighbouring lengths could then be off by over 0.5,
+enough to mistake linear for quadratic. Such a fit is "noisy"."""
+
+
+class PowerFit(NamedTuple):
+    """``value ~ L^exponent`` fitted by least squares on log-log axes; ``r_squared`` of that line."""
+
+    exponent: float
+    r_squared: float
+
+
+def power_fit(lengths: Sequence[float], values: Sequence[float | None]) -> PowerFit | None:
+    """The log-log least-squares line through the positive ``values`` (its slope from
+    :func:`attnkit.lab.analysis.scaling.fit_exponent`); None with fewer than two distinct L.
+
+    ``r_squared = 1 - SS_res / SS_tot`` of ``log value``; 1.0 when all values are equal (a flat, exact fit).
+    """
+    slope = fit_exponent(lengths, values)
+    if slope is None:
+        return None
+    pts = [(math.log(n), math.log(v)) for n, v in zip(lengths, values, strict=True) if v and v > 0]
+    mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
+    ss_tot = sum((y - my) ** 2 for _, y in pts)
+    ss_res = sum((y - my - slope * (x - mx)) ** 2 for x, y in pts)
+    return PowerFit(slope, 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0)
+
+
+def exponent_text(lengths: Sequence[float], values: Sequence[float | None],
+                  spreads: Sequence[float | None] | None = None) -> str:
+    """The fitted exponent as text (``"1.98"``), or ``"noisy (...)"`` when it cannot be trusted, or ``"n/a"``.
+
+    Noisy: R^2 below :data:`MIN_R_SQUARED`, a point whose spread exceeds :data:`MAX_RELATIVE_SPREAD`
+    of its value, or a value less than half of one at a shorter length (more positions never take
+    less than half the time or memory: the shorter point was disturbed). Fewer than two usable points:
+    ``"n/a"``. The tour's report and ``attnkit scaling`` both print this.
+
+    Example:
+        >>> exponent_text([1024, 2048, 4096], [0.1, 0.4, 1.6]), exponent_text([1024, 2048], [0.357, 0.108])
+        ('2.00', 'noisy (L=2048 takes 30 % of L=1024)')
+    """
+    fit = power_fit(lengths, values)
+    if fit is None:
+        return "n/a"
+    spread = max((s / v for v, s in zip(values, spreads or [None] * len(values), strict=True)
+                  if s is not None and v), default=0.0)
+    if spread > MAX_RELATIVE_SPREAD:
+        return f"noisy (spread {100 * spread:.0f} % of the median)"
+    if fit.r_squared < MIN_R_SQUARED:
+        return f"noisy (R² {fit.r_squared:.2f} of a power law)"
+    points = sorted((n, v) for n, v in zip(lengths, values, strict=True) if v and v > 0)
+    falls = [(a, b, vb / va) for i, (a, va) in enumerate(points) for b, vb in points[i + 1:] if b > a and vb < va / 2]
+    if falls:
+        a, b, ratio = falls[0]
+        return f"noisy (L={b} takes {100 * ratio:.0f} % of L={a})"
+    return f"{fit.exponent:.2f}"
+
+
 @dataclass(frozen=True)
 class ScalingTable:
     """Measurements of several mechanisms over lengths: rows in mechanism order, then length order."""
@@ -94,15 +156,18 @@ class ScalingTable:
 
     def series(self) -> dict[str, list[tuple[int, float, int | None]]]:
         """``{mechanism: [(L, seconds, peak_bytes or None)]}`` of the finished rows (for ``viz.scaling_plot``)."""
-        out = {m: [(r.length, r.median_s, r.peak_bytes) for r in self._of(m) if r.status == "ok"]
-               for m in self.mechanisms()}
+        out = {m: [(r.length, r.median_s, r.peak_bytes) for r in self._of(m)
+                   if r.status == "ok" and r.median_s is not None] for m in self.mechanisms()}
         return {m: points for m, points in out.items() if points}
 
     def exponent_text(self, mechanism: str, memory: bool = False) -> str:
+        """The fitted exponent, or ``"noisy (...)"`` by the tour's rule (:func:`exponent_text`), or ``"n/a"``."""
         rows = self._of(mechanism)
-        p = self.memory_exponent(mechanism) if memory else self.exponent(mechanism)
-        got = sum((r.peak_bytes if memory else r.median_s) is not None for r in rows)
-        return "n/a" if p is None else f"{p:.2f}" + ("" if got == len(rows) else f" ({got} of {len(rows)} L)")
+        values = [r.peak_bytes if memory else r.median_s for r in rows]
+        spreads = None if memory else [r.spread for r in rows]  # one memory measurement per point: no spread
+        text = exponent_text([r.length for r in rows], values, spreads)
+        got = sum(v is not None for v in values)
+        return text + ("" if got == len(rows) or text == "n/a" else f" ({got} of {len(rows)} L)")
 
     def markdown(self, configurations: Mapping[str, str] | None = None, *, memory_exponent: bool = True) -> str:
         """A Markdown table: time (ms) and peak (MiB) per length, and the fitted exponents."""
@@ -118,7 +183,8 @@ class ScalingTable:
             cells.append(self.exponent_text(m))
             if memory_exponent:
                 cells.append(self.exponent_text(m, memory=True))
-            lines.append("| " + " | ".join([m] + ([configurations.get(m, "")] if config else []) + cells) + " |")
+            named = [configurations.get(m, "")] if configurations is not None else []
+            lines.append("| " + " | ".join([m, *named, *cells]) + " |")
         return "\n".join(lines)
 
 

@@ -17,6 +17,7 @@ import os
 import socket
 import statistics
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -30,7 +31,13 @@ from ...distributed.layouts import LAYOUTS, shard
 from ...masks import parse
 from ..analysis.timing import time_rounds
 
-__all__ = ["Spec", "measure", "rows_table"]
+__all__ = ["Spec", "measure", "rows_table", "pairs", "estimate_seconds"]
+
+# What the committed table of BENCHMARKS.md ran at (W = 4 gloo processes on a 2-core CPU, L = 1024, H = 8, D = 32,
+# forward+backward: about 0.7 s per call): the attention's FLOPs per second of all ranks together, and the seconds
+# one rank's process takes to start (Python, torch, the process group). An estimate, not a promise.
+RATE = 5e9
+START_SECONDS = 3.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,24 @@ class Spec:
     backward: bool = True
     repeats: int = 5
     threads: int = 1
+
+
+def pairs(spec: Spec) -> list[tuple[str, str]]:
+    """The (scheme, layout) rows :func:`measure` times: every scheme x layout, Ulysses only when W divides H."""
+    return [(scheme, layout) for scheme in SCHEMES for layout in LAYOUTS
+            if scheme != "ulysses" or spec.heads % spec.procs == 0]
+
+
+def estimate_seconds(spec: Spec) -> float:
+    """About how long :func:`measure` runs: its calls' dense attention FLOPs at :data:`RATE`, plus the starts.
+
+    Example:
+        >>> round(estimate_seconds(Spec(procs=4, length=1024, head_dim=32, repeats=3)))
+        42
+    """
+    flops = 4 * spec.batch * spec.heads * spec.length ** 2 * spec.head_dim * (3.5 if spec.backward else 1.0)
+    calls = len(pairs(spec)) * (spec.repeats + 2)  # a warm-up, the timed rounds, the counted call
+    return calls * flops / RATE + START_SECONDS * spec.procs
 
 
 def _free_port() -> int:
@@ -98,20 +123,38 @@ def _rank(rank, spec_dict, port, answer_path):
     shape = (spec.batch, spec.heads, spec.length, spec.head_dim)
     full = [torch.randn(shape, generator=g).to(getattr(torch, spec.dtype)) for _ in range(3)]
     mask = parse(spec.mask) if spec.mask else None
-    rows = [_row(spec, scheme, layout, full, mask) for scheme in SCHEMES for layout in LAYOUTS
-            if scheme != "ulysses" or spec.heads % spec.procs == 0]
+    rows = []
+    for scheme, layout in pairs(spec):
+        rows.append(_row(spec, scheme, layout, full, mask))
+        if rank == 0:
+            with open(answer_path + ".progress", "a") as f:  # the parent's progress bar reads it
+                f.write(f"{scheme} {layout}: {rows[-1]['ms']:.0f} ms\n")
     if rank == 0:
         with open(answer_path, "w") as f:
             json.dump(rows, f)
     dist.destroy_process_group()
 
 
-def measure(spec: Spec) -> list[dict]:
-    """One row per scheme x layout: ``ms`` per call (slowest rank, median), bytes measured and by formula."""
+def measure(spec: Spec, progress: Callable[[str], None] | None = None) -> list[dict]:
+    """One row per scheme x layout: ``ms`` per call (slowest rank, median), bytes measured and by formula.
+
+    ``progress(label)`` is called once per finished row (:func:`pairs` of them), as rank 0 finishes it.
+    """
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "rows.json")
-        mp.start_processes(_rank, args=(asdict(spec), _free_port(), path), nprocs=spec.procs, join=True,
-                           start_method="spawn")
+        context = mp.start_processes(_rank, args=(asdict(spec), _free_port(), path), nprocs=spec.procs, join=False,
+                                     start_method="spawn")
+        told = 0
+        while True:
+            done = context.join(timeout=0.5)
+            if progress is not None and os.path.exists(path + ".progress"):
+                with open(path + ".progress") as f:
+                    lines = f.read().split("\n")[:-1]  # whole lines only: rank 0 may be writing the next
+                for line in lines[told:]:
+                    progress(line)
+                told = len(lines)
+            if done:
+                break
         with open(path) as f:
             return json.load(f)
 

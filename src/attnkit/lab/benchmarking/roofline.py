@@ -34,6 +34,7 @@ from ...costing.tally import Tally
 from ..analysis.patterns import make_mask
 from ..analysis.timing import time_once
 from .machine import attention_products, matmul_rounds
+from .profiling import profiled
 
 __all__ = ["Config", "Row", "useful_flops", "bounds", "rows_for", "measure", "table", "run", "report"]
 
@@ -112,9 +113,7 @@ def _group(op: str) -> str | None:
 
 def bounds(fn: Callable[[], object], backward: bool) -> dict[str, float]:
     """Share of one profiled call's wall time per group of operators (self CPU time); the rest: Python, dispatch."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with torch.set_grad_enabled(backward), profile(activities=[ProfilerActivity.CPU]) as prof:
+    with torch.set_grad_enabled(backward), profiled() as prof:
         wall, _ = time_once(fn)  # the profiled call's own wall time: a busy machine changes it from call to call
     shares: dict[str, float] = {}
     for event in prof.key_averages():

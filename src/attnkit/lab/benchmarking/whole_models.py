@@ -43,7 +43,8 @@ from ...models import TransformerLM
 from .pairs import Pair, measure, table
 from .plain_gpt import PlainGPT, sdpa_causal
 
-__all__ = ["ROWS", "GOALS", "Sizes", "rows", "run", "report", "command", "parse_rows", "parse_sizes"]
+__all__ = ["ROWS", "GOALS", "Sizes", "rows", "run", "report", "command", "parse_rows", "parse_sizes",
+           "estimate_seconds"]
 
 ROWS = ("causal", "window", "lm", "generate")
 GOALS = {"causal": 1.03, "window": 0.67, "lm": 1.05, "generate": 1.0}
@@ -187,6 +188,29 @@ def rows(sizes: Sizes = Sizes(), names=ROWS, *, compiled: bool = False, dtype=to
                         _generation(gpt(sdpa_causal).eval(), prompt, sizes.new_tokens, compiled),
                         "plain torch model, SDPA, own KV cache (time; tokens/s is its inverse)"))
     return out
+
+
+# Seconds of one call of both sides of each row at the default Sizes, one thread of the 2-core CPU the 'Whole models'
+# table of BENCHMARKS.md was measured on (attnkit ms + torch ms, rounded); and an assumed compilation time for both
+# sides of one compiled row there (inductor on a CPU: not measured by the table, which excludes it).
+CALL_SECONDS = {"causal": 3.8, "window": 9.9, "lm": 3.5, "generate": 0.4}
+COMPILE_SECONDS = 60.0
+
+
+def estimate_seconds(names=ROWS, *, rounds: int, compiled: bool = False, sizes: Sizes | None = None) -> float:
+    """About how long :func:`run` takes on a 2-core CPU: a warm-up and ``rounds`` calls of both sides per row.
+
+    Scaled by ``batch * length`` against the default sizes when others are given (the training rows' work grows
+    at least so); with ``compiled``, every row again plus :data:`COMPILE_SECONDS` each.
+
+    Example:
+        >>> round(estimate_seconds(("causal",), rounds=3)), round(estimate_seconds(rounds=3, compiled=True) / 60)
+        (15, 6)
+    """
+    sizes, base = sizes or Sizes(), Sizes()
+    scale = (sizes.batch * sizes.length) / (base.batch * base.length)
+    once = sum(CALL_SECONDS[name] for name in names) * (rounds + 1) * scale
+    return once * 2 + COMPILE_SECONDS * len(tuple(names)) if compiled else once
 
 
 def run(sizes: Sizes, names=ROWS, *, rounds: int, compiled: bool = False, log=None, device="cpu") -> list[dict]:

@@ -17,7 +17,7 @@ import dataclasses
 import sys
 
 from ...errors import ArgumentError, did_you_mean
-from ..progress import bars
+from ..progress import announce, bars, duration
 from .bench_models import add_model_args
 from .common import add_command, positive_float, positive_int
 from .inspect import add_case_args, case_from_args
@@ -151,11 +151,12 @@ def _backends_table(args, backward: bool) -> None:
     backends = args.backends or BACKENDS
     case = _case(args, backward)
     refused: dict[str, str] = {}
-    with bars(True, None, "bench") as step:
+    with bars(True, 1, "bench") as step:  # one step: the methods are timed together, interleaved
         rows = run_case(case, repeats=args.repeats, backends=backends, progress=step, refused=refused)
-        peaks = {}
+    peaks = {}
+    with bars(args.memory, len(rows), "memory") as step:
         for r in rows if args.memory else ():
-            step(f"memory: {r.method}")
+            step(f"{r.method}")
             peaks[r.method] = peak_memory(case, r.method, backends)
     for backend, why in refused.items():  # asked for, not run: said, never dropped silently
         print(f"attnkit: warning: backend {backend!r} is not in the table: {why}", file=sys.stderr)
@@ -202,7 +203,7 @@ def _roofline(args) -> int:
 
     lengths = tuple(args.roofline) or roofline.Config.lengths
     cfg = roofline.Config(lengths=lengths, heads=args.heads, head_dim=args.head_dim, rounds=args.repeats)
-    with bars(True, None, "roofline") as step:
+    with bars(True, sum(not row.skipped for row in roofline.rows_for(cfg)), "roofline") as step:
         rows, alone = roofline.run(cfg, log=step)
     command = f"attnkit bench --roofline {' '.join(map(str, lengths))} --repeats {args.repeats}"
     print(roofline.report(cfg, rows, alone, command))
@@ -212,11 +213,19 @@ def _roofline(args) -> int:
 def _distributed(args) -> int:
     from ..benchmarking import distributed as distributed_bench  # starts processes: imported only when asked
 
-    for backward in ([False, True] if args.backward == "both" else [args.backward == "yes"]):
-        spec = distributed_bench.Spec(procs=args.procs, batch=args.batch, heads=args.heads, length=args.q_len,
-                                      head_dim=args.head_dim, dtype=args.dtype, mask=args.mask, backward=backward,
-                                      repeats=args.repeats, threads=args.threads or 1)
-        print("\n" + "\n".join(distributed_bench.rows_table(spec, distributed_bench.measure(spec))))
+    specs = [distributed_bench.Spec(procs=args.procs, batch=args.batch, heads=args.heads, length=args.q_len,
+                                    head_dim=args.head_dim, dtype=args.dtype, mask=args.mask, backward=backward,
+                                    repeats=args.repeats, threads=args.threads or 1)
+             for backward in ([False, True] if args.backward == "both" else [args.backward == "yes"])]
+    rows = sum(len(distributed_bench.pairs(spec)) for spec in specs)
+    seconds = sum(distributed_bench.estimate_seconds(spec) for spec in specs)
+    announce(f"attnkit bench --distributed: {rows} rows of {args.repeats + 2} calls each on {args.procs} processes; "
+             f"{duration(seconds)} by the FLOP estimate at the speed of BENCHMARKS.md's 2-core run "
+             "(attnkit.lab.benchmarking.distributed.estimate_seconds); smaller --q-len or --repeats shorten it")
+    with bars(True, rows, "distributed") as step:
+        for spec in specs:
+            table = distributed_bench.rows_table(spec, distributed_bench.measure(spec, progress=step))
+            print("\n" + "\n".join(table), flush=True)
     return 0
 
 

@@ -44,10 +44,15 @@ def run_models(args) -> int:
     import torch
 
     from ..benchmarking import whole_models as wm
-    from ..progress import bars
+    from ..progress import announce, bars, duration
 
     torch.set_num_threads(args.threads or 1)
     sizes = args.model_sizes or wm.Sizes()
+    seconds = wm.estimate_seconds(args.models, rounds=args.repeats, compiled=args.compiled, sizes=sizes)
+    where = "on the CPU (a GPU takes less)" if args.device == "cpu" else "on a 2-core CPU; less on a GPU"
+    announce(f"attnkit bench --models: {len(args.models)} rows x {args.repeats} rounds"
+             f"{', eager then compiled' if args.compiled else ''}; {duration(seconds)} {where}, by the 1-thread "
+             "times of BENCHMARKS.md (whole_models.estimate_seconds)")
     with bars(True, len(args.models) * (2 if args.compiled else 1), "models") as step:
         results = wm.run(sizes, args.models, rounds=args.repeats, compiled=args.compiled, log=step,
                          device=args.device)

@@ -34,10 +34,11 @@ def _cmd_list(args) -> int:
         families = sorted({e.family for e in registry.entries()})
         raise ArgumentError(f"no mechanism in family {args.family!r}; {did_you_mean(args.family, families)}"
                             f"families: {', '.join(families)}")
-    name_w, fam_w, cx_w = (max(len(getattr(e, a)) for e in rows) for a in ("name", "family", "complexity"))
-    print(f"{'name':<{name_w}}  {'family':<{fam_w}}  {'complexity':<{cx_w}}  paper")
+    columns = ("name", "import_path", "family", "complexity")
+    name_w, imp_w, fam_w, cx_w = (max(len(getattr(e, a)) for e in rows) for a in columns)
+    print(f"{'name':<{name_w}}  {'import':<{imp_w}}  {'family':<{fam_w}}  {'complexity':<{cx_w}}  paper")
     for e in rows:
-        print(f"{e.name:<{name_w}}  {e.family:<{fam_w}}  {e.complexity:<{cx_w}}  {e.paper}")
+        print(f"{e.name:<{name_w}}  {e.import_path:<{imp_w}}  {e.family:<{fam_w}}  {e.complexity:<{cx_w}}  {e.paper}")
     print(f"\n{len(rows)} mechanisms")
     return 0
 

@@ -222,7 +222,7 @@ def add(sub) -> None:
                    help="the maps to draw: indices (0 first, -1 last), names or glob patterns (layers.1, 'encoder.*')")
     p.add_argument("--heads", nargs="+", type=int, default=None, metavar="HEAD",
                    help="the heads to draw of every chosen map (indices, -1 the last)")
-    p.add_argument("--scale", default="log", choices=("linear", "log", "row"),
+    p.add_argument("--scale", default="log", choices=("linear", "log", "row"),  # attnkit.lab.viz's (a test checks)
                    help="colours: log (3 decades below the largest weight: long maps stay readable), linear (0 to "
                         "the largest) or row (each query row over its largest weight)")
     p.add_argument("--max-size", type=positive_int, default=None,

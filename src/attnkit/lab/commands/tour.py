@@ -112,6 +112,8 @@ def _print_long_list(the_plan) -> None:
 
 
 def _cmd_long(args, command: str) -> int:
+    import torch
+
     from ..tour.long import plan, report, run_suite
     from ..tour.report.pieces import md_table
 
@@ -122,6 +124,7 @@ def _cmd_long(args, command: str) -> int:
     if args.list:
         _print_long_list(the_plan)
         return 0
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)  # the budget the pairs divide (threads_per_worker)
     out = args.out or "tour-long"
     if args.readme:
         _readme(args.readme, "tour-long")  # before training: a wrong file is found now, not after the runs
@@ -188,7 +191,7 @@ def _cmd_tour(args) -> int:
     if args.list:
         _print_list(experiments, set(api.default_set(False)), set(api.default_set(True)))
         return 0
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)  # the budget the runs divide (threads_per_worker)
     keys = _selected(args, experiments, list(api.default_set(args.quick)))
     if args.readme:
         _readme(args.readme, "tour")
@@ -226,8 +229,8 @@ def add(sub) -> None:
     p.add_argument("--out", default=None, help="report folder (default: tour-report; tour-long with --suite long)")
     p.add_argument("--device", default="cpu", help="where the models train: cpu or cuda (default: cpu)")
     p.add_argument("--workers", type=positive_int, default=None,
-                   help="runs trained at once, each in its own process at one thread (default: 2 on a CPU with 2 "
-                        "cores or more, 1 on a GPU)")
+                   help="runs trained at once, each in its own process at --threads / --workers torch threads "
+                        "(at least 1: one each on 2 cores) (default: 2 on a CPU with 2 cores or more, 1 on a GPU)")
     p.add_argument("--readme", default=None,
                    help="also put the results table into this Markdown file, between its <!-- tour:start --> and "
                         "<!-- tour:end --> lines (<!-- tour-long:start/end --> for the long suite)")
@@ -236,7 +239,8 @@ def add(sub) -> None:
                    help="only experiments with these mechanisms (default: all)")
     p.add_argument("--seeds", nargs="+", type=int, default=None, help="training seeds (default: 0 1 2)")
     p.add_argument("--fresh", action="store_true", help="ignore cached runs and run everything again")
-    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch threads in all, divided among the runs trained at once (default: all cores)")
     p.add_argument("--list", action="store_true", help="list the experiments and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--in-process", action="store_true",

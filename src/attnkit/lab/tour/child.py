@@ -24,7 +24,7 @@ import os
 import subprocess
 import sys
 
-__all__ = ["ChildFailed", "run_child", "main", "api", "default_workers", "PROGRESS", "RESULT"]
+__all__ = ["ChildFailed", "run_child", "main", "api", "default_workers", "threads_per_worker", "PROGRESS", "RESULT"]
 
 PROGRESS, RESULT = "progress ", "result "
 
@@ -43,13 +43,29 @@ class ChildFailed(RuntimeError):
 
 
 def default_workers(device: str = "cpu") -> int:
-    """Runs trained at once, each in its own process: one per core up to two on the CPU (each at one thread),
-    one on a GPU."""
+    """Runs trained at once, each in its own process: one per core up to two on the CPU (each at
+    :func:`threads_per_worker` threads: one on 2 cores), one on a GPU."""
     return 1 if device != "cpu" else max(1, min(2, os.cpu_count() or 1))
 
 
+def threads_per_worker(workers: int, threads: int | None = None) -> int:
+    """Torch threads for each of ``workers`` runs trained at once: ``threads // workers``, at least 1.
+
+    ``threads`` is the budget of the whole tour (default: this process's torch thread count, which
+    ``attnkit tour`` sets to ``--threads`` or all cores), so the runs together never ask for more
+    threads than the machine has cores: two workers on 2 cores train at one thread each.
+
+    Example:
+        >>> threads_per_worker(2, 2), threads_per_worker(2, 16), threads_per_worker(4, 2), threads_per_worker(1, 6)
+        (1, 8, 1, 6)
+    """
+    import torch
+
+    return max(1, (threads or torch.get_num_threads()) // max(1, workers))
+
+
 def run_child(job: dict, step, on_result=None) -> list[dict]:
-    """``job`` in a fresh process at this process's thread count: its results as JSON data.
+    """``job`` in a fresh process at ``job["threads"]`` torch threads (default: this process's count): its results.
 
     ``step(label)`` gets each progress line, ``on_result(data)`` each result as it arrives (so a caller
     can save finished runs before the process ends). Raises :class:`ChildFailed` when the process
@@ -61,6 +77,7 @@ def run_child(job: dict, step, on_result=None) -> list[dict]:
     log, results = [], []
     with subprocess.Popen([sys.executable, "-m", "attnkit.lab.tour.child", json.dumps(job)], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True) as child:
+        assert child.stdout is not None  # stdout=PIPE
         for line in child.stdout:
             if line.startswith(PROGRESS):
                 if step is not None:

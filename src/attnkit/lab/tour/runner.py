@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ...errors import ArgumentError, check_int
 from ..progress import bars
-from .child import ChildFailed, api, default_workers, run_child
+from .child import ChildFailed, api, default_workers, run_child, threads_per_worker
 from .store import (
     Summary,
     cached,
@@ -63,13 +63,14 @@ def _as_dict(result) -> dict:
     return json.loads(data) if isinstance(data, str) else dict(data)
 
 
-def _run_in_child(key: str, seed: int, quick: bool, step, device: str = "cpu") -> dict:
-    """``api().run(...)`` in a fresh process (:mod:`attnkit.lab.tour.child`): its result as JSON data."""
-    return run_child({"key": key, "seed": seed, "quick": quick, "device": device}, step)[-1]
+def _run_in_child(key: str, seed: int, quick: bool, step, device: str = "cpu", threads: int | None = None) -> dict:
+    """``api().run(...)`` in a fresh process (:mod:`attnkit.lab.tour.child`) at ``threads``: its result as JSON data."""
+    job = {"key": key, "seed": seed, "quick": quick, "device": device}
+    return run_child(job if threads is None else {**job, "threads": threads}, step)[-1]
 
 
 def _run_one(key: str, exp, seed: int, quick: bool, version: str, step, isolate: bool = True,
-             device: str = "cpu") -> dict:
+             device: str = "cpu", threads: int | None = None) -> dict:
     """One run as a saved record; an exception is recorded as a failed run, never raised.
 
     ``isolate``: train in a fresh process, so its peak memory is measured; in this process instead,
@@ -79,7 +80,7 @@ def _run_one(key: str, exp, seed: int, quick: bool, version: str, step, isolate:
     start = time.perf_counter()
     try:
         if isolate:
-            result = _run_in_child(key, seed, quick, step, device)
+            result = _run_in_child(key, seed, quick, step, device, threads)
         else:
             options = {"device": device} if device != "cpu" else {}  # a stand-in API need not know devices
             result = {**_as_dict(api().run(key, seed, quick=quick, progress=step, **options)), "peak_bytes": None}
@@ -123,8 +124,10 @@ def tour(keys: Iterable[str] | None = None, seeds: Sequence[int] = (0, 1, 2), *,
         isolate: train each run in a fresh process (:mod:`attnkit.lab.tour.child`), which measures its
             peak memory; False: in this process, with the peak memory left out (None).
         device: where the models train (``"cpu"`` or ``"cuda"``).
-        workers: runs trained at once, each in its own process at one thread (default
-            :func:`~attnkit.lab.tour.child.default_workers`: two on a 2-core CPU); 1 with ``isolate=False``.
+        workers: runs trained at once, each in its own process at
+            :func:`~attnkit.lab.tour.child.threads_per_worker` threads (this process's thread count divided among
+            them, at least 1) (default :func:`~attnkit.lab.tour.child.default_workers`: two on a 2-core CPU, one
+            thread each); 1 with ``isolate=False``.
 
     Returns:
         A :class:`TourSummary`. Failed runs are recorded and reported, not raised.
@@ -145,13 +148,14 @@ def tour(keys: Iterable[str] | None = None, seeds: Sequence[int] = (0, 1, 2), *,
             else:
                 todo.append((key, seed, check_writable(run_path(out, exp.task, exp.mechanism, seed, mode))))
     workers = 1 if not isolate else workers or default_workers(device)
+    threads = threads_per_worker(workers)  # the runs together use the cores once, never more threads than cores
     with bars(progress and bool(todo), len(todo), f"tour ({mode})") as overall:
         def one(item):
             key, seed, path = item
             name = f"{key} seed {seed}"
             steps = getattr(known[key], "steps", None)
             with bars(progress and workers == 1, steps, name, position=1, per_step=True) as step:
-                record = _run_one(key, known[key], seed, quick, version, step, isolate, device)
+                record = _run_one(key, known[key], seed, quick, version, step, isolate, device, threads)
             write_json(path, record)
             (summary.ran if record["status"] == "ok" else summary.failed).append(name)
             if overall:

@@ -17,9 +17,10 @@ import torch
 from ...errors import ArgumentError
 from ._style import matplotlib
 
-__all__ = ["SCALES", "LOG_DECADES", "check_scale", "weight_norm", "scaled", "draw_map"]
+__all__ = ["SCALES", "DEFAULT_SCALE", "LOG_DECADES", "check_scale", "weight_norm", "scaled", "draw_map"]
 
 SCALES = ("linear", "log", "row")
+DEFAULT_SCALE = "log"  # the pages, the grid and the command line: a long map's weights (near 1/L) stay visible
 LOG_DECADES = 3  # the log scale spans the largest weight down to 10^-3 of it
 WEIGHTS_CMAP = "viridis"  # sequential, perceptually uniform, readable in grey scale
 SCORES_CMAP = "RdBu_r"  # diverging, used only when a map holds negative values (raw scores)

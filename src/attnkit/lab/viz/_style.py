@@ -139,7 +139,7 @@ def _glyphs(families: tuple[str, ...]) -> frozenset[int]:
     from matplotlib import font_manager
     from matplotlib.ft2font import FT2Font
 
-    rc, points = matplotlib().rcParams, set()
+    rc, points = matplotlib().rcParams, set[int]()
     generic = ("sans-serif", "serif", "monospace", "cursive", "fantasy")
     names = [n for f in families for n in (rc[f"font.{f}"] if f in generic else [f])]
     for name in names:

@@ -19,12 +19,13 @@ from ...errors import ArgumentError, ShapeError, check_int
 from ..analysis.model_maps import maps_and_tokens
 from ._page import TEMPLATE
 from ._pool import fit_size, pool, pooled_labels
-from ._scale import check_scale
+from ._scale import DEFAULT_SCALE, check_scale
 from ._style import check_path, checked, labels_or_recorded
 
 __all__ = ["html_page", "viewer_html", "page_data", "fit_maps", "render", "write_page"]
 
 MAX_WEIGHTS = 4_000_000  # about 40 MB of page; more loads slowly or not at all in a browser
+FIT = "fit"  # html_page's max_size: pool only as much as max_weights asks
 
 
 def _tokens(tokens, name: str, n: int, arg: str) -> list[str]:
@@ -59,7 +60,7 @@ def _map_json(name: str, heads: torch.Tensor, batch: int, q_tokens, k_tokens, ma
     return json.dumps(meta)[:-1] + ',"w":[' + ",".join(_numbers(h) for h in pooled) + "]}"
 
 
-def page_data(maps, *, q_tokens, k_tokens, max_weights: int, who: str, scale: str = "linear",
+def page_data(maps, *, q_tokens, k_tokens, max_weights: int, who: str, scale: str = DEFAULT_SCALE,
               max_size: int | None = None) -> tuple[str, list[tuple[str, int]]]:
     """The escaped JSON a page embeds, and ``[(name, heads), ...]``; ArgumentError past ``max_weights`` (counted
     after pooling to ``max_size`` per axis) before any copy. ``maps`` as :func:`html_page` takes them."""
@@ -78,7 +79,7 @@ def page_data(maps, *, q_tokens, k_tokens, max_weights: int, who: str, scale: st
         raise ArgumentError(f"{who}: the maps hold {total:,} weights{pooled} (H, Lq, Lk per map: {sizes}"
                             f"{', ...' if len(views) > 4 else ''}), a page of about {total * 10 / 2**20:,.0f} MiB; "
                             f"the limit is max_weights={max_weights:,}. Pass fewer layers or heads, pool the maps "
-                            f"(max_size; fit_size finds the largest that fits) or raise max_weights")
+                            f"(max_size; fit_maps finds the largest that fits) or raise max_weights")
     parts = [_map_json(name, heads, batch, q_tokens, k_tokens, max_size) for name, (heads, batch) in views.items()]
     data = '{"scale":' + json.dumps(scale) + ',"maps":[' + ",".join(parts) + "]}"
     data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
@@ -89,7 +90,8 @@ def fit_maps(maps, max_weights: int, who: str) -> int | None:
     """The largest ``max_size`` with which ``maps`` (what :func:`html_page` takes) fit in ``max_weights``
     weights; None when they fit as they are."""
     found, _ = maps_and_tokens(maps, who)
-    return fit_size([tuple(_heads(str(n), v)[0].shape) for n, v in found.items()], max_weights, who)
+    shapes = [(h.shape[0], h.shape[1], h.shape[2]) for h in (_heads(str(n), v)[0] for n, v in found.items())]
+    return fit_size(shapes, max_weights, who)
 
 
 def render(template: str, values: dict[str, str]) -> str:
@@ -105,16 +107,20 @@ def write_page(template: str, values: dict[str, str], path: Path) -> Path:
 
 
 def viewer_html(maps, *, q_tokens=None, k_tokens=None, title="attention maps", max_weights: int = MAX_WEIGHTS,
-                overview=None, scale: str = "linear", max_size: int | None = None) -> str:
+                overview=None, scale: str = DEFAULT_SCALE, max_size: int | str | None = FIT) -> str:
     """The text of the page :func:`html_page` writes (arguments as there)."""
+    # pooled only past max_weights, as attnkit record does (one rule: fit_maps)
+    size = fit_maps(maps, max_weights, "html_page") if max_size == FIT else max_size
+    if isinstance(size, str):
+        raise ArgumentError(f"html_page: max_size must be 'fit', a positive int or None; got {size!r}")
     data, _ = page_data(maps, q_tokens=q_tokens, k_tokens=k_tokens, max_weights=max_weights, who="html_page",
-                        scale=scale, max_size=max_size)
+                        scale=scale, max_size=size)
     nav = "" if overview is None else f'<a id="overview" href="{html.escape(str(overview), quote=True)}">all heads</a>'
     return render(TEMPLATE, {"TITLE": html.escape(str(title)), "DATA": data, "NAV": nav})
 
 
 def html_page(maps, *, q_tokens=None, k_tokens=None, title="attention maps", path, max_weights: int = MAX_WEIGHTS,
-              overview=None, scale: str = "linear", max_size: int | None = None) -> Path:
+              overview=None, scale: str = DEFAULT_SCALE, max_size: int | str | None = FIT) -> Path:
     """Write one offline HTML page showing attention maps, with layer/head pickers and hover details.
 
     The page draws the chosen map on a canvas (viridis on a linear, log or per-row scale, as
@@ -124,9 +130,10 @@ def html_page(maps, *, q_tokens=None, k_tokens=None, title="attention maps", pat
     an index or a map name) and ``&q=3&k=4`` also shows the details of that cell.
     :func:`attnkit.lab.viz.overview_page` draws every head of every map on one page, each
     linking here. Long maps over many layers and heads outgrow a page (a 512-token map of 12
-    layers x 12 heads holds 38M weights): pick the maps and heads
-    (:meth:`~attnkit.lab.analysis.AttentionRecorder.select`), or pool them (``max_size``: groups of
-    consecutive positions, each row keeping its sum; the cells are then labelled ``first…last``).
+    layers x 12 heads holds 38M weights): by default the page pools them to what ``max_weights``
+    allows (groups of consecutive positions, each row keeping its sum; the cells are then labelled
+    ``first…last``), as ``attnkit record`` does; pick the maps and heads
+    (:meth:`~attnkit.lab.analysis.AttentionRecorder.select`) to see every position.
 
     Args:
         maps: ``Mapping[str, tensor]``, each ``(H, Lq, Lk)``, ``(B, H, Lq, Lk)`` (sample 0
@@ -138,12 +145,14 @@ def html_page(maps, *, q_tokens=None, k_tokens=None, title="attention maps", pat
         title: page title (escaped).
         path: the ``.html`` file to write.
         max_weights: the most weights the page may hold (about 10 bytes each), counted after
-            pooling; more raises before anything is converted or written. Pick layers/heads, pool
-            the maps, or raise it knowingly.
+            pooling. With ``max_size=None`` or a size, more raises before anything is converted or
+            written: pick layers/heads, pool the maps, or raise it knowingly.
         overview: the address of an overview page (relative to this one) to link to, or None.
-        scale: ``"linear"`` (0 to the map's largest weight), ``"log"`` or ``"row"``.
-        max_size: pool every map to at most this many cells per axis (:func:`fit_maps` gives the
-            largest that fits ``max_weights``); None draws every position.
+        scale: ``"log"`` (default, as the command line: the largest weight down to 10^-3 of it),
+            ``"linear"`` (0 to the map's largest weight) or ``"row"``.
+        max_size: ``"fit"`` (default): every position when the maps fit ``max_weights``, else pooled
+            to the largest size that fits (:func:`fit_maps`); a number: pool every map to at most
+            this many cells per axis; None: every position, whatever the size.
 
     Returns:
         The Path written.

@@ -17,7 +17,7 @@ import torch
 from ...errors import ShapeError, check_int
 from ..analysis.model_maps import maps_and_tokens
 from ._pool import pool
-from ._scale import check_scale, draw_map, scaled
+from ._scale import DEFAULT_SCALE, check_scale, draw_map, scaled
 from ._style import (
     as_weights,
     check_labels,
@@ -125,7 +125,7 @@ def _panel_inches(fig, ax) -> float:
     return min(box.width * fig.get_figwidth(), box.height * fig.get_figheight())
 
 
-def head_grid(maps, *, path=None, title=None, max_heads=None, q_tokens=None, k_tokens=None, scale="linear",
+def head_grid(maps, *, path=None, title=None, max_heads=None, q_tokens=None, k_tokens=None, scale=DEFAULT_SCALE,
               max_size=None):
     """Draw every head of every layer: one row per map name, one column per head.
 
@@ -147,7 +147,8 @@ def head_grid(maps, *, path=None, title=None, max_heads=None, q_tokens=None, k_t
         max_heads: draw only the first this many heads of each row.
         q_tokens, k_tokens: query / key labels, one sequence for every row or a mapping map
             name -> tokens; a recording's own tokens where none are given.
-        scale: ``"linear"``, ``"log"`` or ``"row"`` (as :func:`heatmap`).
+        scale: ``"log"`` (default, as ``attnkit record``: the largest weight down to 10^-3 of it, so the
+            many near-1/L weights of a long map stay visible), ``"linear"`` or ``"row"`` (as :func:`heatmap`).
         max_size: pool every map to at most this many cells per axis (default: the panel's pixels).
 
     Returns:
@@ -176,7 +177,10 @@ def head_grid(maps, *, path=None, title=None, max_heads=None, q_tokens=None, k_t
     if q_tokens is not None or k_tokens is not None:
         longest = max(max(w.shape[1:]) for w in rows.values())
         panel, extra = min(max(1.9, 0.15 * longest), 4.2), 0.7
-    width, height = min(max(panel * ncols + 1.4 + extra, 4.5), 22.0), min((panel + extra) * len(rows) + 0.8, 24.0)
+    # A panel's side: what the widest (22 in) and tallest (24 in) figure leave to each head, at most ``panel``;
+    # the figure is then made to hold exactly those panels, so a wide grid leaves no empty bands between rows.
+    side = min(panel, (22.0 - 1.4 - extra) / ncols, (24.0 - 0.8) / len(rows) - extra)
+    width, height = max(side * ncols + 1.4 + extra, 4.5), (side + extra) * len(rows) + 0.8
     fig = new_figure(width, height)
     grid = fig.subplots(len(rows), ncols, squeeze=False)
     row_in = (height - 0.8) / len(rows)

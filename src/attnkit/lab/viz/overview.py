@@ -12,6 +12,7 @@ import html
 from pathlib import Path
 
 from ._overview_page import TEMPLATE
+from ._scale import DEFAULT_SCALE
 from ._style import check_path
 from .html import MAX_WEIGHTS, page_data, write_page
 
@@ -23,7 +24,7 @@ _SCALE_WORDS = {"linear": "0 to the row's largest weight", "log": "the row's lar
 
 
 def overview_page(maps, *, viewer, path, title="attention heads", max_weights: int = MAX_WEIGHTS,
-                  scale: str = "linear", max_size: int | None = None) -> Path:
+                  scale: str = DEFAULT_SCALE, max_size: int | None = None) -> Path:
     """Write one offline HTML page with every head of every map as a small picture linking to ``viewer``.
 
     Each row is one map and shares one colour scale (viridis, linear, log or per row, as
@@ -40,7 +41,7 @@ def overview_page(maps, *, viewer, path, title="attention heads", max_weights: i
         path: the ``.html`` file to write.
         title: page title (escaped).
         max_weights: the most weights the page may hold, after pooling (as :func:`attnkit.lab.viz.html_page`).
-        scale: ``"linear"``, ``"log"`` or ``"row"``.
+        scale: ``"log"`` (default), ``"linear"`` or ``"row"``.
         max_size: pool the thumbnails further, to at most this many cells per axis (below :data:`THUMBNAIL`).
 
     Returns:

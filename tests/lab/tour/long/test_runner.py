@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from attnkit.errors import ArgumentError
 from attnkit.lab.tour.long import report, run_suite, runner
@@ -47,11 +48,12 @@ def test_a_tiny_suite_runs_in_fresh_processes_resumes_and_writes_its_report(tmp_
 
 
 def test_two_workers_train_two_pairs_at_once_longest_sequences_first(tmp_path, monkeypatch):
-    started, running, most = [], [], []
+    started, running, most, shares = [], [], [], []
     lock = threading.Lock()
 
-    def fake_train(out, task, mechanism, seeds, the_plan, version, device, step, summary):
+    def fake_train(out, task, mechanism, seeds, the_plan, version, device, step, summary, threads=1):
         with lock:
+            shares.append(threads)
             started.append(task)
             running.append(task)
             most.append(len(running))
@@ -65,6 +67,7 @@ def test_two_workers_train_two_pairs_at_once_longest_sequences_first(tmp_path, m
     summary = runner.run_suite(tmp_path, scale="quick", pairs=pairs, speed=(), progress=False, workers=2)
     assert sorted(summary.ran) == sorted(f"{t}/{m}" for t, m in pairs) and max(most) == 2
     assert started[0] == "pixel_legend"  # 256 tokens, the others 128: the costliest pair starts first
+    assert set(shares) == {max(1, torch.get_num_threads() // 2)}  # two pairs at once share this process's threads
 
 
 def test_a_folder_where_a_run_file_belongs_stops_the_suite_before_it_trains(tmp_path):

@@ -52,3 +52,23 @@ def test_map_pictures_carry_the_examples_tokens(tmp_path, monkeypatch):
     assert [t.get_text() for t in firsts[0].get_xticklabels()] == tokens
     assert "k1" not in [t.get_text() for t in firsts[1].get_yticklabels()]  # 3 queries: positions, not wrong tokens
     assert drawn[0].get_suptitle().startswith("example 0: 2 maps, 2 heads")
+
+
+def test_learning_curves_of_eighteen_mechanisms_look_apart_and_the_legend_covers_no_step(tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig) or path)
+    curve = [(step, 3.0 / step, step / 300) for step in range(20, 301, 20)]
+    records = [{"status": "ok", "task": "mqar", "mechanism": f"mech-{i}", "result": {"curve": curve}}
+               for i in range(18)]
+    written, notes = plots.curves(Report(tmp_path, None, records, [], [], None))
+    assert notes == [] and [task for task, _ in written] == ["mqar"]
+    fig = drawn[0]
+    fig.canvas.draw()
+    for ax in fig.axes:
+        looks = {(str(line.get_color()), line.get_marker(), line.get_linestyle()) for line in ax.get_lines()}
+        assert len(ax.get_lines()) == len(looks) == 18  # beyond tab10's ten colours, markers and dashes differ
+        assert ax.get_legend() is None  # no legend drawn over the curves
+    legend = fig.legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == [f"mech-{i}" for i in range(18)]
+    box = legend.get_window_extent()
+    assert not any(box.overlaps(ax.get_window_extent()) for ax in fig.axes)  # beside the plots, not on them

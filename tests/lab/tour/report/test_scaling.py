@@ -37,6 +37,9 @@ def test_a_scrambled_set_is_noisy_never_a_number():
         if fit.r_squared < scaling.MIN_R_SQUARED:
             assert text == f"noisy (R² {fit.r_squared:.2f} of a power law)"  # the reason, not the exponent
             noisy += 1
+        elif any(b < a / 2 for i, a in enumerate(shuffled) for b in shuffled[i + 1:]):
+            assert text.startswith("noisy (L=")  # a longer length in under half the time: a disturbed point
+            noisy += 1
         else:
             assert text == f"{fit.exponent:.2f}"
     assert noisy >= 15  # most orders of four points spanning 64x are far from a line
@@ -66,3 +69,20 @@ def test_scaling_markdown_shows_spread_and_statuses():
     assert "| dense | 1.0 ± 0.1 | 4.0 ± 0.2 | timeout | 1.0 | 4.0 | timeout | 2.00 | 2.00 |" in text
     assert "fresh process at 1 thread(s): median of 3" in text
     assert scaling.scaling_markdown({"series": {"dense": [[256, 0.1, None]]}}) == ""  # no repeats: not shown
+
+
+def test_a_longer_length_in_under_half_the_time_is_noisy_in_the_tour_and_on_the_command_line():
+    from attnkit.lab.analysis.scaling import ScalingRow, ScalingTable
+
+    # the sliding window a user saw: 356.8 ms at 1024 tokens, 107.7 ms at 2048 (two points: R² is 1 whatever they are)
+    lengths, times = [1024, 2048], [0.3568, 0.1077]
+    assert scaling.exponent_text(lengths, times) == "noisy (L=2048 takes 30 % of L=1024)"
+    table = ScalingTable(tuple(ScalingRow("window", n, t, 0.01 * t, None) for n, t in zip(lengths, times, strict=True)),
+                         tuple(lengths))
+    assert table.exponent_text("window") == "noisy (L=2048 takes 30 % of L=1024)"
+    assert "noisy (L=2048" in table.markdown()
+    steady = ScalingTable(tuple(ScalingRow("dense", n, 1e-7 * n * n, 0.0, None) for n in lengths), tuple(lengths))
+    assert steady.exponent_text("dense") == "2.00"
+    shaky = ScalingTable(tuple(ScalingRow("dense", n, 1e-7 * n * n, 0.8e-7 * n * n, None) for n in lengths),
+                         tuple(lengths))
+    assert shaky.exponent_text("dense") == "noisy (spread 80 % of the median)"  # the spread rule, shared

@@ -17,6 +17,10 @@ from pathlib import Path
 
 __all__ = ["Point", "points", "draw"]
 
+# Where a label may go, as (dx, dy) in units of its bubble's radius plus a gap: on the bubble first, then beside it.
+_PLACES = [(0, 0), (0, 1), (0, -1), (1, 0), (-1, 0), (1, 1), (-1, 1), (1, -1), (-1, -1), (0, 2), (0, -2), (2, 0),
+           (-2, 0), (2, 2), (-2, 2), (2, -2), (-2, -2)]
+
 
 @dataclass
 class Point:
@@ -55,11 +59,9 @@ def draw(pts: list[Point], path: Path, *, title: str) -> Path:
     ax = fig.add_subplot()
     peaks = [p.peak_bytes for p in pts if p.peak_bytes]
     top = max(peaks) if peaks else 1.0
-    for p in pts:
-        area = 60 + 1400 * (p.peak_bytes or 0) / top
+    areas = [60 + 1400 * (p.peak_bytes or 0) / top for p in pts]
+    for p, area in zip(pts, areas, strict=True):
         ax.scatter([p.steps_per_second], [100 * p.accuracy], s=area, alpha=0.45, edgecolors="black", linewidths=0.6)
-        label = p.mechanism + ("" if p.peak_bytes is None else f"\n{p.peak_bytes / 2**20:.0f} MiB")
-        ax.annotate(label, (p.steps_per_second, 100 * p.accuracy), fontsize=8, ha="center", va="center")
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
     ax.xaxis.set_minor_formatter(FormatStrFormatter("%g"))
@@ -75,6 +77,32 @@ def draw(pts: list[Point], path: Path, *, title: str) -> Path:
         if all(math.isfinite(x) and x > 0 for x in xs):
             ax.set_xlim(min(xs) / 1.4, max(xs) * 1.4)
     ax.grid(alpha=0.3)
+    _labels(fig, ax, pts, areas)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=96)
     return path
+
+
+def _labels(fig, ax, pts: list[Point], areas: list[float]) -> None:
+    """Each bubble's name and memory, on the bubble where it overlaps no other label and no other bubble's centre,
+    else on the first such place around it (:data:`_PLACES`) with a thin line to the bubble; the largest bubbles
+    are labelled first."""
+    fig.canvas.draw()  # the layout and limits are final: label boxes are measured where they will be drawn
+    renderer = fig.canvas.get_renderer()
+    centres = [ax.transData.transform((p.steps_per_second, 100 * p.accuracy)) for p in pts]
+    placed: list = []
+    for i in sorted(range(len(pts)), key=lambda i: -areas[i]):
+        p, radius = pts[i], math.sqrt(areas[i] / math.pi)  # points: scatter's s is an area in points^2
+        label = p.mechanism + ("" if p.peak_bytes is None else f"\n{p.peak_bytes / 2**20:.0f} MiB")
+        for n, (dx, dy) in enumerate(_PLACES):
+            step = radius + 14.0
+            text = ax.annotate(label, (p.steps_per_second, 100 * p.accuracy), xytext=(dx * step, dy * step),
+                               textcoords="offset points", fontsize=8, ha="center", va="center",
+                               arrowprops=None if n == 0 else {"arrowstyle": "-", "lw": 0.5, "color": "0.4",
+                                                               "shrinkA": 0, "shrinkB": radius})
+            box = text.get_window_extent(renderer).expanded(1.05, 1.1)
+            covers = any(box.contains(*centre) for j, centre in enumerate(centres) if j != i)  # another's bubble
+            if not (covers or any(box.overlaps(other) for other in placed)) or n == len(_PLACES) - 1:
+                placed.append(box)
+                break
+            text.remove()

@@ -8,7 +8,8 @@ The folder is the run store's (:mod:`attnkit.lab.tour.store`), shared with the d
 
 A pair's process trains its seeds one after another and prints each result as it finishes, and
 each is saved at once, so an interrupted suite resumes with the seeds (and pairs) not yet done.
-``workers`` pairs train at once, each process at one thread (two on a 2-core machine); the speed
+``workers`` pairs train at once, each process at :func:`~attnkit.lab.tour.child.threads_per_worker` threads
+(two pairs at one thread each on a 2-core machine); the speed
 measurements run one at a time afterwards, alone, so no other run shares their core.
 """
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from ... import tasks
 from ...progress import bars
-from ..child import ChildFailed, default_workers, run_child
+from ..child import ChildFailed, default_workers, run_child, threads_per_worker
 from ..store import (
     FORMAT,
     Summary,
@@ -75,7 +76,7 @@ def load_speed(path, *, scale: str | None = None, version: str | None = None) ->
     return data
 
 
-def _train(out, task, mechanism, seeds, the_plan: Plan, version, device, step, summary) -> None:
+def _train(out, task, mechanism, seeds, the_plan: Plan, version, device, step, summary, threads: int = 1) -> None:
     """Train one pair's missing ``seeds`` in a fresh process, saving each seed's record as it arrives.
 
     A record's ``wall_seconds`` is the time since the pair's previous record (since the process
@@ -97,7 +98,7 @@ def _train(out, task, mechanism, seeds, the_plan: Plan, version, device, step, s
         summary.ran.append(f"{task}/{mechanism} seed {seed}")
 
     try:
-        run_child(train_job(task, mechanism, seeds, the_plan.scale, device), step, save)
+        run_child({**train_job(task, mechanism, seeds, the_plan.scale, device), "threads": threads}, step, save)
         error = None
     except ChildFailed as err:
         error = err
@@ -187,6 +188,7 @@ def run_suite(out="tour-long", *, scale: str = "default", fresh: bool = False, p
     if pairs is not None:
         the_plan = _restricted(the_plan, pairs)
     workers = workers or default_workers(device)
+    threads = threads_per_worker(workers)  # the pairs together use the cores once
     version = suite_version()
     summary = SuiteSummary(out, the_plan.scale)
     run_seeds = tuple(seeds) if seeds else None
@@ -205,7 +207,7 @@ def run_suite(out="tour-long", *, scale: str = "default", fresh: bool = False, p
             task, mech, missing = item
             steps = len(missing) * (the_plan.evals + 1)
             with bars(progress and workers == 1, steps, f"{task}/{mech}", position=1, per_step=True) as step:
-                _train(out, task, mech, missing, the_plan, version, device, step, summary)
+                _train(out, task, mech, missing, the_plan, version, device, step, summary, threads)
             if overall:
                 overall(f"{task}/{mech}")
 

@@ -51,27 +51,32 @@ def _mean_curve(curves: list, column: int) -> tuple[list[float], list[float]]:
 
 def curves(rep: Report) -> tuple[list[tuple[str, Path]], list[str]]:
     """One PNG per task: training loss and evaluation accuracy against step, mean over seeds, per mechanism."""
-    by_task = defaultdict(lambda: defaultdict(list))
+    by_task: defaultdict[str, defaultdict[str, list]] = defaultdict(lambda: defaultdict(list))
     for rec in rep.records:
         if rec["status"] == "ok":
             by_task[rec["task"]][rec["mechanism"]].append(rec["result"].get("curve"))
+    from ...viz._style import series_styles
+
     written, notes = [], []
     for task, mechs in by_task.items():
         try:
-            fig = _figure(10.0, 3.6)
+            # one legend for both panels, beside them: it never covers the last steps; a wider figure for many series
+            fig = _figure(11.6, 3.6 + max(0.0, 0.17 * (len(mechs) - 18)))
             loss_ax, acc_ax = fig.subplots(1, 2)
-            for mech, cs in mechs.items():
+            for (mech, cs), style in zip(mechs.items(), series_styles(len(mechs)), strict=True):
                 for ax, column in ((loss_ax, 1), (acc_ax, 2)):
                     steps, values = _mean_curve(cs, column)
-                    if steps:
-                        ax.plot(steps, values, "o-" if len(steps) < 30 else "-", markersize=3, label=mech)
+                    if steps:  # a colour, a marker and a dash each: 18 series stay apart
+                        ax.plot(steps, values, markersize=3, linewidth=1.2, label=mech,
+                                **{**style, "marker": style["marker"] if len(steps) < 30 else None})
             loss_ax.set(xlabel="step", ylabel="training loss", title=f"{task}: training loss")
             acc_ax.set(xlabel="step", ylabel="evaluation accuracy", title=f"{task}: evaluation accuracy",
                        ylim=(-0.02, 1.02))
             for ax in (loss_ax, acc_ax):
                 ax.grid(True, alpha=0.25)
-                if ax.lines:
-                    ax.legend(fontsize=8)
+            handles, labels = max((ax.get_legend_handles_labels() for ax in (loss_ax, acc_ax)), key=lambda h: len(h[1]))
+            if labels:
+                fig.legend(handles, labels, loc="outside right center", fontsize=8)
             written.append((task, _save(fig, rep.out / "img" / f"curves__{slug(task)}.png")))
         except Exception as err:  # a picture that cannot be drawn is noted, the report goes on
             notes.append(f"learning curves of {task}: {type(err).__name__}: {err}")
@@ -107,7 +112,8 @@ def _picture(example: dict, maps: dict[str, torch.Tensor], path: Path) -> Path:
         if w2.dim() == 2 and q is not None and k is not None and (len(q), len(k)) == tuple(w2.shape):
             return _save(alignment(w2, k, q, title=title), path)
     q_tokens, k_tokens = _fitting(example.get("q_tokens"), maps, -2), _fitting(example.get("k_tokens"), maps, -1)
-    return _save(head_grid(maps, title=title, max_heads=8, q_tokens=q_tokens, k_tokens=k_tokens), path)
+    # the tour's maps are short (tens of positions): a linear scale shows where the weight goes
+    return _save(head_grid(maps, title=title, max_heads=8, q_tokens=q_tokens, k_tokens=k_tokens, scale="linear"), path)
 
 
 def _fitting(tokens, maps: dict[str, torch.Tensor], dim: int) -> dict[str, list]:
@@ -129,12 +135,12 @@ def _page(key: str, examples: list[dict], path: Path) -> Path:
             label = f"{ex.get('title') or f'example {i}'}: {name}"
             maps[label] = w
             q_tok[label], k_tok[label] = _tokens(ex.get("q_tokens"), name), _tokens(ex.get("k_tokens"), name)
-    return html_page(maps, q_tokens=q_tok, k_tokens=k_tok, title=f"attnkit tour: {key}", path=path)
+    return html_page(maps, q_tokens=q_tok, k_tokens=k_tok, title=f"attnkit tour: {key}", path=path, scale="linear")
 
 
 def attention_maps(rep: Report) -> tuple[list[dict], list[str]]:
     """Per experiment (lowest successful seed): a PNG per example and one interactive page of all its maps."""
-    first = {}
+    first: dict[str, dict] = {}
     for rec in rep.records:
         if rec["status"] == "ok" and rec["result"].get("examples"):
             first.setdefault(rec["key"], rec)

@@ -17,14 +17,12 @@ a poor fit (R^2 below :data:`MIN_R_SQUARED`) or a point whose spread is more tha
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
-from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
 
 from .... import __version__
+from ...analysis.scaling import MAX_RELATIVE_SPREAD, MIN_R_SQUARED, PowerFit, exponent_text, power_fit
 from ...progress import bars
 from ..child import api
 from ..store import write_json
@@ -45,58 +43,6 @@ MEASURED_FAMILIES = ("score", "mask", "long-sequence", "normalize")
 SIZES = {"batch": 1, "heads": 4, "head_dim": 32, "dim": 128}  # one layer of a small model: seconds, not minutes
 REPEATS = 3  # timed passes per point after the warm-up: a median and a spread
 THREADS = 1  # one thread: the numbers do not depend on the core count or on other work's threads
-MIN_R_SQUARED = 0.9
-"""Below this, ``log time`` is not a straight line in ``log L``: no single exponent describes the points."""
-MAX_RELATIVE_SPREAD = 0.5
-"""A point whose repeats differ by more than half their median moves ``log time`` by up to ~0.4, more than
-half of ``log 2`` (one doubling of L): the slope between neighbouring lengths could then be off by over 0.5,
-enough to mistake linear for quadratic. Such a fit is "noisy"."""
-
-
-class PowerFit(NamedTuple):
-    """``value ~ L^exponent`` fitted by least squares on log-log axes; ``r_squared`` of that line."""
-
-    exponent: float
-    r_squared: float
-
-
-def power_fit(lengths: Sequence[float], values: Sequence[float | None]) -> PowerFit | None:
-    """The log-log least-squares line through the positive ``values`` (its slope from
-    :func:`attnkit.lab.analysis.scaling.fit_exponent`); None with fewer than two distinct L.
-
-    ``r_squared = 1 - SS_res / SS_tot`` of ``log value``; 1.0 when all values are equal (a flat, exact fit).
-    """
-    from ...analysis.scaling import fit_exponent
-
-    slope = fit_exponent(lengths, values)
-    if slope is None:
-        return None
-    pts = [(math.log(n), math.log(v)) for n, v in zip(lengths, values, strict=True) if v and v > 0]
-    mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
-    ss_tot = sum((y - my) ** 2 for _, y in pts)
-    ss_res = sum((y - my - slope * (x - mx)) ** 2 for x, y in pts)
-    return PowerFit(slope, 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0)
-
-
-def exponent_text(lengths: Sequence[float], values: Sequence[float | None],
-                  spreads: Sequence[float | None] | None = None) -> str:
-    """The fitted exponent as text (``"1.98"``), or ``"noisy (...)"`` when it cannot be trusted, or ``"n/a"``.
-
-    Noisy: R^2 below :data:`MIN_R_SQUARED`, or a point whose spread exceeds :data:`MAX_RELATIVE_SPREAD`
-    of its value. Fewer than two usable points: ``"n/a"``.
-    """
-    fit = power_fit(lengths, values)
-    if fit is None:
-        return "n/a"
-    spread = max((s / v for v, s in zip(values, spreads or [None] * len(values), strict=True)
-                  if s is not None and v), default=0.0)
-    if spread > MAX_RELATIVE_SPREAD:
-        return f"noisy (spread {100 * spread:.0f} % of the median)"
-    if fit.r_squared < MIN_R_SQUARED:
-        return f"noisy (R² {fit.r_squared:.2f} of a power law)"
-    return f"{fit.exponent:.2f}"
-
-
 def _known(name: str) -> bool:
     from ....costing.analytic import spec
 

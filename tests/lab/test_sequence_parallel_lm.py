@@ -31,10 +31,21 @@ def test_torchrun_example_matches_one_process(scheme):
     assert len(diffs) == 4 and max(diffs) < 1e-12, line
 
 
+def test_the_language_model_example_is_the_packages_module_so_a_wheel_has_it():
+    import attnkit.lab.sequence_parallel_lm as module
+
+    script = (EXAMPLE.parent / "sequence_parallel_lm.py").read_text(encoding="utf-8")
+    assert callable(module.main) and "from attnkit.lab.sequence_parallel_lm import main" in script
+    assert "-m attnkit.lab.sequence_parallel_lm" in module.__doc__
+
+
 @pytest.mark.slow
-def test_torchrun_language_model_trains_with_the_losses_of_one_process():
+@pytest.mark.parametrize("target", [["-m", "attnkit.lab.sequence_parallel_lm"], ["examples/sequence_parallel_lm.py"]])
+def test_torchrun_language_model_trains_with_the_losses_of_one_process(target):
+    if not target[0].startswith("-m"):
+        target = [str(EXAMPLE.parents[1] / target[0])]
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port",
-               str(free_port()), str(EXAMPLE.parent / "sequence_parallel_lm.py"), "--steps", "5"]
+               str(free_port()), *target, "--steps", "5"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ,
                                                                                        "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
