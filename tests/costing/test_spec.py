@@ -89,7 +89,7 @@ def test_the_table_shows_the_decoding_state_and_the_forms_only_where_counted():
 
 
 def test_the_table_names_the_sizes_given_and_leaves_unset_options_to_the_mechanism():
-    from attnkit.lab.analysis import cost
+    from attnkit.costing.analytic import cost
 
     first = cost("gated-deltanet", q_len=4096).table().splitlines()[0]
     assert first.startswith("gated-deltanet: batch=1") and "heads=8" in first and "None" not in first

@@ -13,7 +13,7 @@ import pytest
 
 from attnkit.distributed import SCHEMES
 
-from .spawn import free_port
+from tests.distributed.spawn import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "distributed_attention.py"
 

@@ -10,7 +10,7 @@ import pytest
 from attnkit.errors import ArgumentError
 from attnkit.lab.tour import store
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_a_run_record_round_trips_and_is_reused_only_for_its_mode_and_version(tmp_path):
