@@ -3,8 +3,8 @@
 The ``from_transformers`` classmethods of :class:`~attnkit.nn.MultiHeadAttention`,
 :class:`~attnkit.nn.MultiHeadLatentAttention` and :class:`~attnkit.nn.DifferentialAttention` call
 these. A layer is read by its attributes (``q_proj``, ``config``, ...), so transformers is needed
-only to build it; what a module cannot reproduce (another softmax scale, heads that do not fill
-the model width) raises :class:`~attnkit.errors.ArgumentError` naming the layer.
+only to build it; what a module cannot reproduce (a tanh cap on the scores, a layer of another
+kind than the converter's) raises :class:`~attnkit.errors.ArgumentError` naming the layer.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ..errors import ArgumentError
 from .rope_scaling import scaling_from_transformers
 from .rotary import RotaryEmbedding
 
-__all__ = ["rotary_from_config", "multihead_from_transformers", "latent_from_transformers",
+__all__ = ["rotary_from_config", "sliding_window_of", "multihead_from_transformers", "latent_from_transformers",
            "differential_from_transformers", "norm_weight", "norm_eps"]
 
 
@@ -26,9 +26,15 @@ def _name(layer) -> str:
     return type(layer).__name__
 
 
-def rotary_from_config(config, dim: int, *, pairing: str = "half") -> RotaryEmbedding:
-    """The :class:`RotaryEmbedding` a transformers config describes for heads of ``dim`` features."""
+def rotary_from_config(config, dim: int, *, pairing: str = "half", layer_type: str | None = None) -> RotaryEmbedding:
+    """The :class:`RotaryEmbedding` a transformers config describes for heads of ``dim`` features.
+
+    Families with a table per kind of layer (Gemma 3: ``rope_parameters = {"sliding_attention": {...},
+    "full_attention": {...}}``) give the one of ``layer_type``.
+    """
     params = dict(getattr(config, "rope_parameters", None) or {})
+    if layer_type is not None and isinstance(params.get(layer_type), dict):
+        params = dict(params[layer_type])
     base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
     fraction = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0)
     scaling = scaling_from_transformers(params, config.max_position_embeddings) if params else None
@@ -65,22 +71,46 @@ def _copy(dst: nn.Module, src: nn.Module) -> None:
             dst.bias.copy_(src.bias)
 
 
+def sliding_window_of(layer) -> int | None:
+    """The number of keys (the query's own included) a layer's model lets each query see, or None: all.
+
+    Families with mixed layers set ``layer.sliding_window`` on the windowed ones (Qwen2, Qwen3, Gemma 2
+    and 3); Mistral windows every layer through ``config.sliding_window``. transformers lets query ``i``
+    see key ``j`` when ``i - window < j <= i``.
+    """
+    if hasattr(layer, "sliding_window"):
+        return layer.sliding_window
+    if type(layer).__name__.startswith("Mistral"):
+        return getattr(layer.config, "sliding_window", None)
+    return None
+
+
 def multihead_from_transformers(cls, layer):
     """``cls`` (a :class:`MultiHeadAttention`) with the configuration and weights of a Llama-like layer."""
+    from .. import masks
+
     config, who = layer.config, f"MultiHeadAttention.from_transformers({_name(layer)})"
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     d = layer.head_dim
-    if heads * d != config.hidden_size:
-        raise ArgumentError(f"{who}: the heads must fill the model width: num_attention_heads * head_dim = "
-                            f"{heads} * {d} = {heads * d}; got hidden_size={config.hidden_size}")
-    if not math.isclose(layer.scaling, d ** -0.5, rel_tol=1e-12):
-        raise ArgumentError(f"{who}: the layer scales scores by {layer.scaling}; expected 1 / sqrt(head_dim) = "
-                            f"{d ** -0.5}")
+    cap = getattr(layer, "attn_logit_softcapping", None)
+    if cap is not None:
+        raise ArgumentError(f"{who}: the layer caps its scores with tanh (attn_logit_softcapping={cap}); "
+                            "MultiHeadAttention has no score cap: expected attn_logit_softcapping=None")
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        if not isinstance(getattr(layer, name, None), nn.Linear):
+            raise ArgumentError(f"{who}: expected separate q_proj, k_proj, v_proj, o_proj linear layers; the layer's "
+                                f"{name} is {type(getattr(layer, name, None)).__name__}")
+    scale = float(layer.scaling)
     gated = layer.q_proj.out_features == 2 * heads * d
     norms = getattr(layer, "q_norm", None) is not None
+    window = sliding_window_of(layer)
     w = layer.o_proj.weight
     module = cls(config.hidden_size, heads, bias=layer.q_proj.bias is not None, batch_first=True,
-                 num_kv_heads=kv_heads, gate=gated, qk_norm=norms, rotary=rotary_from_config(config, d),
+                 num_kv_heads=kv_heads, gate=gated, qk_norm=norms,
+                 rotary=rotary_from_config(config, d, layer_type=getattr(layer, "layer_type", None)), head_dim=d,
+                 out_bias=layer.o_proj.bias is not None,
+                 scale=None if math.isclose(scale, d ** -0.5, rel_tol=1e-12) else scale,
+                 mask=None if window is None else masks.sliding_window(window - 1, 0),
                  device=w.device, dtype=w.dtype)
     q_w, q_b = layer.q_proj.weight, layer.q_proj.bias
     if gated:  # Qwen3-Next interleaves each head's query and gate rows: (H, 2, d, E)
@@ -136,13 +166,16 @@ def differential_from_transformers(cls, layer):
     """``cls`` (a :class:`DifferentialAttention`) with a DiffLlama attention layer's configuration and weights."""
     config, who = layer.config, f"DifferentialAttention.from_transformers({_name(layer)})"
     heads, kv_heads, d = config.num_attention_heads, config.num_key_value_heads, layer.head_dim
-    if heads * d != config.hidden_size or heads % 2 or kv_heads % 2:
-        raise ArgumentError(f"{who}: needs num_attention_heads * head_dim = hidden_size and even head counts; got "
-                            f"{heads} * {d} and hidden_size={config.hidden_size}, {kv_heads} key/value heads")
+    if heads % 2 or kv_heads % 2:
+        raise ArgumentError(f"{who}: needs even head counts (each differential head pairs two); got "
+                            f"num_attention_heads={heads}, num_key_value_heads={kv_heads}")
+    if not math.isclose(layer.scaling, d ** -0.5, rel_tol=1e-12):
+        raise ArgumentError(f"{who}: the layer scales scores by {layer.scaling}; expected 1 / sqrt(head_dim) = "
+                            f"{d ** -0.5}")
     w = layer.o_proj.weight
     module = cls(config.hidden_size, heads // 2, num_kv_heads=kv_heads // 2, lambda_init=float(layer.lambda_init),
-                 rotary=rotary_from_config(config, d), bias=layer.o_proj.bias is not None).to(device=w.device,
-                                                                                             dtype=w.dtype)
+                 rotary=rotary_from_config(config, d), bias=layer.o_proj.bias is not None,
+                 head_dim=d).to(device=w.device, dtype=w.dtype)
     for name in ("q_proj", "k_proj", "v_proj"):
         _copy(getattr(module, name), getattr(layer, name))
     _copy(module.out_proj, layer.o_proj)
