@@ -187,3 +187,95 @@ def test_differential_from_transformers_reproduces_diffllama(kv_heads, head_dim)
     ours = DifferentialAttention.from_transformers(layer)
     torch.testing.assert_close(ours(x), want, rtol=0, atol=1e-5)
     assert ours.lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-0.9)) and ours.num_heads == 2
+
+
+DSA = dict(hidden_size=24, num_attention_heads=3, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=6,
+           v_head_dim=5, q_lora_rank=12, max_position_embeddings=32, num_key_value_heads=3, index_n_heads=8,
+           index_head_dim=8, num_hidden_layers=1)
+DSA_FAMILIES = {
+    "deepseek_v32 (half-split indexer RoPE, YaRN)": ("deepseek_v32", "DeepseekV32", {"rope_parameters": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8, "rope_theta": 200.0,
+        "mscale": 0.8, "mscale_all_dim": 0.9, "beta_fast": 8.0, "beta_slow": 1.0}}),
+    "glm_moe_dsa (interleaved indexer RoPE)": ("glm_moe_dsa", "GlmMoeDsa", {
+        "rope_parameters": {"rope_type": "default", "rope_theta": 300.0}, "indexer_types": ["full"]}),
+}
+
+
+def _dsa_layer(family, top_k):
+    import importlib
+
+    name, prefix, options = DSA_FAMILIES[family]
+    module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    config = getattr(hf, f"{prefix}Config")(**DSA, **options, index_topk=top_k)
+    config._attn_implementation = "eager"
+    layer = _randomise(getattr(module, f"{prefix}Attention")(config, 0))
+    return layer, getattr(module, f"{prefix}RotaryEmbedding")(config), config
+
+
+def _dense_twin(dsa):
+    """The :class:`MultiHeadLatentAttention` with ``dsa``'s weights and no indexer: every key."""
+    dense = MultiHeadLatentAttention(24, 3, kv_lora_rank=8, q_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=4,
+                                     v_head_dim=5, rotary=dsa.rotary)
+    dense.load_state_dict({k: v for k, v in dsa.state_dict().items() if not k.startswith("indexer.")})
+    dense.scale = dsa.scale
+    return dense.eval()
+
+
+def _dsa_run(layer, rotary, x):
+    positions = torch.arange(x.shape[1])
+    mask = _mask(positions, positions).expand(x.shape[0], 1, -1, -1)
+    with torch.no_grad():
+        return layer(x, position_embeddings=rotary(x, positions[None].expand(x.shape[0], -1)), attention_mask=mask,
+                     position_ids=positions[None])[0]
+
+
+@pytest.mark.parametrize("family", list(DSA_FAMILIES))
+@pytest.mark.parametrize("form", ["naive", "absorbed"])
+def test_dsa_latent_from_transformers_reproduces_the_layer_and_its_indexer(family, form):
+    from attnkit.nn.dsa import DSALatentAttention
+
+    layer, rotary, config = _dsa_layer(family, top_k=4)
+    x = _x(config.hidden_size)
+    ours = DSALatentAttention.from_transformers(layer)
+    with torch.no_grad():
+        # the indexer's scores are transformers' (the ones its top-k is taken from), with no tie at the k-th key
+        c_q = layer.q_a_layernorm(layer.q_a_proj(x))
+        positions = torch.arange(N)
+        cos_sin = rotary(x, positions[None].expand(B, -1))
+        picked = layer.indexer(x, c_q, cos_sin, _mask(positions, positions)[0].expand(B, -1, -1), positions[None])
+        # the same keys from the query on which a query has more than k to choose from (before: all it sees)
+        assert torch.equal(picked.long().sort(-1).values[:, 4:], ours.indexer(x, query=c_q).sort(-1).values[:, 4:])
+        kth = ours.indexer.scores(x, query=c_q)[:, 4:].topk(5, dim=-1).values
+        assert (kth[..., 3] - kth[..., 4]).abs().min() > 1e-6  # no near-tie at the k-th key: the selection is stable
+    torch.testing.assert_close(ours(x, form=form), _dsa_run(layer, rotary, x), rtol=0, atol=1e-5)
+    # the top-k matters: the same weights without the indexer differ
+    assert (ours(x) - _dense_twin(ours)(x)).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("family", list(DSA_FAMILIES))
+def test_dsa_latent_choosing_every_key_is_dense_latent_attention(family):
+    layer, rotary, config = _dsa_layer(family, top_k=64)
+    x = _x(config.hidden_size)
+    from attnkit.nn.dsa import DSALatentAttention
+
+    ours = DSALatentAttention.from_transformers(layer)
+    want = _dsa_run(layer, rotary, x)
+    torch.testing.assert_close(ours(x), want, rtol=0, atol=1e-5)
+    torch.testing.assert_close(_dense_twin(ours)(x), want, rtol=0, atol=1e-5)
+
+
+def test_latent_from_transformers_refuses_a_layer_with_an_indexer():
+    from attnkit.nn.dsa import DSALatentAttention
+
+    layer = _dsa_layer("deepseek_v32 (half-split indexer RoPE, YaRN)", top_k=4)[0]
+    with pytest.raises(ArgumentError, match=r"lightning indexer.*DSALatentAttention\.from_transformers"):
+        MultiHeadLatentAttention.from_transformers(layer)
+    from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa as glm
+
+    shared = hf.GlmMoeDsaConfig(**{**DSA, "num_hidden_layers": 2}, indexer_types=["full", "shared"])
+    with pytest.raises(ArgumentError, match=r"lightning indexer"):
+        MultiHeadLatentAttention.from_transformers(glm.GlmMoeDsaAttention(shared, 1))
+    with pytest.raises(ArgumentError, match=r"reuses an earlier layer's top-k selection"):
+        DSALatentAttention.from_transformers(glm.GlmMoeDsaAttention(shared, 1))
+    with pytest.raises(ArgumentError, match=r"no decoding cache"):
+        DSALatentAttention.from_transformers(layer)(_x(24), cache=object())

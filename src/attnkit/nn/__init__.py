@@ -9,7 +9,7 @@ from .coverage import CoverageAttention, coverage_loss
 from .deltanet import DeltaNet
 from .derived_key import DerivedKeyAttention
 from .differential import DifferentialAttention
-from .dsa import DSAIndexer, DSASparseAttention
+from .dsa import DSAIndexer, DSALatentAttention, DSASparseAttention
 from .gated import OutputGate, QKNorm
 from .gated_deltanet import GatedDeltaNet
 from .gla import GatedLinearAttention
@@ -42,7 +42,8 @@ from .sparse_transformer import SparseTransformerAttention
 
 __all__ = [
     "AdditiveAttention", "AttentionPooling", "BigBirdAttention", "BlockPattern", "BlockSparseAttention",
-    "CoAttention", "CoverageAttention", "DSAIndexer", "DSASparseAttention", "DeltaNet", "DerivedKeyAttention",
+    "CoAttention", "CoverageAttention", "DSAIndexer", "DSALatentAttention", "DSASparseAttention", "DeltaNet",
+    "DerivedKeyAttention",
     "DifferentialAttention", "DotProductAttention", "DynamicNTKScaling", "GatedDeltaNet", "GatedLinearAttention",
     "HardAttention", "HierarchicalAttention", "KVCache", "KimiDeltaAttention", "LSHAttention", "LambdaLayer",
     "LatentCache", "LearnedPositionalEmbedding", "LinearAttention", "LinearScaling", "LinformerAttention",

@@ -19,7 +19,7 @@ from .rope_scaling import scaling_from_transformers
 from .rotary import RotaryEmbedding
 
 __all__ = ["rotary_from_config", "sliding_window_of", "multihead_from_transformers", "latent_from_transformers",
-           "differential_from_transformers", "norm_weight", "norm_eps"]
+           "dsa_latent_from_transformers", "differential_from_transformers", "norm_weight", "norm_eps"]
 
 
 def _name(layer) -> str:
@@ -134,16 +134,30 @@ def multihead_from_transformers(cls, layer):
     return module.train(layer.training)
 
 
+def _indexed(layer) -> bool:
+    """Whether a layer restricts its keys to a lightning indexer's top-k (its own or an earlier layer's)."""
+    return getattr(layer, "indexer", None) is not None or bool(getattr(layer, "skip_topk", False))
+
+
 def latent_from_transformers(cls, layer):
     """``cls`` (a :class:`MultiHeadLatentAttention`) with a DeepSeek-V3 attention layer's configuration and weights."""
+    if _indexed(layer):
+        raise ArgumentError(f"MultiHeadLatentAttention.from_transformers({_name(layer)}): the layer attends only to "
+                            "the top-k keys of a lightning indexer (DeepSeek Sparse Attention), which "
+                            "MultiHeadLatentAttention would drop; expected a layer without an indexer, or use "
+                            "attnkit.nn.DSALatentAttention.from_transformers")
+    return _latent(cls, layer)
+
+
+def _latent(cls, layer, **options):
+    """The MLA part of a DeepSeek-V3-like layer: ``cls(..., **options)`` with its weights copied."""
     config = layer.config
-    pairing = "interleaved" if getattr(config, "rope_interleave", False) else "half"
     w = layer.o_proj.weight
     module = cls(config.hidden_size, config.num_attention_heads, kv_lora_rank=config.kv_lora_rank,
                  qk_rope_head_dim=config.qk_rope_head_dim, qk_nope_head_dim=config.qk_nope_head_dim,
                  v_head_dim=config.v_head_dim, q_lora_rank=config.q_lora_rank,
-                 rotary=rotary_from_config(config, config.qk_rope_head_dim, pairing=pairing),
-                 bias=layer.o_proj.bias is not None).to(device=w.device, dtype=w.dtype)
+                 rotary=rotary_from_config(config, config.qk_rope_head_dim, pairing=_latent_pairing(layer)),
+                 bias=layer.o_proj.bias is not None, **options).to(device=w.device, dtype=w.dtype)
     module.scale = float(layer.scaling)
     pairs = [(module.kv_down, layer.kv_a_proj_with_mqa), (module.kv_up, layer.kv_b_proj),
              (module.out_proj, layer.o_proj)]
@@ -159,6 +173,45 @@ def latent_from_transformers(cls, layer):
         for mine, theirs in norms:
             mine.weight.copy_(norm_weight(theirs))
             mine.eps = norm_eps(theirs)
+    return module.train(layer.training)
+
+
+def _latent_pairing(layer) -> str:
+    """DeepSeek-V3's rotation pairs features per ``config.rope_interleave``; the DSA families' always interleave."""
+    if _indexed(layer):
+        return "interleaved"
+    return "interleaved" if getattr(layer.config, "rope_interleave", False) else "half"
+
+
+def dsa_latent_from_transformers(cls, layer):
+    """``cls`` (a :class:`DSALatentAttention`) with a DeepSeek-V3.2 or GLM-MoE-DSA attention layer, indexer included.
+
+    The indexer rotates the first ``qk_rope_head_dim`` of its features with the attention's table,
+    in halves (DeepSeek-V3.2) or interleaved pairs (GLM-MoE-DSA, whose indexer class says so).
+    """
+    who = f"DSALatentAttention.from_transformers({_name(layer)})"
+    indexer = getattr(layer, "indexer", None)
+    if indexer is None:
+        shared = bool(getattr(layer, "skip_topk", False))
+        raise ArgumentError(f"{who}: expected a layer with its own lightning indexer (an `indexer` attribute); got "
+                            + ("a layer that reuses an earlier layer's top-k selection (indexer_types 'shared')"
+                               if shared else "a layer without one: MultiHeadLatentAttention.from_transformers "
+                                              "converts it"))
+    config = layer.config
+    if config.q_lora_rank is None:
+        raise ArgumentError(f"{who}: the indexer reads the query latent; expected q_lora_rank set, got None")
+    pairing = "interleaved" if "Glm" in type(indexer).__name__ else "half"
+    module = _latent(cls, layer, top_k=int(indexer.index_topk), index_heads=int(indexer.n_heads),
+                     index_dim=int(indexer.head_dim),
+                     index_rotary=rotary_from_config(config, config.qk_rope_head_dim, pairing=pairing))
+    mine = module.indexer
+    for dst, src in ((mine.q_proj, indexer.wq_b), (mine.k_proj, indexer.wk), (mine.w_proj, indexer.weights_proj),
+                     (mine.k_norm, indexer.k_norm)):
+        _copy(dst, src)
+    mine.k_norm.eps = float(indexer.k_norm.eps)
+    if not math.isclose(indexer.softmax_scale, indexer.head_dim ** -0.5, rel_tol=1e-12):
+        raise ArgumentError(f"{who}: the indexer scales its scores by {indexer.softmax_scale}; expected "
+                            f"index_head_dim ** -0.5 = {indexer.head_dim ** -0.5}")
     return module.train(layer.training)
 
 
