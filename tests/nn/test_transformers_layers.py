@@ -81,6 +81,10 @@ MULTIHEAD = {
                                    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8,
                                    "rope_theta": 100.0})),
+    "llama (proportional RoPE, a quarter of the pairs turn)": (
+        "llama", "Llama", dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=24,
+                               rope_parameters={"rope_type": "proportional", "rope_theta": 100.0, "factor": 2.0,
+                                                "partial_rotary_factor": 0.25})),
     "mistral (sliding window 5, 4 x 16 over 40)": (
         "mistral", "Mistral", dict(hidden_size=40, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
                                    sliding_window=5)),

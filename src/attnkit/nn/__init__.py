@@ -35,7 +35,14 @@ from .pooling import AttentionPooling, HierarchicalAttention
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from .reformer import LSHAttention, ReformerAttention
 from .retnet import RetNetRetention
-from .rope_scaling import DynamicNTKScaling, LinearScaling, Llama3Scaling, LongRopeScaling, YarnScaling
+from .rope_scaling import (
+    DynamicNTKScaling,
+    LinearScaling,
+    Llama3Scaling,
+    LongRopeScaling,
+    ProportionalScaling,
+    YarnScaling,
+)
 from .rotary import RotaryEmbedding
 from .segment import SegmentAttention, TieredAttention
 from .sparse_transformer import SparseTransformerAttention
@@ -50,6 +57,7 @@ __all__ = [
     "Llama3Scaling", "LocalAttention", "LongRopeScaling", "LongformerAttention", "LuongAttention", "Mamba2Mixer",
     "MemoryAttention", "MoBA", "MultiHeadAttention", "MultiHeadLatentAttention", "NativeSparseAttention",
     "OutputGate", "PagedKVCache", "PerceiverAttention", "PerceiverEncoder", "PerformerAttention", "PointerAttention",
+    "ProportionalScaling",
     "QKNorm", "RecurrentCache", "ReformerAttention", "RetNetRetention", "RotaryEmbedding", "SegmentAttention",
     "SequenceProjection", "SinusoidalPositionalEncoding", "SparseTransformerAttention", "TieredAttention",
     "YarnScaling", "coverage_loss",

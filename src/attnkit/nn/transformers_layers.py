@@ -37,6 +37,8 @@ def rotary_from_config(config, dim: int, *, pairing: str = "half", layer_type: s
         params = dict(params[layer_type])
     base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
     fraction = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0)
+    if params.get("rope_type") == "proportional":  # its partial_rotary_factor picks the turning pairs of the whole head
+        fraction = 1.0
     scaling = scaling_from_transformers(params, config.max_position_embeddings) if params else None
     return RotaryEmbedding(dim, base=float(base), pairing=pairing, fraction=float(fraction), scaling=scaling)
 
