@@ -95,11 +95,24 @@ def _float_mask_as_bool(mask: torch.Tensor) -> torch.Tensor:
     return mask == 0 if bool(((mask == 0) | (mask <= low)).all()) else mask
 
 
+def _sees_every_key(model_mask: ModelMask, module, is_causal, extra) -> bool:
+    """Whether a mask built for fewer keys than the call has still means "every key": a bidirectional layer whose
+    mask function restricted nothing (no padding, no pattern, nothing registered). An encoder-style layer run by
+    ``generate`` (BERT-generation without ``is_decoder``) fills the cache it is handed while its bidirectional mask
+    covers the new tokens only; eager, given no mask, attends to every cached key, and so does this."""
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
+    return model_mask.mask is None and model_mask.packing is None and extra is None and not causal
+
+
 def model_mask_of(attention_mask, module, is_causal, query, kv_len: int, extra) -> ModelMask:
     """The :class:`ModelMask` of a call; one the mask function did not build is read here (the keys end the
     sequence, as in a dynamic cache) and ``extra`` is AND-ed in, as the mask function would have."""
     if isinstance(attention_mask, ModelMask):
         if kv_len > attention_mask.sizes[2]:
+            if _sees_every_key(attention_mask, module, is_causal, extra):
+                batch, q_len, _ = attention_mask.sizes
+                return ModelMask(None, max(kv_len - q_len, 0), 0, kv_len, shape=(batch, q_len, kv_len),
+                                 dtype=attention_mask.dtype, device=attention_mask.device)
             raise UnsupportedFeature(
                 f"{_model_name(module)} attends to {kv_len} keys with a mask built for {attention_mask.sizes[2]}: "
                 "the model appends keys past the mask (compressed entries) and keeps which queries see them in its "
