@@ -14,6 +14,7 @@ import pytest
 import torch
 import transformers as hf
 
+from attnkit import masks
 from attnkit.errors import ArgumentError
 from attnkit.models import TransformerLM
 
@@ -96,13 +97,17 @@ def test_converted_model_round_trips_through_save_and_load(converted, tmp_path):
 
 @pytest.mark.parametrize("family", ["llama (GQA, biases, llama3 scaling)",
                                     "llama (tied embeddings, heads of 16 over 32)",
-                                    "qwen3 (QK-norm, heads of 16 over 32)"])
+                                    "qwen3 (QK-norm, heads of 16 over 32)", "mistral (sliding window 6)",
+                                    "gemma (1 + w norms, sqrt(hidden) embeddings, GEGLU, heads of 16)"])
 def test_to_transformers_round_trips(family):
     model = _model(family)
     back = TransformerLM.from_transformers(model).to_transformers()
     assert type(back) is type(model)
     tokens = _tokens()
     torch.testing.assert_close(_logits(back, tokens), _logits(model, tokens), rtol=0, atol=1e-5)
+    prefix = _tokens(PREFIX, seed=2)
+    kwargs = dict(max_new_tokens=STEPS, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(back.generate(prefix, **kwargs), model.generate(prefix, **kwargs))
     state, theirs = back.state_dict(), model.state_dict()
     assert state.keys() == theirs.keys()
     for key in state:  # the norms' scales are read back through the norm (norm_weight): float32 rounding
@@ -137,8 +142,11 @@ def test_what_does_not_map_is_refused():
         TransformerLM.from_transformers(relu)
     with pytest.raises(ArgumentError, match=r"model_type must be one of"):
         TransformerLM.from_transformers(hf.GPT2LMHeadModel(hf.GPT2Config(n_layer=1, n_embd=16, n_head=2)))
-    with pytest.raises(ArgumentError, match=r"needs the Llama block .*'norm': 'layer'"):
+    with pytest.raises(ArgumentError, match=r"needs a Llama, Qwen3, Mistral or Gemma block .*'norm': 'layer'"):
         TransformerLM(V, dim=12, num_heads=3).to_transformers()
-    gemma = TransformerLM.from_transformers(_model("gemma (1 + w norms, sqrt(hidden) embeddings, GEGLU, heads of 16)"))
-    with pytest.raises(ArgumentError, match=r"'activation': 'geglu-tanh'.*'embed_scale'"):
-        gemma.to_transformers()
+    block = dict(norm="rms", norm_first=True, positional="rotary", rotary={"pairing": "half"})
+    with pytest.raises(ArgumentError, match=r"got \{'activation': 'geglu-tanh'\}"):
+        TransformerLM(V, dim=12, num_heads=3, activation="geglu-tanh", embed_scale=1.0, **block).to_transformers()
+    with pytest.raises(ArgumentError, match=r"got \{'attention_mask': sliding_window"):  # Mistral has no biases
+        TransformerLM(V, dim=12, num_heads=3, activation="swiglu", embed_scale=1.0,
+                      attention_mask=masks.sliding_window(3, 0), **block).to_transformers()

@@ -71,7 +71,7 @@ class TransformerLM(nn.Module):
 
     :meth:`from_transformers` converts a Llama, Mistral, Qwen2, Qwen3 or Gemma causal language model of
     transformers (Gemma's ``1 + w`` norms are stored as their effective scale ``1 + w``);
-    :meth:`to_transformers` gives a Llama or Qwen3 model back.
+    :meth:`to_transformers` gives a Llama, Qwen3, Mistral or Gemma model back.
 
     Example:
         >>> import torch
@@ -199,11 +199,13 @@ class TransformerLM(nn.Module):
         return lm_from_transformers(cls, model)
 
     def to_transformers(self):
-        """The equivalent transformers model: ``LlamaForCausalLM`` (``Qwen3ForCausalLM`` with QK-norm), weights copied.
+        """The equivalent transformers causal LM, weights copied, in this model's training mode.
 
-        Needs the Llama block (``norm="rms"``, ``norm_first=True``, ``activation="swiglu"``, rotary positions in
-        halves on every feature, ``embed_scale=1``, ``attention_bias`` True or False, softmax attention with no gate
-        or extra mask); anything else raises ArgumentError naming it.
+        The pre-norm RMSNorm block with rotary positions in halves on every feature, softmax attention
+        without a gate and ``attention_bias`` True or False, maps onto ``LlamaForCausalLM`` (SwiGLU,
+        ``embed_scale=1``), ``Qwen3ForCausalLM`` (with QK-norm), ``MistralForCausalLM`` (a causal
+        ``masks.sliding_window(w - 1, 0)`` as ``attention_mask``, no biases) or ``GemmaForCausalLM``
+        ("geglu-tanh", ``embed_scale=sqrt(dim)``); anything else raises ArgumentError naming it.
         """
         from .transformers_lm import lm_to_transformers
 

@@ -158,42 +158,72 @@ def _rope_parameters(who: str, base: float, scaling) -> dict:
                         "none, linear, llama3, yarn or proportional")
 
 
-def lm_to_transformers(lm):
-    """A transformers ``LlamaForCausalLM`` (``Qwen3ForCausalLM`` with QK-norm) equal to ``lm``, weights copied."""
-    import transformers
+def _window(mask) -> int | None:
+    """The ``w`` of transformers' ``sliding_window`` a mask is (query ``i`` sees ``i - w < j <= i``), or None."""
+    if type(mask).__name__ == "_SlidingWindow" and mask.right == 0 and mask.align == "bottom_right":
+        return mask.left + 1
+    return None
 
+
+def _family(lm) -> tuple[str, dict]:
+    """The transformers family ``lm`` is, with the options its config needs beyond the shared ones; or raises."""
     who = "TransformerLM.to_transformers"
     c = lm.config
     rotary = dict(c["rotary"] or {})
-    need = {"causal": True, "norm": "rms", "norm_first": True, "activation": "swiglu", "positional": "rotary",
-            "attention": "softmax", "attention_mask": None, "gate": False, "softmax_every": None}
-    wrong = {k: c[k] for k, v in need.items() if c[k] != v and not (k == "attention" and c[k] == "multi-head")}
+    need = {"causal": True, "norm": "rms", "norm_first": True, "positional": "rotary", "gate": False,
+            "softmax_every": None}
+    wrong = {k: c[k] for k, v in need.items() if c[k] != v}
+    if c["attention"] not in ("softmax", "multi-head"):
+        wrong["attention"] = c["attention"]
     if rotary.get("pairing") != "half" or rotary.get("fraction", 1.0) != 1.0:
         wrong["rotary"] = c["rotary"]
-    if lm.embed.scale != 1.0:
-        wrong["embed_scale"] = c["embed_scale"]
     if c["attention_bias"] not in (True, False):
         wrong["attention_bias"] = c["attention_bias"]
-    if c["qk_norm"] and c["eps"] != 1e-6:
-        wrong["eps"] = c["eps"]  # Qwen3 uses rms_norm_eps for the QK-norm too; attnkit's is 1e-6
+    window = _window(c["attention_mask"])
+    if c["attention_mask"] is not None and window is None:
+        wrong["attention_mask"] = c["attention_mask"]
+    gemma = c["activation"] == "geglu-tanh" and lm.embed.scale == lm.embed.dim ** 0.5
+    if c["activation"] != "swiglu" and not gemma:
+        wrong["activation"] = c["activation"]
+    elif not gemma and lm.embed.scale != 1.0:
+        wrong["embed_scale"] = c["embed_scale"]
+    if c["qk_norm"] and (c["eps"] != 1e-6 or window is not None or gemma):
+        wrong["qk_norm"] = c["qk_norm"]  # Qwen3: its QK-norm's epsilon is the blocks' (attnkit's 1e-6); no window here
+    if window is not None and (c["attention_bias"] or gemma):
+        wrong["attention_mask"] = c["attention_mask"]  # Mistral: no biases, SwiGLU
     if wrong:
-        raise ArgumentError(f"{who}: needs the Llama block ({need}, rotary pairing 'half' on every feature, "
-                            f"embed_scale=1, attention_bias True or False, eps=1e-6 with qk_norm); got {wrong}")
+        raise ArgumentError(f"{who}: needs a Llama, Qwen3, Mistral or Gemma block ({need}, softmax attention, rotary "
+                            "pairing 'half' on every feature, attention_bias True or False; SwiGLU with "
+                            "embed_scale=1, or GEGLU-tanh with embed_scale=sqrt(dim) (Gemma); qk_norm with eps=1e-6 "
+                            "(Qwen3); a causal sliding window without biases (Mistral)); got "
+                            f"{ {k: wrong[k] for k in sorted(wrong)} }")
+    if gemma:
+        return "Gemma", {"attention_bias": c["attention_bias"], "hidden_act": "gelu_pytorch_tanh"}
+    if window is not None:
+        return "Mistral", {"sliding_window": window, "hidden_act": "silu"}
+    return ("Qwen3" if c["qk_norm"] else "Llama"), {"attention_bias": c["attention_bias"], "hidden_act": "silu"}
+
+
+def lm_to_transformers(lm):
+    """The transformers model equal to ``lm`` (Llama, Qwen3 with QK-norm, Mistral with a window, Gemma), weights copied.
+
+    Gemma multiplies its norms by ``1 + w``: ``w`` is written as attnkit's scale minus one.
+    """
+    import transformers
+
+    who = "TransformerLM.to_transformers"
+    family, options = _family(lm)
+    c = lm.config
     first = lm.body.layers[0]
     attn = first.self_attn
-    family = "Qwen3" if c["qk_norm"] else "Llama"
-    scaling = rotary.get("scaling")
-    if isinstance(scaling, dict):
-        from ..nn.rope_scaling import scaling_from_dict
-
-        scaling = scaling_from_dict(scaling)
+    scaling = attn.rotary.scaling
     config = getattr(transformers, f"{family}Config")(
         vocab_size=lm.vocab_size, hidden_size=attn.embed_dim, intermediate_size=first.ff_dim,
         num_hidden_layers=len(lm.body.layers), num_attention_heads=attn.num_heads,
-        num_key_value_heads=attn.num_kv_heads, head_dim=attn.head_dim, hidden_act="silu",
+        num_key_value_heads=attn.num_kv_heads, head_dim=attn.head_dim,
         max_position_embeddings=lm.max_len or 4096, rms_norm_eps=c["eps"], tie_word_embeddings=c["tie_embeddings"],
-        attention_bias=c["attention_bias"],
-        rope_parameters=_rope_parameters(who, attn.rotary.base, scaling))
+        rope_parameters=_rope_parameters(who, attn.rotary.base, scaling), **options)
+    offset = 1.0 if family == "Gemma" else 0.0  # Gemma's norms multiply by 1 + w
     w = lm.embed.embed.weight
     model = getattr(transformers, f"{family}ForCausalLM")(config).to(device=w.device, dtype=w.dtype)
     body = model.model
@@ -211,13 +241,13 @@ def lm_to_transformers(lm):
         if a.qk_norm is not None:
             _copy(t.q_norm.weight, a.qk_norm.q_norm.weight)
             _copy(t.k_norm.weight, a.qk_norm.k_norm.weight)
-        _copy(theirs.input_layernorm.weight, mine.norm1.weight)
-        _copy(theirs.post_attention_layernorm.weight, mine.norm3.weight)
+        _copy(theirs.input_layernorm.weight, mine.norm1.weight - offset)
+        _copy(theirs.post_attention_layernorm.weight, mine.norm3.weight - offset)
         gate, up = mine.linear1.weight.chunk(2)
         _copy(theirs.mlp.gate_proj.weight, gate)
         _copy(theirs.mlp.up_proj.weight, up)
         _copy(theirs.mlp.down_proj.weight, mine.linear2.weight)
-    _copy(body.norm.weight, lm.body.norm.weight)
+    _copy(body.norm.weight, lm.body.norm.weight - offset)
     if not c["tie_embeddings"]:
         _copy(model.lm_head.weight, lm.head.weight)
     return model.train(lm.training)
