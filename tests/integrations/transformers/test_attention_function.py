@@ -59,10 +59,15 @@ def test_attention_sinks_pass_through_against_the_oracle(keyword):
     torch.testing.assert_close(weights, expected.weights, rtol=0, atol=1e-12)
 
 
-def test_per_token_sinks_are_refused_naming_the_model():
+def test_per_token_sinks_as_eager_appends_them_against_the_oracle():
     q, k, v = _qkv()
-    with pytest.raises(attnkit.UnsupportedFeature, match=r"_Module.*per-token attention sinks"):
-        make_attention_function()(_Module(), q, k, v, None, sinks=torch.zeros(2, 4, 3, 1))
+    sinks = torch.randn(2, 4, 3, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(2))  # (B, H, Lq, 1)
+    out, weights = make_attention_function()(_Module(), q, k, v, None, scaling=0.3, output_attentions=True,
+                                             sinks=sinks)
+    expected = dense_attention(q, k, v, mask=masks.causal(), scale=0.3, sinks=sinks[..., 0], return_weights=True)
+    torch.testing.assert_close(out, expected.output.transpose(1, 2), rtol=0, atol=1e-12)
+    torch.testing.assert_close(weights, expected.weights, rtol=0, atol=1e-12)
+    assert (weights.sum(-1) < 1).all()
 
 
 def test_a_users_float_mask_longer_than_the_keys():
