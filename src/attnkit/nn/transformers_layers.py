@@ -1,10 +1,11 @@
 """Modules from transformers attention layers: their configuration and weights copied, nothing imported.
 
 The ``from_transformers`` classmethods of :class:`~attnkit.nn.MultiHeadAttention`,
-:class:`~attnkit.nn.MultiHeadLatentAttention` and :class:`~attnkit.nn.DifferentialAttention` call
-these. A layer is read by its attributes (``q_proj``, ``config``, ...), so transformers is needed
-only to build it; what a module cannot reproduce (a tanh cap on the scores, a layer of another
-kind than the converter's) raises :class:`~attnkit.errors.ArgumentError` naming the layer.
+:class:`~attnkit.nn.MultiHeadLatentAttention`, :class:`~attnkit.nn.DifferentialAttention` and
+:class:`~attnkit.nn.Mamba2Mixer` call these. A layer is read by its attributes (``q_proj``,
+``config``, ...), so transformers is needed only to build it; what a module cannot reproduce (a
+tanh cap on the scores, a layer of another kind than the converter's) raises
+:class:`~attnkit.errors.ArgumentError` naming the layer.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import torch
 from torch import nn
 
 from ..errors import ArgumentError
+from ._recurrent import copy_weights, transformers_layer
 from .rope_scaling import scaling_from_transformers
 from .rotary import RotaryEmbedding
 
 __all__ = ["rotary_from_config", "sliding_window_of", "multihead_from_transformers", "latent_from_transformers",
-           "dsa_latent_from_transformers", "differential_from_transformers", "norm_weight", "norm_eps"]
+           "dsa_latent_from_transformers", "differential_from_transformers", "mamba2_from_transformers",
+           "MAMBA2_MIXERS", "norm_weight", "norm_eps"]
 
 
 def _name(layer) -> str:
@@ -239,3 +242,45 @@ def differential_from_transformers(cls, layer):
             getattr(module, name).copy_(getattr(layer, name))
     module.norm.eps = norm_eps(layer.groupnorm)
     return module.train(layer.training)
+
+
+MAMBA2_MIXERS = ("Mamba2Mixer", "BambaMixer", "NemotronHMamba2Mixer", "FalconH1Mixer", "GraniteMoeHybridMambaLayer",
+                 "Zamba2MambaMixer")
+
+
+def _mamba2_norm(layer) -> dict:
+    norm = layer.norm
+    if isinstance(norm, torch.nn.Identity):  # Falcon-H1 without mamba_rms_norm: y * silu(z)
+        return {"gated_norm": False}
+    return {"eps": norm.variance_epsilon, "norm_before_gate": bool(getattr(norm, "norm_before_gate", False))}
+
+
+def mamba2_from_transformers(cls, layer):
+    """The Mamba-2 mixers of transformers' six Mamba-2 families (mamba2, bamba, nemotron_h, falcon_h1,
+    granitemoehybrid, zamba2): the same mixer under their own names, differing in sizes (d_inner from
+    ``expand``, heads x head_dim or ``mamba_d_ssm``), biases, the ``dt`` clamp, where the norm sits and,
+    for Falcon-H1, two multipliers on the projection, folded into its weights here:
+    ``in_proj(m x) * mu = ((mu m) W) x + mu b``."""
+    name = type(layer).__name__
+    expected = name if name in MAMBA2_MIXERS else " or ".join(MAMBA2_MIXERS)
+    transformers_layer("Mamba2Mixer", layer, expected)
+    low, high = layer.time_step_limit
+    new = cls(layer.hidden_size, head_dim=layer.head_dim, state_dim=layer.ssm_state_size,
+              num_groups=layer.n_groups, conv_size=layer.conv_kernel_size, chunk_size=layer.chunk_size,
+              inner_dim=layer.intermediate_size, in_bias=layer.in_proj.bias is not None,
+              out_bias=layer.out_proj.bias is not None, conv_bias=layer.conv1d.bias is not None,
+              dt_limit=(float(low), float(high)), **_mamba2_norm(layer)).to(layer.out_proj.weight)
+    weight, bias = layer.in_proj.weight, layer.in_proj.bias
+    mup = getattr(layer, "mup_vector", None)
+    if mup is not None:  # Falcon-H1: in_proj(x * ssm_in_multiplier) * mup_vector
+        mup = mup.reshape(-1, 1).to(weight)
+        weight = weight * (mup * float(layer.ssm_in_multiplier))
+        bias = None if bias is None else bias * mup[:, 0]
+    pairs = [(new.in_proj.weight, weight), (new.conv1d.weight, layer.conv1d.weight), (new.A_log, layer.A_log),
+             (new.dt_bias, layer.dt_bias), (new.D, layer.D), (new.out_proj.weight, layer.out_proj.weight)]
+    pairs += [(mine, theirs) for mine, theirs in ((new.in_proj.bias, bias), (new.conv1d.bias, layer.conv1d.bias),
+                                                  (new.out_proj.bias, layer.out_proj.bias)) if theirs is not None]
+    if new.norm is not None:
+        pairs.append((new.norm.weight, layer.norm.weight))
+    copy_weights(pairs)
+    return new
