@@ -113,3 +113,15 @@ def mamba2_family_layer(family: str):
 
 MAMBA2_FAMILIES = ("mamba2", "bamba", "nemotron_h", "falcon_h1", "falcon_h1 (no norm)", "falcon_h1 (norm before gate)",
                    "granitemoehybrid", "zamba2")
+
+
+def minimax_lightning_layer(layer_idx=1, seed=0):
+    """A tiny random ``MiniMaxLightningAttention`` (4 heads of 6, blocks of 4) at depth ``layer_idx`` of 3 layers,
+    shaped as MiniMax-Text-01 (64 heads of 128 over 6144, blocks of 256): heads x head_dim over the model width."""
+    from transformers.models.minimax import modeling_minimax
+
+    config = transformers.MiniMaxConfig(hidden_size=16, num_attention_heads=4, head_dim=6, num_key_value_heads=2,
+                                        num_hidden_layers=3, block_size=4, intermediate_size=32, num_local_experts=2,
+                                        layer_types=["linear_attention"] * 2 + ["full_attention"])
+    torch.manual_seed(seed)
+    return _randomise(modeling_minimax.MiniMaxLightningAttention(config, layer_idx)), config

@@ -18,6 +18,7 @@ from .kimi_delta import KimiDeltaAttention
 from .kv_cache import KVCache, LatentCache
 from .lambda_layer import LambdaLayer
 from .latent import MultiHeadLatentAttention
+from .lightning import LightningAttention
 from .linear import LinearAttention, PerformerAttention
 from .linformer import LinformerAttention, SequenceProjection
 from .local import LocalAttention
@@ -53,7 +54,8 @@ __all__ = [
     "DerivedKeyAttention",
     "DifferentialAttention", "DotProductAttention", "DynamicNTKScaling", "GatedDeltaNet", "GatedLinearAttention",
     "HardAttention", "HierarchicalAttention", "KVCache", "KimiDeltaAttention", "LSHAttention", "LambdaLayer",
-    "LatentCache", "LearnedPositionalEmbedding", "LinearAttention", "LinearScaling", "LinformerAttention",
+    "LatentCache", "LearnedPositionalEmbedding", "LightningAttention",
+    "LinearAttention", "LinearScaling", "LinformerAttention",
     "Llama3Scaling", "LocalAttention", "LongRopeScaling", "LongformerAttention", "LuongAttention", "Mamba2Mixer",
     "MemoryAttention", "MoBA", "MultiHeadAttention", "MultiHeadLatentAttention", "NativeSparseAttention",
     "OutputGate", "PagedKVCache", "PerceiverAttention", "PerceiverEncoder", "PerformerAttention", "PointerAttention",
