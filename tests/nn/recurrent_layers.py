@@ -1,4 +1,4 @@
-"""The seven linear-recurrent layers at small, distinct sizes (dim 12), for the tests that run all of them."""
+"""The eight linear-recurrent layers at small, distinct sizes (dim 12), for the tests that run all of them."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from attnkit.nn import (
     LightningAttention,
     Mamba2Mixer,
     RetNetRetention,
+    RWKV4TimeMixing,
 )
 
 DIM = 12
@@ -24,6 +25,7 @@ LAYERS = {
                                                   chunk_size=chunk),
     "kda": lambda chunk: KimiDeltaAttention(DIM, 3, head_dim=5, chunk_size=chunk),
     "lightning": lambda chunk: LightningAttention(DIM, 3, head_dim=5, layer_index=1, num_layers=3, chunk_size=chunk),
+    "rwkv4": lambda chunk: RWKV4TimeMixing(DIM, attention_dim=7, chunk_size=chunk),
 }
 
 

@@ -125,3 +125,17 @@ def minimax_lightning_layer(layer_idx=1, seed=0):
                                         layer_types=["linear_attention"] * 2 + ["full_attention"])
     torch.manual_seed(seed)
     return _randomise(modeling_minimax.MiniMaxLightningAttention(config, layer_idx)), config
+
+
+def rwkv_layer(seed=0):
+    """A tiny random RWKV-4 ``RwkvSelfAttention`` (the second of two layers), its WKV 12 channels wide over a model
+    width of 16 (``attention_hidden_size``), decays spread as trained checkpoints' (``time_decay`` in [-5, 8])."""
+    from transformers.models.rwkv import modeling_rwkv
+
+    config = transformers.RwkvConfig(hidden_size=16, attention_hidden_size=12, num_hidden_layers=2, context_length=64)
+    torch.manual_seed(seed)
+    layer = _randomise(modeling_rwkv.RwkvSelfAttention(config, 1))
+    with torch.no_grad():
+        layer.time_decay.copy_(torch.linspace(-5, 8, 12))
+        layer.time_first.copy_(torch.linspace(-1, 3, 12))
+    return layer, config

@@ -45,6 +45,7 @@ from .rope_scaling import (
     YarnScaling,
 )
 from .rotary import RotaryEmbedding
+from .rwkv import RWKV4TimeMixing
 from .segment import SegmentAttention, TieredAttention
 from .sparse_transformer import SparseTransformerAttention
 
@@ -60,7 +61,8 @@ __all__ = [
     "MemoryAttention", "MoBA", "MultiHeadAttention", "MultiHeadLatentAttention", "NativeSparseAttention",
     "OutputGate", "PagedKVCache", "PerceiverAttention", "PerceiverEncoder", "PerformerAttention", "PointerAttention",
     "ProportionalScaling",
-    "QKNorm", "RecurrentCache", "ReformerAttention", "RetNetRetention", "RotaryEmbedding", "SegmentAttention",
+    "QKNorm", "RWKV4TimeMixing", "RecurrentCache", "ReformerAttention", "RetNetRetention", "RotaryEmbedding",
+    "SegmentAttention",
     "SequenceProjection", "SinusoidalPositionalEncoding", "SparseTransformerAttention", "TieredAttention",
     "YarnScaling", "coverage_loss",
 ]
