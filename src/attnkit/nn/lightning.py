@@ -39,8 +39,8 @@ class LightningAttention(RecurrentLayer):
     ``W_g`` = ``output_gate``, ``W_o`` = ``out_proj``, ``norm``; ``s`` = ``-log_decay``, by default
     :func:`lightning_slopes` of the layer's depth.
 
-    Differences from the paper: none in the computation (transformers' ``MiniMaxLightningAttention``
-    is this layer: :meth:`from_transformers`). Projections have no bias.
+    The computation is that of transformers' ``MiniMaxLightningAttention`` (:meth:`from_transformers`), which
+    runs the blockwise algorithm in prefill and the recurrence in decoding. Projections have no bias.
 
     Shapes: ``x`` ``(B, n, dim)``, ``key_keep_mask`` ``(B, n)`` bool (True = real token) -> ``(B, n, dim)``;
     :meth:`forward_step`: ``(B, dim) -> (B, dim)``.
