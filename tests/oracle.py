@@ -131,8 +131,11 @@ def _hard(scores, allowed):
 def _sink_softmax(scores, allowed, sinks):
     """Softmax over each row and one more column, the head's sink, which is always allowed and then dropped:
     ``softmax([S, s])[:-1]``; lse includes the sink (a row with no allowed key has lse ``s``)."""
-    batch, heads = scores.shape[:2]
-    column = torch.broadcast_to(sinks.to(scores.dtype), (batch, heads))[:, :, None, None]
+    batch, heads, rows = scores.shape[:3]
+    if sinks.dim() == 3:  # (B, H, Lq): a logit per query row
+        column = torch.broadcast_to(sinks.to(scores.dtype), (batch, heads, rows))[..., None]
+    else:  # (H,) or (B, H): a logit per head
+        column = torch.broadcast_to(sinks.to(scores.dtype), (batch, heads))[:, :, None, None]
     column = column.expand(*scores.shape[:-1], 1)
     weights, lse = _softmax(torch.cat([scores, column], -1),
                             torch.cat([allowed, torch.ones_like(allowed[..., :1])], -1))
@@ -167,8 +170,8 @@ def dense_attention(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=
 
     Inputs of rank 2, 3 or 4; the result has the input's rank, in ``out_dtype``
     (default ``dtype``); with ``return_weights``/``return_lse`` an :class:`OracleOutput`.
-    ``sinks`` (``(H,)`` or broadcastable to ``(B, H)``) are one more column of every row's
-    softmax, always allowed, whose weight is dropped (gpt-oss's attention sinks).
+    ``sinks`` (``(H,)``, or broadcastable to ``(B, H)`` or to ``(B, H, Lq)``) are one more column of every
+    row's softmax, always allowed, whose weight is dropped (gpt-oss's attention sinks).
     ``backend`` is accepted and ignored, so a call's keyword arguments can be passed on as they are.
     ``differentiable``: keep the inputs' (and a tensor bias's) autograd history, so the oracle
     can be differentiated once or twice; otherwise it reads them detached.

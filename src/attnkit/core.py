@@ -154,12 +154,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
         return_lse: also return the log-sum-exp of each row (softmax only).
         backend: "auto", "reference", "chunked", "sdpa", "blocksparse" or "flex" (CUDA)
             (:data:`attnkit.kernels.paths.BACKENDS`).
-        sinks: learned attention sinks (gpt-oss), a float tensor ``(H,)`` or broadcastable to ``(B, H)``:
-            one logit per query head that joins every row's softmax denominator and takes no value,
+        sinks: learned attention sinks, a float tensor ``(H,)`` (gpt-oss: a logit per query head), or
+            broadcastable to ``(B, H)`` (per sample) or to ``(B, H, Lq)`` (a logit per query row, e.g.
+            computed from each token): it joins that row's softmax denominator and takes no value,
             ``out = softmax([scores, s])[:-1] @ v`` (:mod:`attnkit.functional.sinks`); softmax only,
-            differentiable. lse and weights include it; a row with no allowed key outputs 0 and
-            has lse ``s``. ``s = -inf`` is plain softmax (gradients included, rows with no key too);
-            ``+inf`` is refused (it would take every row's whole weight).
+            differentiable on every path. lse and weights include it; a row with no allowed key
+            outputs 0 and has lse ``s``. ``s = -inf`` is plain softmax (gradients included, rows with no
+            key too); ``+inf`` is refused (it would take every row's whole weight).
         block_table: a paged KV cache's page table ``(B, max_pages)`` (integers): ``k`` and ``v`` are then
             pools of pages ``(num_pages, page_size, H_kv, D)`` (``D_v``), read in place, and sequence ``b``'s
             keys are its first ``seqused_k[b]`` positions on the pages ``block_table[b]`` (as

@@ -49,7 +49,7 @@ class BackendError(AttnkitError, ValueError):
 
 
 class UnsupportedFeature(AttnkitError, ValueError):
-    """A model asks attention for something attnkit cannot honour exactly (e.g. attention sinks)."""
+    """A model asks attention for something attnkit cannot honour exactly (a registered mask on cross-attention)."""
 
 
 def check_int(who: str | None, name: str, value, minimum: int = 0, hint: str = "") -> int:

@@ -173,6 +173,10 @@ SETTINGS = {
                        dict(_RECURRENT, heads=3, form="recurrent"), dict(_RECURRENT, heads=2, form="parallel")],
     "kimi-delta-attention": [dict(_RECURRENT, heads=3, head_dim=5, chunk_size=4, form="recurrent"),
                              dict(_RECURRENT, heads=2, chunk_size=3), dict(_RECURRENT, heads=3, form="parallel")],
+    "lightning-attention": [dict(_RECURRENT, heads=3, head_dim=5, chunk_size=4),
+                            dict(_RECURRENT, heads=2, form="recurrent"), dict(_RECURRENT, heads=3, form="parallel")],
+    "rwkv4": [dict(_RECURRENT, attention_dim=7, chunk_size=4), dict(_RECURRENT, form="recurrent"),
+              dict(_RECURRENT, attention_dim=5, form="parallel")],
     "dense": [_CORE], "sdpa": [_CORE, _ODD, dict(_CORE, kv_heads=2)],
     "dilated(10, 3)": [dict(_CORE, normalize="sigmoid"), dict(_CORE, normalize="sparsemax", q_len=300)],
 }

@@ -88,30 +88,39 @@ def sink_cases(length=LENGTH):
             "padding": {"mask": masks.padding([length - 5, 7])},
             # Rows past the middle see no key, and every other head's sink is -inf (plain softmax there).
             "empty_rows_minus_inf": {"mask": masks.from_function(lambda b, h, i, j: i < length // 2, "first_half")
-                                     & masks.causal(), "minus_inf_heads": True}}
+                                     & masks.causal(), "minus_inf_heads": True},
+            "per_token": {"mask": masks.causal(), "per_token": True}}
 
 
 def compare_sinks(scheme, layout, kwargs, *, group=None, seed=0, length=LENGTH):
     """``[output, lse, dq, dk, dv, dsinks]`` largest differences against the float64 oracle (tests/oracle.py);
-    the sinks' gradient summed over the ranks."""
+    the sinks' gradient summed over the ranks (``per_token``: a sink per row ``(B, H, L)``, each rank given its
+    rows' share in the layout's order, its gradient compared on the shard)."""
     kwargs = dict(kwargs)
+    per_token = kwargs.pop("per_token", False)
     q, k, v, g_out, g_lse = _tensors(seed, kwargs.pop("kv_heads", HEADS), length)
-    sinks = 2 * torch.randn(HEADS, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
+    shape = (BATCH, HEADS, length) if per_token else (HEADS,)
+    sinks = 2 * torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
     if kwargs.pop("minus_inf_heads", False):
-        sinks[::2] = float("-inf")
+        (sinks[:, ::2] if per_token else sinks[::2]).fill_(float("-inf"))
     full = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
     want = dense_attention(*full[:3], sinks=full[3], return_lse=True, differentiable=True, **kwargs)
     _loss(want.output, want.lse, g_out, g_lse).backward()
     cut = lambda t, dim=-2: shard(t, dim=dim, layout=layout, group=group)
-    local = [cut(t).requires_grad_() for t in (q, k, v)] + [sinks.clone().requires_grad_()]
+    local = [cut(t).requires_grad_() for t in (q, k, v)] + [(cut(sinks, -1) if per_token else sinks.clone())
+                                                            .requires_grad_()]
     got = attention(*local[:3], sinks=local[3], scheme=scheme, layout=layout, group=group, return_lse=True,
                     **kwargs)
     _loss(got.output, got.lse, cut(g_out), cut(g_lse, -1)).backward()
     dsinks = local[3].grad.clone()
-    torch.distributed.all_reduce(dsinks, group=group)  # each rank holds its rows' share
+    if per_token:
+        sink_error = (dsinks - cut(full[3].grad, -1)).abs().max().item()
+    else:
+        torch.distributed.all_reduce(dsinks, group=group)  # each rank holds its rows' share
+        sink_error = (dsinks - full[3].grad).abs().max().item()
     errors = [(got.output - cut(want.output)).abs().max().item(), _lse_error(got.lse, cut(want.lse, -1))]
     errors += [(a.grad - cut(b.grad)).abs().max().item() for a, b in zip(local[:3], full[:3], strict=True)]
-    return errors + [(dsinks - full[3].grad).abs().max().item()]  # NaN anywhere makes the error NaN: fails
+    return errors + [sink_error]  # NaN anywhere makes the error NaN: fails
 
 
 def sink_sweep(group=None):

@@ -135,6 +135,52 @@ def test_every_path_with_sinks_equals_the_oracle(name):
     check_against_oracle(q, k, v, s, **kwargs)
 
 
+# A sink per query row (B, H, Lq), per sample (B, H, 1) and per head (1, H, 1): the three broadcast shapes.
+@pytest.mark.parametrize("name", list(REACH))
+@pytest.mark.parametrize("shape", ["token", "sample", "head"])
+def test_every_path_with_per_token_sinks_equals_the_oracle(name, shape):
+    sizes, kwargs = REACH[name]
+    q, k, v = rand_qkv(2, 3, sizes["lq"], sizes["lk"], 11, sizes.get("dv"), hkv=sizes.get("hkv"), seed=5,
+                       requires_grad=True)
+    s = _sinks(3, {"token": (2, 3, sizes["lq"]), "sample": (2, 3, 1), "head": (1, 3, 1)}[shape])
+    assert attnkit.explain(q, k, v, sinks=s, **kwargs).path == name
+    check_against_oracle(q, k, v, s, **kwargs)
+
+
+RETURNS_LSE = ["band-windows", "blocksparse-masked", "blocksparse-gathered", "softcap-loop", "online-softmax",
+               "dense-reference"]
+
+
+@pytest.mark.parametrize("name", RETURNS_LSE)
+def test_per_token_sinks_join_the_lse_exactly(name):
+    sizes, kwargs = REACH[name]
+    q, k, v = rand_qkv(2, 3, sizes["lq"], sizes["lk"], 11, sizes.get("dv"), hkv=sizes.get("hkv"), seed=6,
+                       requires_grad=True)
+    s = _sinks(3, (2, 1, sizes["lq"]))
+    assert attnkit.explain(q, k, v, sinks=s, return_lse=True, **kwargs).path == name
+    check_against_oracle(q, k, v, s, with_lse=True, **kwargs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_per_token_sinks_in_float64_on_every_backend_to_twelve_digits(backend):
+    q, k, v = rand_qkv(2, 3, 130, 130, 8, dtype=torch.float64, seed=4, requires_grad=True)
+    s = _sinks(3, (2, 3, 130), dtype=torch.float64)
+    s.detach()[0, 1, :40] = float("-inf")  # rows whose sink is plain softmax beside rows with a sink
+    try:
+        check_against_oracle(q, k, v, s, mask=masks.causal() & masks.sliding_window(20), backend=backend)
+    except BackendError:
+        assert backend != "auto"
+
+
+def test_per_token_sinks_of_rows_with_no_key_are_their_lse():
+    q, k, v = rand_qkv(2, 3, 60, 70, 11, dtype=torch.float64, seed=8, requires_grad=True)
+    s = _sinks(3, (2, 3, 60), dtype=torch.float64)
+    mask = masks.padding([0, 70])
+    got = attnkit.attention(q, k, v, sinks=s, mask=mask, return_lse=True)
+    assert got.output[0].abs().max() == 0 and torch.equal(got.lse[0], s.detach()[0])
+    check_against_oracle(q, k, v, s, mask=mask)
+
+
 MASKS = {
     "none": lambda n: None,
     "causal": lambda n: masks.causal(),
@@ -153,10 +199,6 @@ def test_every_backend_and_mask_with_sinks_equals_the_oracle(backend, mask):
         check_against_oracle(q, k, v, s, mask=MASKS[mask](200), backend=backend)
     except BackendError:  # a forced backend may refuse; it names why
         assert backend != "auto"
-
-
-RETURNS_LSE = ["band-windows", "blocksparse-masked", "blocksparse-gathered", "softcap-loop", "online-softmax",
-               "dense-reference"]
 
 
 @pytest.mark.parametrize("name", RETURNS_LSE)
@@ -248,7 +290,8 @@ def test_sinks_trace_under_torch_compile():
 @pytest.mark.parametrize(("sinks", "error", "words"), [
     (torch.zeros(4), ShapeError, "(H_q,) = (3,)"),
     (torch.zeros(3, 2), ShapeError, "(batch, H_q) = (2, 3)"),
-    (torch.zeros(1, 1, 3), ShapeError, "got (1, 1, 3)"),
+    (torch.zeros(1, 1, 3), ShapeError, "(batch, H_q, L_q) = (2, 3, 5)"),
+    (torch.zeros(2, 3, 5, 1), ShapeError, "got (2, 3, 5, 1)"),
     (torch.zeros(3, dtype=torch.long), DTypeError, "floating"),
     ([0.0, 0.0, 0.0], DTypeError, "list"),
     (torch.zeros(3, device="meta"), DeviceError, "sinks is on meta"),
@@ -274,6 +317,12 @@ def test_sinks_broadcast_from_heads_and_per_sample():
         assert _err(got, dense_attention(q, k, v, sinks=given)) < 1e-12
     three = attnkit.attention(q[:, 0], k[:, 0], v[:, 0], sinks=s[:, :1])  # (B, L, D): one head
     assert _err(three, dense_attention(q[:, 0], k[:, 0], v[:, 0], sinks=s[:, :1])) < 1e-12
+    per_token = torch.randn(2, 3, 5, dtype=torch.float64)
+    for given in (per_token, per_token[:1], per_token[:, :1], per_token[..., :1]):
+        got = attnkit.attention(q, k, v, sinks=given)
+        assert _err(got, dense_attention(q, k, v, sinks=given)) < 1e-12
+    same = attnkit.attention(q, k, v, sinks=s[..., None].expand(2, 3, 5))  # a sink per head, repeated per row
+    assert _err(same, attnkit.attention(q, k, v, sinks=s)) < 1e-15
 
 
 # ------------------------------------------------------------------ any sink value with rows that have no key

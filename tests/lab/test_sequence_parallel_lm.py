@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from attnkit.distributed import SCHEMES
-
 from tests.distributed.spawn import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "distributed_attention.py"

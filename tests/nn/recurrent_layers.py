@@ -1,10 +1,19 @@
-"""The six linear-recurrent layers at small, distinct sizes (dim 12), for the tests that run all of them."""
+"""The eight linear-recurrent layers at small, distinct sizes (dim 12), for the tests that run all of them."""
 
 from __future__ import annotations
 
 import torch
 
-from attnkit.nn import DeltaNet, GatedDeltaNet, GatedLinearAttention, KimiDeltaAttention, Mamba2Mixer, RetNetRetention
+from attnkit.nn import (
+    DeltaNet,
+    GatedDeltaNet,
+    GatedLinearAttention,
+    KimiDeltaAttention,
+    LightningAttention,
+    Mamba2Mixer,
+    RetNetRetention,
+    RWKV4TimeMixing,
+)
 
 DIM = 12
 LAYERS = {
@@ -15,6 +24,8 @@ LAYERS = {
     "gated_deltanet": lambda chunk: GatedDeltaNet(DIM, 4, num_key_heads=2, key_head_dim=5, value_head_dim=3,
                                                   chunk_size=chunk),
     "kda": lambda chunk: KimiDeltaAttention(DIM, 3, head_dim=5, chunk_size=chunk),
+    "lightning": lambda chunk: LightningAttention(DIM, 3, head_dim=5, layer_index=1, num_layers=3, chunk_size=chunk),
+    "rwkv4": lambda chunk: RWKV4TimeMixing(DIM, attention_dim=7, chunk_size=chunk),
 }
 
 

@@ -693,3 +693,40 @@ def test_forward_step_passes_one_causal_mask_object_to_every_step(monkeypatch):
     steps = [mod.forward_step(x[:, :3], cache)[0]] + [mod.forward_step(x[:, i:i + 1], cache)[0] for i in (3, 4)]
     torch.testing.assert_close(torch.cat(steps, 1), mod(x, x, x, is_causal=True)[0], rtol=0, atol=1e-6)
     assert len(seen) == 4 and all(mask is CAUSAL for mask in seen[:3])  # seen[3]: the full pass
+
+
+def test_head_dim_out_bias_and_scale_give_the_formula_with_narrow_or_wide_heads():
+    """heads of head_dim features over another model width, W^O without bias, scores times ``scale``: the
+    float64 formula written out here (softmax over causal keys, then the heads concatenated and W^O)."""
+    torch.manual_seed(0)
+    e, h, g, d, scale = 10, 4, 2, 6, 0.3
+    mha = MultiHeadAttention(e, h, batch_first=True, num_kv_heads=g, head_dim=d, out_bias=False, scale=scale,
+                             dtype=torch.float64).eval()
+    assert mha.in_proj_weight.shape == (h * d + 2 * g * d, e) and mha.out_proj.weight.shape == (e, h * d)
+    assert mha.out_proj.bias is None and mha.in_proj_bias is not None
+    with torch.no_grad():
+        mha.in_proj_bias.normal_()
+    x = torch.randn(2, 5, e, dtype=torch.float64)
+    wq, wk, wv = mha.in_proj_weight.split([h * d, g * d, g * d])
+    bq, bk, bv = mha.in_proj_bias.split([h * d, g * d, g * d])
+    q = (x @ wq.T + bq).unflatten(-1, (h, d))
+    k = (x @ wk.T + bk).unflatten(-1, (g, d)).repeat_interleave(h // g, dim=2)
+    v = (x @ wv.T + bv).unflatten(-1, (g, d)).repeat_interleave(h // g, dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", q, k) * scale
+    s = s.masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf"))
+    want = torch.einsum("bhij,bjhd->bihd", s.softmax(-1), v).flatten(2) @ mha.out_proj.weight.T
+    out, _ = mha(x, x, x, is_causal=True, need_weights=False)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+    cache = mha.new_cache(2, 5)
+    steps = [mha.forward_step(x[:, :3], cache)[0], mha.forward_step(x[:, 3:], cache)[0]]
+    torch.testing.assert_close(torch.cat(steps, 1), want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ArgumentError, match=r"scale, heads narrower or wider than embed_dim \(head_dim=6\), out_bias"):
+        MultiHeadAttention(e, h, head_dim=d, out_bias=False, scale=scale).to_torch()
+    with pytest.raises(ArgumentError, match=r"scale must be None or a finite number > 0; got 0"):
+        MultiHeadAttention(e, h, head_dim=d, scale=0)
+    with pytest.raises(ArgumentError, match=r"head_dim must be a positive int; got 0"):
+        MultiHeadAttention(e, h, head_dim=0)
+    from attnkit.costing.analytic import cost
+
+    with pytest.raises(ArgumentError, match=r"no cost formula here"):
+        cost(mha)

@@ -14,7 +14,8 @@ from attnkit.functional.recurrences import FORMS
 from .recurrent_layers import LAYERS
 
 NAMES = {"retnet": "retnet", "gla": "gla", "mamba2": "mamba2", "deltanet": "deltanet",
-         "gated_deltanet": "gated-deltanet", "kda": "kimi-delta-attention"}
+         "gated_deltanet": "gated-deltanet", "kda": "kimi-delta-attention", "lightning": "lightning-attention",
+         "rwkv4": "rwkv4"}
 
 
 @pytest.mark.parametrize("layer", LAYERS)

@@ -20,6 +20,7 @@ from attnkit.nn.rope_scaling import (
     LinearScaling,
     Llama3Scaling,
     LongRopeScaling,
+    ProportionalScaling,
     YarnScaling,
     scaling_from_dict,
     scaling_from_transformers,
@@ -60,6 +61,9 @@ CASES = {
                   "long_factor": [2.0 + 0.3 * i for i in range(11)], "original_max_position_embeddings": 16},
                  LongRopeScaling(tuple(1.0 + 0.1 * i for i in range(11)), tuple(2.0 + 0.3 * i for i in range(11)),
                                  16, 4.0)),
+    "proportional": ({"rope_type": "proportional", "factor": 2.0, "partial_rotary_factor": 0.3},
+                     ProportionalScaling(0.3, 2.0)),
+    "proportional-whole": ({"rope_type": "proportional", "partial_rotary_factor": 1.0}, ProportionalScaling(1.0)),
 }
 
 
@@ -171,6 +175,24 @@ def test_dict_round_trip_and_errors():
         RotaryEmbedding(8, scaling=LongRopeScaling((1.0,), (1.0,), 16, 2.0)).frequencies(4)
     with pytest.raises(ArgumentError, match="more than 2 rotated features"):
         RotaryEmbedding(2, scaling=DynamicNTKScaling(2.0, 8)).frequencies(4)
-    with pytest.raises(ArgumentError, match="rope_type 'proportional'"):
-        scaling_from_transformers({"rope_type": "proportional", "rope_theta": 1.0}, 64)
+    with pytest.raises(ArgumentError, match="rope_type 'cubic'"):
+        scaling_from_transformers({"rope_type": "cubic", "rope_theta": 1.0}, 64)
+    with pytest.raises(ArgumentError, match=r"fraction must be a number in \[0, 1\]"):
+        ProportionalScaling(1.5)
     assert scaling_from_transformers({"rope_type": "default", "rope_theta": 1.0}, 64) is None
+
+
+def test_proportional_turns_the_first_pairs_at_the_whole_heads_frequencies():
+    """Written out: pairs ``i < floor(0.3 * 22 / 2) = 3`` turn at ``base^(-2i / 22) / 2``, the other 8 stay; a
+    partial rotation of the same share differs (its 3 pairs take ``base^(-2i / 6)``)."""
+    theta, factor = RotaryEmbedding(HEAD_DIM, base=BASE, scaling=ProportionalScaling(0.3, 2.0)).frequencies(40)
+    want = torch.tensor([BASE ** (-2 * i / HEAD_DIM) / 2 if i < 3 else 0.0 for i in range(11)], dtype=torch.float64)
+    torch.testing.assert_close(theta, want, rtol=1e-15, atol=0)
+    assert factor == 1.0
+    partial, _ = RotaryEmbedding(HEAD_DIM, base=BASE, fraction=6 / HEAD_DIM).frequencies(40)
+    assert partial.numel() == 3 and not torch.allclose(partial, want[:3] * 2)
+    rope = RotaryEmbedding(HEAD_DIM, base=BASE, pairing="half", scaling=ProportionalScaling(0.3))
+    x = torch.randn(2, 5, HEAD_DIM, dtype=torch.float64)
+    out = rope.rotate(x, offset=3)
+    still = [i for i in range(HEAD_DIM) if i % 11 >= 3]  # half pairing: pair i is features (i, i + 11)
+    assert torch.equal(out[..., still], x[..., still]) and not torch.allclose(out, x)

@@ -14,7 +14,7 @@ The contract:
   (K/V gradients are summed across ranks).
 * A query row with no allowed key outputs 0, lse -inf and zero gradients, also when a
   whole block or a whole rank's share is masked.
-* ``sinks`` (one logit per head, :mod:`attnkit.functional.sinks`) join once, after the
+* ``sinks`` (a logit per head, sample or query row, :mod:`attnkit.functional.sinks`) join once, after the
   partial results are merged: ``(out, lse) -> (out * sigmoid(lse - s), logaddexp(lse, s))``.
   Each rank's sink gradient is its own rows' share: summed over the ranks (as data-parallel
   training all-reduces a replicated parameter) it is the gradient of the sum of the losses.
@@ -144,8 +144,10 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, scheme="ring", layou
         return_lse: also return the lse shard ``(B, H, L/W)`` (float32; float64 for float64 inputs).
         ulysses_size: ``scheme="usp"``: the ranks of a Ulysses group, dividing W and H
             (default ``gcd(H_kv, W)``: no K/V head repeated).
-        sinks: attention sinks ``(H,)`` or broadcastable to ``(B, H)``, the same on every rank, applied once
-            after the merge (as ``attnkit.attention(..., sinks=)``); a row with no allowed key then has lse ``s``.
+        sinks: attention sinks ``(H,)`` or broadcastable to ``(B, H)`` (the same on every rank), or to
+            ``(B, H, L/W)``: a logit per row of this rank's query shard, in its layout's order (as ``q``);
+            applied once after the merge (as ``attnkit.attention(..., sinks=)``); a row with no allowed key
+            then has lse ``s``.
 
     Returns:
         This rank's output shard ``(B, H, L/W, Dv)`` in q's dtype, or an

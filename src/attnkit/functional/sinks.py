@@ -1,8 +1,10 @@
-"""Learned attention sinks: one logit per head that joins every row's softmax denominator and takes no value.
+"""Learned attention sinks: a logit that joins a row's softmax denominator and takes no value.
 
 gpt-oss (OpenAI 2025, arXiv:2508.10925) gives each head a learned logit in its softmax's
 denominator; attention sinks are Xiao et al. 2023 (arXiv:2309.17453), whose StreamingLLM also
-pre-trains a dedicated sink token. With scores ``S`` of one row and the head's sink ``s``::
+pre-trains a dedicated sink token. The logit may be one per head (gpt-oss), per sample and head, or
+per query token (a model that computes its sink from the token's hidden state). With scores ``S``
+of one row and that row's sink ``s``::
 
     out = softmax([S, s])[:-1] @ V = sum_j exp(S_j - lse_s) V_j,    lse_s = log(exp(s) + sum_j exp(S_j))
 
@@ -25,21 +27,45 @@ lse_s. ``s = -inf`` is plain softmax, and a row with no key under it has ``lse_s
 backward must not rebuild that row's weights as ``exp(-inf - (-inf))`` (torch-sdpa hands its kernel
 the lse of 0 the kernel gives such rows). ``s = +inf`` is refused by validation.
 
-Sinks are stored as ``(B|1, H|1)``; :func:`per_row` views them against ``(B, H, ...)`` tensors.
+Sinks are stored as ``(B|1, H|1, Lq|1)``; :func:`per_row` views them against ``(B, H, Lq, ...)``
+tensors (and ``(B|1, H|1, nq|1, bs|1)`` block-layout sinks, :func:`to_blocks`, against
+``(B, H, nq, bs, ...)``); :func:`rows` takes a path's slice of query rows.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["per_row", "real_share", "joined", "kernel_gradient", "summed_to", "Join", "join"]
+__all__ = ["per_row", "rows", "per_token", "to_blocks", "real_share", "joined", "kernel_gradient", "summed_to",
+           "Join", "join"]
 
 _NEG_INF = float("-inf")
 
 
 def per_row(sinks: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``(B|1, H|1)`` sinks viewed to broadcast against ``like (B, H, ...)``, in ``like``'s dtype."""
-    return sinks.to(like.dtype).view(*sinks.shape, *(1,) * (like.dim() - 2))
+    """``(B|1, H|1, Lq|1)`` sinks viewed to broadcast against ``like (B, H, Lq, ...)``, in ``like``'s dtype
+    (block-layout sinks ``(B|1, H|1, nq|1, bs|1)`` against ``(B, H, nq, bs, ...)``)."""
+    return sinks.to(like.dtype).view(*sinks.shape, *(1,) * (like.dim() - sinks.dim()))
+
+
+def per_token(sinks: torch.Tensor) -> bool:
+    """True when the sinks differ between query rows (``Lq > 1`` in ``(B|1, H|1, Lq|1)``)."""
+    return sinks.shape[2] != 1
+
+
+def rows(sinks: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """The sinks of query rows ``start:stop`` (all of them when the sinks do not depend on the row)."""
+    return sinks[:, :, start:stop] if per_token(sinks) else sinks
+
+
+def to_blocks(sinks: torch.Tensor, bs: int, lq: int) -> torch.Tensor:
+    """``(B|1, H|1, Lq|1)`` sinks as ``(B|1, H|1, nq|1, bs|1)`` for ``(B, H, nq, bs, ...)`` block layouts,
+    per-token sinks padded with ``-inf`` (plain softmax) past the last row; differentiable."""
+    if not per_token(sinks):
+        return sinks.unsqueeze(-1)
+    n = -(-lq // bs)
+    padded = torch.nn.functional.pad(sinks, (0, n * bs - lq), value=_NEG_INF)
+    return padded.view(*sinks.shape[:2], n, bs)
 
 
 def real_share(lse: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -53,10 +79,10 @@ def joined(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor):
     return out * real_share(lse, s).unsqueeze(-1).to(out.dtype), torch.logaddexp(lse, s.expand_as(lse))
 
 
-def summed_to(rows: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
-    """Per-row sink gradients ``(B, H, ...)`` summed to the sinks' shape ``(B|1, H|1)`` and dtype."""
-    grad = rows.flatten(2).sum(-1) if rows.dim() > 2 else rows
-    dims = [d for d in (0, 1) if sinks.shape[d] == 1 and grad.shape[d] != 1]
+def summed_to(grads: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Per-row sink gradients ``(B, H, Lq, ...)`` summed to the sinks' shape ``(B|1, H|1, Lq|1)`` and dtype."""
+    grad = grads.flatten(sinks.dim()).sum(-1) if grads.dim() > sinks.dim() else grads
+    dims = [d for d in range(sinks.dim()) if sinks.shape[d] == 1 and grad.shape[d] != 1]
     return (grad.sum(dims, keepdim=True) if dims else grad).to(sinks.dtype)
 
 

@@ -50,7 +50,7 @@ class Problem:
     return_lse: bool
     user_rank: int
     tracing: bool = False  # traced by torch.compile / export: nothing may read the data
-    sinks: torch.Tensor | None = None  # (B|1, H|1): a logit per head in each row's softmax denominator
+    sinks: torch.Tensor | None = None  # (B|1, H|1, Lq|1): a logit in each row's softmax denominator
     sizes: tuple[int, int, int, int, int, int] = field(init=False)  # (B, Hq, Lq, Lk, D, Dv)
     groups: int = field(init=False)  # query heads per key/value head (1 unless grouped-query attention)
     compute_dtype: torch.dtype = field(init=False)  # float64 stays float64; everything else runs in float32
@@ -217,7 +217,8 @@ def _check_bias(bias, q4, user_q, user_k):
 
 
 def check_sinks(sinks, q4, user_q, normalize="softmax", who=_WHO, values=True):
-    """Sinks ``(H_q,)`` or broadcastable to ``(B, H_q)``, as ``(B|1, H|1)``; softmax only.
+    """Sinks ``(H_q,)``, ``(B, H_q)`` or ``(B, H_q, L_q)`` (any of them 1 to broadcast), as ``(B|1, H|1, Lq|1)``;
+    softmax only.
 
     A sink of ``+inf`` would take every row's whole weight (output 0 whatever q, k and v) and has no
     gradient but NaN: it is refused (``values``: read the sinks; off while tracing). ``-inf`` is plain
@@ -233,17 +234,20 @@ def check_sinks(sinks, q4, user_q, normalize="softmax", who=_WHO, values=True):
     if normalize != "softmax":
         raise ArgumentError(f"{who}: sinks join a softmax's denominator: normalize must be 'softmax'; "
                             f"got normalize={normalize!r}")
-    batch, heads = q4.shape[:2]
-    if sinks.dim() > 2 or any(s not in (1, f) for s, f in zip(reversed(sinks.shape), (heads, batch), strict=False)):
-        raise ShapeError(f"{who}: sinks must have shape (H_q,) = ({heads},) or broadcast to (batch, H_q) = "
-                         f"({batch}, {heads}) for query {_shape(user_q)}; got {_shape(sinks)}")
+    batch, heads, length = q4.shape[:3]
+    full = {1: (heads,), 2: (batch, heads), 3: (batch, heads, length)}.get(sinks.dim())
+    if full is None or any(s not in (1, f) for s, f in zip(sinks.shape, full, strict=True)):
+        raise ShapeError(f"{who}: sinks must have shape (H_q,) = ({heads},), or broadcast to (batch, H_q) = "
+                         f"({batch}, {heads}) or to (batch, H_q, L_q) = ({batch}, {heads}, {length}) for query "
+                         f"{_shape(user_q)}; got {_shape(sinks)}")
     if values and not sinks.is_meta and sinks.numel():
-        plus = torch.isposinf(sinks.detach()).flatten()
+        plus = torch.isposinf(sinks.detach())
         if plus.any():
+            where = tuple(int(i) for i in plus.nonzero()[0])
             raise ArgumentError(f"{who}: sinks must be finite or -inf (plain softmax); got +inf at "
-                                f"{'head' if sinks.dim() < 2 else 'flat index'} {int(plus.nonzero()[0])} of "
+                                f"{'head ' + str(where[0]) if sinks.dim() == 1 else 'index ' + str(where)} of "
                                 f"sinks {_shape(sinks)}")
-    return sinks.reshape((1,) * (2 - sinks.dim()) + tuple(sinks.shape))
+    return sinks.reshape((1,) * (sinks.dim() == 1) + tuple(sinks.shape) + (1,) * (sinks.dim() < 3))
 
 
 def _check_choice(name, value, table):

@@ -228,7 +228,11 @@ def to_torch(module) -> nn.MultiheadAttention:
     if module.extra_mask is not None:
         raise ArgumentError(f"{type(module).__name__}.to_torch: torch's module has no place for the extra mask "
                             f"{module.extra_mask!r}")
-    added = [name for name in ("gate", "qk_norm", "rotary") if getattr(module, name, None) is not None]
+    added = [name for name in ("gate", "qk_norm", "rotary", "scale") if getattr(module, name, None) is not None]
+    if module.inner_dim != module.embed_dim:
+        added.append(f"heads narrower or wider than embed_dim (head_dim={module.head_dim})")
+    if (module.in_proj_bias is None) != (module.out_proj.bias is None):
+        added.append("out_bias differing from bias")
     if added:
         raise ArgumentError(f"{type(module).__name__}.to_torch: torch's module has no {', '.join(added)}")
     w = module.out_proj.weight

@@ -162,7 +162,8 @@ def run(p: Problem) -> KernelOutput:
     pl = block_plan.plan_for(p)
     qb, kb, vb = block_plan.to_blocks(*upcast_inputs(p), pl.bs)
     biases = slab_biases(p, pl.slabs, pl.bs, qb.dtype)
-    out, lse = _FusedBlockSparse.apply(qb, kb, vb, p.sinks, p, pl.slabs, biases)
+    blocked = None if p.sinks is None else sinks.to_blocks(p.sinks, pl.bs, p.sizes[2])
+    out, lse = _FusedBlockSparse.apply(qb, kb, vb, blocked, p, pl.slabs, biases)
     return block_plan.from_blocks(p, out, lse if p.return_lse else None)
 
 

@@ -21,7 +21,7 @@ from ..functional import sinks
 from ..functional.validate import Problem
 from . import block_plan, rules, selected
 from .path_cost import PathCost, Product, itemsize
-from .pipeline import KernelOutput, block_scores, block_weights, concat_pieces, dropout, upcast_inputs
+from .pipeline import KernelOutput, block_scores, block_weights, concat_pieces, dropout, sinks_after, upcast_inputs
 
 __all__ = ["refusal", "run", "cost", "density", "describe", "BUDGET"]
 
@@ -116,6 +116,8 @@ def describe(p: Problem) -> str:
 def run(p: Problem) -> KernelOutput:
     if rules.selected_keys(p):
         return selected.run(p)
+    if p.sinks is not None and sinks.per_token(p.sinks):  # slabs gather rows: join per-token sinks after them
+        return sinks_after(p, run)
     pl = block_plan.plan_for(p)
     blocks = block_plan.to_blocks(*upcast_inputs(p), pl.bs)
     return block_plan.from_blocks(p, *_general(p, pl.slabs, blocks, pl.bs))

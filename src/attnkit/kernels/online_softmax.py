@@ -52,7 +52,7 @@ def _slab(p: Problem, start: int, stop: int, q, k, v, kv_block: int):
     batch, heads, _, lk, _, dv = p.sizes
     qc = q[:, :, start:stop]  # (B, H, rows, D)
     rows = stop - start
-    m, l = _start(p, qc.new_empty(batch, heads, rows, 1))
+    m, l = _start(p, qc.new_empty(batch, heads, rows, 1), start, stop)
     acc = qc.new_zeros((batch, heads, rows, dv))
     for ks in range(0, lk, kv_block):
         ke = min(lk, ks + kv_block)
@@ -88,11 +88,12 @@ def _slab_blockwise(p: Problem, start: int, stop: int, q, k, v, kv_block: int):
     return (acc if divisor is None else acc / divisor), None
 
 
-def _start(p: Problem, like: torch.Tensor):
-    """The running max and sum before the first key block: empty, or the sink alone (a term with no value)."""
+def _start(p: Problem, like: torch.Tensor, start: int, stop: int):
+    """The running max and sum of rows ``start:stop`` before the first key block: empty, or the sink alone (a
+    term with no value)."""
     if p.sinks is None:
         return torch.full_like(like, _NEG_INF), torch.zeros_like(like)
-    s = sinks.per_row(p.sinks, like)
+    s = sinks.per_row(sinks.rows(p.sinks, start, stop), like)
     m = s.detach().expand_as(like).clone()
     return m, torch.exp(s - m.masked_fill(m == _NEG_INF, 0.0)).expand_as(like)  # 1, or 0 for s = -inf
 

@@ -14,7 +14,10 @@ from .self_attention import self_attend
 __all__ = ["TransformerEncoderLayer", "TransformerDecoderLayer", "make_norm", "ACTIVATIONS", "NORMS"]
 
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
-ACTIVATIONS = (*_ACTIVATIONS, "swiglu")
+# gated linear units: the activation of the gate half (Shazeer 2020, arXiv:2002.05202, eq. 5-6); "geglu-tanh" is
+# GELU's tanh approximation (Hendrycks & Gimpel 2016, arXiv:1606.08415, Sec. 2), Gemma's feed-forward network
+_GLU = {"swiglu": F.silu, "geglu": F.gelu, "geglu-tanh": lambda x: F.gelu(x, approximate="tanh")}
+ACTIVATIONS = (*_ACTIVATIONS, *_GLU)
 NORMS = ("layer", "rms")
 
 
@@ -41,13 +44,13 @@ class _Sublayers(nn.Module):
         check_int(who, "dim", dim, 1)
         if activation not in ACTIVATIONS:
             raise ArgumentError(f"{who}: activation must be one of {ACTIVATIONS}; got {activation!r}")
-        glu = activation == "swiglu"
-        default = -(-8 * dim // 3) if glu else 4 * dim  # SwiGLU's 3 matrices: 2/3 the width, the same parameters
+        glu = activation in _GLU
+        default = -(-8 * dim // 3) if glu else 4 * dim  # a GLU's 3 matrices: 2/3 the width, the same parameters
         ff_dim = default if ff_dim is None else check_int(who, "ff_dim", ff_dim, 1)
         self.dim, self.ff_dim, self.activation, self.norm_first = dim, ff_dim, activation, bool(norm_first)
         self.dropout = check_dropout(who, dropout)
         self.norm_kind, self.eps = norm, eps
-        # SwiGLU: W and V stacked in linear1, no biases (Shazeer 2020, Sec. 2)
+        # SwiGLU and GEGLU: W and V stacked in linear1, no biases (Shazeer 2020, Sec. 2)
         self.linear1 = nn.Linear(dim, 2 * ff_dim if glu else ff_dim, bias=not glu)
         self.linear2 = nn.Linear(ff_dim, dim, bias=not glu)
         self.norm1 = make_norm(who, norm, dim, eps)
@@ -57,10 +60,11 @@ class _Sublayers(nn.Module):
 
     def _ff(self, x: torch.Tensor) -> torch.Tensor:
         """``FFN(x) = max(0, x W_1 + b_1) W_2 + b_2`` (eq. 2; GELU when asked), or SwiGLU
-        ``(Swish(x W) * x V) W_2`` (Shazeer 2020, "GLU Variants Improve Transformer", arXiv:2002.05202, eq. 6)."""
-        if self.activation == "swiglu":
+        ``(Swish(x W) * x V) W_2`` and GEGLU ``(GELU(x W) * x V) W_2`` (Shazeer 2020, "GLU Variants Improve
+        Transformer", arXiv:2002.05202, eq. 6)."""
+        if self.activation in _GLU:
             gate, up = self.linear1(x).chunk(2, dim=-1)  # (B, n, 2 ff) -> 2 x (B, n, ff)
-            return self.linear2(self._drop(F.silu(gate) * up))
+            return self.linear2(self._drop(_GLU[self.activation](gate) * up))
         return self.linear2(self._drop(_ACTIVATIONS[self.activation](self.linear1(x))))
 
     def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer) -> torch.Tensor:
@@ -98,7 +102,8 @@ class TransformerEncoderLayer(_Sublayers):
         self_attn: the self-attention module.
         ff_dim: hidden width of the FFN (``4 dim``).
         dropout: on each sublayer output and inside the FFN, training only.
-        activation: "relu", "gelu" or "swiglu" (``ff_dim`` then defaults to ``8 dim / 3``).
+        activation: "relu", "gelu", or a gated unit: "swiglu", "geglu", "geglu-tanh" (GELU's tanh approximation,
+            Gemma's; ``ff_dim`` then defaults to ``8 dim / 3``).
         norm_first: pre-norm instead of post-norm.
         eps: the norms' epsilon.
         norm: "layer" (LayerNorm) or "rms" (RMSNorm, as Llama).

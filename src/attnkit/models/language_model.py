@@ -63,6 +63,15 @@ class TransformerLM(nn.Module):
         gate, qk_norm: the softmax attention's output gate and QK-norm (:class:`~attnkit.nn.MultiHeadAttention`).
         rotary: with ``positional="rotary"``, :class:`~attnkit.nn.RotaryEmbedding` options (``pairing``,
             ``fraction``, ``base``, ``scaling``); None: the plain interleaved rotation of every feature.
+        head_dim, num_kv_heads, attention_bias: the softmax attention's head width (default ``dim / num_heads``),
+            grouped-query key/value heads and projection biases (True, False or "qkv"); see
+            :class:`~attnkit.nn.MultiHeadAttention`. Not with linear-recurrent layers.
+        eps: the norms' epsilon.
+        embed_scale: the factor of the token embeddings (default ``sqrt(dim)``; 1.0 for Llama-style models).
+
+    :meth:`from_transformers` converts a Llama, Mistral, Qwen2, Qwen3 or Gemma causal language model of
+    transformers (Gemma's ``1 + w`` norms are stored as their effective scale ``1 + w``);
+    :meth:`to_transformers` gives a Llama, Qwen3, Mistral or Gemma model back.
 
     Example:
         >>> import torch
@@ -86,7 +95,8 @@ class TransformerLM(nn.Module):
                  norm_first: bool = False, positional: str | None = "sinusoidal", attention="softmax",
                  attention_mask=None, max_len: int | None = 256, tie_embeddings: bool = False, norm: str = "layer",
                  gate: bool = False, qk_norm: bool = False, rotary: dict | None = None,
-                 softmax_every: int | None = None):
+                 softmax_every: int | None = None, head_dim: int | None = None, num_kv_heads: int | None = None,
+                 attention_bias: bool | str = True, eps: float = 1e-5, embed_scale: float | None = None):
         config = checkpoint.arguments(TransformerLM.__init__, locals())
         super().__init__()
         self.config = config
@@ -95,18 +105,23 @@ class TransformerLM(nn.Module):
                                 f"positional={positional!r}")
         softmax_options = {"rotary": (rotary or True) if positional == "rotary" else False, "gate": gate,
                            "qk_norm": qk_norm}
+        layout = {"head_dim": head_dim, "num_kv_heads": num_kv_heads, "attention_bias": attention_bias}
         if attention in RECURRENT or softmax_every is not None:
             if not causal:
                 raise ArgumentError("TransformerLM: linear-recurrent layers are causal; got causal=False")
+            if layout != {"head_dim": None, "num_kv_heads": None, "attention_bias": True}:
+                raise ArgumentError(f"TransformerLM: head_dim, num_kv_heads and attention_bias apply to softmax-only "
+                                    f"models; got {layout} with attention={attention!r}")
+            layout = {}
             attention = hybrid_attention(attention, softmax_every, dropout=dropout, mask=attention_mask,
                                          **softmax_options)
             attention_mask, softmax_options = None, {}  # the factory gives them to its softmax layers
         self.embed = TokenEmbedding("TransformerLM", vocab_size, dim, positional=positional, max_len=max_len,
-                                    dropout=dropout)
+                                    dropout=dropout, embed_scale=embed_scale)
         self.vocab_size, self.max_len, self.causal = vocab_size, max_len, bool(causal)
         common = {"ff_dim": ff_dim, "dropout": dropout, "activation": activation, "norm_first": norm_first,
                   "attention": attention, "attention_mask": attention_mask, "max_len": max_len, "norm": norm,
-                  **softmax_options}
+                  "eps": eps, **softmax_options, **layout}
         self.body = (TransformerDecoder(dim, num_heads, num_layers, cross=False, **common) if causal
                      else TransformerEncoder(dim, num_heads, num_layers, **common))
         self.head = output_head(self.embed, vocab_size, tie_embeddings)
@@ -166,3 +181,32 @@ class TransformerLM(nn.Module):
     def load(cls, path: str | os.PathLike, *, map_location=None) -> TransformerLM:
         """The model :meth:`save` wrote, in eval mode (read with ``torch.load(weights_only=True)``)."""
         return checkpoint.load(cls, path, map_location=map_location)
+
+    @classmethod
+    def from_transformers(cls, model) -> TransformerLM:
+        """The equivalent model of a transformers causal language model, weights copied, in its training mode.
+
+        Llama, Mistral, Qwen2, Qwen3 and Gemma (``...ForCausalLM``, or the bare ``...Model`` without a head
+        when its embeddings are tied): pre-norm RMSNorm blocks, SwiGLU (GEGLU with GELU's tanh
+        approximation for Gemma), rotary positions in halves with the config's base and scaling, grouped
+        key/value heads of any width, QK-norm, biases, tied embeddings, Gemma's embedding scale and
+        ``1 + w`` norms, and a sliding window on every layer (Mistral). The logits then equal the model's
+        (to float32 rounding). What the model has and TransformerLM cannot represent (windows on some layers
+        only, Gemma 2's and 3's extra norms and score caps, MLP biases, another activation) raises ArgumentError.
+        """
+        from .transformers_lm import lm_from_transformers
+
+        return lm_from_transformers(cls, model)
+
+    def to_transformers(self):
+        """The equivalent transformers causal LM, weights copied, in this model's training mode.
+
+        The pre-norm RMSNorm block with rotary positions in halves on every feature, softmax attention
+        without a gate and ``attention_bias`` True or False, maps onto ``LlamaForCausalLM`` (SwiGLU,
+        ``embed_scale=1``), ``Qwen3ForCausalLM`` (with QK-norm), ``MistralForCausalLM`` (a causal
+        ``masks.sliding_window(w - 1, 0)`` as ``attention_mask``, no biases) or ``GemmaForCausalLM``
+        ("geglu-tanh", ``embed_scale=sqrt(dim)``); anything else raises ArgumentError naming it.
+        """
+        from .transformers_lm import lm_to_transformers
+
+        return lm_to_transformers(self)

@@ -61,6 +61,9 @@ class SoftmaxSelfAttention(MultiHeadAttention):
         rotary: rotate queries and keys by position (RoPE) before the scores: True, or a dict of
             :class:`~attnkit.nn.rotary.RotaryEmbedding` options (pairing, partial rotation, scaling).
         gate, qk_norm: the output gate and QK-norm of :class:`MultiHeadAttention`.
+        head_dim, num_kv_heads: as :class:`MultiHeadAttention` (heads of another width than ``dim / num_heads``;
+            grouped-query key/value heads).
+        bias: biases on the projections: True (all four), False (none) or "qkv" (``W^Q, W^K, W^V`` only, Qwen2).
 
     Example:
         >>> import torch
@@ -80,8 +83,12 @@ class SoftmaxSelfAttention(MultiHeadAttention):
 
     def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0, causal: bool = False,
                  mask: masks.Mask | None = None, rotary: bool | dict = False, gate: bool = False,
-                 qk_norm: bool = False):
-        super().__init__(dim, num_heads, dropout, batch_first=True, gate=gate, qk_norm=qk_norm, rotary=rotary)
+                 qk_norm: bool = False, head_dim: int | None = None, num_kv_heads: int | None = None,
+                 bias: bool | str = True):
+        if bias not in BIASES:
+            raise ArgumentError(f"SoftmaxSelfAttention: bias must be one of {BIASES}; got {bias!r}")
+        super().__init__(dim, num_heads, dropout, bias=bool(bias), batch_first=True, gate=gate, qk_norm=qk_norm,
+                         rotary=rotary, head_dim=head_dim, num_kv_heads=num_kv_heads, out_bias=bias is True)
         if mask is not None and not isinstance(mask, masks.Mask):
             raise DTypeError(f"SoftmaxSelfAttention: mask must be an attnkit.masks.Mask (a bool tensor: wrap it in "
                              f"masks.TensorMask); got {type(mask).__name__}")
@@ -118,6 +125,7 @@ MECHANISMS: dict[str, tuple[Callable[..., nn.Module], bool]] = {
     "lambda-layer": (lambda d, h, c, n: LambdaLayer(d, num_heads=h, max_len=n), False),
 }
 SOFTMAX = ("softmax", "multi-head")
+BIASES = (True, False, "qkv")
 
 
 def _valid_names() -> str:
@@ -126,15 +134,20 @@ def _valid_names() -> str:
 
 def self_attention_maker(who: str, attention, dim: int, num_heads: int, *, causal: bool, dropout: float = 0.0,
                          mask: masks.Mask | None = None, rotary: bool | dict = False, max_len: int | None = None,
-                         gate: bool = False, qk_norm: bool = False) -> Callable[[], nn.Module]:
+                         gate: bool = False, qk_norm: bool = False, head_dim: int | None = None,
+                         num_kv_heads: int | None = None, attention_bias: bool | str = True) -> Callable[[], nn.Module]:
     """Validate ``attention`` once and return a function building one self-attention module per layer."""
     softmax_only = {"attention_mask": mask is not None, "rotary positions": bool(rotary), "gate": bool(gate),
-                    "qk_norm": bool(qk_norm)}
+                    "qk_norm": bool(qk_norm), "head_dim": head_dim is not None,
+                    "num_kv_heads": num_kv_heads is not None, "attention_bias": attention_bias is not True}
     if isinstance(attention, str):
         if attention in SOFTMAX:
-            rotary_for(who, rotary, dim // num_heads)  # a bad option fails here, before any layer is built
+            layout = {"head_dim": head_dim, "num_kv_heads": num_kv_heads, "bias": attention_bias}
+            if attention_bias not in BIASES:
+                raise ArgumentError(f"{who}: attention_bias must be one of {BIASES}; got {attention_bias!r}")
+            rotary_for(who, rotary, head_dim or dim // num_heads)  # a bad option fails here, before any layer is built
             return lambda: SoftmaxSelfAttention(dim, num_heads, dropout=dropout, causal=causal, mask=mask,
-                                                rotary=rotary, gate=gate, qk_norm=qk_norm)
+                                                rotary=rotary, gate=gate, qk_norm=qk_norm, **layout)
         if attention not in MECHANISMS:
             raise ArgumentError(f"{who}: unknown attention {attention!r}; expected one of {_valid_names()} "
                                 "or a factory (dim, num_heads) -> nn.Module")

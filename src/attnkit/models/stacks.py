@@ -38,11 +38,11 @@ _ATTENTION_DOC = """
 """
 
 
-def _stack_args(who, dim, num_heads, num_layers, eps):
+def _stack_args(who, dim, num_heads, num_layers, eps, head_dim=None):
     check_int(who, "dim", dim, 1)
     check_int(who, "num_heads", num_heads, 1)
     check_int(who, "num_layers", num_layers, 0)
-    if dim % num_heads:
+    if head_dim is None and dim % num_heads:
         raise ArgumentError(f"{who}: dim must be divisible by num_heads; got dim={dim}, num_heads={num_heads}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
         raise ArgumentError(f"{who}: eps must be a number > 0; got {eps!r}")
@@ -70,7 +70,7 @@ class TransformerEncoder(nn.Module):
         num_layers: layers.
         ff_dim: FFN width (``4 dim``).
         dropout: sublayer, FFN and softmax-weight dropout, training only.
-        activation: "relu", "gelu" or "swiglu".
+        activation: "relu", "gelu", "swiglu", "geglu" or "geglu-tanh".
         norm_first: pre-norm.
         attention: see above.
         attention_mask: an attnkit mask (softmax only).
@@ -79,6 +79,9 @@ class TransformerEncoder(nn.Module):
         eps: the norms' epsilon.
         norm: "layer" (LayerNorm) or "rms" (RMSNorm).
         gate, qk_norm: the softmax attention's output gate and QK-norm.
+        head_dim, num_kv_heads: the softmax attention's head width (default ``dim / num_heads``) and
+            grouped-query key/value heads (:class:`~attnkit.nn.MultiHeadAttention`).
+        attention_bias: the softmax attention's projection biases: True, False or "qkv" (Q, K, V only).
 
     Example:
         >>> import torch
@@ -94,12 +97,14 @@ class TransformerEncoder(nn.Module):
     def __init__(self, dim: int, num_heads: int, num_layers: int = 2, *, ff_dim: int | None = None,
                  dropout: float = 0.0, activation: str = "relu", norm_first: bool = False, attention="softmax",
                  attention_mask=None, rotary: bool | dict = False, max_len: int | None = None, eps: float = 1e-5,
-                 norm: str = "layer", gate: bool = False, qk_norm: bool = False):
+                 norm: str = "layer", gate: bool = False, qk_norm: bool = False, head_dim: int | None = None,
+                 num_kv_heads: int | None = None, attention_bias: bool | str = True):
         super().__init__()
         who = type(self).__name__
-        _stack_args(who, dim, num_heads, num_layers, eps)
+        _stack_args(who, dim, num_heads, num_layers, eps, head_dim)
         make = self_attention_maker(who, attention, dim, num_heads, causal=False, dropout=dropout,
-                                    mask=attention_mask, rotary=rotary, max_len=max_len, gate=gate, qk_norm=qk_norm)
+                                    mask=attention_mask, rotary=rotary, max_len=max_len, gate=gate, qk_norm=qk_norm,
+                                    head_dim=head_dim, num_kv_heads=num_kv_heads, attention_bias=attention_bias)
         self.dim = dim
         self.layers = nn.ModuleList(TransformerEncoderLayer(dim, make(), ff_dim=ff_dim, dropout=dropout,
                                                             activation=activation, norm_first=norm_first, eps=eps,
@@ -137,7 +142,7 @@ class TransformerDecoder(nn.Module):
     Args:
         dim, num_heads, num_layers, ff_dim, dropout, activation: as :class:`TransformerEncoder`.
         norm_first, attention, attention_mask, rotary, max_len, eps: as :class:`TransformerEncoder`.
-        norm, gate, qk_norm: as :class:`TransformerEncoder`.
+        norm, gate, qk_norm, head_dim, num_kv_heads, attention_bias: as :class:`TransformerEncoder`.
         cross: with cross-attention to ``memory``.
 
     Example:
@@ -155,12 +160,14 @@ class TransformerDecoder(nn.Module):
     def __init__(self, dim: int, num_heads: int, num_layers: int = 2, *, cross: bool = True,
                  ff_dim: int | None = None, dropout: float = 0.0, activation: str = "relu", norm_first: bool = False,
                  attention="softmax", attention_mask=None, rotary: bool | dict = False, max_len: int | None = None,
-                 eps: float = 1e-5, norm: str = "layer", gate: bool = False, qk_norm: bool = False):
+                 eps: float = 1e-5, norm: str = "layer", gate: bool = False, qk_norm: bool = False,
+                 head_dim: int | None = None, num_kv_heads: int | None = None, attention_bias: bool | str = True):
         super().__init__()
         who = type(self).__name__
-        _stack_args(who, dim, num_heads, num_layers, eps)
+        _stack_args(who, dim, num_heads, num_layers, eps, head_dim)
         make = self_attention_maker(who, attention, dim, num_heads, causal=True, dropout=dropout,
-                                    mask=attention_mask, rotary=rotary, max_len=max_len, gate=gate, qk_norm=qk_norm)
+                                    mask=attention_mask, rotary=rotary, max_len=max_len, gate=gate, qk_norm=qk_norm,
+                                    head_dim=head_dim, num_kv_heads=num_kv_heads, attention_bias=attention_bias)
         self.dim, self.cross = dim, bool(cross)
         self.layers = nn.ModuleList(TransformerDecoderLayer(
             dim, make(), num_heads=num_heads, cross=cross, ff_dim=ff_dim, dropout=dropout, activation=activation,

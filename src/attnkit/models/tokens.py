@@ -47,7 +47,7 @@ class TokenEmbedding(nn.Module):
 
     Vaswani et al. 2017, "Attention Is All You Need", arXiv:1706.03762, Sec. 3.4-3.5::
 
-        x = dropout(E[tokens] * sqrt(dim) + PE[offset : offset + n])
+        x = dropout(E[tokens] * sqrt(dim) + PE[offset : offset + n])      (``embed_scale`` in place of sqrt(dim))
 
     Notation: ``E`` = ``embed.weight``; ``PE`` per ``positional``: "sinusoidal"
     (:class:`~attnkit.nn.SinusoidalPositionalEncoding`, eq. 3.5), "learned"
@@ -68,6 +68,8 @@ class TokenEmbedding(nn.Module):
         positional: see above.
         max_len: longest sequence (learned positions).
         dropout: training only.
+        embed_scale: the factor of ``E[tokens]`` (default ``sqrt(dim)``; 1: Llama, Qwen and Mistral, which
+            do not scale).
 
     Example:
         >>> import torch
@@ -79,7 +81,7 @@ class TokenEmbedding(nn.Module):
     """
 
     def __init__(self, who: str, vocab_size: int, dim: int, *, positional: str | None, max_len: int | None,
-                 dropout: float):
+                 dropout: float, embed_scale: float | None = None):
         super().__init__()
         self.vocab_size, self.dim = check_int(who, "vocab_size", vocab_size, 1), check_int(who, "dim", dim, 1)
         if positional not in POSITIONAL:
@@ -89,13 +91,17 @@ class TokenEmbedding(nn.Module):
         if positional == "learned" and max_len is None:
             raise ArgumentError(f"{who}: positional='learned' needs max_len; got None")
         self.positional, self.max_len, self.dropout = positional, max_len, check_dropout(who, dropout)
+        if embed_scale is not None and (isinstance(embed_scale, bool) or not isinstance(embed_scale, (int, float))
+                                        or not math.isfinite(embed_scale)):
+            raise ArgumentError(f"{who}: embed_scale must be None or a finite number; got {embed_scale!r}")
+        self.scale = math.sqrt(dim) if embed_scale is None else float(embed_scale)
         self.embed = nn.Embedding(vocab_size, dim)
         nn.init.normal_(self.embed.weight, std=dim ** -0.5)
         self.pos = (SinusoidalPositionalEncoding(dim) if positional == "sinusoidal"
                     else LearnedPositionalEmbedding(max_len, dim) if positional == "learned" else None)
 
     def forward(self, tokens: torch.Tensor, *, offset: int = 0) -> torch.Tensor:
-        x = self.embed(tokens) * math.sqrt(self.dim)  # (B, n) -> (B, n, dim)
+        x = self.embed(tokens) * self.scale  # (B, n) -> (B, n, dim)
         if self.pos is not None:
             x = self.pos(x, offset=offset)
         return F.dropout(x, self.dropout, training=self.training) if self.dropout else x

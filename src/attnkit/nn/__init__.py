@@ -9,7 +9,7 @@ from .coverage import CoverageAttention, coverage_loss
 from .deltanet import DeltaNet
 from .derived_key import DerivedKeyAttention
 from .differential import DifferentialAttention
-from .dsa import DSAIndexer, DSASparseAttention
+from .dsa import DSAIndexer, DSALatentAttention, DSASparseAttention
 from .gated import OutputGate, QKNorm
 from .gated_deltanet import GatedDeltaNet
 from .gla import GatedLinearAttention
@@ -18,6 +18,7 @@ from .kimi_delta import KimiDeltaAttention
 from .kv_cache import KVCache, LatentCache
 from .lambda_layer import LambdaLayer
 from .latent import MultiHeadLatentAttention
+from .lightning import LightningAttention
 from .linear import LinearAttention, PerformerAttention
 from .linformer import LinformerAttention, SequenceProjection
 from .local import LocalAttention
@@ -35,21 +36,33 @@ from .pooling import AttentionPooling, HierarchicalAttention
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from .reformer import LSHAttention, ReformerAttention
 from .retnet import RetNetRetention
-from .rope_scaling import DynamicNTKScaling, LinearScaling, Llama3Scaling, LongRopeScaling, YarnScaling
+from .rope_scaling import (
+    DynamicNTKScaling,
+    LinearScaling,
+    Llama3Scaling,
+    LongRopeScaling,
+    ProportionalScaling,
+    YarnScaling,
+)
 from .rotary import RotaryEmbedding
+from .rwkv import RWKV4TimeMixing
 from .segment import SegmentAttention, TieredAttention
 from .sparse_transformer import SparseTransformerAttention
 
 __all__ = [
     "AdditiveAttention", "AttentionPooling", "BigBirdAttention", "BlockPattern", "BlockSparseAttention",
-    "CoAttention", "CoverageAttention", "DSAIndexer", "DSASparseAttention", "DeltaNet", "DerivedKeyAttention",
+    "CoAttention", "CoverageAttention", "DSAIndexer", "DSALatentAttention", "DSASparseAttention", "DeltaNet",
+    "DerivedKeyAttention",
     "DifferentialAttention", "DotProductAttention", "DynamicNTKScaling", "GatedDeltaNet", "GatedLinearAttention",
     "HardAttention", "HierarchicalAttention", "KVCache", "KimiDeltaAttention", "LSHAttention", "LambdaLayer",
-    "LatentCache", "LearnedPositionalEmbedding", "LinearAttention", "LinearScaling", "LinformerAttention",
+    "LatentCache", "LearnedPositionalEmbedding", "LightningAttention",
+    "LinearAttention", "LinearScaling", "LinformerAttention",
     "Llama3Scaling", "LocalAttention", "LongRopeScaling", "LongformerAttention", "LuongAttention", "Mamba2Mixer",
     "MemoryAttention", "MoBA", "MultiHeadAttention", "MultiHeadLatentAttention", "NativeSparseAttention",
     "OutputGate", "PagedKVCache", "PerceiverAttention", "PerceiverEncoder", "PerformerAttention", "PointerAttention",
-    "QKNorm", "RecurrentCache", "ReformerAttention", "RetNetRetention", "RotaryEmbedding", "SegmentAttention",
+    "ProportionalScaling",
+    "QKNorm", "RWKV4TimeMixing", "RecurrentCache", "ReformerAttention", "RetNetRetention", "RotaryEmbedding",
+    "SegmentAttention",
     "SequenceProjection", "SinusoidalPositionalEncoding", "SparseTransformerAttention", "TieredAttention",
     "YarnScaling", "coverage_loss",
 ]

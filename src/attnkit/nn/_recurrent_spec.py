@@ -15,7 +15,8 @@ starts from (zeros) needs none, and nothing is differentiated through its final 
 without a cache discards it). The delta rule's triangular solve is counted by no counter
 forward; its backward adds one product, ``2 c^2 (Dk + Dv)`` per block. Decays and gates are
 elementwise. The decoding state is the recurrence's ``H Dk Dv`` numbers (float32, float64 for
-float64 layers) and the convolution's last ``K - 1`` inputs per channel, whatever the context.
+float64 layers), the convolution's last ``K - 1`` inputs per channel and a token shift's last input
+(``token_shift`` features), whatever the context.
 """
 
 from __future__ import annotations
@@ -38,23 +39,26 @@ RECURRENT_FORMULA = ("projections 2 B L (sum of in x out); convolution 2 B L cha
 
 
 def count_recurrence(t: Tally, form: str, heads: int, n: int, dk: int, dv: int, *, chunk: int, delta: bool,
-                     learned_decay: bool = True) -> None:
+                     learned_decay: bool = True, query_grad: bool = True) -> None:
     """The products of :func:`attnkit.functional.recurrences.forms.linear_recurrence` over ``heads`` (batch x value
     heads) sequences of ``n`` tokens, entered from a zero state, the final state unused.
 
     ``learned_decay``: the log decays need a gradient (learned or input-dependent gates), so the
-    first step's decayed state does too (the recurrent form's first ``k^T S``).
+    first step's decayed state does too (the recurrent form's first ``k^T S``). ``query_grad``: the queries
+    need a gradient (False for a constant query, RWKV's sums: the products with them differentiate one operand;
+    the decayed queries ``Q^`` still need one under learned decays).
     """
+    q = int(query_grad)
     if n == 0:
         return
     if form == "recurrent":
         if delta:
             t.mm("delta rule: k^T S per token", heads, 1, dk, dv, grads=1 + learned_decay)
             t.mm("delta rule: k^T S per token", heads * (n - 1), 1, dk, dv)
-        t.mm("output q^T S per token", heads * n, 1, dk, dv)
+        t.mm("output q^T S per token", heads * n, 1, dk, dv, grads=1 + q)
         return
     c, blocks = (n, 1) if form == "parallel" else (chunk, -(-n // chunk))
-    t.mm("block scores q k^T (decay-masked)", heads * blocks, c, dk, c)
+    t.mm("block scores q k^T (decay-masked)", heads * blocks, c, dk, c, grads=1 + q)
     if delta:
         t.mm("delta rule: block k k^T", heads * blocks, c, dk, c)
         if t.backward:  # the solve itself is counted by no counter; its backward forms one product
@@ -65,7 +69,7 @@ def count_recurrence(t: Tally, form: str, heads: int, n: int, dk: int, dv: int, 
         t.mm("state passed on K~^T (U - W S)", heads, dk, c, dv, grads=0)  # the last block's: the final state
     else:
         t.mm("state passed on K~^T U", heads * blocks, dk, c, dv, grads=2 if blocks > 1 else 0)
-    t.mm("output from the entering state Q^ S", heads * blocks, c, dk, dv, grads=2 if blocks > 1 else 1)
+    t.mm("output from the entering state Q^ S", heads * blocks, c, dk, dv, grads=(blocks > 1) + (q or learned_decay))
     t.mm("output within blocks A U", heads * blocks, c, c, dv)
     t.inter(heads * blocks * c * c * (1 + delta), heads * blocks * dk * dv)
 
@@ -83,7 +87,7 @@ def _count_layer(t: Tally, s, layer, form: str) -> None:
         t.inter(b * n * channels)
     heads, dk, dv = layer.core_sizes
     count_recurrence(t, form, b * heads, n, dk, dv, chunk=layer.chunk_size, delta=layer.delta_rule,
-                     learned_decay=layer.learned_decay)
+                     learned_decay=layer.learned_decay, query_grad=not getattr(layer, "constant_query", False))
     t.ew("decays, gates and norms (estimate)", b * n * heads * (dk + dv), 5)
     t.io(2 * b * n * s["dim"], sum(p.numel() for p in layer.parameters()))
 
@@ -100,6 +104,7 @@ def _count(make, t: Tally, s, module=None) -> None:
     dtype = dtype_of(s)
     conv = getattr(layer, "conv1d", None)
     context = 0 if conv is None else conv.weight.shape[0] * (conv.weight.shape[-1] - 1) * dtype.itemsize
+    context += getattr(layer, "token_shift", 0) * dtype.itemsize  # inputs a token shift keeps (RWKV: the last x)
     t.decoding(fixed=heads * dk * dv * torch.promote_types(dtype, torch.float32).itemsize + context)
 
 

@@ -67,6 +67,8 @@ class DifferentialAttention(nn.Module):
         causal: query ``i`` sees keys ``j <= i``.
         rotary: rotary positions on both maps' queries and keys (options as :class:`MultiHeadAttention`'s).
         bias: biases on the four projections.
+        head_dim: features ``d`` of each map's queries and keys (default ``dim // (2 num_heads)``); another
+            value gives heads that do not fill the model width (``W^Q`` then has ``2 h d`` rows).
 
     Example:
         >>> import torch
@@ -80,21 +82,25 @@ class DifferentialAttention(nn.Module):
     """
 
     def __init__(self, dim: int, num_heads: int, *, num_kv_heads: int | None = None, lambda_init: float = 0.2,
-                 causal: bool = True, rotary: bool | dict | RotaryEmbedding | None = None, bias: bool = False):
+                 causal: bool = True, rotary: bool | dict | RotaryEmbedding | None = None, bias: bool = False,
+                 head_dim: int | None = None):
         super().__init__()
         who = "DifferentialAttention"
         check_int(who, "dim", dim, 1)
         check_int(who, "num_heads", num_heads, 1)
         num_kv_heads = num_heads if num_kv_heads is None else check_int(who, "num_kv_heads", num_kv_heads, 1)
-        if dim % (2 * num_heads) or num_heads % num_kv_heads:
+        if head_dim is not None:
+            check_int(who, "head_dim", head_dim, 1)
+        if (head_dim is None and dim % (2 * num_heads)) or num_heads % num_kv_heads:
             raise ArgumentError(f"{who}: dim must be divisible by 2 * num_heads and num_heads by num_kv_heads; got "
                                 f"dim={dim}, num_heads={num_heads}, num_kv_heads={num_kv_heads}")
         if isinstance(lambda_init, bool) or not isinstance(lambda_init, (int, float)) or not math.isfinite(lambda_init):
             raise ArgumentError(f"{who}: lambda_init must be a finite number; got {lambda_init!r}")
         self.dim, self.num_heads, self.num_kv_heads, self.causal = dim, num_heads, num_kv_heads, bool(causal)
-        self.head_dim, self.lambda_init = dim // (2 * num_heads), float(lambda_init)
-        kv = 2 * num_kv_heads * self.head_dim
-        self.q_proj, self.out_proj = nn.Linear(dim, dim, bias=bias), nn.Linear(dim, dim, bias=bias)
+        self.head_dim = dim // (2 * num_heads) if head_dim is None else head_dim
+        self.lambda_init = float(lambda_init)
+        inner, kv = 2 * num_heads * self.head_dim, 2 * num_kv_heads * self.head_dim
+        self.q_proj, self.out_proj = nn.Linear(dim, inner, bias=bias), nn.Linear(inner, dim, bias=bias)
         self.k_proj, self.v_proj = nn.Linear(dim, kv, bias=bias), nn.Linear(dim, kv, bias=bias)
         self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
             nn.Parameter(torch.randn(self.head_dim) * 0.1) for _ in range(4))
@@ -169,6 +175,13 @@ def _make(s):
         dtype_of(s)).eval()
 
 
+def _config(m):
+    if 2 * m.num_heads * m.head_dim != m.dim:
+        raise ArgumentError(f"cost: differential attention whose heads do not fill dim (head_dim={m.head_dim}, "
+                            f"dim={m.dim}) has no cost formula here")
+    return {"dim": m.dim, "heads": m.num_heads, "kv_heads": m.num_kv_heads, "causal": m.causal}
+
+
 def _example():
     torch.manual_seed(0)
     return DifferentialAttention(24, 3, rotary=True).eval(), (randn(2, 16, 24),)
@@ -182,5 +195,5 @@ register(Entry(
               _count, lambda s, m: (m, (randn(s["batch"], s["length"], s["dim"], dtype=dtype_of(s)),)),
               "projections 2 B L dim (2 dim + 4 g d); two calls of 2h-head attention with D = Dv = d",
               make=_make, length=("length",), derive=lambda s: {**s, "kv_heads": s["kv_heads"] or s["heads"]},
-              config=lambda m: {"dim": m.dim, "heads": m.num_heads, "kv_heads": m.num_kv_heads, "causal": m.causal},
+              config=_config,
               module_type=DifferentialAttention, nullable=frozenset({"kv_heads"}))))

@@ -10,11 +10,13 @@ from .. import masks
 from ..core import attention
 from ..costing.attend import attend, projections
 from ..costing.tally import dropout_of, dtype_of
-from ..errors import check_int
+from ..errors import ArgumentError, check_int
 from ..registry.entry import Entry, register
 from ._projections import ProjectedAttention, projected_spec
+from .latent import MultiHeadLatentAttention
+from .rotary import RotaryEmbedding, rotary_for
 
-__all__ = ["DSAIndexer", "DSASparseAttention", "indexer_kl"]
+__all__ = ["DSAIndexer", "DSASparseAttention", "DSALatentAttention", "indexer_kl"]
 
 _ROWS = 1 << 22  # index scores computed at once (query rows x keys): the top-k runs per chunk of queries
 _NEG_INF = float("-inf")
@@ -33,12 +35,15 @@ class DSAIndexer(nn.Module):
     by ``H_I^-1/2`` (constant factors: the top-k is unchanged, the warm-up loss's softmax is not).
 
     Differences from the paper: scores in the input's dtype (the paper's are FP8 with a
-    Hadamard rotation, an orthogonal map that leaves the dot products as they are); no rotary
-    embedding in the indexer (the model's own positions are the caller's).
+    Hadamard rotation, an orthogonal map that leaves the dot products as they are). The options of
+    DeepSeek-V3.2's released indexer: ``q`` read from another input (``query_dim``: its query latent
+    ``c^Q_t``), ``k`` LayerNorm-ed (``key_norm``), and the first ``rotary.dim`` features of both
+    rotated by position (``rotary``); without them, no positions in the indexer (the model's own
+    positions are the caller's).
 
     Shapes:
-        ``x`` ``(B, n, dim)`` -> indices ``(B, n, k)`` int64 (``-1`` where a token has fewer than
-        ``k`` earlier tokens); :meth:`scores` ``(B, n, n)``.
+        ``x`` ``(B, n, dim)`` (``query`` ``(B, n, query_dim)``) -> indices ``(B, n, k)`` int64 (``-1``
+        where a token has fewer than ``k`` earlier tokens); :meth:`scores` ``(B, n, n)``.
 
     Complexity:
         ``O(B n^2 H_I d_I)`` (cheap heads) and ``O(B n k)`` for the selection; scores computed
@@ -49,6 +54,10 @@ class DSAIndexer(nn.Module):
         index_heads: indexer heads ``H_I``.
         index_dim: indexer head width ``d_I``.
         top_k: keys each query keeps.
+        query_dim: the width of the input ``q`` is projected from (default ``dim``: from ``x``).
+        key_norm: LayerNorm (epsilon 1e-6) on ``k``, as DeepSeek-V3.2.
+        rotary: a :class:`~attnkit.nn.RotaryEmbedding` rotating the first ``rotary.dim`` features of ``q``
+            and ``k`` (positions ``0 ..``), as DeepSeek-V3.2; None: none.
 
     Example:
         >>> _ = torch.manual_seed(0)
@@ -57,44 +66,74 @@ class DSAIndexer(nn.Module):
         torch.Size([2, 5, 3])
     """
 
-    def __init__(self, dim: int, *, index_heads: int = 4, index_dim: int = 32, top_k: int = 2048):
+    def __init__(self, dim: int, *, index_heads: int = 4, index_dim: int = 32, top_k: int = 2048,
+                 query_dim: int | None = None, key_norm: bool = False, rotary: RotaryEmbedding | None = None):
         super().__init__()
         who = type(self).__name__
         self.dim = check_int(who, "dim", dim, 1)
         self.index_heads = check_int(who, "index_heads", index_heads, 1)
         self.index_dim = check_int(who, "index_dim", index_dim, 1)
         self.top_k = check_int(who, "top_k", top_k, 1)
-        self.q_proj = nn.Linear(dim, index_heads * index_dim, bias=False)
+        self.query_dim = dim if query_dim is None else check_int(who, "query_dim", query_dim, 1)
+        if rotary is not None and (not isinstance(rotary, RotaryEmbedding) or rotary.dim > index_dim):
+            raise ArgumentError(f"{who}: rotary must be None or a RotaryEmbedding of at most index_dim={index_dim} "
+                                f"features; got {rotary!r}")
+        self.q_proj = nn.Linear(self.query_dim, index_heads * index_dim, bias=False)
         self.k_proj = nn.Linear(dim, index_dim, bias=False)
         self.w_proj = nn.Linear(dim, index_heads, bias=False)
+        self.k_norm = nn.LayerNorm(index_dim, eps=1e-6) if key_norm else None
+        self.rotary = rotary
 
-    def scores(self, x: torch.Tensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        """Index scores ``I[t, s]`` of queries ``t`` in ``[start, stop)`` against every key (``-inf``: ``s > t``)."""
+    def _rotate(self, t: torch.Tensor, offset: int) -> torch.Tensor:
+        """``t`` ``(..., L, d_I)`` with its first ``rotary.dim`` features rotated (row ``i`` at ``offset + i``)."""
+        if self.rotary is None:
+            return t
+        r = self.rotary.dim
+        return torch.cat([self.rotary.rotate(t[..., :r], offset=offset), t[..., r:]], dim=-1)
+
+    def scores(self, x: torch.Tensor, start: int = 0, stop: int | None = None, *,
+               query: torch.Tensor | None = None, key_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Index scores ``I[t, s]`` of queries ``t`` in ``[start, stop)`` against every key (``-inf``: ``s > t``,
+        or ``key_keep_mask[:, s]`` False); ``q`` projected from ``query`` (default ``x``)."""
         batch, n, _ = x.shape
         stop = n if stop is None else stop
         rows = stop - start
-        q = self.q_proj(x[:, start:stop]).view(batch, rows * self.index_heads, self.index_dim)
+        query = x if query is None else query
+        q = self.q_proj(query[:, start:stop]).view(batch, rows, self.index_heads, self.index_dim)
         k = self.k_proj(x)  # (B, n, d_I)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        q = self._rotate(q.transpose(1, 2), start).transpose(1, 2).reshape(batch, rows * self.index_heads, -1)
+        k = self._rotate(k, 0)
         s = F.relu(q @ k.transpose(1, 2) * self.index_dim ** -0.5)  # (B, rows * H_I, n)
         w = self.w_proj(x[:, start:stop]) * self.index_heads ** -0.5  # (B, rows, H_I)
         index = (w.unsqueeze(-2) @ s.view(batch, rows, self.index_heads, n)).squeeze(-2)  # (B, rows, n)
         t = torch.arange(start, stop, device=x.device).view(-1, 1)
-        return index.masked_fill(torch.arange(n, device=x.device) > t, _NEG_INF)
+        hidden = torch.arange(n, device=x.device) > t
+        if key_keep_mask is not None:
+            hidden = hidden | ~key_keep_mask[:, None, :]
+        return index.masked_fill(hidden, _NEG_INF)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, query: torch.Tensor | None = None,
+                key_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The top-k keys of every query, ``(B, n, min(k, n))``; the selection carries no gradient."""
         batch, n, _ = x.shape
         k = min(self.top_k, n)
         rows = max(1, _ROWS // max(1, n))
+        query = None if query is None else query.detach()
         out = []
         with torch.no_grad():
             for start in range(0, n, rows):
-                values, idx = self.scores(x.detach(), start, min(n, start + rows)).topk(k, dim=-1)
+                values, idx = self.scores(x.detach(), start, min(n, start + rows), query=query,
+                                          key_keep_mask=key_keep_mask).topk(k, dim=-1)
                 out.append(idx.masked_fill(values == _NEG_INF, -1))  # fewer than k earlier tokens
         return torch.cat(out, 1) if out else x.new_zeros(batch, 0, k, dtype=torch.long)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, index_heads={self.index_heads}, index_dim={self.index_dim}, top_k={self.top_k}"
+        more = "" if self.query_dim == self.dim else f", query_dim={self.query_dim}"
+        more += "" if self.k_norm is None else ", key_norm=True"
+        return (f"dim={self.dim}, index_heads={self.index_heads}, index_dim={self.index_dim}, "
+                f"top_k={self.top_k}{more}")
 
 
 def indexer_kl(index_scores: torch.Tensor, weights: torch.Tensor, selected: torch.Tensor | None = None):
@@ -188,6 +227,96 @@ class DSASparseAttention(ProjectedAttention):
             selected = torch.zeros(x.shape[0], n, n + 1, dtype=torch.bool, device=x.device)
             selected = selected.scatter_(2, torch.where(idx >= 0, idx, n), True)[..., :n]
         return indexer_kl(scores, weights, selected)
+
+
+class DSALatentAttention(MultiHeadLatentAttention):
+    """Multi-head latent attention over the top-k keys of a lightning indexer: DeepSeek-V3.2's attention layer.
+
+    DeepSeek-AI 2025, "DeepSeek-V3.2", arXiv:2512.02556, Sec. 2.1, eq. 1-2, on the MLA of DeepSeek-V3
+    (:class:`MultiHeadLatentAttention`)::
+
+        I[t, s] = sum_j w[t, j] ReLU(q^I[t, j] . k^I[s])      q^I[t, j] = RoPE(W^IQ_j c^Q_t)   (the query latent)
+        S_t = top-k_s I[t, s]  (s <= t)                       k^I[s] = RoPE(LayerNorm(W^IK h_s)),  w[t] = W^w h_t
+        u_t = MLA(h_t, {c^KV_s, k^R_s : s in S_t})
+
+    The indexer (:class:`DSAIndexer` with ``query_dim=q_lora_rank``, ``key_norm=True`` and a rotation of
+    its first ``qk_rope_head_dim`` features) picks each query's keys; every head attends to the same
+    ones (the paper's MQA mode of MLA), in either of MLA's forms.
+
+    Notation: as :class:`MultiHeadLatentAttention`; ``W^IQ, W^IK, W^w`` = ``indexer.q_proj, k_proj, w_proj``.
+
+    Differences from the paper: the indexer's scores in the input's dtype (FP8 in the paper); no
+    decoding cache (the indexer's keys would need one beside the latent): a full pass over the
+    sequence (prefill), ``cache=`` raises.
+
+    Shapes: ``x`` ``(B, n, dim)``, ``key_keep_mask`` ``(B, n)`` -> ``(B, n, dim)``.
+
+    Complexity: MLA's over the ``k`` selected keys (``O(B n k h (d_h + d_h^R + d_v))`` in the naive
+    form's attention) plus the indexer's ``O(B n^2 H_I d_I)``.
+
+    Args:
+        dim, num_heads, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim, q_lora_rank, causal,
+            rotary, bias: as :class:`MultiHeadLatentAttention` (``q_lora_rank`` required: the indexer reads
+            ``c^Q``).
+        top_k, index_heads, index_dim: the indexer's ``k``, ``H_I``, ``d_I``.
+        index_rotary: the rotation of the indexer's first ``qk_rope_head_dim`` features: options as
+            ``rotary`` (default half-split pairs, DeepSeek-V3.2; GLM-MoE-DSA's are interleaved).
+
+    Example:
+        >>> _ = torch.manual_seed(0)
+        >>> dsa = DSALatentAttention(24, 3, kv_lora_rank=8, q_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=4,
+        ...                          v_head_dim=5, top_k=3, index_heads=2, index_dim=8).eval()
+        >>> dsa(torch.randn(2, 7, 24)).shape
+        torch.Size([2, 7, 24])
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, kv_lora_rank: int, qk_rope_head_dim: int,
+                 qk_nope_head_dim: int, q_lora_rank: int, v_head_dim: int | None = None, causal: bool = True,
+                 rotary: bool | dict | RotaryEmbedding | None = True, bias: bool = False, top_k: int = 2048,
+                 index_heads: int = 64, index_dim: int = 128,
+                 index_rotary: bool | dict | RotaryEmbedding | None = True):
+        who = type(self).__name__
+        if q_lora_rank is None:
+            raise ArgumentError(f"{who}: the indexer reads the query latent; q_lora_rank must be an int, got None")
+        super().__init__(dim, num_heads, kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim,
+                         qk_nope_head_dim=qk_nope_head_dim, v_head_dim=v_head_dim, q_lora_rank=q_lora_rank,
+                         causal=causal, rotary=rotary, bias=bias)
+        check_int(who, "index_dim", index_dim, 1)
+        if index_dim < qk_rope_head_dim:
+            raise ArgumentError(f"{who}: index_dim must be >= qk_rope_head_dim={qk_rope_head_dim} (the indexer rotates "
+                                f"that many features); got {index_dim}")
+        default = {"pairing": "half"} if index_rotary is True else index_rotary
+        self.indexer = DSAIndexer(dim, index_heads=index_heads, index_dim=index_dim, top_k=top_k,
+                                  query_dim=q_lora_rank, key_norm=True,
+                                  rotary=rotary_for(who, default, qk_rope_head_dim))
+
+    @property
+    def top_k(self) -> int:
+        return self.indexer.top_k
+
+    def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None, cache=None,
+                form: str = "naive") -> torch.Tensor:
+        if cache is not None:
+            raise ArgumentError(f"{type(self).__name__}: no decoding cache (the indexer's keys are not cached); got "
+                                f"cache={type(cache).__name__}: call it on the whole sequence")
+        return super().forward(x, key_keep_mask=key_keep_mask, form=form)
+
+    def _selected(self, x, q_input, key_keep_mask):
+        return masks.selected_keys(self.indexer(x, query=q_input, key_keep_mask=key_keep_mask))
+
+    @classmethod
+    def from_transformers(cls, layer) -> DSALatentAttention:
+        """The equivalent module of a transformers DeepSeek-V3.2 or GLM-MoE-DSA attention layer, indexer included.
+
+        ``module(x)`` then equals the layer on ``x`` at positions ``0 ..`` with a causal mask. A layer
+        without its own indexer (GLM's "shared" layers reuse an earlier layer's top-k) raises ArgumentError.
+        """
+        from ..integrations.transformers_layers import dsa_latent_from_transformers
+
+        return dsa_latent_from_transformers(cls, layer)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, top_k={self.top_k}"
 
 
 def _example():

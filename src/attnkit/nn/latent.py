@@ -111,9 +111,13 @@ class MultiHeadLatentAttention(nn.Module):
         return LatentCache(batch, max_len, self.kv_lora_rank, self.rope_dim, dtype=dtype or w.dtype,
                            device=device or w.device)
 
-    def _queries(self, x, start: int):
+    def _query_input(self, x):
+        """What the query up-projection reads: ``c^Q_t = RMSNorm(W^DQ h_t)`` (``h_t`` without query compression)."""
+        return x if self.q_lora_rank is None else self.q_norm(self.q_down(x))
+
+    def _queries(self, q_input, start: int):
         """``(q^C (B, h, t, d_h), q^R (B, h, t, d_h^R))``, the rotated part at positions ``start ..``."""
-        q = self.q_proj(x) if self.q_lora_rank is None else self.q_up(self.q_norm(self.q_down(x)))
+        q = self.q_proj(q_input) if self.q_lora_rank is None else self.q_up(q_input)
         q = q.unflatten(-1, (self.num_heads, -1)).transpose(1, 2)  # (B, t, h (d_h + d_h^R)) -> (B, h, t, .)
         q_nope, q_rope = q.split([self.nope_dim, self.rope_dim], dim=-1)
         return q_nope, self._rotate(q_rope, start)
@@ -127,15 +131,21 @@ class MultiHeadLatentAttention(nn.Module):
         if form not in FORMS:
             raise ArgumentError(f"{who}: form must be one of {FORMS}; got {form!r}")
         x, start = check_step(who, self, x, self.dim, key_keep_mask, cache, LatentCache)
-        q_nope, q_rope = self._queries(x, start)
+        q_input = self._query_input(x)
+        q_nope, q_rope = self._queries(q_input, start)
         latent, k_rope = self.kv_down(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
         rows = torch.cat([self.kv_norm(latent)[:, None], self._rotate(k_rope[:, None], start)], dim=-1)  # (B, 1, t, .)
         if cache is not None:
             rows = cache.append_rows(rows)
-        mask = decoding_mask(self.causal, None, x.shape[1], rows.shape[2], key_keep_mask)
+        mask = decoding_mask(self.causal, self._selected(x, q_input, key_keep_mask), x.shape[1], rows.shape[2],
+                             key_keep_mask)
         attend = self._absorbed if form == "absorbed" else self._naive
         out = attend(q_nope, q_rope, rows, mask)  # (B, h, t, d_v)
         return self.out_proj(out.transpose(1, 2).flatten(2))  # (B, h, t, d_v) -> (B, t, h d_v)
+
+    def _selected(self, x, q_input, key_keep_mask):
+        """A mask restricting each query's keys further (None: every key; DSA's top-k in a subclass)."""
+        return None
 
     def _naive(self, q_nope, q_rope, rows, mask):
         """Decompress: ``k_j,i = [W^UK_i c_j ; k^R_j]``, ``v_j,i = W^UV_i c_j``, then ``h``-head attention."""
@@ -165,7 +175,9 @@ class MultiHeadLatentAttention(nn.Module):
         """The equivalent module of a transformers DeepSeek-V3 (or V2) attention layer, weights copied.
 
         ``module(x)`` then equals the layer on ``x`` at positions ``0 ..`` with a causal mask
-        (rotary pairing, YaRN scaling and the softmax scale read from the layer's config).
+        (rotary pairing, YaRN scaling and the softmax scale read from the layer's config). A layer with
+        a lightning indexer (DeepSeek-V3.2, GLM-MoE-DSA), whose top-k this module would drop, raises
+        ArgumentError: :meth:`attnkit.nn.DSALatentAttention.from_transformers` converts it.
         """
         from ..integrations.transformers_layers import latent_from_transformers
 

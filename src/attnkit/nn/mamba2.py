@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ShapeError, check_int
+from ..errors import ArgumentError, ShapeError, check_int
 from ..functional.recurrences.ssd import ssd_inputs
 from ..registry.entry import Entry, register
 from ._heads import merge_heads, split_heads
@@ -32,9 +34,15 @@ class Mamba2Mixer(RecurrentLayer):
     ``out_proj``; d_inner = ``expand * dim``, ``H = d_inner / head_dim`` heads of width P = ``head_dim``,
     ``state_dim`` = N, ``num_groups`` = G (heads ``h`` read ``B, C`` of group ``h // (H / G)``).
 
-    Differences from the paper: none in the computation (no ``dt`` clamping: the reference's
-    default limits are (0, inf)). Initialisation as the reference code: ``A`` uniform in [1, 16],
-    ``dt`` log-uniform in [0.001, 0.1] (floor 1e-4), ``D = 1``.
+    Differences from the paper: none in the computation (``dt`` is clamped to ``dt_limit``, the
+    reference's default (0, inf) a no-op). Initialisation as the reference code: ``A`` uniform in
+    [1, 16], ``dt`` log-uniform in [0.001, 0.1] (floor 1e-4), ``D = 1``.
+
+    The variants the Mamba-2 families ship (:meth:`from_transformers`): a width ``inner_dim`` that
+    is not ``expand * dim`` (Nemotron-H's heads x head_dim, Falcon-H1's ``mamba_d_ssm``), biases on
+    the projections and none on the convolution, ``dt_limit`` (Nemotron-H, Zamba2: ``dt >=
+    time_step_min``), the norm after the gate or before it (``norm_before_gate``), or no norm at all
+    (``gated_norm=False``: ``y * silu(z)``, Falcon-H1 without ``mamba_rms_norm``).
 
     Shapes: ``x`` ``(B, n, dim)``, ``key_keep_mask`` ``(B, n)`` bool (True = real token) -> ``(B, n, dim)``;
     :meth:`forward_step`: ``(B, dim) -> (B, dim)``.
@@ -53,6 +61,13 @@ class Mamba2Mixer(RecurrentLayer):
         conv_size: the short convolution's kernel.
         chunk_size: block length of the chunk form.
         eps: the norm's epsilon.
+        inner_dim: d_inner, when not ``expand * dim`` (then ``expand`` is not read).
+        in_bias: a bias on ``in_proj``.
+        out_bias: a bias on ``out_proj``.
+        conv_bias: a bias on the short convolution.
+        dt_limit: ``(low, high)``: ``dt`` clamped to it after the softplus.
+        gated_norm: the gated RMS norm; False: ``y * silu(z)`` with no norm (and no ``norm`` module).
+        norm_before_gate: normalise ``y``, then gate it (False: Mamba-2's gate first).
 
     Example:
         >>> import torch
@@ -69,35 +84,45 @@ class Mamba2Mixer(RecurrentLayer):
     scale = 1.0
 
     def __init__(self, dim: int, num_heads: int | None = None, *, head_dim: int | None = None, state_dim: int = 128,
-                 expand: int = 2, num_groups: int = 1, conv_size: int = 4, chunk_size: int = 64, eps: float = 1e-5):
+                 expand: int = 2, num_groups: int = 1, conv_size: int = 4, chunk_size: int = 64, eps: float = 1e-5,
+                 inner_dim: int | None = None, in_bias: bool = False, out_bias: bool = False, conv_bias: bool = True,
+                 dt_limit: tuple[float, float] = (0.0, math.inf), gated_norm: bool = True,
+                 norm_before_gate: bool = False):
         super().__init__()
         who = "Mamba2Mixer"
-        inner = check_int(who, "expand", expand, 1) * check_int(who, "dim", dim, 1)
+        check_int(who, "dim", dim, 1)
+        inner = check_int(who, "expand", expand, 1) * dim if inner_dim is None else check_int(who, "inner_dim",
+                                                                                             inner_dim, 1)
         if num_heads is not None:  # (dim, heads) as the other layers: the head width follows
             check_int(who, "num_heads", num_heads, 1)
             if head_dim is None:
                 if inner % num_heads:
-                    raise ShapeError(f"{who}: expand * dim = {inner} must be a multiple of num_heads; "
+                    raise ShapeError(f"{who}: d_inner = {inner} must be a multiple of num_heads; "
                                      f"got num_heads={num_heads}")
                 head_dim = inner // num_heads
             elif num_heads * head_dim != inner:
-                raise ShapeError(f"{who}: num_heads * head_dim must equal expand * dim = {inner}; got num_heads="
+                raise ShapeError(f"{who}: num_heads * head_dim must equal d_inner = {inner}; got num_heads="
                                  f"{num_heads}, head_dim={head_dim}")
         head_dim = 64 if head_dim is None else head_dim
         heads = inner // check_int(who, "head_dim", head_dim, 1)
         if inner % head_dim or heads % check_int(who, "num_groups", num_groups, 1):
-            raise ShapeError(f"{who}: expand * dim = {inner} must be a multiple of head_dim = {head_dim}, and the "
+            raise ShapeError(f"{who}: d_inner = {inner} must be a multiple of head_dim = {head_dim}, and the "
                              f"heads ({inner / head_dim:g}) a multiple of num_groups = {num_groups}")
         self.dim, self.num_heads, self.chunk_size = dim, heads, check_int(who, "chunk_size", chunk_size, 1)
         self.sizes = (inner, num_groups * check_int(who, "state_dim", state_dim, 1), num_groups)
         self.core_sizes = (heads, state_dim, head_dim)
         conv_channels = inner + 2 * num_groups * state_dim
-        self.in_proj = nn.Linear(dim, inner + conv_channels + heads, bias=False)
-        self.conv1d = ShortConvolution(conv_channels, check_int(who, "conv_size", conv_size, 1), bias=True)
+        self.in_proj = nn.Linear(dim, inner + conv_channels + heads, bias=in_bias)
+        self.conv1d = ShortConvolution(conv_channels, check_int(who, "conv_size", conv_size, 1), bias=conv_bias)
         self.A_log, self.dt_bias = decay_parameters(heads, heads)
         self.D = nn.Parameter(torch.ones(heads))
-        self.norm = GatedRMSNorm(inner, eps=eps, gate_first=True, groups=num_groups)
-        self.out_proj = nn.Linear(inner, dim, bias=False)
+        self.norm = GatedRMSNorm(inner, eps=eps, gate_first=not norm_before_gate, groups=num_groups) \
+            if gated_norm else None
+        self.out_proj = nn.Linear(inner, dim, bias=out_bias)
+        low, high = dt_limit
+        if not 0 <= low <= high:
+            raise ArgumentError(f"{who}: dt_limit must be (low, high) with 0 <= low <= high; got {dt_limit!r}")
+        self.dt_limit = (float(low), float(high))
 
     def _split(self, projected):
         """``(z, [x, B, C], dt)`` of ``in_proj``'s output."""
@@ -114,13 +139,34 @@ class Mamba2Mixer(RecurrentLayer):
         xs, b, c = xbc.split([inner, bc, bc], -1)
         xs = split_heads(xs, self.num_heads)  # (B, H, n, P)
         dt = F.softplus(dt.to(torch.promote_types(x.dtype, torch.float32)) + self.dt_bias).transpose(1, 2)  # (B, H, n)
+        if self.dt_limit != (0.0, math.inf):
+            dt = dt.clamp(*self.dt_limit)
         q, k, v, g = ssd_inputs(xs, dt, -self.A_log.exp(), split_heads(b, groups), split_heads(c, groups))
         return Mixed(q, k, v, g, None, (xs, z)), tail
 
     def _finish(self, out, mixed, x):
         xs, z = mixed.rest
         y = merge_heads(out + xs.to(out.dtype) * self.D.to(out.dtype)[:, None, None]).to(x.dtype)  # (B, n, d_inner)
-        return self.out_proj(self.norm(y, z))
+        return self.out_proj(y * F.silu(z) if self.norm is None else self.norm(y, z))
+
+    @classmethod
+    def from_transformers(cls, layer) -> Mamba2Mixer:
+        """The same mixer from a transformers Mamba-2 layer (its weights copied): ``Mamba2Mixer`` (mamba2),
+        ``BambaMixer``, ``NemotronHMamba2Mixer``, ``FalconH1Mixer``, ``GraniteMoeHybridMambaLayer`` or
+        ``Zamba2MambaMixer``.
+
+        ``forward`` then equals ``layer(x)`` and decoding with :meth:`forward_step` equals ``layer`` with
+        transformers' cache. Falcon-H1's multipliers (``ssm_in_multiplier`` on the input, ``mup_vector`` on
+        ``in_proj``'s outputs) are folded into ``in_proj``. Where ``dt_limit`` clamps (``time_step_min``),
+        transformers' one-token step does not clamp while its prefill does; this module clamps in every form.
+
+        Raises:
+            DTypeError: ``layer`` is not one of those classes.
+            UnsupportedFeature: its convolution's activation is not SiLU.
+        """
+        from ..integrations.transformers_layers import mamba2_from_transformers
+
+        return mamba2_from_transformers(cls, layer)
 
 
 _OPTIONS = ("head_dim", "state_dim", "expand", "num_groups", "conv_size", "chunk_size")

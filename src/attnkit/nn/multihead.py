@@ -144,6 +144,14 @@ class MultiHeadAttention(nn.Module):
         sinks: learn one attention-sink logit per head (gpt-oss, arXiv:2508.10925), ``sinks`` of shape
             ``(num_heads,)`` initialised to 0: a term in every row's softmax denominator that takes no
             value (:func:`attnkit.attention`'s ``sinks=``). Not in ``torch.nn.MultiheadAttention``.
+        head_dim: features per head, ``d_k = d_v`` (default ``embed_dim // num_heads``). Another value
+            gives the layout of Qwen3 and Gemma checkpoints, whose heads do not fill the model width
+            (Qwen3-0.6B: 16 heads of 128 over a 1024-wide model): ``W^Q`` is ``(num_heads * head_dim,
+            embed_dim)`` and ``W^O`` ``(embed_dim, num_heads * head_dim)``; ``embed_dim`` then need not
+            divide by ``num_heads``.
+        out_bias: a bias in ``out_proj`` (default ``bias``; Qwen2 has biases in ``W^Q, W^K, W^V`` only).
+        scale: the factor of the scores in place of ``1 / sqrt(head_dim)`` (Gemma 2 and 3 scale by
+            ``query_pre_attn_scalar ** -0.5``).
 
     Example:
         >>> import torch
@@ -171,16 +179,20 @@ class MultiHeadAttention(nn.Module):
                  vdim: int | None = None, batch_first: bool = False, device=None, dtype=None, *,
                  num_kv_heads: int | None = None, mask: Mask | None = None, gate: bool = False,
                  qk_norm: bool = False, rotary: bool | dict | RotaryEmbedding | None = None,
-                 sinks: bool = False):
+                 sinks: bool = False, head_dim: int | None = None, out_bias: bool | None = None,
+                 scale: float | None = None):
         super().__init__()
         who = "MultiHeadAttention"
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         kdim, vdim = (embed_dim if d is None else d for d in (kdim, vdim))
         for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
-                            ("kdim", kdim), ("vdim", vdim)):
+                            ("kdim", kdim), ("vdim", vdim), ("head_dim", 1 if head_dim is None else head_dim)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ArgumentError(f"{who}: {name} must be a positive int; got {value!r}")
-        if embed_dim % num_heads:
+        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                                  or not 0 < scale < float("inf")):
+            raise ArgumentError(f"{who}: scale must be None or a finite number > 0; got {scale!r}")
+        if head_dim is None and embed_dim % num_heads:
             raise ArgumentError(f"{who}: embed_dim must be divisible by num_heads; got embed_dim={embed_dim}, "
                                 f"num_heads={num_heads}")
         if num_heads % num_kv_heads:
@@ -188,37 +200,39 @@ class MultiHeadAttention(nn.Module):
                                 f"num_kv_heads={num_kv_heads}")
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.kdim, self.vdim = kdim, vdim
-        self.head_dim = embed_dim // num_heads
+        self.head_dim = embed_dim // num_heads if head_dim is None else head_dim
+        self.inner_dim = num_heads * self.head_dim  # the heads concatenated: W^Q's rows, W^O's columns
+        self.scale = None if scale is None else float(scale)
         self.dropout = _check_dropout(who, dropout)
         self.batch_first, self.add_zero_attn = bool(batch_first), bool(add_zero_attn)
         self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
         if mask is not None and not isinstance(mask, Mask):
             raise DTypeError(f"{who}: mask must be an attnkit.masks.Mask or None; got {type(mask).__name__}")
         self.extra_mask = mask
-        self._build(bias, add_bias_kv, {"device": device, "dtype": dtype})
+        self._build(bias, bias if out_bias is None else bool(out_bias), add_bias_kv, {"device": device, "dtype": dtype})
         self.sinks = nn.Parameter(torch.zeros(num_heads, device=device, dtype=dtype)) if sinks else None
         self._reset_parameters()
         fk = {"device": device, "dtype": dtype}
-        self.gate = OutputGate(embed_dim, embed_dim, bias=bias, **fk) if gate else None
+        self.gate = OutputGate(embed_dim, self.inner_dim, bias=bias, **fk) if gate else None
         self.qk_norm = QKNorm(self.head_dim, **fk) if qk_norm else None
         self.rotary = rotary_for(who, rotary, self.head_dim)
         if self._torch_layer_attention:
             torch_layers.decline_fused_layer(self)  # torch's encoder layer calls this module, never its own kernel
 
-    def _build(self, bias, add_bias_kv, fk):
-        e, kv = self.embed_dim, self.num_kv_heads * self.head_dim
+    def _build(self, bias, out_bias, add_bias_kv, fk):
+        e, inner, kv = self.embed_dim, self.inner_dim, self.num_kv_heads * self.head_dim
         empty = lambda *shape: nn.Parameter(torch.empty(*shape, **fk))
         if self._qkv_same_embed_dim:
-            self.in_proj_weight = empty(e + 2 * kv, e)
+            self.in_proj_weight = empty(inner + 2 * kv, e)
             self.register_parameter("q_proj_weight", None)
             self.register_parameter("k_proj_weight", None)
             self.register_parameter("v_proj_weight", None)
         else:
-            self.q_proj_weight, self.k_proj_weight, self.v_proj_weight = empty(e, e), empty(kv, self.kdim), empty(
+            self.q_proj_weight, self.k_proj_weight, self.v_proj_weight = empty(inner, e), empty(kv, self.kdim), empty(
                 kv, self.vdim)
             self.register_parameter("in_proj_weight", None)
-        self.in_proj_bias = empty(e + 2 * kv) if bias else None
-        self.out_proj = nn.Linear(e, e, bias=bias, **fk)
+        self.in_proj_bias = empty(inner + 2 * kv) if bias else None
+        self.out_proj = nn.Linear(inner, e, bias=out_bias, **fk)
         self.bias_k, self.bias_v = (empty(1, 1, kv), empty(1, 1, kv)) if add_bias_kv else (None, None)
 
     def _reset_parameters(self):
@@ -237,6 +251,8 @@ class MultiHeadAttention(nn.Module):
         """Unpickling a module saved before the extra mask and the hook existed gives it both."""
         super().__setstate__(state)
         self.__dict__.setdefault("extra_mask", None)
+        self.__dict__.setdefault("scale", None)
+        self.__dict__.setdefault("inner_dim", self.num_heads * self.head_dim)
         for name in ("gate", "qk_norm", "rotary"):
             self._modules.setdefault(name, None)
         self._parameters.setdefault("sinks", None)
@@ -256,7 +272,7 @@ class MultiHeadAttention(nn.Module):
         return t.reshape(*t.shape[:-1], heads, self.head_dim).transpose(1, 2)  # (B, L, h*d) -> (B, h, L, d)
 
     def _project(self, query, key, value):
-        e, kv = self.embed_dim, self.num_kv_heads * self.head_dim
+        e, kv = self.inner_dim, self.num_kv_heads * self.head_dim
         if self._qkv_same_embed_dim and query is key and key is value:  # self-attention: one matmul for all three
             q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).split([e, kv, kv], dim=-1)
             return self._heads(q, self.num_heads), self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
@@ -295,9 +311,9 @@ class MultiHeadAttention(nn.Module):
         k, v = self._extra_keys(k, v)
         mask, bias = torch_compat.with_extra_keys(mask, bias, self._n_extra)
         res = attention(q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0,
-                        return_weights=need_weights, sinks=self.sinks)
+                        return_weights=need_weights, sinks=self.sinks, scale=self.scale)
         out = res.output if need_weights else res
-        out = out.transpose(1, 2).flatten(2)  # (B, H, L, d) -> (B, L, E)
+        out = out.transpose(1, 2).flatten(2)  # (B, H, L, d) -> (B, L, H d)
         out = self.out_proj(out if self.gate is None else self.gate(out, gate_input))
         weights = (res.weights.mean(1) if average else res.weights) if need_weights else None
         if not batched:
@@ -372,12 +388,15 @@ class MultiHeadAttention(nn.Module):
 
     @classmethod
     def from_transformers(cls, layer) -> MultiHeadAttention:
-        """The equivalent module of a transformers decoder attention layer (Llama, Qwen3, Qwen3-Next's gated one).
+        """The equivalent module of a transformers decoder attention layer (Llama, Mistral, Qwen2, Qwen3,
+        Qwen3-Next's gated one, Gemma, Gemma 3).
 
-        Its weights, QK-norm, output gate and rotary positions (pairing, partial rotation and scaling
-        from the layer's config) are copied; ``module(x, x, x, is_causal=True)`` then equals the layer on
-        ``x`` at positions ``0 ..`` with a causal mask. Layers whose heads do not fill ``hidden_size``,
-        or with another softmax scale, raise ArgumentError.
+        Its weights and biases, head width (heads that do not fill ``hidden_size`` included), softmax
+        scale, QK-norm, output gate, sliding window (as the extra ``mask``) and rotary positions (pairing,
+        partial rotation and scaling from the layer's config) are copied; ``module(x, x, x,
+        is_causal=True)`` then equals the layer on ``x`` at positions ``0 ..`` with its model's mask, and
+        :meth:`forward_step` the layer decoding with a cache. A layer that caps its scores with tanh
+        (Gemma 2) or lacks separate ``q/k/v/o_proj`` layers raises ArgumentError.
         """
         from ..integrations.transformers_layers import multihead_from_transformers
 
@@ -387,7 +406,9 @@ class MultiHeadAttention(nn.Module):
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
                 f"kdim={self.kdim}, vdim={self.vdim}, batch_first={self.batch_first}"
                 + ("" if self.extra_mask is None else f", mask={self.extra_mask!r}")
-                + ("" if self.sinks is None else ", sinks=True"))
+                + ("" if self.sinks is None else ", sinks=True")
+                + ("" if self.inner_dim == self.embed_dim else f", head_dim={self.head_dim}")
+                + ("" if self.scale is None else f", scale={self.scale}"))
 
 
 def _mha_example(gate: bool = False, qk_norm: bool = False, rotary=None):
@@ -438,8 +459,9 @@ def _mha_inputs(s, module):
 
 
 def _mha_config(m):
-    if not m._qkv_same_embed_dim or m._n_extra:
-        raise ArgumentError("cost: multi-head with kdim/vdim, add_bias_kv or add_zero_attn has no cost formula here")
+    if not m._qkv_same_embed_dim or m._n_extra or m.inner_dim != m.embed_dim:
+        raise ArgumentError("cost: multi-head with kdim/vdim, add_bias_kv, add_zero_attn or heads that do not fill "
+                            f"embed_dim (head_dim={m.head_dim}) has no cost formula here")
     return {"embed_dim": m.embed_dim, "heads": m.num_heads, "kv_heads": m.num_kv_heads, "gate": m.gate is not None,
             "qk_norm": m.qk_norm is not None}
 

@@ -19,6 +19,11 @@ attention factor ``a`` (so the scores of the rotated part by ``a^2``):
 - :class:`LongRopeScaling` (Ding et al. 2024, "LongRoPE", arXiv:2402.13753, eq. 3): a searched
   rescale factor per pair, ``theta'_i = theta_i / lambda_i`` (the short set up to ``L0``, the long
   set beyond), ``a = sqrt(1 + ln s / ln L0)``.
+- :class:`ProportionalScaling` (transformers' "proportional" type): the first ``r = floor(p d / 2)``
+  pairs keep the frequencies of the whole head, ``theta'_i = theta_i / s = base^(-2i / d) / s``
+  (``d`` the full head width, not the ``2r`` turning features), the other pairs do not turn
+  (``theta'_i = 0``); ``a = 1``. Unlike a partial rotation (``RotaryEmbedding(fraction=p)``, whose
+  ``r`` pairs take ``base^(-2i / 2r)`` over the first ``2r`` features), the encoding spans the head.
 
 Each gives the same inverse frequencies and attention factor as transformers'
 ``ROPE_INIT_FUNCTIONS`` of the same name (``from_transformers`` reads its ``rope_parameters``).
@@ -35,7 +40,7 @@ import torch
 from ..errors import ArgumentError
 
 __all__ = ["RopeScaling", "LinearScaling", "DynamicNTKScaling", "YarnScaling", "Llama3Scaling", "LongRopeScaling",
-           "yarn_mscale", "scaling_from_dict", "scaling_from_transformers"]
+           "ProportionalScaling", "yarn_mscale", "scaling_from_dict", "scaling_from_transformers"]
 
 
 def _positive(who: str, name: str, value, *, at_least: float = 0.0, integer: bool = False):
@@ -225,7 +230,34 @@ class LongRopeScaling(RopeScaling):
         return theta / torch.tensor(rescale, dtype=torch.float64), a
 
 
-_KINDS = {cls.kind: cls for cls in (LinearScaling, DynamicNTKScaling, YarnScaling, Llama3Scaling, LongRopeScaling)}
+@dataclass(frozen=True)
+class ProportionalScaling(RopeScaling):
+    """The first ``floor(fraction * d / 2)`` pairs turn at the whole head's frequencies over ``factor``; the rest
+    do not turn (``d`` = twice the pairs: use it with ``RotaryEmbedding(fraction=1)``, the encoding spans the head).
+
+    ``theta'_i = base^(-2i / d) / factor`` for ``i < floor(fraction d / 2)``, else 0; attention factor 1.
+    """
+
+    fraction: float = 1.0
+    factor: float = 1.0
+    kind = "proportional"
+
+    def __post_init__(self):
+        who = "ProportionalScaling"
+        if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) or not (
+                0 <= self.fraction <= 1):
+            raise ArgumentError(f"{who}: fraction must be a number in [0, 1] (the share of pairs that turn); got "
+                                f"{self.fraction!r}")
+        _positive(who, "factor", self.factor)
+
+    def frequencies(self, theta, base, length):
+        pairs = theta.numel()
+        turning = int(self.fraction * (2 * pairs) // 2)  # floor(p d / 2), d = 2 pairs
+        return torch.cat([theta[:turning], theta.new_zeros(pairs - turning)]) / self.factor, 1.0
+
+
+_KINDS = {cls.kind: cls for cls in (LinearScaling, DynamicNTKScaling, YarnScaling, Llama3Scaling, LongRopeScaling,
+                                    ProportionalScaling)}
 
 
 def scaling_from_dict(config: dict | None) -> RopeScaling | None:
@@ -261,5 +293,8 @@ def scaling_from_transformers(rope_parameters: dict, max_position_embeddings: in
         return Llama3Scaling(p["factor"], p["low_freq_factor"], p["high_freq_factor"], original)
     if kind == "longrope":
         return LongRopeScaling(p["short_factor"], p["long_factor"], original, ratio, p.get("attention_factor"))
+    if kind == "proportional":
+        fraction = p.get("partial_rotary_factor")
+        return ProportionalScaling(1.0 if fraction is None else float(fraction), float(p.get("factor") or 1.0))
     raise ArgumentError(f"RotaryEmbedding: rope_type {kind!r} has no attnkit scaling; known: default, "
                         f"{', '.join(_KINDS)}")

@@ -59,10 +59,15 @@ def test_attention_sinks_pass_through_against_the_oracle(keyword):
     torch.testing.assert_close(weights, expected.weights, rtol=0, atol=1e-12)
 
 
-def test_per_token_sinks_are_refused_naming_the_model():
+def test_per_token_sinks_as_eager_appends_them_against_the_oracle():
     q, k, v = _qkv()
-    with pytest.raises(attnkit.UnsupportedFeature, match=r"_Module.*per-token attention sinks"):
-        make_attention_function()(_Module(), q, k, v, None, sinks=torch.zeros(2, 4, 3, 1))
+    sinks = torch.randn(2, 4, 3, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(2))  # (B, H, Lq, 1)
+    out, weights = make_attention_function()(_Module(), q, k, v, None, scaling=0.3, output_attentions=True,
+                                             sinks=sinks)
+    expected = dense_attention(q, k, v, mask=masks.causal(), scale=0.3, sinks=sinks[..., 0], return_weights=True)
+    torch.testing.assert_close(out, expected.output.transpose(1, 2), rtol=0, atol=1e-12)
+    torch.testing.assert_close(weights, expected.weights, rtol=0, atol=1e-12)
+    assert (weights.sum(-1) < 1).all()
 
 
 def test_a_users_float_mask_longer_than_the_keys():
@@ -136,3 +141,58 @@ def test_registered_names_refuse_encoder_decoders():
     _, ours = twins(BartForConditionalGeneration, config, register("attnkit-test-window3", mask=masks.causal()))
     with pytest.raises(attnkit.UnsupportedFeature, match="encoder-decoder"):
         ours(tokens(), decoder_input_ids=tokens(length=4))
+
+
+def _bert_generation(**options):
+    from transformers import BertGenerationConfig, BertGenerationDecoder
+
+    config = BertGenerationConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=48, max_position_embeddings=64, **options)
+    eager, ours = twins(BertGenerationDecoder, config)
+    with torch.no_grad():  # larger weights than the initial ones, so that greedy tokens vary
+        for p in eager.parameters():
+            p.normal_(0, 0.3)
+    ours.load_state_dict(eager.state_dict())
+    return eager, ours
+
+
+def test_bert_generation_without_is_decoder_generates_as_eager():
+    """Without ``is_decoder`` the layers are bidirectional yet fill the cache ``generate`` hands them, and the mask
+    function, given no padding, builds a mask for the new token only: eager (no mask) attends to every cached key,
+    and so does attnkit (this was refused as "22 keys with a mask built for 1")."""
+    eager, ours = _bert_generation()
+    prefix = torch.randint(3, 60, (2, 9), generator=torch.Generator().manual_seed(4))
+    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    want, got = eager.generate(prefix, **kwargs), ours.generate(prefix, **kwargs)
+    assert torch.equal(got.sequences, want.sequences)
+    torch.testing.assert_close(torch.stack(got.logits), torch.stack(want.logits), rtol=0, atol=1e-5)
+    assert (want.logits[-1] - want.logits[1]).abs().max() > 1e-2  # each step reads the cache it grew
+
+
+def test_bert_generation_decoder_with_cross_attention_decodes_as_eager():
+    """The decoder (``is_decoder``) with cross-attention to padded encoder states: prefill and cached steps."""
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    eager, ours = _bert_generation(is_decoder=True, add_cross_attention=True)
+    g = torch.Generator().manual_seed(5)
+    ids, states = torch.randint(3, 60, (2, 8), generator=g), torch.randn(2, 9, 32, generator=g)
+    memory = dict(encoder_hidden_states=states, encoder_attention_mask=torch.tensor([[1] * 9, [1] * 6 + [0] * 3]))
+    outs = []
+    for model in (eager, ours):
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        with torch.no_grad():
+            steps = [model(ids[:, :5], past_key_values=cache, use_cache=True, **memory).logits]
+            steps += [model(ids[:, t:t + 1], past_key_values=cache, use_cache=True, **memory).logits for t in (5, 6, 7)]
+            outs.append((model(ids, **memory).logits, torch.cat(steps, 1)))
+    (full, cached), (want_full, want_cached) = outs[1], outs[0]
+    torch.testing.assert_close(full, want_full, rtol=0, atol=1e-5)
+    torch.testing.assert_close(cached, want_cached, rtol=0, atol=1e-5)
+    assert torch.equal(cached.argmax(-1), want_cached.argmax(-1))
+
+
+def test_keys_past_a_causal_mask_are_still_refused():
+    mask = attention_function.ModelMask(masks.causal(), 0, 0, 1, shape=(2, 1, 1), dtype=torch.float32,
+                                        device="cpu")
+    q, _, _ = _qkv(q_len=1, kv_len=3)
+    with pytest.raises(attnkit.UnsupportedFeature, match=r"attends to 3 keys with a mask built for 1"):
+        attention_function.model_mask_of(mask, _Module(), None, q, 3, None)

@@ -21,7 +21,7 @@ FAMILIES = families()
 # Their own code reads the mask: sparse-attention indexers, an encoder adding it to its scores, dynamic masks.
 # Only they build its dense form.
 READS_THE_MASK = ("deepseek_v32", "glm_moe_dsa", "axk2", "dots3_note_text", "hy_v4", "qwen4_exp_text",
-                  "bigbird_pegasus", "doge")
+                  "bigbird_pegasus", "doge", "deepseek_v4")  # V4 extends the mask tensor with its compressed keys
 QUICK = [
     "llama", "mistral", "gemma2", "gpt2", "qwen3_next", "deepseek_v3", "llama4_text",  # decoders
     "bert", "modernbert", "t5", "bart",  # encoders, encoder-decoders

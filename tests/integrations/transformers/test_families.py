@@ -110,3 +110,24 @@ def test_gpt_oss_with_learned_sinks_on_sliding_and_full_layers():
     assert_same_outputs(eager, ours, input_ids=tokens(), attention_mask=left_padded())
     gen = dict(attention_mask=left_padded(), max_new_tokens=6, do_sample=False, pad_token_id=0)
     assert torch.equal(ours.generate(tokens(), **gen), eager.generate(tokens(), **gen))
+
+
+def test_deepseek_v4_compressed_keys_with_their_block_bias_equal_eager():
+    """Both compressors emit entries (a window of 4 tokens each) and the indexer keeps 2 of them per query, so the
+    layers' block_bias (per-query causality of the entries, the indexer's choice) decides what each query sees."""
+    from .families import tiny_config
+
+    config = tiny_config("deepseek_v4")
+    config.compress_rates = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 4}
+    config.index_topk = 2
+    assert {"compressed_sparse_attention", "heavily_compressed_attention"} <= set(config.layer_types)
+    eager, ours = twins(hf.DeepseekV4ForCausalLM, config)
+    g = torch.Generator().manual_seed(4)
+    for a, b in zip(eager.model.layers, ours.model.layers, strict=True):  # sinks that matter
+        with torch.no_grad():
+            a.self_attn.sinks.copy_(2 * torch.randn(a.self_attn.sinks.shape, generator=g))
+            b.self_attn.sinks.copy_(a.self_attn.sinks)
+    ids, keep = tokens(length=20), left_padded(length=20, pad=3)
+    assert_same_outputs(eager, ours, input_ids=ids, attention_mask=keep)
+    gen = dict(attention_mask=keep, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours.generate(ids, **gen), eager.generate(ids, **gen))

@@ -72,6 +72,7 @@ NO_WEIGHTS = {
     "dsa": ["model"], "moba": ["model"],  # over the selected keys
     "native-sparse-attention": ["model", "model#1", "model#2"],  # compressed, selected and window branches
     "retnet": [], "gla": [], "mamba2": [], "deltanet": [], "gated-deltanet": [], "kimi-delta-attention": [],
+    "lightning-attention": [], "rwkv4": [],
 }
 # sigmoid weights (and softpick's, stick-breaking's, a sink's share taken: sums below 1); local-p Luong: softmax
 # times a Gaussian (eq. 10)

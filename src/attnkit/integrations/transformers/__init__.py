@@ -13,8 +13,8 @@ layers, padding (left padding included), KV-cache decoding and chunked prefill
 band masks: long prompts take the band path), Gemma-2's soft-capping and scaling,
 dropout in training, the weights when the model collects them, packed documents
 (``position_ids`` restarting, ``cu_seq_lens_*``: :func:`attnkit.varlen_attn`) and sparse indexers'
-key choices (``indices``, ``block_indices``: the gathered selected-keys path). What attnkit cannot
-honour exactly (attention sinks) raises :class:`attnkit.UnsupportedFeature`. Model code that reads
+key choices (``indices``, ``block_indices``: the gathered selected-keys path), attention sinks per
+head or per token. What attnkit cannot honour exactly raises :class:`attnkit.UnsupportedFeature`. Model code that reads
 the mask itself sees the 4-D float mask transformers builds for ``"eager"`` (:class:`ModelMask`,
 built only then), and a model compiles
 with ``torch.compile(fullgraph=True)``.

@@ -16,9 +16,9 @@ Each keyword the model passes is honoured or refused:
 * ``sliding_window`` is already in the mask (the mask function read it from the
   layer's mask function), so it is not applied twice;
 * learned attention sinks (gpt-oss's ``s_aux``; ``sinks``), one logit per head in the softmax's
-  denominator, are passed on as ``attention(..., sinks=)``; per-token sinks (a logit per
-  query, computed from the hidden states) are refused with :class:`attnkit.UnsupportedFeature`
-  naming the model, and so are names from :func:`register` on encoder-decoders
+  denominator, or per-token sinks ``(B, H, Lq, 1)`` (a logit per query computed from the hidden
+  states, Inkling-2), are passed on as ``attention(..., sinks=)``; names from :func:`register`
+  on encoder-decoders are refused with :class:`attnkit.UnsupportedFeature` naming the model
   (cross-attention has no shared positions);
 * sparse indexers' key choices (``indices``, ``block_indices``) are AND-ed with the mask and
   read by the gathered path; packed documents (``position_ids`` restarting, ``cu_seq_lens_*``)
@@ -64,12 +64,12 @@ def _model_name(module) -> str:
     return f"{type(module).__name__} ({kind})" if kind else type(module).__name__
 
 
-def _sinks_of(module, kwargs) -> torch.Tensor | None:
-    """The layer's sinks, one logit per query head ``(H,)``; per-token sinks ``(B, H, L, 1)`` are refused."""
+def _sinks_of(kwargs) -> torch.Tensor | None:
+    """The layer's sinks: one logit per query head ``(H,)``, or per query token ``(B, H, Lq, 1)`` (the column eager
+    appends to the scores), given to :func:`attnkit.attention` as ``(B, H, Lq)``."""
     sinks = next((kwargs[name] for name in _SINKS if kwargs.get(name) is not None), None)
-    if sinks is not None and sinks.dim() != 1:
-        raise UnsupportedFeature(f"{_model_name(module)} uses per-token attention sinks (shape {tuple(sinks.shape)}): "
-                                 "attnkit takes one sink logit per head (H,); use attn_implementation='eager'")
+    if sinks is not None and sinks.dim() == 4 and sinks.shape[-1] == 1:
+        sinks = sinks.squeeze(-1)
     return sinks
 
 
@@ -95,11 +95,24 @@ def _float_mask_as_bool(mask: torch.Tensor) -> torch.Tensor:
     return mask == 0 if bool(((mask == 0) | (mask <= low)).all()) else mask
 
 
+def _sees_every_key(model_mask: ModelMask, module, is_causal, extra) -> bool:
+    """Whether a mask built for fewer keys than the call has still means "every key": a bidirectional layer whose
+    mask function restricted nothing (no padding, no pattern, nothing registered). An encoder-style layer run by
+    ``generate`` (BERT-generation without ``is_decoder``) fills the cache it is handed while its bidirectional mask
+    covers the new tokens only; eager, given no mask, attends to every cached key, and so does this."""
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
+    return model_mask.mask is None and model_mask.packing is None and extra is None and not causal
+
+
 def model_mask_of(attention_mask, module, is_causal, query, kv_len: int, extra) -> ModelMask:
     """The :class:`ModelMask` of a call; one the mask function did not build is read here (the keys end the
     sequence, as in a dynamic cache) and ``extra`` is AND-ed in, as the mask function would have."""
     if isinstance(attention_mask, ModelMask):
         if kv_len > attention_mask.sizes[2]:
+            if _sees_every_key(attention_mask, module, is_causal, extra):
+                batch, q_len, _ = attention_mask.sizes
+                return ModelMask(None, max(kv_len - q_len, 0), 0, kv_len, shape=(batch, q_len, kv_len),
+                                 dtype=attention_mask.dtype, device=attention_mask.device)
             raise UnsupportedFeature(
                 f"{_model_name(module)} attends to {kv_len} keys with a mask built for {attention_mask.sizes[2]}: "
                 "the model appends keys past the mask (compressed entries) and keeps which queries see them in its "
@@ -188,7 +201,7 @@ def make_attention_function(extra_mask=None, extra_bias=None, backend: str = "au
             out = attention(query, key, value, mask=attention_mask.mask, scale=scaling, dropout_p=dropout,
                             return_weights=False, backend=backend)
             return out.transpose(1, 2).contiguous(), None
-        sinks = _sinks_of(module, kwargs)
+        sinks = _sinks_of(kwargs)
         _check_heads(module, query.shape[1], extra_mask, extra_bias)
         if (extra_mask is not None or extra_bias is not None) and getattr(
                 getattr(module, "config", None), "is_encoder_decoder", False):

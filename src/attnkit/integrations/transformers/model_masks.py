@@ -36,7 +36,14 @@ from ...masks import _Diagonals
 from ...masks.base import Mask
 from .model_mask import ModelMask
 
-__all__ = ["make_mask_function", "whole_sequence_mask", "with_extra", "Packing", "packing"]
+__all__ = ["make_mask_function", "whole_sequence_mask", "with_extra", "Packing", "packing", "EXTEND_THE_MASK"]
+
+# Families whose layers append keys past the mask and extend a mask *tensor* with those keys' visibility, in their own
+# code: DeepSeek-V4's compressed keys, with a per-query additive `block_bias` (its causality and the indexer's top-k
+# choice) that the layer concatenates to the mask only when the mask is a torch.Tensor. They are handed transformers'
+# eager mask itself: the layer extends it, and the attention function adds the extended mask to the scores (exact;
+# the call is a dense one, as the model's own code makes it).
+EXTEND_THE_MASK = frozenset({"deepseek_v4"})
 
 
 def _free_vars(fn) -> dict | None:
@@ -194,7 +201,7 @@ def make_mask_function(extra: Mask | None = None):
 
     def attnkit_mask(*, batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
                      mask_function=hf_masks.causal_mask_function, attention_mask=None, device="cpu",
-                     use_vmap=False, dtype=torch.float32, **_ignored) -> ModelMask:
+                     use_vmap=False, dtype=torch.float32, config=None, **_ignored) -> ModelMask | torch.Tensor:
         if isinstance(attention_mask, ModelMask):  # prepared for this very call by generate()
             return attention_mask
         whole = whole_sequence_mask(mask_function)
@@ -219,6 +226,9 @@ def make_mask_function(extra: Mask | None = None):
             packed = packing(mask_function)  # one whole row of documents: the varlen call
         model_mask = ModelMask(block, q_offset, kv_offset, length, shape=(batch_size, q_length, kv_length),
                                dtype=dtype, device=device, packing=packed)
-        return with_extra(model_mask, extra)
+        model_mask = with_extra(model_mask, extra)
+        if getattr(config, "model_type", None) in EXTEND_THE_MASK:
+            return model_mask.dense()
+        return model_mask
 
     return attnkit_mask

@@ -54,6 +54,10 @@ LEFT_OUT: dict[str, str] = {
               "gated, and Gated DeltaNet, which keeps the same per-head decay beside the delta rule",
     "kimi-delta-attention": "Kimi Linear's per-channel gate on the delta rule; the recall experiment trains DeltaNet "
                             "and Gated DeltaNet, the delta rule without and with a per-head gate",
+    "lightning-attention": "MiniMax's linear layers: a fixed decay per head without a gate, as retention's; the recall "
+                           "experiment trains GLA and Mamba-2, whose decays are gated",
+    "rwkv4": "RWKV-4's fixed per-channel decay with no state beyond one number per channel; the recall experiment "
+             "trains GLA and Mamba-2, whose gated matrix-valued states are what recall needs",
     "sigmoid-log-n": _REPLACED + "and none uses sigmoid weights (with or without the -log n bias)",
     "softpick": _REPLACED + "and none uses softpick's rectified softmax",
     "stick-breaking": _REPLACED + "and none uses stick-breaking weights",
