@@ -124,12 +124,14 @@ class TransformerLM(nn.Module):
     @torch.no_grad()
     def generate(self, prefix: torch.Tensor, max_new_tokens: int, *, eos: int | None = None,
                  temperature: float = 0.0, generator: torch.Generator | None = None, use_cache: bool | None = None,
-                 return_logits: bool = False):
+                 return_logits: bool = False, kv_format=None):
         """Continue ``prefix`` ``(B, t)`` (unpadded) by up to ``max_new_tokens`` tokens.
 
         As :meth:`Transformer.generate`: greedy or sampled with ``generator``, ``eos`` padding and early
         stop, a KV cache by default with softmax attention (``use_cache=False`` recomputes the whole
-        sequence each step, the same tokens and logits). Returns tokens ``(B, t + k)`` and, with
+        sequence each step, the same tokens and logits; ``kv_format``: the cache stores quantized keys
+        and values, :class:`~attnkit.functional.quantize.KVFormat`, e.g. ``"float8_e4m3"``).
+        Returns tokens ``(B, t + k)`` and, with
         ``return_logits``, the logits ``(B, k, vocab_size)`` each token was chosen from.
         """
         who = "TransformerLM.generate"
@@ -138,7 +140,11 @@ class TransformerLM(nn.Module):
         check_generate(who, prefix, max_new_tokens, self.vocab_size, eos=eos, temperature=temperature,
                        generator=generator, max_len=self.max_len if self.embed.positional == "learned" else None)
         cached = self.body.cacheable if use_cache is None else bool(use_cache)
-        caches = self.body.new_caches(prefix.shape[0], prefix.shape[1] + max_new_tokens) if cached else None
+        if kv_format is not None and not cached:
+            raise ArgumentError(f"{who}: kv_format quantizes the KV cache: it needs use_cache (softmax attention); "
+                                f"got use_cache={use_cache!r}")
+        caches = (self.body.new_caches(prefix.shape[0], prefix.shape[1] + max_new_tokens, kv_format=kv_format)
+                  if cached else None)
 
         def step(new, tokens):
             return self.step(new if cached else tokens, caches)

@@ -93,10 +93,12 @@ class SoftmaxSelfAttention(MultiHeadAttention):
         q, k, v = self._project(x, x, x)  # (B, H, t, d) each
         if self.qk_norm is not None or self.rotary is not None:
             q, k = self._position(q, k, start, start)
+        scales = None
         if cache is not None:
-            k, v = cache.append(k, v)  # (B, H, n, d)
+            k, v = cache.append(k, v)  # (B, H, n, d); a quantized cache's codes, read with its scales
+            scales = cache.scales
         mask = decoding_mask(self.causal, self.pattern, q.shape[2], k.shape[2], key_keep_mask)
-        return self._attend(q, k, v, mask, None, False, True, True, x)[0]
+        return self._attend(q, k, v, mask, None, False, True, True, x, scales)[0]
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, causal={self.causal}, mask={self.pattern!r}"

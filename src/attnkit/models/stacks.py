@@ -172,12 +172,13 @@ class TransformerDecoder(nn.Module):
         """Whether every self-attention can decode against a KV cache (softmax attention)."""
         return all(isinstance(layer.self_attn, SoftmaxSelfAttention) for layer in self.layers)
 
-    def new_caches(self, batch: int, max_len: int) -> list[KVCache]:
-        """One empty :class:`KVCache` per layer, for ``forward(..., caches=)`` (softmax attention only)."""
+    def new_caches(self, batch: int, max_len: int, *, kv_format=None) -> list[KVCache]:
+        """One empty :class:`KVCache` per layer, for ``forward(..., caches=)`` (softmax attention only);
+        ``kv_format``: quantized storage (:class:`~attnkit.functional.quantize.KVFormat` or a kind's name)."""
         if not self.cacheable:
             raise ArgumentError(f"{type(self).__name__}: a KV cache needs attention='softmax'; got "
                                 f"{type(self.layers[0].self_attn).__name__}")
-        return [layer.self_attn.new_cache(batch, max_len) for layer in self.layers]
+        return [layer.self_attn.new_cache(batch, max_len, kv_format=kv_format) for layer in self.layers]
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *,
                 memory_keep_mask: torch.Tensor | None = None, key_keep_mask: torch.Tensor | None = None,

@@ -6,6 +6,7 @@ import torch
 
 from ..core import attention
 from ..errors import ArgumentError, ShapeError, check_int
+from ..functional.quantize import KVFormat, as_format
 from ..masks import causal
 from ._inputs import check_placement, check_shape
 
@@ -30,6 +31,12 @@ class PagedKVCache:
     holds it (reference counts); appending under autograd writes out of place, so gradients
     through several steps stay exact.
 
+    With ``kv_format`` (:class:`~attnkit.functional.quantize.KVFormat`) the pools hold codes
+    (``head_dim / 2`` bytes per row for int4) and the scale pools ``k_scales``/``v_scales``
+    ``(num_pages, page_size, kv_heads)`` float32 (per tensor: ``()``, fixed by the first append);
+    :meth:`append` quantizes, pages are copied on write with their scales, and :meth:`attend`
+    passes the scales to :func:`attnkit.attention`, which dequantizes one chunk of pages at a time.
+
     Shapes:
         pools ``k_pages`` ``(num_pages, page_size, kv_heads, head_dim)``, ``v_pages`` (``v_head_dim``);
         ``append(seq, k (kv_heads, t, head_dim), v)``; ``block_table(seqs)`` ``(B, max_pages)``;
@@ -41,8 +48,9 @@ class PagedKVCache:
         kv_heads: key/value heads.
         head_dim: key feature size.
         v_head_dim: value feature size (default ``head_dim``).
-        dtype: of the pools (default float32).
+        dtype: of the pools (default float32); quantized: of the appended keys and values.
         device: of the pools (default CPU).
+        kv_format: None (full precision), a :class:`~attnkit.functional.quantize.KVFormat` or a kind's name.
 
     Example:
         >>> import torch
@@ -57,14 +65,22 @@ class PagedKVCache:
     """
 
     def __init__(self, num_pages: int, page_size: int, kv_heads: int, head_dim: int, *,
-                 v_head_dim: int | None = None, dtype: torch.dtype | None = None, device=None):
+                 v_head_dim: int | None = None, dtype: torch.dtype | None = None, device=None,
+                 kv_format: KVFormat | str | None = None):
         pages = check_int(_WHO, "num_pages", num_pages, 1)
         self.page_size = check_int(_WHO, "page_size", page_size, 1)
         heads = check_int(_WHO, "kv_heads", kv_heads, 1)
         d = check_int(_WHO, "head_dim", head_dim, 1)
         dv = d if v_head_dim is None else check_int(_WHO, "v_head_dim", v_head_dim, 1)
-        self.k_pages = torch.zeros(pages, self.page_size, heads, d, dtype=dtype, device=device)
-        self.v_pages = torch.zeros(pages, self.page_size, heads, dv, dtype=dtype, device=device)
+        self.kv_format = fmt = as_format(_WHO, kv_format)
+        self._dims, self._dtype = (d, dv), dtype or torch.get_default_dtype()
+        code = self._dtype if fmt is None else fmt.storage_dtype
+        stored = (d, dv) if fmt is None else (fmt.stored_dim(d, _WHO), fmt.stored_dim(dv, _WHO, "v_head_dim"))
+        self.k_pages = torch.zeros(pages, self.page_size, heads, stored[0], dtype=code, device=device)
+        self.v_pages = torch.zeros(pages, self.page_size, heads, stored[1], dtype=code, device=device)
+        token_head = fmt is not None and fmt.granularity == "token_head"
+        self.k_scales = torch.zeros(pages, self.page_size, heads, device=device) if token_head else None
+        self.v_scales = torch.zeros(pages, self.page_size, heads, device=device) if token_head else None
         self._refs = [0] * pages
         self._free = list(range(pages - 1, -1, -1))  # popped from the end: low pages first
         self._tables: dict[int, list[int]] = {}
@@ -72,9 +88,28 @@ class PagedKVCache:
         self._next_id = 0
 
     def __repr__(self) -> str:
-        pages, ps, heads, d = self.k_pages.shape
-        return (f"PagedKVCache(num_pages={pages}, page_size={ps}, kv_heads={heads}, head_dim={d}, "
-                f"sequences={len(self._tables)}, pages_free={self.pages_free})")
+        pages, ps, heads, _ = self.k_pages.shape
+        fmt = "" if self.kv_format is None else f", kv_format={self.kv_format}"
+        return (f"PagedKVCache(num_pages={pages}, page_size={ps}, kv_heads={heads}, head_dim={self._dims[0]}, "
+                f"sequences={len(self._tables)}, pages_free={self.pages_free}{fmt})")
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one position takes: keys and values in the pools' dtype, or the format's codes and scales."""
+        heads, (d, dv) = self.k_pages.shape[2], self._dims
+        if self.kv_format is not None:
+            return self.kv_format.bytes_per_token(heads, d, dv)
+        return heads * (d + dv) * self.k_pages.element_size()
+
+    @property
+    def scales(self) -> dict[str, torch.Tensor]:
+        """``{"k_scale": ..., "v_scale": ...}`` of the pools for ``attnkit.attention(..., block_table=, **scales)``:
+        ``(num_pages, page_size, kv_heads)`` or ``()`` float32; empty for a full-precision cache."""
+        if self.kv_format is None:
+            return {}
+        one = torch.ones((), device=self.k_pages.device)
+        return {"k_scale": one if self.k_scales is None else self.k_scales,
+                "v_scale": one if self.v_scales is None else self.v_scales}
 
     def __len__(self) -> int:
         return len(self._tables)
@@ -127,8 +162,8 @@ class PagedKVCache:
 
     def _check(self, name: str, t, pool: torch.Tensor) -> None:
         who = f"{_WHO}.append"
-        check_placement(who, name, t, dtype=pool.dtype, device=pool.device, owner="the cache")
-        heads, d = pool.shape[2], pool.shape[3]
+        check_placement(who, name, t, dtype=self._dtype, device=pool.device, owner="the cache")
+        heads, d = pool.shape[2], self._dims[0 if name == "k" else 1]
         check_shape(who, name, t, lambda t: t.dim() == 3 and (t.shape[0], t.shape[2]) == (heads, d),
                     f"have shape (kv_heads={heads}, new_len, {d})")
 
@@ -138,6 +173,8 @@ class PagedKVCache:
         if start % ps and self._refs[table[-1]] > 1:  # writing into a page another sequence holds: copy it
             page = self._take_page()
             self.k_pages[page], self.v_pages[page] = self.k_pages[table[-1]], self.v_pages[table[-1]]
+            if self.k_scales is not None and self.k_scales.dim():  # per (token, head): the page's scales too
+                self.k_scales[page], self.v_scales[page] = self.k_scales[table[-1]], self.v_scales[table[-1]]
             self._release(table[-1])
             table[-1] = page
         needed = -(-stop // ps) - len(table)
@@ -160,13 +197,27 @@ class PagedKVCache:
         table = torch.tensor(self._writable_pages(seq, stop), dtype=torch.long, device=k.device)
         pos = torch.arange(start, stop, device=k.device)
         where = (table[pos // self.page_size], pos % self.page_size)
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (k, v, self.k_pages, self.v_pages)):
+        if self.kv_format is not None:
+            self._append_codes(where, k, v)
+        elif torch.is_grad_enabled() and any(t.requires_grad for t in (k, v, self.k_pages, self.v_pages)):
             self.k_pages = self.k_pages.index_put(where, k.transpose(0, 1))  # out of place: earlier graphs keep
             self.v_pages = self.v_pages.index_put(where, v.transpose(0, 1))  # the pools they saw
         else:
             self.k_pages[where] = k.transpose(0, 1)
             self.v_pages[where] = v.transpose(0, 1)
         self._lengths[seq] = stop
+
+    def _append_codes(self, where, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Quantize and store new positions (a per-tensor scale is fixed by the cache's first append)."""
+        for name, t in (("k", k), ("v", v)):
+            scales = getattr(self, f"{name}_scales")
+            fixed = scales if scales is not None and scales.dim() == 0 else None
+            codes, scale = self.kv_format.quantize(t, fixed)  # (kv_heads, t, E), (kv_heads, t) or ()
+            getattr(self, f"{name}_pages")[where] = codes.transpose(0, 1)
+            if scale.dim():
+                scales[where] = scale.transpose(0, 1)
+            else:
+                setattr(self, f"{name}_scales", scale)
 
     def block_table(self, seqs) -> torch.Tensor:
         """``(B, max_pages)`` int64: each sequence's pages in order (unused entries 0, never read)."""
@@ -192,4 +243,5 @@ class PagedKVCache:
             raise ShapeError(f"{_WHO}.attend: q must be (B={len(seqs)}, heads, Lq, head_dim), one row per sequence; "
                              f"got {tuple(q.shape)}")
         return attention(q, self.k_pages, self.v_pages, block_table=self.block_table(seqs),
-                         seqused_k=self.lengths(seqs), mask=causal() if mask is None else mask, scale=scale, **kwargs)
+                         seqused_k=self.lengths(seqs), mask=causal() if mask is None else mask, scale=scale,
+                         **self.scales, **kwargs)
