@@ -160,3 +160,41 @@ def test_every_cached_generation_step_reuses_one_causal_mask(monkeypatch):
     assert len(seen) == 2 * 4  # two layers, the prefill and three steps
     assert all(mask is CAUSAL for mask in seen)
     assert CAUSAL.kind == "causal" and CAUSAL.align == "bottom_right"
+
+
+
+def _fp8_agreement(seed: int, prompts: int = 4, new: int = 64):
+    """A Llama-style model (random weights, fixed seed) generating ``new`` greedy tokens after 8-token prompts with
+    a float32 KV cache and with a float8 e4m3 per-(token, head) cache.
+
+    Returns the float32 run's tokens and logits ``(prompts, new)``, ``(prompts, new, vocab)``, the fp8 run's
+    tokens (free running), and the fp8 cache's choices given the float32 run's tokens so far (teacher forced)."""
+    torch.manual_seed(seed)
+    lm = TransformerLM(256, dim=128, num_heads=2, num_layers=2, dropout=0.0, max_len=None, **LLAMA).eval()
+    prefix = torch.randint(0, 256, (prompts, 8))
+    with torch.no_grad():
+        full, logits = lm.generate(prefix, new, return_logits=True)
+        free = lm.generate(prefix, new, kv_format="float8_e4m3")
+        caches = lm.body.new_caches(prompts, 8 + new, kv_format="float8_e4m3")
+        forced = [lm.step(prefix, caches)] + [lm.step(full[:, i:i + 1], caches) for i in range(8, 7 + new)]
+    return full[:, 8:], logits, free[:, 8:], torch.stack(forced, 1).argmax(-1)
+
+
+def test_greedy_generation_with_an_fp8_cache_picks_the_float32_caches_tokens():
+    """Measured (seed 0, 4 prompts x 64 tokens): 99.2 % of the fp8 cache's choices equal the float32 cache's
+    given the same tokens so far (teacher forced; seeds 1-3: 99.6, 99.6, 99.2 %). Free running, the fp8 run's
+    tokens equal the float32 run's on 71.5 % (seeds 1-3: 89, 98, 74 %): a random-weight model's logits are
+    nearly tied (median top-2 gap about 0.14), and one flipped near-tie sends the rest of a continuation
+    elsewhere. So the test asserts the per-step agreement, that every free-running continuation matches up to
+    its first flipped choice, and that the flips were near-ties of the float32 logits."""
+    chosen, logits, free, forced = _fp8_agreement(0)
+    assert bool((logits.argmax(-1) == chosen).all())  # the float32 run is greedy
+    same = forced == chosen
+    assert same.float().mean().item() >= 0.95, same.float().mean().item()
+    for row in range(chosen.shape[0]):
+        flips = torch.nonzero(~same[row]).flatten()
+        first = int(flips[0]) if len(flips) else chosen.shape[1]
+        assert free[row, :first].equal(chosen[row, :first]) and (first == chosen.shape[1]) == free[row].equal(
+            chosen[row])
+        gap = logits[row, flips, chosen[row, flips]] - logits[row, flips, forced[row, flips]]
+        assert bool((gap < 0.05 * logits[row].std()).all()), gap  # near-ties only

@@ -88,3 +88,27 @@ def test_explain_names_the_paged_path():
     d = attnkit.explain(torch.randn(1, 2, 1, 8), cache.k_pages, cache.v_pages, block_table=cache.block_table([seq]),
                         seqused_k=cache.lengths([seq]), mask=masks.causal())
     assert d.path == "paged-split-kv"
+
+
+def test_a_quantized_fork_copies_the_shared_page_with_its_scales():
+    """Copy on write carries the page's per (token, head) scales; codes and scales as quantizing the sequence."""
+    from attnkit.functional.quantize import KVFormat
+
+    fmt = KVFormat("int8")
+    cache = PagedKVCache(6, 4, 2, 8, kv_format=fmt)
+    parent = cache.allocate()
+    k, v = torch.randn(2, 6, 8), torch.randn(2, 6, 8)
+    cache.append(parent, k, v)
+    child = cache.fork(parent)
+    extra = torch.randn(2, 1, 8)
+    cache.append(child, extra, extra)
+    assert cache.pages_free == 3  # the parent's two pages, and the copy of the shared second page
+    for seq, keys in ((parent, k), (child, torch.cat([k, extra], 1))):
+        table, n = cache.block_table([seq])[0], cache.length(seq)
+        pos = torch.arange(n)
+        codes = cache.k_pages[table[pos // 4], pos % 4].transpose(0, 1)
+        scales = cache.k_scales[table[pos // 4], pos % 4].transpose(0, 1)
+        want_codes, want_scales = fmt.quantize(keys)
+        assert codes.equal(want_codes) and scales.equal(want_scales)
+    assert cache.bytes_per_token == 2 * 2 * 8 + 2 * 2 * 4
+    assert "kv_format=int8" in repr(cache)

@@ -28,8 +28,8 @@ import torch
 
 from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError
 
-__all__ = ["KVFormat", "Quantized", "KINDS", "GRANULARITIES", "as_format", "dequantize", "format_of_codes",
-           "check_scale"]
+__all__ = ["KVFormat", "Quantized", "KINDS", "CODE_DTYPES", "GRANULARITIES", "as_format", "dequantize",
+           "format_of_codes", "check_scale"]
 
 # kind -> (storage dtype, qmax, features per stored element)
 _KINDS = {
@@ -41,6 +41,7 @@ _KINDS = {
 KINDS = tuple(_KINDS)
 GRANULARITIES = ("token_head", "tensor")
 _BY_STORAGE = {dtype: kind for kind, (dtype, _, _) in _KINDS.items()}
+CODE_DTYPES = frozenset(_BY_STORAGE)  # the dtypes of codes (uint8: packed int4)
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,8 @@ class KVFormat:
         >>> codes, scale = fmt.quantize(torch.tensor([[1.0, -2.0, 0.5]]))
         >>> codes.tolist(), scale.tolist()
         ([[64, -127, 32]], [0.015748031437397003])
-        >>> KVFormat("int4").bytes_per_token(kv_heads=8, head_dim=128)  # 2 * 8 * 64 codes + 2 * 8 scales
-        2112
+        >>> KVFormat("int4").bytes_per_token(kv_heads=8, head_dim=128)  # 2 * 8 * 64 code bytes + 2 * 8 * 4
+        1088
     """
 
     kind: str = "float8_e4m3"

@@ -18,7 +18,7 @@ from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError
 from .indexed_masks import TensorMask
 from .mask_base import Mask
 from .normalize import NORMALIZERS
-from .quantize import Quantized, check_scale, format_of_codes
+from .quantize import CODE_DTYPES, Quantized, check_scale, format_of_codes
 from .scores import SCORES
 from .selected_masks import Pages, check_pages
 
@@ -304,9 +304,8 @@ def _paged_inputs(q, k, v, mask, bias, block_table, seqused_k, tracing, kind=Non
 
 def _check_codes(k, v, k_scale, v_scale) -> str | None:
     """The kind of quantized keys and values (:mod:`.quantize`), or None for full-precision ones."""
-    codes = [name for name, t in (("key", k), ("value", v))
-             if isinstance(t, torch.Tensor) and format_of_codes(t.dtype) is not None]
     if k_scale is None and v_scale is None:
+        codes = [name for name, t in (("key", k), ("value", v)) if getattr(t, "dtype", None) in CODE_DTYPES]
         if codes:
             t = k if codes[0] == "key" else v
             raise DTypeError(f"{_WHO}: {codes[0]} has dtype {t.dtype}, the codes of a quantized cache: pass "
@@ -317,7 +316,7 @@ def _check_codes(k, v, k_scale, v_scale) -> str | None:
         if given is None:
             raise ArgumentError(f"{_WHO}: quantized keys and values need both k_scale and v_scale; got {name}=None")
     for name, t in (("key", k), ("value", v)):
-        if not isinstance(t, torch.Tensor) or format_of_codes(t.dtype) is None:
+        if not isinstance(t, torch.Tensor) or t.dtype not in CODE_DTYPES:
             got = f"dtype {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
             raise DTypeError(f"{_WHO}: with k_scale and v_scale, {name} must hold codes (float8_e4m3fn, float8_e5m2, "
                              f"int8, or uint8: int4 packed two per byte); got {got}")
@@ -353,7 +352,7 @@ def validate(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, n
     kind = _check_codes(k, v, k_scale, v_scale)
     quant = None
     if kind is not None:
-        if isinstance(q, torch.Tensor) and format_of_codes(q.dtype) is not None:
+        if isinstance(q, torch.Tensor) and q.dtype in CODE_DTYPES:
             raise DTypeError(f"{_WHO}: query must be a full-precision floating tensor; got dtype {q.dtype}")
         pooled = block_table is not None and isinstance(q, torch.Tensor)
         quant = _scales(k, v, k_scale, v_scale, kind, pooled, q.shape[0] if pooled else 0)
