@@ -1,5 +1,6 @@
 """Attention mechanisms as torch modules (``nn.Module``), one file per family or paper."""
 
+from ..functional.quantize import KVFormat
 from ._recurrent import RecurrentCache
 from .additive import AdditiveAttention
 from .bigbird import BigBirdAttention
@@ -44,7 +45,8 @@ __all__ = [
     "AdditiveAttention", "AttentionPooling", "BigBirdAttention", "BlockPattern", "BlockSparseAttention",
     "CoAttention", "CoverageAttention", "DSAIndexer", "DSASparseAttention", "DeltaNet", "DerivedKeyAttention",
     "DifferentialAttention", "DotProductAttention", "DynamicNTKScaling", "GatedDeltaNet", "GatedLinearAttention",
-    "HardAttention", "HierarchicalAttention", "KVCache", "KimiDeltaAttention", "LSHAttention", "LambdaLayer",
+    "HardAttention", "HierarchicalAttention", "KVCache", "KVFormat", "KimiDeltaAttention", "LSHAttention",
+    "LambdaLayer",
     "LatentCache", "LearnedPositionalEmbedding", "LinearAttention", "LinearScaling", "LinformerAttention",
     "Llama3Scaling", "LocalAttention", "LongRopeScaling", "LongformerAttention", "LuongAttention", "Mamba2Mixer",
     "MemoryAttention", "MoBA", "MultiHeadAttention", "MultiHeadLatentAttention", "NativeSparseAttention",

@@ -213,11 +213,25 @@ class LatentCache(KVCache):
         kv_lora_rank: ``d_c``, the latent's size.
         rope_dim: ``d_h^R``, the shared rotated key's size.
         dtype, device: of the buffer.
+        kv_format: quantized rows (:class:`~attnkit.functional.quantize.KVFormat`): one scale per row (or per
+            tensor) for ``[c; k^R]``, so the values (the first ``d_c`` features) share the keys' scales
+            (:attr:`scales`); int4 needs an even ``kv_lora_rank``.
     """
 
-    def __init__(self, batch: int, capacity: int, kv_lora_rank: int, rope_dim: int, *, dtype=None, device=None):
-        super().__init__(batch, capacity, 1, kv_lora_rank + rope_dim, v_head_dim=0, dtype=dtype, device=device)
+    def __init__(self, batch: int, capacity: int, kv_lora_rank: int, rope_dim: int, *, dtype=None, device=None,
+                 kv_format=None):
+        super().__init__(batch, capacity, 1, kv_lora_rank + rope_dim, v_head_dim=0, dtype=dtype, device=device,
+                         kv_format=kv_format)
         self.kv_lora_rank = kv_lora_rank
+        self._split = kv_lora_rank if self.kv_format is None else self.kv_format.stored_dim(
+            kv_lora_rank, "LatentCache", "kv_lora_rank")  # where c^KV ends in a stored row
+
+    @property
+    def scales(self) -> dict[str, torch.Tensor]:
+        """A quantized cache's row scales, as ``k_scale`` and ``v_scale`` both (the values are the rows' first
+        ``d_c`` features); empty for a full-precision cache."""
+        scales = super().scales
+        return {"k_scale": scales["k_scale"], "v_scale": scales["k_scale"]} if scales else scales
 
     def append_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """Store ``rows (B, 1, t, d_c + d_h^R)`` after the cached ones; return every stored row ``(B, 1, n, .)``."""
@@ -225,13 +239,13 @@ class LatentCache(KVCache):
 
     @property
     def latent(self) -> torch.Tensor:
-        """The stored ``c^KV`` ``(B, 1, n, d_c)`` (a view)."""
-        return self.keys[..., :self.kv_lora_rank]
+        """The stored ``c^KV`` ``(B, 1, n, d_c)`` (a view; quantized: its codes)."""
+        return self.keys[..., :self._split]
 
     @property
     def rope_keys(self) -> torch.Tensor:
-        """The stored rotated keys ``k^R`` ``(B, 1, n, d_h^R)`` (a view)."""
-        return self.keys[..., self.kv_lora_rank:]
+        """The stored rotated keys ``k^R`` ``(B, 1, n, d_h^R)`` (a view; quantized: their codes)."""
+        return self.keys[..., self._split:]
 
 
 
