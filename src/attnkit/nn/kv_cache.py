@@ -7,7 +7,7 @@ import functools
 import torch
 
 from .. import masks
-from ..errors import DTypeError, ShapeError, check_int
+from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 from ..functional.quantize import KVFormat, as_format
 from ._inputs import check_keep_mask, check_placement, check_sequence, check_shape
 from .padding import clear_padding
@@ -147,6 +147,58 @@ class KVCache:
         self._k, self._v = torch.zeros_like(self._k), torch.zeros_like(self._v)
         self._scales = None if self.kv_format is None else self._empty_scales()
         self._length = 0
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` stored positions and forget the rest (rejected draft tokens); the
+        forgotten positions are zeroed, so the cache equals one that never held them."""
+        length = check_int("KVCache.truncate", "length", length, 0)
+        if length > self._length:
+            raise ArgumentError(f"KVCache.truncate: length must be at most the {self._length} stored positions; "
+                                f"got {length}")
+        tail = slice(length, self._length)
+        grad = torch.is_grad_enabled() and (self._k.requires_grad or self._v.requires_grad)
+        for name in ("_k", "_v"):
+            t = getattr(self, name)
+            if grad:  # out of place: earlier steps' graphs keep the buffers they saw
+                setattr(self, name, torch.cat([t[:, :, :length], torch.zeros_like(t[:, :, length:])], 2))
+            else:
+                t[:, :, tail] = torch.zeros_like(t[:, :, tail])
+        if self._scales is not None:
+            for s in self._scales:
+                if s is not None and s.dim():
+                    s[:, :, tail] = 0
+        self._length = length
+
+    def commit(self, tree, nodes) -> None:
+        """Keep the accepted nodes of a draft tree verified in one call and drop the others.
+
+        ``tree``: the :func:`attnkit.masks.tree` whose ``T`` nodes are the last ``T`` stored positions;
+        ``nodes``: a root-to-node path of it (one list for every batch row, or one per row, all as long),
+        in order. The path's keys and values move right after the committed positions and the rest is
+        truncated: the cache then equals one that decoded the path alone.
+        """
+        from ..functional.tree_masks import TreeMask
+
+        who = "KVCache.commit"
+        if not isinstance(tree, TreeMask):
+            raise DTypeError(f"{who}: tree must be an attnkit.masks.tree(parents); got {type(tree).__name__}")
+        start = self._length - tree.nodes
+        if start < 0:
+            raise ShapeError(f"{who}: the tree's {tree.nodes} nodes must be the last stored positions; the cache "
+                             f"holds {self._length}")
+        batch = self._k.shape[0]
+        rows = [list(nodes)] * batch if not nodes or not isinstance(nodes[0], (list, tuple)) else list(nodes)
+        if len(rows) != batch or len({len(r) for r in rows}) > 1:
+            raise ShapeError(f"{who}: nodes must be one path, or one per batch row ({batch}) all as long; got "
+                             f"{[len(r) for r in rows]} paths' lengths")
+        paths = [tree.check_path(who, r, b if tree.batch_size else 0) for b, r in enumerate(rows)]
+        m = len(paths[0])
+        buffers = [self._k, self._v] + [s for s in (self._scales or ()) if s is not None and s.dim()]
+        for b, path in enumerate(paths if m else ()):
+            idx = torch.tensor(path, device=self._k.device) + start
+            for t in buffers:  # (B, Hkv, capacity, .) or scales (B, Hkv, capacity)
+                t[b, :, start:start + m] = t[b].index_select(1, idx)
+        self.truncate(start + m)
 
     def _check(self, name: str, t, buffer: torch.Tensor) -> None:
         b, h, _, _ = buffer.shape
