@@ -120,3 +120,34 @@ def test_bad_trees_and_commits_name_the_argument():
         cache.commit(masks.causal(), [0])
     with pytest.raises(ShapeError, match="tree's 9 nodes"):
         cache.commit(masks.tree(list(range(-1, 8))), [0])
+
+
+@pytest.mark.parametrize("kv_format", [None, "float8_e4m3"])
+def test_a_paged_commit_leaves_what_a_plain_decode_of_the_path_stores(kv_format):
+    """The tree verified on a forked sequence (its pages shared with the parent until written)."""
+    g = torch.Generator().manual_seed(8)
+    parents, path = [-1, 0, 1, 0, 3, 4, 4], [0, 3, 4, 6]
+    k, v = (torch.randn(2, 6 + 7, 8, generator=g) for _ in range(2))
+    cache = PagedKVCache(12, 4, 2, 8, kv_format=kv_format)
+    parent = cache.allocate()
+    cache.append(parent, k[:, :6], v[:, :6])
+    seq = cache.fork(parent)
+    cache.append(seq, k[:, 6:], v[:, 6:])
+    cache.commit(seq, masks.tree(parents), path)
+    plain = PagedKVCache(12, 4, 2, 8, kv_format=kv_format)
+    other = plain.allocate()
+    keep = list(range(6)) + [6 + a for a in path]
+    plain.append(other, k[:, keep], v[:, keep])
+
+    def rows(c, s):
+        pos = torch.arange(c.length(s))
+        table = c.block_table([s])[0]
+        return [t[table[pos // 4], pos % 4].view(torch.uint8) if t.element_size() == 1 else t[table[pos // 4], pos % 4]
+                for t in c._stored()]
+
+    assert cache.length(seq) == 10 and cache.length(parent) == 6
+    for got, want in zip(rows(cache, seq), rows(plain, other), strict=True):
+        assert got.equal(want)
+    assert all(t.equal(w) for t, w in zip(rows(cache, parent), [r[:6] for r in rows(plain, other)], strict=True))
+    cache.truncate(seq, 2)
+    assert cache.length(seq) == 2 and cache.pages_free == 12 - 2  # the parent's two pages, shared again by seq

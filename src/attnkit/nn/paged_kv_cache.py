@@ -194,9 +194,7 @@ class PagedKVCache:
                              f"{tuple(k.shape)} and v {tuple(v.shape)}")
         start = self._lengths[seq]
         stop = start + k.shape[1]
-        table = torch.tensor(self._writable_pages(seq, stop), dtype=torch.long, device=k.device)
-        pos = torch.arange(start, stop, device=k.device)
-        where = (table[pos // self.page_size], pos % self.page_size)
+        where = self._where(self._writable_pages(seq, stop), start, stop)
         if self.kv_format is not None:
             self._append_codes(where, k, v)
         elif torch.is_grad_enabled() and any(t.requires_grad for t in (k, v, self.k_pages, self.v_pages)):
@@ -206,6 +204,53 @@ class PagedKVCache:
             self.k_pages[where] = k.transpose(0, 1)
             self.v_pages[where] = v.transpose(0, 1)
         self._lengths[seq] = stop
+
+    def _where(self, table: list[int], start: int, stop: int):
+        """(page, lane) of positions ``[start, stop)`` of a sequence whose pages are ``table``."""
+        device = self.k_pages.device
+        pages, pos = torch.tensor(table, dtype=torch.long, device=device), torch.arange(start, stop, device=device)
+        return pages[pos // self.page_size], pos % self.page_size
+
+    def truncate(self, seq: int, length: int) -> None:
+        """Keep the first ``length`` positions of ``seq`` (rejected draft tokens dropped); pages past them return to
+        the pool once no other sequence holds them, and a shared last page is copied before it is written."""
+        length = check_int(f"{_WHO}.truncate", "length", length, 0)
+        if length > self.length(seq):
+            raise ArgumentError(f"{_WHO}.truncate: length must be at most the {self._lengths[seq]} positions of "
+                                f"sequence {seq}; got {length}")
+        table = self._tables[seq]
+        for page in table[-(-length // self.page_size):]:
+            self._release(page)
+        del table[-(-length // self.page_size):]
+        self._lengths[seq] = length
+
+    def commit(self, seq: int, tree, nodes) -> None:
+        """Keep a root-to-node path ``nodes`` of the draft ``tree`` (its nodes: the last positions of ``seq``;
+        a per-sequence tree's row ``seq``'s place in the batch is not known here: give its own row's tree) and
+        drop the other nodes, as :meth:`attnkit.nn.KVCache.commit`: ``seq`` then holds what a plain decode of
+        the path stores."""
+        from ..functional.tree_masks import TreeMask
+
+        who = f"{_WHO}.commit"
+        if not isinstance(tree, TreeMask) or tree.batch_size not in (None, 1):
+            raise ArgumentError(f"{who}: tree must be an attnkit.masks.tree of one sequence's parents; got {tree!r}")
+        start = self.length(seq) - tree.nodes
+        if start < 0:
+            raise ShapeError(f"{who}: the tree's {tree.nodes} nodes must be the last positions of sequence {seq}; it "
+                             f"holds {self._lengths[seq]}")
+        path = tree.check_path(who, nodes)
+        table = self._tables[seq]
+        read = self._where(table, start, start + tree.nodes)
+        rows = [t[read[0][path], read[1][path]] for t in self._stored()] if path else []
+        self.truncate(seq, start)
+        write = self._where(self._writable_pages(seq, start + len(path)), start, start + len(path))
+        for t, r in zip(self._stored(), rows, strict=False):
+            t[write] = r
+        self._lengths[seq] = start + len(path)
+
+    def _stored(self) -> list[torch.Tensor]:
+        """The pools a position is stored in: keys, values and their per (token, head) scales."""
+        return [t for t in (self.k_pages, self.v_pages, self.k_scales, self.v_scales) if t is not None and t.dim()]
 
     def _append_codes(self, where, k: torch.Tensor, v: torch.Tensor) -> None:
         """Quantize and store new positions (a per-tensor scale is fixed by the cache's first append)."""
