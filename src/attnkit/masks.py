@@ -370,6 +370,7 @@ def tree(parents) -> TreeMask:
     causal (:mod:`attnkit.functional.tree_masks`). A chain ``[-1, 0, 1, ...]`` is :func:`causal`.
 
     Example:
+        >>> from attnkit import masks
         >>> masks.tree([-1, 0, 0]).materialize(3, 5)[0, 0].int().tolist()
         [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 1]]
     """
