@@ -21,7 +21,25 @@ import torch
 from ..errors import ArgumentError, DTypeError, ShapeError
 from .mask_base import Mask
 
-__all__ = ["TreeMask", "ancestors"]
+__all__ = ["TreeMask", "ancestors", "check_parents"]
+
+
+def check_parents(who: str, parents) -> torch.Tensor:
+    """``parents`` ``(T,)`` or ``(B, T)`` as a CPU long tensor if every ``parents[i]`` is in ``[-1, i)``, else the
+    named error (a float or bool dtype, another rank, a parent at or after its node)."""
+    t = parents if isinstance(parents, torch.Tensor) else torch.as_tensor(parents if len(parents) else [],
+                                                                          dtype=torch.long)
+    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+        raise DTypeError(f"{who}: parents must hold integer node indices; got dtype {t.dtype}")
+    if t.dim() not in (1, 2):
+        raise ShapeError(f"{who}: parents must have shape (nodes,) or (batch, nodes); got {tuple(t.shape)}")
+    t = t.long().cpu()
+    bad = (t < -1) | (t >= torch.arange(t.shape[-1]))
+    if bool(bad.any()):
+        where = tuple(int(x) for x in torch.nonzero(bad)[0])
+        raise ArgumentError(f"{who}: every parent must precede its node (-1 <= parents[i] < i, -1 for a root); got "
+                            f"parents[{', '.join(map(str, where))}] = {int(t[where])}")
+    return t
 
 
 def ancestors(parents: torch.Tensor) -> torch.Tensor:
@@ -41,19 +59,7 @@ class TreeMask(Mask):
     kind = "pattern"
 
     def __init__(self, parents):
-        t = parents if isinstance(parents, torch.Tensor) else torch.as_tensor(parents if len(parents) else [],
-                                                                              dtype=torch.long)
-        if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
-            raise DTypeError(f"masks.tree: parents must hold integer node indices; got dtype {t.dtype}")
-        if t.dim() not in (1, 2):
-            raise ShapeError(f"masks.tree: parents must have shape (nodes,) or (batch, nodes); got {tuple(t.shape)}")
-        t = t.long().cpu()
-        index = torch.arange(t.shape[-1])
-        bad = (t < -1) | (t >= index)
-        if bool(bad.any()):
-            where = tuple(int(x) for x in torch.nonzero(bad)[0])
-            raise ArgumentError(f"masks.tree: every parent must precede its node (-1 <= parents[i] < i, -1 for a "
-                                f"root); got parents[{', '.join(map(str, where))}] = {int(t[where])}")
+        t = check_parents("masks.tree", parents)
         self.parents = t
         self.nodes = t.shape[-1]
         self.batch_size = t.shape[0] if t.dim() == 2 else None
