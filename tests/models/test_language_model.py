@@ -16,7 +16,7 @@ import torch
 import transformers as hf
 
 from attnkit import masks
-from attnkit.errors import ArgumentError
+from attnkit.errors import ArgumentError, UnsupportedFeature
 from attnkit.models import TransformerLM
 from attnkit.nn import LocalAttention, YarnScaling
 
@@ -233,3 +233,68 @@ def test_a_trained_models_free_running_fp8_generation_keeps_95_percent_of_the_fl
     assert bool((logits.argmax(-1) == full[:, 8:]).all())
     agreement = (free[:, 8:] == full[:, 8:]).float().mean().item()
     assert agreement >= 0.95, agreement
+
+
+def _tree(nodes: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return [-1] + [int(torch.randint(-1, i, (1,), generator=g)) for i in range(1, nodes)]
+
+
+def _path(parents: list[int], node: int) -> list[int]:
+    out = [node]
+    while parents[out[-1]] >= 0:
+        out.append(parents[out[-1]])
+    return out[::-1]
+
+
+def check_tree_verification(lm: TransformerLM, nodes: int, seed: int = 0) -> None:
+    """``lm.verify`` of a random draft tree after an 8-token prompt: every node's logits equal the whole-sequence
+    forward (no cache) of the prompt and the node's path; after ``commit`` of the path to the last node, the caches
+    equal those of decoding the path plainly (their keys, values and states, and the next step's logits)."""
+    lm = lm.double().eval()
+    g = torch.Generator().manual_seed(seed)
+    prompt, draft = torch.randint(0, lm.vocab_size, (2, 8), generator=g), torch.randint(0, lm.vocab_size, (2, nodes),
+                                                                                        generator=g)
+    parents = _tree(nodes, seed + 1)
+    with torch.no_grad():
+        caches = lm.body.new_caches(2, 9 + nodes)
+        lm(prompt, caches=caches)
+        logits = lm.verify(draft, masks.tree(parents), caches)
+        for node in range(nodes):
+            whole = lm(torch.cat([prompt, draft[:, _path(parents, node)]], 1))[:, -1]
+            torch.testing.assert_close(logits[:, node], whole, rtol=0, atol=1e-10)
+        path = _path(parents, nodes - 1)
+        lm.commit(caches, masks.tree(parents), path)
+        plain = lm.body.new_caches(2, 9 + nodes)
+        lm(torch.cat([prompt, draft[:, path]], 1), caches=plain)
+        for ours, theirs in zip(caches, plain, strict=True):
+            assert len(ours) == len(theirs) == 8 + len(path)
+            if hasattr(ours, "keys"):
+                torch.testing.assert_close(ours.keys, theirs.keys, rtol=0, atol=1e-12)
+                torch.testing.assert_close(ours.values, theirs.values, rtol=0, atol=1e-12)
+            else:
+                torch.testing.assert_close(ours.state, theirs.state, rtol=0, atol=1e-12)
+        nxt = torch.randint(0, lm.vocab_size, (2, 1), generator=g)
+        torch.testing.assert_close(lm(nxt, caches=caches), lm(nxt, caches=plain), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("nodes", [1, 6, 20])
+def test_a_llama_model_verifies_a_draft_tree_in_one_forward_and_commit_leaves_a_plain_decodes_caches(nodes):
+    torch.manual_seed(0)
+    check_tree_verification(TransformerLM(V, dim=DIM, num_heads=H, num_layers=2, ff_dim=FF, dropout=0.0,
+                                          max_len=None, qk_norm=True, **LLAMA), nodes, nodes)
+
+
+def test_verify_refuses_added_positions_and_a_commit_off_the_tree():
+    torch.manual_seed(0)
+    lm = TransformerLM(V, dim=DIM, num_heads=H, dropout=0.0, positional="sinusoidal").eval()
+    with pytest.raises(UnsupportedFeature, match=r"positional='rotary' or None; got .*'sinusoidal'"):
+        lm.verify(torch.zeros(1, 2, dtype=torch.long), [-1, 0], lm.body.new_caches(1, 4))
+    lm = TransformerLM(V, dim=DIM, num_heads=H, dropout=0.0, **LLAMA).eval()
+    caches = lm.body.new_caches(1, 6)
+    with torch.no_grad():
+        lm.verify(torch.zeros(1, 3, dtype=torch.long), [-1, 0, 0], caches)
+    with pytest.raises(ArgumentError, match="root-to-node path"):
+        lm.commit(caches, masks.tree([-1, 0, 0]), [1, 2])
+    with pytest.raises(ArgumentError, match="precede its node"):
+        lm.verify(torch.zeros(1, 2, dtype=torch.long), [0, -1], lm.body.new_caches(1, 4))

@@ -78,6 +78,10 @@ class TreeMask(Mask):
         in_tree = anc[batch, nq.clamp(0, t - 1), nk.clamp(0, t - 1)]
         return torch.where(nk < 0, causal, in_tree & (nq >= 0))
 
+    def depths(self) -> torch.Tensor:
+        """Each node's depth ``(B|1, T)`` (a root's is 0): its position after the committed tokens on its path."""
+        return self._anc.sum(-1) - 1
+
     def path(self, node: int, row: int = 0) -> list[int]:
         """The nodes from a root to ``node`` (of batch row ``row`` for per-sequence trees), in order."""
         parents = self.parents if self.parents.dim() == 1 else self.parents[row]

@@ -7,7 +7,9 @@ import os
 import torch
 from torch import nn
 
-from ..errors import ArgumentError
+from ..errors import ArgumentError, UnsupportedFeature
+from ..functional.tree_masks import TreeMask
+from ..nn._recurrent import RecurrentCache, tree_parents
 from . import checkpoint
 from .hybrid import RECURRENT, hybrid_attention
 from .stacks import TransformerDecoder, TransformerEncoder
@@ -163,6 +165,41 @@ class TransformerLM(nn.Module):
         """
         offset = len(caches[0]) if caches else 0
         return self.head(self.body.run_layers(self.embed(tokens, offset=offset), caches=caches)[:, -1])
+
+    def verify(self, tokens: torch.Tensor, tree, caches) -> torch.Tensor:
+        """Speculative decoding's check of a draft tree in one forward: the logits ``(B, T, vocab_size)`` of the
+        ``T`` draft ``tokens`` ``(B, T)`` after the positions ``caches`` hold, node ``i``'s equal to those of its
+        root-to-node path decoded alone.
+
+        ``tree``: :func:`attnkit.masks.tree` (or its parents ``(T,)`` / ``(B, T)``); each node sits at the position
+        of its depth and sees the cache and its ancestors: through a mask in the softmax layers, through each
+        node's parent's state in the linear-recurrent ones (:mod:`attnkit.functional.linear.tree`). Afterwards
+        the KV caches hold all ``T`` nodes and the recurrent states none: :meth:`commit` keeps the accepted path.
+        Needs ``caches`` from ``body.new_caches`` and rotary or no positional encoding (the added encodings are
+        indexed by sequence position, not by depth).
+        """
+        who = "TransformerLM.verify"
+        if not self.causal or self.embed.positional not in ("rotary", None):
+            raise UnsupportedFeature(f"{who}: a draft tree needs a causal model with positional='rotary' or None; "
+                                     f"got causal={self.causal}, positional={self.embed.positional!r}")
+        check_tokens(who, "tokens", tokens, self.vocab_size)
+        offset = cache_offset(who, caches, len(self.body.layers))
+        if caches is None:
+            raise ArgumentError(f"{who}: caches (from body.new_caches) are required; got None")
+        tree = tree_parents(who, tree, tokens.shape[0], tokens.shape[1])
+        return self.head(self.body.run_layers(self.embed(tokens, offset=offset), caches=caches, tree=tree))
+
+    @staticmethod
+    def commit(caches, tree, nodes) -> None:
+        """Keep the accepted root-to-node path ``nodes`` (one list, or one per batch row) of the draft tree last
+        given to :meth:`verify` in every cache (:meth:`KVCache.commit`, :meth:`RecurrentCache.commit`): they then
+        equal the caches of a plain decode of the path."""
+        tree = tree if isinstance(tree, TreeMask) else TreeMask(tree)
+        for cache in caches:
+            if isinstance(cache, RecurrentCache):
+                cache.commit(nodes)
+            else:
+                cache.commit(tree, nodes)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the constructor's arguments and the weights to one file (:mod:`attnkit.models.checkpoint`)."""
