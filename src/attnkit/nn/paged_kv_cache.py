@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..core import attention
+from ..cascade import cascade_attention, explain_cascade
+from ..core import attention, explain
 from ..errors import ArgumentError, ShapeError, check_int
 from ..functional.quantize import KVFormat, as_format
 from ..masks import causal
@@ -276,17 +277,69 @@ class PagedKVCache:
         return torch.tensor([self._lengths[self._seq(s)] for s in seqs], dtype=torch.long,
                             device=self.k_pages.device)
 
-    def attend(self, seqs, q: torch.Tensor, *, mask=None, scale: float | None = None, **kwargs) -> torch.Tensor:
+    def attend(self, seqs, q: torch.Tensor, *, mask=None, scale: float | None = None, cascade: bool | None = None,
+               **kwargs) -> torch.Tensor:
         """``attention(q, k_pages, v_pages, ...)`` over the sequences ``seqs`` (one per row of ``q``).
 
         ``mask`` defaults to :func:`attnkit.masks.causal` (bottom-right: the queries are each
         sequence's last ``Lq`` positions: decoding, chunked prefill); other keywords go to
         :func:`attnkit.attention`.
+
+        Shared prefixes: when the sequences begin on the same pages (forks of one prompt, prefix-cache
+        hits) the causal call runs as :func:`attnkit.cascade_attention`: the shared pages are read once for
+        every sequence's queries, each sequence's own pages once, merged by log-sum-exp (``sinks`` joined
+        after). ``cascade=None`` takes it whenever two or more sequences share at least one whole page
+        before their queries (full precision, default mask, no keyword but ``sinks``), ``False`` never;
+        :meth:`explain` says which.
         """
         seqs = list(seqs)
         if q.dim() != 4 or q.shape[0] != len(seqs):
             raise ShapeError(f"{_WHO}.attend: q must be (B={len(seqs)}, heads, Lq, head_dim), one row per sequence; "
                              f"got {tuple(q.shape)}")
+        shared = self._shared_prefix(seqs, q.shape[2], mask, kwargs) if cascade is not False else 0
+        if shared:
+            *parts, lengths = self._split_at(seqs, shared)
+            return cascade_attention(q, *parts, suffix_lengths=lengths, scale=scale, **kwargs)
         return attention(q, self.k_pages, self.v_pages, block_table=self.block_table(seqs),
                          seqused_k=self.lengths(seqs), mask=causal() if mask is None else mask, scale=scale,
                          **self.scales, **kwargs)
+
+    def explain(self, seqs, q: torch.Tensor, *, mask=None, cascade: bool | None = None, **kwargs):
+        """What :meth:`attend` with these arguments runs: the :class:`~attnkit.cascade.CascadePlan` (the shared
+        prefix read once) when it takes the cascade, else :func:`attnkit.explain`'s decision for the paged call."""
+        seqs = list(seqs)
+        shared = self._shared_prefix(seqs, q.shape[2], mask, kwargs) if cascade is not False else 0
+        if shared:
+            *parts, lengths = self._split_at(seqs, shared)
+            return explain_cascade(q, *parts, suffix_lengths=lengths, **kwargs)
+        return explain(q, self.k_pages, self.v_pages, block_table=self.block_table(seqs),
+                       seqused_k=self.lengths(seqs), mask=causal() if mask is None else mask, **self.scales, **kwargs)
+
+    def _shared_prefix(self, seqs, lq: int, mask, kwargs) -> int:
+        """Whole pages (a count) every sequence of ``seqs`` begins with and holds before its last ``lq`` positions;
+        0 where :meth:`attend` must not take the cascade."""
+        if len(seqs) < 2 or mask is not None or self.kv_format is not None or set(kwargs) - {"sinks"}:
+            return 0
+        tables = [self._tables[self._seq(s)] for s in seqs]
+        room = min(self._lengths[s] for s in seqs) - lq  # positions before every sequence's queries
+        pages = 0
+        while (pages + 1) * self.page_size <= room and all(
+                len(t) > pages and t[pages] == tables[0][pages] for t in tables):
+            pages += 1
+        return pages
+
+    def _split_at(self, seqs, pages: int):
+        """The shared ``pages``' keys and values ``(kv_heads, P, D)`` (gathered once) and each sequence's rest
+        ``(B, kv_heads, S, D)`` padded to the longest, with its lengths: :func:`attnkit.cascade_attention`'s
+        ``prefix_k, prefix_v, suffix_k, suffix_v`` and ``suffix_lengths``."""
+        table, ps = self._tables[seqs[0]], self.page_size
+
+        def gather(pool, page_ids, n):  # (kv_heads, n, D) of the first n positions on the pages
+            return pool[torch.tensor(page_ids, dtype=torch.long, device=pool.device)].flatten(0, 1)[:n].transpose(0, 1)
+        prefix = [gather(pool, table[:pages], pages * ps) for pool in (self.k_pages, self.v_pages)]
+        rest = [self._lengths[s] - pages * ps for s in seqs]
+        suffix = []
+        for pool in (self.k_pages, self.v_pages):
+            rows = [gather(pool, self._tables[s][pages:], n) for s, n in zip(seqs, rest, strict=True)]
+            suffix.append(torch.stack([torch.nn.functional.pad(r, (0, 0, 0, max(rest) - r.shape[1])) for r in rows]))
+        return (*prefix, *suffix, torch.tensor(rest))
