@@ -17,6 +17,7 @@ from .gla import GatedLinearAttention
 from .hard import HardAttention
 from .kimi_delta import KimiDeltaAttention
 from .kv_cache import KVCache, LatentCache
+from .kv_policies import HeavyHitterCache, SinkWindowCache
 from .lambda_layer import LambdaLayer
 from .latent import MultiHeadLatentAttention
 from .linear import LinearAttention, PerformerAttention
@@ -45,12 +46,14 @@ __all__ = [
     "AdditiveAttention", "AttentionPooling", "BigBirdAttention", "BlockPattern", "BlockSparseAttention",
     "CoAttention", "CoverageAttention", "DSAIndexer", "DSASparseAttention", "DeltaNet", "DerivedKeyAttention",
     "DifferentialAttention", "DotProductAttention", "DynamicNTKScaling", "GatedDeltaNet", "GatedLinearAttention",
-    "HardAttention", "HierarchicalAttention", "KVCache", "KVFormat", "KimiDeltaAttention", "LSHAttention",
+    "HardAttention", "HeavyHitterCache",
+    "HierarchicalAttention", "KVCache", "KVFormat", "KimiDeltaAttention", "LSHAttention",
     "LambdaLayer",
     "LatentCache", "LearnedPositionalEmbedding", "LinearAttention", "LinearScaling", "LinformerAttention",
     "Llama3Scaling", "LocalAttention", "LongRopeScaling", "LongformerAttention", "LuongAttention", "Mamba2Mixer",
     "MemoryAttention", "MoBA", "MultiHeadAttention", "MultiHeadLatentAttention", "NativeSparseAttention",
-    "OutputGate", "PagedKVCache", "PerceiverAttention", "PerceiverEncoder", "PerformerAttention", "PointerAttention",
+    "OutputGate", "PagedKVCache",
+    "SinkWindowCache", "PerceiverAttention", "PerceiverEncoder", "PerformerAttention", "PointerAttention",
     "QKNorm", "RecurrentCache", "ReformerAttention", "RetNetRetention", "RotaryEmbedding", "SegmentAttention",
     "SequenceProjection", "SinusoidalPositionalEncoding", "SparseTransformerAttention", "TieredAttention",
     "YarnScaling", "coverage_loss",
