@@ -35,6 +35,7 @@ from .perceiver import PerceiverAttention, PerceiverEncoder
 from .pointer import PointerAttention
 from .pooling import AttentionPooling, HierarchicalAttention
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from .prefix_cache import PrefixCache
 from .reformer import LSHAttention, ReformerAttention
 from .retnet import RetNetRetention
 from .rope_scaling import DynamicNTKScaling, LinearScaling, Llama3Scaling, LongRopeScaling, YarnScaling
@@ -52,7 +53,7 @@ __all__ = [
     "LatentCache", "LearnedPositionalEmbedding", "LinearAttention", "LinearScaling", "LinformerAttention",
     "Llama3Scaling", "LocalAttention", "LongRopeScaling", "LongformerAttention", "LuongAttention", "Mamba2Mixer",
     "MemoryAttention", "MoBA", "MultiHeadAttention", "MultiHeadLatentAttention", "NativeSparseAttention",
-    "OutputGate", "PagedKVCache",
+    "OutputGate", "PagedKVCache", "PrefixCache",
     "SinkWindowCache", "PerceiverAttention", "PerceiverEncoder", "PerformerAttention", "PointerAttention",
     "QKNorm", "RecurrentCache", "ReformerAttention", "RetNetRetention", "RotaryEmbedding", "SegmentAttention",
     "SequenceProjection", "SinusoidalPositionalEncoding", "SparseTransformerAttention", "TieredAttention",

@@ -87,6 +87,7 @@ class PagedKVCache:
         self._tables: dict[int, list[int]] = {}
         self._lengths: dict[int, int] = {}
         self._next_id = 0
+        self._reclaim = None  # a PrefixCache's eviction: called with the pages short before running out
 
     def __repr__(self) -> str:
         pages, ps, heads, _ = self.k_pages.shape
@@ -125,6 +126,8 @@ class PagedKVCache:
         return seq
 
     def _take_page(self) -> int:
+        if not self._free and self._reclaim is not None:
+            self._reclaim(1)
         if not self._free:
             raise ShapeError(f"{_WHO}: out of pages: all {len(self._refs)} pages of {self.page_size} positions are "
                              "in use; free sequences or make the cache with more num_pages")
@@ -179,6 +182,8 @@ class PagedKVCache:
             self._release(table[-1])
             table[-1] = page
         needed = -(-stop // ps) - len(table)
+        if needed > self.pages_free and self._reclaim is not None:
+            self._reclaim(needed - self.pages_free)
         if needed > self.pages_free:
             raise ShapeError(f"{_WHO}.append: out of pages: sequence {seq} needs {needed} more pages for length "
                              f"{stop}, {self.pages_free} of {len(self._refs)} are free")
