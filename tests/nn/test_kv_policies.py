@@ -84,6 +84,10 @@ def test_snapkv_with_a_budget_covering_the_prompt_keeps_everything_and_otherwise
     votes = w[..., :L - 4].unflatten(1, (HKV, 2)).sum((2, 3))
     assert torch.equal(kept[..., :6], votes.topk(6, -1).indices.sort(-1).values)
     torch.testing.assert_close(ck, k.gather(2, kept[..., None].expand(-1, -1, -1, D)), rtol=0, atol=0)
+    padded = torch.nn.functional.pad(votes, (2, 2))  # the default: a mean over 5 positions, zeros past the ends
+    smooth = sum(padded[..., i:i + L - 4] for i in range(5)) / 5
+    _, _, kept = snapkv(q, k, v, 10, window=4)
+    assert torch.equal(kept[..., :6], smooth.topk(6, -1).indices.sort(-1).values)
 
 
 def test_quest_with_pages_covering_the_sequence_is_dense_and_reads_the_pages_of_highest_bound():
@@ -111,6 +115,8 @@ def test_budgets_below_what_a_policy_keeps_get_attnkits_errors():
         snapkv(q, k, v, 16)
     with pytest.raises(ArgumentError, match="budget"):
         quest_pages(q, k, 4, 0)
+    with pytest.raises(ArgumentError, match="pool must be 'avg' or 'max'; got 'min'"):
+        snapkv(q, k, v, 16, window=4, pool="min")
     cache = SinkWindowCache(6, 2)
     cache.append(k, v)
     with pytest.raises(ShapeError, match=r"1 <= Lq <= 4"):

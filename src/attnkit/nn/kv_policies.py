@@ -10,8 +10,8 @@ the whole sequence:
   (accumulated over every query that attended to them), chosen per key/value head.
 - :func:`snapkv` (Li et al. 2024, SnapKV, arXiv:2404.14469, Sec. 4): at prefill, the last ``window``
   queries (the observation window) vote with their attention weights for the earlier keys; the votes
-  are smoothed by a max-pool of ``kernel`` positions and the ``budget - window`` best earlier keys per
-  head are kept with the window's.
+  are smoothed by a pooling of ``kernel`` positions (average by default, as the authors' code; max on
+  request) and the ``budget - window`` best earlier keys per head are kept with the window's.
 - :func:`quest_pages` (Tang et al. 2024, Quest, arXiv:2406.10774, Sec. 3): nothing is evicted; per page
   of keys the elementwise min and max bound each query's score, ``u = sum_d max(q_d min_d, q_d max_d)``,
   and each query reads its ``budget`` pages of highest bound through the selected-keys path
@@ -155,13 +155,13 @@ class HeavyHitterCache:
         return got.output
 
 
-def snapkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, budget: int, *, window: int = 32, kernel: int = 7,
-           scale: float | None = None):
+def snapkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, budget: int, *, window: int = 32, kernel: int = 5,
+           pool: str = "avg", scale: float | None = None):
     """SnapKV's prefill compression: the keys ``(B, H_kv, budget, D)`` and values the observation window selects.
 
     ``q`` ``(B, H, L, D)`` the prompt's queries, ``k``/``v`` its keys and values ``(B, H_kv, L, .)``. The last
     ``window`` queries' causal attention weights over the ``L - window`` earlier keys, summed over the window's
-    queries and each key/value group's heads and max-pooled over ``kernel`` positions, pick the
+    queries and each key/value group's heads and pooled (``pool`` "avg" or "max") over ``kernel`` positions, pick the
     ``budget - window`` earlier keys each key/value head keeps; the window's own keys are kept too, all in
     order. Returns ``(k, v, kept positions (B, H_kv, m))``, ``m = min(budget, L)``: with ``budget >= L``
     everything, unchanged.
@@ -171,13 +171,17 @@ def snapkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, budget: int, *, wi
     window = check_int(who, "window", window, 1)
     budget = _budget(who, budget, window, "the observation window")
     kernel = check_int(who, "kernel", kernel, 1)
+    if pool not in ("avg", "max"):
+        raise ArgumentError(f"{who}: pool must be 'avg' or 'max'; got {pool!r}")
     b, hkv, n = k.shape[:3]
     if n <= budget:
         return k, v, torch.arange(n).expand(b, hkv, n)
     obs = q[:, :, n - window:]
     weights = attention(obs, k, v, mask=causal(), scale=scale, return_weights=True).weights  # (B, H, w, L)
     votes = weights[..., :n - window].unflatten(1, (hkv, -1)).sum((2, 3))  # (B, H_kv, L - w)
-    votes = F.max_pool1d(votes, kernel, stride=1, padding=kernel // 2) if kernel > 1 else votes
+    if kernel > 1:
+        smooth = F.avg_pool1d if pool == "avg" else F.max_pool1d
+        votes = smooth(votes, kernel, stride=1, padding=kernel // 2)
     top = votes[..., :n - window].topk(budget - window, -1).indices.sort(-1).values
     keep = torch.cat([top, torch.arange(n - window, n).expand(b, hkv, -1)], -1)
     return (*(t.gather(2, keep[..., None].expand(-1, -1, -1, t.shape[-1])) for t in (k, v)), keep)
