@@ -323,8 +323,10 @@ class PagedKVCache:
     def _shared_prefix(self, seqs, lq: int, mask, kwargs) -> int:
         """Whole pages (a count) every sequence of ``seqs`` begins with and holds before its last ``lq`` positions;
         0 where :meth:`attend` must not take the cascade."""
-        if len(seqs) < 2 or mask is not None or self.kv_format is not None or set(kwargs) - {"sinks"}:
-            return 0
+        sinks = kwargs.get("sinks")
+        if len(seqs) < 2 or mask is not None or self.kv_format is not None or set(kwargs) - {"sinks"} or (
+                sinks is not None and (not isinstance(sinks, torch.Tensor) or sinks.dim() != 1)):
+            return 0  # (sinks per sequence, (B, H), go the ordinary way)
         tables = [self._tables[self._seq(s)] for s in seqs]
         room = min(self._lengths[s] for s in seqs) - lq  # positions before every sequence's queries
         pages = 0
