@@ -207,8 +207,9 @@ def self_attend(module: nn.Module, x: torch.Tensor, key_keep_mask=None, cache=No
     """``module(x)`` with the key padding, cache (a KV cache, a recurrent layer's state) and draft ``tree`` it can
     take; ``(B, t, dim) -> (B, t, dim)``."""
     name = type(module).__name__
-    if isinstance(module, SoftmaxSelfAttention):
-        return module(x, key_keep_mask=key_keep_mask, cache=cache, tree=tree)
+    if isinstance(module, SoftmaxSelfAttention):  # (subclasses that verify no trees take no tree argument)
+        extra = {} if tree is None else {"tree": tree}
+        return module(x, key_keep_mask=key_keep_mask, cache=cache, **extra)
     if isinstance(module, RecurrentLayer) and (cache is not None or tree is not None):
         keep = None if key_keep_mask is None else key_keep_mask[:, -x.shape[1]:]  # the new positions'
         return module(x, key_keep_mask=keep, cache=cache, parents=tree)
