@@ -41,12 +41,14 @@ __version__ = _version()
 
 __all__ = [
     "attention", "explain", "AttentionOutput", "masks", "bias", "flex_attention", "varlen_attn", "explain_varlen",
+    "cascade_attention", "explain_cascade",
     "AttnkitError", "ShapeError", "DTypeError", "DeviceError", "ArgumentError", "BackendError", "UnsupportedFeature",
     "__version__",
 ]
 
 if TYPE_CHECKING:  # what type checkers see; at run time the same names load lazily, below
     from . import bias, masks
+    from .cascade import cascade_attention, explain_cascade
     from .core import AttentionOutput, attention, explain
     from .flex import flex_attention
     from .varlen import explain_varlen, varlen_attn
@@ -56,7 +58,8 @@ if TYPE_CHECKING:  # what type checkers see; at run time the same names load laz
 _LAZY = {"attention": (".core", "attention"), "explain": (".core", "explain"),
          "AttentionOutput": (".core", "AttentionOutput"), "masks": (".masks", None), "bias": (".bias", None),
          "flex_attention": (".flex", "flex_attention"), "varlen_attn": (".varlen", "varlen_attn"),
-         "explain_varlen": (".varlen", "explain_varlen")}
+         "explain_varlen": (".varlen", "explain_varlen"), "cascade_attention": (".cascade", "cascade_attention"),
+         "explain_cascade": (".cascade", "explain_cascade")}
 
 
 def __getattr__(name: str):

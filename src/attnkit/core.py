@@ -113,7 +113,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
               scale: float | None = None, normalize: str | Normalizer = "softmax", dropout_p: float = 0.0,
               return_weights: Literal[False] = False, return_lse: Literal[False] = False,
               backend: str = "auto", sinks: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
-              seqused_k: torch.Tensor | None = None) -> torch.Tensor: ...
+              seqused_k: torch.Tensor | None = None, k_scale: torch.Tensor | None = None,
+              v_scale: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 @overload
@@ -122,7 +123,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
               scale: float | None = None, normalize: str | Normalizer = "softmax", dropout_p: float = 0.0,
               return_weights: bool = False, return_lse: bool = False,
               backend: str = "auto", sinks: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
-              seqused_k: torch.Tensor | None = None) -> torch.Tensor | AttentionOutput: ...
+              seqused_k: torch.Tensor | None = None, k_scale: torch.Tensor | None = None,
+              v_scale: torch.Tensor | None = None) -> torch.Tensor | AttentionOutput: ...
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask | torch.Tensor | None = None,
@@ -130,7 +132,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
               scale: float | None = None, normalize: str | Normalizer = "softmax", dropout_p: float = 0.0,
               return_weights: bool = False, return_lse: bool = False,
               backend: str = "auto", sinks: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
-              seqused_k: torch.Tensor | None = None) -> torch.Tensor | AttentionOutput:
+              seqused_k: torch.Tensor | None = None, k_scale: torch.Tensor | None = None,
+              v_scale: torch.Tensor | None = None) -> torch.Tensor | AttentionOutput:
     """Attention over keys and values: ``normalize(score(q, k) * scale + bias, mask) @ v``.
 
     Args:
@@ -169,6 +172,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
             contiguous ``(B, H_kv, Lk, D)`` cache, its first ``seqused_k[b]`` keys). ``mask`` is then read at
             each sequence's own positions and length: ``masks.causal()`` puts the ``Lq`` queries at its last
             ``Lq`` positions (decoding, chunked prefill). No bias with either.
+        k_scale, v_scale: ``k`` and ``v`` are then codes of a quantized cache (float8_e4m3fn, float8_e5m2, int8,
+            or uint8: int4 packed two per byte, :class:`attnkit.functional.quantize.KVFormat`), and these their
+            float32 scales, ``()`` (per tensor) or ``k.shape[:-1]`` (per token and head; with ``block_table``,
+            ``(num_pages, page_size, H_kv)``): the keys are ``code * scale``. Each key block is dequantized as the
+            loop reaches it (paths ``online-softmax`` and ``paged-split-kv``; never a full-precision copy of the
+            cache), so the result equals attention over the dequantized tensors. Both or neither.
 
     Returns:
         The output ``(..., Lq, Dv)`` in the input dtype, or an :class:`AttentionOutput`
@@ -189,8 +198,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
         >>> out.shape
         torch.Size([2, 3, 5, 8])
     """
-    # the only masks the fast lane serves; paged calls are never its
-    if (mask is None or getattr(mask, "kind", None) == "causal") and block_table is None and seqused_k is None:
+    # the only masks the fast lane serves; paged and quantized calls are never its
+    if ((mask is None or getattr(mask, "kind", None) == "causal") and block_table is None and seqused_k is None
+            and k_scale is None and v_scale is None):
         fast = lane.route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse,
                           backend, sinks)
         if fast is not None:
@@ -202,7 +212,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
         backend = "reference"
     p = _prepare(q, k, v, mask=mask, bias=bias, score=score, scale=scale, normalize=normalize, dropout_p=dropout_p,
                  return_weights=return_weights or record, return_lse=return_lse, backend=backend, sinks=sinks,
-                 block_table=block_table, seqused_k=seqused_k)
+                 block_table=block_table, seqused_k=seqused_k, k_scale=k_scale, v_scale=v_scale)
     with _autocast_off(p.q.device.type):  # scores and softmax stay in float32
         if p.tracing:
             _refuse_baked_aliasing(q, k, v)
@@ -226,7 +236,8 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask | t
             scale: float | None = None, normalize: str | Normalizer = "softmax", dropout_p: float = 0.0,
             return_weights: bool = False, return_lse: bool = False, backend: str = "auto",
             sinks: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
-            seqused_k: torch.Tensor | None = None, read_data: bool = True) -> Decision:
+            seqused_k: torch.Tensor | None = None, k_scale: torch.Tensor | None = None,
+            v_scale: torch.Tensor | None = None, read_data: bool = True) -> Decision:
     """Which execution path ``attention(q, k, v, ...)`` would run, why no other path, its cost, how it compiles.
 
     ``str()`` of the answer lists every path of :mod:`attnkit.kernels.paths` with the
@@ -245,13 +256,13 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask | t
         >>> d.backend, d.path
         ('blocksparse', 'band-windows')
     """
-    fast = None if block_table is not None or seqused_k is not None else lane.route(
+    paged_or_quantized = block_table is not None or seqused_k is not None or k_scale is not None or v_scale is not None
+    fast = None if paged_or_quantized else lane.route(
         q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse, backend,
         sinks)
     p = _prepare(q, k, v, backend=backend, mask=mask, bias=bias, score=score, scale=scale, normalize=normalize,
                  dropout_p=dropout_p, return_weights=return_weights, return_lse=return_lse, sinks=sinks,
-                 block_table=block_table,
-                 seqused_k=seqused_k)
+                 block_table=block_table, seqused_k=seqused_k, k_scale=k_scale, v_scale=v_scale)
     with _autocast_off(p.q.device.type):
         if p.tracing and rules.operator_carries(p, backend):
             return custom_op.traced_decision(p, backend)

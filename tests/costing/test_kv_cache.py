@@ -41,7 +41,7 @@ def test_table_and_errors():
     text = kv_cache_table(heads=8, head_dim=64, tokens=1000)
     lines = text.splitlines()
     assert lines[0].startswith("KV-cache per token and layer: 8 heads of 64 features")
-    assert [line.split()[0] for line in lines[2:]] == ["MHA", "GQA", "MQA", "MLA"]
+    assert [line.split()[0] for line in lines[2:6]] == ["MHA", "GQA", "MQA", "MLA"]
     assert lines[2].split()[-1] == "1.000" and "1000 tokens" in lines[1]
     with pytest.raises(ArgumentError, match="kv_heads must divide heads"):
         kv_cache_rows(heads=8, kv_heads=3)
@@ -61,3 +61,22 @@ def test_huge_layers_are_priced_by_formula_without_a_pass_over_stand_in_inputs(h
     assert time.perf_counter() - start < 5  # seconds, on a busy machine; the formula takes milliseconds
     assert [rows[k].values for k in ("MHA", "MQA", "MLA")] == [2 * heads * head_dim, 2 * head_dim,
                                                               4 * head_dim + head_dim // 2]
+
+
+def test_bytes_per_token_per_format_are_those_a_quantized_cache_stores():
+    """fp8 is half of bfloat16, int4 a quarter, plus two float32 scales per (token, head); as KVCache counts."""
+    from attnkit.costing.kv_cache import kv_format_rows
+    from attnkit.nn import KVCache
+
+    rows = {r.format: r for r in kv_format_rows(heads=8, head_dim=64, kv_heads=2, dtype="bfloat16")}
+    bf16 = rows["bfloat16"]
+    assert (bf16.mha, bf16.gqa, bf16.mqa) == (2 * 8 * 64 * 2, 2 * 2 * 64 * 2, 2 * 64 * 2)
+    assert rows["float8_e4m3 (per tensor scales)"].mha * 2 == bf16.mha
+    assert rows["int4 (per tensor scales)"].gqa * 4 == bf16.gqa
+    assert rows["int4 (per (token, head) scales)"].mqa == bf16.mqa // 4 + 2 * 4
+    assert rows["float8_e5m2 (per (token, head) scales)"].ratio == pytest.approx((1024 + 64) / 2048)
+    for kind in ("float8_e4m3", "int8", "int4"):
+        cache = KVCache(1, 1, 2, 64, kv_format=kind)
+        assert rows[f"{kind} (per (token, head) scales)"].gqa == cache.bytes_per_token
+    text = kv_cache_table(heads=8, head_dim=64, kv_heads=2, dtype="bfloat16")
+    assert "by storage format" in text and "int4 (per (token, head) scales)" in text

@@ -9,7 +9,7 @@ it another way, each checked against a float64 oracle written in the tests:
 - a paged KV cache (``block_table=``, ``seqused_k=``, pages permuted among spare pages holding NaN,
   empty sequences, sinks, causal or a window) on every backend, against each sequence alone;
 - the linear recurrences (retention, GLA, SSD, DeltaNet, Gated DeltaNet, KDA) in each form and chunk size,
-  against the token-by-token recurrence of :mod:`tests.functional.linear.cases`;
+  against the token-by-token recurrence of :mod:`tests.functional.recurrences.cases`;
 - :func:`attnkit.flex_attention` with a ``BlockMask`` (per batch and head, or ``B=None``/``H=None`` with a
   ``mask_mod`` that reads neither) and a ``score_mod``, against the dense mask and modifier.
 
@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 import attnkit
 from attnkit import masks
 from attnkit.errors import BackendError
-from tests.functional.linear import cases as linear_cases
+from tests.functional.recurrences import cases as linear_cases
 from tests.fuzz.differential import GRAD_TOL, OUT_TOL, _close
 from tests.helpers import BACKENDS
 from tests.oracle import dense_attention

@@ -7,6 +7,8 @@ from attnkit.errors import ArgumentError
 from attnkit.models import TransformerLM
 from attnkit.models.hybrid import RECURRENT, hybrid_attention
 
+from .test_language_model import check_tree_verification
+
 V, DIM, H = 17, 12, 3
 
 
@@ -68,3 +70,18 @@ def test_the_softmax_layers_take_the_gate_qk_norm_and_rotary_positions():
     out, scores = lm.generate(tokens[:, :5], 3, return_logits=True)
     torch.testing.assert_close(scores[:, 0], lm(tokens[:, :5])[:, 4], rtol=0, atol=1e-5)
     assert torch.equal(out[:, 5:], scores.argmax(-1))  # greedy: each new token is its row's best
+
+
+@pytest.mark.parametrize("name", ["deltanet", "gated-deltanet", "kimi-delta-attention"])
+def test_a_hybrid_stack_verifies_a_draft_tree_in_one_forward_and_commit_leaves_a_plain_decodes_caches(name):
+    check_tree_verification(_lm(name, every=2, layers=4, positional="rotary", norm_first=True), 12, 3)
+
+
+def test_a_hybrid_stack_generates_through_its_caches_as_it_does_recomputing():
+    lm = _lm("gated-deltanet", every=2, layers=4, positional="rotary").double()
+    prefix = torch.randint(0, V, (2, 5), generator=torch.Generator().manual_seed(0))
+    assert lm.body.cacheable
+    cached, logits = lm.generate(prefix, 6, return_logits=True)
+    again, relogits = lm.generate(prefix, 6, use_cache=False, return_logits=True)
+    assert torch.equal(cached, again)
+    torch.testing.assert_close(logits, relogits, rtol=0, atol=1e-10)

@@ -16,7 +16,7 @@ import torch
 import transformers as hf
 
 from attnkit import masks
-from attnkit.errors import ArgumentError
+from attnkit.errors import ArgumentError, UnsupportedFeature
 from attnkit.models import TransformerLM
 from attnkit.nn import LocalAttention, YarnScaling
 
@@ -160,3 +160,141 @@ def test_every_cached_generation_step_reuses_one_causal_mask(monkeypatch):
     assert len(seen) == 2 * 4  # two layers, the prefill and three steps
     assert all(mask is CAUSAL for mask in seen)
     assert CAUSAL.kind == "causal" and CAUSAL.align == "bottom_right"
+
+
+
+def _fp8_agreement(seed: int, prompts: int = 4, new: int = 64):
+    """A Llama-style model (random weights, fixed seed) generating ``new`` greedy tokens after 8-token prompts with
+    a float32 KV cache and with a float8 e4m3 per-(token, head) cache.
+
+    Returns the float32 run's tokens and logits ``(prompts, new)``, ``(prompts, new, vocab)``, the fp8 run's
+    tokens (free running), and the fp8 cache's choices given the float32 run's tokens so far (teacher forced)."""
+    torch.manual_seed(seed)
+    lm = TransformerLM(256, dim=128, num_heads=2, num_layers=2, dropout=0.0, max_len=None, **LLAMA).eval()
+    prefix = torch.randint(0, 256, (prompts, 8))
+    with torch.no_grad():
+        full, logits = lm.generate(prefix, new, return_logits=True)
+        free = lm.generate(prefix, new, kv_format="float8_e4m3")
+        caches = lm.body.new_caches(prompts, 8 + new, kv_format="float8_e4m3")
+        forced = [lm.step(prefix, caches)] + [lm.step(full[:, i:i + 1], caches) for i in range(8, 7 + new)]
+    return full[:, 8:], logits, free[:, 8:], torch.stack(forced, 1).argmax(-1)
+
+
+def test_greedy_generation_with_an_fp8_cache_picks_the_float32_caches_tokens():
+    """Measured (seed 0, 4 prompts x 64 tokens): 99.2 % of the fp8 cache's choices equal the float32 cache's
+    given the same tokens so far (teacher forced; seeds 1-3: 99.6, 99.6, 99.2 %). Free running, the fp8 run's
+    tokens equal the float32 run's on 71.5 % (seeds 1-3: 89, 98, 74 %): a random-weight model's logits are
+    nearly tied (median top-2 gap about 0.14), and one flipped near-tie sends the rest of a continuation
+    elsewhere. So the test asserts the per-step agreement, that every free-running continuation matches up to
+    its first flipped choice, and that the flips were near-ties of the float32 logits."""
+    chosen, logits, free, forced = _fp8_agreement(0)
+    assert bool((logits.argmax(-1) == chosen).all())  # the float32 run is greedy
+    same = forced == chosen
+    assert same.float().mean().item() >= 0.95, same.float().mean().item()
+    for row in range(chosen.shape[0]):
+        flips = torch.nonzero(~same[row]).flatten()
+        first = int(flips[0]) if len(flips) else chosen.shape[1]
+        assert free[row, :first].equal(chosen[row, :first]) and (first == chosen.shape[1]) == free[row].equal(
+            chosen[row])
+        gap = logits[row, flips, chosen[row, flips]] - logits[row, flips, forced[row, flips]]
+        assert bool((gap < 0.05 * logits[row].std()).all()), gap  # near-ties only
+
+
+def _counting(generator: torch.Generator, batch: int, n: int, vocab: int) -> torch.Tensor:
+    """Arithmetic progressions modulo ``vocab``: a random start and a random step in 1..3 per row ``(batch, n)``."""
+    start = torch.randint(0, vocab, (batch, 1), generator=generator)
+    step = torch.randint(1, 4, (batch, 1), generator=generator)
+    return (start + step * torch.arange(n)) % vocab
+
+
+def test_a_trained_models_free_running_fp8_generation_keeps_95_percent_of_the_float32_tokens():
+    """The criterion as stated, free running: a small Llama-style model, briefly trained (fixed seeds, 40 Adam
+    steps on counting sequences modulo 32) so its next-token logits are decisive rather than the near-ties of
+    random weights, generates 64 greedy tokens after 8-token prompts with a float32 cache and with a float8 e4m3
+    per-(token, head) cache; the two runs pick the same token on at least 95 % of the 4 x 64 positions.
+    Measured: 100 %, smallest top-2 logit gap of the float32 run about 0.04; about 7 s on a loaded CPU."""
+    vocab = 32
+    torch.manual_seed(0)
+    lm = TransformerLM(vocab, dim=32, num_heads=2, num_layers=2, dropout=0.0, max_len=None, **LLAMA)
+    opt = torch.optim.Adam(lm.parameters(), lr=1e-2)
+    data = torch.Generator().manual_seed(0)
+    for _ in range(40):
+        x = _counting(data, 16, 16, vocab)
+        loss = torch.nn.functional.cross_entropy(lm(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.5, loss.item()  # it learnt the task: its choices are no longer near-ties
+    lm.eval()
+    prefix = _counting(data, 4, 8, vocab)
+    with torch.no_grad():
+        full, logits = lm.generate(prefix, 64, return_logits=True)
+        free = lm.generate(prefix, 64, kv_format="float8_e4m3")
+    assert bool((logits.argmax(-1) == full[:, 8:]).all())
+    agreement = (free[:, 8:] == full[:, 8:]).float().mean().item()
+    assert agreement >= 0.95, agreement
+
+
+def _tree(nodes: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return [-1] + [int(torch.randint(-1, i, (1,), generator=g)) for i in range(1, nodes)]
+
+
+def _path(parents: list[int], node: int) -> list[int]:
+    out = [node]
+    while parents[out[-1]] >= 0:
+        out.append(parents[out[-1]])
+    return out[::-1]
+
+
+def check_tree_verification(lm: TransformerLM, nodes: int, seed: int = 0) -> None:
+    """``lm.verify`` of a random draft tree after an 8-token prompt: every node's logits equal the whole-sequence
+    forward (no cache) of the prompt and the node's path; after ``commit`` of the path to the last node, the caches
+    equal those of decoding the path plainly (their keys, values and states, and the next step's logits)."""
+    lm = lm.double().eval()
+    g = torch.Generator().manual_seed(seed)
+    prompt, draft = torch.randint(0, lm.vocab_size, (2, 8), generator=g), torch.randint(0, lm.vocab_size, (2, nodes),
+                                                                                        generator=g)
+    parents = _tree(nodes, seed + 1)
+    with torch.no_grad():
+        caches = lm.body.new_caches(2, 9 + nodes)
+        lm(prompt, caches=caches)
+        logits = lm.verify(draft, masks.tree(parents), caches)
+        for node in range(nodes):
+            whole = lm(torch.cat([prompt, draft[:, _path(parents, node)]], 1))[:, -1]
+            torch.testing.assert_close(logits[:, node], whole, rtol=0, atol=1e-10)
+        path = _path(parents, nodes - 1)
+        lm.commit(caches, masks.tree(parents), path)
+        plain = lm.body.new_caches(2, 9 + nodes)
+        lm(torch.cat([prompt, draft[:, path]], 1), caches=plain)
+        for ours, theirs in zip(caches, plain, strict=True):
+            assert len(ours) == len(theirs) == 8 + len(path)
+            if hasattr(ours, "keys"):
+                torch.testing.assert_close(ours.keys, theirs.keys, rtol=0, atol=1e-12)
+                torch.testing.assert_close(ours.values, theirs.values, rtol=0, atol=1e-12)
+            else:
+                torch.testing.assert_close(ours.state, theirs.state, rtol=0, atol=1e-12)
+        nxt = torch.randint(0, lm.vocab_size, (2, 1), generator=g)
+        torch.testing.assert_close(lm(nxt, caches=caches), lm(nxt, caches=plain), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("nodes", [1, 6, 20])
+def test_a_llama_model_verifies_a_draft_tree_in_one_forward_and_commit_leaves_a_plain_decodes_caches(nodes):
+    torch.manual_seed(0)
+    check_tree_verification(TransformerLM(V, dim=DIM, num_heads=H, num_layers=2, ff_dim=FF, dropout=0.0,
+                                          max_len=None, qk_norm=True, **LLAMA), nodes, nodes)
+
+
+def test_verify_refuses_added_positions_and_a_commit_off_the_tree():
+    torch.manual_seed(0)
+    lm = TransformerLM(V, dim=DIM, num_heads=H, dropout=0.0, positional="sinusoidal").eval()
+    with pytest.raises(UnsupportedFeature, match=r"positional='rotary' or None; got .*'sinusoidal'"):
+        lm.verify(torch.zeros(1, 2, dtype=torch.long), [-1, 0], lm.body.new_caches(1, 4))
+    lm = TransformerLM(V, dim=DIM, num_heads=H, dropout=0.0, **LLAMA).eval()
+    caches = lm.body.new_caches(1, 6)
+    with torch.no_grad():
+        lm.verify(torch.zeros(1, 3, dtype=torch.long), [-1, 0, 0], caches)
+    with pytest.raises(ArgumentError, match="root-to-node path"):
+        lm.commit(caches, masks.tree([-1, 0, 0]), [1, 2])
+    with pytest.raises(ArgumentError, match="precede its node"):
+        lm.verify(torch.zeros(1, 2, dtype=torch.long), [0, -1], lm.body.new_caches(1, 4))

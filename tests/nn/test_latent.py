@@ -157,3 +157,31 @@ def test_registry_entry_and_cache_bytes():
     at_scale = entry.cost(q_len=4096)  # the layer's 8 heads of 64: d_c = 256, d_h^R = 32 (DeepSeek-V2's ratios)
     assert (at_scale.sizes["kv_lora_rank"], at_scale.sizes["qk_rope_head_dim"]) == (256, 32)
     assert at_scale.state_per_token == (256 + 32) * 4
+
+
+@pytest.mark.parametrize("kind", ["float8_e4m3", "int8"])
+def test_a_quantized_latent_cache_decodes_the_same_in_both_forms(kind):
+    """The absorbed form reads the codes through attention (k_scale = v_scale = the rows' scales, one key block
+    at a time); the naive form dequantizes the rows and decompresses them: float64, the same within 1e-10."""
+    from attnkit.functional.quantize import KVFormat
+
+    mla = _module()
+    x = _x(n=N + 6, seed=4)
+    caches = {form: mla.new_cache(B, N + 6, kv_format=kind) for form in ("naive", "absorbed")}
+    steps = {form: [mla(x[:, :N], cache=caches[form], form=form)] for form in caches}
+    for i in range(N, N + 6):
+        for form in caches:
+            steps[form].append(mla(x[:, i:i + 1], cache=caches[form], form=form))
+    naive, absorbed = (torch.cat(steps[form], 1) for form in ("naive", "absorbed"))
+    torch.testing.assert_close(absorbed, naive, rtol=0, atol=1e-10)
+    cache = caches["absorbed"]
+    assert cache.keys.dtype == KVFormat(kind).storage_dtype and cache.scales["v_scale"].equal(cache.scales["k_scale"])
+    full = mla(x)
+    gap = (naive - full).abs().max().item()
+    assert 0 < gap < 0.1 * full.abs().max().item()  # the codes are read: close to, not equal to, full precision
+    assert cache.bytes_per_token == (RANK + ROPE) * 1 + 4  # one byte a feature, one float32 scale a row
+
+
+def test_an_int4_latent_cache_needs_an_even_rank():
+    with pytest.raises(ShapeError, match="kv_lora_rank must be even"):
+        LatentCache(1, 4, 7, 5, kv_format="int4")

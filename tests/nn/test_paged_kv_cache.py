@@ -88,3 +88,60 @@ def test_explain_names_the_paged_path():
     d = attnkit.explain(torch.randn(1, 2, 1, 8), cache.k_pages, cache.v_pages, block_table=cache.block_table([seq]),
                         seqused_k=cache.lengths([seq]), mask=masks.causal())
     assert d.path == "paged-split-kv"
+
+
+def test_a_quantized_fork_copies_the_shared_page_with_its_scales():
+    """Copy on write carries the page's per (token, head) scales; codes and scales as quantizing the sequence."""
+    from attnkit.functional.quantize import KVFormat
+
+    fmt = KVFormat("int8")
+    cache = PagedKVCache(6, 4, 2, 8, kv_format=fmt)
+    parent = cache.allocate()
+    k, v = torch.randn(2, 6, 8), torch.randn(2, 6, 8)
+    cache.append(parent, k, v)
+    child = cache.fork(parent)
+    extra = torch.randn(2, 1, 8)
+    cache.append(child, extra, extra)
+    assert cache.pages_free == 3  # the parent's two pages, and the copy of the shared second page
+    for seq, keys in ((parent, k), (child, torch.cat([k, extra], 1))):
+        table, n = cache.block_table([seq])[0], cache.length(seq)
+        pos = torch.arange(n)
+        codes = cache.k_pages[table[pos // 4], pos % 4].transpose(0, 1)
+        scales = cache.k_scales[table[pos // 4], pos % 4].transpose(0, 1)
+        want_codes, want_scales = fmt.quantize(keys)
+        assert codes.equal(want_codes) and scales.equal(want_scales)
+    assert cache.bytes_per_token == 2 * 2 * 8 + 2 * 2 * 4
+    assert "kv_format=int8" in repr(cache)
+
+
+def test_forks_of_one_prompt_attend_through_the_cascade_reading_the_shared_pages_once():
+    """Four forks of a 13-position prompt (pages of 4: three whole shared pages), each with its own continuation:
+    attend takes the cascade (explain shows the shared prefix read once) and equals the ordinary paged call and a
+    dense float64 softmax, with and without sinks."""
+    g = torch.Generator().manual_seed(0)
+    cache = PagedKVCache(40, 4, 2, 6, dtype=torch.float64)
+    root = cache.allocate()
+    cache.append(root, torch.randn(2, 13, 6, generator=g, dtype=torch.float64),
+                 torch.randn(2, 13, 6, generator=g, dtype=torch.float64))
+    seqs = [cache.fork(root) for _ in range(3)] + [root]
+    for i, s in enumerate(seqs):
+        cache.append(s, torch.randn(2, 2 + i, 6, generator=g, dtype=torch.float64),
+                     torch.randn(2, 2 + i, 6, generator=g, dtype=torch.float64))
+    q = torch.randn(4, 4, 2, 6, generator=g, dtype=torch.float64)
+    plan = cache.explain(seqs, q)
+    assert (plan.prefix_from, plan.prefix_len, plan.stacked_rows) == (0, 12, 8)
+    assert "read once for 8 stacked query rows of 4 requests" in str(plan)
+    assert cache.explain(seqs, q, cascade=False).path == "paged-split-kv"
+    for sinks in (None, torch.randn(4, generator=g, dtype=torch.float64)):
+        extra = {} if sinks is None else {"sinks": sinks}
+        out = cache.attend(seqs, q, **extra)
+        torch.testing.assert_close(out, cache.attend(seqs, q, cascade=False, **extra), rtol=0, atol=1e-12)
+        for row, s in enumerate(seqs):
+            table, n = cache.block_table([s])[0], int(cache.lengths([s]))
+            k = cache.k_pages[table].flatten(0, 1)[:n].transpose(0, 1).repeat_interleave(2, 0)  # (H, n, D)
+            v = cache.v_pages[table].flatten(0, 1)[:n].transpose(0, 1).repeat_interleave(2, 0)
+            scores = (q[row] @ k.transpose(-1, -2)) / 6 ** 0.5
+            scores = scores.masked_fill(torch.arange(n)[None, :] > torch.arange(n - 2, n)[:, None], float("-inf"))
+            if sinks is not None:
+                scores = torch.cat([scores, sinks[:, None, None].expand(4, 2, 1)], -1)
+            torch.testing.assert_close(out[row], scores.softmax(-1)[..., :n] @ v, rtol=0, atol=1e-12)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnkit.errors import DTypeError, ShapeError
+from attnkit.errors import ArgumentError, DTypeError, ShapeError, UnsupportedFeature
 from attnkit.nn import GatedDeltaNet, Mamba2Mixer, RecurrentCache
 from attnkit.nn._recurrent import GatedRMSNorm, ShortConvolution
 
@@ -137,3 +137,58 @@ def test_gated_rms_norm_gates_after_or_before():
     first = GatedRMSNorm(8, eps=1e-6, gate_first=True, groups=2).double()
     gated = x * torch.nn.functional.silu(gate)
     torch.testing.assert_close(first(x, gate), torch.cat([rms(gated[:, :4]), rms(gated[:, 4:])], -1))
+
+
+def _random_tree(nodes: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return [-1] + [int(torch.randint(-1, i, (1,), generator=g)) for i in range(1, nodes)]
+
+
+def _path(parents: list[int], node: int) -> list[int]:
+    out = [node]
+    while parents[out[-1]] >= 0:
+        out.append(parents[out[-1]])
+    return out[::-1]
+
+
+@pytest.mark.parametrize("name", [n for n in LAYERS if n != "retnet"])
+@pytest.mark.parametrize("nodes", [1, 7, 30])
+def test_a_draft_tree_verified_in_one_call_gives_each_node_its_paths_decoding_and_commit_keeps_the_path(name, nodes):
+    layer, x = _layer(name), _x(n=5 + nodes)
+    parents = _random_tree(nodes, nodes)
+    cache = layer.new_cache()
+    layer(x[:, :5], cache=cache)
+    prefix_state = (cache.conv.clone() if cache.conv is not None else None, cache.state.clone(), cache.length)
+    out = layer(x[:, 5:], cache=cache, parents=parents)
+    assert cache.length == 5 and torch.equal(cache.state, prefix_state[1])  # verification does not advance it
+    for node in range(nodes):
+        alone = layer.new_cache()
+        path = _path(parents, node)
+        decoded = layer(torch.cat([x[:, :5], x[:, 5:][:, path]], 1), cache=alone, form="recurrent")
+        torch.testing.assert_close(out[:, node], decoded[:, -1], rtol=0, atol=1e-12)
+    path = _path(parents, nodes - 1)
+    cache.commit(path)
+    plain = layer.new_cache()
+    layer(torch.cat([x[:, :5], x[:, 5:][:, path]], 1), cache=plain)
+    assert cache.length == plain.length == 5 + len(path)
+    torch.testing.assert_close(cache.state, plain.state, rtol=0, atol=1e-12)
+    if plain.conv is not None:
+        torch.testing.assert_close(cache.conv, plain.conv, rtol=0, atol=1e-12)
+    after = torch.randn(2, 1, DIM, dtype=torch.float64)
+    torch.testing.assert_close(layer(after, cache=cache), layer(after, cache=plain), rtol=0, atol=1e-12)
+
+
+def test_a_commit_that_is_not_a_root_to_node_path_or_without_a_tree_gets_attnkits_errors():
+    layer, x = _layer("gated_deltanet"), _x(n=4)
+    cache = layer.new_cache()
+    with pytest.raises(ArgumentError, match="no draft tree to commit"):
+        cache.commit([0])
+    layer(x, cache=cache, parents=[-1, 0, 0, 2])
+    with pytest.raises(ArgumentError, match=r"root-to-node path.*got \[0, 3\], the path to node 3 is \[0, 2, 3\]"):
+        cache.commit([0, 3])
+    with pytest.raises(ShapeError, match=r"parents must have shape \(4,\) or \(2, 4\)"):
+        layer(x, cache=cache, parents=[-1, 0])
+    with pytest.raises(ArgumentError, match="precede its node"):
+        layer(x, parents=[-1, 1, 0, 0])
+    with pytest.raises(UnsupportedFeature, match="rotary"):
+        _layer("retnet")(x, parents=[-1, 0, 1, 2])

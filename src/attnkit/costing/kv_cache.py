@@ -6,6 +6,10 @@ decoding state grows by per token (``Cost.state_per_token``) for multi-head atte
 another count) and 1 (MQA), and multi-head latent attention at DeepSeek-V2's ratios
 (``d_c = 4 d_h``, ``d_h^R = d_h / 2``; DeepSeek-AI 2024, arXiv:2405.04434, Table 1: MHA
 ``2 n_h d_h``, GQA ``2 n_g d_h``, MQA ``2 d_h``, MLA ``d_c + d_h^R`` elements per token and layer).
+
+:func:`kv_format_rows` gives the MHA, GQA and MQA caches' bytes per token in each quantized format
+(:class:`~attnkit.functional.quantize.KVFormat`: the K and V codes, plus two float32 scales per
+head with per-(token, head) scales), as :class:`~attnkit.nn.KVCache` stores them.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from ..errors import ArgumentError, check_int
 from .tally import ITEMSIZE
 from .vocabulary import LAYER
 
-__all__ = ["KVCacheRow", "kv_cache_rows", "kv_cache_table"]
+__all__ = ["KVCacheRow", "FormatRow", "kv_cache_rows", "kv_format_rows", "kv_cache_table"]
 
 
 class KVCacheRow(NamedTuple):
@@ -54,6 +58,37 @@ def kv_cache_rows(*, heads: int = LAYER["heads"], head_dim: int = LAYER["head_di
     return rows
 
 
+class FormatRow(NamedTuple):
+    """One storage format: its name and the bytes per token and layer of MHA, GQA and MQA, and the ratio to
+    the full-precision dtype."""
+
+    format: str
+    mha: int
+    gqa: int
+    mqa: int
+    ratio: float
+
+
+def kv_format_rows(*, heads: int = LAYER["heads"], head_dim: int = LAYER["head_dim"], kv_heads: int | None = None,
+                   dtype: str = "float32") -> list[FormatRow]:
+    """The full-precision ``dtype`` first, then every :data:`~attnkit.functional.quantize.KINDS` with per (token,
+    head) and per tensor scales, at the key/value head counts of :func:`kv_cache_rows`."""
+    from ...functional.quantize import KINDS, KVFormat
+
+    counts = [r.values // (2 * head_dim) for r in kv_cache_rows(heads=heads, head_dim=head_dim, kv_heads=kv_heads,
+                                                                dtype=dtype)[:3]]
+    full = [2 * n * head_dim * ITEMSIZE[dtype] for n in counts]
+    rows = [FormatRow(dtype, *full, 1.0)]
+    for kind in KINDS:
+        for granularity in ("token_head", "tensor"):
+            fmt = KVFormat(kind, granularity)
+            if head_dim % fmt.per_element:
+                continue  # int4 packs pairs of features
+            sizes = [fmt.bytes_per_token(n, head_dim) for n in counts]
+            rows.append(FormatRow(str(fmt), *sizes, sizes[0] / full[0]))
+    return rows
+
+
 def kv_cache_table(*, heads: int = LAYER["heads"], head_dim: int = LAYER["head_dim"], kv_heads: int | None = None,
                    dtype: str = "float32", tokens: int = LAYER["q_len"]) -> str:
     """The rows as a plain-text table (what ``attnkit cost --kv-cache`` prints), with ``tokens`` tokens' total."""
@@ -65,7 +100,14 @@ def kv_cache_table(*, heads: int = LAYER["heads"], head_dim: int = LAYER["head_d
     widths = [max(len(line[i]) for line in (head, *body)) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in (head, *body)]
     title = f"KV-cache per token and layer: {heads} heads of {head_dim} features, {dtype}"
-    return "\n".join([title, *lines])
+    formats = kv_format_rows(heads=heads, head_dim=head_dim, kv_heads=kv_heads, dtype=dtype)
+    head = ("format", f"MHA ({rows[0].setting})", f"GQA ({rows[1].setting})", f"MQA ({rows[2].setting})",
+            f"vs {dtype}")
+    body = [(f.format, f"{f.mha} B", f"{f.gqa} B", f"{f.mqa} B", f"{f.ratio:.3f}") for f in formats]
+    widths = [max(len(line[i]) for line in (head, *body)) for i in range(len(head))]
+    table = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in (head, *body)]
+    return "\n".join([title, *lines, "", "Bytes per token and layer by storage format (attnkit.nn.KVCache kv_format=; "
+                      "codes plus float32 scales):", *table])
 
 
 def _kib(n: int) -> str:

@@ -19,6 +19,7 @@ from ..masks.base import Mask
 from ..masks.indexed import TensorMask
 from ..masks.selected import Pages, check_pages
 from .normalize import NORMALIZERS
+from .quantize import CODE_DTYPES, Quantized, check_scale, format_of_codes
 from .scores import SCORES
 
 __all__ = ["Problem", "validate", "default_scale", "check_sinks"]
@@ -51,6 +52,7 @@ class Problem:
     user_rank: int
     tracing: bool = False  # traced by torch.compile / export: nothing may read the data
     sinks: torch.Tensor | None = None  # (B|1, H|1, Lq|1): a logit in each row's softmax denominator
+    quant: Quantized | None = None  # k and v hold codes (k_scale=, v_scale=): dequantized one key block at a time
     sizes: tuple[int, int, int, int, int, int] = field(init=False)  # (B, Hq, Lq, Lk, D, Dv)
     groups: int = field(init=False)  # query heads per key/value head (1 unless grouped-query attention)
     compute_dtype: torch.dtype = field(init=False)  # float64 stays float64; everything else runs in float32
@@ -65,7 +67,8 @@ class Problem:
         grad = torch.is_grad_enabled() and (
             bool(learned) or self.q.requires_grad or self.k.requires_grad or self.v.requires_grad
             or (self.sinks is not None and self.sinks.requires_grad))
-        for name, value in (("sizes", (b, h, lq, lk, d, self.v.shape[3])), ("groups", h // hkv if hkv else 1),
+        dv = self.v.shape[3] * (2 if self.quant is not None and self.quant.kind == "int4" else 1)
+        for name, value in (("sizes", (b, h, lq, lk, d, dv)), ("groups", h // hkv if hkv else 1),
                             ("compute_dtype", torch.float64 if self.q.dtype == torch.float64 else torch.float32),
                             ("learned", learned), ("needs_grad", grad), ("memo", {})):
             object.__setattr__(self, name, value)
@@ -122,24 +125,27 @@ def _shape(t) -> tuple:
     return tuple(t.shape)
 
 
-def _check_qkv(q, k, v):
+def _check_qkv(q, k, v, kind: str | None = None):
+    """q, k, v; with ``kind`` (quantized keys and values, :func:`_check_codes`) k and v hold its codes."""
     for name, t in (("query", q), ("key", k), ("value", v)):
         if not isinstance(t, torch.Tensor):
             raise DTypeError(f"{_WHO}: {name} must be a torch.Tensor; got {type(t).__name__}")
-        if not t.is_floating_point():
+        if not t.is_floating_point() and (kind is None or name == "query"):
             raise DTypeError(f"{_WHO}: {name} must be a floating tensor; got dtype {t.dtype}")
-    if not (q.dtype == k.dtype == v.dtype):
+    if kind is None and not (q.dtype == k.dtype == v.dtype):
         raise DTypeError(f"{_WHO}: query, key and value must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise DeviceError(f"{_WHO}: query, key and value must share a device; got {q.device}, {k.device}, {v.device}")
     qs, ks, vs = q.shape, k.shape, v.shape  # read once: each read builds a torch.Size
+    packed = 2 if kind == "int4" else 1  # int4: two features per stored byte
     rank = len(qs)
     if not (rank == len(ks) == len(vs)) or not 2 <= rank <= 4:
         raise ShapeError(f"{_WHO}: query, key and value must all be 2-D (L, D), 3-D (B, L, D) or "
                          f"4-D (B, H, L, D); got shapes {_shape(q)}, {_shape(k)}, {_shape(v)}")
-    if qs[-1] != ks[-1]:
+    if qs[-1] != ks[-1] * packed:
+        packing = ", int4 codes packed two per byte" if packed > 1 else ""
         raise ShapeError(f"{_WHO}: query and key must share the feature dim; got query {_shape(q)} (D={qs[-1]}) "
-                         f"and key {_shape(k)} (D={ks[-1]})")
+                         f"and key {_shape(k)} (D={ks[-1] * packed}{packing})")
     if ks[-2] != vs[-2]:
         raise ShapeError(f"{_WHO}: key and value must have the same length; got key {_shape(k)} "
                          f"(Lk={ks[-2]}) and value {_shape(v)} (Lv={vs[-2]})")
@@ -277,7 +283,7 @@ def _check_dropout(p):
     return float(p)
 
 
-def _paged_inputs(q, k, v, mask, bias, block_table, seqused_k, tracing):
+def _paged_inputs(q, k, v, mask, bias, block_table, seqused_k, tracing, kind=None):
     """A paged call as an ordinary one: the pool of pages as one key axis ``(B, Hkv, P * page_size, D)`` (a view of
     a contiguous pool, expanded over the batch) and a :class:`~.selected_masks.Pages` mask holding the caller's."""
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
@@ -293,7 +299,7 @@ def _paged_inputs(q, k, v, mask, bias, block_table, seqused_k, tracing):
                          f"sequence's own positions (causal, windows); got {type(mask).__name__}")
     batch = q.shape[0]
     if block_table is None:  # a contiguous cache (B, Hkv, Lk, D): one page per sequence, the whole row
-        _check_qkv(q, k, v)
+        _check_qkv(q, k, v, kind)
         pages, page_size, table = batch, max(k.shape[2], 1), torch.zeros(batch, 1, dtype=torch.long, device=q.device)
     else:
         for name, t in (("key", k), ("value", v)):
@@ -306,20 +312,70 @@ def _paged_inputs(q, k, v, mask, bias, block_table, seqused_k, tracing):
                              f"{_shape(k)} and {_shape(v)}")
         pages, page_size, table = k.shape[0], k.shape[1], block_table
         k, v = (t.reshape(-1, *t.shape[2:]).transpose(0, 1).unsqueeze(0).expand(batch, -1, -1, -1) for t in (k, v))
-        _check_qkv(q, k, v)
+        _check_qkv(q, k, v, kind)
     table, lengths = check_pages(_WHO, table, seqused_k, pages, page_size, batch, q.device, values=not tracing)
     if block_table is None and not tracing and batch and int(lengths.max()) > k.shape[2]:
         raise ArgumentError(f"{_WHO}: seqused_k must be at most the key length {k.shape[2]}; got {int(lengths.max())}")
     return k, v, Pages(table, page_size, lengths, mask, pooled=block_table is not None)
 
 
+def _check_codes(k, v, k_scale, v_scale) -> str | None:
+    """The kind of quantized keys and values (:mod:`.quantize`), or None for full-precision ones."""
+    if k_scale is None and v_scale is None:
+        codes = [name for name, t in (("key", k), ("value", v)) if getattr(t, "dtype", None) in CODE_DTYPES]
+        if codes:
+            t = k if codes[0] == "key" else v
+            raise DTypeError(f"{_WHO}: {codes[0]} has dtype {t.dtype}, the codes of a quantized cache: pass "
+                             f"{'k_scale' if codes[0] == 'key' else 'v_scale'} (and the other scale) to dequantize "
+                             f"them, or full-precision tensors")
+        return None
+    for name, given in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if given is None:
+            raise ArgumentError(f"{_WHO}: quantized keys and values need both k_scale and v_scale; got {name}=None")
+    for name, t in (("key", k), ("value", v)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in CODE_DTYPES:
+            got = f"dtype {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise DTypeError(f"{_WHO}: with k_scale and v_scale, {name} must hold codes (float8_e4m3fn, float8_e5m2, "
+                             f"int8, or uint8: int4 packed two per byte); got {got}")
+    if k.dtype != v.dtype:
+        raise DTypeError(f"{_WHO}: key and value codes must share a dtype; got {k.dtype} and {v.dtype}")
+    return format_of_codes(k.dtype)
+
+
+def _scales(k, v, k_scale, v_scale, kind, pooled: bool, batch: int) -> Quantized:
+    """The scales checked against the codes (``()`` or one per stored row) and laid out as the 4-D keys:
+    ``()`` or ``(B, H_kv, Lk)`` (a pool's ``(P, page_size, H_kv)`` seen as one key axis, as its keys are)."""
+    out = []
+    for name, scale, t in (("k_scale", k_scale, k), ("v_scale", v_scale, v)):
+        check_scale(_WHO, name, scale, t, tuple(t.shape[:-1]))
+        if scale.dim() == 0:
+            pass
+        elif pooled:
+            scale = scale.reshape(-1, scale.shape[-1]).transpose(0, 1).unsqueeze(0).expand(batch, -1, -1)
+        else:
+            scale = scale.reshape((1,) * (3 - scale.dim()) + tuple(scale.shape)) if scale.dim() == 1 else (
+                scale.unsqueeze(1) if scale.dim() == 2 else scale)
+        out.append(scale)
+    if (k_scale.dim() == 0) != (v_scale.dim() == 0):
+        raise ShapeError(f"{_WHO}: k_scale and v_scale must both be per tensor () or both per token and head; got "
+                         f"{_shape(k_scale)} and {_shape(v_scale)}")
+    return Quantized(kind, *out)
+
+
 def validate(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, normalize="softmax",
              dropout_p=0.0, return_weights=False, return_lse=False, tracing=False, sinks=None, block_table=None,
-             seqused_k=None) -> Problem:
+             seqused_k=None, k_scale=None, v_scale=None) -> Problem:
     """Check every argument of :func:`attnkit.attention` and build the :class:`Problem`."""
+    kind = _check_codes(k, v, k_scale, v_scale)
+    quant = None
+    if kind is not None:
+        if isinstance(q, torch.Tensor) and q.dtype in CODE_DTYPES:
+            raise DTypeError(f"{_WHO}: query must be a full-precision floating tensor; got dtype {q.dtype}")
+        pooled = block_table is not None and isinstance(q, torch.Tensor)
+        quant = _scales(k, v, k_scale, v_scale, kind, pooled, q.shape[0] if pooled else 0)
     if block_table is not None or seqused_k is not None:
-        k, v, mask = _paged_inputs(q, k, v, mask, bias, block_table, seqused_k, tracing)
-    _check_qkv(q, k, v)
+        k, v, mask = _paged_inputs(q, k, v, mask, bias, block_table, seqused_k, tracing, kind)
+    _check_qkv(q, k, v, kind)
     q4, k4, v4 = _as_4d(q), _as_4d(k), _as_4d(v)
     score = _check_choice("score", score, SCORES)
     normalize = _check_choice("normalize", normalize, NORMALIZERS)
@@ -333,5 +389,5 @@ def validate(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, n
         score=score, scale=_check_scale(scale, score, q.shape[-1]), normalize=normalize,
         dropout_p=_check_dropout(dropout_p),
         return_weights=bool(return_weights), return_lse=bool(return_lse), user_rank=q.dim(), tracing=tracing,
-        sinks=check_sinks(sinks, q4, q, normalize, values=not tracing),
+        sinks=check_sinks(sinks, q4, q, normalize, values=not tracing), quant=quant,
     )

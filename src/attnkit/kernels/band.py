@@ -48,7 +48,8 @@ def _bounded_band(p: Problem) -> str | None:
     return None
 
 
-REFUSALS = (rules.not_compiling, rules.no_weights, rules.softmax_of_dot_products, rules.no_bias, rules.no_dropout,
+REFUSALS = (rules.full_precision_kv,
+            rules.not_compiling, rules.no_weights, rules.softmax_of_dot_products, rules.no_bias, rules.no_dropout,
             _bounded_band)
 
 

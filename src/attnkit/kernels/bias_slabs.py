@@ -89,7 +89,8 @@ def _finite_bias(p: Problem) -> str | None:
     return None
 
 
-REFUSALS = (rules.fused_cpu_kernel, rules.softmax_of_dot_products, rules.equal_head_dims, _additive_bias,
+REFUSALS = (rules.full_precision_kv,
+            rules.fused_cpu_kernel, rules.softmax_of_dot_products, rules.equal_head_dims, _additive_bias,
             rules.no_weights, rules.no_dropout, rules.not_compiling, rules.lse_without_grad, rules.finite_inputs,
             _finite_bias)
 

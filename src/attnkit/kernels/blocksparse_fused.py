@@ -50,7 +50,8 @@ def _fused_backward(p: Problem) -> str | None:
     return "needs torch's fused CPU flash kernel and its backward" if FLASH_BACKWARD is None else None
 
 
-REFUSALS = (rules.not_compiling, rules.no_weights, rules.layout_mask, rules.fused_cpu_kernel, _fused_backward,
+REFUSALS = (rules.full_precision_kv,
+            rules.not_compiling, rules.no_weights, rules.layout_mask, rules.fused_cpu_kernel, _fused_backward,
             rules.softmax_of_dot_products, rules.no_bias, rules.no_dropout, rules.equal_head_dims,
             rules.lse_without_grad, rules.finite_inputs)
 

@@ -34,7 +34,7 @@ def _normalizer_sees_rows(p: Problem) -> str | None:
     return None
 
 
-REFUSALS = (rules.not_compiling, rules.no_weights, _normalizer_sees_rows)
+REFUSALS = (rules.full_precision_kv, rules.not_compiling, rules.no_weights, _normalizer_sees_rows)
 
 
 def refusal(p: Problem) -> str | None:

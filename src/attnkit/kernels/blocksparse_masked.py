@@ -31,7 +31,8 @@ __all__ = ["refusal", "run", "cost", "density", "allowed_in", "query_blocks", "p
 _NEG_INF = float("-inf")
 
 
-REFUSALS = (rules.not_compiling, rules.no_weights, rules.layout_mask, rules.softmax_of_dot_products, rules.no_bias,
+REFUSALS = (rules.full_precision_kv,
+            rules.not_compiling, rules.no_weights, rules.layout_mask, rules.softmax_of_dot_products, rules.no_bias,
             rules.no_dropout)
 
 

@@ -75,9 +75,12 @@ class Decision:
     cost: PathCost | None = None  # None (and the two numbers NaN) while the sizes are symbolic
     lane: str | None = None
     compiled: str = ""
+    kv_format: str | None = None  # quantized keys and values: their format (k_scale=, v_scale=)
 
     def __str__(self) -> str:
         lines = [f"path: {self.path} (backend {self.backend!r})"]
+        if self.kv_format:
+            lines.append(f"kv format: {self.kv_format}, dequantized one key block at a time")
         if self.lane:
             lines.append(f"lane: {self.lane}")
         lines += [f"  {name:<21} {why}" for name, why in self.reasons.items()]
@@ -152,6 +155,11 @@ def _auto(p: Problem, data: bool, untrusted: bool) -> Choice:
         return Choice(_SDPA, "dense mask", density, sparse)
     chunked = _first_able(_CHUNKED, p, data)
     batch, heads, lq, lk, _, _ = p.sizes
+    if p.quant is not None:  # codes: read a key block at a time, whatever the size (rules.full_precision_kv)
+        if chunked is None:
+            why = rules.first_refusal(p, _CHUNKED[-1].module.REFUSALS, data, _CHUNKED[-1].device_rule)
+            raise BackendError(f"attnkit.attention: no path reads these quantized keys and values: {why}")
+        return Choice(chunked, "chunked", density, sparse)
     if chunked is None or batch * heads * lq * lk <= SMALL_SCORES:  # rule 4
         return Choice(_REFERENCE, "small" if chunked else "no chunked path", density, sparse)
     return Choice(chunked, "chunked", density, sparse)
@@ -280,12 +288,13 @@ def decide(p: Problem, backend: str = "auto", *, data: bool = True, lane: str | 
             why_not.get(path.name) or why_not.get(path.backend) or why_not.get("*")
             or _order_reason(path, chosen)))
     layout_unread = not data and getattr(getattr(chosen.module, "density", None), "reads_data", False)
+    kv_format = None if p.quant is None else str(p.quant.format)
     if symbolic_sizes(p) or layout_unread:  # symbolic: reading a formula as a float pins the sizes
         return Decision(chosen.backend, chosen.name, reasons, choice.density, float("nan"), float("nan"), None,
-                        lane, compiled)
+                        lane, compiled, kv_format)
     cost = chosen.module.cost(p, p.needs_grad)
     return Decision(chosen.backend, chosen.name, reasons, choice.density, float(cost.flops),
-                    float(cost.workspace_bytes), cost, lane, compiled)
+                    float(cost.workspace_bytes), cost, lane, compiled, kv_format)
 
 
 def _order_reason(path: Path, chosen: Path) -> str:

@@ -82,7 +82,8 @@ def _backward_here(p: Problem) -> str | None:
     return None
 
 
-REFUSALS = (_has_flex, rules.softmax_of_dot_products, rules.no_sinks, rules.no_weights, rules.no_dropout,
+REFUSALS = (rules.full_precision_kv,
+            _has_flex, rules.softmax_of_dot_products, rules.no_sinks, rules.no_weights, rules.no_dropout,
             rules.not_compiling,
             _dtype, _backward_here, rules.finite_inputs)
 

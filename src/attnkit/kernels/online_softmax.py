@@ -12,7 +12,9 @@ Only a slab of ``rows x kv_block`` scores exists at a time, so memory is
 ``O((Lq + Lk) D)`` plus a fixed budget, never ``O(Lq Lk)``. Under autograd each
 slab of rows is checkpointed: backward recomputes it, holding one slab's graph.
 Supports every score, bias, modifier and mask, dropout, sinks (the running sum starts
-with the sink's term, the running max at the sink), and returns lse: the
+with the sink's term, the running max at the sink), quantized keys and values (each key
+block's codes dequantized as it arrives, :mod:`attnkit.functional.quantize`: never a
+full-precision copy of the whole cache), and returns lse: the
 ``chunked`` backend's general path. The normalisers written over key blocks
 (sigmoid attention, softpick, stick-breaking: :mod:`attnkit.functional.blockwise`)
 run the same loop with their own state per row, in the same memory. Its faster
@@ -30,13 +32,14 @@ from ..functional.normalize import guard_empty_rows
 from ..functional.validate import Problem
 from . import rules
 from .path_cost import PathCost, dense_products, itemsize
-from .pipeline import KernelOutput, block_scores, dense_indices, dropout, run_row_chunks, upcast_inputs
+from .pipeline import KernelOutput, block_scores, dense_indices, dropout, kv_block, loop_inputs, run_row_chunks
 
 __all__ = ["refusal", "run", "cost", "plan", "BUDGET"]
 
 BUDGET = 1 << 23  # score elements alive at once (32 MB in float32)
 KV_BLOCK = 128  # smallest key block without autograd
 ROWS = 1024  # query rows per slab without autograd
+QUANTIZED_BLOCK = 512  # most keys per block of a quantized cache: the block dequantized at once
 
 _NEG_INF = float("-inf")
 
@@ -48,16 +51,16 @@ def refusal(p: Problem) -> str | None:
     return rules.first_refusal(p, REFUSALS)
 
 
-def _slab(p: Problem, start: int, stop: int, q, k, v, kv_block: int):
+def _slab(p: Problem, start: int, stop: int, q, k, v, block: int):
     batch, heads, _, lk, _, dv = p.sizes
     qc = q[:, :, start:stop]  # (B, H, rows, D)
     rows = stop - start
     m, l = _start(p, qc.new_empty(batch, heads, rows, 1), start, stop)
     acc = qc.new_zeros((batch, heads, rows, dv))
-    for ks in range(0, lk, kv_block):
-        ke = min(lk, ks + kv_block)
+    for ks in range(0, lk, block):
+        ke = min(lk, ks + block)
         idx = dense_indices(batch, heads, start, stop, ks, ke, q.device)
-        s, allowed = block_scores(p, qc, k[:, :, ks:ke], *idx)  # (B, H, rows, block)
+        s, allowed = block_scores(p, qc, kv_block(p, k, "k", ks, ke), *idx)  # (B, H, rows, block)
         if allowed is not None:
             s = s.masked_fill(~allowed, _NEG_INF)
         m_new = torch.maximum(m, s.detach().amax(-1, keepdim=True))
@@ -65,25 +68,26 @@ def _slab(p: Problem, start: int, stop: int, q, k, v, kv_block: int):
         correction = torch.exp(m - m_safe)
         e = torch.exp(s - m_safe)
         l = l * correction + e.sum(-1, keepdim=True)
-        acc = acc * correction + dropout(p, e) @ v[:, :, ks:ke]
+        acc = acc * correction + dropout(p, e) @ kv_block(p, v, "v", ks, ke)
         m = m_new
     l_safe, lse = guard_empty_rows(m.masked_fill(m == _NEG_INF, 0.0), l)
     return acc / l_safe, lse
 
 
-def _slab_blockwise(p: Problem, start: int, stop: int, q, k, v, kv_block: int):
+def _slab_blockwise(p: Problem, start: int, stop: int, q, k, v, block: int):
     """A normaliser over key blocks (:mod:`attnkit.functional.blockwise`): its state per row, block by block."""
     batch, heads, _, lk, _, dv = p.sizes
     rule = BLOCKWISE[p.normalize]
     qc = q[:, :, start:stop]  # (B, H, rows, D)
     state = rule.start(qc.new_zeros(batch, heads, stop - start, 1))
     acc = qc.new_zeros((batch, heads, stop - start, dv))
-    firsts = range(0, lk, kv_block)
+    firsts = range(0, lk, block)
     for ks in reversed(firsts) if rule.reverse else firsts:
-        ke = min(lk, ks + kv_block)
-        s, allowed = block_scores(p, qc, k[:, :, ks:ke], *dense_indices(batch, heads, start, stop, ks, ke, q.device))
+        ke = min(lk, ks + block)
+        s, allowed = block_scores(p, qc, kv_block(p, k, "k", ks, ke),
+                                  *dense_indices(batch, heads, start, stop, ks, ke, q.device))
         w, state, rescale = rule.block(state, s, allowed, lk)
-        acc = (acc if rescale is None else acc * rescale) + dropout(p, w) @ v[:, :, ks:ke]
+        acc = (acc if rescale is None else acc * rescale) + dropout(p, w) @ kv_block(p, v, "v", ks, ke)
     divisor = rule.divisor(state)
     return (acc if divisor is None else acc / divisor), None
 
@@ -99,7 +103,8 @@ def _start(p: Problem, like: torch.Tensor, start: int, stop: int):
 
 
 def plan(p: Problem, grad: bool) -> tuple[int, int]:
-    """``(rows per slab, keys per block)`` keeping about BUDGET scores alive.
+    """``(rows per slab, keys per block)`` keeping about BUDGET scores alive (quantized keys and values: at most
+    :data:`QUANTIZED_BLOCK` keys per block, the most dequantized at once).
 
     Under autograd the backward recomputes a slab's whole ``rows x Lk`` graph
     anyway, so the slab is one key block: fewer, larger temporaries, which the
@@ -107,16 +112,18 @@ def plan(p: Problem, grad: bool) -> tuple[int, int]:
     """
     batch, heads, lq, lk, _, _ = p.sizes
     if grad:
-        return max(1, min(lq, BUDGET // max(1, batch * heads * lk))), max(1, lk)
-    rows = max(1, min(lq, ROWS))
-    return rows, max(1, min(lk, max(KV_BLOCK, BUDGET // max(1, batch * heads * rows))))
+        rows, keys = max(1, min(lq, BUDGET // max(1, batch * heads * lk))), max(1, lk)
+    else:
+        rows = max(1, min(lq, ROWS))
+        keys = max(1, min(lk, max(KV_BLOCK, BUDGET // max(1, batch * heads * rows))))
+    return rows, min(keys, QUANTIZED_BLOCK) if p.quant is not None else keys
 
 
 def run(p: Problem) -> KernelOutput:
-    q, k, v = upcast_inputs(p)
-    rows, kv_block = plan(p, p.needs_grad)
+    q, k, v = loop_inputs(p)  # quantized keys and values stay codes: each key block is dequantized alone
+    rows, keys = plan(p, p.needs_grad)
     slab = _slab if p.normalize == "softmax" else _slab_blockwise
-    out, lse = run_row_chunks(lambda s, e, q_, k_, v_: slab(p, s, e, q_, k_, v_, kv_block),
+    out, lse = run_row_chunks(lambda s, e, q_, k_, v_: slab(p, s, e, q_, k_, v_, keys),
                               p.sizes[2], rows, q, k, v)
     return KernelOutput(out, None, lse)
 

@@ -9,7 +9,8 @@ split-KV over chunks of :data:`~.selected.SPLIT_KEYS` positions of each sequence
 chunk's keys gathered from its pages into a chunk-sized copy (never the whole cache),
 partials merged by log-sum-exp (:mod:`.selected`); causal masks align bottom-right to each
 sequence's own length (decoding, chunked prefill). Without autograd the chunks run on
-torch's fused CPU kernel.
+torch's fused CPU kernel. Quantized pools (``k_scale=``, ``v_scale=``) are gathered as codes
+and each chunk alone is dequantized (:mod:`.page_chunks`).
 
 The dense paths compute the same function over the whole pool (the mask rejects other
 sequences' pages), so they stay exact oracles, but read every page for every sequence:

@@ -107,9 +107,28 @@ def upcast_inputs(p: Problem):
     """
     dt = p.compute_dtype
     k, v = p.k, p.v
+    if p.quant is not None:  # codes: the dense paths see them only for empty problems (rules.full_precision_kv)
+        k, v = (p.quant.block(which, t, 0, t.shape[2], dt) for which, t in (("k", k), ("v", v)))
     if p.groups > 1:
         k, v = k.repeat_interleave(p.groups, dim=1), v.repeat_interleave(p.groups, dim=1)
     return tuple(t.to(dt).contiguous() for t in (p.q, k, v))
+
+
+def loop_inputs(p: Problem):
+    """q in the compute dtype, k and v as :func:`upcast_inputs` gives them, or their codes when quantized: the
+    paths looping over key blocks read each block with :func:`kv_block`."""
+    if p.quant is None:
+        return upcast_inputs(p)
+    return p.q.to(p.compute_dtype).contiguous(), p.k, p.v
+
+
+def kv_block(p: Problem, t: torch.Tensor, which: str, start: int, stop: int) -> torch.Tensor:
+    """Positions ``[start, stop)`` of keys (``which="k"``) or values from :func:`loop_inputs`: a slice, or that
+    block of the codes dequantized (heads repeated for grouped queries): never the whole cache at once."""
+    if p.quant is None:
+        return t[:, :, start:stop]
+    block = p.quant.block(which, t, start, stop, p.compute_dtype)
+    return block.repeat_interleave(p.groups, dim=1) if p.groups > 1 else block
 
 
 def dense_indices(batch, heads, q_start, q_stop, kv_start, kv_stop, device):
@@ -269,4 +288,7 @@ def zero_padded_keys(p: Problem) -> Problem | None:
     keep = torch.broadcast_to(keep, (batch, 1, lk, 1))
     if not compiling and bool(keep.all()):  # the check needs the data: skip it when tracing
         return None
+    if p.quant is not None:  # codes: zero bits are the code 0 in every format
+        return p.with_inputs(**{name: t.view(torch.uint8).masked_fill(~keep, 0).view(t.dtype)
+                                for name, t in (("k", p.k), ("v", p.v))})
     return p.with_inputs(k=p.k.masked_fill(~keep, 0.0), v=p.v.masked_fill(~keep, 0.0))

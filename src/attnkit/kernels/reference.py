@@ -8,12 +8,13 @@ Memory ``O(B H Lq Lk)``.
 from __future__ import annotations
 
 from ..functional.validate import Problem
+from . import rules
 from .path_cost import PathCost, dense_products, itemsize
 from .pipeline import KernelOutput, block_scores, block_weights, dense_indices, dropout, upcast_inputs
 
 __all__ = ["REFUSALS", "refusal", "run", "cost", "recomputed"]
 
-REFUSALS = ()  # the reference honours every argument
+REFUSALS = (rules.full_precision_kv,)  # the reference honours every other argument
 
 
 def refusal(p: Problem) -> str | None:

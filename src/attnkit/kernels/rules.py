@@ -137,6 +137,15 @@ def paged_cache(p: Problem) -> str | None:
     return None
 
 
+def full_precision_kv(p: Problem) -> str | None:
+    """Quantized keys and values (``k_scale=``, ``v_scale=``) are read only by the paths that dequantize one key
+    block at a time (online softmax, paged split-KV): the others would need a full-precision copy of the cache."""
+    if p.quant is not None:
+        return (f"reads full-precision keys and values; these are {p.quant.format} codes, dequantized one key block "
+                "at a time by online-softmax and paged-split-kv only")
+    return None
+
+
 def over_key_blocks(p: Problem) -> str | None:
     """Softmax, or a normaliser written over key blocks (:mod:`attnkit.functional.blockwise`)."""
     if p.normalize != "softmax" and not (isinstance(p.normalize, str) and p.normalize in BLOCKWISE):
@@ -220,7 +229,8 @@ def operator_carries(p: Problem, backend: str) -> bool:
     not in an export to ONNX, whose runtimes know only standard operators.
     """
     modifier = p.modifier
-    return (backend == "auto" and not p.q.is_meta and p.sinks is None and not torch.onnx.is_in_onnx_export()
+    return (backend == "auto" and not p.q.is_meta and p.sinks is None and p.quant is None
+            and not torch.onnx.is_in_onnx_export()
             and p.score in _CARRIED_SCORES and p.normalize in _CARRIED_NORMALIZERS
             and (modifier is None or type(modifier) is Softcap)
             and p.dropout_p == 0 and not p.return_weights and not p.return_lse

@@ -93,7 +93,8 @@ def _sinks_on_cpu_kernel(p: Problem) -> str | None:
     return None
 
 
-REFUSALS = (rules.softmax_of_dot_products, rules.no_bias, rules.no_weights, rules.no_lse, rules.not_compiling,
+REFUSALS = (rules.full_precision_kv,
+            rules.softmax_of_dot_products, rules.no_bias, rules.no_weights, rules.no_lse, rules.not_compiling,
             _sinks_on_cpu_kernel, _finiteness)
 
 

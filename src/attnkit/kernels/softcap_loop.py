@@ -106,7 +106,8 @@ def _shift_fits(p: Problem) -> str | None:
     return None
 
 
-REFUSALS = (_softcap_alone, rules.softmax_of_dot_products, rules.no_dropout, rules.no_weights, rules.not_compiling,
+REFUSALS = (rules.full_precision_kv,
+            _softcap_alone, rules.softmax_of_dot_products, rules.no_dropout, rules.no_weights, rules.not_compiling,
             _shift_fits)
 
 

@@ -44,12 +44,13 @@ from .indexed import (
     _Segments,
 )
 from .selected import SelectedKeys
+from .tree import TreeMask
 
 __all__ = [
     "Mask", "BlockLayout", "And", "Or", "Not", "TensorMask", "ShiftedMask",
     "full", "causal", "sliding_window", "diagonals", "dilated", "strided", "fixed", "global_tokens",
     "block_layout", "segments", "padding", "keys", "prefix_lm", "from_function", "parse",
-    "shifted", "from_block_mask", "selected_keys", "selected_blocks",
+    "shifted", "from_block_mask", "selected_keys", "selected_blocks", "tree",
 ]
 
 _ALIGNMENTS = ("bottom_right", "top_left")
@@ -359,6 +360,21 @@ def keys(keep: torch.Tensor) -> Mask:
         raise ArgumentError(f"keep must have shape (kv_len,) or (batch, kv_len); got {tuple(keep.shape)}")
     keep = keep.reshape((1,) * (2 - keep.dim()) + tuple(keep.shape))
     return TensorMask(keep[:, None, None, :])
+
+
+def tree(parents) -> TreeMask:
+    """A speculative draft tree, bottom-right over a cache: node ``i`` sees the committed keys and its ancestors.
+
+    ``parents`` ``(T,)`` or ``(B, T)`` integers: ``parents[i]`` is node ``i``'s parent, ``-1`` for a root, and
+    precedes it (``parents[i] < i``). The last ``T`` keys and queries are the nodes; earlier query rows are
+    causal (:mod:`attnkit.masks.tree`). A chain ``[-1, 0, 1, ...]`` is :func:`causal`.
+
+    Example:
+        >>> from attnkit import masks
+        >>> masks.tree([-1, 0, 0]).materialize(3, 5)[0, 0].int().tolist()
+        [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 1]]
+    """
+    return TreeMask(parents)
 
 
 def prefix_lm(n: int, *, align: str = "bottom_right") -> Mask:

@@ -177,8 +177,8 @@ class TransformerDecoderLayer(_Sublayers):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *,
                 memory_keep_mask: torch.Tensor | None = None, key_keep_mask: torch.Tensor | None = None,
-                cache=None) -> torch.Tensor:
-        x = self._residual(x, self.norm1, lambda h: self_attend(self.self_attn, h, key_keep_mask, cache))
+                cache=None, tree=None) -> torch.Tensor:
+        x = self._residual(x, self.norm1, lambda h: self_attend(self.self_attn, h, key_keep_mask, cache, tree))
         if self.multihead_attn is not None:
             if memory is None:
                 raise ArgumentError("TransformerDecoderLayer: memory (the encoder output) is required with "

@@ -7,7 +7,9 @@ import os
 import torch
 from torch import nn
 
-from ..errors import ArgumentError
+from ..errors import ArgumentError, UnsupportedFeature
+from ..masks.tree import TreeMask
+from ..nn._recurrent import RecurrentCache, tree_parents
 from . import checkpoint
 from .hybrid import RECURRENT, hybrid_attention
 from .stacks import TransformerDecoder, TransformerEncoder
@@ -139,12 +141,14 @@ class TransformerLM(nn.Module):
     @torch.no_grad()
     def generate(self, prefix: torch.Tensor, max_new_tokens: int, *, eos: int | None = None,
                  temperature: float = 0.0, generator: torch.Generator | None = None, use_cache: bool | None = None,
-                 return_logits: bool = False):
+                 return_logits: bool = False, kv_format=None):
         """Continue ``prefix`` ``(B, t)`` (unpadded) by up to ``max_new_tokens`` tokens.
 
         As :meth:`Transformer.generate`: greedy or sampled with ``generator``, ``eos`` padding and early
         stop, a KV cache by default with softmax attention (``use_cache=False`` recomputes the whole
-        sequence each step, the same tokens and logits). Returns tokens ``(B, t + k)`` and, with
+        sequence each step, the same tokens and logits; ``kv_format``: the cache stores quantized keys
+        and values, :class:`~attnkit.functional.quantize.KVFormat`, e.g. ``"float8_e4m3"``).
+        Returns tokens ``(B, t + k)`` and, with
         ``return_logits``, the logits ``(B, k, vocab_size)`` each token was chosen from.
         """
         who = "TransformerLM.generate"
@@ -153,7 +157,11 @@ class TransformerLM(nn.Module):
         check_generate(who, prefix, max_new_tokens, self.vocab_size, eos=eos, temperature=temperature,
                        generator=generator, max_len=self.max_len if self.embed.positional == "learned" else None)
         cached = self.body.cacheable if use_cache is None else bool(use_cache)
-        caches = self.body.new_caches(prefix.shape[0], prefix.shape[1] + max_new_tokens) if cached else None
+        if kv_format is not None and not cached:
+            raise ArgumentError(f"{who}: kv_format quantizes the KV cache: it needs use_cache (softmax attention); "
+                                f"got use_cache={use_cache!r}")
+        caches = (self.body.new_caches(prefix.shape[0], prefix.shape[1] + max_new_tokens, kv_format=kv_format)
+                  if cached else None)
 
         def step(new, tokens):
             return self.step(new if cached else tokens, caches)
@@ -172,6 +180,41 @@ class TransformerLM(nn.Module):
         """
         offset = len(caches[0]) if caches else 0
         return self.head(self.body.run_layers(self.embed(tokens, offset=offset), caches=caches)[:, -1])
+
+    def verify(self, tokens: torch.Tensor, tree, caches) -> torch.Tensor:
+        """Speculative decoding's check of a draft tree in one forward: the logits ``(B, T, vocab_size)`` of the
+        ``T`` draft ``tokens`` ``(B, T)`` after the positions ``caches`` hold, node ``i``'s equal to those of its
+        root-to-node path decoded alone.
+
+        ``tree``: :func:`attnkit.masks.tree` (or its parents ``(T,)`` / ``(B, T)``); each node sits at the position
+        of its depth and sees the cache and its ancestors: through a mask in the softmax layers, through each
+        node's parent's state in the linear-recurrent ones (:mod:`attnkit.functional.recurrences.tree`). Afterwards
+        the KV caches hold all ``T`` nodes and the recurrent states none: :meth:`commit` keeps the accepted path.
+        Needs ``caches`` from ``body.new_caches`` and rotary or no positional encoding (the added encodings are
+        indexed by sequence position, not by depth).
+        """
+        who = "TransformerLM.verify"
+        if not self.causal or self.embed.positional not in ("rotary", None):
+            raise UnsupportedFeature(f"{who}: a draft tree needs a causal model with positional='rotary' or None; "
+                                     f"got causal={self.causal}, positional={self.embed.positional!r}")
+        check_tokens(who, "tokens", tokens, self.vocab_size)
+        offset = cache_offset(who, caches, len(self.body.layers))
+        if caches is None:
+            raise ArgumentError(f"{who}: caches (from body.new_caches) are required; got None")
+        tree = tree_parents(who, tree, tokens.shape[0], tokens.shape[1])
+        return self.head(self.body.run_layers(self.embed(tokens, offset=offset), caches=caches, tree=tree))
+
+    @staticmethod
+    def commit(caches, tree, nodes) -> None:
+        """Keep the accepted root-to-node path ``nodes`` (one list, or one per batch row) of the draft tree last
+        given to :meth:`verify` in every cache (:meth:`KVCache.commit`, :meth:`RecurrentCache.commit`): they then
+        equal the caches of a plain decode of the path."""
+        tree = tree if isinstance(tree, TreeMask) else TreeMask(tree)
+        for cache in caches:
+            if isinstance(cache, RecurrentCache):
+                cache.commit(nodes)
+            else:
+                cache.commit(tree, nodes)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the constructor's arguments and the weights to one file (:mod:`attnkit.models.checkpoint`)."""

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from .. import masks
-from ..errors import ArgumentError, DTypeError, ShapeError
+from ..errors import ArgumentError, DTypeError, ShapeError, UnsupportedFeature
+from ..nn._recurrent import RecurrentLayer, tree_parents
 from ..nn.bigbird import BigBirdAttention
 from ..nn.blocksparse import BlockSparseAttention
 from ..nn.kv_cache import KVCache, check_step, decoding_mask
@@ -95,15 +96,41 @@ class SoftmaxSelfAttention(MultiHeadAttention):
         self.causal, self.pattern = bool(causal), mask
 
     def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:
-        x, start = check_step(type(self).__name__, self, x, self.embed_dim, key_keep_mask, cache)
+                cache: KVCache | None = None, tree=None) -> torch.Tensor:
+        """``(B, t, dim) -> (B, t, dim)``; ``cache`` continues earlier calls. ``tree`` (:func:`attnkit.masks.tree`
+        or its parents): the ``t`` tokens are a speculative draft tree after the cache, each node at the position
+        of its depth and attending to the cache and its ancestors (:meth:`KVCache.commit` keeps a path)."""
+        who = type(self).__name__
+        x, start = check_step(who, self, x, self.embed_dim, key_keep_mask, cache)
+        if tree is not None:
+            return self._verify(x, start, cache, tree_parents(who, tree, x.shape[0], x.shape[1]), key_keep_mask)
         q, k, v = self._project(x, x, x)  # (B, H, t, d) each
         if self.qk_norm is not None or self.rotary is not None:
             q, k = self._position(q, k, start, start)
+        scales = None
         if cache is not None:
-            k, v = cache.append(k, v)  # (B, H, n, d)
+            k, v = cache.append(k, v)  # (B, H, n, d); a quantized cache's codes, read with its scales
+            scales = cache.scales
         mask = decoding_mask(self.causal, self.pattern, q.shape[2], k.shape[2], key_keep_mask)
-        return self._attend(q, k, v, mask, None, False, True, True, x)[0]
+        return self._attend(q, k, v, mask, None, False, True, True, x, scales)[0]
+
+    def _verify(self, x, start: int, cache, tree, key_keep_mask):
+        """:meth:`forward` over the nodes of a draft tree (see there)."""
+        who = type(self).__name__
+        if not self.causal or self.pattern is not None or key_keep_mask is not None:
+            raise UnsupportedFeature(f"{who}: a draft tree is verified by causal attention without another mask or "
+                                     f"key_keep_mask; this layer has causal={self.causal}, mask={self.pattern!r}")
+        q, k, v = self._project(x, x, x)
+        if self.qk_norm is not None:
+            q, k = self.qk_norm(q, k)
+        if self.rotary is not None:
+            at = (start + tree.depths())[:, None, :]  # (B|1, 1, t): a node sits at its depth after the cache
+            q, k = self.rotary.rotate_at(q, at), self.rotary.rotate_at(k, at)
+        scales = None
+        if cache is not None:
+            k, v = cache.append(k, v)
+            scales = cache.scales
+        return self._attend(q, k, v, tree, None, False, True, True, x, scales)[0]
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, causal={self.causal}, mask={self.pattern!r}"
@@ -189,11 +216,18 @@ def _from_factory(who: str, factory, dim: int, num_heads: int, causal: bool) -> 
     return module
 
 
-def self_attend(module: nn.Module, x: torch.Tensor, key_keep_mask=None, cache=None) -> torch.Tensor:
-    """``module(x)`` with the key padding and KV cache it can take; ``(B, t, dim) -> (B, t, dim)``."""
+def self_attend(module: nn.Module, x: torch.Tensor, key_keep_mask=None, cache=None, tree=None) -> torch.Tensor:
+    """``module(x)`` with the key padding, cache (a KV cache, a recurrent layer's state) and draft ``tree`` it can
+    take; ``(B, t, dim) -> (B, t, dim)``."""
     name = type(module).__name__
-    if isinstance(module, SoftmaxSelfAttention):
-        return module(x, key_keep_mask=key_keep_mask, cache=cache)
+    if isinstance(module, SoftmaxSelfAttention):  # (subclasses that verify no trees take no tree argument)
+        extra = {} if tree is None else {"tree": tree}
+        return module(x, key_keep_mask=key_keep_mask, cache=cache, **extra)
+    if isinstance(module, RecurrentLayer) and (cache is not None or tree is not None):
+        keep = None if key_keep_mask is None else key_keep_mask[:, -x.shape[1]:]  # the new positions'
+        return module(x, key_keep_mask=keep, cache=cache, parents=tree)
+    if tree is not None:
+        raise UnsupportedFeature(f"{name}: a draft tree is verified by softmax or linear-recurrent layers; got {name}")
     if cache is not None:
         raise ArgumentError(f"{name}: a KV cache needs attention='softmax'; decode without a cache (use_cache=False)")
     if key_keep_mask is not None and not bool(key_keep_mask.all()):

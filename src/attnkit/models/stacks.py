@@ -7,6 +7,7 @@ from torch import nn
 
 from ..errors import ArgumentError, check_int
 from ..nn._inputs import check_keep_mask, check_sequence
+from ..nn._recurrent import RecurrentLayer
 from ..nn.kv_cache import KVCache
 from .blocks import TransformerDecoderLayer, TransformerEncoderLayer, make_norm
 from .self_attention import SoftmaxSelfAttention, self_attention_maker
@@ -176,15 +177,19 @@ class TransformerDecoder(nn.Module):
 
     @property
     def cacheable(self) -> bool:
-        """Whether every self-attention can decode against a KV cache (softmax attention)."""
-        return all(isinstance(layer.self_attn, SoftmaxSelfAttention) for layer in self.layers)
+        """Whether every self-attention can decode against a cache: softmax attention (a KV cache) or a
+        linear-recurrent layer (its state), as in the hybrid stacks (:mod:`attnkit.models.hybrid`)."""
+        return all(isinstance(layer.self_attn, (SoftmaxSelfAttention, RecurrentLayer)) for layer in self.layers)
 
-    def new_caches(self, batch: int, max_len: int) -> list[KVCache]:
-        """One empty :class:`KVCache` per layer, for ``forward(..., caches=)`` (softmax attention only)."""
+    def new_caches(self, batch: int, max_len: int, *, kv_format=None) -> list:
+        """One empty cache per layer, for ``forward(..., caches=)``: a :class:`KVCache` per softmax layer
+        (``kv_format``: quantized storage, :class:`~attnkit.functional.quantize.KVFormat` or a kind's name), a
+        :class:`~attnkit.nn.RecurrentCache` per linear-recurrent layer."""
         if not self.cacheable:
-            raise ArgumentError(f"{type(self).__name__}: a KV cache needs attention='softmax'; got "
-                                f"{type(self.layers[0].self_attn).__name__}")
-        return [layer.self_attn.new_cache(batch, max_len) for layer in self.layers]
+            raise ArgumentError(f"{type(self).__name__}: a cache needs softmax attention or linear-recurrent layers; "
+                                f"got {type(self.layers[0].self_attn).__name__}")
+        return [layer.self_attn.new_cache() if isinstance(layer.self_attn, RecurrentLayer) else
+                layer.self_attn.new_cache(batch, max_len, kv_format=kv_format) for layer in self.layers]
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *,
                 memory_keep_mask: torch.Tensor | None = None, key_keep_mask: torch.Tensor | None = None,
@@ -204,12 +209,13 @@ class TransformerDecoder(nn.Module):
 
     def run_layers(self, x: torch.Tensor, memory: torch.Tensor | None = None, *,
                    memory_keep_mask: torch.Tensor | None = None, key_keep_mask: torch.Tensor | None = None,
-                   caches: list[KVCache] | None = None) -> torch.Tensor:
+                   caches: list[KVCache] | None = None, tree=None) -> torch.Tensor:
         """:meth:`forward` without its checks, for callers that made or checked every input themselves
-        (a model's decoding step: the embedding of tokens it chose, its own caches)."""
+        (a model's decoding step: the embedding of tokens it chose, its own caches; ``tree``: the tokens are
+        a draft tree after the caches, a :func:`attnkit.masks.tree`)."""
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, memory_keep_mask=memory_keep_mask, key_keep_mask=key_keep_mask,
-                      cache=None if caches is None else caches[i])
+                      cache=None if caches is None else caches[i], tree=tree)
         return x if self.norm is None else self.norm(x)
 
 

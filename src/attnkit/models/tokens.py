@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ArgumentError, DTypeError, ShapeError, check_int
+from ..nn._recurrent import RecurrentCache
 from ..nn.kv_cache import KVCache
 from ..nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from . import _rnn
@@ -27,11 +28,12 @@ def check_tokens(who: str, name: str, tokens, vocab_size: int) -> torch.Tensor:
 
 
 def cache_offset(who: str, caches, num_layers: int) -> int:
-    """Positions already in ``caches`` (one :class:`KVCache` per layer, or None: 0), checked before any use."""
+    """Positions already in ``caches`` (one :class:`KVCache` or :class:`RecurrentCache` per layer, or None: 0),
+    checked before any use."""
     if caches is None:
         return 0
     if not isinstance(caches, (list, tuple)) or len(caches) != num_layers or not all(
-            isinstance(c, KVCache) for c in caches):
+            isinstance(c, (KVCache, RecurrentCache)) for c in caches):
         got = f"{type(caches).__name__} of {len(caches)}" if isinstance(caches, (list, tuple)) else type(
             caches).__name__
         raise ArgumentError(f"{who}: caches must be a list of {num_layers} KVCache (see new_caches); got {got}")

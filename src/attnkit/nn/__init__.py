@@ -1,5 +1,6 @@
 """Attention mechanisms as torch modules (``nn.Module``), one file per family or paper."""
 
+from ..functional.quantize import KVFormat
 from ._recurrent import RecurrentCache
 from .additive import AdditiveAttention
 from .bigbird import BigBirdAttention
@@ -16,6 +17,7 @@ from .gla import GatedLinearAttention
 from .hard import HardAttention
 from .kimi_delta import KimiDeltaAttention
 from .kv_cache import KVCache, LatentCache
+from .kv_policies import HeavyHitterCache, SinkWindowCache
 from .lambda_layer import LambdaLayer
 from .latent import MultiHeadLatentAttention
 from .lightning import LightningAttention
@@ -34,6 +36,7 @@ from .perceiver import PerceiverAttention, PerceiverEncoder
 from .pointer import PointerAttention
 from .pooling import AttentionPooling, HierarchicalAttention
 from .positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from .prefix_cache import PrefixCache
 from .reformer import LSHAttention, ReformerAttention
 from .retnet import RetNetRetention
 from .rope_scaling import (
@@ -54,15 +57,15 @@ __all__ = [
     "CoAttention", "CoverageAttention", "DSAIndexer", "DSALatentAttention", "DSASparseAttention", "DeltaNet",
     "DerivedKeyAttention",
     "DifferentialAttention", "DotProductAttention", "DynamicNTKScaling", "GatedDeltaNet", "GatedLinearAttention",
-    "HardAttention", "HierarchicalAttention", "KVCache", "KimiDeltaAttention", "LSHAttention", "LambdaLayer",
-    "LatentCache", "LearnedPositionalEmbedding", "LightningAttention",
+    "HardAttention", "HeavyHitterCache", "HierarchicalAttention", "KVCache", "KVFormat", "KimiDeltaAttention",
+    "LSHAttention", "LambdaLayer", "LatentCache", "LearnedPositionalEmbedding", "LightningAttention",
     "LinearAttention", "LinearScaling", "LinformerAttention",
     "Llama3Scaling", "LocalAttention", "LongRopeScaling", "LongformerAttention", "LuongAttention", "Mamba2Mixer",
     "MemoryAttention", "MoBA", "MultiHeadAttention", "MultiHeadLatentAttention", "NativeSparseAttention",
     "OutputGate", "PagedKVCache", "PerceiverAttention", "PerceiverEncoder", "PerformerAttention", "PointerAttention",
-    "ProportionalScaling",
+    "PrefixCache", "ProportionalScaling",
     "QKNorm", "RWKV4TimeMixing", "RecurrentCache", "ReformerAttention", "RetNetRetention", "RotaryEmbedding",
-    "SegmentAttention",
+    "SegmentAttention", "SinkWindowCache",
     "SequenceProjection", "SinusoidalPositionalEncoding", "SparseTransformerAttention", "TieredAttention",
     "YarnScaling", "coverage_loss",
 ]

@@ -17,11 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import DTypeError, ShapeError, UnsupportedFeature, check_int
+from ..errors import ArgumentError, DTypeError, ShapeError, UnsupportedFeature, check_int
 from ..functional.recurrences.forms import linear_recurrence
+from ..masks.tree import TreeMask, check_parents
 from ._inputs import check_keep_mask, check_sequence
 
-__all__ = ["RecurrentCache", "RecurrentLayer", "DeltaRuleLayer", "Mixed", "ShortConvolution", "GatedRMSNorm",
+__all__ = ["RecurrentCache", "DraftTree", "tree_parents", "RecurrentLayer", "DeltaRuleLayer", "Mixed",
+           "ShortConvolution", "GatedRMSNorm",
            "decay_parameters", "log_decay", "example", "transformers_layer", "copy_weights"]
 
 
@@ -34,19 +36,62 @@ class RecurrentCache:
         length: tokens seen so far (positions of rotary layers continue from it).
 
     A fresh cache is empty (None: zeros); the layer fills it on ``forward(x, cache=cache)`` and
-    ``forward_step(x, cache)``.
+    ``forward_step(x, cache)``. ``forward(x, cache=cache, parents=...)`` verifies a draft tree without
+    advancing the cache: it keeps every node's state and convolution inputs (``draft``) until
+    :meth:`commit` keeps an accepted path.
     """
 
     def __init__(self):
         self.conv: torch.Tensor | None = None
         self.state: torch.Tensor | None = None
         self.length = 0
+        self.draft: tuple | None = None  # (TreeMask, node states (B, H, T, Dk, Dv), node conv tails or None)
 
     def __len__(self) -> int:
         return self.length
 
     def reset(self) -> None:
-        self.conv, self.state, self.length = None, None, 0
+        self.conv, self.state, self.length, self.draft = None, None, 0, None
+
+    def commit(self, nodes) -> None:
+        """Keep the accepted root-to-node path ``nodes`` of the draft tree last verified (one list for every batch
+        row, or one per row, all as long): the cache then equals one that decoded the path alone. An empty path
+        keeps the cache as it was before the tree."""
+        who = "RecurrentCache.commit"
+        if self.draft is None:
+            raise ArgumentError(f"{who}: no draft tree to commit; verify one first with forward(x, cache=cache, "
+                                "parents=parents)")
+        tree, states, tails = self.draft
+        batch = states.shape[0]
+        rows = [list(nodes)] * batch if not nodes or not isinstance(nodes[0], (list, tuple)) else list(nodes)
+        if len(rows) != batch or len({len(r) for r in rows}) > 1:
+            raise ShapeError(f"{who}: nodes must be one path, or one per batch row ({batch}) all as long; got "
+                             f"{[len(r) for r in rows]} paths' lengths")
+        paths = [tree.check_path(who, r, b if tree.batch_size else 0) for b, r in enumerate(rows)]
+        if paths[0]:
+            last, every = torch.tensor([p[-1] for p in paths]), torch.arange(batch)
+            self.state = states[every, :, last]
+            self.conv = None if tails is None else tails[every, :, last]
+            self.length += len(paths[0])
+        self.draft = None
+
+
+class DraftTree(NamedTuple):
+    """What a layer's ``_mix`` is given instead of a convolution context when it verifies a draft tree: the
+    context before the tree (``(B, C, K - 1)`` or None) and the nodes' ``parents`` ``(B, T)``."""
+
+    context: torch.Tensor | None
+    parents: torch.Tensor
+
+
+def tree_parents(who: str, parents, batch: int, nodes: int) -> TreeMask:
+    """``parents`` (a :func:`attnkit.masks.tree` or its parents ``(T,)`` / ``(B, T)``) as a checked TreeMask of
+    ``nodes`` nodes for ``batch`` rows."""
+    tree = parents if isinstance(parents, TreeMask) else TreeMask(check_parents(who, parents))
+    if tree.nodes != nodes or tree.batch_size not in (None, 1, batch):
+        raise ShapeError(f"{who}: parents must have shape ({nodes},) or ({batch}, {nodes}) (one per draft token); "
+                         f"got {tuple(tree.parents.shape)}")
+    return tree
 
 
 class ShortConvolution(nn.Module):
@@ -75,6 +120,29 @@ class ShortConvolution(nn.Module):
             return x, seen
         y = F.conv1d(seen, self.weight, self.bias, groups=x.shape[-1])
         return F.silu(y).transpose(1, 2), seen[..., seen.shape[-1] - (size - 1):]
+
+    def along(self, x: torch.Tensor, context: torch.Tensor | None, parents: torch.Tensor):
+        """The convolution over a draft tree: node ``i`` reads its own input and its ``size - 1`` nearest
+        ancestors' (above a root, the context's last inputs), as its root-to-node path run alone would.
+
+        ``x`` ``(B, T, C)``, ``parents`` ``(B, T)`` -> ``(y (B, T, C), each node's last size - 1 inputs
+        (B, C, T, size - 1))``."""
+        b, t, c = x.shape
+        size = self.weight.shape[-1]
+        if context is None:
+            context = x.new_zeros(b, c, size - 1)
+        seen = torch.cat([context.to(x.dtype), x.transpose(1, 2)], -1)  # (B, C, size - 1 + T)
+        before = torch.cat([(torch.arange(size - 1) - 1).clamp(min=0).expand(b, -1),  # the context's rows
+                            torch.where(parents < 0, size - 2, parents + size - 1)], 1)  # (B, size - 1 + T)
+        window = [torch.arange(size - 1, size - 1 + t).expand(b, -1)]
+        for _ in range(size - 1):
+            window.insert(0, before.gather(1, window[0]))
+        window = torch.stack(window, -1).to(x.device)  # (B, T, size): oldest first, as conv1d's weight
+        read = seen.gather(2, window.flatten(1)[:, None].expand(b, c, -1)).unflatten(2, (t, size))  # (B, C, T, K)
+        y = (read * self.weight[:, 0, None, :]).sum(-1)
+        if self.bias is not None:
+            y = y + self.bias[:, None]
+        return F.silu(y).transpose(1, 2), read[..., 1:]
 
 
 class GatedRMSNorm(nn.Module):
@@ -177,19 +245,45 @@ class RecurrentLayer(nn.Module):
         return RecurrentCache()
 
     def forward(self, x: torch.Tensor, *, key_keep_mask: torch.Tensor | None = None,
-                cache: RecurrentCache | None = None, form: str = "chunk") -> torch.Tensor:
-        """``(B, n, dim) -> (B, n, dim)``, causal; ``cache`` continues an earlier call and is updated."""
+                cache: RecurrentCache | None = None, form: str = "chunk", parents=None) -> torch.Tensor:
+        """``(B, n, dim) -> (B, n, dim)``, causal; ``cache`` continues an earlier call and is updated.
+
+        ``parents`` (:func:`attnkit.masks.tree` or its parents): the ``n`` tokens are a speculative draft tree
+        after ``cache``, verified in one call (:mod:`attnkit.functional.recurrences.tree`): each node's output is
+        that of its root-to-node path decoded alone; ``cache`` is not advanced but keeps the nodes' states
+        for :meth:`RecurrentCache.commit`."""
         check_sequence(type(self).__name__, "x", x, self.dim, like=self)
         keep = check_keep_mask(type(self).__name__, "key_keep_mask", key_keep_mask, x.shape[0], x.shape[1])
         if cache is not None and not isinstance(cache, RecurrentCache):
             raise DTypeError(f"{type(self).__name__}: cache must be a RecurrentCache (new_cache()); got "
                              f"{type(cache).__name__}")
+        if parents is not None:
+            return self._verify(x, keep, cache, parents)
         if keep is not None:  # by select, so NaN or inf there reaches nothing
             x = x.masked_fill(~keep[..., None], 0.0)
         mixed, tail = self._mix(x, keep, None if cache is None else cache.conv, 0 if cache is None else cache.length)
         out, state = self.recurrence(mixed, keep, form, None if cache is None else cache.state)
         if cache is not None:
             cache.conv, cache.state, cache.length = tail, state, cache.length + x.shape[1]
+        return self._finish(out, mixed, x)
+
+    def _verify(self, x, keep, cache, parents):
+        """:meth:`forward` over the nodes of a draft tree (see there)."""
+        who = type(self).__name__
+        if keep is not None:
+            raise UnsupportedFeature(f"{who}: a draft tree (parents) takes no key_keep_mask: its nodes are all real")
+        if getattr(self, "rotary", None) is not None:
+            raise UnsupportedFeature(f"{who}: a draft tree (parents) through rotary positions is not supported")
+        tree = tree_parents(who, parents, x.shape[0], x.shape[1])
+        rows = tree.parents.reshape(-1, tree.nodes).expand(x.shape[0], -1)
+        context = DraftTree(None if cache is None else cache.conv, rows)
+        mixed, tails = self._mix(x, None, context, 0 if cache is None else cache.length)
+        out, states = linear_recurrence(who, mixed.q, mixed.k, mixed.v, mixed.g, mixed.beta, scale=self.scale,
+                                        normalize_qk=self.normalize_qk, form="recurrent", chunk_size=self.chunk_size,
+                                        initial_state=None if cache is None else cache.state, cu_seqlens=None,
+                                        parents=rows)
+        if cache is not None:
+            cache.draft = (tree, states, tails)
         return self._finish(out, mixed, x)
 
     def forward_step(self, x: torch.Tensor, cache: RecurrentCache) -> torch.Tensor:
@@ -217,6 +311,8 @@ class RecurrentLayer(nn.Module):
 
     def convolve(self, channels: torch.Tensor, keep, context):
         """The short convolution of ``(B, L, C)`` pre-convolution channels, zeros read at padded positions."""
+        if isinstance(context, DraftTree):
+            return self.conv1d.along(channels, context.context, context.parents)
         if keep is not None:
             channels = channels.masked_fill(~keep[..., None], 0.0)
         return self.conv1d(channels, context)

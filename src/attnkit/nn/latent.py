@@ -11,6 +11,7 @@ from ..costing.attend import attend
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
 from ..errors import ArgumentError, check_int
+from ..functional.quantize import dequantize
 from ..registry.entry import Entry, register
 from .kv_cache import LatentCache, check_step, decoding_mask
 from .rotary import RotaryEmbedding, rotary_for
@@ -105,11 +106,12 @@ class MultiHeadLatentAttention(nn.Module):
         default = {"pairing": "interleaved"} if rotary is True else rotary
         self.rotary = rotary_for(who, default, qk_rope_head_dim)
 
-    def new_cache(self, batch: int, max_len: int, *, dtype=None, device=None) -> LatentCache:
-        """An empty :class:`LatentCache` for ``forward(..., cache=)`` (the parameters' dtype and device)."""
+    def new_cache(self, batch: int, max_len: int, *, dtype=None, device=None, kv_format=None) -> LatentCache:
+        """An empty :class:`LatentCache` for ``forward(..., cache=)`` (the parameters' dtype and device;
+        ``kv_format``: quantized rows, :class:`~attnkit.functional.quantize.KVFormat`)."""
         w = self.out_proj.weight
         return LatentCache(batch, max_len, self.kv_lora_rank, self.rope_dim, dtype=dtype or w.dtype,
-                           device=device or w.device)
+                           device=device or w.device, kv_format=kv_format)
 
     def _query_input(self, x):
         """What the query up-projection reads: ``c^Q_t = RMSNorm(W^DQ h_t)`` (``h_t`` without query compression)."""
@@ -135,39 +137,48 @@ class MultiHeadLatentAttention(nn.Module):
         q_nope, q_rope = self._queries(q_input, start)
         latent, k_rope = self.kv_down(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
         rows = torch.cat([self.kv_norm(latent)[:, None], self._rotate(k_rope[:, None], start)], dim=-1)  # (B, 1, t, .)
+        scales = {}
         if cache is not None:
-            rows = cache.append_rows(rows)
+            rows = cache.append_rows(rows)  # a quantized cache's codes, read with its row scales
+            scales = cache.scales
         mask = decoding_mask(self.causal, self._selected(x, q_input, key_keep_mask), x.shape[1], rows.shape[2],
                              key_keep_mask)
         attend = self._absorbed if form == "absorbed" else self._naive
-        out = attend(q_nope, q_rope, rows, mask)  # (B, h, t, d_v)
+        out = attend(q_nope, q_rope, rows, mask, scales)  # (B, h, t, d_v)
         return self.out_proj(out.transpose(1, 2).flatten(2))  # (B, h, t, d_v) -> (B, t, h d_v)
 
     def _selected(self, x, q_input, key_keep_mask):
         """A mask restricting each query's keys further (None: every key; DSA's top-k in a subclass)."""
         return None
 
-    def _naive(self, q_nope, q_rope, rows, mask):
-        """Decompress: ``k_j,i = [W^UK_i c_j ; k^R_j]``, ``v_j,i = W^UV_i c_j``, then ``h``-head attention."""
+    def _naive(self, q_nope, q_rope, rows, mask, scales):
+        """Decompress: ``k_j,i = [W^UK_i c_j ; k^R_j]``, ``v_j,i = W^UV_i c_j``, then ``h``-head attention.
+
+        Quantized rows are dequantized first: this form builds every head's keys and values from all rows."""
+        if scales:
+            rows = dequantize(rows, scales["k_scale"], q_nope.dtype)
         b, _, n, _ = rows.shape
         kv = self.kv_up(rows[:, 0, :, :self.kv_lora_rank]).unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
         k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)  # (B, h, n, d_h), (B, h, n, d_v)
         k = torch.cat([k_nope, rows[..., self.kv_lora_rank:].expand(b, self.num_heads, n, -1)], dim=-1)
         return attention(torch.cat([q_nope, q_rope], dim=-1), k, v, mask=mask, scale=self.scale)
 
-    def _absorbed(self, q_nope, q_rope, rows, mask):
-        """Absorb: ``q~_i = [W^UK_i^T q^C_i ; q^R_i]`` over the shared rows ``[c_j ; k^R_j]``, then ``W^UV_i``."""
+    def _absorbed(self, q_nope, q_rope, rows, mask, scales):
+        """Absorb: ``q~_i = [W^UK_i^T q^C_i ; q^R_i]`` over the shared rows ``[c_j ; k^R_j]``, then ``W^UV_i``.
+
+        Quantized rows stay codes: attention dequantizes one key block at a time (``k_scale=``, ``v_scale=``)."""
         w_uk, w_uv = self.kv_up.weight.unflatten(0, (self.num_heads, -1)).split([self.nope_dim, self.v_dim], dim=1)
         q_latent = torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk)  # (B, h, t, d_c)
         q = torch.cat([q_latent, q_rope], dim=-1)
-        values = rows[..., :self.kv_lora_rank]
+        packed = rows.dtype == torch.uint8  # int4 codes: two features per byte
+        values = rows[..., :self.kv_lora_rank // 2 if packed else self.kv_lora_rank]  # c_j (quantized: its codes)
         if q.shape[2] == 1 and (mask is None or (getattr(mask, "kind", None), getattr(mask, "align", None)) == (
                 "causal", "bottom_right")):
             # One decoding step: every head's query sees every cached row, and the heads share them, so the h
             # queries are h rows of one head (MQA folded): no key or value is repeated per head.
-            out = attention(q.transpose(1, 2), rows, values, scale=self.scale).transpose(1, 2)
+            out = attention(q.transpose(1, 2), rows, values, scale=self.scale, **scales).transpose(1, 2)
         else:
-            out = attention(q, rows, values, mask=mask, scale=self.scale)  # one key/value head: (B, h, t, d_c)
+            out = attention(q, rows, values, mask=mask, scale=self.scale, **scales)  # one key/value head
         return torch.einsum("bhtr,hvr->bhtv", out, w_uv)  # (B, h, t, d_v)
 
     @classmethod

@@ -305,13 +305,17 @@ class MultiHeadAttention(nn.Module):
             k, v = (torch.cat([t, t.new_zeros(b, t.shape[1], 1, t.shape[3])], dim=2) for t in (k, v))
         return k, v
 
-    def _attend(self, q, k, v, mask, bias, need_weights, average, batched, gate_input=None):
+    def _attend(self, q, k, v, mask, bias, need_weights, average, batched, gate_input=None, scales=None):
+        """``scales``: a quantized cache's ``k_scale``/``v_scale`` (:attr:`KVCache.scales`) when k and v are codes."""
+        if scales and self._n_extra:
+            raise ArgumentError(f"{type(self).__name__}: a quantized KV cache cannot take the extra keys of "
+                                "add_bias_kv / add_zero_attn; use a full-precision cache (kv_format=None)")
         if self.extra_mask is not None:
             mask = self.extra_mask if mask is None else mask & self.extra_mask
         k, v = self._extra_keys(k, v)
         mask, bias = torch_compat.with_extra_keys(mask, bias, self._n_extra)
         res = attention(q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0,
-                        return_weights=need_weights, sinks=self.sinks, scale=self.scale)
+                        return_weights=need_weights, sinks=self.sinks, scale=self.scale, **(scales or {}))
         out = res.output if need_weights else res
         out = out.transpose(1, 2).flatten(2)  # (B, H, L, d) -> (B, L, H d)
         out = self.out_proj(out if self.gate is None else self.gate(out, gate_input))
@@ -346,11 +350,12 @@ class MultiHeadAttention(nn.Module):
         out, weights = self._attend(q, k, v, mask, bias, need_weights, average_attn_weights, batched, query)
         return (out, weights) if nested is None else (torch_layers.renest(out, nested), None)
 
-    def new_cache(self, batch: int, max_len: int, *, dtype=None, device=None) -> KVCache:
-        """An empty :class:`KVCache` for :meth:`forward_step` (the parameters' dtype and device by default)."""
+    def new_cache(self, batch: int, max_len: int, *, dtype=None, device=None, kv_format=None) -> KVCache:
+        """An empty :class:`KVCache` for :meth:`forward_step` (the parameters' dtype and device by default;
+        ``kv_format``: quantized storage, :class:`~attnkit.functional.quantize.KVFormat`)."""
         w = self.out_proj.weight
         return KVCache(batch, max_len, self.num_kv_heads, self.head_dim, dtype=dtype or w.dtype,
-                       device=device or w.device)
+                       device=device or w.device, kv_format=kv_format)
 
     def forward_step(self, x, cache: KVCache, *, need_weights: bool = False, average_attn_weights: bool = True):
         """Causal self-attention of ``t`` new positions ``x`` (layout as ``query``) over ``cache`` + themselves.
@@ -373,7 +378,7 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self._project(x, x, x)
         q, k = self._position(q, k, len(cache), len(cache))
         k, v = cache.append(k, v)
-        return self._attend(q, k, v, CAUSAL, None, need_weights, average_attn_weights, batched, x)
+        return self._attend(q, k, v, CAUSAL, None, need_weights, average_attn_weights, batched, x, cache.scales)
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention, *, mask: Mask | None = None) -> MultiHeadAttention:

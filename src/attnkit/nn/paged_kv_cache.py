@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ..core import attention
+from ..cascade import cascade_attention, explain_cascade
+from ..core import attention, explain
 from ..errors import ArgumentError, ShapeError, check_int
+from ..functional.quantize import KVFormat, as_format
 from ..masks import causal
 from ._inputs import check_placement, check_shape
 
@@ -30,6 +32,12 @@ class PagedKVCache:
     holds it (reference counts); appending under autograd writes out of place, so gradients
     through several steps stay exact.
 
+    With ``kv_format`` (:class:`~attnkit.functional.quantize.KVFormat`) the pools hold codes
+    (``head_dim / 2`` bytes per row for int4) and the scale pools ``k_scales``/``v_scales``
+    ``(num_pages, page_size, kv_heads)`` float32 (per tensor: ``()``, fixed by the first append);
+    :meth:`append` quantizes, pages are copied on write with their scales, and :meth:`attend`
+    passes the scales to :func:`attnkit.attention`, which dequantizes one chunk of pages at a time.
+
     Shapes:
         pools ``k_pages`` ``(num_pages, page_size, kv_heads, head_dim)``, ``v_pages`` (``v_head_dim``);
         ``append(seq, k (kv_heads, t, head_dim), v)``; ``block_table(seqs)`` ``(B, max_pages)``;
@@ -41,8 +49,9 @@ class PagedKVCache:
         kv_heads: key/value heads.
         head_dim: key feature size.
         v_head_dim: value feature size (default ``head_dim``).
-        dtype: of the pools (default float32).
+        dtype: of the pools (default float32); quantized: of the appended keys and values.
         device: of the pools (default CPU).
+        kv_format: None (full precision), a :class:`~attnkit.functional.quantize.KVFormat` or a kind's name.
 
     Example:
         >>> import torch
@@ -57,24 +66,52 @@ class PagedKVCache:
     """
 
     def __init__(self, num_pages: int, page_size: int, kv_heads: int, head_dim: int, *,
-                 v_head_dim: int | None = None, dtype: torch.dtype | None = None, device=None):
+                 v_head_dim: int | None = None, dtype: torch.dtype | None = None, device=None,
+                 kv_format: KVFormat | str | None = None):
         pages = check_int(_WHO, "num_pages", num_pages, 1)
         self.page_size = check_int(_WHO, "page_size", page_size, 1)
         heads = check_int(_WHO, "kv_heads", kv_heads, 1)
         d = check_int(_WHO, "head_dim", head_dim, 1)
         dv = d if v_head_dim is None else check_int(_WHO, "v_head_dim", v_head_dim, 1)
-        self.k_pages = torch.zeros(pages, self.page_size, heads, d, dtype=dtype, device=device)
-        self.v_pages = torch.zeros(pages, self.page_size, heads, dv, dtype=dtype, device=device)
+        self.kv_format = fmt = as_format(_WHO, kv_format)
+        self._dims, self._dtype = (d, dv), dtype or torch.get_default_dtype()
+        code = self._dtype if fmt is None else fmt.storage_dtype
+        stored = (d, dv) if fmt is None else (fmt.stored_dim(d, _WHO), fmt.stored_dim(dv, _WHO, "v_head_dim"))
+        self.k_pages = torch.zeros(pages, self.page_size, heads, stored[0], dtype=code, device=device)
+        self.v_pages = torch.zeros(pages, self.page_size, heads, stored[1], dtype=code, device=device)
+        token_head = fmt is not None and fmt.granularity == "token_head"
+        self.k_scales = torch.zeros(pages, self.page_size, heads, device=device) if token_head else None
+        self.v_scales = torch.zeros(pages, self.page_size, heads, device=device) if token_head else None
         self._refs = [0] * pages
         self._free = list(range(pages - 1, -1, -1))  # popped from the end: low pages first
         self._tables: dict[int, list[int]] = {}
         self._lengths: dict[int, int] = {}
         self._next_id = 0
+        self._reclaim = None  # a PrefixCache's eviction: called with the pages short before running out
 
     def __repr__(self) -> str:
-        pages, ps, heads, d = self.k_pages.shape
-        return (f"PagedKVCache(num_pages={pages}, page_size={ps}, kv_heads={heads}, head_dim={d}, "
-                f"sequences={len(self._tables)}, pages_free={self.pages_free})")
+        pages, ps, heads, _ = self.k_pages.shape
+        fmt = "" if self.kv_format is None else f", kv_format={self.kv_format}"
+        return (f"PagedKVCache(num_pages={pages}, page_size={ps}, kv_heads={heads}, head_dim={self._dims[0]}, "
+                f"sequences={len(self._tables)}, pages_free={self.pages_free}{fmt})")
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one position takes: keys and values in the pools' dtype, or the format's codes and scales."""
+        heads, (d, dv) = self.k_pages.shape[2], self._dims
+        if self.kv_format is not None:
+            return self.kv_format.bytes_per_token(heads, d, dv)
+        return heads * (d + dv) * self.k_pages.element_size()
+
+    @property
+    def scales(self) -> dict[str, torch.Tensor]:
+        """``{"k_scale": ..., "v_scale": ...}`` of the pools for ``attnkit.attention(..., block_table=, **scales)``:
+        ``(num_pages, page_size, kv_heads)`` or ``()`` float32; empty for a full-precision cache."""
+        if self.kv_format is None:
+            return {}
+        one = torch.ones((), device=self.k_pages.device)
+        return {"k_scale": one if self.k_scales is None else self.k_scales,
+                "v_scale": one if self.v_scales is None else self.v_scales}
 
     def __len__(self) -> int:
         return len(self._tables)
@@ -89,6 +126,8 @@ class PagedKVCache:
         return seq
 
     def _take_page(self) -> int:
+        if not self._free and self._reclaim is not None:
+            self._reclaim(1)
         if not self._free:
             raise ShapeError(f"{_WHO}: out of pages: all {len(self._refs)} pages of {self.page_size} positions are "
                              "in use; free sequences or make the cache with more num_pages")
@@ -127,8 +166,8 @@ class PagedKVCache:
 
     def _check(self, name: str, t, pool: torch.Tensor) -> None:
         who = f"{_WHO}.append"
-        check_placement(who, name, t, dtype=pool.dtype, device=pool.device, owner="the cache")
-        heads, d = pool.shape[2], pool.shape[3]
+        check_placement(who, name, t, dtype=self._dtype, device=pool.device, owner="the cache")
+        heads, d = pool.shape[2], self._dims[0 if name == "k" else 1]
         check_shape(who, name, t, lambda t: t.dim() == 3 and (t.shape[0], t.shape[2]) == (heads, d),
                     f"have shape (kv_heads={heads}, new_len, {d})")
 
@@ -138,9 +177,13 @@ class PagedKVCache:
         if start % ps and self._refs[table[-1]] > 1:  # writing into a page another sequence holds: copy it
             page = self._take_page()
             self.k_pages[page], self.v_pages[page] = self.k_pages[table[-1]], self.v_pages[table[-1]]
+            if self.k_scales is not None and self.k_scales.dim():  # per (token, head): the page's scales too
+                self.k_scales[page], self.v_scales[page] = self.k_scales[table[-1]], self.v_scales[table[-1]]
             self._release(table[-1])
             table[-1] = page
         needed = -(-stop // ps) - len(table)
+        if needed > self.pages_free and self._reclaim is not None:
+            self._reclaim(needed - self.pages_free)
         if needed > self.pages_free:
             raise ShapeError(f"{_WHO}.append: out of pages: sequence {seq} needs {needed} more pages for length "
                              f"{stop}, {self.pages_free} of {len(self._refs)} are free")
@@ -157,16 +200,75 @@ class PagedKVCache:
                              f"{tuple(k.shape)} and v {tuple(v.shape)}")
         start = self._lengths[seq]
         stop = start + k.shape[1]
-        table = torch.tensor(self._writable_pages(seq, stop), dtype=torch.long, device=k.device)
-        pos = torch.arange(start, stop, device=k.device)
-        where = (table[pos // self.page_size], pos % self.page_size)
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (k, v, self.k_pages, self.v_pages)):
+        where = self._where(self._writable_pages(seq, stop), start, stop)
+        if self.kv_format is not None:
+            self._append_codes(where, k, v)
+        elif torch.is_grad_enabled() and any(t.requires_grad for t in (k, v, self.k_pages, self.v_pages)):
             self.k_pages = self.k_pages.index_put(where, k.transpose(0, 1))  # out of place: earlier graphs keep
             self.v_pages = self.v_pages.index_put(where, v.transpose(0, 1))  # the pools they saw
         else:
             self.k_pages[where] = k.transpose(0, 1)
             self.v_pages[where] = v.transpose(0, 1)
         self._lengths[seq] = stop
+
+    def _where(self, table: list[int], start: int, stop: int):
+        """(page, lane) of positions ``[start, stop)`` of a sequence whose pages are ``table``."""
+        device = self.k_pages.device
+        pages, pos = torch.tensor(table, dtype=torch.long, device=device), torch.arange(start, stop, device=device)
+        return pages[pos // self.page_size], pos % self.page_size
+
+    def truncate(self, seq: int, length: int) -> None:
+        """Keep the first ``length`` positions of ``seq`` (rejected draft tokens dropped); pages past them return to
+        the pool once no other sequence holds them, and a shared last page is copied before it is written."""
+        length = check_int(f"{_WHO}.truncate", "length", length, 0)
+        if length > self.length(seq):
+            raise ArgumentError(f"{_WHO}.truncate: length must be at most the {self._lengths[seq]} positions of "
+                                f"sequence {seq}; got {length}")
+        table = self._tables[seq]
+        for page in table[-(-length // self.page_size):]:
+            self._release(page)
+        del table[-(-length // self.page_size):]
+        self._lengths[seq] = length
+
+    def commit(self, seq: int, tree, nodes) -> None:
+        """Keep a root-to-node path ``nodes`` of the draft ``tree`` (its nodes: the last positions of ``seq``;
+        a per-sequence tree's row ``seq``'s place in the batch is not known here: give its own row's tree) and
+        drop the other nodes, as :meth:`attnkit.nn.KVCache.commit`: ``seq`` then holds what a plain decode of
+        the path stores."""
+        from ..masks.tree import TreeMask
+
+        who = f"{_WHO}.commit"
+        if not isinstance(tree, TreeMask) or tree.batch_size not in (None, 1):
+            raise ArgumentError(f"{who}: tree must be an attnkit.masks.tree of one sequence's parents; got {tree!r}")
+        start = self.length(seq) - tree.nodes
+        if start < 0:
+            raise ShapeError(f"{who}: the tree's {tree.nodes} nodes must be the last positions of sequence {seq}; it "
+                             f"holds {self._lengths[seq]}")
+        path = tree.check_path(who, nodes)
+        table = self._tables[seq]
+        read = self._where(table, start, start + tree.nodes)
+        rows = [t[read[0][path], read[1][path]] for t in self._stored()] if path else []
+        self.truncate(seq, start)
+        write = self._where(self._writable_pages(seq, start + len(path)), start, start + len(path))
+        for t, r in zip(self._stored(), rows, strict=False):
+            t[write] = r
+        self._lengths[seq] = start + len(path)
+
+    def _stored(self) -> list[torch.Tensor]:
+        """The pools a position is stored in: keys, values and their per (token, head) scales."""
+        return [t for t in (self.k_pages, self.v_pages, self.k_scales, self.v_scales) if t is not None and t.dim()]
+
+    def _append_codes(self, where, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Quantize and store new positions (a per-tensor scale is fixed by the cache's first append)."""
+        for name, t in (("k", k), ("v", v)):
+            scales = getattr(self, f"{name}_scales")
+            fixed = scales if scales is not None and scales.dim() == 0 else None
+            codes, scale = self.kv_format.quantize(t, fixed)  # (kv_heads, t, E), (kv_heads, t) or ()
+            getattr(self, f"{name}_pages")[where] = codes.transpose(0, 1)
+            if scale.dim():
+                scales[where] = scale.transpose(0, 1)
+            else:
+                setattr(self, f"{name}_scales", scale)
 
     def block_table(self, seqs) -> torch.Tensor:
         """``(B, max_pages)`` int64: each sequence's pages in order (unused entries 0, never read)."""
@@ -180,16 +282,71 @@ class PagedKVCache:
         return torch.tensor([self._lengths[self._seq(s)] for s in seqs], dtype=torch.long,
                             device=self.k_pages.device)
 
-    def attend(self, seqs, q: torch.Tensor, *, mask=None, scale: float | None = None, **kwargs) -> torch.Tensor:
+    def attend(self, seqs, q: torch.Tensor, *, mask=None, scale: float | None = None, cascade: bool | None = None,
+               **kwargs) -> torch.Tensor:
         """``attention(q, k_pages, v_pages, ...)`` over the sequences ``seqs`` (one per row of ``q``).
 
         ``mask`` defaults to :func:`attnkit.masks.causal` (bottom-right: the queries are each
         sequence's last ``Lq`` positions: decoding, chunked prefill); other keywords go to
         :func:`attnkit.attention`.
+
+        Shared prefixes: when the sequences begin on the same pages (forks of one prompt, prefix-cache
+        hits) the causal call runs as :func:`attnkit.cascade_attention`: the shared pages are read once for
+        every sequence's queries, each sequence's own pages once, merged by log-sum-exp (``sinks`` joined
+        after). ``cascade=None`` takes it whenever two or more sequences share at least one whole page
+        before their queries (full precision, default mask, no keyword but ``sinks``), ``False`` never;
+        :meth:`explain` says which.
         """
         seqs = list(seqs)
         if q.dim() != 4 or q.shape[0] != len(seqs):
             raise ShapeError(f"{_WHO}.attend: q must be (B={len(seqs)}, heads, Lq, head_dim), one row per sequence; "
                              f"got {tuple(q.shape)}")
+        shared = self._shared_prefix(seqs, q.shape[2], mask, kwargs) if cascade is not False else 0
+        if shared:
+            *parts, lengths = self._split_at(seqs, shared)
+            return cascade_attention(q, *parts, suffix_lengths=lengths, scale=scale, **kwargs)
         return attention(q, self.k_pages, self.v_pages, block_table=self.block_table(seqs),
-                         seqused_k=self.lengths(seqs), mask=causal() if mask is None else mask, scale=scale, **kwargs)
+                         seqused_k=self.lengths(seqs), mask=causal() if mask is None else mask, scale=scale,
+                         **self.scales, **kwargs)
+
+    def explain(self, seqs, q: torch.Tensor, *, mask=None, cascade: bool | None = None, **kwargs):
+        """What :meth:`attend` with these arguments runs: the :class:`~attnkit.cascade.CascadePlan` (the shared
+        prefix read once) when it takes the cascade, else :func:`attnkit.explain`'s decision for the paged call."""
+        seqs = list(seqs)
+        shared = self._shared_prefix(seqs, q.shape[2], mask, kwargs) if cascade is not False else 0
+        if shared:
+            *parts, lengths = self._split_at(seqs, shared)
+            return explain_cascade(q, *parts, suffix_lengths=lengths, **kwargs)
+        return explain(q, self.k_pages, self.v_pages, block_table=self.block_table(seqs),
+                       seqused_k=self.lengths(seqs), mask=causal() if mask is None else mask, **self.scales, **kwargs)
+
+    def _shared_prefix(self, seqs, lq: int, mask, kwargs) -> int:
+        """Whole pages (a count) every sequence of ``seqs`` begins with and holds before its last ``lq`` positions;
+        0 where :meth:`attend` must not take the cascade."""
+        sinks = kwargs.get("sinks")
+        if len(seqs) < 2 or mask is not None or self.kv_format is not None or set(kwargs) - {"sinks"} or (
+                sinks is not None and (not isinstance(sinks, torch.Tensor) or sinks.dim() != 1)):
+            return 0  # (sinks per sequence, (B, H), go the ordinary way)
+        tables = [self._tables[self._seq(s)] for s in seqs]
+        room = min(self._lengths[s] for s in seqs) - lq  # positions before every sequence's queries
+        pages = 0
+        while (pages + 1) * self.page_size <= room and all(
+                len(t) > pages and t[pages] == tables[0][pages] for t in tables):
+            pages += 1
+        return pages
+
+    def _split_at(self, seqs, pages: int):
+        """The shared ``pages``' keys and values ``(kv_heads, P, D)`` (gathered once) and each sequence's rest
+        ``(B, kv_heads, S, D)`` padded to the longest, with its lengths: :func:`attnkit.cascade_attention`'s
+        ``prefix_k, prefix_v, suffix_k, suffix_v`` and ``suffix_lengths``."""
+        table, ps = self._tables[seqs[0]], self.page_size
+
+        def gather(pool, page_ids, n):  # (kv_heads, n, D) of the first n positions on the pages
+            return pool[torch.tensor(page_ids, dtype=torch.long, device=pool.device)].flatten(0, 1)[:n].transpose(0, 1)
+        prefix = [gather(pool, table[:pages], pages * ps) for pool in (self.k_pages, self.v_pages)]
+        rest = [self._lengths[s] - pages * ps for s in seqs]
+        suffix = []
+        for pool in (self.k_pages, self.v_pages):
+            rows = [gather(pool, self._tables[s][pages:], n) for s, n in zip(seqs, rest, strict=True)]
+            suffix.append(torch.stack([torch.nn.functional.pad(r, (0, 0, 0, max(rest) - r.shape[1])) for r in rows]))
+        return (*prefix, *suffix, torch.tensor(rest))

@@ -158,11 +158,18 @@ class RotaryEmbedding(nn.Module):
         length = max(q_offset + q.shape[-2], k_offset + k.shape[-2])
         return self._rotate(q, q_offset, length), self._rotate(k, k_offset, length)
 
-    def _rotate(self, x, offset: int, length: int) -> torch.Tensor:
+    def rotate_at(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` ``(..., L, dim)`` whose rows sit at the absolute ``positions`` (non-negative integers
+        broadcasting to ``x.shape[:-1]``, e.g. ``(B, 1, L)``): the nodes of a draft tree sit at their depths."""
+        self._check(x, "x")
+        return self._rotate(x, 0, int(positions.max()) + 1 if positions.numel() else 0, positions)
+
+    def _rotate(self, x, offset: int, length: int, positions: torch.Tensor | None = None) -> torch.Tensor:
         compute = torch.float64 if x.dtype == torch.float64 else torch.float32
         theta, factor = self.frequencies(length, device=x.device)
-        pos = torch.arange(offset, offset + x.shape[-2], device=x.device, dtype=theta.dtype)
-        ang = pos[:, None] * theta  # (L, pairs)
+        pos = (torch.arange(offset, offset + x.shape[-2], device=x.device, dtype=theta.dtype) if positions is None
+               else positions.to(x.device, theta.dtype))
+        ang = pos[..., None] * theta  # (..., L, pairs)
         cos, sin = ang.cos().to(compute), ang.sin().to(compute)
         r = self.rotated
         part = x[..., :r].to(compute)

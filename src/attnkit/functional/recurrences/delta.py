@@ -16,7 +16,8 @@ def _required(who: str, beta):
 
 
 def delta_rule(q, k, v, beta, *, scale=None, normalize_qk: bool = False, form: str = "chunk", chunk_size: int = 64,
-               initial_state=None, cu_seqlens=None):
+               initial_state=None, cu_seqlens=None,
+               parents=None):
     """The delta rule: each token replaces what the state recalls for its key by its value, at rate beta.
 
     Schlag et al. 2021, "Linear Transformers Are Secretly Fast Weight Programmers",
@@ -44,6 +45,9 @@ def delta_rule(q, k, v, beta, *, scale=None, normalize_qk: bool = False, form: s
         scale: multiplies q after the normalisation (default ``Dk ** -0.5``).
         normalize_qk: L2-normalise q and k first.
         form, chunk_size, initial_state, cu_seqlens: as :func:`attnkit.functional.recurrences.retention`.
+        parents: the tokens are a speculative draft tree (:func:`attnkit.masks.tree`'s parents), each run from its
+            parent's state; the second result is every node's state ``(B, H, L, Dk, Dv)``
+            (:mod:`attnkit.functional.recurrences.tree`).
 
     Example:
         >>> import torch
@@ -56,4 +60,4 @@ def delta_rule(q, k, v, beta, *, scale=None, normalize_qk: bool = False, form: s
     """
     return gated_recurrence("delta_rule", q, k, v, None, _required("delta_rule", beta), scale=scale,
                             normalize_qk=normalize_qk, form=form, chunk_size=chunk_size, initial_state=initial_state,
-                            cu_seqlens=cu_seqlens)
+                            cu_seqlens=cu_seqlens, parents=parents)

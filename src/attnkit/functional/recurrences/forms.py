@@ -15,10 +15,13 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from ...errors import ArgumentError, ShapeError
+from ...masks.tree import check_parents
 from .checks import check_form, check_lengths, check_qkv, check_state, check_tensor
 from .local import local_terms
 from .recurrent import recurrent
 from .scan import pass_states
+from .tree import tree
 
 __all__ = ["l2_normalize", "parallel", "blocks", "through_blocks", "chunked", "prepare", "recurrent",
            "linear_recurrence", "gated_recurrence"]
@@ -72,14 +75,21 @@ def prepare(q, k, v, g, beta, *, scale, normalize_qk: bool):
 
 
 def linear_recurrence(who: str, q, k, v, g, beta, *, scale, normalize_qk: bool, form: str, chunk_size: int,
-                      initial_state, cu_seqlens):
+                      initial_state, cu_seqlens, parents=None):
     """Run the recurrence on checked ``q, k`` ``(B, Hk, L, Dk)``, ``v`` ``(B, H, L, Dv)``, log decays ``g``
     ``(B, H, L, G)``, ``beta`` ``(B, H, L)`` or None; returns ``(out (B, H, L, Dv), final (N, H, Dk, Dv))``.
 
     Computed in float32 (float64 for float64 values); the output in ``v``'s dtype, the state in the
     computation's. ``q, k`` heads serve ``H / Hk`` consecutive value heads each.
+
+    ``parents`` ``(L,)`` or ``(B, L)`` (:func:`attnkit.masks.tree`'s): the ``L`` tokens are the nodes of a draft
+    tree, run in the tree form (:mod:`.tree`; ``form`` is not used), each from its parent's state; the second
+    result is then every node's state ``(B, H, L, Dk, Dv)``.
     """
     check_form(who, form, chunk_size)
+    if parents is not None:
+        return _tree(who, q, k, v, g, beta, scale=scale, normalize_qk=normalize_qk, initial_state=initial_state,
+                     cu_seqlens=cu_seqlens, parents=parents)
     b, h, n, dk, dv = (*v.shape[:3], q.shape[-1], v.shape[-1])
     lengths = check_lengths(who, cu_seqlens, b, n)
     docs = b if lengths is None else len(lengths)
@@ -100,6 +110,23 @@ def linear_recurrence(who: str, q, k, v, g, beta, *, scale, normalize_qk: bool, 
         outs.append(out)
         finals.append(final)
     return torch.cat(outs, 2).to(v.dtype), torch.cat(finals)
+
+
+def _tree(who, q, k, v, g, beta, *, scale, normalize_qk, initial_state, cu_seqlens, parents):
+    """:func:`linear_recurrence` over the nodes of a draft tree (see there)."""
+    if cu_seqlens is not None:
+        raise ArgumentError(f"{who}: parents (a draft tree) and cu_seqlens (packed documents) exclude each other; "
+                            "got both")
+    b, h, n, dk, dv = (*v.shape[:3], q.shape[-1], v.shape[-1])
+    parents = check_parents(who, parents)
+    if parents.shape[-1] != n or (parents.dim() == 2 and parents.shape[0] not in (1, b)):
+        raise ShapeError(f"{who}: parents must have shape ({n},) or ({b}, {n}) (one parent per token); got "
+                         f"{tuple(parents.shape)}")
+    initial = check_state(who, initial_state, (b, h, dk, dv), q.device)
+    q, k, vv, g, beta = prepare(q, k, v, g, beta, scale=scale, normalize_qk=normalize_qk)
+    initial = vv.new_zeros(b, h, dk, dv) if initial is None else initial.to(vv.dtype)
+    out, states = tree(q, k, vv, g, beta, initial, parents.reshape(-1, n).expand(b, n))
+    return out.to(v.dtype), states
 
 
 def gated_recurrence(who: str, q, k, v, g=None, beta=None, *, per_channel: bool = False, **options):

@@ -9,7 +9,8 @@ __all__ = ["gated_delta_rule"]
 
 
 def gated_delta_rule(q, k, v, g, beta, *, scale=None, normalize_qk: bool = False, form: str = "chunk",
-                     chunk_size: int = 64, initial_state=None, cu_seqlens=None):
+                     chunk_size: int = 64, initial_state=None, cu_seqlens=None,
+                     parents=None):
     """The gated delta rule: decay the state by ``alpha_t = exp(g_t)``, then correct it by the delta rule.
 
     Yang et al. 2024, "Gated Delta Networks: Improving Mamba2 with Delta Rule", arXiv:2412.06464
@@ -33,7 +34,7 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, normalize_qk: bool = False
         q, k, v: queries, keys, values.
         g: log decay per token and head.
         beta: writing strength per token and head.
-        scale, normalize_qk, form, chunk_size, initial_state, cu_seqlens: as :func:`delta_rule`.
+        scale, normalize_qk, form, chunk_size, initial_state, cu_seqlens, parents: as :func:`delta_rule`.
 
     Example:
         >>> import torch
@@ -50,4 +51,4 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, normalize_qk: bool = False
     """
     return gated_recurrence("gated_delta_rule", q, k, v, g, _required("gated_delta_rule", beta), scale=scale,
                             normalize_qk=normalize_qk, form=form, chunk_size=chunk_size, initial_state=initial_state,
-                            cu_seqlens=cu_seqlens)
+                            cu_seqlens=cu_seqlens, parents=parents)

@@ -9,7 +9,8 @@ __all__ = ["kimi_delta_attention"]
 
 
 def kimi_delta_attention(q, k, v, g, beta, *, scale=None, normalize_qk: bool = False, form: str = "chunk",
-                         chunk_size: int = 16, initial_state=None, cu_seqlens=None):
+                         chunk_size: int = 16, initial_state=None, cu_seqlens=None,
+                         parents=None):
     """KDA: decay each key channel of the state by its own gate, then correct it by the delta rule.
 
     Kimi Team 2025, "Kimi Linear: An Expressive, Efficient Attention Architecture",
@@ -35,7 +36,7 @@ def kimi_delta_attention(q, k, v, g, beta, *, scale=None, normalize_qk: bool = F
         q, k, v: queries, keys, values.
         g: log decay per token, head and key channel.
         beta: writing strength per token and head.
-        scale, normalize_qk, form, chunk_size, initial_state, cu_seqlens: as :func:`delta_rule`.
+        scale, normalize_qk, form, chunk_size, initial_state, cu_seqlens, parents: as :func:`delta_rule`.
 
     Example:
         >>> import torch
@@ -50,4 +51,4 @@ def kimi_delta_attention(q, k, v, g, beta, *, scale=None, normalize_qk: bool = F
     """
     return gated_recurrence("kimi_delta_attention", q, k, v, g, _required("kimi_delta_attention", beta),
                             per_channel=True, scale=scale, normalize_qk=normalize_qk, form=form, chunk_size=chunk_size,
-                            initial_state=initial_state, cu_seqlens=cu_seqlens)
+                            initial_state=initial_state, cu_seqlens=cu_seqlens, parents=parents)
