@@ -151,7 +151,7 @@ def _path(parents: list[int], node: int) -> list[int]:
     return out[::-1]
 
 
-@pytest.mark.parametrize("name", [n for n in LAYERS if n != "retnet"])
+@pytest.mark.parametrize("name", [n for n in LAYERS if n not in ("retnet", "rwkv4")])
 @pytest.mark.parametrize("nodes", [1, 7, 30])
 def test_a_draft_tree_verified_in_one_call_gives_each_node_its_paths_decoding_and_commit_keeps_the_path(name, nodes):
     layer, x = _layer(name), _x(n=5 + nodes)
@@ -192,3 +192,5 @@ def test_a_commit_that_is_not_a_root_to_node_path_or_without_a_tree_gets_attnkit
         layer(x, parents=[-1, 1, 0, 0])
     with pytest.raises(UnsupportedFeature, match="rotary"):
         _layer("retnet")(x, parents=[-1, 0, 1, 2])
+    with pytest.raises(UnsupportedFeature, match="predecessor's sums"):  # RWKV-4's sums read one token late
+        _layer("rwkv4")(x, parents=[-1, 0, 1, 2])

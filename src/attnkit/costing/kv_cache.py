@@ -73,7 +73,7 @@ def kv_format_rows(*, heads: int = LAYER["heads"], head_dim: int = LAYER["head_d
                    dtype: str = "float32") -> list[FormatRow]:
     """The full-precision ``dtype`` first, then every :data:`~attnkit.functional.quantize.KINDS` with per (token,
     head) and per tensor scales, at the key/value head counts of :func:`kv_cache_rows`."""
-    from ...functional.quantize import KINDS, KVFormat
+    from ..functional.quantize import KINDS, KVFormat
 
     counts = [r.values // (2 * head_dim) for r in kv_cache_rows(heads=heads, head_dim=head_dim, kv_heads=kv_heads,
                                                                 dtype=dtype)[:3]]

@@ -274,6 +274,10 @@ class RecurrentLayer(nn.Module):
             raise UnsupportedFeature(f"{who}: a draft tree (parents) takes no key_keep_mask: its nodes are all real")
         if getattr(self, "rotary", None) is not None:
             raise UnsupportedFeature(f"{who}: a draft tree (parents) through rotary positions is not supported")
+        if type(self).recurrence is not RecurrentLayer.recurrence:
+            raise UnsupportedFeature(f"{who}: a draft tree (parents) is not supported: the layer reshapes the "
+                                     "recurrence's output along the sequence (each token reads its predecessor's "
+                                     "sums), which a tree's nodes do not have in order")
         tree = tree_parents(who, parents, x.shape[0], x.shape[1])
         rows = tree.parents.reshape(-1, tree.nodes).expand(x.shape[0], -1)
         context = DraftTree(None if cache is None else cache.conv, rows)
