@@ -4,7 +4,7 @@ Row: window +-128 forward at L = 4096 (8 heads, D = 64), torch's default threads
 SDPA with the dense boolean mask, first quiet, then with ``--per-core`` busy-loop processes
 on every core (started here, stopped after). The load average is a minute's decay, and the
 block paths read it to run their many small operators on one thread while the machine is
-oversubscribed (:mod:`attnkit.kernels.threads`), so the busy processes run ``--settle``
+oversubscribed (:func:`attnkit.kernels.pipeline.for_many_operators`), so the busy processes run ``--settle``
 seconds before the busy rounds. Target: the busy ratio at most 1.5x the quiet one.
 
 Usage: ``python benchmarks/under_load.py [--length 4096] [--per-core 3] [--rounds 5] [--write BENCHMARKS.md]``.

@@ -28,9 +28,9 @@ from torch.autograd.function import once_differentiable
 
 from ..functional.validate import Problem
 from . import band_blocks as ws
-from . import rules, threads
+from . import rules
 from .path_cost import PathCost, fused_attention, itemsize
-from .pipeline import KernelOutput, Workspace, sinks_after
+from .pipeline import KernelOutput, Workspace, for_many_operators, sinks_after
 
 __all__ = ["REFUSALS", "refusal", "plan", "run", "forward", "backward", "describe", "cost", "density", "op_forward",
            "op_backward"]
@@ -94,7 +94,7 @@ def _forward(q, k, v, pl: ws.Plan, scale: float, need_lse: bool):
     out = q.new_empty(*q.shape[:3], v.shape[2])
     lse = q.new_empty(q.shape[:3]) if need_lse else None
     work = Workspace(q)
-    with threads.for_many_operators():  # a few operators per slab: one thread on an oversubscribed machine
+    with for_many_operators():  # a few operators per slab: one thread on an oversubscribed machine
         for sl in ws.slabs(q, k, v, pl, out, lse):
             _, probs, m = _probs(work, sl, scale, need_lse)
             sl.write_out(torch.bmm(probs, sl.v, out=sl.out_buffer(work)))
@@ -109,7 +109,7 @@ def _backward(q, k, v, out, dout, dlse, pl: ws.Plan, scale: float, finite: bool)
         delta = delta - dlse  # d lse / d s = P: the same term
     dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
     work = Workspace(q)
-    with threads.for_many_operators():
+    with for_many_operators():
         for sl in ws.slabs(q, k, v, pl, dq, None, dout=dout, delta=delta):
             qs, probs, _ = _probs(work, sl, scale)
             if not finite:

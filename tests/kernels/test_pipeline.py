@@ -1,4 +1,4 @@
-"""One torch thread for the many-operator paths while the machine is oversubscribed, the caller's threads after."""
+"""The pipeline's thread rule: one torch thread for many-operator paths on an oversubscribed machine."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 import attnkit
 from attnkit import masks
-from attnkit.kernels import band, threads
+from attnkit.kernels import band, pipeline
 
 
 @pytest.fixture
@@ -19,21 +19,21 @@ def two_threads():
 
 
 def _load(monkeypatch, value):
-    monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(threads.os, "getloadavg", lambda: (value, value, value))
+    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(pipeline.os, "getloadavg", lambda: (value, value, value))
 
 
 @pytest.mark.parametrize("load, inside", [(9.0, 1), (1.5, 2)])
 def test_one_thread_inside_only_while_the_load_exceeds_the_cores(monkeypatch, two_threads, load, inside):
     _load(monkeypatch, load)
-    with threads.for_many_operators():
+    with pipeline.for_many_operators():
         seen = torch.get_num_threads()
     assert seen == inside and torch.get_num_threads() == 2
 
 
 def test_the_callers_threads_come_back_after_an_error(monkeypatch, two_threads):
     _load(monkeypatch, 9.0)
-    with pytest.raises(RuntimeError, match="inside"), threads.for_many_operators():
+    with pytest.raises(RuntimeError, match="inside"), pipeline.for_many_operators():
         raise RuntimeError("inside")
     assert torch.get_num_threads() == 2
 
@@ -41,8 +41,8 @@ def test_the_callers_threads_come_back_after_an_error(monkeypatch, two_threads):
 def test_a_system_without_a_load_average_is_not_oversubscribed(monkeypatch):
     def missing():
         raise OSError("no load average")
-    monkeypatch.setattr(threads.os, "getloadavg", missing)
-    assert not threads.oversubscribed()
+    monkeypatch.setattr(pipeline.os, "getloadavg", missing)
+    assert not pipeline.oversubscribed()
 
 
 def test_band_windows_give_the_same_bits_forward_and_backward_on_a_busy_machine(monkeypatch, two_threads):
