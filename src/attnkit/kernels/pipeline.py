@@ -26,7 +26,8 @@ from ..functional.scores import SCORES
 from ..functional.validate import Problem
 
 __all__ = ["KernelOutput", "upcast_inputs", "block_scores", "block_weights", "sinks_after", "zero_padded_keys",
-           "oversubscribed", "for_many_operators", "dense_indices", "run_row_chunks", "Workspace", "in_graph", "shapes_only", "twice_differentiable"]
+           "oversubscribed", "for_many_operators", "dense_indices", "run_row_chunks", "Workspace", "in_graph",
+           "shapes_only", "twice_differentiable"]
 
 
 class KernelOutput(NamedTuple):
