@@ -205,7 +205,7 @@ def test_windows_without_autograd_over_many_chunks_equal_the_oracle():
 @pytest.mark.parametrize("where", ["q", "k", "v"])
 @pytest.mark.parametrize("value", [math.nan, math.inf])
 def test_non_finite_values_the_keys_attend_propagate_as_in_the_oracle(where, value):
-    # chunks every query sees whole run on torch's kernel unchecked: its answer must be the contract's
+    # chunks every query sees whole run on torch's kernel without a mask: its answer must be the contract's
     lengths = [2 * selected.SPLIT_KEYS, 700]
     keys, values = _sequences(lengths, seed=3)
     q = torch.randn(2, 6, 1, 16, generator=torch.Generator().manual_seed(2))
@@ -242,3 +242,21 @@ def test_calls_of_other_sizes_in_turn_reuse_the_chunk_buffers_safely():
         got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor(lengths),
                                 mask=masks.causal())
         torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("case", ["nan query over few keys", "values near the largest float"])
+def test_rows_torchs_kernel_answers_unlike_the_formula_run_on_the_exact_split(case):
+    # a NaN query over fewer keys than torch's vector width (a row it zeroes), an overflow of its unnormalised sum
+    lengths = [5, 5] if case.startswith("nan") else [700, 2 * selected.SPLIT_KEYS]  # chunks every query sees
+    keys, values = _sequences(lengths, seed=11)
+    q = torch.randn(2, 4, 1, 16, generator=torch.Generator().manual_seed(3))
+    if case.startswith("nan"):
+        q[0, 2, 0, 1] = math.nan
+    else:
+        values[1][0, :, 0] = 3e38  # finite, and so is the formula's answer
+    k_pool, v_pool, table = _pool(keys, values, 16, spare=0, seed=2)
+    got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor(lengths),
+                            mask=masks.causal())
+    want = _oracle(q, keys, values, empty=False)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=2e-6, equal_nan=True)
+    assert torch.isfinite(got).all() == torch.isfinite(want).all()

@@ -20,15 +20,11 @@ directly, as its own entry point would:
 
 Every contract holds: the output and the kernel's log-sum-exp are checked after the
 call (NaN or inf in the output, an lse of NaN, inf or exactly 0: an overflow, a
-masked NaN key torch leaked, a NaN query row it zeroed). A call with no masked key (no
-mask: a decoding step) has nothing to leak, and there torch's kernel answers NaN and inf
-as the float64 formula does except in rows it zeroes (a NaN query over fewer keys than
-its vector width, keys all NaN or all scoring -inf), each marked by an lse of exactly 0:
-there the lse alone is read (``lse.all()``, no pass over the output). On CUDA, whose
-public kernel returns no lse, NaN or inf in the output or in q is checked
-(:func:`.sdpa.sums_finite`, no second pass over the KV cache). A call that fails its
-check is handed to the full route (validation, :func:`~.dispatch.choose`), which raises
-attnkit's errors and runs an exact path. Anything the lane does not take goes there too.
+masked NaN key torch leaked, a NaN query row it zeroed; on CUDA, whose public kernel
+returns no lse, NaN or inf in the output or in q: :func:`.sdpa.sums_finite`, no second
+pass over the KV cache), and then the call is handed
+to the full route (validation, :func:`~.dispatch.choose`), which raises attnkit's
+errors and runs an exact path. Anything the lane does not take goes there too.
 """
 
 from __future__ import annotations
@@ -112,7 +108,7 @@ def run(q, k, v, mask, lane: tuple) -> torch.Tensor | None:
             return None
     else:
         out, lse = rules.FLASH(q, k, v, 0.0, is_causal, attn_mask=float_mask, scale=scale)
-        if not (bool(lse.all()) if float_mask is None and not is_causal else trusted(out, lse)):
+        if not trusted(out, lse):
             return None
     if out.requires_grad:
         inputs = [t for t in (q, k, v) if t.requires_grad]

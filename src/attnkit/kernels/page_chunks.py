@@ -9,9 +9,10 @@ Without autograd a chunk runs on torch's fused CPU kernel (:func:`fused_chunk`) 
 query heads of one key/value head as rows of one product, ``q (B, H_kv, g Lq, D)``
 (Ainslie et al. 2023, grouped-query attention: the ``g`` heads of a group read the same
 keys, so the chunk is read once per group), and with no mask at all where every query sees
-every key of the chunk: for such a call torch's kernel answers as attnkit's contract does
-(NaN and inf propagate, no row is empty), so nothing is checked after it. Chunks with masked
-keys (a sequence ends inside, or the caller's mask cuts it) get a float mask and the check.
+every key of the chunk; chunks with masked keys (a sequence ends inside, or the caller's
+mask cuts it) get a float mask. Each chunk's output and lse are checked as the fast lane
+checks them (:func:`.lane.trusted`: a row torch zeroed, an overflow, a leaked NaN), and a
+chunk that fails runs on the exact split.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 from ..functional.validate import Problem
 from . import rules
+from .lane import trusted
 from .pipeline import Workspace
 
 __all__ = ["page_split", "chunk_is_open", "fused_chunk", "workspace"]
@@ -116,8 +118,9 @@ def fused_chunk(p: Problem, r0: int, r1: int, start: int, stop: int, q: torch.Te
     hkv, c = k_g.shape[1], r1 - r0
     g, dev = hq // hkv, q.device
     q_c = q[:, :, r0:r1].reshape(batch, hkv, g * c, d)
-    if chunk_is_open(p, start, stop, r0, r1, shortest, longest):
-        return rules.FLASH(q_c, k_g, v_g, 0.0, False, scale=p.scale)[:2]
+    if chunk_is_open(p, start, stop, r0, r1, shortest, longest):  # no float mask; still a row torch zeroed or
+        out, lse = rules.FLASH(q_c, k_g, v_g, 0.0, False, scale=p.scale)[:2]  # an overflow: the exact split
+        return (out, lse) if trusted(out, lse) else None
     sel = p.mask.selection
     allowed = torch.ones(batch, 1, 1, stop - start, dtype=torch.bool, device=dev) if valid is None else valid
     if sel.within is not None:
