@@ -10,6 +10,7 @@ measured once in a fresh process, :mod:`attnkit.lab.analysis.memory`):
 - paged: one decoding step (one query per sequence) over a :class:`attnkit.nn.PagedKVCache` whose
   sequences' pages interleave (appended a page at a time, in turn), against the same keys in a contiguous cache
   (``attnkit.attention(q, k, v, mask=causal())``, torch's kernel); target <= 1.10x;
+- paged-prefill: the same with 16 queries per sequence (chunked prefill, causal); target <= 1.15x;
 - NSA and MoBA: :class:`attnkit.nn.NativeSparseAttention` and :class:`attnkit.nn.MoBA` against
   dense causal attention with the same projections (:class:`attnkit.models.SoftmaxSelfAttention`)
   at ``L = 4096`` and ``16384``, forward + backward (different functions: only time and memory).
@@ -81,8 +82,9 @@ def packed_sides(s):
     return ours, theirs
 
 
-def paged_sides(s):
-    """``(ours, theirs)``: one decoding step over a paged cache (random page order) and over a contiguous one."""
+def paged_sides(s, q_len: int = 1):
+    """``(ours, theirs)``: one decoding step (or a chunked prefill of ``q_len`` queries) over a paged cache (random
+    page order) and over a contiguous one."""
     b, n, h, hkv, d, ps = (s[k] for k in ("batch", "length", "heads", "kv_heads", "head_dim", "page_size"))
     g = torch.Generator().manual_seed(2)
     keys, values = torch.randn(b, hkv, n, d, generator=g), torch.randn(b, hkv, n, d, generator=g)
@@ -92,7 +94,7 @@ def paged_sides(s):
         for i, seq in enumerate(seqs):
             cache.append(seq, keys[i, :, start:start + ps], values[i, :, start:start + ps])
     table, used = cache.block_table(seqs), cache.lengths(seqs)
-    q = torch.randn(b, h, 1, d, generator=g)
+    q = torch.randn(b, h, q_len, d, generator=g)
     causal = masks.causal()
 
     def ours():
@@ -126,8 +128,9 @@ def _sides(row: str, smoke: bool) -> dict:
     sizes = SMOKE if smoke else FULL
     if row == "packed":
         return dict(zip(("ours", "theirs"), packed_sides(sizes["packed"]), strict=True))
-    if row == "paged":
-        return dict(zip(("ours", "theirs"), paged_sides(sizes["paged"]), strict=True))
+    if row in ("paged", "paged-prefill"):
+        q_len = 16 if row == "paged-prefill" else 1
+        return dict(zip(("ours", "theirs"), paged_sides(sizes["paged"], q_len), strict=True))
     length = int(row.split("@")[1])
     return sparse_sides(sizes["sparse"], length)
 
@@ -153,7 +156,7 @@ def _peak(row: str, side: str, smoke: bool) -> str:
 def measure(row: str, rounds: int, smoke: bool, memory: bool) -> list[str]:
     """The table lines of one row: every side's time per call and peak, each against the row's baseline."""
     sides = _sides(row, smoke)
-    if row in ("packed", "paged"):
+    if row in ("packed", "paged", "paged-prefill"):
         torch.testing.assert_close(sides["ours"](), sides["theirs"](), rtol=1e-4, atol=1e-5)  # same function
     times = time_rounds(sides, repeats=rounds, warmup=1)
     base = "theirs" if "theirs" in sides else "dense"
@@ -174,14 +177,16 @@ def main(argv=None) -> int:
     ap.add_argument("--write", type=Path, help="replace this section in a Markdown file")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    rows = ["packed", "paged"] + [f"sparse@{n}" for n in (SMOKE if args.smoke else FULL)["sparse"]["lengths"]]
+    lengths = (SMOKE if args.smoke else FULL)["sparse"]["lengths"]
+    rows = ["packed", "paged", "paged-prefill"] + [f"sparse@{n}" for n in lengths]
     lines = ["| row | side | ms per call | time / baseline (median, range) | peak memory |", "|---|---|---|---|---|"]
     for row in rows:
         lines += measure(row, args.rounds, args.smoke, not args.no_memory)
         print(lines[-1], file=sys.stderr)
     text = (f"`python benchmarks/sparse_and_packed.py --rounds {args.rounds}` (torch {torch.__version__}, 1 thread; "
             "baseline: `theirs` for packed (SDPA on the padded batch) and paged (a contiguous cache), `dense` for "
-            "the sparse rows; target for paged: <= 1.10x)\n\n" + "\n".join(lines))
+            "the sparse rows; paged-prefill: 16 queries per sequence, causal; targets: paged <= 1.10x, "
+            "paged-prefill <= 1.15x)\n\n" + "\n".join(lines))
     return emit(text, None if args.smoke else args.write, NAME, TITLE)
 
 

@@ -42,8 +42,9 @@ def _contiguous(keys, values):
     return torch.stack([pad(k) for k in keys]), torch.stack([pad(v) for v in values])
 
 
-def _oracle(q, keys, values, window=None):
-    """Per sequence, float64: the last Lq positions of the sequence attend bottom-right causally (or a window)."""
+def _oracle(q, keys, values, window=None, empty=True):
+    """Per sequence, float64: the last Lq positions of the sequence attend bottom-right causally (or a window);
+    ``empty=False``: no row is empty, so NaN in the weights stays NaN."""
     outs = []
     for b, (k, v) in enumerate(zip(keys, values, strict=True)):
         lq, lk = q.shape[2], k.shape[1]
@@ -53,7 +54,7 @@ def _oracle(q, keys, values, window=None):
         group = q.shape[1] // k.shape[0]
         kk, vv = k.double().repeat_interleave(group, 0), v.double().repeat_interleave(group, 0)
         s = (q[b].double() @ kk.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~allowed, -math.inf)
-        w = torch.softmax(s, -1).nan_to_num(0.0)
+        w = torch.softmax(s, -1).nan_to_num(0.0) if empty else torch.softmax(s, -1)
         outs.append(w @ vv)
     return torch.stack(outs)
 
@@ -237,3 +238,75 @@ def test_nan_on_pool_lanes_no_sequence_holds_reaches_no_output_or_gradient_on_an
     torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
     (grad,) = torch.autograd.grad(out.sum(), q)
     assert torch.isfinite(grad).all() and not grad[0].any()
+
+
+def test_windows_without_autograd_over_many_chunks_equal_the_oracle():
+    # chunks the window cuts, chunks it leaves whole, and chunks no query sees, in sequences of several chunks
+    lengths = [1500, 1100, 3 * selected.SPLIT_KEYS]
+    keys, values = _sequences(lengths, seed=7)
+    k_pool, v_pool, table = _pool(keys, values, 16, spare=2, seed=4)
+    for lq in (1, 5):
+        q = torch.randn(len(lengths), 6, lq, 16, generator=torch.Generator().manual_seed(lq))
+        for window, mask in ((None, masks.causal()), (600, masks.sliding_window(600, 0))):
+            got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor(lengths), mask=mask)
+            torch.testing.assert_close(got.double(), _oracle(q, keys, values, window), rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_non_finite_values_the_keys_attend_propagate_as_in_the_oracle(where, value):
+    # chunks every query sees whole run on torch's kernel without a mask: its answer must be the contract's
+    lengths = [2 * selected.SPLIT_KEYS, 700]
+    keys, values = _sequences(lengths, seed=3)
+    q = torch.randn(2, 6, 1, 16, generator=torch.Generator().manual_seed(2))
+    if where == "q":
+        q[0, 1, 0, 3] = value
+    elif where == "k":
+        keys[1][0, 100, 5] = value
+    else:
+        values[0][1, 300, 2] = value  # in the first chunk, which every query sees whole
+    k_pool, v_pool, table = _pool(keys, values, 16, spare=1, seed=5)
+    got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor(lengths),
+                            mask=masks.causal())
+    want = _oracle(q, keys, values, empty=False)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-6, equal_nan=True)
+    assert not torch.isfinite(got).all()  # something was not finite, and it reached the output
+
+
+def test_huge_queries_equal_the_oracle_over_pages():
+    lengths = [2 * selected.SPLIT_KEYS + 3, 40]
+    keys, values = _sequences(lengths, seed=8)
+    q = 1e30 * torch.randn(2, 4, 2, 16, generator=torch.Generator().manual_seed(1))
+    k_pool, v_pool, table = _pool(keys, values, 16, spare=0, seed=6)
+    got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor(lengths),
+                            mask=masks.causal())
+    torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
+
+
+def test_calls_of_other_sizes_in_turn_reuse_the_chunk_buffers_safely():
+    # the buffers the chunks are copied into outlive a call: a larger, then a smaller, then a larger call
+    for lengths, d in (([1200, 900], 16), ([30], 8), ([1200, 900], 16), ([600, 600, 600], 16)):
+        keys, values = _sequences(lengths, d=d, dv=d, seed=len(lengths))
+        k_pool, v_pool, table = _pool(keys, values, 16, spare=1, seed=d)
+        q = torch.randn(len(lengths), 4, 2, d, generator=torch.Generator().manual_seed(d))
+        got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor(lengths),
+                                mask=masks.causal())
+        torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("case", ["nan query over few keys", "values near the largest float"])
+def test_rows_torchs_kernel_answers_unlike_the_formula_run_on_the_exact_split(case):
+    # a NaN query over fewer keys than torch's vector width (a row it zeroes), an overflow of its unnormalised sum
+    lengths = [5, 5] if case.startswith("nan") else [700, 2 * selected.SPLIT_KEYS]  # chunks every query sees
+    keys, values = _sequences(lengths, seed=11)
+    q = torch.randn(2, 4, 1, 16, generator=torch.Generator().manual_seed(3))
+    if case.startswith("nan"):
+        q[0, 2, 0, 1] = math.nan
+    else:
+        values[1][0, :, 0] = 3e38  # finite, and so is the formula's answer
+    k_pool, v_pool, table = _pool(keys, values, 16, spare=0, seed=2)
+    got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor(lengths),
+                            mask=masks.causal())
+    want = _oracle(q, keys, values, empty=False)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=2e-6, equal_nan=True)
+    assert torch.isfinite(got).all() == torch.isfinite(want).all()

@@ -30,7 +30,7 @@ from ..functional.validate import Problem
 from . import band_blocks as ws
 from . import rules
 from .path_cost import PathCost, fused_attention, itemsize
-from .pipeline import KernelOutput, Workspace, sinks_after
+from .pipeline import KernelOutput, Workspace, for_many_operators, sinks_after
 
 __all__ = ["REFUSALS", "refusal", "plan", "run", "forward", "backward", "describe", "cost", "density", "op_forward",
            "op_backward"]
@@ -95,11 +95,12 @@ def _forward(q, k, v, pl: ws.Plan, scale: float, need_lse: bool):
     out = q.new_empty(*q.shape[:3], v.shape[2])
     lse = q.new_empty(q.shape[:3]) if need_lse else None
     work = Workspace(q)
-    for sl in ws.slabs(q, k, v, pl, out, lse):
-        _, probs, m = _probs(work, sl, scale, need_lse)
-        sl.write_out(torch.bmm(probs, sl.v, out=sl.out_buffer(work)))
-        if need_lse:  # the largest probability is exp(0) / sum: lse = m + log(sum)
-            sl.write_lse(sl.fill_empty_rows(m - torch.log(probs.amax(-1)), _NEG_INF))
+    with for_many_operators():  # a few operators per slab: one thread on an oversubscribed machine
+        for sl in ws.slabs(q, k, v, pl, out, lse):
+            _, probs, m = _probs(work, sl, scale, need_lse)
+            sl.write_out(torch.bmm(probs, sl.v, out=sl.out_buffer(work)))
+            if need_lse:  # the largest probability is exp(0) / sum: lse = m + log(sum)
+                sl.write_lse(sl.fill_empty_rows(m - torch.log(probs.amax(-1)), _NEG_INF))
     return out, lse
 
 
@@ -109,18 +110,20 @@ def _backward(q, k, v, out, dout, dlse, pl: ws.Plan, scale: float, finite: bool)
         delta = delta - dlse  # d lse / d s = P: the same term
     dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
     work = Workspace(q)
-    for sl in ws.slabs(q, k, v, pl, dq, None, dout=dout, delta=delta):
-        qs, probs, _ = _probs(work, sl, scale)
-        if not finite:
-            sl.mask_(probs, 0.0)  # a NaN row must not reach keys it does not attend
-        window = (probs.shape[0], probs.shape[2])
-        sl.add_window(dv, torch.bmm(probs.transpose(1, 2), sl.dout, out=work.take("dkv", *window, dv.shape[-1])))
-        ds = torch.bmm(sl.dout, sl.v.transpose(1, 2), out=work.take("ds", *probs.shape))
-        ds.sub_(sl.delta[..., None]).mul_(probs)
-        if not finite:
-            sl.mask_(ds, 0.0)  # select: 0 * NaN from a masked value cannot leak
-        sl.write_out(torch.bmm(ds, sl.k, out=sl.out_buffer(work)))
-        sl.add_window(dk, torch.bmm(ds.transpose(1, 2), qs, out=work.take("dkv", *window, dk.shape[-1])))
+    with for_many_operators():
+        for sl in ws.slabs(q, k, v, pl, dq, None, dout=dout, delta=delta):
+            qs, probs, _ = _probs(work, sl, scale)
+            if not finite:
+                sl.mask_(probs, 0.0)  # a NaN row must not reach keys it does not attend
+            window = (probs.shape[0], probs.shape[2])
+            dkv = work.take("dkv", *window, dv.shape[-1])
+            sl.add_window(dv, torch.bmm(probs.transpose(1, 2), sl.dout, out=dkv))
+            ds = torch.bmm(sl.dout, sl.v.transpose(1, 2), out=work.take("ds", *probs.shape))
+            ds.sub_(sl.delta[..., None]).mul_(probs)
+            if not finite:
+                sl.mask_(ds, 0.0)  # select: 0 * NaN from a masked value cannot leak
+            sl.write_out(torch.bmm(ds, sl.k, out=sl.out_buffer(work)))
+            sl.add_window(dk, torch.bmm(ds.transpose(1, 2), qs, out=work.take("dkv", *window, dk.shape[-1])))
     return dq.mul_(scale), dk, dv
 
 

@@ -3,25 +3,58 @@
 A chunk is gathered from the pool's pages (whole pages with ``index_select``) or sliced from a
 contiguous cache, into a token-major tensor ``(B, c, H_kv, E)`` zeroed past each sequence's
 length: the same bytes in the same layout wherever the pages lie, so what is computed on it is
-the same bit for bit (:mod:`.selected`, path ``paged-split-kv``). Quantized pages
+the same bit for bit (:mod:`.selected`, path ``paged-split-kv``).
+
+Without autograd a chunk runs on torch's fused CPU kernel (:func:`fused_chunk`) with the
+query heads of one key/value head as rows of one product, ``q (B, H_kv, g Lq, D)``
+(Ainslie et al. 2023, grouped-query attention: the ``g`` heads of a group read the same
+keys, so the chunk is read once per group), and with no mask at all where every query sees
+every key of the chunk; chunks with masked keys (a sequence ends inside, or the caller's
+mask cuts it) get a float mask. Each chunk's output and lse are checked as the fast lane
+checks them (:func:`.lane.trusted`: a row torch zeroed, an overflow, a leaked NaN), and a
+chunk that fails runs on the exact split. Quantized pages
 (``k_scale=``/``v_scale=``) are gathered as codes, with their scales, and only the chunk is
 dequantized (:func:`attnkit.functional.quantize.dequantize`).
 """
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from ..functional.quantize import dequantize
 from ..functional.validate import Problem
+from . import rules
+from .lane import trusted
 from .pipeline import Workspace
 
-__all__ = ["page_split"]
+__all__ = ["page_split", "chunk_is_open", "fused_chunk", "workspace"]
+
+_NEG_INF = float("-inf")
+_HELD = threading.local()  # per thread: the chunk buffers of the last calls, by dtype and device
 
 
-def _positions(p: Problem, t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+def workspace(like: torch.Tensor) -> Workspace:
+    """The chunk buffers of this thread for ``like``'s dtype and device, kept from call to call.
+
+    A decoding step copies a few MB of pages per chunk; buffers made afresh by every call are
+    returned to the OS and page-faulted in again by the next one, which costs more than the
+    copy. So they are kept: at most the two largest chunks' keys and values per dtype and
+    device (``SPLIT_KEYS`` positions of every sequence).
+    """
+    spaces = _HELD.__dict__.setdefault("spaces", {})
+    key = (like.dtype, like.device)
+    if key not in spaces:
+        spaces[key] = Workspace(like)
+    return spaces[key]
+
+
+def _positions(p: Problem, t: torch.Tensor, start: int, stop: int, space: Workspace | None = None,
+               name: str = "") -> torch.Tensor:
     """Positions ``[start, stop)`` of every sequence of ``t`` ``(B, H_kv, Lk, E)`` (a pool's expanded view, or a
-    contiguous cache), token-major: ``(B, c, H_kv, E)``; whole pages copied with ``index_select``."""
+    contiguous cache), token-major: ``(B, c, H_kv, E)``; whole pages copied with ``index_select`` (into
+    ``space``'s buffer ``name`` when given and of ``t``'s dtype)."""
     sel, c, ps = p.mask.selection, stop - start, p.mask.selection.block_size
     if not sel.pooled:
         return t[:, :, start:stop].transpose(1, 2)
@@ -29,7 +62,11 @@ def _positions(p: Problem, t: torch.Tensor, start: int, stop: int) -> torch.Tens
     rows = pool.reshape(-1, ps * pool.shape[1] * pool.shape[2])  # one row per page
     first = start // ps
     pages = sel.table[:, first:-(-stop // ps)].to(p.q.device).clamp(0, rows.shape[0] - 1).flatten()
-    chunk = rows.index_select(0, pages).view(p.sizes[0], -1, *pool.shape[1:])  # (B, pages ps, H_kv, E)
+    if space is not None:
+        chunk = torch.index_select(rows, 0, pages, out=space.take(name + "-pages", len(pages), rows.shape[1]))
+    else:
+        chunk = rows.index_select(0, pages)
+    chunk = chunk.view(p.sizes[0], -1, *pool.shape[1:])  # (B, pages ps, H_kv, E)
     skip = start - first * ps
     if skip or chunk.shape[1] != c:  # part of a page: copied out, in the layout of a whole chunk
         chunk = chunk[:, skip:skip + c]
@@ -38,29 +75,84 @@ def _positions(p: Problem, t: torch.Tensor, start: int, stop: int) -> torch.Tens
 
 def page_split(p: Problem, start: int, stop: int, dtype, shortest: int, space: Workspace | None = None):
     """Positions ``[start, stop)`` of every sequence: keys and values ``(B, H_kv, c, E)`` (views of token-major
-    copies), which are real ``(B, 1, 1, c)``, and the positions.
+    copies), which are real ``(B, 1, 1, c)`` (None when every one is), and the positions.
 
     Whole pages of a pool are copied with ``index_select`` (a contiguous cache is sliced); either way the
     chunk is a token-major tensor zeroed past each sequence's length (``shortest``: the least length), the
     same bytes in the same layout wherever the pages lie, so the arithmetic on it is the same bit for bit.
-    Without autograd the copies of parts of pages go to ``space``'s buffers, reused by every chunk.
+    Without autograd the copies go to ``space``'s buffers, reused by every chunk (fresh copies of a few MB
+    are page-faulted in anew each time, which costs more than the copy).
     """
     sel, dev = p.mask.selection, p.q.device
     batch, c = p.sizes[0], stop - start
     pos = torch.arange(start, stop, device=dev)
-    valid = pos < sel.lengths.to(dev)[:, None]  # (B, c)
+    valid = pos < sel.lengths.to(dev)[:, None] if stop > shortest else None  # (B, c)
     quant = p.quant
     out = []
     for name, t in (("k", p.k), ("v", p.v)):
-        chunk = _positions(p, t, start, stop)  # (B, c, H_kv, E)
+        chunk = _positions(p, t, start, stop, space if quant is None and t.dtype == dtype else None, name)
+        copied = sel.pooled
         if quant is not None:  # codes: this chunk's alone dequantized, with its scales read the same way
             scale = quant.k_scale if name == "k" else quant.v_scale
             rows = scale if scale.dim() == 0 else _positions(p, scale[..., None], start, stop)[..., 0]
-            chunk = dequantize(chunk, rows, dtype)
+            chunk, copied = dequantize(chunk, rows, dtype), True
         elif not chunk.is_contiguous() or chunk.dtype != dtype:
             target = space.take(name, batch, c, *chunk.shape[2:]) if space is not None else None
-            chunk = target.copy_(chunk) if target is not None else chunk.to(dtype).contiguous()
-        if stop > shortest:  # a sequence ends inside this chunk: nothing stored past it is read
-            chunk = chunk.masked_fill_(~valid[:, :, None, None], 0.0)
+            chunk, copied = target.copy_(chunk) if target is not None else chunk.to(dtype).contiguous(), True
+        if valid is not None:  # a sequence ends inside this chunk: nothing stored past it is read
+            fill = chunk.masked_fill_ if copied else chunk.masked_fill  # never in place on the caller's cache
+            chunk = fill(~valid[:, :, None, None], 0.0)
         out.append(chunk.transpose(1, 2))
-    return out[0], out[1], valid[:, None, None, :], pos
+    return out[0], out[1], None if valid is None else valid[:, None, None, :], pos
+
+
+def chunk_is_open(p: Problem, start: int, stop: int, r0: int, r1: int, shortest: int, longest: int) -> bool:
+    """Whether every query ``[r0, r1)`` of every sequence sees every key ``[start, stop)``: no sequence ends
+    inside the chunk and the caller's mask (a band, read from its ``band_terms``: ``lo <= j - i <= hi`` with
+    bounds linear in the sequence's length) cuts none of it. False when that cannot be told from sizes."""
+    if stop > shortest:
+        return False
+    within = p.mask.selection.within
+    if within is None:
+        return True
+    if within.band_terms is None or within.uses & {"b", "h"}:
+        return False
+    lq = p.sizes[2]
+    los, his = within.band_terms
+
+    def bound(terms, pick):  # over every length: linear in it, so the extreme is at the least or the most
+        return pick(c + s * (n - lq) for c, s in terms for n in (shortest, longest))
+    lo_ok = not los or bound(los, max) <= start - (r1 - 1)
+    hi_ok = not his or bound(his, min) >= (stop - 1) - r0
+    return lo_ok and hi_ok
+
+
+def fused_chunk(p: Problem, r0: int, r1: int, start: int, stop: int, q: torch.Tensor, shortest: int, longest: int,
+                space: Workspace):
+    """Keys ``[start, stop)`` for queries ``[r0, r1)`` on torch's fused kernel: ``(out (B, H_kv, g c, Dv),
+    lse (B, H_kv, g c))`` with the ``g`` query heads of each key/value head as rows ``(g, i)``; None when the
+    kernel's answer on a chunk with masked keys cannot be trusted (then the exact split runs)."""
+    k_g, v_g, valid, where = page_split(p, start, stop, q.dtype, shortest, space)  # (B, H_kv, n, E)
+    batch, hq, _, d = q.shape
+    hkv, c = k_g.shape[1], r1 - r0
+    g, dev = hq // hkv, q.device
+    q_c = q[:, :, r0:r1].reshape(batch, hkv, g * c, d)
+    if chunk_is_open(p, start, stop, r0, r1, shortest, longest):  # no float mask; still a row torch zeroed or
+        out, lse = rules.FLASH(q_c, k_g, v_g, 0.0, False, scale=p.scale)[:2]  # an overflow: the exact split
+        return (out, lse) if trusted(out, lse) else None
+    sel = p.mask.selection
+    allowed = torch.ones(batch, 1, 1, stop - start, dtype=torch.bool, device=dev) if valid is None else valid
+    if sel.within is not None:
+        q_idx = torch.arange(r0, r1, device=dev).view(1, 1, -1, 1)
+        allowed = allowed & sel.within.allows(torch.arange(batch, device=dev).view(-1, 1, 1, 1),
+                                              torch.zeros(1, 1, 1, 1, dtype=torch.long, device=dev), q_idx,
+                                              where.view(1, 1, 1, -1), p.sizes[2],
+                                              sel.lengths.to(dev).view(-1, 1, 1, 1))
+    allowed = allowed.expand(batch, 1, c, allowed.shape[-1])  # (B, 1, c, n)
+    rows = allowed[:, :, None].expand(batch, 1, g, c, allowed.shape[-1]).reshape(batch, 1, g * c, -1)
+    float_mask = torch.zeros(rows.shape, dtype=q.dtype, device=dev).masked_fill_(~rows, _NEG_INF)
+    out, lse = rules.FLASH(q_c, k_g, v_g, 0.0, False, attn_mask=float_mask, scale=p.scale)[:2]
+    has = rows.any(-1)  # (B, 1, g c)
+    if not bool(torch.isfinite(torch.where(has, out.sum(-1) + lse, 0.0)).all()) or bool((has & (lse == 0)).any()):
+        return None  # NaN, inf or a row torch zeroed (an lse of exactly 0 on a row with keys): the exact split
+    return out.masked_fill(~has[..., None], 0.0), lse.masked_fill(~has, _NEG_INF)

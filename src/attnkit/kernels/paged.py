@@ -7,10 +7,13 @@
 ``seqused_k[b]`` keys on the pages ``block_table[b]``. This path reads only those pages:
 split-KV over chunks of :data:`~.selected.SPLIT_KEYS` positions of each sequence, each
 chunk's keys gathered from its pages into a chunk-sized copy (never the whole cache),
-partials merged by log-sum-exp (:mod:`.selected`); causal masks align bottom-right to each
-sequence's own length (decoding, chunked prefill). Without autograd the chunks run on
-torch's fused CPU kernel. Quantized pools (``k_scale=``, ``v_scale=``) are gathered as codes
-and each chunk alone is dequantized (:mod:`.page_chunks`).
+partials merged by log-sum-exp in one stacked step (:mod:`.selected`); causal masks align
+bottom-right to each sequence's own length (decoding, chunked prefill). Without autograd
+the chunks run on torch's fused CPU kernel (:func:`.page_chunks.fused_chunk`): the query
+heads of a key/value head as rows of one product, the copies in buffers kept from call to
+call, and no mask where every query sees the whole chunk; only a chunk a sequence ends in
+(ragged lengths) or the caller's mask cuts gets a float mask. Quantized pools (``k_scale=``,
+``v_scale=``) are gathered as codes and each chunk alone is dequantized (:mod:`.page_chunks`).
 
 The dense paths compute the same function over the whole pool (the mask rejects other
 sequences' pages), so they stay exact oracles, but read every page for every sequence:

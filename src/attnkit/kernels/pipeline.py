@@ -9,6 +9,8 @@ block-sparse path (gathered key blocks).
 
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import NamedTuple
 
 import torch
@@ -24,7 +26,8 @@ from ..functional.validate import Problem
 from ..masks.indexed import gather_at
 
 __all__ = ["KernelOutput", "upcast_inputs", "block_scores", "block_weights", "sinks_after", "zero_padded_keys",
-           "dense_indices", "run_row_chunks", "Workspace", "in_graph", "shapes_only", "twice_differentiable"]
+           "oversubscribed", "for_many_operators", "dense_indices", "run_row_chunks", "Workspace", "in_graph",
+           "shapes_only", "twice_differentiable"]
 
 
 class KernelOutput(NamedTuple):
@@ -292,3 +295,41 @@ def zero_padded_keys(p: Problem) -> Problem | None:
         return p.with_inputs(**{name: t.view(torch.uint8).masked_fill(~keep, 0).view(t.dtype)
                                 for name, t in (("k", p.k), ("v", p.v))})
     return p.with_inputs(k=p.k.masked_fill(~keep, 0.0), v=p.v.masked_fill(~keep, 0.0))
+
+
+def oversubscribed() -> bool:
+    """Whether the 1-minute load average exceeds the cores (False where the system has no load average)."""
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return False
+    return load > (os.cpu_count() or 1)
+
+
+@contextlib.contextmanager
+def for_many_operators():
+    """One torch thread inside while the machine is oversubscribed (:func:`oversubscribed`); the caller's after.
+
+    Every parallel torch operator ends at a barrier of its thread team. When more threads
+    are runnable than there are cores (other processes busy), a team member that lost its
+    core holds the others at the barrier until it is scheduled again: a scheduler time
+    slice, milliseconds, per operator that itself takes microseconds. A path of tens of
+    operators per call (the band windows: a few per slab) then pays tens of time slices,
+    torch's fused SDPA kernel (one operator) one. Measured on 2 cores with about 9 runnable
+    threads (window +-128, L = 4096, 8 heads, forward): the band path on 2 threads 1.5-2.3 s,
+    on 1 thread 0.21 s, SDPA with the dense mask 2.1 s on either. So such a path runs on one
+    thread while the load average exceeds the cores (the rule GNU OpenMP's dynamic mode,
+    ``OMP_DYNAMIC``, sizes its teams by) and on torch's threads otherwise; the same operators
+    run either way (the same bits in the tests). The load average decays over a minute, so
+    the first seconds of a new load run as before. ``torch.set_num_threads`` is process-wide:
+    a program calling attnkit from several Python threads at once should set one thread itself.
+    """
+    threads = torch.get_num_threads()
+    if threads > 1 and oversubscribed():
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+    else:
+        yield

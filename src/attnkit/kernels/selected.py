@@ -30,9 +30,9 @@ import torch
 
 from ..functional.validate import Problem
 from . import rules, selected_union
-from .page_chunks import page_split
+from .page_chunks import fused_chunk, page_split, workspace
 from .path_cost import PathCost, Product, fused_attention, itemsize
-from .pipeline import KernelOutput, Workspace, block_scores, block_weights, dropout, run_row_chunks, sinks_after
+from .pipeline import KernelOutput, block_scores, block_weights, dropout, run_row_chunks, sinks_after
 
 __all__ = ["Plan", "plan", "run", "cost", "density", "describe", "SPLIT_KEYS", "BUDGET"]
 
@@ -174,6 +174,8 @@ def _split(p, inner, pl, r0, r1, start, stop, q, idx, heads, kv, shortest):
     if sel.lengths is not None:  # pages: the chunk of every sequence, shared by its queries
         k_g, v_g, valid, where = page_split(p, start, stop, q.dtype, shortest)
         k_g, v_g = k_g.unsqueeze(2), v_g.unsqueeze(2)  # (B, H_kv, 1, n, E)
+        if valid is None:  # every sequence holds every position of the chunk
+            valid = torch.ones(1, 1, 1, stop - start, dtype=torch.bool, device=q.device)
     else:
         tok, valid, where = _tokens(p, pl, idx, start, stop)
         k_g = _gather(keys, heads, tok, valid, q.dtype, blocks)  # (B, hx, c', n, D)
@@ -190,14 +192,15 @@ def _split(p, inner, pl, r0, r1, start, stop, q, idx, heads, kv, shortest):
 
 
 def merge(partials):
-    """Partial ``(out, lse)`` of disjoint key sets merged: ``lse = log sum exp lse_c``, ``out = sum w_c out_c``."""
+    """Partial ``(out, lse)`` of disjoint key sets merged in one step: ``lse = log sum_c exp lse_c``,
+    ``out = sum_c exp(lse_c - lse) out_c`` (stacked, one weighted sum)."""
     if len(partials) == 1:
         return partials[0]
     lses = torch.stack([lse for _, lse in partials])
     lse = torch.logsumexp(lses, 0)
     safe = torch.where(lse == _NEG_INF, 0.0, lse)  # no key anywhere: every weight 0
-    out = sum(torch.exp(lse_c - safe)[..., None] * out_c for out_c, lse_c in partials)
-    return out, lse
+    weights = torch.exp(lses - safe).unsqueeze(-1)
+    return (torch.stack([out for out, _ in partials]) * weights).sum(0), lse
 
 
 def _to_heads(pl: Plan, out, lse, c: int):
@@ -217,24 +220,14 @@ def _fused_ok(p: Problem, pl: Plan) -> bool:
             and p.mask.rest is None and (p.mask.selection.within is None or "h" not in p.mask.selection.within.uses))
 
 
-def _fused_split(p, pl, r0, r1, start, stop, q, idx, heads, shortest, space):
-    """A split of a shared selection on torch's fused kernel; None when its output cannot be trusted."""
-    sel, dev = p.mask.selection, q.device
-    if sel.lengths is not None:
-        k_g, v_g, valid, where = page_split(p, start, stop, q.dtype, shortest, space)  # (B, H_kv, n, E)
-    else:
-        tok, valid, where = _tokens(p, pl, idx, start, stop)  # (B, 1, 1, n)
-        k_g = _gather(p.k, heads, tok, valid, q.dtype)[:, :, 0]  # (B, Hkv, n, D)
-        v_g = _gather(p.v, heads, tok, valid, q.dtype)[:, :, 0]
-    allowed = valid[:, :, 0, None, :]  # (B, 1, 1, n)
-    if sel.within is not None:
-        q_idx = torch.arange(r0, r1, device=dev).view(1, 1, -1, 1)
-        allowed = allowed & sel.within.allows(torch.arange(q.shape[0], device=dev).view(-1, 1, 1, 1),
-                                              torch.zeros(1, 1, 1, 1, dtype=torch.long, device=dev), q_idx,
-                                              where.view(1, 1, 1, -1) if where.dim() == 1 else where[:, :, 0, None],
-                                              p.sizes[2], sel.lengths.to(dev).view(-1, 1, 1, 1))
-    allowed = allowed.expand(q.shape[0], 1, r1 - r0, allowed.shape[-1])
-    float_mask = torch.zeros(allowed.shape, dtype=q.dtype, device=dev).masked_fill_(~allowed, _NEG_INF)
+def _fused_split(p, pl, r0, r1, start, stop, q, idx, heads):
+    """A split of a shared selection of key blocks on torch's fused kernel; None when its output cannot be
+    trusted. (Pages: :func:`.page_chunks.fused_chunk`.)"""
+    tok, valid, _ = _tokens(p, pl, idx, start, stop)  # (B, 1, 1, n)
+    k_g = _gather(p.k, heads, tok, valid, q.dtype)[:, :, 0]  # (B, Hkv, n, D)
+    v_g = _gather(p.v, heads, tok, valid, q.dtype)[:, :, 0]
+    allowed = valid[:, :, 0, None, :].expand(q.shape[0], 1, r1 - r0, valid.shape[-1])  # (B, 1, c, n)
+    float_mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, _NEG_INF)
     out, lse = rules.FLASH(q[:, :, r0:r1], k_g, v_g, 0.0, False, attn_mask=float_mask, scale=p.scale)
     has = allowed.any(-1)  # (B, 1, c)
     if not bool(torch.isfinite(torch.where(has, out.sum(-1) + lse, 0.0)).all()) or bool((has & (lse == 0)).any()):
@@ -250,22 +243,32 @@ def _chunk(p: Problem, inner: Problem, pl: Plan, extent: int, r0: int, r1: int, 
     idx = sel.indices.to(q.device)
     idx = idx.index_select(1, idx_heads) if idx.shape[1] > 1 else idx
     idx = idx if pl.shared else idx[:, :, r0:r1]
-    fused = _fused_ok(p, pl)
-    space = Workspace(q) if fused else None  # no autograd: the chunks' copies share buffers
-    lengths = sel.lengths
-    shortest = int(lengths.min()) if lengths is not None and len(lengths) else extent
+    fused, lengths = _fused_ok(p, pl), sel.lengths
+    space = workspace(q) if fused and lengths is not None else None  # no autograd: the pages' copies, kept
+    pages = lengths is not None and len(lengths) > 0
+    shortest, longest = (int(lengths.min()), int(lengths.max())) if pages else (extent, extent)
+    batch, hq, c = q.shape[0], q.shape[1], r1 - r0
+    grouped = fused and pages  # the pages' fused chunks come as (B, H_kv, g c, E): heads of a group as rows
     partials = []
     for start in range(0, extent, pl.keys):
         stop = min(extent, start + pl.keys)
-        piece = _fused_split(p, pl, r0, r1, start, stop, q, idx, kv_heads, shortest, space) if fused else None
+        piece = None
+        if grouped:
+            piece = fused_chunk(p, r0, r1, start, stop, q, shortest, longest, space)
+        elif fused:
+            piece = _fused_split(p, pl, r0, r1, start, stop, q, idx, kv_heads)
         if piece is None:
-            piece = _to_heads(pl, *_split(p, inner, pl, r0, r1, start, stop, q, idx, kv_heads, kv, shortest),
-                              r1 - r0)
+            piece = _to_heads(pl, *_split(p, inner, pl, r0, r1, start, stop, q, idx, kv_heads, kv, shortest), c)
+            if grouped:
+                piece = (piece[0].reshape(batch, p.k.shape[1], -1, piece[0].shape[-1]),
+                         piece[1].reshape(batch, p.k.shape[1], -1))
         partials.append(piece)
     if not partials:  # a selection of no keys: every row empty
-        batch, hq, _, _, _, dv = p.sizes
-        return q.new_zeros(batch, hq, r1 - r0, dv), q.new_full((batch, hq, r1 - r0), _NEG_INF)
-    return merge(partials)
+        return q.new_zeros(batch, hq, c, p.sizes[5]), q.new_full((batch, hq, c), _NEG_INF)
+    out, lse = merge(partials)
+    if grouped:  # rows (g, i) of each key/value head back to the query heads
+        out, lse = out.reshape(batch, hq, c, out.shape[-1]), lse.reshape(batch, hq, c)
+    return out, lse
 
 
 def run(p: Problem) -> KernelOutput:
