@@ -1,4 +1,5 @@
-"""The six linear-recurrent layers at small, distinct sizes (dim 12), for the tests that run all of them."""
+"""The six linear-recurrent layers at small, distinct sizes (dim 12), for the tests that run all of them; the
+delta-rule layers also with negative eigenvalues (``allow_neg_eigval``: beta in [0, 2])."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ LAYERS = {
     "gated_deltanet": lambda chunk: GatedDeltaNet(DIM, 4, num_key_heads=2, key_head_dim=5, value_head_dim=3,
                                                   chunk_size=chunk),
     "kda": lambda chunk: KimiDeltaAttention(DIM, 3, head_dim=5, chunk_size=chunk),
+    "deltanet_neg": lambda chunk: DeltaNet(DIM, 3, chunk_size=chunk, allow_neg_eigval=True),
+    "gated_deltanet_neg": lambda chunk: GatedDeltaNet(DIM, 4, num_key_heads=2, key_head_dim=5, value_head_dim=3,
+                                                      chunk_size=chunk, allow_neg_eigval=True),
+    "kda_neg": lambda chunk: KimiDeltaAttention(DIM, 3, head_dim=5, chunk_size=chunk, allow_neg_eigval=True),
 }
 
 

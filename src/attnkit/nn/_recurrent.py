@@ -240,7 +240,21 @@ class RecurrentLayer(nn.Module):
 
 class DeltaRuleLayer(RecurrentLayer):
     """Base of the delta-rule layers (:mod:`.deltanet`, :mod:`.gated_deltanet`, :mod:`.kimi_delta`): their q and k
-    are L2-normalised, so that with ``0 <= beta <= 1`` every transition ``I - beta k k^T`` is a contraction."""
+    are L2-normalised, so that with ``0 <= beta <= 1`` every transition ``I - beta k k^T`` is a contraction.
+
+    ``allow_neg_eigval`` (a constructor option of each) doubles the range of ``beta`` to ``[0, 2]``:
+    the transition's eigenvalue along ``k``, ``1 - beta``, then reaches ``[-1, 1]``, so a token can
+    reflect the state (``beta = 2``: ``I - 2 k k^T``, a Householder reflection) and the layer can
+    track state such as parity (Grazzi et al. 2025, "Unlocking State-Tracking in Linear RNNs
+    Through Negative Eigenvalues", ICLR 2025, arXiv:2411.12537). The transition stays
+    non-expansive (its eigenvalues lie in ``[-1, 1]``).
+    """
 
     normalize_qk = True
     delta_rule = True
+    allow_neg_eigval: bool = False
+
+    def write_strength(self, logits: torch.Tensor) -> torch.Tensor:
+        """``beta`` ``(B, H, n)`` from ``(B, n, H)`` logits: ``sigmoid``, times 2 with ``allow_neg_eigval``."""
+        beta = torch.sigmoid(logits).transpose(1, 2)
+        return 2 * beta if self.allow_neg_eigval else beta

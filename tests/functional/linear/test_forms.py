@@ -159,3 +159,31 @@ def test_the_oracle_comparison_catches_a_scan_that_forgets_the_decay(monkeypatch
     with pytest.raises(AssertionError):
         torch.testing.assert_close(case.call("chunk", chunk_size=4)[0], case.expected()[0], **TOL)
     torch.testing.assert_close(case.call("parallel")[0], case.expected()[0], **TOL)  # one block: no scan
+
+
+DELTA_NAMES = ("delta", "gated_delta", "kda")
+
+
+@pytest.mark.parametrize("name", DELTA_NAMES)
+@pytest.mark.parametrize("form", FORMS)
+def test_negative_eigenvalues_every_form_equals_the_oracle(name, form):
+    case = make(name, beta_max=2.0, seed=3)
+    assert case.leaves[-2].max() > 1  # some transitions do have a negative eigenvalue
+    out, state = case.call(form, chunk_size=4)
+    want_out, want_state = case.expected()
+    torch.testing.assert_close(out, want_out, **TOL)
+    torch.testing.assert_close(state, want_state, **TOL)
+
+
+@pytest.mark.parametrize("name", DELTA_NAMES)
+def test_negative_eigenvalues_gradients_agree_across_forms(name):
+    case = make(name, beta_max=2.0, seed=4, grad=True)
+    g = torch.Generator().manual_seed(6)
+    out, state = case.call("parallel")
+    w_out, w_state = (torch.randn(t.shape, generator=g, dtype=t.dtype) for t in (out, state))
+    grads = [torch.autograd.grad((o * w_out).sum() + (s * w_state).sum(), case.leaves)
+             for o, s in (case.call(form, chunk_size=3) for form in FORMS)]
+    for other in grads[1:]:
+        for a, b in zip(grads[0], other, strict=True):
+            torch.testing.assert_close(b, a, **TOL)
+    assert torch.autograd.gradcheck(lambda *t: _rebound(case, t), tuple(case.leaves))
