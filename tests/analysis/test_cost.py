@@ -173,6 +173,8 @@ SETTINGS = {
                        dict(_RECURRENT, heads=3, form="recurrent"), dict(_RECURRENT, heads=2, form="parallel")],
     "kimi-delta-attention": [dict(_RECURRENT, heads=3, head_dim=5, chunk_size=4, form="recurrent"),
                              dict(_RECURRENT, heads=2, chunk_size=3), dict(_RECURRENT, heads=3, form="parallel")],
+    "forgetting-attention": [dict(batch=1, length=300, dim=8, heads=2, kv_heads=1), dict(batch=2, length=9, dim=6,
+                                                                                         heads=3)],
     "dense": [_CORE], "sdpa": [_CORE, _ODD, dict(_CORE, kv_heads=2)],
     "dilated(10, 3)": [dict(_CORE, normalize="sigmoid"), dict(_CORE, normalize="sparsemax", q_len=300)],
 }

@@ -10,6 +10,7 @@ from .deltanet import DeltaNet
 from .derived_key import DerivedKeyAttention
 from .differential import DifferentialAttention
 from .dsa import DSAIndexer, DSASparseAttention
+from .forgetting import ForgetCache, ForgettingAttention
 from .gated import OutputGate, QKNorm
 from .gated_deltanet import GatedDeltaNet
 from .gla import GatedLinearAttention
@@ -43,7 +44,8 @@ from .sparse_transformer import SparseTransformerAttention
 __all__ = [
     "AdditiveAttention", "AttentionPooling", "BigBirdAttention", "BlockPattern", "BlockSparseAttention",
     "CoAttention", "CoverageAttention", "DSAIndexer", "DSASparseAttention", "DeltaNet", "DerivedKeyAttention",
-    "DifferentialAttention", "DotProductAttention", "DynamicNTKScaling", "GatedDeltaNet", "GatedLinearAttention",
+    "DifferentialAttention", "DotProductAttention", "DynamicNTKScaling", "ForgetCache", "ForgettingAttention",
+    "GatedDeltaNet", "GatedLinearAttention",
     "HardAttention", "HierarchicalAttention", "KVCache", "KimiDeltaAttention", "LSHAttention", "LambdaLayer",
     "LatentCache", "LearnedPositionalEmbedding", "LinearAttention", "LinearScaling", "LinformerAttention",
     "Llama3Scaling", "LocalAttention", "LongRopeScaling", "LongformerAttention", "LuongAttention", "Mamba2Mixer",

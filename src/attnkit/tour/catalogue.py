@@ -56,6 +56,9 @@ LEFT_OUT: dict[str, str] = {
     "sigmoid-log-n": _REPLACED + "and none uses sigmoid weights (with or without the -log n bias)",
     "softpick": _REPLACED + "and none uses softpick's rectified softmax",
     "stick-breaking": _REPLACED + "and none uses stick-breaking weights",
+    "forgetting-attention": "FoX's forget gate decays attention with distance, a recency prior learned per head; "
+                            "the tour's tasks are trained at one length, where positions already tell the models "
+                            "what a recency prior would",
     "dsa": "DeepSeek's lightning indexer picks top-k keys per query at 100k-token contexts; at the tour's lengths "
            "its selection keeps nearly every key, so it would train as dense attention does",
     "multi-head-latent": "latent attention changes what a decoder caches (attnkit cost --kv-cache), not what a model "
