@@ -9,6 +9,7 @@ log decay ``g_t`` comes from and in what is written, ``d_t``:
     gated_linear_attention    GLA (arXiv:2312.06635)       per key channel            v_t
     ssd                       Mamba-2 (arXiv:2405.21060)   dt_t A, per head           dt_t x_t
     delta_rule                DeltaNet (arXiv:2406.06484)  0                          beta_t (v_t - S^T k_t)
+    delta_product             DeltaProduct (2502.10297)    per head, optional         n_h delta steps per token
     gated_delta_rule          Gated DeltaNet (2412.06464)  per head                   beta_t (v_t - S^T k_t)
     kimi_delta_attention      Kimi Linear (2510.26692)     per key channel            beta_t (v_t - S^T k_t)
 
@@ -21,11 +22,12 @@ from its own state. Tensors are ``(B, H, L, D)``, as :func:`attnkit.attention`. 
 from .checks import FORMS
 from .decay import gated_linear_attention, retention
 from .delta import delta_rule
+from .delta_product import delta_product
 from .forms import l2_normalize
 from .gated_delta import gated_delta_rule
 from .kda import kimi_delta_attention
 from .segsum import segsum
 from .ssd import ssd
 
-__all__ = ["FORMS", "retention", "gated_linear_attention", "ssd", "delta_rule", "gated_delta_rule",
+__all__ = ["FORMS", "retention", "gated_linear_attention", "ssd", "delta_rule", "delta_product", "gated_delta_rule",
            "kimi_delta_attention", "l2_normalize", "segsum"]
