@@ -73,6 +73,7 @@ NO_WEIGHTS = {
     "forgetting-attention": ["model"],  # the weights with the forget-gate decay
     "native-sparse-attention": ["model", "model#1", "model#2"],  # compressed, selected and window branches
     "retnet": [], "gla": [], "mamba2": [], "deltanet": [], "gated-deltanet": [], "kimi-delta-attention": [],
+    "delta-product": [],
 }
 # sigmoid weights (and softpick's, stick-breaking's, a sink's share taken: sums below 1); local-p Luong: softmax
 # times a Gaussian (eq. 10)

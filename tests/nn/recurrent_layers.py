@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import torch
 
-from attnkit.nn import DeltaNet, GatedDeltaNet, GatedLinearAttention, KimiDeltaAttention, Mamba2Mixer, RetNetRetention
+from attnkit.nn import (
+    DeltaNet,
+    DeltaProduct,
+    GatedDeltaNet,
+    GatedLinearAttention,
+    KimiDeltaAttention,
+    Mamba2Mixer,
+    RetNetRetention,
+)
 
 DIM = 12
 LAYERS = {
@@ -19,6 +27,9 @@ LAYERS = {
     "deltanet_neg": lambda chunk: DeltaNet(DIM, 3, chunk_size=chunk, allow_neg_eigval=True),
     "gated_deltanet_neg": lambda chunk: GatedDeltaNet(DIM, 4, num_key_heads=2, key_head_dim=5, value_head_dim=3,
                                                       chunk_size=chunk, allow_neg_eigval=True),
+    "delta_product": lambda chunk: DeltaProduct(DIM, 3, num_householder=3, chunk_size=chunk),
+    "delta_product_neg": lambda chunk: DeltaProduct(DIM, 2, num_householder=2, forget_gate=False, chunk_size=chunk,
+                                                    allow_neg_eigval=True),
     "kda_neg": lambda chunk: KimiDeltaAttention(DIM, 3, head_dim=5, chunk_size=chunk, allow_neg_eigval=True),
 }
 

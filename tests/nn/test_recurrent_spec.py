@@ -16,7 +16,8 @@ from .recurrent_layers import LAYERS
 NAMES = {"retnet": "retnet", "gla": "gla", "mamba2": "mamba2", "deltanet": "deltanet",
          "gated_deltanet": "gated-deltanet", "kda": "kimi-delta-attention"}
 LAYER_ENTRIES = {**NAMES, "deltanet_neg": "deltanet", "gated_deltanet_neg": "gated-deltanet",
-                 "kda_neg": "kimi-delta-attention"}
+                 "kda_neg": "kimi-delta-attention", "delta_product": "delta-product",
+                 "delta_product_neg": "delta-product"}
 
 
 @pytest.mark.parametrize("layer", LAYERS)

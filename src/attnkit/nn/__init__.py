@@ -6,6 +6,7 @@ from .bigbird import BigBirdAttention
 from .blocksparse import BlockPattern, BlockSparseAttention
 from .coattention import CoAttention
 from .coverage import CoverageAttention, coverage_loss
+from .delta_product import DeltaProduct
 from .deltanet import DeltaNet
 from .derived_key import DerivedKeyAttention
 from .differential import DifferentialAttention
@@ -43,7 +44,8 @@ from .sparse_transformer import SparseTransformerAttention
 
 __all__ = [
     "AdditiveAttention", "AttentionPooling", "BigBirdAttention", "BlockPattern", "BlockSparseAttention",
-    "CoAttention", "CoverageAttention", "DSAIndexer", "DSASparseAttention", "DeltaNet", "DerivedKeyAttention",
+    "CoAttention", "CoverageAttention", "DSAIndexer", "DSASparseAttention", "DeltaNet", "DeltaProduct",
+    "DerivedKeyAttention",
     "DifferentialAttention", "DotProductAttention", "DynamicNTKScaling", "ForgetCache", "ForgettingAttention",
     "GatedDeltaNet", "GatedLinearAttention",
     "HardAttention", "HierarchicalAttention", "KVCache", "KimiDeltaAttention", "LSHAttention", "LambdaLayer",

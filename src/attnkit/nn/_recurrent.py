@@ -161,8 +161,8 @@ class RecurrentLayer(nn.Module):
     """Base of the linear-recurrent layers: ``forward`` (any form), ``forward_step`` (decoding), ``new_cache``.
 
     A subclass sets ``dim``, ``chunk_size``, ``core_sizes``, ``scale`` (None: ``Dk^-1/2``), ``normalize_qk``,
-    ``delta_rule`` and ``learned_decay`` (for its cost spec, :mod:`._recurrent_spec`), an optional
-    ``conv1d`` (:class:`ShortConvolution`) and defines ``_mix(x, keep, context, offset) -> (Mixed, conv
+    ``delta_rule``, ``learned_decay`` and ``steps_per_token`` (for its cost spec, :mod:`._recurrent_spec`), an
+    optional ``conv1d`` (:class:`ShortConvolution`) and defines ``_mix(x, keep, context, offset) -> (Mixed, conv
     tail)`` and ``_finish(out, mixed, x) -> y``.
     """
 
@@ -170,6 +170,7 @@ class RecurrentLayer(nn.Module):
     normalize_qk: bool = False
     delta_rule: bool = False
     learned_decay: bool = True  # the log decays come from parameters or the input (they take gradients)
+    steps_per_token: int = 1  # recurrence steps per token (DeltaProduct: n_h), for the cost spec
     core_sizes: tuple[int, int, int]  # the recurrence's (H, Dk, Dv), for the cost spec
 
     def new_cache(self) -> RecurrentCache:

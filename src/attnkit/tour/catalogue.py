@@ -56,6 +56,9 @@ LEFT_OUT: dict[str, str] = {
     "sigmoid-log-n": _REPLACED + "and none uses sigmoid weights (with or without the -log n bias)",
     "softpick": _REPLACED + "and none uses softpick's rectified softmax",
     "stick-breaking": _REPLACED + "and none uses stick-breaking weights",
+    "delta-product": "DeltaProduct's products of reflections track states (rotations, permutations) that one "
+                     "reflection per token cannot; the recall experiment trains DeltaNet and Gated DeltaNet, and "
+                     "no tour task needs state tracking",
     "forgetting-attention": "FoX's forget gate decays attention with distance, a recency prior learned per head; "
                             "the tour's tasks are trained at one length, where positions already tell the models "
                             "what a recency prior would",
