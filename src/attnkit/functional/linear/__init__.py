@@ -12,6 +12,7 @@ log decay ``g_t`` comes from and in what is written, ``d_t``:
     delta_product             DeltaProduct (2502.10297)    per head, optional         n_h delta steps per token
     gated_delta_rule          Gated DeltaNet (2412.06464)  per head                   beta_t (v_t - S^T k_t)
     kimi_delta_attention      Kimi Linear (2510.26692)     per key channel            beta_t (v_t - S^T k_t)
+    comba                     Comba (arXiv:2506.02475)     per head                   beta_t (v_t - S^T p_t)
 
 Each takes ``form="parallel" | "chunk" | "recurrent"`` (:mod:`.forms`; the same function), an
 ``initial_state`` and returns ``(output, final_state)``; ``cu_seqlens`` runs packed documents, each
@@ -20,6 +21,7 @@ from its own state. Tensors are ``(B, H, L, D)``, as :func:`attnkit.attention`. 
 """
 
 from .checks import FORMS
+from .comba import comba
 from .decay import gated_linear_attention, retention
 from .delta import delta_rule
 from .delta_product import delta_product
@@ -30,4 +32,4 @@ from .segsum import segsum
 from .ssd import ssd
 
 __all__ = ["FORMS", "retention", "gated_linear_attention", "ssd", "delta_rule", "delta_product", "gated_delta_rule",
-           "kimi_delta_attention", "l2_normalize", "segsum"]
+           "kimi_delta_attention", "comba", "l2_normalize", "segsum"]
