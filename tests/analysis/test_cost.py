@@ -176,6 +176,8 @@ SETTINGS = {
     "delta-product": [dict(_RECURRENT, heads=3, num_householder=3, chunk_size=4),
                       dict(_RECURRENT, heads=2, num_householder=2, forget_gate=False, form="recurrent"),
                       dict(_RECURRENT, heads=3, num_householder=2, allow_neg_eigval=True, form="parallel")],
+    "path-attention": [dict(batch=1, length=13, dim=8, heads=2, kv_heads=1, forget_gate=True),
+                       dict(batch=2, length=9, dim=6, heads=3)],
     "forgetting-attention": [dict(batch=1, length=300, dim=8, heads=2, kv_heads=1), dict(batch=2, length=9, dim=6,
                                                                                          heads=3)],
     "dense": [_CORE], "sdpa": [_CORE, _ODD, dict(_CORE, kv_heads=2)],

@@ -31,6 +31,7 @@ from .moba import MoBA
 from .multihead import DotProductAttention, MultiHeadAttention
 from .nsa import NativeSparseAttention
 from .paged_kv_cache import PagedKVCache
+from .path import PaTHAttention, PathCache
 from .perceiver import PerceiverAttention, PerceiverEncoder
 from .pointer import PointerAttention
 from .pooling import AttentionPooling, HierarchicalAttention
@@ -52,7 +53,8 @@ __all__ = [
     "LatentCache", "LearnedPositionalEmbedding", "LinearAttention", "LinearScaling", "LinformerAttention",
     "Llama3Scaling", "LocalAttention", "LongRopeScaling", "LongformerAttention", "LuongAttention", "Mamba2Mixer",
     "MemoryAttention", "MoBA", "MultiHeadAttention", "MultiHeadLatentAttention", "NativeSparseAttention",
-    "OutputGate", "PagedKVCache", "PerceiverAttention", "PerceiverEncoder", "PerformerAttention", "PointerAttention",
+    "OutputGate", "PaTHAttention", "PagedKVCache", "PathCache",
+    "PerceiverAttention", "PerceiverEncoder", "PerformerAttention", "PointerAttention",
     "QKNorm", "RecurrentCache", "ReformerAttention", "RetNetRetention", "RotaryEmbedding", "SegmentAttention",
     "SequenceProjection", "SinusoidalPositionalEncoding", "SparseTransformerAttention", "TieredAttention",
     "YarnScaling", "coverage_loss",

@@ -59,6 +59,8 @@ LEFT_OUT: dict[str, str] = {
     "delta-product": "DeltaProduct's products of reflections track states (rotations, permutations) that one "
                      "reflection per token cannot; the recall experiment trains DeltaNet and Gated DeltaNet, and "
                      "no tour task needs state tracking",
+    "path-attention": "PaTH's data-dependent reflections of the keys are a learned position encoding; every tour "
+                      "model uses sinusoidal positions, the same for all mechanisms",
     "forgetting-attention": "FoX's forget gate decays attention with distance, a recency prior learned per head; "
                             "the tour's tasks are trained at one length, where positions already tell the models "
                             "what a recency prior would",
