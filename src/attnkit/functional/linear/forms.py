@@ -29,22 +29,22 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-def parallel(q, k, v, g, beta, initial, p=None):
+def parallel(q, k, v, g, beta, initial, p=None, pre_decay: bool = False):
     """``o = Q^ S_0 + A (U - W S_0)`` over the whole sequence; the final state likewise (see :mod:`.local`)."""
-    terms = local_terms(q, k, v, g, beta, p)
+    terms = local_terms(q, k, v, g, beta, p, pre_decay)
     written = terms.u if terms.w is None else terms.u - terms.w @ initial
     out = terms.q_from_start @ initial + terms.scores @ written
     return out, terms.decay * initial + terms.k_to_end.transpose(-1, -2) @ written
 
 
-def blocks(q, k, v, g, beta, size: int, p=None):
+def blocks(q, k, v, g, beta, size: int, p=None, pre_decay: bool = False):
     """The :class:`~.local.Local` terms of blocks of ``size`` tokens, ``(..., C, c, D)`` (the last block padded
     with tokens that neither decay nor write)."""
     pad = (-q.shape[-2]) % size
     q, k, v, g = (F.pad(t, (0, 0, 0, pad)).unflatten(-2, (-1, size)) for t in (q, k, v, g))  # (..., C, c, D)
     beta = None if beta is None else F.pad(beta, (0, pad)).unflatten(-1, (-1, size))
     p = None if p is None else F.pad(p, (0, 0, 0, pad)).unflatten(-2, (-1, size))
-    return local_terms(q, k, v, g, beta, p)
+    return local_terms(q, k, v, g, beta, p, pre_decay)
 
 
 def through_blocks(terms, initial, n: int):
@@ -54,9 +54,9 @@ def through_blocks(terms, initial, n: int):
     return out.flatten(-3, -2)[..., :n, :], final
 
 
-def chunked(q, k, v, g, beta, initial, p=None, *, size: int):
+def chunked(q, k, v, g, beta, initial, p=None, pre_decay: bool = False, *, size: int):
     """Blocks of ``size`` tokens, each in parallel, the state passed from block to block."""
-    return through_blocks(blocks(q, k, v, g, beta, size, p), initial, q.shape[-2])
+    return through_blocks(blocks(q, k, v, g, beta, size, p, pre_decay), initial, q.shape[-2])
 
 
 def prepare(q, k, v, g, beta, *, scale, normalize_qk: bool, p=None):
@@ -74,10 +74,11 @@ def prepare(q, k, v, g, beta, *, scale, normalize_qk: bool, p=None):
 
 
 def linear_recurrence(who: str, q, k, v, g, beta, *, scale, normalize_qk: bool, form: str, chunk_size: int,
-                      initial_state, cu_seqlens, p=None):
+                      initial_state, cu_seqlens, p=None, pre_decay: bool = False):
     """Run the recurrence on checked ``q, k`` ``(B, Hk, L, Dk)``, ``v`` ``(B, H, L, Dv)``, log decays ``g``
     ``(B, H, L, G)``, ``beta`` ``(B, H, L)`` or None, ``p`` ``(B, Hk, L, Dk)`` the keys the delta rule's
-    correction reads (None: ``k``; used as given, neither normalised nor scaled); returns
+    correction reads (None: ``k``; used as given, neither normalised nor scaled), ``pre_decay`` whether it reads
+    the state before the token's decay (the generalized delta rule); returns
     ``(out (B, H, L, Dv), final (N, H, Dk, Dv))``.
 
     Computed in float32 (float64 for float64 values); the output in ``v``'s dtype, the state in the
@@ -90,7 +91,8 @@ def linear_recurrence(who: str, q, k, v, g, beta, *, scale, normalize_qk: bool, 
     initial = check_state(who, initial_state, (docs, h, dk, dv), q.device)
     q, k, vv, g, beta, p = prepare(q, k, v, g, beta, scale=scale, normalize_qk=normalize_qk, p=p)
     initial = vv.new_zeros(docs, h, dk, dv) if initial is None else initial.to(vv.dtype)
-    run = {"parallel": parallel, "chunk": functools.partial(chunked, size=chunk_size), "recurrent": recurrent}[form]
+    run = functools.partial({"parallel": parallel, "chunk": functools.partial(chunked, size=chunk_size),
+                             "recurrent": recurrent}[form], pre_decay=pre_decay)
     if n == 0:  # no token: the empty output joined to every input by an empty sum (zero gradients, not None)
         return (vv + sum(t.sum() for t in (q, k, g, beta, p) if t is not None)).to(v.dtype), initial
     if lengths is None:

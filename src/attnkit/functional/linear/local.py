@@ -5,7 +5,8 @@ channel) and, for the delta rule, a write strength ``beta_t``::
 
     plain:   S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T
     delta:   S_t = diag(exp(g_t)) S_{t-1} + k_t d_t^T,   d_t = beta_t (v_t - (diag(exp(g_t)) S_{t-1})^T p_t)
-             (p_t = k_t: the delta rule; another p_t: Comba's correction read at its own key)
+             (p_t = k_t: the delta rule; another p_t: Comba's correction read at its own key;
+             with pre_decay the correction reads S_{t-1} before its decay: the generalized delta rule)
     output:  o_t = S_t^T q_t
 
 Over a block of c tokens entered with state ``S_0`` everything is linear in ``S_0``::
@@ -46,9 +47,11 @@ class Local(NamedTuple):
     w: torch.Tensor | None  # (..., c, Dk); None without the delta rule
 
 
-def local_terms(q, k, v, g, beta, p=None) -> Local:
+def local_terms(q, k, v, g, beta, p=None, pre_decay: bool = False) -> Local:
     """The block terms for ``q, k`` ``(..., c, Dk)``, ``v`` ``(..., c, Dv)``, ``g`` ``(..., c, G)``, ``beta``
-    ``(..., c)`` or None (no delta rule), ``p`` ``(..., c, Dk)`` the keys the correction reads (None: ``k``)."""
+    ``(..., c)`` or None (no delta rule), ``p`` ``(..., c, Dk)`` the keys the correction reads (None: ``k``);
+    ``pre_decay``: the correction of token ``i`` reads the state before ``g_i`` decays it (the decays in ``T``
+    and ``P^`` then stop at ``g_{i-1}``: ``segsum`` and the cumulative sum shifted down one row, exact)."""
     seg = segsum(g)  # (..., c, c, G)
     mask = seg.exp()
     start = g.cumsum(-2)  # (..., c, G): g_1 + ... + g_i, a sum of terms of one sign (no cancellation)
@@ -57,6 +60,10 @@ def local_terms(q, k, v, g, beta, p=None) -> Local:
     if beta is None:
         return terms
     p = k if p is None else p
+    if pre_decay:
+        seg = torch.cat([torch.full_like(seg[..., :1, :, :], float("-inf")), seg[..., :-1, :, :]], -3)
+        start = torch.cat([torch.zeros_like(start[..., :1, :]), start[..., :-1, :]], -2)
+        mask = seg.exp()
     lower = decayed_products(p * beta[..., None], k, mask)  # only its strictly lower part is read below
     rhs = beta[..., None] * torch.cat([v, p * start.exp()], -1)
     solved = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
