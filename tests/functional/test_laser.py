@@ -40,3 +40,9 @@ def test_large_values_do_not_overflow():
     out = laser_attention(q, k, v)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out.double(), oracle(q.double(), k.double(), v.double(), False), rtol=0, atol=1e-4)
+
+
+def test_unbatched_inputs():
+    q, k, v = torch.randn(3, 6, 4, dtype=torch.float64).unbind(0)
+    want = oracle(q[None, None], k[None, None], v[None, None], False)[0, 0]
+    torch.testing.assert_close(laser_attention(q, k, v), want, **TOL)

@@ -36,5 +36,8 @@ def laser_attention(q, k, v, **options):
     from ..core import attention
 
     shift = v.detach().amax(-2, keepdim=True)  # (B, Hkv, 1, Dv)
-    groups = q.shape[1] // v.shape[1] if q.dim() == 4 else 1  # query heads per key/value head
-    return attention(q, k, (v - shift).exp(), **options).log() + shift.repeat_interleave(groups, -3)
+    if q.dim() == 4 and q.shape[1] != v.shape[1]:  # grouped keys: each key/value head serves consecutive heads
+        shift_q = shift.repeat_interleave(q.shape[1] // v.shape[1], 1)
+    else:
+        shift_q = shift
+    return attention(q, k, (v - shift).exp(), **options).log() + shift_q
