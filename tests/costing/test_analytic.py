@@ -177,6 +177,13 @@ SETTINGS = {
                             dict(_RECURRENT, heads=2, form="recurrent"), dict(_RECURRENT, heads=3, form="parallel")],
     "rwkv4": [dict(_RECURRENT, attention_dim=7, chunk_size=4), dict(_RECURRENT, form="recurrent"),
               dict(_RECURRENT, attention_dim=5, form="parallel")],
+    "delta-product": [dict(_RECURRENT, heads=3, num_householder=3, chunk_size=4),
+                      dict(_RECURRENT, heads=2, num_householder=2, forget_gate=False, form="recurrent"),
+                      dict(_RECURRENT, heads=3, num_householder=2, allow_neg_eigval=True, form="parallel")],
+    "path-attention": [dict(batch=1, length=13, dim=8, heads=2, kv_heads=1, forget_gate=True),
+                       dict(batch=2, length=9, dim=6, heads=3)],
+    "forgetting-attention": [dict(batch=1, length=300, dim=8, heads=2, kv_heads=1), dict(batch=2, length=9, dim=6,
+                                                                                         heads=3)],
     "dense": [_CORE], "sdpa": [_CORE, _ODD, dict(_CORE, kv_heads=2)],
     "dilated(10, 3)": [dict(_CORE, normalize="sigmoid"), dict(_CORE, normalize="sparsemax", q_len=300)],
 }

@@ -1,4 +1,5 @@
-"""The eight linear-recurrent layers at small, distinct sizes (dim 12), for the tests that run all of them."""
+"""The eight linear-recurrent layers and DeltaProduct at small, distinct sizes (dim 12), for the tests that run
+all of them; the delta-rule layers also with negative eigenvalues (``allow_neg_eigval``: beta in [0, 2])."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import torch
 
 from attnkit.nn import (
     DeltaNet,
+    DeltaProduct,
     GatedDeltaNet,
     GatedLinearAttention,
     KimiDeltaAttention,
@@ -26,6 +28,13 @@ LAYERS = {
     "kda": lambda chunk: KimiDeltaAttention(DIM, 3, head_dim=5, chunk_size=chunk),
     "lightning": lambda chunk: LightningAttention(DIM, 3, head_dim=5, layer_index=1, num_layers=3, chunk_size=chunk),
     "rwkv4": lambda chunk: RWKV4TimeMixing(DIM, attention_dim=7, chunk_size=chunk),
+    "deltanet_neg": lambda chunk: DeltaNet(DIM, 3, chunk_size=chunk, allow_neg_eigval=True),
+    "gated_deltanet_neg": lambda chunk: GatedDeltaNet(DIM, 4, num_key_heads=2, key_head_dim=5, value_head_dim=3,
+                                                      chunk_size=chunk, allow_neg_eigval=True),
+    "delta_product": lambda chunk: DeltaProduct(DIM, 3, num_householder=3, chunk_size=chunk),
+    "delta_product_neg": lambda chunk: DeltaProduct(DIM, 2, num_householder=2, forget_gate=False, chunk_size=chunk,
+                                                    allow_neg_eigval=True),
+    "kda_neg": lambda chunk: KimiDeltaAttention(DIM, 3, head_dim=5, chunk_size=chunk, allow_neg_eigval=True),
 }
 
 

@@ -16,6 +16,9 @@ from .recurrent_layers import LAYERS
 NAMES = {"retnet": "retnet", "gla": "gla", "mamba2": "mamba2", "deltanet": "deltanet",
          "gated_deltanet": "gated-deltanet", "kda": "kimi-delta-attention", "lightning": "lightning-attention",
          "rwkv4": "rwkv4"}
+LAYER_ENTRIES = {**NAMES, "deltanet_neg": "deltanet", "gated_deltanet_neg": "gated-deltanet",
+                 "kda_neg": "kimi-delta-attention", "delta_product": "delta-product",
+                 "delta_product_neg": "delta-product"}
 
 
 @pytest.mark.parametrize("layer", LAYERS)
@@ -27,7 +30,8 @@ def test_the_decoding_state_is_what_a_filled_cache_holds_at_any_length(layer):
         held = cache.state.nbytes + (0 if cache.conv is None else cache.conv.nbytes)
         c = cost(built, batch=3, length=length)
         assert 3 * c.state_fixed == held and c.state_per_token == 0 and c.state_bytes == c.state_fixed
-        assert c.name == NAMES[layer]
+        assert c.name == LAYER_ENTRIES[layer]
+        assert c.sizes.get("allow_neg_eigval", False) == getattr(built, "allow_neg_eigval", False)
 
 
 @pytest.mark.parametrize("name", NAMES.values())

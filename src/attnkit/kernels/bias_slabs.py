@@ -70,7 +70,8 @@ def _bias_tensor_ok(bias: torch.Tensor, dtype: torch.dtype, masked: bool) -> boo
         return True
     if not _lse_resolves(bias.amax(-1), dtype):
         return False
-    return not masked or float(torch.nan_to_num(bias, nan=0.0, posinf=0.0, neginf=0.0).amin()) >= -_lse_limit(dtype)
+    finite = torch.nan_to_num(bias.detach(), nan=0.0, posinf=0.0, neginf=0.0)
+    return not masked or float(finite.amin()) >= -_lse_limit(dtype)
 
 
 def _additive_bias(p: Problem) -> str | None:

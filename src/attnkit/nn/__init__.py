@@ -7,10 +7,12 @@ from .bigbird import BigBirdAttention
 from .blocksparse import BlockPattern, BlockSparseAttention
 from .coattention import CoAttention
 from .coverage import CoverageAttention, coverage_loss
+from .delta_product import DeltaProduct
 from .deltanet import DeltaNet
 from .derived_key import DerivedKeyAttention
 from .differential import DifferentialAttention
 from .dsa import DSAIndexer, DSALatentAttention, DSASparseAttention
+from .forgetting import ForgetCache, ForgettingAttention
 from .gated import OutputGate, QKNorm
 from .gated_deltanet import GatedDeltaNet
 from .gla import GatedLinearAttention
@@ -32,6 +34,7 @@ from .moba import MoBA
 from .multihead import DotProductAttention, MultiHeadAttention
 from .nsa import NativeSparseAttention
 from .paged_kv_cache import PagedKVCache
+from .path import PaTHAttention, PathCache
 from .perceiver import PerceiverAttention, PerceiverEncoder
 from .pointer import PointerAttention
 from .pooling import AttentionPooling, HierarchicalAttention
@@ -55,15 +58,16 @@ from .sparse_transformer import SparseTransformerAttention
 __all__ = [
     "AdditiveAttention", "AttentionPooling", "BigBirdAttention", "BlockPattern", "BlockSparseAttention",
     "CoAttention", "CoverageAttention", "DSAIndexer", "DSALatentAttention", "DSASparseAttention", "DeltaNet",
-    "DerivedKeyAttention",
-    "DifferentialAttention", "DotProductAttention", "DynamicNTKScaling", "GatedDeltaNet", "GatedLinearAttention",
+    "DeltaProduct", "DerivedKeyAttention",
+    "DifferentialAttention", "DotProductAttention", "DynamicNTKScaling", "ForgetCache", "ForgettingAttention",
+    "GatedDeltaNet", "GatedLinearAttention",
     "HardAttention", "HeavyHitterCache", "HierarchicalAttention", "KVCache", "KVFormat", "KimiDeltaAttention",
     "LSHAttention", "LambdaLayer", "LatentCache", "LearnedPositionalEmbedding", "LightningAttention",
     "LinearAttention", "LinearScaling", "LinformerAttention",
     "Llama3Scaling", "LocalAttention", "LongRopeScaling", "LongformerAttention", "LuongAttention", "Mamba2Mixer",
     "MemoryAttention", "MoBA", "MultiHeadAttention", "MultiHeadLatentAttention", "NativeSparseAttention",
-    "OutputGate", "PagedKVCache", "PerceiverAttention", "PerceiverEncoder", "PerformerAttention", "PointerAttention",
-    "PrefixCache", "ProportionalScaling",
+    "OutputGate", "PaTHAttention", "PagedKVCache", "PathCache", "PerceiverAttention", "PerceiverEncoder",
+    "PerformerAttention", "PointerAttention", "PrefixCache", "ProportionalScaling",
     "QKNorm", "RWKV4TimeMixing", "RecurrentCache", "ReformerAttention", "RetNetRetention", "RotaryEmbedding",
     "SegmentAttention", "SinkWindowCache",
     "SequenceProjection", "SinusoidalPositionalEncoding", "SparseTransformerAttention", "TieredAttention",

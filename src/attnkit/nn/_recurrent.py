@@ -229,8 +229,8 @@ class RecurrentLayer(nn.Module):
     """Base of the linear-recurrent layers: ``forward`` (any form), ``forward_step`` (decoding), ``new_cache``.
 
     A subclass sets ``dim``, ``chunk_size``, ``core_sizes``, ``scale`` (None: ``Dk^-1/2``), ``normalize_qk``,
-    ``delta_rule`` and ``learned_decay`` (for its cost spec, :mod:`._recurrent_spec`), an optional
-    ``conv1d`` (:class:`ShortConvolution`) and defines ``_mix(x, keep, context, offset) -> (Mixed, conv
+    ``delta_rule``, ``learned_decay`` and ``steps_per_token`` (for its cost spec, :mod:`._recurrent_spec`), an
+    optional ``conv1d`` (:class:`ShortConvolution`) and defines ``_mix(x, keep, context, offset) -> (Mixed, conv
     tail)`` and ``_finish(out, mixed, x) -> y``.
     """
 
@@ -238,6 +238,7 @@ class RecurrentLayer(nn.Module):
     normalize_qk: bool = False
     delta_rule: bool = False
     learned_decay: bool = True  # the log decays come from parameters or the input (they take gradients)
+    steps_per_token: int = 1  # recurrence steps per token (DeltaProduct: n_h), for the cost spec
     core_sizes: tuple[int, int, int]  # the recurrence's (H, Dk, Dv), for the cost spec
 
     def new_cache(self) -> RecurrentCache:
@@ -274,6 +275,9 @@ class RecurrentLayer(nn.Module):
             raise UnsupportedFeature(f"{who}: a draft tree (parents) takes no key_keep_mask: its nodes are all real")
         if getattr(self, "rotary", None) is not None:
             raise UnsupportedFeature(f"{who}: a draft tree (parents) through rotary positions is not supported")
+        if self.steps_per_token != 1:
+            raise UnsupportedFeature(f"{who}: a draft tree (parents) through {self.steps_per_token} recurrence steps "
+                                     "per token is not supported")
         if type(self).recurrence is not RecurrentLayer.recurrence:
             raise UnsupportedFeature(f"{who}: a draft tree (parents) is not supported: the layer reshapes the "
                                      "recurrence's output along the sequence (each token reads its predecessor's "
@@ -340,7 +344,21 @@ class RecurrentLayer(nn.Module):
 
 class DeltaRuleLayer(RecurrentLayer):
     """Base of the delta-rule layers (:mod:`.deltanet`, :mod:`.gated_deltanet`, :mod:`.kimi_delta`): their q and k
-    are L2-normalised, so that with ``0 <= beta <= 1`` every transition ``I - beta k k^T`` is a contraction."""
+    are L2-normalised, so that with ``0 <= beta <= 1`` every transition ``I - beta k k^T`` is a contraction.
+
+    ``allow_neg_eigval`` (a constructor option of each) doubles the range of ``beta`` to ``[0, 2]``:
+    the transition's eigenvalue along ``k``, ``1 - beta``, then reaches ``[-1, 1]``, so a token can
+    reflect the state (``beta = 2``: ``I - 2 k k^T``, a Householder reflection) and the layer can
+    track state such as parity (Grazzi et al. 2025, "Unlocking State-Tracking in Linear RNNs
+    Through Negative Eigenvalues", ICLR 2025, arXiv:2411.12537). The transition stays
+    non-expansive (its eigenvalues lie in ``[-1, 1]``).
+    """
 
     normalize_qk = True
     delta_rule = True
+    allow_neg_eigval: bool = False
+
+    def write_strength(self, logits: torch.Tensor) -> torch.Tensor:
+        """``beta`` ``(B, H, n)`` from ``(B, n, H)`` logits: ``sigmoid``, times 2 with ``allow_neg_eigval``."""
+        beta = torch.sigmoid(logits).transpose(1, 2)
+        return 2 * beta if self.allow_neg_eigval else beta

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from ..errors import ShapeError, check_int
@@ -22,7 +21,7 @@ class DeltaNet(DeltaRuleLayer):
     arXiv:2406.06484, Sec. 4 (architecture)::
 
         q, k, v = silu(conv1d(x W_Q)), silu(conv1d(x W_K)), silu(conv1d(x W_V));  q, k <- q / |q|, k / |k|
-        beta_t = sigmoid(x_t W_beta)
+        beta_t = sigmoid(x_t W_beta)          (2 sigmoid(x_t W_beta) with allow_neg_eigval)
         S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T q_t
         y = RMSNorm(o) W_O          (per head)
 
@@ -45,6 +44,8 @@ class DeltaNet(DeltaRuleLayer):
         conv_size: the short convolutions' kernel.
         chunk_size: block length of the chunk form.
         eps: the norm's epsilon.
+        allow_neg_eigval: ``beta = 2 sigmoid(x W_beta)`` in ``[0, 2]``, so the transition may reflect the state
+            (negative eigenvalues, Grazzi et al. 2025, arXiv:2411.12537; see :class:`._recurrent.DeltaRuleLayer`).
 
     Example:
         >>> import torch
@@ -56,8 +57,10 @@ class DeltaNet(DeltaRuleLayer):
         True
     """
 
-    def __init__(self, dim: int, num_heads: int, *, conv_size: int = 4, chunk_size: int = 64, eps: float = 1e-5):
+    def __init__(self, dim: int, num_heads: int, *, conv_size: int = 4, chunk_size: int = 64, eps: float = 1e-5,
+                 allow_neg_eigval: bool = False):
         super().__init__()
+        self.allow_neg_eigval = bool(allow_neg_eigval)
         if check_int("DeltaNet", "dim", dim, 1) % check_int("DeltaNet", "num_heads", num_heads, 1):
             raise ShapeError(f"DeltaNet: dim must be a multiple of num_heads; got dim={dim}, num_heads={num_heads}")
         self.dim, self.num_heads, self.chunk_size = dim, num_heads, check_int("DeltaNet", "chunk_size", chunk_size, 1)
@@ -71,7 +74,7 @@ class DeltaNet(DeltaRuleLayer):
 
     def _mix(self, x, keep, context, offset):
         q, k, v, tail = self.convolved_qkv(x, keep, context)
-        beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)  # (B, H, n)
+        beta = self.write_strength(self.b_proj(x))  # (B, H, n)
         g = beta.new_zeros(*beta.shape, 1)
         return Mixed(*(split_heads(t, self.num_heads) for t in (q, k, v)), g, beta), tail
 
@@ -85,5 +88,7 @@ register(Entry("deltanet", DeltaNet, "Yang et al. 2024, arXiv:2406.06484 (DeltaN
                example(DeltaNet, 4),
                spec=recurrent_spec(DeltaNet,
                                    lambda s: DeltaNet(s["dim"], s["heads"], conv_size=s["conv_size"],
-                                                      chunk_size=s["chunk_size"]),
-                                   {"heads": 4, "conv_size": 4, "chunk_size": 64})))
+                                                      chunk_size=s["chunk_size"],
+                                                      allow_neg_eigval=s["allow_neg_eigval"]),
+                                   {"heads": 4, "conv_size": 4, "chunk_size": 64, "allow_neg_eigval": False},
+                                   lambda m: {"allow_neg_eigval": m.allow_neg_eigval})))

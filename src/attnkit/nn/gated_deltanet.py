@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from ..errors import ShapeError, check_int
@@ -35,7 +34,8 @@ class GatedDeltaNet(DeltaRuleLayer):
         S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T q_t
         y = (RMSNorm(o) * silu(x W_G)) W_O          (per head)
 
-    the recurrence :func:`attnkit.functional.recurrences.gated_delta_rule`, in the form asked for. Value
+    (``beta_t = 2 sigmoid(x_t W_b)`` with ``allow_neg_eigval``) the recurrence
+    :func:`attnkit.functional.recurrences.gated_delta_rule`, in the form asked for. Value
     heads may outnumber key heads (``num_key_heads``): each q/k head serves ``num_heads /
     num_key_heads`` consecutive value heads, as Qwen3-Next. Notation: ``W_Q, W_K, W_V, W_a, W_b, W_G,
     W_O`` = ``q_proj, k_proj, v_proj, a_proj, b_proj, g_proj, out_proj``; ``conv1d`` one depthwise
@@ -58,6 +58,8 @@ class GatedDeltaNet(DeltaRuleLayer):
         conv_size: the short convolutions' kernel.
         chunk_size: block length of the chunk form.
         eps: the norm's epsilon.
+        allow_neg_eigval: ``beta = 2 sigmoid(x W_b)`` in ``[0, 2]``, so the transition may reflect the state
+            (negative eigenvalues, Grazzi et al. 2025, arXiv:2411.12537; see :class:`._recurrent.DeltaRuleLayer`).
 
     Example:
         >>> import torch
@@ -71,8 +73,10 @@ class GatedDeltaNet(DeltaRuleLayer):
     """
 
     def __init__(self, dim: int, num_heads: int, *, num_key_heads: int | None = None, key_head_dim: int | None = None,
-                 value_head_dim: int | None = None, conv_size: int = 4, chunk_size: int = 64, eps: float = 1e-6):
+                 value_head_dim: int | None = None, conv_size: int = 4, chunk_size: int = 64, eps: float = 1e-6,
+                 allow_neg_eigval: bool = False):
         super().__init__()
+        self.allow_neg_eigval = bool(allow_neg_eigval)
         who = "GatedDeltaNet"
         heads, key_heads = check_int(who, "num_heads", num_heads, 1), num_key_heads or num_heads
         if heads % check_int(who, "num_key_heads", key_heads, 1):
@@ -94,7 +98,7 @@ class GatedDeltaNet(DeltaRuleLayer):
     def _mix(self, x, keep, context, offset):
         q, k, v, tail = self.convolved_qkv(x, keep, context)
         g = log_decay(self.a_proj(x), self.A_log, self.dt_bias)  # (B, H, n, 1)
-        beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)
+        beta = self.write_strength(self.b_proj(x))
         q, k = (split_heads(t, self.num_key_heads) for t in (q, k))
         return Mixed(q, k, split_heads(v, self.num_heads), g, beta), tail
 
@@ -131,8 +135,10 @@ register(Entry("gated-deltanet", GatedDeltaNet, "Yang et al. 2024, arXiv:2412.06
                                    lambda s: GatedDeltaNet(s["dim"], s["heads"], num_key_heads=s["key_heads"],
                                                            key_head_dim=s["key_head_dim"],
                                                            value_head_dim=s["value_head_dim"],
-                                                           conv_size=s["conv_size"], chunk_size=s["chunk_size"]),
+                                                           conv_size=s["conv_size"], chunk_size=s["chunk_size"],
+                                                           allow_neg_eigval=s["allow_neg_eigval"]),
                                    {"heads": 4, "key_heads": None, "key_head_dim": None, "value_head_dim": None,
-                                    "conv_size": 4, "chunk_size": 64},
+                                    "conv_size": 4, "chunk_size": 64, "allow_neg_eigval": False},
                                    lambda m: {"key_heads": m.num_key_heads, "key_head_dim": m.core_sizes[1],
-                                              "value_head_dim": m.core_sizes[2]})))
+                                              "value_head_dim": m.core_sizes[2],
+                                              "allow_neg_eigval": m.allow_neg_eigval})))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from ..errors import check_int
@@ -32,7 +31,7 @@ class KimiDeltaAttention(DeltaRuleLayer):
 
         q, k, v = silu(conv1d(x W_Q)), silu(conv1d(x W_K)), silu(conv1d(x W_V));  q, k <- q / |q|, k / |k|
         log alpha_t = -exp(A_log) softplus(x_t W_fa W_fb + dt_bias)        (one per key channel)
-        beta_t = sigmoid(x_t W_b)
+        beta_t = sigmoid(x_t W_b)          (2 sigmoid(x_t W_b) with allow_neg_eigval)
         S_t = (I - beta_t k_t k_t^T) Diag(alpha_t) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T q_t
         y = (RMSNorm(o) * sigmoid(x W_ga W_gb)) W_O          (per head)
 
@@ -57,6 +56,8 @@ class KimiDeltaAttention(DeltaRuleLayer):
         conv_size: the short convolutions' kernel.
         chunk_size: block length of the chunk form.
         eps: the norm's epsilon.
+        allow_neg_eigval: ``beta = 2 sigmoid(x W_b)`` in ``[0, 2]``, so the transition may reflect the state
+            (negative eigenvalues, Grazzi et al. 2025, arXiv:2411.12537; see :class:`._recurrent.DeltaRuleLayer`).
 
     Example:
         >>> import torch
@@ -68,8 +69,9 @@ class KimiDeltaAttention(DeltaRuleLayer):
     """
 
     def __init__(self, dim: int, num_heads: int, *, head_dim: int | None = None, conv_size: int = 4,
-                 chunk_size: int = 16, eps: float = 1e-5):
+                 chunk_size: int = 16, eps: float = 1e-5, allow_neg_eigval: bool = False):
         super().__init__()
+        self.allow_neg_eigval = bool(allow_neg_eigval)
         who = "KimiDeltaAttention"
         heads = check_int(who, "num_heads", num_heads, 1)
         d = check_int(who, "head_dim", head_dim or check_int(who, "dim", dim, 1) // heads, 1)
@@ -87,7 +89,7 @@ class KimiDeltaAttention(DeltaRuleLayer):
     def _mix(self, x, keep, context, offset):
         q, k, v, tail = self.convolved_qkv(x, keep, context)
         g = log_decay(self.f_b_proj(self.f_a_proj(x)), self.A_log, self.dt_bias)  # (B, H, n, d): one per channel
-        beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)
+        beta = self.write_strength(self.b_proj(x))
         return Mixed(*(split_heads(t, self.num_heads) for t in (q, k, v)), g, beta), tail
 
     def _finish(self, out, mixed, x):
@@ -119,6 +121,8 @@ register(Entry("kimi-delta-attention", KimiDeltaAttention, "Kimi Team 2025, arXi
                "gates (Kimi Linear's linear layers)", "linear-recurrent", example(KimiDeltaAttention, 4),
                spec=recurrent_spec(KimiDeltaAttention,
                                    lambda s: KimiDeltaAttention(s["dim"], s["heads"], head_dim=s["head_dim"],
-                                                                conv_size=s["conv_size"], chunk_size=s["chunk_size"]),
-                                   {"heads": 4, "head_dim": None, "conv_size": 4, "chunk_size": 16},
-                                   lambda m: {"head_dim": m.core_sizes[1]})))
+                                                                conv_size=s["conv_size"], chunk_size=s["chunk_size"],
+                                                                allow_neg_eigval=s["allow_neg_eigval"]),
+                                   {"heads": 4, "head_dim": None, "conv_size": 4, "chunk_size": 16,
+                                    "allow_neg_eigval": False},
+                                   lambda m: {"head_dim": m.core_sizes[1], "allow_neg_eigval": m.allow_neg_eigval})))

@@ -78,7 +78,8 @@ def _caller(fn, leaves, initial: bool, **fixed):
 
 
 def make(name: str, *, seed: int = 0, dtype=torch.float64, b=B, h=H, n=N, dk=DK, dv=DV, initial=True,
-         grad=False) -> Case:
+         grad=False, beta_max: float = 1.0) -> Case:
+    """A random problem of family ``name``; the delta rule's ``beta`` in ``[0, beta_max]`` (2: negative eigenvalues)."""
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape):
@@ -92,13 +93,13 @@ def make(name: str, *, seed: int = 0, dtype=torch.float64, b=B, h=H, n=N, dk=DK,
     elif name in ("gla", "kda"):
         logs = F.logsigmoid(rnd(b, h, n, dk) + 1)
         extra, alpha = [logs], logs.exp()
-        beta = None if name == "gla" else torch.sigmoid(rnd(b, h, n))
+        beta = None if name == "gla" else beta_max * torch.sigmoid(rnd(b, h, n))
         extra += [] if beta is None else [beta]
     elif name == "gated_delta":
-        logs, beta = F.logsigmoid(rnd(b, h, n) + 1), torch.sigmoid(rnd(b, h, n))
+        logs, beta = F.logsigmoid(rnd(b, h, n) + 1), beta_max * torch.sigmoid(rnd(b, h, n))
         extra, alpha = [logs, beta], logs.exp()[..., None].expand(b, h, n, dk)
     elif name == "delta":
-        beta = torch.sigmoid(rnd(b, h, n))
+        beta = beta_max * torch.sigmoid(rnd(b, h, n))
         extra, alpha = [beta], torch.ones(b, h, n, dk, dtype=torch.float64)
     else:
         return _ssd_case(rnd, b, h, n, dk, dv, s0, dtype, grad)

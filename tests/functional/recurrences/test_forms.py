@@ -159,3 +159,57 @@ def test_the_oracle_comparison_catches_a_scan_that_forgets_the_decay(monkeypatch
     with pytest.raises(AssertionError):
         torch.testing.assert_close(case.call("chunk", chunk_size=4)[0], case.expected()[0], **TOL)
     torch.testing.assert_close(case.call("parallel")[0], case.expected()[0], **TOL)  # one block: no scan
+
+
+DELTA_NAMES = ("delta", "gated_delta", "kda")
+
+
+@pytest.mark.parametrize("name", DELTA_NAMES)
+@pytest.mark.parametrize("form", FORMS)
+def test_negative_eigenvalues_every_form_equals_the_oracle(name, form):
+    case = make(name, beta_max=2.0, seed=3)
+    assert case.leaves[-2].max() > 1  # some transitions do have a negative eigenvalue
+    out, state = case.call(form, chunk_size=4)
+    want_out, want_state = case.expected()
+    torch.testing.assert_close(out, want_out, **TOL)
+    torch.testing.assert_close(state, want_state, **TOL)
+
+
+@pytest.mark.parametrize("name", DELTA_NAMES)
+def test_negative_eigenvalues_gradients_agree_across_forms(name):
+    case = make(name, beta_max=2.0, seed=4, grad=True)
+    g = torch.Generator().manual_seed(6)
+    out, state = case.call("parallel")
+    w_out, w_state = (torch.randn(t.shape, generator=g, dtype=t.dtype) for t in (out, state))
+    grads = [torch.autograd.grad((o * w_out).sum() + (s * w_state).sum(), case.leaves)
+             for o, s in (case.call(form, chunk_size=3) for form in FORMS)]
+    for other in grads[1:]:
+        for a, b in zip(grads[0], other, strict=True):
+            torch.testing.assert_close(b, a, **TOL)
+    assert torch.autograd.gradcheck(lambda *t: _rebound(case, t), tuple(case.leaves))
+
+
+@pytest.mark.parametrize("name", DELTA_NAMES)
+def test_negative_eigenvalues_equal_flash_linear_attentions_references(name):
+    fla = pytest.importorskip("fla.ops.delta_rule.naive")  # test-only oracles, computed in float32
+    from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
+    from fla.ops.kda.naive import naive_recurrent_kda
+    case = make(name, beta_max=2.0, seed=8)
+    out, state = case.call("chunk", chunk_size=4)
+    q, k, v, *extra, s0 = (t.detach() for t in case.leaves)
+    q, k = (t / (t.square().sum(-1, keepdim=True) + 1e-6).sqrt() for t in (q, k))  # what normalize_qk does
+
+    def blh(t):
+        return t.transpose(1, 2).float()
+    if name == "delta":
+        theirs, final = fla.delta_rule_recurrence(q, k, v, extra[0], initial_state=s0.float())
+    elif name == "gated_delta":
+        theirs, final = naive_recurrent_gated_delta_rule(*map(blh, (q, k, v, extra[1], extra[0])),
+                                                         initial_state=s0.float(), output_final_state=True)
+        theirs = theirs.transpose(1, 2)
+    else:
+        theirs, final = naive_recurrent_kda(*map(blh, (q, k, v, extra[0], extra[1])), initial_state=s0.float(),
+                                            output_final_state=True)
+        theirs = theirs.transpose(1, 2)
+    torch.testing.assert_close(out, theirs.double(), rtol=0, atol=1e-4)
+    torch.testing.assert_close(state, final.double(), rtol=0, atol=1e-4)

@@ -70,9 +70,11 @@ NO_WEIGHTS = {
     "multi-head-latent": ["model"],  # the naive form's h heads
     "differential": ["model", "model#1"],  # both maps as 2h heads, once per half of the values
     "dsa": ["model"], "moba": ["model"],  # over the selected keys
+    "forgetting-attention": ["model"],
+    "path-attention": [],  # its parallel form computes the scores itself  # the weights with the forget-gate decay
     "native-sparse-attention": ["model", "model#1", "model#2"],  # compressed, selected and window branches
     "retnet": [], "gla": [], "mamba2": [], "deltanet": [], "gated-deltanet": [], "kimi-delta-attention": [],
-    "lightning-attention": [], "rwkv4": [],
+    "lightning-attention": [], "rwkv4": [], "delta-product": [],
 }
 # sigmoid weights (and softpick's, stick-breaking's, a sink's share taken: sums below 1); local-p Luong: softmax
 # times a Gaussian (eq. 10)

@@ -9,8 +9,11 @@ log decay ``g_t`` comes from and in what is written, ``d_t``:
     gated_linear_attention    GLA (arXiv:2312.06635)       per key channel            v_t
     ssd                       Mamba-2 (arXiv:2405.21060)   dt_t A, per head           dt_t x_t
     delta_rule                DeltaNet (arXiv:2406.06484)  0                          beta_t (v_t - S^T k_t)
+    delta_product             DeltaProduct (2502.10297)    per head, optional         n_h delta steps per token
     gated_delta_rule          Gated DeltaNet (2412.06464)  per head                   beta_t (v_t - S^T k_t)
     kimi_delta_attention      Kimi Linear (2510.26692)     per key channel            beta_t (v_t - S^T k_t)
+    comba                     Comba (arXiv:2506.02475)     per head                   beta_t (v_t - S^T p_t)
+    generalized_delta_rule    RWKV-7 (arXiv:2503.14456)    per key channel            v_t, and b_t a_t^T S_{t-1}
 
 Each takes ``form="parallel" | "chunk" | "recurrent"`` (:mod:`.forms`; the same function), an
 ``initial_state`` and returns ``(output, final_state)``; ``cu_seqlens`` runs packed documents, each
@@ -19,13 +22,16 @@ from its own state. Tensors are ``(B, H, L, D)``, as :func:`attnkit.attention`. 
 """
 
 from .checks import FORMS
+from .comba import comba
 from .decay import gated_linear_attention, retention
 from .delta import delta_rule
+from .delta_product import delta_product
 from .forms import l2_normalize
 from .gated_delta import gated_delta_rule
 from .kda import kimi_delta_attention
+from .rwkv7 import generalized_delta_rule
 from .segsum import segsum
 from .ssd import ssd
 
-__all__ = ["FORMS", "retention", "gated_linear_attention", "ssd", "delta_rule", "gated_delta_rule",
-           "kimi_delta_attention", "l2_normalize", "segsum"]
+__all__ = ["FORMS", "retention", "gated_linear_attention", "ssd", "delta_rule", "delta_product", "gated_delta_rule",
+           "kimi_delta_attention", "comba", "generalized_delta_rule", "l2_normalize", "segsum"]

@@ -34,6 +34,12 @@ def delta_rule(q, k, v, beta, *, scale=None, normalize_qk: bool = False, form: s
     L2 norms, as the paper's model does: with ``|k| = 1`` and ``0 <= beta <= 1`` the transition's
     eigenvalues stay in [0, 1]); q is scaled by ``scale`` (``Dk^-1/2`` by default).
 
+    Negative eigenvalues: every form takes any ``beta``. With ``|k| = 1`` the eigenvalue along ``k``
+    is ``1 - beta``, so ``beta`` in ``[0, 2]`` puts it in ``[-1, 1]``: ``beta = 2`` reflects the state
+    (``I - 2 k k^T``), which lets the recurrence track state such as parity, impossible with
+    eigenvalues in ``[0, 1]`` (Grazzi et al. 2025, "Unlocking State-Tracking in Linear RNNs Through
+    Negative Eigenvalues", arXiv:2411.12537; the layers' ``allow_neg_eigval``).
+
     Shapes: as :func:`attnkit.functional.recurrences.retention`, with ``beta`` ``(B, H, L)``.
 
     Complexity: parallel O(L^2 (Dk + Dv) + L^3) (the triangular solve); chunk O(L c (c + Dk + Dv) +
@@ -41,7 +47,8 @@ def delta_rule(q, k, v, beta, *, scale=None, normalize_qk: bool = False, form: s
 
     Args:
         q, k, v: queries, keys, values.
-        beta: writing strength per token and head (in [0, 1] in the paper: a sigmoid).
+        beta: writing strength per token and head (in [0, 1] in the paper: a sigmoid; [0, 2] for negative
+            eigenvalues).
         scale: multiplies q after the normalisation (default ``Dk ** -0.5``).
         normalize_qk: L2-normalise q and k first.
         form, chunk_size, initial_state, cu_seqlens: as :func:`attnkit.functional.recurrences.retention`.

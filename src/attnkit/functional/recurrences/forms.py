@@ -15,7 +15,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ...errors import ArgumentError, ShapeError
+from ...errors import ArgumentError, ShapeError, UnsupportedFeature
 from ...masks.tree import check_parents
 from .checks import check_form, check_lengths, check_qkv, check_state, check_tensor
 from .local import local_terms
@@ -32,21 +32,22 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-def parallel(q, k, v, g, beta, initial):
+def parallel(q, k, v, g, beta, initial, p=None, pre_decay: bool = False):
     """``o = Q^ S_0 + A (U - W S_0)`` over the whole sequence; the final state likewise (see :mod:`.local`)."""
-    terms = local_terms(q, k, v, g, beta)
+    terms = local_terms(q, k, v, g, beta, p, pre_decay)
     written = terms.u if terms.w is None else terms.u - terms.w @ initial
     out = terms.q_from_start @ initial + terms.scores @ written
     return out, terms.decay * initial + terms.k_to_end.transpose(-1, -2) @ written
 
 
-def blocks(q, k, v, g, beta, size: int):
+def blocks(q, k, v, g, beta, size: int, p=None, pre_decay: bool = False):
     """The :class:`~.local.Local` terms of blocks of ``size`` tokens, ``(..., C, c, D)`` (the last block padded
     with tokens that neither decay nor write)."""
     pad = (-q.shape[-2]) % size
     q, k, v, g = (F.pad(t, (0, 0, 0, pad)).unflatten(-2, (-1, size)) for t in (q, k, v, g))  # (..., C, c, D)
     beta = None if beta is None else F.pad(beta, (0, pad)).unflatten(-1, (-1, size))
-    return local_terms(q, k, v, g, beta)
+    p = None if p is None else F.pad(p, (0, 0, 0, pad)).unflatten(-2, (-1, size))
+    return local_terms(q, k, v, g, beta, p, pre_decay)
 
 
 def through_blocks(terms, initial, n: int):
@@ -56,28 +57,32 @@ def through_blocks(terms, initial, n: int):
     return out.flatten(-3, -2)[..., :n, :], final
 
 
-def chunked(q, k, v, g, beta, initial, size: int):
+def chunked(q, k, v, g, beta, initial, p=None, pre_decay: bool = False, *, size: int):
     """Blocks of ``size`` tokens, each in parallel, the state passed from block to block."""
-    return through_blocks(blocks(q, k, v, g, beta, size), initial, q.shape[-2])
+    return through_blocks(blocks(q, k, v, g, beta, size, p, pre_decay), initial, q.shape[-2])
 
 
-def prepare(q, k, v, g, beta, *, scale, normalize_qk: bool):
+def prepare(q, k, v, g, beta, *, scale, normalize_qk: bool, p=None):
     """The inputs in the computation's dtype (float32, float64 for float64 values), q and k normalised if asked,
-    q scaled (``Dk^-1/2`` if ``scale`` is None), q/k heads repeated for grouped value heads."""
+    q scaled (``Dk^-1/2`` if ``scale`` is None), q/k (and ``p``) heads repeated for grouped value heads."""
     acc = torch.promote_types(v.dtype, torch.float32)
     q, k = q.to(acc), k.to(acc)
     if normalize_qk:
         q, k = l2_normalize(q), l2_normalize(k)
     q = q * (q.shape[-1] ** -0.5 if scale is None else scale)
+    p = None if p is None else p.to(acc)
     if q.shape[1] != v.shape[1]:
-        q, k = (t.repeat_interleave(v.shape[1] // t.shape[1], 1) for t in (q, k))
-    return q, k, v.to(acc), g.to(acc), None if beta is None else beta.to(acc)
+        q, k, p = (None if t is None else t.repeat_interleave(v.shape[1] // t.shape[1], 1) for t in (q, k, p))
+    return q, k, v.to(acc), g.to(acc), None if beta is None else beta.to(acc), p
 
 
 def linear_recurrence(who: str, q, k, v, g, beta, *, scale, normalize_qk: bool, form: str, chunk_size: int,
-                      initial_state, cu_seqlens, parents=None):
+                      initial_state, cu_seqlens, parents=None, p=None, pre_decay: bool = False):
     """Run the recurrence on checked ``q, k`` ``(B, Hk, L, Dk)``, ``v`` ``(B, H, L, Dv)``, log decays ``g``
-    ``(B, H, L, G)``, ``beta`` ``(B, H, L)`` or None; returns ``(out (B, H, L, Dv), final (N, H, Dk, Dv))``.
+    ``(B, H, L, G)``, ``beta`` ``(B, H, L)`` or None, ``p`` ``(B, Hk, L, Dk)`` the keys the delta rule's
+    correction reads (None: ``k``; used as given, neither normalised nor scaled), ``pre_decay`` whether it reads
+    the state before the token's decay (the generalized delta rule); returns
+    ``(out (B, H, L, Dv), final (N, H, Dk, Dv))``.
 
     Computed in float32 (float64 for float64 values); the output in ``v``'s dtype, the state in the
     computation's. ``q, k`` heads serve ``H / Hk`` consecutive value heads each.
@@ -88,25 +93,30 @@ def linear_recurrence(who: str, q, k, v, g, beta, *, scale, normalize_qk: bool, 
     """
     check_form(who, form, chunk_size)
     if parents is not None:
+        if p is not None or pre_decay:
+            raise UnsupportedFeature(f"{who}: parents (a draft tree) take the delta rule with its own keys; a "
+                                     "correction key p or a pre-decay read is not supported")
         return _tree(who, q, k, v, g, beta, scale=scale, normalize_qk=normalize_qk, initial_state=initial_state,
                      cu_seqlens=cu_seqlens, parents=parents)
     b, h, n, dk, dv = (*v.shape[:3], q.shape[-1], v.shape[-1])
     lengths = check_lengths(who, cu_seqlens, b, n)
     docs = b if lengths is None else len(lengths)
     initial = check_state(who, initial_state, (docs, h, dk, dv), q.device)
-    q, k, vv, g, beta = prepare(q, k, v, g, beta, scale=scale, normalize_qk=normalize_qk)
+    q, k, vv, g, beta, p = prepare(q, k, v, g, beta, scale=scale, normalize_qk=normalize_qk, p=p)
     initial = vv.new_zeros(docs, h, dk, dv) if initial is None else initial.to(vv.dtype)
-    run = {"parallel": parallel, "chunk": functools.partial(chunked, size=chunk_size), "recurrent": recurrent}[form]
+    run = functools.partial({"parallel": parallel, "chunk": functools.partial(chunked, size=chunk_size),
+                             "recurrent": recurrent}[form], pre_decay=pre_decay)
     if n == 0:  # no token: the empty output joined to every input by an empty sum (zero gradients, not None)
-        return (vv + sum(t.sum() for t in (q, k, g, beta) if t is not None)).to(v.dtype), initial
+        return (vv + sum(t.sum() for t in (q, k, g, beta, p) if t is not None)).to(v.dtype), initial
     if lengths is None:
-        out, final = run(q, k, vv, g, beta, initial)
+        out, final = run(q, k, vv, g, beta, initial, p)
         return out.to(v.dtype), final
     outs, finals = [], []
-    pieces = zip(*(t.split(lengths, 2) for t in (q, k, vv, g)), (None,) * len(lengths) if beta is None else
-                 beta.split(lengths, 2), initial.split(1), strict=True)
-    for qd, kd, vd, gd, bd, sd in pieces:
-        out, final = run(qd, kd, vd, gd, bd, sd) if qd.shape[2] else (vd, sd)
+    nothing = (None,) * len(lengths)
+    pieces = zip(*(t.split(lengths, 2) for t in (q, k, vv, g)), nothing if beta is None else beta.split(lengths, 2),
+                 initial.split(1), nothing if p is None else p.split(lengths, 2), strict=True)
+    for qd, kd, vd, gd, bd, sd, pd in pieces:
+        out, final = run(qd, kd, vd, gd, bd, sd, pd) if qd.shape[2] else (vd, sd)
         outs.append(out)
         finals.append(final)
     return torch.cat(outs, 2).to(v.dtype), torch.cat(finals)

@@ -22,7 +22,8 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, normalize_qk: bool = False
     Since ``alpha_t`` is a scalar it commutes with the correction, which reads the decayed state.
     ``alpha = 1`` is :func:`attnkit.functional.recurrences.delta_rule`; ``beta = 0`` only decays (Mamba-2).
 
-    Differences from the paper: none (``normalize_qk`` and ``scale`` as :func:`delta_rule`).
+    Differences from the paper: none (``normalize_qk`` and ``scale`` as :func:`delta_rule`; ``beta`` in
+    ``[0, 2]`` for negative eigenvalues, as there).
 
     Shapes: as :func:`attnkit.functional.recurrences.delta_rule`, with ``g`` ``(B, H, L)`` log decays
     (<= 0). Matches transformers' ``torch_chunk_gated_delta_rule`` (Qwen3-Next) after moving its

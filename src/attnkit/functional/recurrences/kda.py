@@ -22,7 +22,8 @@ def kimi_delta_attention(q, k, v, g, beta, *, scale=None, normalize_qk: bool = F
     The block terms use the decayed products ``sum_d k_id k_jd exp(seg_ijd)`` (see
     :mod:`attnkit.functional.recurrences.local`).
 
-    Differences from the paper: none (``normalize_qk`` and ``scale`` as :func:`delta_rule`). The
+    Differences from the paper: none (``normalize_qk`` and ``scale`` as :func:`delta_rule`; ``beta`` in
+    ``[0, 2]`` for negative eigenvalues, as there). The
     chunk form holds ``c x c x Dk`` decays per block, hence the small default ``chunk_size``.
 
     Shapes: as :func:`attnkit.functional.recurrences.delta_rule`, with ``g`` ``(B, H, L, Dk)``. Matches

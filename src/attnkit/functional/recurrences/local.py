@@ -4,7 +4,9 @@ The recurrence, per head, with state ``S`` ``(Dk, Dv)``, log decay ``g_t`` (one 
 channel) and, for the delta rule, a write strength ``beta_t``::
 
     plain:   S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T
-    delta:   S_t = diag(exp(g_t)) S_{t-1} + k_t d_t^T,   d_t = beta_t (v_t - (diag(exp(g_t)) S_{t-1})^T k_t)
+    delta:   S_t = diag(exp(g_t)) S_{t-1} + k_t d_t^T,   d_t = beta_t (v_t - (diag(exp(g_t)) S_{t-1})^T p_t)
+             (p_t = k_t: the delta rule; another p_t: Comba's correction read at its own key;
+             with pre_decay the correction reads S_{t-1} before its decay: the generalized delta rule)
     output:  o_t = S_t^T q_t
 
 Over a block of c tokens entered with state ``S_0`` everything is linear in ``S_0``::
@@ -14,8 +16,8 @@ Over a block of c tokens entered with state ``S_0`` everything is linear in ``S_
     A_ij  = sum_d q_id k_jd exp(seg_ijd)        (j <= i; seg = segsum(g), the decay mask)
     Q^_i  = q_i * exp(g_1 + ... + g_i)          K~_j = k_j * exp(g_{j+1} + ... + g_c)    Gamma = exp(g_1 + ... + g_c)
     plain: U = V, W = 0
-    delta: (I + T) [U | W] = diag(beta) [V | K^],  T_ij = beta_i sum_d k_id k_jd exp(seg_ijd) (i > j),
-           K^_j = k_j * exp(g_1 + ... + g_j)
+    delta: (I + T) [U | W] = diag(beta) [V | P^],  T_ij = beta_i sum_d p_id k_jd exp(seg_ijd) (i > j),
+           P^_j = p_j * exp(g_1 + ... + g_j)
 
 ``U - W S_0`` are the values actually written (the delta rule's corrections); the unit lower
 triangular solve is the WY / UT form of a product of Householder-like updates (Yang et al. 2024,
@@ -45,9 +47,11 @@ class Local(NamedTuple):
     w: torch.Tensor | None  # (..., c, Dk); None without the delta rule
 
 
-def local_terms(q, k, v, g, beta) -> Local:
+def local_terms(q, k, v, g, beta, p=None, pre_decay: bool = False) -> Local:
     """The block terms for ``q, k`` ``(..., c, Dk)``, ``v`` ``(..., c, Dv)``, ``g`` ``(..., c, G)``, ``beta``
-    ``(..., c)`` or None (no delta rule)."""
+    ``(..., c)`` or None (no delta rule), ``p`` ``(..., c, Dk)`` the keys the correction reads (None: ``k``);
+    ``pre_decay``: the correction of token ``i`` reads the state before ``g_i`` decays it (the decays in ``T``
+    and ``P^`` then stop at ``g_{i-1}``: ``segsum`` and the cumulative sum shifted down one row, exact)."""
     seg = segsum(g)  # (..., c, c, G)
     mask = seg.exp()
     start = g.cumsum(-2)  # (..., c, G): g_1 + ... + g_i, a sum of terms of one sign (no cancellation)
@@ -55,8 +59,13 @@ def local_terms(q, k, v, g, beta) -> Local:
                   start[..., -1, :, None].exp(), v, None)
     if beta is None:
         return terms
-    lower = decayed_products(k * beta[..., None], k, mask)  # only its strictly lower part is read below
-    rhs = beta[..., None] * torch.cat([v, k * start.exp()], -1)
+    p = k if p is None else p
+    if pre_decay:
+        seg = torch.cat([torch.full_like(seg[..., :1, :, :], float("-inf")), seg[..., :-1, :, :]], -3)
+        start = torch.cat([torch.zeros_like(start[..., :1, :]), start[..., :-1, :]], -2)
+        mask = seg.exp()
+    lower = decayed_products(p * beta[..., None], k, mask)  # only its strictly lower part is read below
+    rhs = beta[..., None] * torch.cat([v, p * start.exp()], -1)
     solved = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
     u, w = solved.split([v.shape[-1], k.shape[-1]], -1)
     return terms._replace(u=u, w=w)

@@ -61,6 +61,14 @@ LEFT_OUT: dict[str, str] = {
     "sigmoid-log-n": _REPLACED + "and none uses sigmoid weights (with or without the -log n bias)",
     "softpick": _REPLACED + "and none uses softpick's rectified softmax",
     "stick-breaking": _REPLACED + "and none uses stick-breaking weights",
+    "delta-product": "DeltaProduct's products of reflections track states (rotations, permutations) that one "
+                     "reflection per token cannot; the recall experiment trains DeltaNet and Gated DeltaNet, and "
+                     "no tour task needs state tracking",
+    "path-attention": "PaTH's data-dependent reflections of the keys are a learned position encoding; every tour "
+                      "model uses sinusoidal positions, the same for all mechanisms",
+    "forgetting-attention": "FoX's forget gate decays attention with distance, a recency prior learned per head; "
+                            "the tour's tasks are trained at one length, where positions already tell the models "
+                            "what a recency prior would",
     "dsa": "DeepSeek's lightning indexer picks top-k keys per query at 100k-token contexts; at the tour's lengths "
            "its selection keeps nearly every key, so it would train as dense attention does",
     "multi-head-latent": "latent attention changes what a decoder caches (attnkit cost --kv-cache), not what a model "

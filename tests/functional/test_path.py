@@ -1,0 +1,97 @@
+"""PaTH attention against a float64 transcription of its equations (Yang et al. 2025, arXiv:2505.16381) and, where
+flash-linear-attention imports, its pure-torch reference."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnkit.errors import ShapeError
+from attnkit.functional.path import path_attention, path_scores
+
+TOL = dict(rtol=0, atol=1e-10)
+
+
+def oracle(q, k, v, w, beta, log_f=None, scale=None):
+    """s_ij = q_i^T H_i ... H_{j+1} k_j with H_t = I - beta_t w_t w_t^T as explicit matrices; softmax over j <= i of
+    scale s_ij + log(f_{j+1} ... f_i); each key head's transformations serve consecutive query heads."""
+    b, h, n, d = q.shape
+    groups = h // k.shape[1]
+    scale = d ** -0.5 if scale is None else scale
+    out = torch.zeros(b, h, n, v.shape[-1], dtype=torch.float64)
+    eye = torch.eye(d, dtype=torch.float64)
+    for head in range(h):
+        g = head // groups
+        hs = eye - beta[:, g, :, None, None].double() * w[:, g, :, :, None].double() * w[:, g, :, None, :].double()
+        for i in range(n):
+            product, scores = eye.expand(b, d, d), []
+            for j in range(i, -1, -1):  # product = H_i ... H_{j+1}
+                s = (q[:, head, i, None, :].double() @ product @ k[:, g, j, :, None].double())[:, 0, 0] * scale
+                if log_f is not None:
+                    s = s + log_f[:, head, j + 1:i + 1].double().sum(-1)
+                scores.append(s)
+                product = product @ hs[:, j]
+            weights = torch.stack(scores[::-1], -1).softmax(-1)  # (b, i + 1), keys 0 .. i
+            out[:, head, i] = (weights[:, :, None] * v[:, g, :i + 1].double()).sum(1)
+    return out
+
+
+def problem(b=2, h=4, hkv=2, n=11, d=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, n, d, generator=g, dtype=torch.float64)
+    k, v, w = (torch.randn(b, hkv, n, d, generator=g, dtype=torch.float64) for _ in range(3))
+    w = F.normalize(w, dim=-1)
+    beta = 2 * torch.sigmoid(torch.randn(b, hkv, n, generator=g, dtype=torch.float64))
+    log_f = F.logsigmoid(torch.randn(b, h, n, generator=g, dtype=torch.float64) + 1.5)
+    return [t.requires_grad_() for t in (q, k, v, w, beta, log_f)]
+
+
+@pytest.mark.parametrize("forget", [False, True])
+def test_equals_the_papers_equations_forward_and_backward(forget):
+    q, k, v, w, beta, log_f = problem()
+    gates = log_f if forget else None
+    out, want = path_attention(q, k, v, w, beta, log_fgate=gates), oracle(q, k, v, w, beta, gates)
+    torch.testing.assert_close(out, want, **TOL)
+    leaves = [q, k, v, w, beta] + ([log_f] if forget else [])
+    weights = torch.randn_like(want)
+    got = torch.autograd.grad((out * weights).sum(), leaves)
+    expected = torch.autograd.grad((want * weights).sum(), leaves)
+    for a, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, e, **TOL)
+
+
+def test_reflections_at_beta_two_keep_the_keys_norms():
+    # beta = 2, unit w: every H_t is a reflection, so the key read by query i, u_ij = H_i ... H_{j+1} k_j, keeps
+    # |k_j|. Queries e_m (one batch row per m) read u_ij's components: s_ij = e_m^T u_ij.
+    _, k, _, w, _, _ = problem(b=1, h=1, hkv=1, n=7)
+    beta = torch.full((5, 7), 2.0, dtype=torch.float64)
+    basis = torch.eye(5, dtype=torch.float64)[:, None, :].expand(5, 7, 5)  # (m, L, D): q_i = e_m
+    u = path_scores(basis, k[0, 0].expand(5, 7, 5), w[0, 0].expand(5, 7, 5), beta)  # (m, i, j) = (u_ij)_m
+    norms = u.detach().square().sum(0).sqrt()
+    lower = torch.ones(7, 7, dtype=torch.bool).tril()
+    torch.testing.assert_close(norms[lower], k[0, 0].detach().norm(dim=-1).expand(7, 7)[lower], **TOL)
+    assert not torch.allclose(u[:, 6, 0], k[0, 0, 0].detach())  # the key was moved, not left alone
+
+
+def test_beta_zero_is_causal_softmax_attention():
+    q, k, v, w, _, _ = problem(hkv=4)
+    out = path_attention(q, k, v, w, torch.zeros(2, 4, 11, dtype=torch.float64))
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), **TOL)
+
+
+def test_shapes_are_checked():
+    q, k, v, w, beta, log_f = problem()
+    with pytest.raises(ShapeError, match=r"beta must have shape \(B, Hkv, L\) = \(2, 2, 11\); got \(2, 4, 11\)"):
+        path_attention(q, k, v, w, beta.repeat(1, 2, 1))
+    with pytest.raises(ShapeError, match=r"log_fgate must have shape \(B, H, L\) = \(2, 4, 11\)"):
+        path_attention(q, k, v, w, beta, log_fgate=log_f[:, :2])
+
+
+def test_equals_flash_linear_attentions_reference():
+    naive = pytest.importorskip("fla.ops.path_attn.naive")  # test-only oracle, computes in float32
+    q, k, v, w, beta, log_f = problem(n=11)
+    scale = 5 ** -0.5
+    theirs = naive.naive_path_attn(*(t.transpose(1, 2) for t in (q, k, v, w, beta, log_f)), scale=scale,
+                                   chunk_size=4).transpose(1, 2)
+    # fla scales the forget-gate bias with the scores: its g is our log_fgate / scale
+    ours = path_attention(q, k, v, w, beta, log_fgate=log_f * scale, scale=scale)
+    torch.testing.assert_close(ours, theirs.double(), rtol=0, atol=1e-5)
