@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from attnkit.nn import DeltaProduct
 from attnkit.registry import get
 
-from ..functional.linear.test_delta_product import oracle
+from ..functional.recurrences.test_delta_product import oracle
 from .recurrent_reference import assert_every_form, causal_conv, heads, linear, merge, rms, unit
 
 DIM, H, NH = 12, 3, 3

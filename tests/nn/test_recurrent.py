@@ -151,7 +151,10 @@ def _path(parents: list[int], node: int) -> list[int]:
     return out[::-1]
 
 
-@pytest.mark.parametrize("name", [n for n in LAYERS if n not in ("retnet", "rwkv4") and not n.startswith("delta_product")])
+TREE_LAYERS = [n for n in LAYERS if n not in ("retnet", "rwkv4") and not n.startswith("delta_product")]
+
+
+@pytest.mark.parametrize("name", TREE_LAYERS)
 @pytest.mark.parametrize("nodes", [1, 7, 30])
 def test_a_draft_tree_verified_in_one_call_gives_each_node_its_paths_decoding_and_commit_keeps_the_path(name, nodes):
     layer, x = _layer(name), _x(n=5 + nodes)

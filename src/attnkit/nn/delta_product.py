@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..entry import Entry, register
 from ..errors import ShapeError, check_int
-from ..functional.linear import delta_product
+from ..functional.recurrences import delta_product
+from ..registry.entry import Entry, register
+from ._heads import merge_heads, split_heads
 from ._recurrent import DeltaRuleLayer, GatedRMSNorm, Mixed, ShortConvolution, decay_parameters, example, log_decay
 from ._recurrent_spec import recurrent_spec
-from .linear import merge_heads, split_heads
 
 __all__ = ["DeltaProduct"]
 

@@ -11,9 +11,9 @@ from ..core import attention
 from ..costing.attend import attend, kv_cache
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn, zeros
-from ..entry import Entry, register
 from ..errors import ShapeError, check_int
 from ..functional.forgetting import ForgetGateBias
+from ..registry.entry import Entry, register
 from .kv_cache import KVCache, check_step, decoding_mask
 
 __all__ = ["ForgettingAttention", "ForgetCache"]

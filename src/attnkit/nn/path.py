@@ -10,10 +10,10 @@ from ..core import attention
 from ..costing.attend import kv_cache
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
-from ..entry import Entry, register
 from ..errors import ShapeError, check_int
 from ..functional.forgetting import ForgetGateBias
 from ..functional.path import path_attention
+from ..registry.entry import Entry, register
 from .forgetting import ForgetCache
 from .kv_cache import check_step
 
