@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeError
-from .mask_base import Mask
+from ..masks.base import Mask
 
 __all__ = ["memory_kv_attention"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ArgumentError, ShapeError, check_int
-from .mask_base import Mask
+from ..masks.base import Mask
 
 __all__ = ["topk_attention"]
 

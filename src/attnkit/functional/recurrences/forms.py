@@ -133,7 +133,7 @@ def _tree(who, q, k, v, g, beta, *, scale, normalize_qk, initial_state, cu_seqle
         raise ShapeError(f"{who}: parents must have shape ({n},) or ({b}, {n}) (one parent per token); got "
                          f"{tuple(parents.shape)}")
     initial = check_state(who, initial_state, (b, h, dk, dv), q.device)
-    q, k, vv, g, beta = prepare(q, k, v, g, beta, scale=scale, normalize_qk=normalize_qk)
+    q, k, vv, g, beta, _ = prepare(q, k, v, g, beta, scale=scale, normalize_qk=normalize_qk)
     initial = vv.new_zeros(b, h, dk, dv) if initial is None else initial.to(vv.dtype)
     out, states = tree(q, k, vv, g, beta, initial, parents.reshape(-1, n).expand(b, n))
     return out.to(v.dtype), states
