@@ -53,10 +53,11 @@ _NEG_INF = float("-inf")
 
 
 class Tiles(NamedTuple):
-    """The past-block pairs cut into tiles: each tile ``ROWS`` query rows (flat, ``N``: an empty row) and a key
-    block (flat over ``(B, H_kv, n_blocks)``); ``own`` ``(B H Lp,)`` whether each query selected its own block."""
+    """The past-block pairs cut into tiles: each tile ``ROWS`` query rows (flat over ``(B, H, Lp)``, ``-1``: an
+    empty row) and a key block (flat over ``(B, H_kv, n_blocks)``); ``own`` ``(B H Lp,)`` whether each query
+    selected its own block."""
 
-    rows: torch.Tensor  # (T, ROWS) int64 into the flat queries (B H Lp + 1 rows, the last zeros)
+    rows: torch.Tensor  # (T, ROWS) int64 into the flat queries, -1 where the tile has no query
     blocks: torch.Tensor  # (T,) int64 into the flat key blocks
     own: torch.Tensor  # (B H Lp,) bool
     pairs: int  # (query, past block) pairs
@@ -87,17 +88,12 @@ def tiles(indices: torch.Tensor, batch: int, heads: int, kv_heads: int, length: 
     pos = torch.arange(group.numel(), device=dev) - first_pair[group]
     tile = first_tile[group] + pos // ROWS
     n_tiles = int(per_group.sum())
-    empty = batch * heads * lp
-    rows = torch.full((n_tiles * ROWS,), empty, dtype=torch.long, device=dev)
+    rows = torch.full((n_tiles * ROWS,), -1, dtype=torch.long, device=dev)
     rows[tile * ROWS + pos % ROWS] = query
     tile_group = torch.repeat_interleave(torch.arange(batch * heads * nb, device=dev), per_group)
     bh, blk = tile_group // nb, tile_group % nb
     kv_row = ((bh // heads) * kv_heads + (bh % heads) // (heads // kv_heads)) * nb + blk
     return Tiles(rows.view(n_tiles, ROWS), kv_row, own, int(group.numel()))
-
-
-def _per_batch(n_tiles: int, bs: int, d: int) -> int:
-    return max(1, BUDGET // max(1, ROWS * d * 3 + 2 * bs * d))
 
 
 def _take(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -106,7 +102,8 @@ def _take(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def _padded(t: torch.Tensor, lp: int) -> torch.Tensor:
-    return torch.nn.functional.pad(t, (0, 0, 0, lp - t.shape[2])).contiguous()
+    """``(B, H, L, E)`` contiguous with ``Lp - L`` zero rows after (no copy when already so)."""
+    return torch.nn.functional.pad(t, (0, 0, 0, lp - t.shape[2])).contiguous() if lp > t.shape[2] else t.contiguous()
 
 
 def _own_blocks(t: torch.Tensor, heads: int, bs: int) -> torch.Tensor:
@@ -116,96 +113,92 @@ def _own_blocks(t: torch.Tensor, heads: int, bs: int) -> torch.Tensor:
     return t.reshape(t.shape[0], -1, bs, t.shape[-1])
 
 
-def _forward(q, k, v, tl: Tiles, bs: int, scale: float):
-    batch, heads, length, d = q.shape
-    lp = -(-length // bs) * bs
-    qp, kp, vp = (_padded(t, lp) for t in (q, k, v))
+def _batches(tl: Tiles, bs: int, d: int):
+    """Batches of tiles within ``BUDGET``: ``(rows clamped to a real row, empty rows, key blocks)``."""
+    step = max(1, BUDGET // max(1, ROWS * d * 3 + 2 * bs * d))
+    for start in range(0, len(tl.blocks), step):
+        rows = tl.rows[start:start + step]
+        yield rows.clamp(min=0), rows < 0, tl.blocks[start:start + step]
+
+
+def _forward(qp, kp, vp, tl: Tiles, bs: int, scale: float):
+    """Padded ``(B, H, Lp, D)`` inputs -> ``(out, lse)`` padded; empty rows 0 and ``-inf``."""
+    batch, heads, lp, d = qp.shape
+    n = batch * heads * lp
     out_d, lse_d = FLASH(_own_blocks(qp, heads, bs), _own_blocks(kp, heads, bs), _own_blocks(vp, heads, bs),
                          0.0, True, scale=scale)[:2]
-    n = batch * heads * lp
-    lse = torch.cat([lse_d.reshape(n).masked_fill(~tl.own, _NEG_INF), lse_d.new_full((1,), _NEG_INF)])
-    acc = torch.cat([out_d.reshape(n, d), out_d.new_zeros(1, d)])
-    acc = acc.masked_fill_(~torch.isfinite(lse)[:, None], 0.0)
-    total = torch.isfinite(lse).to(acc.dtype)  # sum of exp(lse_p - m), m = lse: one own block or none
-    q_flat = torch.cat([qp.reshape(n, d), qp.new_zeros(1, d)])
-    k_blk, v_blk = kp.reshape(-1, bs, d), vp.reshape(-1, bs, d)
-    step = _per_batch(len(tl.blocks), bs, d)
-    m = lse.clone()
-    for start in range(0, len(tl.blocks), step):
-        rows, blocks = tl.rows[start:start + step], tl.blocks[start:start + step]
-        o_t, l_t = FLASH(_take(q_flat, rows), _take(k_blk, blocks), _take(v_blk, blocks), 0.0,
-                         False, scale=scale)[:2]
-        flat, o_t, l_t = rows.flatten(), o_t.reshape(-1, d), l_t.reshape(-1)
-        m_new = torch.maximum(m, m.new_full(m.shape, _NEG_INF).scatter_reduce_(0, flat, l_t, "amax"))
-        alpha = torch.where(torch.isfinite(m), torch.exp(m - m_new), 0.0)
+    m = lse_d.reshape(n).masked_fill(~tl.own, _NEG_INF)  # running maximum of the partial lse
+    acc = out_d.reshape(n, d).masked_fill_(~tl.own[:, None], 0.0)  # sum of exp(lse_p - m) out_p
+    total = tl.own.to(acc.dtype)  # sum of exp(lse_p - m)
+    q_flat, k_blk, v_blk = qp.view(n, d), kp.view(-1, bs, d), vp.view(-1, bs, d)
+    for rows, empty, blocks in _batches(tl, bs, d):
+        o_t, l_t = FLASH(_take(q_flat, rows), _take(k_blk, blocks), _take(v_blk, blocks), 0.0, False,
+                         scale=scale)[:2]
+        flat, o_t, l_t = rows.flatten(), o_t.reshape(-1, d), l_t.reshape(-1).masked_fill(empty.flatten(), _NEG_INF)
+        m_new = torch.maximum(m, torch.full_like(m, _NEG_INF).scatter_reduce_(0, flat, l_t, "amax"))
+        alpha = torch.where(m > _NEG_INF, torch.exp(m - m_new), 0.0)
         acc.mul_(alpha[:, None])
         total.mul_(alpha)
-        w = torch.exp(l_t - m_new[flat])
+        w = torch.exp(l_t - m_new[flat].masked_fill(empty.flatten(), 0.0))  # empty rows: exp(-inf) = 0
         acc.index_add_(0, flat, o_t * w[:, None])
         total.index_add_(0, flat, w)
         m = m_new
-    has = total[:n] > 0
-    out = (acc[:n] / torch.where(has, total[:n], 1.0)[:, None]).masked_fill(~has[:, None], 0.0)
-    lse_out = torch.where(has, m[:n] + torch.log(torch.where(has, total[:n], 1.0)), _NEG_INF)
-    out = out.view(batch, heads, lp, d)[:, :, :length]
-    return out, lse_out.view(batch, heads, lp)[:, :, :length]
+    has = total > 0
+    acc.div_(torch.where(has, total, 1.0)[:, None])
+    lse = torch.where(has, m + torch.log(torch.where(has, total, 1.0)), _NEG_INF)
+    return acc.view(batch, heads, lp, d), lse.view(batch, heads, lp)
 
 
-def _backward(q, k, v, out, lse, dout, tl: Tiles, bs: int, scale: float):
-    batch, heads, length, d = q.shape
-    kv_heads = k.shape[1]
-    lp = -(-length // bs) * bs
+def _backward(qp, kp, vp, op, lse, dop, tl: Tiles, bs: int, scale: float):
+    """Padded inputs, output, lse and output gradient -> padded ``dq``, ``dk``, ``dv``."""
+    batch, heads, lp, d = qp.shape
+    kv_heads = kp.shape[1]
     n = batch * heads * lp
-    qp, kp, vp, op, dop = (_padded(t, lp) for t in (q, k, v, out, dout))
-    lsep = torch.nn.functional.pad(lse, (0, lp - length), value=0.0)
-    lsep = torch.where(torch.isfinite(lsep), lsep, 0.0).contiguous()  # rows with no key: dout zeroed below
-    do_own = dop.reshape(n, d).masked_fill(~tl.own[:, None], 0.0).view(batch, heads, lp, d)
-    dq_d, dk_d, dv_d = FLASH_BACKWARD(do_own.reshape(batch, -1, bs, d), _own_blocks(qp, heads, bs),
-                                      _own_blocks(kp, heads, bs), _own_blocks(vp, heads, bs),
-                                      op.reshape(batch, -1, bs, d), lsep.reshape(batch, -1, bs), 0.0, True,
-                                      scale=scale)[:3]
-    dq = torch.cat([dq_d.reshape(n, d), dq_d.new_zeros(1, d)])
+    lse = torch.where(lse > _NEG_INF, lse, 0.0)  # rows with no key: their output gradient is zeroed below
+    do_own = dop.view(n, d) if bool(tl.own.all()) else dop.view(n, d).masked_fill(~tl.own[:, None], 0.0)
+    dq, dk_d, dv_d = FLASH_BACKWARD(do_own.view(batch, -1, bs, d), _own_blocks(qp, heads, bs),
+                                    _own_blocks(kp, heads, bs), _own_blocks(vp, heads, bs),
+                                    op.reshape(batch, -1, bs, d), lse.reshape(batch, -1, bs), 0.0, True,
+                                    scale=scale)[:3]
+    del do_own
+    dq = dq.reshape(n, d).contiguous()
     group = heads // kv_heads
-    dk = dk_d.reshape(batch, kv_heads, group, lp, d).sum(2).reshape(-1, bs, d)
-    dv = dv_d.reshape(batch, kv_heads, group, lp, d).sum(2).reshape(-1, bs, d)
-
-    def flat(t):
-        return torch.cat([t.reshape(n, -1), t.new_zeros(1, t.reshape(n, -1).shape[1])])
-    q_flat, o_flat, do_flat = flat(qp), flat(op), flat(dop)
-    lse_flat = torch.cat([lsep.reshape(n), lsep.new_zeros(1)])
-    k_blk, v_blk = kp.reshape(-1, bs, d), vp.reshape(-1, bs, d)
-    step = _per_batch(len(tl.blocks), bs, d)
-    for start in range(0, len(tl.blocks), step):
-        rows, blocks = tl.rows[start:start + step], tl.blocks[start:start + step]
-        dq_t, dk_t, dv_t = FLASH_BACKWARD(_take(do_flat, rows), _take(q_flat, rows),
-                                          _take(k_blk, blocks), _take(v_blk, blocks),
-                                          _take(o_flat, rows), _take(lse_flat, rows), 0.0, False,
-                                          scale=scale)[:3]
+    dk, dv = ((t.reshape(batch, kv_heads, group, lp, d).sum(2) if group > 1 else t).reshape(-1, bs, d).contiguous()
+              for t in (dk_d, dv_d))  # contiguous: the tiles' gradients are added into them
+    del dk_d, dv_d
+    q_flat, o_flat, do_flat, lse_flat = qp.view(n, d), op.view(n, d), dop.view(n, d), lse.view(n)
+    k_blk, v_blk = kp.view(-1, bs, d), vp.view(-1, bs, d)
+    for rows, empty, blocks in _batches(tl, bs, d):
+        do_t = _take(do_flat, rows).masked_fill_(empty[:, None, :, None], 0.0)  # empty rows add nothing
+        dq_t, dk_t, dv_t = FLASH_BACKWARD(do_t, _take(q_flat, rows), _take(k_blk, blocks), _take(v_blk, blocks),
+                                          _take(o_flat, rows), _take(lse_flat, rows), 0.0, False, scale=scale)[:3]
         dq.index_add_(0, rows.flatten(), dq_t.reshape(-1, d))
         dk.index_add_(0, blocks, dk_t.squeeze(1))
         dv.index_add_(0, blocks, dv_t.squeeze(1))
-    dq = dq[:n].view(batch, heads, lp, d)[:, :, :length]
-    dk = dk.view(batch, kv_heads, lp, d)[:, :, :length]
-    dv = dv.view(batch, kv_heads, lp, d)[:, :, :length]
-    return dq, dk, dv
+    return dq.view(batch, heads, lp, d), dk.view(batch, kv_heads, lp, d), dv.view(batch, kv_heads, lp, d)
 
 
 class _SelectedPairs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, tl_rows, tl_blocks, tl_own, bs, scale):
-        tl = Tiles(tl_rows, tl_blocks, tl_own, 0)
-        out, lse = _forward(q, k, v, tl, bs, scale)
-        ctx.save_for_backward(q, k, v, out, lse, tl_rows, tl_blocks, tl_own)
-        ctx.bs, ctx.scale = bs, scale
+        length = q.shape[2]
+        lp = -(-length // bs) * bs
+        qp, kp, vp = (_padded(t, lp) for t in (q, k, v))
+        out, lse = _forward(qp, kp, vp, Tiles(tl_rows, tl_blocks, tl_own, 0), bs, scale)
+        ctx.save_for_backward(qp, kp, vp, out, lse, tl_rows, tl_blocks, tl_own)
+        ctx.bs, ctx.scale, ctx.length = bs, scale, length
+        out, lse = out[:, :, :length], lse[:, :, :length]
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, rows, blocks, own = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, out, lse, dout, Tiles(rows, blocks, own, 0), ctx.bs, ctx.scale)
-        return dq, dk, dv, None, None, None, None, None
+        qp, kp, vp, out, lse, rows, blocks, own = ctx.saved_tensors
+        dop = _padded(dout, qp.shape[2])
+        dq, dk, dv = _backward(qp, kp, vp, out, lse, dop, Tiles(rows, blocks, own, 0), ctx.bs, ctx.scale)
+        n = ctx.length
+        return dq[:, :, :n], dk[:, :, :n], dv[:, :, :n], None, None, None, None, None
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, bs: int, scale: float,
@@ -269,7 +262,7 @@ def cost(p: Problem, grad: bool = False) -> PathCost:
     own, past = _scores(p)
     batch, heads, lq, _, d, dv = p.sizes
     bs = p.mask.selection.block_size
-    step = _per_batch(0, bs, d)
+    step = max(1, BUDGET // max(1, ROWS * d * 3 + 2 * bs * d))
     workspace = (min(step, max(1, past // (ROWS * bs))) * (ROWS * (2 * d + dv) + 2 * bs * d)
                  + batch * heads * lq * (d + 2)) * itemsize(p)
     return PathCost(own + past, float(workspace), (),
