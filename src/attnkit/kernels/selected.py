@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 
 from ..functional.validate import Problem
-from . import rules, selected_pairs, selected_union
+from . import rules, selected_pairs, selected_rows, selected_union
 from .page_chunks import page_split
 from .path_cost import PathCost, Product, fused_attention, itemsize
 from .pipeline import KernelOutput, Workspace, block_scores, block_weights, dropout, run_row_chunks, sinks_after
@@ -75,6 +75,8 @@ def density(p: Problem) -> float:
     lk = p.sizes[3]
     if selected_pairs.applies(p):
         return selected_pairs.density(p)
+    if selected_rows.applies(p):
+        return selected_rows.density(p)
     if selected_union.applies(p):
         return _union(p)[0].density
     return min(1.0, plan(p).slots / lk) if lk else 0.0
@@ -90,6 +92,8 @@ def _union(p: Problem):
 def describe(p: Problem) -> str:
     if selected_pairs.applies(p):
         return selected_pairs.describe(p)
+    if selected_rows.applies(p):
+        return selected_rows.describe(p)
     pl = plan(p)
     split = f", split into chunks of {pl.keys} keys merged by log-sum-exp" if pl.keys < pl.slots else ""
     whose = "one selection per sequence" if pl.shared else "per query"
@@ -277,6 +281,8 @@ def run(p: Problem) -> KernelOutput:
         return sinks_after(p, run)
     if selected_pairs.applies(p):
         return selected_pairs.run(p)
+    if selected_rows.applies(p):
+        return selected_rows.run(p)
     pl = plan(p)
     inner = p.with_inputs(mask=p.mask.rest, return_lse=p.normalize == "softmax")  # the lse merges the splits
     q = p.q.to(p.compute_dtype).contiguous()
@@ -307,6 +313,8 @@ def cost(p: Problem, grad: bool = False) -> PathCost:
     kernel's formula where it runs); chunks are checkpointed under autograd when there are several."""
     if selected_pairs.applies(p):
         return selected_pairs.cost(p, grad)
+    if selected_rows.applies(p):
+        return selected_rows.cost(p, grad)
     if selected_union.applies(p):
         return selected_union.cost(p, _union(p)[0], grad)
     batch, hq, lq, _, d, dv = p.sizes

@@ -45,7 +45,8 @@ from .path_cost import PathCost, fused_attention, itemsize
 from .pipeline import KernelOutput
 from .rules import FLASH, FLASH_BACKWARD
 
-__all__ = ["Tiles", "tiles", "applies", "run", "density", "cost", "describe", "attend", "ROWS", "BUDGET"]
+__all__ = ["Tiles", "tiles", "plain_causal", "applies", "run", "density", "cost", "describe", "attend", "ROWS",
+           "BUDGET"]
 
 ROWS = 64  # queries per tile (sharing one key block)
 BUDGET = 1 << 22  # elements of gathered queries, keys and values per batch of tiles
@@ -211,18 +212,23 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Ten
     return _SelectedPairs.apply(q, k, v, tl.rows, tl.blocks, tl.own, bs, scale)
 
 
-def applies(p: Problem) -> bool:
-    """Self-attention (``Lq = Lk``) over selected key blocks and a causal mask, softmax of dot products with
-    nothing else (no bias, modifier, sinks, dropout or weights), float32 or float64 on torch's fused CPU kernel;
-    under autograd the lse is not asked for (its gradient is not carried)."""
-    sel, mask = p.mask.selection, p.mask
-    return (sel.block_size > 1 and sel.lengths is None and sel.indices.shape[2] > 1
-            and mask.rest is not None and getattr(mask.rest, "kind", None) == "causal"
+def plain_causal(p: Problem) -> bool:
+    """Self-attention (``Lq = Lk``) with a causal mask beside the selection, softmax of dot products with nothing
+    else (no bias, modifier, sinks, dropout or weights), float32 or float64 on torch's fused CPU kernel; under
+    autograd the lse is not asked for (its gradient is not carried)."""
+    mask = p.mask
+    return (mask.rest is not None and getattr(mask.rest, "kind", None) == "causal"
             and p.sizes[2] == p.sizes[3] and rules.cpu_flash(p) and p.q.dtype in (torch.float32, torch.float64)
             and p.k.dtype == p.q.dtype and p.v.dtype == p.q.dtype
             and p.bias is None and p.modifier is None and p.sinks is None and p.dropout_p == 0
             and not p.return_weights and p.normalize == "softmax" and p.score in ("dot", "scaled_dot")
             and not (p.return_lse and p.needs_grad))
+
+
+def applies(p: Problem) -> bool:
+    """Key blocks selected per query, with :func:`plain_causal`."""
+    sel = p.mask.selection
+    return sel.block_size > 1 and sel.lengths is None and sel.indices.shape[2] > 1 and plain_causal(p)
 
 
 def _tiles_of(p: Problem) -> Tiles:
