@@ -118,8 +118,9 @@ class NativeSparseAttention(nn.Module):
 
     Differences from the paper: ``phi`` is one linear layer over the block (the paper's MLP has
     an unnamed depth); eq. 9's index ``(l'/d) j - m - n`` is read as ``(l'/d) j + m - n``, so the
-    compressed blocks summed are those overlapping selection block ``j``; no custom kernel: the
-    selected blocks are gathered by attnkit's gathered path.
+    compressed blocks summed are those overlapping selection block ``j``. The selected branch runs
+    on attnkit's selected-blocks path (each query's own block in place, its past blocks in tiles of
+    queries sharing a block, merged by log-sum-exp: time and memory ``O(n n_sel l' D)``).
 
     Shapes:
         ``x`` ``(B, n, dim)`` -> ``(B, n, dim)``.
