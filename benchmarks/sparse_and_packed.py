@@ -11,9 +11,11 @@ measured once in a fresh process, :mod:`attnkit.lab.analysis.memory`):
   sequences' pages interleave (appended a page at a time, in turn), against the same keys in a contiguous cache
   (``attnkit.attention(q, k, v, mask=causal())``, torch's kernel); target <= 1.10x;
 - paged-prefill: the same with 16 queries per sequence (chunked prefill, causal); target <= 1.15x;
-- NSA and MoBA: :class:`attnkit.nn.NativeSparseAttention` and :class:`attnkit.nn.MoBA` against
-  dense causal attention with the same projections (:class:`attnkit.models.SoftmaxSelfAttention`)
-  at ``L = 4096`` and ``16384``, forward + backward (different functions: only time and memory).
+- NSA, MoBA and DSA: :class:`attnkit.nn.NativeSparseAttention`, :class:`attnkit.nn.MoBA` and
+  :class:`attnkit.nn.DSASparseAttention` (top-k ``L / 8``: 2048 of 16384 keys) against dense causal
+  attention with the same projections (:class:`attnkit.models.SoftmaxSelfAttention`) at ``L = 4096``
+  and ``16384``, forward + backward (different functions: only time and memory); targets at 16384:
+  NSA, MoBA <= 0.5x time and peak <= 1.5x dense's, DSA <= 0.4x; at 4096 NSA, MoBA <= 1.0x.
 
 Usage: ``python benchmarks/sparse_and_packed.py [--rounds 5] [--write BENCHMARKS.md]``;
 ``--smoke`` runs every row at tiny sizes (a check that the script works, not a measurement).
@@ -37,9 +39,9 @@ from attnkit.lab.analysis.timing import time_rounds
 from attnkit.lab.benchmarking.child import child_output
 from attnkit.lab.benchmarking.sections import emit
 from attnkit.models.self_attention import SoftmaxSelfAttention
-from attnkit.nn import MoBA, NativeSparseAttention, PagedKVCache
+from attnkit.nn import DSASparseAttention, MoBA, NativeSparseAttention, PagedKVCache
 
-NAME, TITLE = "sparse-and-packed", "Packed documents, paged decoding, NSA and MoBA"
+NAME, TITLE = "sparse-and-packed", "Packed documents, paged decoding, NSA, MoBA and DSA"
 FULL = {"packed": dict(docs=16, shortest=64, longest=1024, heads=8, head_dim=64),
         "paged": dict(batch=4, length=4096, heads=8, kv_heads=2, head_dim=64, page_size=16),
         "sparse": dict(lengths=(4096, 16384), dim=256, heads=4)}
@@ -106,14 +108,15 @@ def paged_sides(s, q_len: int = 1):
 
 
 def sparse_sides(s, length):
-    """``{name: call}``: NSA, MoBA and dense causal attention at ``length``, forward + backward."""
+    """``{name: call}``: NSA, MoBA, DSA and dense causal attention at ``length``, forward + backward."""
     dim, heads = s["dim"], s["heads"]
     block = 64 if length >= 1024 else 8
     torch.manual_seed(0)
     layers = {"dense": SoftmaxSelfAttention(dim, heads, causal=True),
               "NSA": NativeSparseAttention(dim, heads, compress_block=block // 2, compress_stride=block // 4,
                                            select_block=block, num_selected=16, window=8 * block),
-              "MoBA": MoBA(dim, heads, block_size=8 * block, top_k=3)}
+              "MoBA": MoBA(dim, heads, block_size=8 * block, top_k=3),
+              "DSA": DSASparseAttention(dim, heads, top_k=length // 8, index_heads=4, index_dim=32)}
     x = torch.randn(1, length, dim, generator=torch.Generator().manual_seed(3))
 
     def call(layer):
@@ -186,7 +189,8 @@ def main(argv=None) -> int:
     text = (f"`python benchmarks/sparse_and_packed.py --rounds {args.rounds}` (torch {torch.__version__}, 1 thread; "
             "baseline: `theirs` for packed (SDPA on the padded batch) and paged (a contiguous cache), `dense` for "
             "the sparse rows; paged-prefill: 16 queries per sequence, causal; targets: paged <= 1.10x, "
-            "paged-prefill <= 1.15x)\n\n" + "\n".join(lines))
+            "paged-prefill <= 1.15x; at 16384 NSA, MoBA <= 0.5x (peak <= 1.5x dense's), DSA <= 0.4x; "
+            "at 4096 NSA, MoBA <= 1.0x)\n\n" + "\n".join(lines))
     return emit(text, None if args.smoke else args.write, NAME, TITLE)
 
 

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 
 from ..functional.validate import Problem
-from . import rules, selected_union
+from . import rules, selected_pairs, selected_rows, selected_union
 from .page_chunks import fused_chunk, page_split, workspace
 from .path_cost import PathCost, Product, fused_attention, itemsize
 from .pipeline import KernelOutput, block_scores, block_weights, dropout, run_row_chunks, sinks_after
@@ -73,6 +73,10 @@ def density(p: Problem) -> float:
     """The fraction of the keys each query computes: ``n * block_size / Lk``, or for per-query key blocks the
     unions' width (:mod:`.selected_union`, read from the indices)."""
     lk = p.sizes[3]
+    if selected_pairs.applies(p):
+        return selected_pairs.density(p)
+    if selected_rows.applies(p):
+        return selected_rows.density(p)
     if selected_union.applies(p):
         return _union(p)[0].density
     return min(1.0, plan(p).slots / lk) if lk else 0.0
@@ -86,6 +90,10 @@ def _union(p: Problem):
 
 
 def describe(p: Problem) -> str:
+    if selected_pairs.applies(p):
+        return selected_pairs.describe(p)
+    if selected_rows.applies(p):
+        return selected_rows.describe(p)
     pl = plan(p)
     split = f", split into chunks of {pl.keys} keys merged by log-sum-exp" if pl.keys < pl.slots else ""
     whose = "one selection per sequence" if pl.shared else "per query"
@@ -274,6 +282,10 @@ def _chunk(p: Problem, inner: Problem, pl: Plan, extent: int, r0: int, r1: int, 
 def run(p: Problem) -> KernelOutput:
     if p.sinks is not None:  # joined once with the merged splits (autograd carries the lse's gradient)
         return sinks_after(p, run)
+    if selected_pairs.applies(p):
+        return selected_pairs.run(p)
+    if selected_rows.applies(p):
+        return selected_rows.run(p)
     pl = plan(p)
     inner = p.with_inputs(mask=p.mask.rest, return_lse=p.normalize == "softmax")  # the lse merges the splits
     q = p.q.to(p.compute_dtype).contiguous()
@@ -302,6 +314,10 @@ def run(p: Problem) -> KernelOutput:
 def cost(p: Problem, grad: bool = False) -> PathCost:
     """Per chunk of queries and split of keys: the score and output products over the gathered keys (the fused
     kernel's formula where it runs); chunks are checkpointed under autograd when there are several."""
+    if selected_pairs.applies(p):
+        return selected_pairs.cost(p, grad)
+    if selected_rows.applies(p):
+        return selected_rows.cost(p, grad)
     if selected_union.applies(p):
         return selected_union.cost(p, _union(p)[0], grad)
     batch, hq, lq, _, d, dv = p.sizes

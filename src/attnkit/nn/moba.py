@@ -49,9 +49,10 @@ class MoBA(ProjectedAttention):
     blocks after the query are never chosen and its own block always is, with a causal mask
     inside it. Each head chooses its own blocks.
 
-    Differences from the paper: none in the function computed (the paper's kernel splits the
-    attention into the own block and the others and merges them by lse; here one softmax runs
-    over the gathered blocks, the same function).
+    Differences from the paper: none in the function computed. As in the paper's kernel, the own
+    block (causal) and the other selected blocks are attended separately and merged by lse
+    (attnkit's selected-blocks path: the own blocks in place, the past blocks in tiles of queries
+    sharing a block).
 
     Shapes:
         ``x`` ``(B, n, dim)`` -> ``(B, n, dim)``.

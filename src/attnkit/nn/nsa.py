@@ -21,6 +21,7 @@ from ._inputs import check_sequence
 __all__ = ["NativeSparseAttention", "nsa_blocks"]
 
 _INF = float("inf")
+_ROWS = 1 << 22  # selection scores (queries x compressed blocks x heads) computed at once
 
 
 class _CompressedCausal(Mask):
@@ -67,25 +68,35 @@ def nsa_blocks(q: torch.Tensor, k_cmp: torch.Tensor, *, length: int, stride: int
     """
     with torch.no_grad():
         batch, heads, n, _ = q.shape
-        kv_heads, blocks_c = k_cmp.shape[1], k_cmp.shape[2]
+        kv_heads = k_cmp.shape[1]
         k_rep = k_cmp.repeat_interleave(heads // kv_heads, 1)
-        t = torch.arange(n, device=q.device)[:, None]
-        ended = torch.arange(blocks_c, device=q.device) * stride + length - 1 <= t
-        p = torch.softmax((q @ k_rep.transpose(-1, -2) * scale).masked_fill(~ended, -_INF), -1).nan_to_num(0.0)
-        chunks = -(-n // stride)
-        per_chunk = torch.zeros(batch, heads, n, chunks, dtype=p.dtype, device=p.device)
-        for c in range(length // stride):  # compressed block i holds chunks i .. i + l / d - 1
-            span = max(0, min(blocks_c, chunks - c))
-            per_chunk[..., c:c + span] += p[..., :span]
-        step, blocks = block // stride, -(-n // block)
-        per_chunk = F.pad(per_chunk, (0, blocks * step - chunks))
-        importance = per_chunk.view(batch, heads, n, blocks, step).sum(-1)
-        importance = importance.view(batch, kv_heads, heads // kv_heads, n, blocks).sum(2)  # a group shares
-        own, column = t // block, torch.arange(blocks, device=q.device)
-        forced = (column == 0) | (column == own) | (column == own - 1)
-        importance = importance.masked_fill(forced, _INF).masked_fill(column > own, -_INF)
-        values, idx = importance.topk(min(count, blocks), dim=-1)
-        return idx.masked_fill(values == -_INF, -1)
+        rows = max(1, _ROWS // max(1, batch * heads * (k_cmp.shape[2] + -(-n // stride))))
+        out = [_select_rows(q[:, :, r0:r0 + rows], k_rep, r0, n, length=length, stride=stride, block=block,
+                            count=count, scale=scale, kv_heads=kv_heads) for r0 in range(0, n, rows)]
+        return torch.cat(out, 2) if out else q.new_zeros(batch, kv_heads, 0, 0, dtype=torch.long)
+
+
+def _select_rows(q, k_rep, r0: int, n: int, *, length, stride, block, count, scale, kv_heads) -> torch.Tensor:
+    """:func:`nsa_blocks` for the queries ``r0 .. r0 + c - 1`` (``q`` ``(B, H, c, D)``): scores ``c x n_c``."""
+    batch, heads, rows, _ = q.shape
+    blocks_c = k_rep.shape[2]
+    t = torch.arange(r0, r0 + rows, device=q.device)[:, None]
+    ended = torch.arange(blocks_c, device=q.device) * stride + length - 1 <= t
+    p = torch.softmax((q @ k_rep.transpose(-1, -2) * scale).masked_fill(~ended, -_INF), -1).nan_to_num(0.0)
+    chunks = -(-n // stride)
+    per_chunk = torch.zeros(batch, heads, rows, chunks, dtype=p.dtype, device=p.device)
+    for c in range(length // stride):  # compressed block i holds chunks i .. i + l / d - 1
+        span = max(0, min(blocks_c, chunks - c))
+        per_chunk[..., c:c + span] += p[..., :span]
+    step, blocks = block // stride, -(-n // block)
+    per_chunk = F.pad(per_chunk, (0, blocks * step - chunks))
+    importance = per_chunk.view(batch, heads, rows, blocks, step).sum(-1)
+    importance = importance.view(batch, kv_heads, heads // kv_heads, rows, blocks).sum(2)  # a group shares
+    own, column = t // block, torch.arange(blocks, device=q.device)
+    forced = (column == 0) | (column == own) | (column == own - 1)
+    importance = importance.masked_fill(forced, _INF).masked_fill(column > own, -_INF)
+    values, idx = importance.topk(min(count, blocks), dim=-1)
+    return idx.masked_fill(values == -_INF, -1)
 
 
 class NativeSparseAttention(nn.Module):
@@ -107,8 +118,9 @@ class NativeSparseAttention(nn.Module):
 
     Differences from the paper: ``phi`` is one linear layer over the block (the paper's MLP has
     an unnamed depth); eq. 9's index ``(l'/d) j - m - n`` is read as ``(l'/d) j + m - n``, so the
-    compressed blocks summed are those overlapping selection block ``j``; no custom kernel: the
-    selected blocks are gathered by attnkit's gathered path.
+    compressed blocks summed are those overlapping selection block ``j``. The selected branch runs
+    on attnkit's selected-blocks path (each query's own block in place, its past blocks in tiles of
+    queries sharing a block, merged by log-sum-exp: time and memory ``O(n n_sel l' D)``).
 
     Shapes:
         ``x`` ``(B, n, dim)`` -> ``(B, n, dim)``.

@@ -1,0 +1,73 @@
+"""Selected keys shared by the heads with a causal mask (DSA): one fused-kernel row per query, chunked."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnkit
+from attnkit import masks
+from attnkit.kernels import selected_rows
+from tests.helpers import rand_qkv
+from tests.kernels.test_selected import _oracle
+
+CASES = {  # name: (B, H, Hkv, L, D, keys per query)
+    "grouped keys": (2, 4, 2, 23, 8, 5),
+    "more slots than keys": (1, 2, 2, 17, 4, 20),
+}
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    """A few queries per chunk: several chunks on tiny inputs."""
+    monkeypatch.setattr(selected_rows, "BUDGET", 500)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_per_query_rows_equal_the_oracle_forward_and_backward(name):
+    b, h, hkv, n, d, slots = CASES[name]
+    q, k, v = rand_qkv(b, h, n, n, d, d, hkv=hkv, dtype=torch.float64, seed=0, requires_grad=True)
+    indices = torch.randint(-1, n + 1, (b, n, slots), generator=torch.Generator().manual_seed(1))  # later keys too
+    mask = masks.selected_keys(indices) & masks.causal()
+    decision = attnkit.explain(q, k, v, mask=mask, backend="blocksparse")
+    assert decision.path == "blocksparse-gathered" and "one query row per batch entry" in str(decision)
+    with torch.no_grad():  # the lse carries no gradient on this path: asked for under autograd, another path runs
+        result = attnkit.attention(q, k, v, mask=mask, backend="blocksparse", return_lse=True)
+    out, lse = _oracle(q, k, v, indices[:, None], 1, h, causal=True)
+    torch.testing.assert_close(result.output, out, rtol=0, atol=1e-12)
+    assert bool(((result.lse == -math.inf) == (lse == -math.inf)).all())
+    torch.testing.assert_close(result.lse.nan_to_num(0.0, 0.0, 0.0), lse.nan_to_num(0.0, 0.0, 0.0), rtol=0,
+                               atol=1e-12)
+    w = torch.randn_like(out)
+    grads = torch.autograd.grad((attnkit.attention(q, k, v, mask=mask, backend="blocksparse") * w).sum(), (q, k, v))
+    dense = mask.materialize(n, n, batch=b, heads=h)
+    from tests.oracle import dense_attention  # the independent dense oracle, differentiated in float64
+
+    exact = torch.autograd.grad((dense_attention(q, k, v, mask=dense, differentiable=True) * w).sum(), (q, k, v))
+    for got, want in zip(grads, exact, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
+
+
+def test_with_every_key_selected_it_is_dense_causal_attention():
+    q, k, v = rand_qkv(2, 2, 19, 19, 8, 8, dtype=torch.float64, seed=4, requires_grad=True)
+    mask = masks.selected_keys(torch.arange(19).expand(2, 19, 19)) & masks.causal()
+    out = attnkit.attention(q, k, v, mask=mask, backend="blocksparse")
+    dense = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out, dense, rtol=0, atol=1e-12)
+    w = torch.randn_like(out)
+    for got, want in zip(torch.autograd.grad((out * w).sum(), (q, k, v)),
+                         torch.autograd.grad((dense * w).sum(), (q, k, v)), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_the_cost_grows_with_length_times_selected_keys():
+    def flops(n):
+        q, k, v = rand_qkv(1, 2, n, n, 8, 8, seed=0)
+        idx = (torch.arange(n).view(-1, 1) - torch.arange(16)).clamp(min=-1).unsqueeze(0)
+        decision = attnkit.explain(q, k, v, mask=masks.selected_keys(idx) & masks.causal(), backend="blocksparse")
+        assert "L*k" in str(decision)
+        return decision.flops
+    assert flops(2048) < 2.2 * flops(1024)
