@@ -23,7 +23,7 @@ def _case(name, seed=0):
     b, h, hkv, n, d, shape, bs, group = CASES[name]
     q, k, v = rand_qkv(b, h, n, n, d, d, hkv=hkv, dtype=torch.float64, seed=seed, requires_grad=True)
     g = torch.Generator().manual_seed(seed + 1)
-    indices = torch.randint(-1, -(-n // bs) + 1, shape, generator=g)  # -1, repeats, later blocks, past the keys
+    indices = torch.randint(-1, -(-n // bs), shape, generator=g)  # -1 (unused), repeats, later blocks
     return q, k, v, indices, bs, group or h, masks.selected_blocks(indices, bs, group_size=group) & masks.causal()
 
 

@@ -241,7 +241,7 @@ def check_sinks(sinks, q4, user_q, normalize="softmax", who=_WHO, values=True):
         raise ArgumentError(f"{who}: sinks join a softmax's denominator: normalize must be 'softmax'; "
                             f"got normalize={normalize!r}")
     batch, heads, length = q4.shape[:3]
-    full = {1: (heads,), 2: (batch, heads), 3: (batch, heads, length)}.get(sinks.dim())
+    full = {0: (), 1: (heads,), 2: (batch, heads), 3: (batch, heads, length)}.get(sinks.dim())  # () every head
     if full is None or any(s not in (1, f) for s, f in zip(sinks.shape, full, strict=True)):
         raise ShapeError(f"{who}: sinks must have shape (H_q,) = ({heads},), or broadcast to (batch, H_q) = "
                          f"({batch}, {heads}) or to (batch, H_q, L_q) = ({batch}, {heads}, {length}) for query "
@@ -253,7 +253,8 @@ def check_sinks(sinks, q4, user_q, normalize="softmax", who=_WHO, values=True):
             raise ArgumentError(f"{who}: sinks must be finite or -inf (plain softmax); got +inf at "
                                 f"{'head ' + str(where[0]) if sinks.dim() == 1 else 'index ' + str(where)} of "
                                 f"sinks {_shape(sinks)}")
-    return sinks.reshape((1,) * (sinks.dim() == 1) + tuple(sinks.shape) + (1,) * (sinks.dim() < 3))
+    shape = tuple(sinks.shape)
+    return sinks.reshape({0: (1, 1, 1), 1: (1, *shape, 1), 2: (*shape, 1), 3: shape}[sinks.dim()])
 
 
 def _check_choice(name, value, table):
