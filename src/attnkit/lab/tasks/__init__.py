@@ -41,11 +41,12 @@ from .selective_copy import SelectiveCopy
 from .seq2seq import CharSeq2Seq
 from .shapes import Shapes
 from .sorting import Sorting
+from .state_tracking import ModularCount, Parity, WordProblem
 
 __all__ = [
     "Task", "get", "names", "IGNORE_INDEX", "CharSeq2Seq",
     "MQAR", "SelectiveCopy", "ListOps", "Sorting", "ConvexHull", "Dates", "Reversal", "HANDocuments",
     "EventLogs", "Shapes", "Digits", "LongListOps", "ByteText", "ByteRetrieval", "PixelImages", "Pathfinder",
     "DecidingPosition", "RepeatedBlock", "DocumentQuestions", "KeySummaries", "AssociativeRecall", "BigramBackcopy",
-    "ByteContext", "PixelLegend",
+    "ByteContext", "PixelLegend", "ModularCount", "Parity", "WordProblem",
 ]

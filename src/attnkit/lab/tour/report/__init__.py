@@ -20,6 +20,11 @@ __all__ = ["Row", "Report", "load", "load_manifest", "load_records", "summarize"
            "TASK_PURPOSE", "cell", "fmt_accuracy"]
 
 TASK_PURPOSE = {
+    "parity": "state tracking: the parity of the bits so far, trained on length 40 and tested up to 256 "
+              "(Grazzi et al. 2025)",
+    "mod3": "state tracking: the number of ones so far modulo 3, trained short and tested long",
+    "s3": "state tracking: the running product of permutations in S3 (a solvable group), trained short, tested long",
+    "a5": "state tracking: the running product in A5 (a simple group: NC1-complete, Merrill et al. 2024)",
     "mqar": "in-context recall: find the value bound to a queried key earlier in the sequence (Zoology)",
     "selective_copy": "content-based selection: copy the data tokens scattered in noise, in order",
     "listops": "hierarchical reasoning: evaluate nested MIN/MAX/MED/SUM_MOD expressions (LRA ListOps)",
