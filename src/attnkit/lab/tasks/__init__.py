@@ -31,6 +31,7 @@ from .han_documents import HANDocuments
 from .key_summaries import KeySummaries
 from .listops import ListOps
 from .long_listops import LongListOps
+from .mad import Compression, FuzzyRecall, InContextRecall, Memorization, NoisyRecall
 from .mqar import MQAR
 from .pathfinder import Pathfinder
 from .pixel_images import PixelImages
@@ -49,4 +50,5 @@ __all__ = [
     "EventLogs", "Shapes", "Digits", "LongListOps", "ByteText", "ByteRetrieval", "PixelImages", "Pathfinder",
     "DecidingPosition", "RepeatedBlock", "DocumentQuestions", "KeySummaries", "AssociativeRecall", "BigramBackcopy",
     "ByteContext", "PixelLegend", "ModularCount", "Parity", "WordProblem",
+    "InContextRecall", "FuzzyRecall", "NoisyRecall", "Memorization", "Compression",
 ]
