@@ -48,10 +48,6 @@ LEFT_OUT: dict[str, str] = {
     "dot-product": _REPLACED + "and each uses the scaled dot product (Vaswani et al. 2017) or its own score",
     "learned-positional-embedding": "every tour model uses sinusoidal positions, the same for all mechanisms",
     "relative-position-bias": "every tour model uses sinusoidal positions, the same for all mechanisms",
-    "retnet": "retention's decay without a gate; the recall experiment trains GLA and Mamba-2, whose decays are "
-              "gated, and Gated DeltaNet, which keeps the same per-head decay beside the delta rule",
-    "kimi-delta-attention": "Kimi Linear's per-channel gate on the delta rule; the recall experiment trains DeltaNet "
-                            "and Gated DeltaNet, the delta rule without and with a per-head gate",
     "sigmoid-log-n": _REPLACED + "and none uses sigmoid weights (with or without the -log n bias)",
     "softpick": _REPLACED + "and none uses softpick's rectified softmax",
     "stick-breaking": _REPLACED + "and none uses stick-breaking weights",

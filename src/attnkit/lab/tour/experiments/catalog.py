@@ -27,6 +27,7 @@ from ... import tasks
 from . import Built, Experiment
 from .classic import HardObjective, MemoryLM, MemoryObjective, OnePositionClassifier, QuestionModel, QuestionObjective
 from .coverage import SummaryObjective
+from .mad import mad_experiments
 from .modern import experiments as _modern_experiments
 from .recall import KEYS as RECALL_KEYS
 from .recall import recall_experiments
@@ -234,7 +235,7 @@ def catalog() -> list[Experiment]:
     the others (recall against state size, recent models' attention) name their own."""
     exps = [*_mqar_experiments(), *_dates_experiments(), *_copy_experiments(), *_model_experiments(),
             *_classic_experiments(), *recall_experiments(), *_modern_experiments(),
-            *state_experiments()]
+            *state_experiments(), *mad_experiments()]
     return [replace(e, uses=USES[e.key]) if e.key in USES else e for e in exps]
 
 
