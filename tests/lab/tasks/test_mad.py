@@ -90,9 +90,9 @@ def test_compression_asks_each_position_once_for_the_token_that_stood_there():
 
 
 def test_the_suite_lists_six_tasks_at_the_papers_easiest_sizes():
-    assert list(MAD_TASKS) == ["in_context_recall", "fuzzy_recall", "noisy_recall", "selective_copy", "compression",
-                               "memorization"]
-    copy = tasks.get("selective_copy", **MAD_TASKS["selective_copy"])
+    assert MAD_TASKS == ("in_context_recall", "fuzzy_recall", "noisy_recall", "mad_selective_copy", "compression",
+                         "memorization")
+    copy = tasks.get("mad_selective_copy")
     assert (copy.seq_len, copy.num_tokens, copy.data_vocab) == (256, 16, 16)
     assert tasks.get("in_context_recall").seq_len == 128 and tasks.get("in_context_recall").vocab == 16
 

@@ -83,3 +83,10 @@ def test_same_seed_same_batch():
 def test_bad_sizes_are_named(name, sizes, field):
     with pytest.raises(ArgumentError, match=field):
         tasks.get(name, **sizes)
+
+
+def test_the_named_word_problems_are_their_groups_and_refuse_another():
+    assert tasks.get("word_problem_s3") == tasks.get("word_problem_s3", group="S3")
+    assert tasks.get("word_problem_a5").vocab_size == 60
+    with pytest.raises(ArgumentError, match="group"):
+        tasks.get("word_problem_a5", group="S5")

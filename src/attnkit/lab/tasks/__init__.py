@@ -31,7 +31,7 @@ from .han_documents import HANDocuments
 from .key_summaries import KeySummaries
 from .listops import ListOps
 from .long_listops import LongListOps
-from .mad import Compression, FuzzyRecall, InContextRecall, Memorization, NoisyRecall
+from .mad import Compression, FuzzyRecall, InContextRecall, MADSelectiveCopy, Memorization, NoisyRecall
 from .mqar import MQAR
 from .pathfinder import Pathfinder
 from .pixel_images import PixelImages
@@ -42,7 +42,7 @@ from .selective_copy import SelectiveCopy
 from .seq2seq import CharSeq2Seq
 from .shapes import Shapes
 from .sorting import Sorting
-from .state_tracking import ModularCount, Parity, WordProblem
+from .state_tracking import A5WordProblem, ModularCount, Parity, S3WordProblem, WordProblem
 
 __all__ = [
     "Task", "get", "names", "IGNORE_INDEX", "CharSeq2Seq",
@@ -50,5 +50,6 @@ __all__ = [
     "EventLogs", "Shapes", "Digits", "LongListOps", "ByteText", "ByteRetrieval", "PixelImages", "Pathfinder",
     "DecidingPosition", "RepeatedBlock", "DocumentQuestions", "KeySummaries", "AssociativeRecall", "BigramBackcopy",
     "ByteContext", "PixelLegend", "ModularCount", "Parity", "WordProblem",
-    "InContextRecall", "FuzzyRecall", "NoisyRecall", "Memorization", "Compression",
+    "S3WordProblem", "A5WordProblem", "InContextRecall", "FuzzyRecall", "NoisyRecall", "MADSelectiveCopy",
+    "Memorization", "Compression",
 ]

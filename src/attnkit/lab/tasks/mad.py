@@ -1,9 +1,9 @@
-"""The MAD synthetic tasks: in-context, fuzzy and noisy recall, memorization and compression.
+"""The MAD synthetic tasks: in-context, fuzzy and noisy recall, selective copying, memorization and compression.
 
 Poli et al. 2024, "Mechanistic Design and Scaling of Hybrid Architectures" (ICML 2024,
 arXiv:2403.17844), Sec. 3 and App. B: six small token tasks whose scores predict how an
-architecture scales. Selective copying, the sixth, is :class:`~attnkit.lab.tasks.SelectiveCopy`
-at MAD's sizes. The defaults here are the paper's easiest setting of each task (vocabulary 16,
+architecture scales. Selective copying is :class:`~attnkit.lab.tasks.SelectiveCopy` at MAD's sizes
+(:class:`MADSelectiveCopy`). The defaults here are the paper's easiest setting of each task (vocabulary 16,
 length 128 for the recall tasks; length 32 for compression and memorization).
 
 - :class:`InContextRecall`: key-value pairs ``k v k v ...`` whose map is drawn per sequence;
@@ -25,8 +25,10 @@ import torch
 
 from ...errors import ArgumentError, check_int
 from .base import IGNORE_INDEX, Task, check_float, python_rng, register
+from .selective_copy import SelectiveCopy
 
-__all__ = ["InContextRecall", "FuzzyRecall", "NoisyRecall", "Memorization", "Compression", "MAD_TASKS"]
+__all__ = ["InContextRecall", "FuzzyRecall", "NoisyRecall", "MADSelectiveCopy", "Memorization", "Compression",
+           "MAD_TASKS"]
 
 PAD = 0
 
@@ -172,6 +174,28 @@ class NoisyRecall(_Recall):
 
 @register
 @dataclass(frozen=True)
+class MADSelectiveCopy(SelectiveCopy):
+    """MAD's selective copying (Sec. 3.1): :class:`~attnkit.lab.tasks.SelectiveCopy` with the paper's easiest sizes,
+    16 tokens of a vocabulary of 16 among 240 positions (length 256).
+
+    Example:
+        >>> from attnkit.lab import tasks
+        >>> tasks.get("mad_selective_copy").seq_len
+        256
+    """
+
+    name: ClassVar[str] = "mad_selective_copy"
+
+    num_tokens: int = 16
+    context_len: int = 240
+    data_vocab: int = 16
+
+    def describe(self) -> str:
+        return f"mad_{super().describe()}"
+
+
+@register
+@dataclass(frozen=True)
 class Memorization(Task):
     """MAD's memorization (Sec. 3.1): one key-value map for every sequence, learned into the weights.
 
@@ -297,7 +321,5 @@ class Compression(Task):
                 f"alone (tokens; accuracy)")
 
 
-MAD_TASKS = {"in_context_recall": {}, "fuzzy_recall": {}, "noisy_recall": {},
-             "selective_copy": {"num_tokens": 16, "context_len": 240, "data_vocab": 16},
-             "compression": {}, "memorization": {}}
-"""MAD's six tasks by registered name, with the sizes of the paper's easiest setting."""
+MAD_TASKS = ("in_context_recall", "fuzzy_recall", "noisy_recall", "mad_selective_copy", "compression", "memorization")
+"""MAD's six tasks by registered name; their defaults are the paper's easiest setting."""

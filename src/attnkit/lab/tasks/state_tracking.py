@@ -29,7 +29,8 @@ import torch
 from ...errors import ArgumentError, check_int
 from .base import IGNORE_INDEX, Task, register
 
-__all__ = ["ModularCount", "Parity", "WordProblem", "GROUPS", "permutations", "composition_table"]
+__all__ = ["ModularCount", "Parity", "WordProblem", "S3WordProblem", "A5WordProblem", "GROUPS", "permutations",
+           "composition_table"]
 
 GROUPS = ("S3", "S5", "A5")
 
@@ -218,6 +219,46 @@ class WordProblem(Task):
         return {"inputs": x, "targets": _scored(_running(x, composition_table(self.group)), self.scored_from)}
 
     def describe(self) -> str:
-        return (f"word_problem: running product in {self.group} ({self.vocab_size} elements) at each of "
+        return (f"{self.name}: running product in {self.group} ({self.vocab_size} elements) at each of "
                 f"{self.seq_len} positions, scored from position {self.scored_from} (tokens; accuracy, chance "
                 f"{100 / self.vocab_size:.1f} %)")
+
+
+@register
+@dataclass(frozen=True)
+class S3WordProblem(WordProblem):
+    """:class:`WordProblem` of S3 under a name of its own (the tour's experiments are keyed by task name).
+
+    Example:
+        >>> from attnkit.lab import tasks
+        >>> tasks.get("word_problem_s3").vocab_size
+        6
+    """
+
+    name: ClassVar[str] = "word_problem_s3"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.group != "S3":
+            raise ArgumentError(f"S3WordProblem: group must be 'S3' (use word_problem for others); got {self.group!r}")
+
+
+@register
+@dataclass(frozen=True)
+class A5WordProblem(WordProblem):
+    """:class:`WordProblem` of A5 under a name of its own (the tour's experiments are keyed by task name).
+
+    Example:
+        >>> from attnkit.lab import tasks
+        >>> tasks.get("word_problem_a5").vocab_size
+        60
+    """
+
+    name: ClassVar[str] = "word_problem_a5"
+
+    group: str = "A5"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.group != "A5":
+            raise ArgumentError(f"A5WordProblem: group must be 'A5' (use word_problem for others); got {self.group!r}")

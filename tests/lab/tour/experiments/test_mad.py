@@ -14,7 +14,7 @@ def test_six_tasks_times_every_mechanism_are_experiments_outside_the_default_tou
 
     exps = experiments()
     assert len(mad.KEYS) == 6 * len(mad.MECHANISMS) >= 60 and all(k in exps for k in mad.KEYS)
-    assert {exps[k].task for k in mad.KEYS} == {f"mad_{t}" for t in MAD_TASKS}
+    assert {exps[k].task for k in mad.KEYS} == set(MAD_TASKS)
     assert len(mad.MECHANISMS) >= 10 and not set(mad.KEYS) & set(default_set(False))
 
 
@@ -46,6 +46,6 @@ def test_the_window_sees_only_its_last_tokens():
 
 
 def test_a_tiny_run_scores_a_mad_task():
-    exp = experiments()["mad_compression/softmax"]
+    exp = experiments()["compression/softmax"]
     result = _train(exp.key, exp, Budget(steps=2, batch_size=8, eval_size=16, test_size=16), 0, None)
-    assert 0.0 <= result.accuracy <= 1.0 and result.task == "mad_compression" and len(result.curve) == 2
+    assert 0.0 <= result.accuracy <= 1.0 and result.task == "compression" and len(result.curve) == 2

@@ -28,13 +28,13 @@ def test_the_split_trains_short_and_scores_only_the_longer_states():
     built = st._build("parity", "lstm")
     assert built.task.seq_len == st.TRAIN_LENGTH and built.task.scored_from == 0
     assert built.test_task.seq_len == 4 * st.TRAIN_LENGTH and built.test_task.scored_from == st.TRAIN_LENGTH
-    a5 = st._build("a5", "softmax-nope")
+    a5 = st._build("word_problem_a5", "softmax-nope")
     assert a5.task.group == "A5" and a5.model(torch.zeros(2, 7, dtype=torch.long)).shape == (2, 7, 60)
 
 
 @pytest.mark.parametrize("mechanism", ["softmax-rope", "softmax-nope", "gated-deltanet", "mamba2", "lstm"])
 def test_each_model_runs_on_lengths_past_training(mechanism):
-    model = st._build("mod3", mechanism).model
+    model = st._build("modular_count", mechanism).model
     with torch.no_grad():
         assert model(torch.randint(0, 2, (2, 3 * st.TRAIN_LENGTH))).shape == (2, 3 * st.TRAIN_LENGTH, 3)
 

@@ -7,7 +7,7 @@ from attnkit.lab.tour.report.mad import claim_verdict, mad_html, mad_markdown, m
 
 
 def _report(tmp_path, accuracy: dict[tuple[str, str], list[float]]) -> report.Report:
-    records = [{"key": f"mad_{t}/{m}", "task": f"mad_{t}", "mechanism": m, "seed": seed, "status": "ok",
+    records = [{"key": f"{t}/{m}", "task": t, "mechanism": m, "seed": seed, "status": "ok",
                 "result": {"accuracy": a}} for (t, m), accs in accuracy.items() for seed, a in enumerate(accs)]
     records.append({"key": "mqar/softmax", "task": "mqar", "mechanism": "softmax", "seed": 0, "status": "ok",
                     "result": {"accuracy": 1.0}})
@@ -19,7 +19,7 @@ FULL = {**{(t, "linear"): [0.5, 0.7] for t in MAD_TASKS}, **{(t, "softmax"): [1.
 
 def test_scores_come_in_roster_order_and_the_mean_needs_all_six_tasks(tmp_path):
     scores = mad_scores(_report(tmp_path, FULL))
-    assert list(scores) == ["softmax", "linear"] and scores["linear"]["mad_compression"] == [0.5, 0.7]
+    assert list(scores) == ["softmax", "linear"] and scores["linear"]["compression"] == [0.5, 0.7]
     rows = mad_table(scores)
     assert rows[0] == ["mechanism", *MAD_TASKS, "mean", "seeds"]
     assert rows[1] == ["softmax", *["95.0"] * 6, "95.0", "2"] and rows[2][-2] == "60.0"
@@ -28,7 +28,7 @@ def test_scores_come_in_roster_order_and_the_mean_needs_all_six_tasks(tmp_path):
 
 
 def test_the_claim_is_softmax_on_in_context_recall_against_ninety_percent(tmp_path):
-    assert (CLAIM["task"], CLAIM["mechanism"], CLAIM["level"]) == ("mad_in_context_recall", "softmax", 0.9)
+    assert (CLAIM["task"], CLAIM["mechanism"], CLAIM["level"]) == ("in_context_recall", "softmax", 0.9)
     held = {("in_context_recall", "softmax"): [0.99, 0.98, 1.0]}
     assert claim_verdict(mad_scores(_report(tmp_path, held)))[0] == "held"
     low = {("in_context_recall", "softmax"): [0.5, 0.52, 0.49]}

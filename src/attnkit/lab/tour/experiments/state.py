@@ -54,9 +54,9 @@ _TEST_SEED = 3_000_017  # the long batch of the length bands, apart from the tra
 # task name of the tour -> (registered task, its sizes, what it is)
 TASKS = {
     "parity": ("parity", {}, "parity of the bits so far"),
-    "mod3": ("modular_count", {"modulus": 3}, "ones so far modulo 3"),
-    "s3": ("word_problem", {"group": "S3"}, "running product in S3 (6 permutations, solvable)"),
-    "a5": ("word_problem", {"group": "A5"}, "running product in A5 (60 permutations, simple: NC1-complete)"),
+    "modular_count": ("modular_count", {"modulus": 3}, "ones so far modulo 3"),
+    "word_problem_s3": ("word_problem_s3", {}, "running product in S3 (6 permutations, solvable)"),
+    "word_problem_a5": ("word_problem_a5", {}, "running product in A5 (60 permutations, simple: NC1-complete)"),
 }
 
 

@@ -13,13 +13,13 @@ import statistics
 from pathlib import Path
 
 from ...tasks.mad import MAD_TASKS
-from ..experiments.mad import CLAIM, KEYS, MECHANISMS, task_name
+from ..experiments.mad import CLAIM, KEYS, MECHANISMS
 from ..welch import verdict, welch
 from . import Report
 
 __all__ = ["mad_scores", "claim_verdict", "mad_table", "mad_picture", "mad_markdown", "mad_html"]
 
-_TASKS = [task_name(t) for t in MAD_TASKS]
+_TASKS = list(MAD_TASKS)
 
 
 def mad_scores(rep: Report) -> dict[str, dict[str, list[float]]]:
@@ -49,7 +49,7 @@ def _mean(values: list[float]) -> float:
 
 def mad_table(scores) -> list[list[str]]:
     """Rows: mechanism, each task's mean accuracy % over seeds, the mean over the six tasks (blank until all ran)."""
-    rows = [["mechanism", *[t.removeprefix("mad_") for t in _TASKS], "mean", "seeds"]]
+    rows = [["mechanism", *_TASKS, "mean", "seeds"]]
     for mech, by_task in scores.items():
         means = [_mean(by_task.get(t, [])) for t in _TASKS]
         whole = statistics.fmean(means) if not any(math.isnan(m) for m in means) else math.nan
