@@ -16,7 +16,8 @@ positions it was still at 30 % at step 250, hence rotary positions for the softm
 were not tuned. Cost, one thread, batch 64, on a quiet 2-core machine: a step takes 0.17 s for softmax at
 length 128, 0.3-0.4 s for Mamba-2 and Gated DeltaNet, 2.0 s for KDA, 1.1 s for GLA at length 256, so the
 72 runs of one seed take hours on a CPU: run the suite on a GPU (``--device cuda``) or on a few tasks and
-mechanisms (``--tasks``, ``--mechanisms``). Experiment keys are ``<task>/<mechanism>`` (:data:`KEYS`): ``attnkit tour --suite mad``.
+mechanisms (``--tasks``, ``--mechanisms``). Experiment keys are ``<task>/<mechanism>`` (:data:`KEYS`):
+``attnkit tour --suite mad``.
 """
 
 from __future__ import annotations
