@@ -112,3 +112,11 @@ def test_the_long_suite_command_writes_its_report_and_the_readme_table(tmp_path,
     text = readme.read_text()
     assert text.startswith("x\n<!-- tour-long:start -->\n| mechanism | associative_recall |")
     assert "| chance / ceiling | 25.0 / 100 |" in text and text.endswith("<!-- tour-long:end -->\ny\n")
+
+
+def test_the_mad_suite_lists_its_task_and_mechanism_pairs_only(capsys):
+    from attnkit.lab.tour.experiments.mad import KEYS
+
+    code, out, _ = run(["tour", "--suite", "mad", "--list"], capsys)
+    listed = [line.split()[0] for line in out.splitlines() if line.split("/")[0] in {k.split("/")[0] for k in KEYS}]
+    assert code == 0 and listed == list(KEYS) and f"{len(KEYS)} experiments" in out

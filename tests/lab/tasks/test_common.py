@@ -189,7 +189,8 @@ def test_tasks_are_frozen_and_compare_by_sizes():
 @pytest.mark.parametrize("name", [n for n in NAMES if tasks.get(n).kind == "tokens"])
 def test_inputs_show_later_answers_exactly_when_the_task_needs_a_causal_model(name):
     """A next-token task shows ``targets[:, t]`` at ``inputs[:, t + 1]``: flagged, so that no bidirectional
-    model is trained on it; every other token task keeps its answers out of the following inputs."""
+    model is trained on it; every other token task keeps its answers out of the following inputs (beyond the
+    agreement of random tokens: half of all pairs of random bits agree)."""
     task, batch = _sample(name, n=64)
     x, y = batch["inputs"], batch["targets"]
     shares = []
@@ -199,4 +200,4 @@ def test_inputs_show_later_answers_exactly_when_the_task_needs_a_causal_model(na
     if task.needs_causal_model:
         assert shares[0] == 1.0
     else:
-        assert max(shares) < 0.5, shares
+        assert max(shares) < max(0.5, 1.5 / task.vocab_size), shares

@@ -42,7 +42,7 @@ def _print_list(experiments: dict, default: set[str], quick_default: set[str]) -
     print(f"\n{len(experiments)} experiments")
 
 
-SUITES = ("default", "long")
+SUITES = ("default", "long", "mad")
 
 
 def _suite(args) -> str:
@@ -184,15 +184,19 @@ def _cmd_tour(args) -> int:
     if args.workers is not None and args.in_process:
         raise ArgumentError("attnkit tour: --workers trains runs in processes of their own; --in-process trains "
                             "them one after another in this one")
-    args.out = args.out or "tour-report"
+    mad = _suite(args) == "mad"
+    args.out = args.out or ("tour-mad" if mad else "tour-report")
     args.seeds = args.seeds or [0, 1, 2]
     api = runner.api()
     experiments = api.experiments()
+    if mad:
+        from ..tour.experiments.mad import KEYS as MAD_KEYS
+        experiments = {k: experiments[k] for k in MAD_KEYS}
     if args.list:
         _print_list(experiments, set(api.default_set(False)), set(api.default_set(True)))
         return 0
     torch.set_num_threads(args.threads or os.cpu_count() or 1)  # the budget the runs divide (threads_per_worker)
-    keys = _selected(args, experiments, list(api.default_set(args.quick)))
+    keys = _selected(args, experiments, list(MAD_KEYS if mad else api.default_set(args.quick)))
     if args.readme:
         _readme(args.readme, "tour")
     summary = runner.tour(keys, args.seeds, quick=args.quick, out=args.out, fresh=args.fresh,
@@ -221,7 +225,8 @@ def add(sub) -> None:
                               "attnkit tour --suite long --scale lra --device cuda --list"])
     p.add_argument("--suite", default="default",
                    help="'default': the classic mechanisms on short tasks; 'long': the long-range suite (every "
-                        "long-sequence mechanism on long generated tasks, report in tour-long/)")
+                        "long-sequence mechanism on long generated tasks, report in tour-long/); 'mad': every "
+                        "causal token mixer on MAD's six tasks (Poli et al. 2024), report in tour-mad/")
     p.add_argument("--scale", default="default",
                    help="the long suite's scale: 'default' (about 20 minutes on a 2-core CPU) or 'lra' (Long Range "
                         "Arena's tasks, lengths 1k-4k, model sizes and step counts: hours on one GPU)")

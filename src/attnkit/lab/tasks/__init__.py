@@ -31,6 +31,7 @@ from .han_documents import HANDocuments
 from .key_summaries import KeySummaries
 from .listops import ListOps
 from .long_listops import LongListOps
+from .mad import Compression, FuzzyRecall, InContextRecall, MADSelectiveCopy, Memorization, NoisyRecall
 from .mqar import MQAR
 from .pathfinder import Pathfinder
 from .pixel_images import PixelImages
@@ -41,11 +42,14 @@ from .selective_copy import SelectiveCopy
 from .seq2seq import CharSeq2Seq
 from .shapes import Shapes
 from .sorting import Sorting
+from .state_tracking import A5WordProblem, ModularCount, Parity, S3WordProblem, WordProblem
 
 __all__ = [
     "Task", "get", "names", "IGNORE_INDEX", "CharSeq2Seq",
     "MQAR", "SelectiveCopy", "ListOps", "Sorting", "ConvexHull", "Dates", "Reversal", "HANDocuments",
     "EventLogs", "Shapes", "Digits", "LongListOps", "ByteText", "ByteRetrieval", "PixelImages", "Pathfinder",
     "DecidingPosition", "RepeatedBlock", "DocumentQuestions", "KeySummaries", "AssociativeRecall", "BigramBackcopy",
-    "ByteContext", "PixelLegend",
+    "ByteContext", "PixelLegend", "ModularCount", "Parity", "WordProblem",
+    "S3WordProblem", "A5WordProblem", "InContextRecall", "FuzzyRecall", "NoisyRecall", "MADSelectiveCopy",
+    "Memorization", "Compression",
 ]

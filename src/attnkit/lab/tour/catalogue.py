@@ -48,12 +48,6 @@ LEFT_OUT: dict[str, str] = {
     "dot-product": _REPLACED + "and each uses the scaled dot product (Vaswani et al. 2017) or its own score",
     "learned-positional-embedding": "every tour model uses sinusoidal positions, the same for all mechanisms",
     "relative-position-bias": "every tour model uses sinusoidal positions, the same for all mechanisms",
-    "rotary-embedding": "every tour model uses sinusoidal positions: most long-sequence mechanisms have no rotary "
-                        "form, and the comparison keeps the positions equal",
-    "retnet": "retention's decay without a gate; the recall experiment trains GLA and Mamba-2, whose decays are "
-              "gated, and Gated DeltaNet, which keeps the same per-head decay beside the delta rule",
-    "kimi-delta-attention": "Kimi Linear's per-channel gate on the delta rule; the recall experiment trains DeltaNet "
-                            "and Gated DeltaNet, the delta rule without and with a per-head gate",
     "lightning-attention": "MiniMax's linear layers: a fixed decay per head without a gate, as retention's; the recall "
                            "experiment trains GLA and Mamba-2, whose decays are gated",
     "rwkv4": "RWKV-4's fixed per-channel decay with no state beyond one number per channel; the recall experiment "

@@ -20,6 +20,18 @@ __all__ = ["Row", "Report", "load", "load_manifest", "load_records", "summarize"
            "TASK_PURPOSE", "cell", "fmt_accuracy"]
 
 TASK_PURPOSE = {
+    "parity": "state tracking: the parity of the bits so far, trained on length 40 and tested up to 256 "
+              "(Grazzi et al. 2025)",
+    "modular_count": "state tracking: the number of ones so far modulo 3, trained short and tested long",
+    "word_problem_s3": "state tracking: the running product of permutations in S3 (a solvable group), trained "
+                       "short, tested long",
+    "word_problem_a5": "state tracking: the running product in A5 (a simple group: NC1-complete, Merrill et al. 2024)",
+    "in_context_recall": "MAD in-context recall: the value of a key seen before (Poli et al. 2024)",
+    "fuzzy_recall": "MAD fuzzy recall: keys and values of 1-3 tokens",
+    "noisy_recall": "MAD noisy recall: in-context recall among noise tokens",
+    "mad_selective_copy": "MAD selective copying: 16 tokens among 240 of noise",
+    "compression": "MAD compression: reproduce any token of a sequence from its position alone",
+    "memorization": "MAD memorization: one fixed key-value map, learned into the weights",
     "mqar": "in-context recall: find the value bound to a queried key earlier in the sequence (Zoology)",
     "selective_copy": "content-based selection: copy the data tokens scattered in noise, in order",
     "listops": "hierarchical reasoning: evaluate nested MIN/MAX/MED/SUM_MOD expressions (LRA ListOps)",

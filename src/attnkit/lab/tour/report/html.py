@@ -13,11 +13,13 @@ from pathlib import Path
 
 from ..catalogue import LEFT_OUT
 from . import Report, table_rows
+from .mad import mad_html
 from .markdown import descriptions, extra_rows, run_info, task_lines
 from .pieces import html_image, html_table, write_page
 from .plots import attention_maps, cost_plot, curves, scaling_picture
 from .recall import recall_html
 from .scaling import cost_table, scaling_markdown
+from .state import state_html
 
 __all__ = ["write_html"]
 
@@ -87,6 +89,7 @@ def _body(rep: Report) -> list[str]:
     parts.append("<h2>Learning curves</h2>")
     parts += [html_image(path, f"learning curves: {task}") for task, path in written]
     parts += _maps_section(rep, notes) + _cost_section(rep, notes) + recall_html(rep, notes, html_table, html_image)
+    parts += state_html(rep, notes, html_table, html_image) + mad_html(rep, notes, html_table, html_image)
     parts += ["<h2>Registry entries the tour leaves out</h2><ul>"]
     parts += [f"<li><b>{_e(k)}</b>: {_e(v)}</li>" for k, v in LEFT_OUT.items()] + ["</ul>"]
     parts += ["<h2>How it was run</h2><table>"]

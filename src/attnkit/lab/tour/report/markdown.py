@@ -8,9 +8,11 @@ from pathlib import Path
 
 from ..catalogue import LEFT_OUT, coverage_markdown
 from . import TASK_PURPOSE, Report, Row, markdown_table
+from .mad import mad_markdown
 from .pieces import md_table
 from .recall import recall_markdown
 from .scaling import cost_table, scaling_markdown
+from .state import state_markdown
 
 __all__ = ["write_markdown", "run_info", "task_lines", "descriptions", "extra_rows"]
 
@@ -98,6 +100,7 @@ def write_markdown(rep: Report) -> Path:
     elif rep.scaling and rep.scaling.get("error"):
         text += ["## Measured scaling", "", f"The measurement failed: {rep.scaling['error']}", ""]
     text += recall_markdown(rep)
+    text += state_markdown(rep) + mad_markdown(rep)
     text += ["## Registry entries the tour leaves out", ""] + [f"- **{k}**: {v}" for k, v in LEFT_OUT.items()] + [""]
     text += coverage_markdown()
     text += ["## How it was run", ""] + [f"- {label}: {value}" for label, value in run_info(rep)]
