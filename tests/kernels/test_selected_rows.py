@@ -30,7 +30,7 @@ def small_chunks(monkeypatch):
 def test_the_per_query_rows_equal_the_oracle_forward_and_backward(name):
     b, h, hkv, n, d, slots = CASES[name]
     q, k, v = rand_qkv(b, h, n, n, d, d, hkv=hkv, dtype=torch.float64, seed=0, requires_grad=True)
-    indices = torch.randint(-1, n, (b, n, slots), generator=torch.Generator().manual_seed(1))  # -1 (unused), later keys too
+    indices = torch.randint(-1, n, (b, n, slots), generator=torch.Generator().manual_seed(1))  # -1: unused; later keys
     mask = masks.selected_keys(indices) & masks.causal()
     decision = attnkit.explain(q, k, v, mask=mask, backend="blocksparse")
     assert decision.path == "blocksparse-gathered" and "one query row per batch entry" in str(decision)

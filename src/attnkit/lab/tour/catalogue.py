@@ -56,8 +56,8 @@ LEFT_OUT: dict[str, str] = {
     "softpick": _REPLACED + "and none uses softpick's rectified softmax",
     "stick-breaking": _REPLACED + "and none uses stick-breaking weights",
     "delta-product": "DeltaProduct's products of reflections track states (rotations, permutations) that one "
-                     "reflection per token cannot; the recall experiment trains DeltaNet and Gated DeltaNet, and "
-                     "no tour task needs state tracking",
+                     "reflection per token cannot; the state-tracking experiment trains DeltaNet with one "
+                     "reflection per token (negative eigenvalues), which parity already needs",
     "path-attention": "PaTH's data-dependent reflections of the keys are a learned position encoding; every tour "
                       "model uses sinusoidal positions, the same for all mechanisms",
     "forgetting-attention": "FoX's forget gate decays attention with distance, a recency prior learned per head; "
