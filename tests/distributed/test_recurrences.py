@@ -19,9 +19,12 @@ from attnkit.distributed import count_bytes, recurrence, shard
 from attnkit.distributed.recurrences import sequence_parallel
 from attnkit.errors import AttnkitError, DTypeError
 from attnkit.functional.recurrences.forms import linear_recurrence
-from tests.nn.recurrent_layers import LAYERS
+from tests.nn.recurrent_layers import LAYERS as ALL_LAYERS
 
 from . import spawn
+
+# DeltaProduct's several steps a token and RWKV-4's one-token-late sums are refused across ranks (tests below).
+LAYERS = {name: build for name, build in ALL_LAYERS.items() if not name.startswith("delta_product") and name != "rwkv4"}
 
 B, H, L, DK, DV, DIM = 2, 3, 24, 5, 7, 12  # DIM: the layers'
 RECURRENCES = {"decay_per_head": (False, False), "decay_per_channel": (True, False),
@@ -182,3 +185,17 @@ def test_a_global_length_of_zero_gives_empty_results_on_every_rank(results):
         found = results[rank]["empty"]
         assert found["shapes"] == ((B, H, 0, DV), (B, 0, DIM), (B, 0, DIM)) and found["state"] == 0
         assert found["grads"] == [(B, H, 0, DK), (B, H, 0, DK), (B, H, 0, DV), (B, H, 0, 1)]
+
+
+def test_a_layer_of_several_steps_per_token_is_refused_before_any_collective():
+    from attnkit.errors import UnsupportedFeature
+
+    with pytest.raises(UnsupportedFeature, match="3 recurrence steps per token"):
+        sequence_parallel(ALL_LAYERS["delta_product"](2), torch.randn(1, 4, 12))
+
+
+def test_a_layer_whose_sums_are_read_one_token_late_is_refused_before_any_collective():
+    from attnkit.errors import UnsupportedFeature
+
+    with pytest.raises(UnsupportedFeature, match="predecessor's sums"):
+        sequence_parallel(ALL_LAYERS["rwkv4"](2), torch.randn(1, 4, 12))
