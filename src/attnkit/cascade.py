@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import torch
 
-from .core import attention
+from .core import AttentionOutput, attention
 from .errors import ArgumentError, DTypeError, ShapeError, check_int
 from .masks import causal, sliding_window
 
@@ -157,15 +157,17 @@ def cascade_attention(q: torch.Tensor, prefix_k: torch.Tensor, prefix_v: torch.T
         mask = causal() if window is None else sliding_window(window, 0)
         got = attention(q[r:r + 1], suffix_k[r:r + 1, :, :lengths[r]], suffix_v[r:r + 1, :, :lengths[r]], mask=mask,
                         scale=scale, return_lse=True)
-        parts.append(got)
-    out = torch.cat([o.output for o in parts])  # (N, H, Lq, Dv)
-    lse = torch.cat([o.lse for o in parts])  # (N, H, Lq)
+        assert isinstance(got, AttentionOutput) and got.lse is not None  # return_lse=True
+        parts.append((got.output, got.lse))
+    out = torch.cat([o for o, _ in parts])  # (N, H, Lq, Dv)
+    lse = torch.cat([lse_r for _, lse_r in parts])  # (N, H, Lq)
     if plan.prefix_from < p:  # one call over the reached prefix keys for every request's queries, stacked
         keys = torch.arange(plan.prefix_from, p)
         allowed = keys[None, :] >= first[:, None]  # (N Lq, P'): exactly the prefix keys each window reaches
         stacked = q.transpose(0, 1).reshape(1, h, n * lq, q.shape[-1])
         got = attention(stacked, pk[:, :, plan.prefix_from:], pv[:, :, plan.prefix_from:], mask=allowed,
                         scale=scale, return_lse=True)
+        assert isinstance(got, AttentionOutput) and got.lse is not None  # return_lse=True
         o_p = got.output.reshape(h, n, lq, dv).transpose(0, 1)
         lse_p = got.lse.reshape(h, n, lq).transpose(0, 1)
         total = torch.logaddexp(lse, lse_p)

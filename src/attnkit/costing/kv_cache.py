@@ -78,14 +78,14 @@ def kv_format_rows(*, heads: int = LAYER["heads"], head_dim: int = LAYER["head_d
     counts = [r.values // (2 * head_dim) for r in kv_cache_rows(heads=heads, head_dim=head_dim, kv_heads=kv_heads,
                                                                 dtype=dtype)[:3]]
     full = [2 * n * head_dim * ITEMSIZE[dtype] for n in counts]
-    rows = [FormatRow(dtype, *full, 1.0)]
+    rows = [FormatRow(dtype, full[0], full[1], full[2], 1.0)]
     for kind in KINDS:
         for granularity in ("token_head", "tensor"):
             fmt = KVFormat(kind, granularity)
             if head_dim % fmt.per_element:
                 continue  # int4 packs pairs of features
             sizes = [fmt.bytes_per_token(n, head_dim) for n in counts]
-            rows.append(FormatRow(str(fmt), *sizes, sizes[0] / full[0]))
+            rows.append(FormatRow(str(fmt), sizes[0], sizes[1], sizes[2], sizes[0] / full[0]))
     return rows
 
 
@@ -101,11 +101,12 @@ def kv_cache_table(*, heads: int = LAYER["heads"], head_dim: int = LAYER["head_d
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in (head, *body)]
     title = f"KV-cache per token and layer: {heads} heads of {head_dim} features, {dtype}"
     formats = kv_format_rows(heads=heads, head_dim=head_dim, kv_heads=kv_heads, dtype=dtype)
-    head = ("format", f"MHA ({rows[0].setting})", f"GQA ({rows[1].setting})", f"MQA ({rows[2].setting})",
-            f"vs {dtype}")
-    body = [(f.format, f"{f.mha} B", f"{f.gqa} B", f"{f.mqa} B", f"{f.ratio:.3f}") for f in formats]
-    widths = [max(len(line[i]) for line in (head, *body)) for i in range(len(head))]
-    table = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in (head, *body)]
+    format_head = ("format", f"MHA ({rows[0].setting})", f"GQA ({rows[1].setting})", f"MQA ({rows[2].setting})",
+                   f"vs {dtype}")
+    format_body = [(f.format, f"{f.mha} B", f"{f.gqa} B", f"{f.mqa} B", f"{f.ratio:.3f}") for f in formats]
+    widths = [max(len(line[i]) for line in (format_head, *format_body)) for i in range(len(format_head))]
+    table = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+             for line in (format_head, *format_body)]
     return "\n".join([title, *lines, "", "Bytes per token and layer by storage format (attnkit.nn.KVCache kv_format=; "
                       "codes plus float32 scales):", *table])
 

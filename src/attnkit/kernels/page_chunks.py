@@ -128,10 +128,11 @@ def chunk_is_open(p: Problem, start: int, stop: int, r0: int, r1: int, shortest:
 
 
 def fused_chunk(p: Problem, r0: int, r1: int, start: int, stop: int, q: torch.Tensor, shortest: int, longest: int,
-                space: Workspace):
+                space: Workspace | None):
     """Keys ``[start, stop)`` for queries ``[r0, r1)`` on torch's fused kernel: ``(out (B, H_kv, g c, Dv),
     lse (B, H_kv, g c))`` with the ``g`` query heads of each key/value head as rows ``(g, i)``; None when the
     kernel's answer on a chunk with masked keys cannot be trusted (then the exact split runs)."""
+    assert rules.FLASH is not None  # the fused path runs only where torch has the kernel
     k_g, v_g, valid, where = page_split(p, start, stop, q.dtype, shortest, space)  # (B, H_kv, n, E)
     batch, hq, _, d = q.shape
     hkv, c = k_g.shape[1], r1 - r0

@@ -18,6 +18,7 @@ table (``Path.devices``), checked by :func:`serves` before the path's own rules.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 
@@ -48,11 +49,14 @@ def reads_data(rule: Rule) -> Rule:
     return rule
 
 
-def fact(compute: Callable[[Problem], object]) -> Callable[[Problem], object]:
+T = TypeVar("T")
+
+
+def fact(compute: Callable[[Problem], T]) -> Callable[[Problem], T]:
     """``compute(p)`` evaluated at most once per problem (kept in ``p.memo`` under the function's name)."""
     name = compute.__name__
 
-    def once(p: Problem):
+    def once(p: Problem) -> T:
         memo = p.memo
         if name not in memo:
             memo[name] = compute(p)

@@ -40,6 +40,8 @@ import torch
 
 from ..functional.validate import Problem
 from ..masks import cache
+from ..masks.base import Mask
+from ..masks.selected import selection_of
 from . import rules
 from .path_cost import PathCost, fused_attention, itemsize
 from .pipeline import KernelOutput
@@ -124,6 +126,7 @@ def _batches(tl: Tiles, bs: int, d: int):
 
 def _forward(qp, kp, vp, tl: Tiles, bs: int, scale: float):
     """Padded ``(B, H, Lp, D)`` inputs -> ``(out, lse)`` padded; empty rows 0 and ``-inf``."""
+    assert FLASH is not None  # plain_causal: torch has the fused CPU kernel
     batch, heads, lp, d = qp.shape
     n = batch * heads * lp
     out_d, lse_d = FLASH(_own_blocks(qp, heads, bs), _own_blocks(kp, heads, bs), _own_blocks(vp, heads, bs),
@@ -152,6 +155,7 @@ def _forward(qp, kp, vp, tl: Tiles, bs: int, scale: float):
 
 def _backward(qp, kp, vp, op, lse, dop, tl: Tiles, bs: int, scale: float):
     """Padded inputs, output, lse and output gradient -> padded ``dq``, ``dk``, ``dv``."""
+    assert FLASH_BACKWARD is not None  # plain_causal: torch has the fused CPU kernel
     batch, heads, lp, d = qp.shape
     kv_heads = kp.shape[1]
     n = batch * heads * lp
@@ -216,8 +220,8 @@ def plain_causal(p: Problem) -> bool:
     """Self-attention (``Lq = Lk``) with a causal mask beside the selection, softmax of dot products with nothing
     else (no bias, modifier, sinks, dropout or weights), float32 or float64 on torch's fused CPU kernel; under
     autograd the lse is not asked for (its gradient is not carried)."""
-    mask = p.mask
-    return (mask.rest is not None and getattr(mask.rest, "kind", None) == "causal"
+    rest: Mask | None = getattr(p.mask, "rest", None)
+    return (rest is not None and rest.kind == "causal"
             and p.sizes[2] == p.sizes[3] and rules.cpu_flash(p) and p.q.dtype in (torch.float32, torch.float64)
             and p.k.dtype == p.q.dtype and p.v.dtype == p.q.dtype
             and p.bias is None and p.modifier is None and p.sinks is None and p.dropout_p == 0
@@ -227,14 +231,14 @@ def plain_causal(p: Problem) -> bool:
 
 def applies(p: Problem) -> bool:
     """Key blocks selected per query, with :func:`plain_causal`."""
-    sel = p.mask.selection
+    sel = selection_of(p.mask)
     return sel.block_size > 1 and sel.lengths is None and sel.indices.shape[2] > 1 and plain_causal(p)
 
 
 def _tiles_of(p: Problem) -> Tiles:
     """The tiles of ``p``'s selection (cached on its mask for these sizes and device)."""
     batch, heads, length = p.sizes[:3]
-    sel = p.mask.selection
+    sel = selection_of(p.mask)
     key = (batch, heads, p.k.shape[1], length, str(p.q.device), ROWS)
     return cache.on(p.mask, "pair_tiles", max_entries=4).get_or_build(
         key, lambda: tiles(sel.indices.to(p.q.device), batch, heads, p.k.shape[1], length, sel.block_size))
@@ -243,7 +247,7 @@ def _tiles_of(p: Problem) -> Tiles:
 def _scores(p: Problem) -> tuple[int, int]:
     """Score entries of the own blocks (causal halves and padding included) and of the past-block tiles."""
     batch, heads, length = p.sizes[:3]
-    bs = p.mask.selection.block_size
+    bs = selection_of(p.mask).block_size
     own = batch * heads * (-(-length // bs)) * bs * bs
     return own, _tiles_of(p).rows.numel() * bs
 
@@ -255,7 +259,7 @@ def density(p: Problem) -> float:
 
 
 def describe(p: Problem) -> str:
-    tl, bs = _tiles_of(p), p.mask.selection.block_size
+    tl, bs = _tiles_of(p), selection_of(p.mask).block_size
     lq = p.sizes[2]
     per_query = (tl.pairs * bs) / max(1, p.sizes[0] * p.sizes[1] * lq) + bs / 2
     return (f"selected key blocks read in place, tiled by key block ({ROWS} queries per tile, torch's fused kernel, "
@@ -267,7 +271,7 @@ def cost(p: Problem, grad: bool = False) -> PathCost:
     running sums."""
     own, past = _scores(p)
     batch, heads, lq, _, d, dv = p.sizes
-    bs = p.mask.selection.block_size
+    bs = selection_of(p.mask).block_size
     step = max(1, BUDGET // max(1, ROWS * d * 3 + 2 * bs * d))
     workspace = (min(step, max(1, past // (ROWS * bs))) * (ROWS * (2 * d + dv) + 2 * bs * d)
                  + batch * heads * lq * (d + 2)) * itemsize(p)
@@ -277,5 +281,6 @@ def cost(p: Problem, grad: bool = False) -> PathCost:
 
 
 def run(p: Problem) -> KernelOutput:
-    out, lse = attend(p.q, p.k, p.v, p.mask.selection.indices, p.mask.selection.block_size, p.scale, _tiles_of(p))
+    sel = selection_of(p.mask)
+    out, lse = attend(p.q, p.k, p.v, sel.indices, sel.block_size, p.scale, _tiles_of(p))
     return KernelOutput(out, None, lse if p.return_lse else None)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..functional.validate import Problem
+from ..masks.selected import selection_of
 from .path_cost import PathCost, fused_attention, itemsize
 from .pipeline import KernelOutput
 from .rules import FLASH, FLASH_BACKWARD
@@ -126,24 +127,24 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Ten
 def applies(p: Problem) -> bool:
     """Single selected keys shared by the heads (``indices`` ``(B|1, 1, L, n)``) with a causal mask, otherwise as
     :func:`.selected_pairs.applies`."""
-    sel = p.mask.selection
+    sel = selection_of(p.mask)
     return (sel.block_size == 1 and sel.lengths is None and sel.indices.shape[2] > 1 and sel.indices.shape[1] == 1
             and plain_causal(p))
 
 
 def density(p: Problem) -> float:
-    return min(1.0, p.mask.selection.indices.shape[-1] / max(1, p.sizes[3]))
+    return min(1.0, selection_of(p.mask).indices.shape[-1] / max(1, p.sizes[3]))
 
 
 def describe(p: Problem) -> str:
-    n = p.mask.selection.indices.shape[-1]
+    n = selection_of(p.mask).indices.shape[-1]
     return (f"selected keys gathered per query, torch's fused kernel with one query row per batch entry "
             f"(recomputed in the backward): L*k = {p.sizes[2]} x {n} keys")
 
 
 def cost(p: Problem, grad: bool = False) -> PathCost:
     batch, heads, lq, _, d, dv = p.sizes
-    n = p.mask.selection.indices.shape[-1]
+    n = selection_of(p.mask).indices.shape[-1]
     pairs = batch * heads * lq * n
     return PathCost(pairs, float(min(BUDGET, 2 * pairs * d) * itemsize(p)), (),
                     fused=fused_attention("attention (selected keys, fused kernel per query)", pairs, d, dv),
@@ -151,5 +152,5 @@ def cost(p: Problem, grad: bool = False) -> PathCost:
 
 
 def run(p: Problem) -> KernelOutput:
-    out, lse = attend(p.q, p.k, p.v, p.mask.selection.indices, p.scale)
+    out, lse = attend(p.q, p.k, p.v, selection_of(p.mask).indices, p.scale)
     return KernelOutput(out, None, lse if p.return_lse else None)

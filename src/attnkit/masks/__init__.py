@@ -43,7 +43,7 @@ from .indexed import (
     _Padding,
     _Segments,
 )
-from .selected import SelectedKeys
+from .selected import SelectedKeys, selection_of
 from .tree import TreeMask
 
 __all__ = [
@@ -435,7 +435,7 @@ class ShiftedMask(Mask):
         self.parent, self.q0, self.k0, self.h0 = parent, q0, k0, h0
         self.global_q_len, self.global_kv_len = q_len, kv_len
         if parent.kind == "selected":  # indices name global keys: the global length is known here
-            parent.selection.check_keys(kv_len, "masks.shifted")
+            selection_of(parent).check_keys(kv_len, "masks.shifted")
         self.uses = parent.uses
         self.batch_size = parent.batch_size
         band = parent.band(q_len, kv_len)

@@ -80,6 +80,14 @@ class Selection(Mask):
         return h // self.group_size
 
 
+def selection_of(mask: Mask | None) -> Selection:
+    """The :class:`Selection` a mask of kind ``"selected"`` reads from: the mask itself, or the selected part of an
+    AND of masks (its ``selection``)."""
+    sel = getattr(mask, "selection", None)
+    assert isinstance(sel, Selection), f"a mask of kind 'selected' carries a selection; got {mask!r}"
+    return sel
+
+
 class SelectedKeys(Selection):
     """Query ``i`` of head ``h`` in batch ``b`` may attend the keys of blocks ``indices[b, h // g, i, :]``.
 

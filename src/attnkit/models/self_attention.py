@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -169,7 +170,7 @@ def self_attention_maker(who: str, attention, dim: int, num_heads: int, *, causa
                     "num_kv_heads": num_kv_heads is not None, "attention_bias": attention_bias is not True}
     if isinstance(attention, str):
         if attention in SOFTMAX:
-            layout = {"head_dim": head_dim, "num_kv_heads": num_kv_heads, "bias": attention_bias}
+            layout: dict[str, Any] = {"head_dim": head_dim, "num_kv_heads": num_kv_heads, "bias": attention_bias}
             if attention_bias not in BIASES:
                 raise ArgumentError(f"{who}: attention_bias must be one of {BIASES}; got {attention_bias!r}")
             rotary_for(who, rotary, head_dim or dim // num_heads)  # a bad option fails here, before any layer is built

@@ -134,10 +134,10 @@ class ShortConvolution(nn.Module):
         seen = torch.cat([context.to(x.dtype), x.transpose(1, 2)], -1)  # (B, C, size - 1 + T)
         before = torch.cat([(torch.arange(size - 1) - 1).clamp(min=0).expand(b, -1),  # the context's rows
                             torch.where(parents < 0, size - 2, parents + size - 1)], 1)  # (B, size - 1 + T)
-        window = [torch.arange(size - 1, size - 1 + t).expand(b, -1)]
+        rows = [torch.arange(size - 1, size - 1 + t).expand(b, -1)]
         for _ in range(size - 1):
-            window.insert(0, before.gather(1, window[0]))
-        window = torch.stack(window, -1).to(x.device)  # (B, T, size): oldest first, as conv1d's weight
+            rows.insert(0, before.gather(1, rows[0]))
+        window = torch.stack(rows, -1).to(x.device)  # (B, T, size): oldest first, as conv1d's weight
         read = seen.gather(2, window.flatten(1)[:, None].expand(b, c, -1)).unflatten(2, (t, size))  # (B, C, T, K)
         y = (read * self.weight[:, 0, None, :]).sum(-1)
         if self.bias is not None:
@@ -240,6 +240,7 @@ class RecurrentLayer(nn.Module):
     learned_decay: bool = True  # the log decays come from parameters or the input (they take gradients)
     steps_per_token: int = 1  # recurrence steps per token (DeltaProduct: n_h), for the cost spec
     core_sizes: tuple[int, int, int]  # the recurrence's (H, Dk, Dv), for the cost spec
+    conv1d: ShortConvolution  # where the subclass has one
 
     def new_cache(self) -> RecurrentCache:
         """An empty :class:`RecurrentCache` for :meth:`forward` and :meth:`forward_step`."""

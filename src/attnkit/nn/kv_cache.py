@@ -86,6 +86,7 @@ class KVCache:
 
     def _empty_scales(self) -> list[torch.Tensor | None]:
         """Per (token, head): zero buffers ``(B, Hkv, capacity)``; per tensor: set by the first append."""
+        assert self.kv_format is not None  # scales are kept for a quantized cache alone
         if self.kv_format.granularity == "tensor":
             return [None, None]
         return [self._k.new_zeros(self._k.shape[:3], dtype=torch.float32) for _ in range(2)]
@@ -237,6 +238,7 @@ class KVCache:
 
     def _append_codes(self, k, v, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Quantize and store the new positions (a per-tensor scale is fixed by the first append)."""
+        assert self.kv_format is not None and self._scales is not None  # a quantized cache
         for i, (t, buffer) in enumerate(((k, self._k), (v, self._v))):
             if t.shape[3] == 0:
                 continue
@@ -245,6 +247,7 @@ class KVCache:
             codes, new_scale = self.kv_format.quantize(t, fixed)
             buffer[:, :, start:stop] = codes
             if new_scale.dim():
+                assert scale is not None  # per (token, head): the buffer of _empty_scales
                 scale[:, :, start:stop] = new_scale
             else:
                 self._scales[i] = new_scale

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..core import attention
+from ..core import AttentionOutput, attention
 from ..errors import ArgumentError, ShapeError, check_int
 from ..masks import causal, selected_blocks
 
@@ -92,6 +92,7 @@ class SinkWindowCache:
         if q.dim() != 4 or not 1 <= q.shape[2] <= most:
             raise ShapeError(f"SinkWindowCache.attend: q must be (B, H, Lq, D) with 1 <= Lq <= {most} (the appended "
                              f"tokens the window holds); got {tuple(q.shape)}")
+        assert self.k is not None and self.v is not None  # n >= 1: something was appended
         k = self.k
         if self.rotary is not None:  # positions within the cache: slots 0 .. n - 1, queries at the last Lq
             k = self.rotary.rotate(k)
@@ -101,6 +102,7 @@ class SinkWindowCache:
     def _evict(self) -> None:
         n = len(self)
         if n > self.budget:
+            assert self.k is not None and self.v is not None  # n > budget >= 1: something was appended
             keep = torch.cat([torch.arange(self.sinks), torch.arange(n - (self.budget - self.sinks), n)])
             self.k, self.v = self.k[:, :, keep], self.v[:, :, keep]
             self.evicted += n - self.budget
@@ -119,7 +121,9 @@ class HeavyHitterCache:
         who = "HeavyHitterCache"
         self.recent = check_int(who, "recent", recent, 1)
         self.budget = _budget(who, budget, self.recent, "recent")
-        self.k = self.v = self.score = None
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.score: torch.Tensor | None = None  # (B, H_kv, n) accumulated attention of the kept keys
         self.positions: torch.Tensor | None = None  # (B, H_kv, n) original positions of the kept keys
         self.seen = 0
 
@@ -134,6 +138,7 @@ class HeavyHitterCache:
         if self.k is None:
             self.k, self.v, self.score, self.positions = k, v, zero, pos
         else:
+            assert self.v is not None and self.score is not None and self.positions is not None  # set with k
             self.k, self.v = torch.cat([self.k, k], 2), torch.cat([self.v, v], 2)
             self.score, self.positions = torch.cat([self.score, zero], 2), torch.cat([self.positions, pos], 2)
         self.seen += t
@@ -143,7 +148,9 @@ class HeavyHitterCache:
         if q.dim() != 4 or not 1 <= q.shape[2] <= min(n, self.recent):
             raise ShapeError(f"HeavyHitterCache.attend: q must be (B, H, Lq, D) with 1 <= Lq <= {min(n, self.recent)}"
                              f" (the appended tokens the recent window holds); got {tuple(q.shape)}")
+        assert self.k is not None and self.v is not None and self.score is not None and self.positions is not None
         got = attention(q, self.k, self.v, mask=causal(), scale=scale, return_weights=True)
+        assert isinstance(got, AttentionOutput) and got.weights is not None  # return_weights=True
         hkv = self.k.shape[1]
         self.score = self.score + got.weights.unflatten(1, (hkv, -1)).sum((2, 3)).to(self.score.dtype)
         if n > self.budget:
@@ -177,7 +184,9 @@ def snapkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, budget: int, *, wi
     if n <= budget:
         return k, v, torch.arange(n).expand(b, hkv, n)
     obs = q[:, :, n - window:]
-    weights = attention(obs, k, v, mask=causal(), scale=scale, return_weights=True).weights  # (B, H, w, L)
+    got = attention(obs, k, v, mask=causal(), scale=scale, return_weights=True)
+    assert isinstance(got, AttentionOutput) and got.weights is not None  # return_weights=True
+    weights = got.weights  # (B, H, w, L)
     votes = weights[..., :n - window].unflatten(1, (hkv, -1)).sum((2, 3))  # (B, H_kv, L - w)
     if kernel > 1:
         smooth = F.avg_pool1d if pool == "avg" else F.max_pool1d

@@ -67,6 +67,7 @@ class LightningAttention(RecurrentLayer):
     """
 
     scale = 1.0
+    log_decay: torch.Tensor  # a buffer: log s_h per head
 
     def __init__(self, dim: int, num_heads: int, *, head_dim: int | None = None, layer_index: int = 0,
                  num_layers: int = 1, chunk_size: int = 64, eps: float = 1e-6):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from ..cascade import cascade_attention, explain_cascade
@@ -87,7 +90,8 @@ class PagedKVCache:
         self._tables: dict[int, list[int]] = {}
         self._lengths: dict[int, int] = {}
         self._next_id = 0
-        self._reclaim = None  # a PrefixCache's eviction: called with the pages short before running out
+        # a PrefixCache's eviction: called with the pages short before running out
+        self._reclaim: Callable[[int], int] | None = None
 
     def __repr__(self) -> str:
         pages, ps, heads, _ = self.k_pages.shape
@@ -177,7 +181,7 @@ class PagedKVCache:
         if start % ps and self._refs[table[-1]] > 1:  # writing into a page another sequence holds: copy it
             page = self._take_page()
             self.k_pages[page], self.v_pages[page] = self.k_pages[table[-1]], self.v_pages[table[-1]]
-            if self.k_scales is not None and self.k_scales.dim():  # per (token, head): the page's scales too
+            if self.k_scales is not None and self.v_scales is not None and self.k_scales.dim():  # per (token, head)
                 self.k_scales[page], self.v_scales[page] = self.k_scales[table[-1]], self.v_scales[table[-1]]
             self._release(table[-1])
             table[-1] = page
@@ -260,6 +264,7 @@ class PagedKVCache:
 
     def _append_codes(self, where, k: torch.Tensor, v: torch.Tensor) -> None:
         """Quantize and store new positions (a per-tensor scale is fixed by the cache's first append)."""
+        assert self.kv_format is not None  # a quantized cache
         for name, t in (("k", k), ("v", v)):
             scales = getattr(self, f"{name}_scales")
             fixed = scales if scales is not None and scales.dim() == 0 else None
@@ -305,9 +310,10 @@ class PagedKVCache:
         if shared:
             *parts, lengths = self._split_at(seqs, shared)
             return cascade_attention(q, *parts, suffix_lengths=lengths, scale=scale, **kwargs)
+        scales: dict[str, Any] = self.scales  # keywords of attention, beside the caller's
         return attention(q, self.k_pages, self.v_pages, block_table=self.block_table(seqs),
                          seqused_k=self.lengths(seqs), mask=causal() if mask is None else mask, scale=scale,
-                         **self.scales, **kwargs)
+                         **scales, **kwargs)
 
     def explain(self, seqs, q: torch.Tensor, *, mask=None, cascade: bool | None = None, **kwargs):
         """What :meth:`attend` with these arguments runs: the :class:`~attnkit.cascade.CascadePlan` (the shared
@@ -317,8 +323,9 @@ class PagedKVCache:
         if shared:
             *parts, lengths = self._split_at(seqs, shared)
             return explain_cascade(q, *parts, suffix_lengths=lengths, **kwargs)
+        scales: dict[str, Any] = self.scales  # keywords of explain, beside the caller's
         return explain(q, self.k_pages, self.v_pages, block_table=self.block_table(seqs),
-                       seqused_k=self.lengths(seqs), mask=causal() if mask is None else mask, **self.scales, **kwargs)
+                       seqused_k=self.lengths(seqs), mask=causal() if mask is None else mask, **scales, **kwargs)
 
     def _shared_prefix(self, seqs, lq: int, mask, kwargs) -> int:
         """Whole pages (a count) every sequence of ``seqs`` begins with and holds before its last ``lq`` positions;

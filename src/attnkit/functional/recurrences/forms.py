@@ -11,6 +11,7 @@ compute the same function; gradients are autograd's through the chosen form.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -104,8 +105,9 @@ def linear_recurrence(who: str, q, k, v, g, beta, *, scale, normalize_qk: bool, 
     initial = check_state(who, initial_state, (docs, h, dk, dv), q.device)
     q, k, vv, g, beta, p = prepare(q, k, v, g, beta, scale=scale, normalize_qk=normalize_qk, p=p)
     initial = vv.new_zeros(docs, h, dk, dv) if initial is None else initial.to(vv.dtype)
-    run = functools.partial({"parallel": parallel, "chunk": functools.partial(chunked, size=chunk_size),
-                             "recurrent": recurrent}[form], pre_decay=pre_decay)
+    forms: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+        "parallel": parallel, "chunk": functools.partial(chunked, size=chunk_size), "recurrent": recurrent}
+    run = functools.partial(forms[form], pre_decay=pre_decay)
     if n == 0:  # no token: the empty output joined to every input by an empty sum (zero gradients, not None)
         return (vv + sum(t.sum() for t in (q, k, g, beta, p) if t is not None)).to(v.dtype), initial
     if lengths is None:

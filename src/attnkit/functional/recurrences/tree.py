@@ -29,7 +29,8 @@ def tree(q, k, v, g, beta, initial, parents: torch.Tensor):
     ``(B, H, T, Dv)`` and state ``(B, H, T, Dk, Dv)``."""
     batch, nodes = parents.shape
     rows = parents.tolist()
-    states, outs = [], []
+    states: list[torch.Tensor] = []
+    outs: list[torch.Tensor] = []
     for i in range(nodes):
         before = [initial[b] if rows[b][i] < 0 else states[rows[b][i]][b] for b in range(batch)]
         out, state = step(torch.stack(before), q[:, :, i], k[:, :, i], v[:, :, i], g[:, :, i],

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -27,6 +28,9 @@ from ...core import attention
 from ...errors import ArgumentError, DTypeError
 from ...functional.quantize import KVFormat, as_format
 from ...nn.kv_cache import decoding_mask
+
+if TYPE_CHECKING:
+    from ...models.self_attention import SoftmaxSelfAttention
 
 __all__ = ["KVQuantReport", "kv_quant_error", "layer_inputs"]
 
@@ -55,12 +59,12 @@ class KVQuantReport:
         for i, e in enumerate(self.layer_error.tolist()):
             worst = self.relative[i].max().item()
             lines.append(f"  layer {i:>3}: mean {e:.3e}  worst head/position {worst:.3e}")
-        if self.budget is not None:
+        if self.budget is not None and self.keep is not None:  # keep is given with a budget
             lines.append(f"keep at full precision for budget {self.budget:g}: {list(self.keep) or 'none'}")
         return "\n".join(lines)
 
 
-def _attention_layers(who: str, model: nn.Module) -> list[nn.Module]:
+def _attention_layers(who: str, model: nn.Module) -> list[SoftmaxSelfAttention]:
     from ...models.self_attention import SoftmaxSelfAttention  # models import analysis' siblings: late
 
     layers = [m for m in model.modules() if isinstance(m, SoftmaxSelfAttention)]
@@ -85,7 +89,7 @@ def layer_inputs(model: nn.Module, tokens: torch.Tensor, *, who: str = "layer_in
     return [(layer, seen[i]) for i, layer in enumerate(layers)]
 
 
-def head_outputs(layer: nn.Module, x: torch.Tensor, kv_format: KVFormat | None = None) -> torch.Tensor:
+def head_outputs(layer: SoftmaxSelfAttention, x: torch.Tensor, kv_format: KVFormat | None = None) -> torch.Tensor:
     """The layer's per-head attention output ``(B, H, n, Dv)`` on its input ``x`` (before the output projection),
     with K and V as they are or stored in ``kv_format`` (at positions ``0 ..``, as a prefill computes them)."""
     with torch.no_grad():
@@ -93,11 +97,10 @@ def head_outputs(layer: nn.Module, x: torch.Tensor, kv_format: KVFormat | None =
         if layer.qk_norm is not None or layer.rotary is not None:
             q, k = layer._position(q, k, 0, 0)
         mask = decoding_mask(layer.causal, layer.pattern, q.shape[2], k.shape[2], None)
-        scales = {}
+        k_scale = v_scale = None
         if kv_format is not None:
             (k, k_scale), (v, v_scale) = kv_format.quantize(k), kv_format.quantize(v)
-            scales = {"k_scale": k_scale, "v_scale": v_scale}
-        return attention(q, k, v, mask=mask, sinks=layer.sinks, **scales)
+        return attention(q, k, v, mask=mask, sinks=layer.sinks, k_scale=k_scale, v_scale=v_scale)
 
 
 def kv_quant_error(model: nn.Module, tokens: torch.Tensor, kv_format, *, budget: float | None = None

@@ -83,7 +83,9 @@ class _Recall(Task):
         keys = self._strings(rng, 1, half, self.key_len, half)
         bound = {k: tuple(rng.randrange(half + 1, self.vocab + 1) for _ in range(rng.randint(1, self.value_len)))
                  for k in keys}
-        tokens, labels, seen = [], [], set()
+        tokens: list[int] = []
+        labels: list[int] = []
+        seen: set = set()
         while len(tokens) < self.seq_len:
             if self.noise and rng.random() < self.noise:
                 tokens.append(self.vocab + 1 + rng.randrange(self.num_noise))

@@ -23,6 +23,7 @@ mechanisms (``--tasks``, ``--mechanisms``). Experiment keys are ``<task>/<mechan
 from __future__ import annotations
 
 from functools import partial
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
 from .... import masks
 from ....models import TransformerLM
@@ -42,7 +43,7 @@ _ROPE, _NOPE, _SINE = {"positional": "rotary"}, {"positional": None}, {"position
 # name -> (the attention of the model, further TransformerLM options, what it is). Positions as each family's papers
 # use them: rotary for softmax layers, none for the recurrences (their order is in the recurrence), sinusoidal for
 # linear attention and the Performer (which have no rotary form here).
-MECHANISMS = {
+MECHANISMS: dict[str, tuple[str, dict[str, Any], str]] = {
     "softmax": ("softmax", _ROPE, "softmax attention (Vaswani et al. 2017), rotary positions"),
     "window": ("softmax", {**_ROPE, "attention_mask": masks.sliding_window(WINDOW, 0)},
                f"softmax attention over the last {WINDOW} tokens (a sliding window), rotary positions"),
@@ -66,14 +67,37 @@ USES = {"softmax": _SOFTMAX, "window": (*_SOFTMAX, "sliding-window"),
         "mamba2": ("mamba2",),
         "deltanet": ("deltanet",), "gated-deltanet": ("gated-deltanet",), "kda": ("kimi-delta-attention",),
         "hybrid-gdn": ("gated-deltanet", *_SOFTMAX), "hybrid-mamba2": ("mamba2", *_SOFTMAX)}
-CLAIM = {"statement": "softmax attention reaches at least 90 % on in-context recall at MAD's easiest setting "
-                      "(vocabulary 16, length 128)",
-         "source": "Poli et al. 2024, arXiv:2403.17844, Sec. 4.1 (attention solves the recall tasks)",
-         "task": "in_context_recall", "mechanism": "softmax", "level": 0.9}
+class MADClaim(TypedDict):
+    """The claim the MAD experiment tests: its text and source, the task, the mechanism and the accuracy it
+    reaches."""
+
+    statement: str
+    source: str
+    task: str
+    mechanism: str
+    level: float
+
+
+@runtime_checkable
+class _TokenTask(Protocol):
+    """The sizes the language model is built for, which every MAD task has."""
+
+    seq_len: int
+
+    @property
+    def vocab_size(self) -> int: ...
+
+
+CLAIM: MADClaim = {
+    "statement": "softmax attention reaches at least 90 % on in-context recall at MAD's easiest setting "
+                 "(vocabulary 16, length 128)",
+    "source": "Poli et al. 2024, arXiv:2403.17844, Sec. 4.1 (attention solves the recall tasks)",
+    "task": "in_context_recall", "mechanism": "softmax", "level": 0.9}
 
 
 def _build(task: str, mechanism: str) -> Built:
     data = tasks.get(task)
+    assert isinstance(data, _TokenTask)  # every MAD task is a token task with these sizes
     attention, options, _ = MECHANISMS[mechanism]
     model = TransformerLM(data.vocab_size, dim=DIM, num_heads=HEADS, num_layers=LAYERS, causal=True, dropout=0.0,
                           norm_first=True, attention=attention, max_len=data.seq_len, **options)

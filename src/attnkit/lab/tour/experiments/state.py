@@ -28,6 +28,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import replace
 from functools import partial
+from typing import TypedDict
 
 import torch
 from torch import nn
@@ -111,12 +112,28 @@ _LM = ("causal",)
 USES = {"softmax-rope": (*_LM, "multi-head", "scaled-dot-product", "rotary-embedding"),
         "softmax-nope": (*_LM, "multi-head", "scaled-dot-product"), "deltanet": ("deltanet",),
         "deltanet-neg": ("deltanet",), "gated-deltanet": ("gated-deltanet",), "mamba2": ("mamba2",), "lstm": ()}
-CLAIM = {"statement": "DeltaNet with negative eigenvalues (beta in [0, 2]) reaches at least 90 % on parity at test "
-                      "lengths up to 4x the training length, and with beta in [0, 1] it stays within 10 points of "
-                      "chance",
-         "source": "Grazzi et al. 2025, arXiv:2411.12537, Sec. 5.1, Table 2",
-         "task": "parity", "solves": "deltanet-neg", "fails": "deltanet", "level": 0.9, "chance": 0.5,
-         "margin": 0.1}
+
+
+class StateClaim(TypedDict):
+    """The claim the state-tracking experiment tests: its text and source, the task, the mechanism that solves it
+    and the one that fails, the accuracy the first reaches, chance, and the margin above chance the second stays
+    within."""
+
+    statement: str
+    source: str
+    task: str
+    solves: str
+    fails: str
+    level: float
+    chance: float
+    margin: float
+
+
+CLAIM: StateClaim = {
+    "statement": "DeltaNet with negative eigenvalues (beta in [0, 2]) reaches at least 90 % on parity at test lengths "
+                 "up to 4x the training length, and with beta in [0, 1] it stays within 10 points of chance",
+    "source": "Grazzi et al. 2025, arXiv:2411.12537, Sec. 5.1, Table 2",
+    "task": "parity", "solves": "deltanet-neg", "fails": "deltanet", "level": 0.9, "chance": 0.5, "margin": 0.1}
 
 
 class StateObjective(TokenObjective):
