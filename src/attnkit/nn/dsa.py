@@ -255,9 +255,10 @@ class DSALatentAttention(MultiHeadLatentAttention):
     form's attention) plus the indexer's ``O(B n^2 H_I d_I)``.
 
     Args:
-        dim, num_heads, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim, q_lora_rank, causal,
-            rotary, bias: as :class:`MultiHeadLatentAttention` (``q_lora_rank`` required: the indexer reads
-            ``c^Q``).
+        dim, num_heads, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim: as
+            :class:`MultiHeadLatentAttention`.
+        q_lora_rank, causal, rotary, bias: as :class:`MultiHeadLatentAttention` (``q_lora_rank`` required:
+            the indexer reads ``c^Q``).
         top_k, index_heads, index_dim: the indexer's ``k``, ``H_I``, ``d_I``.
         index_rotary: the rotation of the indexer's first ``qk_rope_head_dim`` features: options as
             ``rotary`` (default half-split pairs, DeepSeek-V3.2; GLM-MoE-DSA's are interleaved).

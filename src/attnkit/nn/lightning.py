@@ -110,8 +110,8 @@ class LightningAttention(RecurrentLayer):
         transformers' cache.
 
         Raises:
-            DTypeError: ``layer`` is not a ``MiniMaxLightningAttention``.
-            UnsupportedFeature: its feature map is not SiLU.
+            attnkit.errors.DTypeError: ``layer`` is not a ``MiniMaxLightningAttention``.
+            attnkit.errors.UnsupportedFeature: its feature map is not SiLU.
         """
         from ..errors import DTypeError, UnsupportedFeature
 

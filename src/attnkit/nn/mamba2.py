@@ -161,8 +161,8 @@ class Mamba2Mixer(RecurrentLayer):
         transformers' one-token step does not clamp while its prefill does; this module clamps in every form.
 
         Raises:
-            DTypeError: ``layer`` is not one of those classes.
-            UnsupportedFeature: its convolution's activation is not SiLU.
+            attnkit.errors.DTypeError: ``layer`` is not one of those classes.
+            attnkit.errors.UnsupportedFeature: its convolution's activation is not SiLU.
         """
         from ..integrations.transformers_layers import mamba2_from_transformers
 

@@ -122,7 +122,7 @@ class RWKV4TimeMixing(RecurrentLayer):
         its state.
 
         Raises:
-            DTypeError: ``layer`` is not an ``RwkvSelfAttention``.
+            attnkit.errors.DTypeError: ``layer`` is not an ``RwkvSelfAttention``.
         """
         if type(layer).__name__ != "RwkvSelfAttention":
             raise DTypeError(f"RWKV4TimeMixing.from_transformers takes an RwkvSelfAttention; got "
