@@ -109,6 +109,7 @@ def test_the_long_suite_command_writes_its_report_and_the_readme_table(tmp_path,
     assert str(out / "README.md") in printed and (out / "index.html").exists()
     assert calls[0]["scale"] == "default" and calls[0]["workers"] == 1 and calls[0]["device"] == "cpu"
     assert calls[0]["pairs"] == [("associative_recall", "softmax"), ("associative_recall", "local")]
+    assert calls[0]["lr_sweep"] is False
     text = readme.read_text()
     assert text.startswith("x\n<!-- tour-long:start -->\n| mechanism | associative_recall |")
     assert "| chance / ceiling | 25.0 / 100 |" in text and text.endswith("<!-- tour-long:end -->\ny\n")
@@ -120,3 +121,29 @@ def test_the_mad_suite_lists_its_task_and_mechanism_pairs_only(capsys):
     code, out, _ = run(["tour", "--suite", "mad", "--list"], capsys)
     listed = [line.split()[0] for line in out.splitlines() if line.split("/")[0] in {k.split("/")[0] for k in KEYS}]
     assert code == 0 and listed == list(KEYS) and f"{len(KEYS)} experiments" in out
+
+
+def test_lr_sweep_reaches_both_tours(tmp_path, monkeypatch, capsys):
+    import attnkit.lab.tour.long as long_suite
+    from attnkit.lab.tour import runner
+    from attnkit.lab.tour.store import Summary
+    from tests.lab.tour.long.test_report import _folder
+
+    calls = []
+
+    def fake_run_suite(out, **options):
+        calls.append(options)
+        _folder(Path(out))
+        return Summary(out, options["scale"])
+
+    def fake_tour(keys, seeds, **options):
+        calls.append(options)
+        return Summary(options["out"], "quick")
+
+    monkeypatch.setattr(long_suite, "run_suite", fake_run_suite)
+    monkeypatch.setattr(runner, "tour", fake_tour)
+    code, _, err = run(["tour", "--suite", "long", "--out", str(tmp_path / "long"), "--lr-sweep", "--no-progress",
+                        "--tasks", "associative_recall", "--mechanisms", "softmax"], capsys)
+    assert code == 0, err
+    run(["tour", "--quick", "--out", str(tmp_path / "short"), "--lr-sweep", "--no-progress", "--tasks", "mqar"], capsys)
+    assert [c["lr_sweep"] for c in calls] == [True, True]

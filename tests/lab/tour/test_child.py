@@ -31,3 +31,27 @@ def test_each_run_measures_its_time_and_peak_memory_in_a_fresh_process(key):
     in_process = runner._run_one(key, experiments()[key], 0, True, "v", None, isolate=False)
     assert in_process["result"]["peak_bytes"] is None  # not measurable here: dropped, not 0
     assert in_process["result"]["accuracy"] == record["result"]["accuracy"]  # the same run, the same seed
+
+
+def test_the_process_passes_a_learning_rate_factor_to_the_run_only_when_one_is_asked(monkeypatch, capsys):
+    import torch
+
+    from attnkit.lab.tour import child
+
+    calls = []
+
+    class Api:
+        @staticmethod
+        def run(key, seed, *, quick, progress, **options):
+            calls.append(options)
+            return {"key": key, "seed": seed}
+
+    monkeypatch.setattr(child, "api", lambda: Api)
+    threads = torch.get_num_threads()
+    try:
+        child.main({"key": "k", "seed": 0, "quick": True, "threads": threads})
+        child.main({"key": "k", "seed": 0, "quick": True, "threads": threads, "lr_scale": 3.0})
+    finally:
+        torch.set_num_threads(threads)
+    assert calls == [{}, {"lr_scale": 3.0}]
+    assert capsys.readouterr().out.count(child.RESULT) == 2

@@ -262,7 +262,7 @@ def test_workers_train_that_many_runs_at_once(tmp_path, fake, monkeypatch, worke
     fake(FakeAPI())
     meeting = threading.Barrier(2, timeout=5)
 
-    def in_child(key, seed, quick, step, device="cpu", threads=None):
+    def in_child(key, seed, quick, step, device="cpu", threads=None, lr_scale=1.0):
         meeting.wait()  # raises BrokenBarrierError when no second run arrives: a failed run
         return {**runner._as_dict(make_result(key, seed)), "peak_bytes": 1}
 
@@ -290,3 +290,62 @@ def test_the_runs_trained_at_once_share_the_threads_and_never_oversubscribe(tmp_
         torch.set_num_threads(before)
     assert len(jobs) == 2 and all(job["threads"] == each for job in jobs)
     assert workers * each <= max(cores, workers)
+
+
+def test_a_swept_run_tells_its_process_the_rate_and_a_plain_one_does_not(tmp_path, fake, monkeypatch):
+    fake(FakeAPI())
+    jobs = []
+
+    def child(job, step, on_result=None):
+        jobs.append(job)
+        return [{**runner._as_dict(make_result(job["key"], job["seed"])), "peak_bytes": 1}]
+
+    monkeypatch.setattr(runner, "run_child", child)
+    _tour(tmp_path / "plain", keys=["mqar/linear"], seeds=(0,), isolate=True, workers=1)
+    _tour(tmp_path / "sweep", keys=["mqar/linear"], seeds=(0,), isolate=True, workers=1, lr_sweep=True)
+    assert "lr_scale" not in jobs[0] and sorted(job.get("lr_scale", 1.0) for job in jobs[1:]) == [1 / 3, 1.0, 3.0]
+
+
+class SweepAPI(FakeAPI):
+    """A FakeAPI whose runs know the learning-rate factor: mqar/linear is best at 3x, the others at 1x."""
+
+    def run(self, key, seed, *, quick=False, progress=None, lr_scale=1.0):
+        self.calls.append((key, seed, quick, lr_scale))
+        result = make_result(key, seed)
+        bonus = 0.5 if key == "mqar/linear" and lr_scale == 3.0 else (0.0 if lr_scale == 1.0 else -0.2)
+        return FakeResult(**{**result.__dict__, "accuracy": result.accuracy + bonus})
+
+
+def test_lr_sweep_trains_every_run_at_three_rates_and_the_report_reads_the_best(tmp_path, fake):
+    from attnkit.lab.tour import report
+
+    api = fake(SweepAPI())
+    summary = _tour(tmp_path, keys=["mqar/softmax", "mqar/linear"], seeds=(0, 1), lr_sweep=True)
+    assert sorted(api.calls) == sorted((k, s, False, f) for k in ("mqar/softmax", "mqar/linear") for s in (0, 1)
+                                       for f in store.LR_SWEEP)
+    assert len(summary.ran) == 12 and "mqar/linear at lr x3 seed 1" in summary.ran
+    saved = json.loads((tmp_path / "runs" / "default" / "mqar__linear__lr3__seed1.json").read_text())
+    assert saved["lr_scale"] == 3.0 and saved["result"]["accuracy"] == 0.5 + 0.5
+    assert store.load_manifest(tmp_path)["lr_scales"] == list(store.LR_SWEEP)
+    rows = {r.key: r for r in report.load(tmp_path).rows}
+    assert rows["mqar/linear"].lr_scale == 3.0 and rows["mqar/linear"].accuracy[0] == 0.4 + 0.5
+    assert rows["mqar/softmax"].lr_scale == 1.0 and rows["mqar/softmax"].accuracy[0] == (0.9 + 0.8) / 2
+    table = report.table_rows(list(rows.values()))
+    assert table[0][3] == "best learning rate" and table[2][3] == "(x3 of 0.333, 1, 3)"  # the fake has no budget
+    again = fake(SweepAPI())
+    _tour(tmp_path, keys=["mqar/softmax", "mqar/linear"], seeds=(0, 1), lr_sweep=True)
+    assert again.calls == []  # every rate's runs are reused
+
+
+def test_without_lr_sweep_nothing_changes_and_a_later_sweep_reuses_those_runs(tmp_path, fake):
+    from attnkit.lab.tour import report
+
+    api = fake(FakeAPI())  # knows no learning-rate factor: a plain tour never passes one
+    _tour(tmp_path, keys=["mqar/linear"], seeds=(0,))
+    assert api.calls == [("mqar/linear", 0, False)]
+    assert sorted(p.name for p in (tmp_path / "runs" / "default").iterdir()) == ["mqar__linear__seed0.json"]
+    assert "lr_scales" not in store.load_manifest(tmp_path)
+    assert report.table_rows(report.load(tmp_path).rows)[0][3] == "seeds"  # no rate column
+    sweep = fake(SweepAPI())
+    summary = _tour(tmp_path, keys=["mqar/linear"], seeds=(0,), lr_sweep=True)
+    assert sorted(f for *_, f in sweep.calls) == [1 / 3, 3.0] and summary.cached == ["mqar/linear seed 0"]

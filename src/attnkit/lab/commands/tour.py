@@ -129,7 +129,8 @@ def _cmd_long(args, command: str) -> int:
     if args.readme:
         _readme(args.readme, "tour-long")  # before training: a wrong file is found now, not after the runs
     summary = run_suite(out, scale=the_plan.scale, fresh=args.fresh, progress=not args.no_progress, command=command,
-                        pairs=_long_pairs(args, the_plan), seeds=args.seeds, device=args.device, workers=args.workers)
+                        pairs=_long_pairs(args, the_plan), seeds=args.seeds, device=args.device, workers=args.workers,
+                        lr_sweep=args.lr_sweep)
     markdown, page = report.write(out)
     if args.readme:
         _splice(args.readme, "tour-long", "\n".join(md_table(report.accuracy_table(report.load(out)))))
@@ -201,7 +202,7 @@ def _cmd_tour(args) -> int:
         _readme(args.readme, "tour")
     summary = runner.tour(keys, args.seeds, quick=args.quick, out=args.out, fresh=args.fresh,
                           progress=not args.no_progress, command=command, isolate=not args.in_process,
-                          device=args.device, workers=args.workers)
+                          device=args.device, workers=args.workers, lr_sweep=args.lr_sweep)
     markdown, page = report.write(args.out)
     if args.readme:
         _splice(args.readme, "tour", report.markdown_table(args.out))
@@ -246,6 +247,10 @@ def add(sub) -> None:
     p.add_argument("--fresh", action="store_true", help="ignore cached runs and run everything again")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch threads in all, divided among the runs trained at once (default: all cores)")
+    p.add_argument("--lr-sweep", action="store_true",
+                   help="train every run at 1/3, 1 and 3 times its own learning rate (three times the runs); the "
+                        "report and its claims read, per experiment, the rate with the best mean accuracy over seeds, "
+                        "and name it")
     p.add_argument("--list", action="store_true", help="list the experiments and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--in-process", action="store_true",

@@ -1,9 +1,9 @@
 """One tour run in a fresh process, both sides: :func:`run_child` starts it, :func:`main` is the process.
 
 ``python -m attnkit.lab.tour.child '{"key": ..., "seed": ..., "quick": ...}'`` trains one run of the
-default tour; a job with ``"suite": "long"`` is a job of the long-range suite instead
-(:func:`attnkit.lab.tour.long.jobs.run_job`: one (task, mechanism) pair for its seeds, or one speed
-measurement), which prints one result line per run.
+default tour (with ``"lr_scale"``: at that factor of its learning rate); a job with ``"suite": "long"``
+is a job of the long-range suite instead (:func:`attnkit.lab.tour.long.jobs.run_job`: one (task,
+mechanism) pair for its seeds, or one speed measurement), which prints one result line per run.
 
 Both runners start one such process per run (or per pair), so the peak memory a run reports is the
 growth of a process that no earlier run has used: in a shared process, memory freed by one run is
@@ -112,6 +112,8 @@ def main(job: dict) -> None:
         run_job(job, progress, emit)
         return
     options = {"device": job["device"]} if job.get("device", "cpu") != "cpu" else {}
+    if float(job.get("lr_scale", 1.0)) != 1.0:  # a stand-in API need not know rates it is never asked for
+        options["lr_scale"] = float(job["lr_scale"])
     emit(api().run(job["key"], int(job["seed"]), quick=bool(job["quick"]), progress=progress, **options))
 
 

@@ -24,7 +24,9 @@ from .store import (
     cached,
     check_writable,
     finish_manifest,
+    lr_scales,
     new_record,
+    rate_label,
     run_path,
     source_version,
     start_manifest,
@@ -63,26 +65,33 @@ def _as_dict(result) -> dict:
     return json.loads(data) if isinstance(data, str) else dict(data)
 
 
-def _run_in_child(key: str, seed: int, quick: bool, step, device: str = "cpu", threads: int | None = None) -> dict:
+def _run_in_child(key: str, seed: int, quick: bool, step, device: str = "cpu", threads: int | None = None,
+                  lr_scale: float = 1.0) -> dict:
     """``api().run(...)`` in a fresh process (:mod:`attnkit.lab.tour.child`) at ``threads``: its result as JSON data."""
     job = {"key": key, "seed": seed, "quick": quick, "device": device}
+    if lr_scale != 1.0:
+        job["lr_scale"] = lr_scale
     return run_child(job if threads is None else {**job, "threads": threads}, step)[-1]
 
 
 def _run_one(key: str, exp, seed: int, quick: bool, version: str, step, isolate: bool = True,
-             device: str = "cpu", threads: int | None = None) -> dict:
+             device: str = "cpu", threads: int | None = None, lr_scale: float = 1.0) -> dict:
     """One run as a saved record; an exception is recorded as a failed run, never raised.
 
     ``isolate``: train in a fresh process, so its peak memory is measured; in this process instead,
     the peak is dropped (None): memory freed by an earlier run would be reused without being counted.
     """
-    record = new_record(exp.task, exp.mechanism, seed, mode_name(quick), version, key=key)
+    budget = getattr(exp, "quick" if quick else "budget", None)
+    lr = budget.lr * lr_scale if hasattr(budget, "lr") else None
+    record = new_record(exp.task, exp.mechanism, seed, mode_name(quick), version, key=key, lr_scale=lr_scale, lr=lr)
     start = time.perf_counter()
     try:
         if isolate:
-            result = _run_in_child(key, seed, quick, step, device, threads)
+            result = _run_in_child(key, seed, quick, step, device, threads, lr_scale)
         else:
             options = {"device": device} if device != "cpu" else {}  # a stand-in API need not know devices
+            if lr_scale != 1.0:
+                options["lr_scale"] = lr_scale
             result = {**_as_dict(api().run(key, seed, quick=quick, progress=step, **options)), "peak_bytes": None}
         json.dumps(result)  # a result that cannot be saved is a failed run, not a crash of the tour
         record["result"] = result
@@ -92,6 +101,8 @@ def _run_one(key: str, exp, seed: int, quick: bool, version: str, step, isolate:
         record.update(status="failed", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
     record["wall_seconds"] = time.perf_counter() - start
     return record
+
+
 def _check(keys, seeds, known: dict, quick: bool) -> tuple[list[str], list[int]]:
     keys = [keys] if isinstance(keys, str) else list(api().default_set(quick) if keys is None else keys)
     unknown = [k for k in keys if k not in known]
@@ -109,7 +120,7 @@ def _check(keys, seeds, known: dict, quick: bool) -> tuple[list[str], list[int]]
 def tour(keys: Iterable[str] | None = None, seeds: Sequence[int] = (0, 1, 2), *, quick: bool = False,
          out="tour-report", fresh: bool = False, progress: bool = True, command: str | None = None,
          scaling: bool | None = None, isolate: bool = True, device: str = "cpu",
-         workers: int | None = None) -> TourSummary:
+         workers: int | None = None, lr_sweep: bool = False) -> TourSummary:
     """Run every (experiment, seed) of the tour not already cached under ``out``, caching each as it finishes.
 
     Args:
@@ -128,6 +139,8 @@ def tour(keys: Iterable[str] | None = None, seeds: Sequence[int] = (0, 1, 2), *,
             :func:`~attnkit.lab.tour.child.threads_per_worker` threads (this process's thread count divided among
             them, at least 1) (default :func:`~attnkit.lab.tour.child.default_workers`: two on a 2-core CPU, one
             thread each); 1 with ``isolate=False``.
+        lr_sweep: train each (experiment, seed) at :data:`~attnkit.lab.tour.store.LR_SWEEP` times its own
+            learning rate; the report reads, per experiment, the rate with the best mean accuracy over seeds.
 
     Returns:
         A :class:`TourSummary`. Failed runs are recorded and reported, not raised.
@@ -137,25 +150,28 @@ def tour(keys: Iterable[str] | None = None, seeds: Sequence[int] = (0, 1, 2), *,
     keys, seeds = _check(keys, seeds, known, quick)
     mode, version = mode_name(quick), code_version()
     summary = TourSummary(out, mode)
+    scales = lr_scales(lr_sweep)
     manifest = start_manifest(out, mode=mode, keys=keys, seeds=seeds, version=version,
-                              command=command or "attnkit.lab.tour.runner.tour(...)", device=device)
+                              command=command or "attnkit.lab.tour.runner.tour(...)", device=device,
+                              **({"lr_scales": list(scales)} if lr_sweep else {}))
     todo = []
     for key in keys:
-        for seed in seeds:
-            exp = known[key]
-            if not fresh and cached(out, exp.task, exp.mechanism, seed, mode, version):
-                summary.cached.append(f"{key} seed {seed}")
-            else:
-                todo.append((key, seed, check_writable(run_path(out, exp.task, exp.mechanism, seed, mode))))
+        for scale in scales:
+            for seed in seeds:
+                exp, name = known[key], f"{key}{rate_label(scale)} seed {seed}"
+                if not fresh and cached(out, exp.task, exp.mechanism, seed, mode, version, scale):
+                    summary.cached.append(name)
+                else:
+                    path = check_writable(run_path(out, exp.task, exp.mechanism, seed, mode, scale))
+                    todo.append((key, seed, scale, name, path))
     workers = 1 if not isolate else workers or default_workers(device)
     threads = threads_per_worker(workers)  # the runs together use the cores once, never more threads than cores
     with bars(progress and bool(todo), len(todo), f"tour ({mode})") as overall:
         def one(item):
-            key, seed, path = item
-            name = f"{key} seed {seed}"
+            key, seed, scale, name, path = item
             steps = getattr(known[key], "steps", None)
             with bars(progress and workers == 1, steps, name, position=1, per_step=True) as step:
-                record = _run_one(key, known[key], seed, quick, version, step, isolate, device, threads)
+                record = _run_one(key, known[key], seed, quick, version, step, isolate, device, threads, scale)
             write_json(path, record)
             (summary.ran if record["status"] == "ok" else summary.failed).append(name)
             if overall:

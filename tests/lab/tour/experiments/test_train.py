@@ -187,3 +187,20 @@ def test_implied_linear_maps_reproduce_the_layer(cls, causal):
     torch.testing.assert_close(layer.merge_heads(weights.double() @ v), layer(x), atol=1e-5, rtol=1e-4)
     if causal:
         assert bool((weights.triu(1) == 0).all())
+
+
+def test_run_trains_at_the_asked_factor_of_its_learning_rate_and_refuses_a_bad_one(tiny, monkeypatch):
+    rates = []
+
+    def stop_at_fit(model, task, objective, budget, **kw):
+        rates.append(budget.lr)
+        raise StopIteration  # the rate is what this test reads, not the training
+
+    monkeypatch.setattr(experiments_module, "fit", stop_at_fit)
+    for factor in (1.0, 1 / 3, 3.0):
+        with pytest.raises(StopIteration):
+            tour.run(tiny, 0, lr_scale=factor)
+    assert rates == [TINY_BUDGET.lr, pytest.approx(TINY_BUDGET.lr / 3), pytest.approx(3 * TINY_BUDGET.lr)]
+    for bad in (0, -1.0, "3"):
+        with pytest.raises(ArgumentError, match="lr_scale must be a positive number"):
+            tour.run(tiny, 0, lr_scale=bad)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
+import pytest
+
+from attnkit.lab.tour import store
 from attnkit.lab.tour.catalogue import LEFT_OUT
 from attnkit.lab.tour.long import report
-from attnkit.lab.tour.long.claims import CLAIMS
+from attnkit.lab.tour.long.claims import CLAIMS, HELD, check
 from attnkit.lab.tour.long.picture import points
 from attnkit.lab.tour.long.runner import speed_path
 from attnkit.lab.tour.store import FORMAT, run_path, write_json
@@ -81,3 +85,24 @@ def test_the_report_decides_the_claims_and_lists_what_the_tour_leaves_out(tmp_pa
     assert all(f"**{name}**" in text for name in LEFT_OUT) and "img/curves__associative_recall.png" in text
     html = page.read_text()
     assert html.count("data:image/png;base64,") == 3 and "<script src" not in html  # the picture and two curves
+
+
+def test_after_a_sweep_the_table_and_the_claims_read_each_pairs_best_rate(tmp_path):
+    _folder(tmp_path)
+    claim = replace(next(c for c in CLAIMS if c.key == "fixed-state-behind-softmax"), worse=("linear",),
+                    tasks=("associative_recall",))
+    plain = check(claim, report.load(tmp_path).accuracies(), {}, CHANCE)  # the claim on the runs this folder holds
+    manifest = store.load_manifest(tmp_path)
+    write_json(tmp_path / "tour.json", {**manifest, "lr_scales": list(store.LR_SWEEP)})
+    for factor, acc in ((3.0, 0.99), (1 / 3, 0.1)):  # linear recalls at 3x its rate, fails at a third of it
+        for seed in range(3):
+            rec = store.load_run(run_path(tmp_path, "associative_recall", "linear", seed, "default"))
+            write_json(run_path(tmp_path, "associative_recall", "linear", seed, "default", factor),
+                       {**rec, "lr_scale": factor, "result": {**rec["result"], "accuracy": acc}})
+    rep = report.load(tmp_path)
+    assert rep.accuracies()["associative_recall", "linear"] == [0.99, 0.99, 0.99]
+    rows = {row[0]: row for row in report.accuracy_table(rep)[2:]}
+    assert rows["linear"][1] == "99.0 ± 0.0 (lr x3)" and rows["softmax"][1] == "97.0 ± 2.0"  # softmax: one rate
+    swept = check(claim, rep.accuracies(), {}, CHANCE)
+    assert plain.outcome == HELD and swept.outcome != HELD  # linear no longer falls behind at its best rate
+    assert swept.comparisons[0].difference == pytest.approx(0.97 - 0.99)

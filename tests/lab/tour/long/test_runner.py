@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from attnkit.errors import ArgumentError
+from attnkit.lab.tour import store
 from attnkit.lab.tour.long import report, run_suite, runner
 from attnkit.lab.tour.long.runner import default_workers, speed_path, suite_version
+from attnkit.lab.tour.long.suite import plan
 from attnkit.lab.tour.store import run_path
 
 
@@ -51,7 +53,7 @@ def test_two_workers_train_two_pairs_at_once_longest_sequences_first(tmp_path, m
     started, running, most, shares = [], [], [], []
     lock = threading.Lock()
 
-    def fake_train(out, task, mechanism, seeds, the_plan, version, device, step, summary, threads=1):
+    def fake_train(out, task, mechanism, seeds, the_plan, version, device, step, summary, threads=1, lr_scale=1.0):
         with lock:
             shares.append(threads)
             started.append(task)
@@ -80,3 +82,32 @@ def test_an_unknown_task_of_the_scale_is_an_error_and_workers_follow_the_device(
     with pytest.raises(ArgumentError, match="no task 'long_listops'"):
         run_suite("unused", scale="quick", pairs=[("long_listops", "linear")], progress=False)
     assert default_workers("cuda") == 1 and 1 <= default_workers("cpu") <= 2
+
+
+def _fake_child(jobs):
+    def child(job, step, on_result=None):
+        jobs.append(job)
+        results = [{"seed": seed, "accuracy": 0.5 * job.get("lr_scale", 1.0)} for seed in job["seeds"]]
+        for result in results:
+            on_result(result)
+        return results
+    return child
+
+
+def test_a_sweep_trains_each_pair_at_every_rate_keyed_apart_and_a_plain_suite_at_its_own(tmp_path, monkeypatch):
+    jobs = []
+    monkeypatch.setattr(runner, "run_child", _fake_child(jobs))
+    setup = plan("quick").setups[0]
+    pair = (setup.task, setup.mechanisms[0])
+    runner.run_suite(tmp_path, scale="quick", progress=False, pairs=[pair], seeds=[0], speed=[], workers=1)
+    assert len(jobs) == 1 and "lr_scale" not in jobs[0]
+    summary = runner.run_suite(tmp_path, scale="quick", progress=False, pairs=[pair], seeds=[0], speed=[],
+                               workers=1, lr_sweep=True)
+    assert sorted(job.get("lr_scale", 1.0) for job in jobs[1:]) == [1 / 3, 3.0]  # the plain run is reused
+    assert summary.cached == [f"{pair[0]}/{pair[1]} seed 0"]
+    names = sorted(p.name for p in (tmp_path / "runs" / "quick").glob("*__seed0.json"))
+    assert names == sorted(store.run_path(tmp_path, *pair, 0, "quick", f).name for f in store.LR_SWEEP)
+    saved = store.load_run(store.run_path(tmp_path, *pair, 0, "quick", 3.0))
+    assert saved["lr_scale"] == 3.0 and saved["lr"] == 3.0 * setup.budget.lr
+    best = store.load_records(tmp_path)
+    assert [(r["lr_scale"], r["result"]["accuracy"]) for r in best] == [(3.0, 1.5)]

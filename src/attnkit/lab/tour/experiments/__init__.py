@@ -17,7 +17,7 @@ numbers independent of the machine's core count.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -96,7 +96,7 @@ def default_set(quick: bool) -> list[str]:
 
 
 def run(key: str, seed: int, *, quick: bool = False, progress: Callable[[str], None] | None = None,
-        device: str = "cpu") -> Result:
+        device: str = "cpu", lr_scale: float = 1.0) -> Result:
     """Train experiment ``key`` with ``seed`` and return its :class:`Result` (test metric, cost, curve, maps).
 
     Args:
@@ -105,13 +105,18 @@ def run(key: str, seed: int, *, quick: bool = False, progress: Callable[[str], N
         quick: use the experiment's short budget.
         progress: called with a label once per curve point and once after the test.
         device: where the model trains (``"cpu"`` or ``"cuda"``); the maps and measurements come back on the CPU.
+        lr_scale: a positive factor of the budget's learning rate (a sweep's point; 1: the experiment's own rate).
     """
     exps = _registry()
     if key not in exps:
         raise ArgumentError(f"tour.run: unknown experiment {key!r}; known: {', '.join(exps)}")
     check_int("tour.run", "seed", seed, 0)
+    if not (isinstance(lr_scale, (int, float)) and lr_scale > 0):
+        raise ArgumentError(f"tour.run: lr_scale must be a positive number; got {lr_scale!r}")
     exp = exps[key]
     budget = exp.quick if quick else exp.budget
+    if lr_scale != 1:
+        budget = replace(budget, lr=budget.lr * lr_scale)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

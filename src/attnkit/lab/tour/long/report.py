@@ -99,8 +99,9 @@ def standing(values: list[float], chance: float) -> str:
 
 
 def accuracy_table(rep: LongReport) -> list[list[str]]:
-    """Mechanism x task accuracy (mean ± std over seeds; "≈" where it is at chance), then the mean, steps/s,
-    peak MiB and parameters; the second row gives each task's chance level and ceiling."""
+    """Mechanism x task accuracy (mean ± std over seeds; "≈" where it is at chance; after a learning-rate
+    sweep, the best rate's factor, ``(lr x3)``), then the mean, steps/s, peak MiB and parameters; the second
+    row gives each task's chance level and ceiling."""
     task_names = list(dict.fromkeys(r.task for r in rep.rows))
     by, accs, chance = {(r.mechanism, r.task): r for r in rep.rows}, rep.accuracies(), rep.chance()
     out = [["mechanism", *task_names, "mean accuracy %", "steps/s (mean)", "peak MiB (mean)", "parameters"],
@@ -118,7 +119,9 @@ def accuracy_table(rep: LongReport) -> list[list[str]]:
                 cells.append("-")
                 continue
             flat = accs.get((t, mech)) and t in chance and standing(accs[t, mech], chance[t]) == "at chance"
-            cells.append(("≈ " if flat else "") + fmt_accuracy(by[mech, t]))
+            row = by[mech, t]
+            rate = f" (lr x{row.lr_scale:.3g})" if row.lr_swept else ""  # after a sweep: the best rate's runs
+            cells.append(("≈ " if flat else "") + fmt_accuracy(row) + rate)
         out.append([mech, *cells, f"{100 * statistics.fmean(r.accuracy[0] for r in ok):.1f}" if ok else "-",
                     f"{statistics.fmean(speeds):.2f}" if speeds else "-",
                     _mib(statistics.fmean(peaks)) if peaks else "-", " / ".join(f"{p:,}" for p in params) or "-"])

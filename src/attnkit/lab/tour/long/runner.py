@@ -4,6 +4,7 @@ The folder is the run store's (:mod:`attnkit.lab.tour.store`), shared with the d
 
     out/tour.json                                         the last invocation (suite "long", scale, pairs, seeds)
     out/runs/<scale>/<task>__<mechanism>__seed<k>.json    one training run (status "ok" with its result, or "failed")
+    out/runs/<scale>/<task>__<mechanism>__lr<r>__seed<k>.json   the same at r times its learning rate (--lr-sweep)
     out/runs/<scale>/speed__<mechanism>.json              the speed/memory measurement at the longest length
 
 A pair's process trains its seeds one after another and prints each result as it finishes, and
@@ -30,7 +31,9 @@ from ..store import (
     cached,
     check_writable,
     finish_manifest,
+    lr_scales,
     new_record,
+    rate_label,
     read_json,
     run_path,
     slug,
@@ -76,7 +79,8 @@ def load_speed(path, *, scale: str | None = None, version: str | None = None) ->
     return data
 
 
-def _train(out, task, mechanism, seeds, the_plan: Plan, version, device, step, summary, threads: int = 1) -> None:
+def _train(out, task, mechanism, seeds, the_plan: Plan, version, device, step, summary, threads: int = 1,
+           lr_scale: float = 1.0) -> None:
     """Train one pair's missing ``seeds`` in a fresh process, saving each seed's record as it arrives.
 
     A record's ``wall_seconds`` is the time since the pair's previous record (since the process
@@ -91,24 +95,27 @@ def _train(out, task, mechanism, seeds, the_plan: Plan, version, device, step, s
 
     def save(result: dict) -> None:
         seed = int(result["seed"])
-        record = {**new_record(task, mechanism, seed, the_plan.scale, version), "result": result,
-                  "wall_seconds": since_last()}
-        write_json(run_path(out, task, mechanism, seed, the_plan.scale), record)
+        record = {**new_record(task, mechanism, seed, the_plan.scale, version, lr_scale=lr_scale, lr=lr),
+                  "result": result, "wall_seconds": since_last()}
+        write_json(run_path(out, task, mechanism, seed, the_plan.scale, lr_scale), record)
         done.add(seed)
-        summary.ran.append(f"{task}/{mechanism} seed {seed}")
+        summary.ran.append(f"{task}/{mechanism}{rate_label(lr_scale)} seed {seed}")
 
+    lr = the_plan.setup(task).budget.lr * lr_scale
     try:
-        run_child({**train_job(task, mechanism, seeds, the_plan.scale, device), "threads": threads}, step, save)
+        run_child({**train_job(task, mechanism, seeds, the_plan.scale, device, lr_scale), "threads": threads}, step,
+                  save)
         error = None
     except ChildFailed as err:
         error = err
     for seed in seeds:
         if seed not in done:
             message = str(error) if error else "the run's process printed no result for this seed"
-            record = {**new_record(task, mechanism, seed, the_plan.scale, version), "status": "failed",
-                      "error": message, "traceback": getattr(error, "log", None), "wall_seconds": since_last()}
-            write_json(run_path(out, task, mechanism, seed, the_plan.scale), record)
-            summary.failed.append(f"{task}/{mechanism} seed {seed}")
+            record = {**new_record(task, mechanism, seed, the_plan.scale, version, lr_scale=lr_scale, lr=lr),
+                      "status": "failed", "error": message, "traceback": getattr(error, "log", None),
+                      "wall_seconds": since_last()}
+            write_json(run_path(out, task, mechanism, seed, the_plan.scale, lr_scale), record)
+            summary.failed.append(f"{task}/{mechanism}{rate_label(lr_scale)} seed {seed}")
 
 
 def _speed(out, mechanism, the_plan: Plan, version, device, summary) -> None:
@@ -123,19 +130,21 @@ def _speed(out, mechanism, the_plan: Plan, version, device, summary) -> None:
     write_json(speed_path(out, mechanism, the_plan.scale), record)
 
 
-def _todo(out, the_plan: Plan, seeds, version, fresh: bool, summary) -> list[tuple[str, str, list[int]]]:
-    """The pairs with seeds not saved yet (longest sequences first, so two workers finish together)."""
+def _todo(out, the_plan: Plan, seeds, version, fresh: bool, summary, scales=(1.0,)
+          ) -> list[tuple[str, str, list[int], float]]:
+    """The (pair, rate) with seeds not saved yet (longest sequences first, so two workers finish together)."""
     todo = []
     for task, mech in the_plan.pairs:
-        missing = []
-        for seed in seeds or the_plan.setup(task).seeds:
-            if not fresh and cached(out, task, mech, seed, the_plan.scale, version):
-                summary.cached.append(f"{task}/{mech} seed {seed}")
-            else:
-                check_writable(run_path(out, task, mech, seed, the_plan.scale))
-                missing.append(seed)
-        if missing:
-            todo.append((task, mech, missing))
+        for scale in scales:
+            missing = []
+            for seed in seeds or the_plan.setup(task).seeds:
+                if not fresh and cached(out, task, mech, seed, the_plan.scale, version, scale):
+                    summary.cached.append(f"{task}/{mech}{rate_label(scale)} seed {seed}")
+                else:
+                    check_writable(run_path(out, task, mech, seed, the_plan.scale, scale))
+                    missing.append(seed)
+            if missing:
+                todo.append((task, mech, missing, scale))
     cost = {s.task: s.budget.steps * s.budget.batch_size * s.make().length ** 2 for s in the_plan.setups}
     return sorted(todo, key=lambda item: -cost[item[0]])
 
@@ -165,7 +174,7 @@ def _restricted(the_plan: Plan, pairs) -> Plan:
 
 def run_suite(out="tour-long", *, scale: str = "default", fresh: bool = False, progress: bool = True,
               command: str | None = None, pairs=None, seeds=None, speed=None, device: str = "cpu",
-              workers: int | None = None) -> SuiteSummary:
+              workers: int | None = None, lr_sweep: bool = False) -> SuiteSummary:
     """Run every (task, mechanism, seed) and speed measurement of the suite not already saved under ``out``.
 
     Args:
@@ -179,6 +188,8 @@ def run_suite(out="tour-long", *, scale: str = "default", fresh: bool = False, p
         speed: mechanisms whose speed to measure at the longest length (default: those of the pairs).
         device: where the models train (``"cpu"`` or ``"cuda"``).
         workers: pairs trained at once (default :func:`~attnkit.lab.tour.child.default_workers`).
+        lr_sweep: train each pair at :data:`~attnkit.lab.tour.store.LR_SWEEP` times its setup's learning
+            rate; the report and its claims read, per pair, the rate with the best mean accuracy over seeds.
 
     Returns:
         A :class:`SuiteSummary`; failed runs are recorded and reported, not raised.
@@ -197,19 +208,20 @@ def run_suite(out="tour-long", *, scale: str = "default", fresh: bool = False, p
         seeds=list(run_seeds or the_plan.seeds), version=version,
         command=command or "attnkit.lab.tour.long.run_suite(...)",
         suite=SUITE, speed_length=the_plan.speed_length, device=device, workers=workers,
-        budgets={s.task: vars(s.budget) for s in the_plan.setups})
-    todo = _todo(out, the_plan, run_seeds, version, fresh, summary)
+        budgets={s.task: vars(s.budget) for s in the_plan.setups},
+        **({"lr_scales": list(lr_scales(True))} if lr_sweep else {}))
+    todo = _todo(out, the_plan, run_seeds, version, fresh, summary, lr_scales(lr_sweep))
     mechanisms = list(dict.fromkeys(m for _, m in the_plan.pairs) if speed is None else speed)
     speed_todo = _speed_todo(out, the_plan.scale, mechanisms, version, fresh, summary)
     with bars(progress and bool(todo or speed_todo), len(todo) + len(speed_todo),
               f"long suite ({the_plan.scale})") as overall:
         def pair(item):
-            task, mech, missing = item
-            steps = len(missing) * (the_plan.evals + 1)
-            with bars(progress and workers == 1, steps, f"{task}/{mech}", position=1, per_step=True) as step:
-                _train(out, task, mech, missing, the_plan, version, device, step, summary, threads)
+            task, mech, missing, scale = item
+            steps, name = len(missing) * (the_plan.evals + 1), f"{task}/{mech}{rate_label(scale)}"
+            with bars(progress and workers == 1, steps, name, position=1, per_step=True) as step:
+                _train(out, task, mech, missing, the_plan, version, device, step, summary, threads, scale)
             if overall:
-                overall(f"{task}/{mech}")
+                overall(name)
 
         with ThreadPoolExecutor(max_workers=workers) as pool:
             list(pool.map(pair, todo))

@@ -16,6 +16,7 @@ would show nothing by itself). On CUDA, the peak of allocated memory over what w
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -68,17 +69,20 @@ def score(model, objective: Objective, batch: dict[str, torch.Tensor], task, chu
 
 
 def train_pair(task_name: str, mechanism: str, seeds, *, scale: str = "default", device: str = "cpu",
-               progress: Callable[[str], None] | None = None, emit: Callable[[Result], None] | None = None
-               ) -> list[Result]:
+               progress: Callable[[str], None] | None = None, emit: Callable[[Result], None] | None = None,
+               lr_scale: float = 1.0) -> list[Result]:
     """Train ``mechanism`` on ``task_name`` once per seed (the scale's setup), one thread; each :class:`Result`.
 
     ``emit(result)`` is called as each seed finishes (the child process prints it at once, so an
     interrupted pair keeps its finished seeds); ``progress(label)`` once per curve point.
-    ``Result.extra`` holds ``steps_per_second``, ``length`` and ``chance``.
+    ``Result.extra`` holds ``steps_per_second``, ``length`` and ``chance``; ``lr_scale`` multiplies the
+    setup's learning rate (a sweep's point).
     """
     the_plan = plan(scale)
     setup = the_plan.setup(task_name)
     budget, threads = setup.budget, torch.get_num_threads()
+    if lr_scale != 1:
+        budget = replace(budget, lr=budget.lr * lr_scale)
     torch.set_num_threads(1)
     peak, results = PeakMemory(device), []
     peak.start()

@@ -17,7 +17,7 @@ from ..store import load_manifest, load_records
 from .pieces import cell, md_table
 
 __all__ = ["Row", "Report", "load", "load_manifest", "load_records", "summarize", "markdown_table", "write",
-           "TASK_PURPOSE", "cell", "fmt_accuracy"]
+           "TASK_PURPOSE", "cell", "fmt_accuracy", "fmt_rate"]
 
 TASK_PURPOSE = {
     "parity": "state tracking: the parity of the bits so far, trained on length 40 and tested up to 256 "
@@ -73,6 +73,9 @@ class Row:
     peak_bytes: float | None = None
     parameters: int | None = None
     extra: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+    lr_scale: float = 1.0  # the factor of the experiment's learning rate its runs trained at
+    lr: float | None = None  # that learning rate, when the runs recorded it
+    lr_swept: list[float] = field(default_factory=list)  # the factors a sweep tried (empty: no sweep)
 
 
 def _finite(values) -> list[float]:
@@ -88,7 +91,9 @@ def summarize(records: list[dict]) -> list[Row]:
     rows: dict[str, Row] = {}
     oks: dict[str, list[dict]] = {}
     for rec in records:
-        row = rows.setdefault(rec["key"], Row(rec["key"], rec["task"], rec["mechanism"]))
+        row = rows.setdefault(rec["key"], Row(rec["key"], rec["task"], rec["mechanism"],
+                                              lr_scale=float(rec.get("lr_scale", 1.0)), lr=rec.get("lr"),
+                                              lr_swept=list(rec.get("lr_swept") or [])))
         if rec["status"] == "ok":
             row.seeds_ok.append(rec["seed"])
             oks.setdefault(rec["key"], []).append(rec["result"])
@@ -120,16 +125,31 @@ def fmt_accuracy(row: Row) -> str:
     return f"{100 * mean:.1f}" + ("" if std is None else f" ± {100 * std:.1f}")
 
 
+def fmt_rate(row: Row) -> str:
+    """The learning rate a swept row's runs trained at, as ``<lr> (x<factor>)``; ``""`` without a sweep.
+
+    Example:
+        >>> fmt_rate(Row("t/m", "t", "m", lr_scale=3.0, lr=0.009, lr_swept=[1 / 3, 1.0, 3.0]))
+        '0.009 (x3 of 0.333, 1, 3)'
+    """
+    if not row.lr_swept:
+        return ""
+    lr = "" if row.lr is None else f"{row.lr:.2g} "
+    return f"{lr}(x{row.lr_scale:.3g} of {', '.join(f'{f:.3g}' for f in row.lr_swept)})"
+
+
 def fmt_seeds(row: Row) -> str:
     text = str(len(row.seeds_ok))
     return text + (f" ({len(row.failed)} failed)" if row.failed else "")
 
 
 def table_rows(rows: list[Row]) -> list[list[str]]:
-    """The table as strings: header first."""
-    out = [["task", "mechanism", "accuracy % (mean ± std)", "seeds", "train time s", "peak memory MiB", "parameters"]]
+    """The table as strings: header first; after a learning-rate sweep, the best rate of each row too."""
+    swept = any(r.lr_swept for r in rows)
+    out = [["task", "mechanism", "accuracy % (mean ± std)", *(["best learning rate"] if swept else []), "seeds",
+            "train time s", "peak memory MiB", "parameters"]]
     for r in rows:
-        out.append([r.task, r.mechanism, fmt_accuracy(r), fmt_seeds(r),
+        out.append([r.task, r.mechanism, fmt_accuracy(r), *([fmt_rate(r) or "-"] if swept else []), fmt_seeds(r),
                     "-" if r.train_seconds is None else f"{r.train_seconds:.1f}",
                     "-" if r.peak_bytes is None else f"{r.peak_bytes / 2**20:.1f}",
                     "-" if r.parameters is None else f"{r.parameters:,}"])
