@@ -1,6 +1,7 @@
 """byte_context: a header of '=' or '~', then marks '+'/'-'; a mark's stance is the mark read in the header's light."""
 
 import pytest
+import torch
 
 from attnkit.errors import ArgumentError
 from attnkit.lab.tasks.byte_docs import encode
@@ -48,3 +49,13 @@ def test_shortcuts_stay_at_chance():
 def test_bad_sizes(sizes, arg):
     with pytest.raises(ArgumentError, match=rf"\b{arg} must"):
         contract.sample("byte_context", **sizes)
+
+
+def test_the_question_positions_read_from_the_inputs_are_the_labelled_positions():
+    from attnkit.lab import tasks
+
+    task = tasks.get("byte_context", length=256)
+    batch = task.sample(16, torch.Generator().manual_seed(5))
+    asked = task.question_positions(batch["inputs"])
+    assert asked.dtype == torch.bool and asked.shape == batch["inputs"].shape
+    assert torch.equal(asked, batch["targets"] != -100)  # exactly where an answer is scored, no target read

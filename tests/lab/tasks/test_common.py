@@ -201,3 +201,10 @@ def test_inputs_show_later_answers_exactly_when_the_task_needs_a_causal_model(na
         assert shares[0] == 1.0
     else:
         assert max(shares) < max(0.5, 1.5 / task.vocab_size), shares
+
+
+def test_a_task_that_marks_no_questions_says_so():
+    from attnkit.lab import tasks
+
+    task = tasks.get("long_listops")
+    assert task.question_positions(task.sample(2, torch.Generator().manual_seed(0))["inputs"]) is None

@@ -50,3 +50,13 @@ def test_shortcuts_stay_at_chance():
 def test_bad_sizes(sizes, arg):
     with pytest.raises(ArgumentError, match=rf"\b{arg} must"):
         contract.sample("pixel_legend", **sizes)
+
+
+def test_the_question_positions_read_from_the_inputs_are_the_labelled_positions():
+    from attnkit.lab import tasks
+
+    task = tasks.get("pixel_legend", side=16, objects=3)
+    batch = task.sample(16, torch.Generator().manual_seed(5))
+    asked = task.question_positions(batch["inputs"])
+    assert asked.dtype == torch.bool and asked.shape == batch["inputs"].shape
+    assert torch.equal(asked, batch["targets"] != -100)  # exactly where an answer is scored, no target read

@@ -104,6 +104,10 @@ class AssociativeRecall(Task):
         """``(n, count)`` distinct positions in ``0 .. region - 1``, uniformly drawn."""
         return torch.rand(n, self.region, generator=generator).argsort(1)[:, :count]
 
+    def question_positions(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The queries: every key token (ids ``filler + 1 .. filler + num_keys``; facts and filler use others)."""
+        return (inputs > self.filler) & (inputs <= self.filler + self.num_keys)
+
     def _sample(self, n, generator):
         g, k, length = generator, self.num_keys, self.length
         rows = torch.arange(n).view(n, 1)

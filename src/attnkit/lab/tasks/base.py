@@ -73,6 +73,15 @@ class Task:
     def _sample(self, n: int, generator: torch.Generator | None) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
+    def question_positions(self, inputs: torch.Tensor) -> torch.Tensor | None:
+        """Where the task asks its questions, read from ``inputs`` alone (never from the targets): a bool
+        ``(n, length)`` tensor (True = a question token), or None when the task marks none.
+
+        A model with global tokens (Longformer, Beltagy et al. 2020, Sec. 3.1) puts them there, as the
+        paper puts them on a question's tokens; None leaves it to the model (a class token).
+        """
+        return None
+
     def accuracy(self, prediction: torch.Tensor, batch: dict[str, torch.Tensor]) -> float:
         """The task's metric in [0, 1]; ``prediction`` is the argmax output, shaped like ``batch["targets"]``."""
         who = f"{type(self).__name__}.accuracy"

@@ -88,6 +88,10 @@ class ByteContext(Task):
     def num_classes(self) -> int:
         return 2
 
+    def question_positions(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The marks: every ``+`` and ``-`` byte (the header and the words hold neither)."""
+        return (inputs == _PLUS) | (inputs == _MINUS)
+
     def _sample(self, n, generator):
         g, length, head = generator, self.length, self.header
         rows = torch.arange(n).view(n, 1)

@@ -101,6 +101,12 @@ class PixelLegend(Task):
     def num_classes(self) -> int:
         return self.classes
 
+    def question_positions(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The object pixels: every colour token (ids ``9 .. 8 + colours``; the legend and the background use
+        others), each asking which class the legend gives its colour."""
+        first = 1 + BACKGROUND_LEVELS
+        return (inputs >= first) & (inputs < first + self.colours)
+
     def _sample(self, n, generator):
         g, s, c = generator, self.side, self.colours
         rows = torch.arange(n).view(n, 1)

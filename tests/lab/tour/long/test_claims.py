@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from attnkit.lab.tour.long import claims
@@ -143,3 +145,22 @@ def test_one_task_two_mechanisms_one_seed_keep_the_claimed_ordering(tmp_path):
     assert softmax >= chance + 0.25 and softmax > local + 0.25, (softmax, local, chance)
     assert claims.compare("associative_recall", "softmax", "local", [softmax], [local], chance=chance).outcome \
         == UNDECIDED  # one seed: shown, not decided
+
+
+def test_an_undecided_pair_says_which_runs_would_decide_it():
+    from attnkit.lab.tour.long.claims import MOST_SEEDS, UNDECIDED, compare, deciding_runs
+
+    at_chance = compare("associative_recall", "longformer", "local", [0.24, 0.25, 0.23], [0.25, 0.24, 0.26],
+                        chance=0.25)
+    assert at_chance.outcome == UNDECIDED and at_chance.decide.startswith("a longer budget")
+    assert "would be decided by a longer budget" in at_chance.text("accuracy")
+    noisy = compare("pixel_legend", "softmax", "local", [0.70, 0.62, 0.78], [0.45, 0.70, 0.55], chance=0.25)
+    assert noisy.outcome == UNDECIDED and noisy.decide.startswith("more seeds: about ")
+    seeds = int(noisy.decide.split("about ")[1].split()[0])
+    half, needed = (noisy.interval[1] - noisy.interval[0]) / 2, noisy.difference
+    assert seeds == max(4, math.ceil(3 * (half / needed) ** 2))  # the half-width shrinks as 1 / sqrt(seeds)
+    one = compare("t", "softmax", "local", [0.9], [0.3], chance=0.25)
+    assert one.decide == "more seeds: 3 or more per mechanism"
+    held = compare("t", "softmax", "local", [0.97, 0.95, 0.99], [0.26, 0.25, 0.24], chance=0.25)
+    assert held.decide == "" and "would be decided" not in held.text("accuracy")
+    assert deciding_runs(0.01, (-0.5, 0.52), 3, 0.02).startswith(f"neither more seeds (over {MOST_SEEDS}")

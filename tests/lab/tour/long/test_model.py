@@ -62,3 +62,43 @@ def test_per_position_logits_have_one_row_per_token_and_depend_on_distant_tokens
     changed = tokens.clone()
     changed[:, 0] = (changed[:, 0] % 19) + 1  # the first token changes: the last position's logits move
     assert not torch.allclose(model(changed)[:, -1], logits[:, -1])
+
+
+def _reach(questions):
+    """Logits of a 1-layer Longformer model at positions 100 (a question) and 60 (not one) before and after
+    the token at 30, beyond the window of both, changes."""
+    torch.manual_seed(0)
+    model = LongClassifier(20, 3, Sizes(128, 16, 2), layers=1, width=32, name="longformer", per_position=True,
+                           questions=questions).eval()
+    tokens = torch.randint(1, 19, (2, 128), generator=torch.Generator().manual_seed(1))
+    tokens[:, 100] = 19  # the question token
+    changed = tokens.clone()
+    changed[:, 30] = changed[:, 30] % 18 + 1
+    with torch.no_grad():
+        return model(tokens), model(changed)
+
+
+def test_longformer_puts_its_global_tokens_on_the_tasks_questions_else_on_a_class_token():
+    before, after = _reach(lambda inputs: inputs == 19)
+    assert not torch.allclose(before[:, 100], after[:, 100])  # the question reads the whole sequence
+    assert torch.allclose(before[:, 60], after[:, 60])  # a plain token reads its window and the question only
+    before, after = _reach(None)  # no questions: the first position is the global (class) token
+    assert torch.allclose(before[:, 100], after[:, 100]) and torch.allclose(before[:, 60], after[:, 60])
+    before, after = _reach(lambda inputs: None)  # a task that marks none: the class token too
+    assert torch.allclose(before[:, 100], after[:, 100])
+
+
+def test_the_suite_builds_its_models_with_the_tasks_question_positions(monkeypatch):
+    from attnkit.lab.tour.long import train
+
+    seen = []
+
+    def capture(*args, **kw):
+        seen.append(kw["questions"])
+        raise StopIteration  # what this test reads is the model's arguments, not the training
+
+    monkeypatch.setattr(train, "build", capture)
+    setup = plan("quick").setup("associative_recall")
+    with pytest.raises(StopIteration):
+        train.train_pair("associative_recall", "longformer", [0], scale="quick")
+    assert seen[0].__self__ == setup.make() and seen[0].__name__ == "question_positions"

@@ -19,14 +19,16 @@ Mechanism groups come from the roster's flags (:mod:`.roster`), so a new mechani
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..welch import welch
 from .roster import MECHANISMS
 from .suite import TASKS
 
-__all__ = ["Claim", "Comparison", "Verdict", "CLAIMS", "check", "compare", "at_chance", "needed_pairs",
-           "needed_speed", "RETRIEVAL_TASKS", "MARGIN", "NEAR_CHANCE", "CONFIDENCE", "HELD", "NOT_HELD", "UNDECIDED"]
+__all__ = ["Claim", "Comparison", "Verdict", "CLAIMS", "check", "compare", "deciding_runs", "MOST_SEEDS", "at_chance",
+           "needed_pairs", "needed_speed", "RETRIEVAL_TASKS", "MARGIN", "NEAR_CHANCE", "CONFIDENCE", "HELD", "NOT_HELD",
+           "UNDECIDED"]
 
 RETRIEVAL_TASKS = tuple(t.name for t in TASKS.values() if t.retrieval)
 _GLOBAL = tuple(m.name for m in MECHANISMS.values() if m.global_tokens)
@@ -97,13 +99,15 @@ class Comparison:
     interval: tuple[float, float]
     outcome: str
     reason: str
+    decide: str = ""  # for an undecided pair: the runs that would decide it (:func:`deciding_runs`)
 
     def text(self, measure: str) -> str:
         scale, unit = (100, " points") if measure == "accuracy" else (1, " steps/s")
         low, high = self.interval
         return (f"{self.where}: {self.better} - {self.worse} = {scale * self.difference:+.1f}{unit} "
                 f"(95 % interval {scale * low:+.1f} to {scale * high:+.1f}): {self.outcome}"
-                + (f" ({self.reason})" if self.reason else ""))
+                + (f" ({self.reason})" if self.reason else "")
+                + (f"; would be decided by {self.decide}" if self.decide else ""))
 
 
 @dataclass
@@ -129,6 +133,30 @@ def at_chance(values: list[float], chance: float) -> bool:
     return w.difference < NEAR_CHANCE or w.low <= 0
 
 
+MOST_SEEDS = 20
+"""Past this many seeds per mechanism, :func:`deciding_runs` calls a difference too small for seeds to decide."""
+
+
+def deciding_runs(difference: float, interval: tuple[float, float], seeds: int, margin: float) -> str:
+    """The seeds per mechanism at which an undecided difference would be decided, at the spread seen so far.
+
+    Held needs the interval above 0, did-not-hold needs it below ``margin``: the nearer of the two
+    asks for a half-width of ``max(difference, margin - difference)``. A half-width shrinks as
+    ``1 / sqrt(seeds)`` (Welch's t, the t quantile held fixed), so ``seeds * (half / needed)^2`` seeds
+    give it; more than :data:`MOST_SEEDS` says that seeds will not decide it.
+
+    Example:
+        >>> deciding_runs(0.10, (-0.05, 0.25), 3, 0.02)
+        'more seeds: about 7 per mechanism at this spread'
+    """
+    half, needed = (interval[1] - interval[0]) / 2, max(difference, margin - difference)
+    count = math.ceil(seeds * (half / needed) ** 2) if needed > 0 else MOST_SEEDS + 1
+    if count > MOST_SEEDS:
+        return (f"neither more seeds (over {MOST_SEEDS} per mechanism at this spread) nor a longer budget alone: the "
+                "difference sits on the line the claim draws")
+    return f"more seeds: about {max(count, seeds + 1)} per mechanism at this spread"
+
+
 def compare(where: str, better: str, worse: str, a: list[float], b: list[float], *,
             chance: float | None = None) -> Comparison:
     """Decide ``better`` (values ``a``) above ``worse`` (values ``b``); ``chance``: accuracy's chance level.
@@ -143,14 +171,19 @@ def compare(where: str, better: str, worse: str, a: list[float], b: list[float],
     interval = (w.low, w.high)
     if min(len(a), len(b)) < 2:
         return Comparison(where, better, worse, w.difference, interval, UNDECIDED, "one value has no spread to "
-                                                                                   "weigh the difference against")
+                                                                                   "weigh the difference against",
+                          "more seeds: 3 or more per mechanism")
     if chance is not None and at_chance(a, chance):
         return Comparison(where, better, worse, w.difference, interval, UNDECIDED, f"{better} is within the noise "
-                                                                                   f"of chance")
+                                                                                   f"of chance",
+                          f"a longer budget (more steps, or the rates of --lr-sweep): {better} has not left chance, "
+                          "and seeds of a model that has not learned decide nothing")
     margin = MARGIN if chance is not None else 0.0
     outcome = HELD if w.low > 0 else NOT_HELD if w.high < margin else UNDECIDED
-    reason = "the difference is within the noise" if outcome == UNDECIDED else ""
-    return Comparison(where, better, worse, w.difference, interval, outcome, reason)
+    if outcome != UNDECIDED:
+        return Comparison(where, better, worse, w.difference, interval, outcome, "")
+    return Comparison(where, better, worse, w.difference, interval, outcome, "the difference is within the noise",
+                      deciding_runs(w.difference, interval, min(len(a), len(b)), margin))
 
 
 def _verdict(claim: Claim, comparisons: list[Comparison], missing: list[str]) -> Verdict:

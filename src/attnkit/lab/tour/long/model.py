@@ -23,6 +23,7 @@ Shapes: ``inputs`` ``(B, L)`` int64 ids (0 = padding) -> logits ``(B, num_classe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
 import torch
@@ -32,7 +33,7 @@ from ....models import TransformerEncoder
 from ....models.tokens import TokenEmbedding
 from ....nn.perceiver import PerceiverAttention, PerceiverEncoder
 from ..experiments.train import count_parameters
-from .roster import Sizes, mechanism
+from .roster import GlobalTokens, Sizes, mechanism
 
 __all__ = ["LongClassifier", "build", "matched_width", "MIN_LATENTS", "TOLERANCE", "USES"]
 
@@ -51,11 +52,14 @@ class LongClassifier(nn.Module):
         width: the feed-forward width of each block, or the Perceiver's number of latents.
         name: the roster mechanism.
         per_position: logits at every position instead of one per sequence.
+        questions: the task's :meth:`~attnkit.lab.tasks.Task.question_positions` (ids ``(B, L)`` -> bool
+            ``(B, L)`` or None): where a mechanism with global tokens puts them, read afresh for each batch.
     """
 
     def __init__(self, vocab_size: int, num_classes: int, sizes: Sizes, *, layers: int, width: int, name: str,
-                 per_position: bool = False):
+                 per_position: bool = False, questions: Callable[[torch.Tensor], torch.Tensor | None] | None = None):
         super().__init__()
+        self.questions = questions
         factory = mechanism(name).factory(sizes)
         self.mechanism, self.per_position = name, per_position
         self.embed = TokenEmbedding("LongClassifier", vocab_size, dim=sizes.dim, positional="sinusoidal",
@@ -80,6 +84,11 @@ class LongClassifier(nn.Module):
                 return self.head(latents.mean(1))
             norm, cross = self.decoder
             return self.head(x + cross(norm(x), latents))  # (B, L, C): each position reads the latents
+        if self.questions is not None:
+            where = self.questions(inputs)  # (B, L) bool or None
+            for layer in self.body.modules():
+                if isinstance(layer, GlobalTokens):
+                    layer.questions = where
         h = self.body(x)
         if self.per_position:
             return self.head(h)
@@ -111,8 +120,9 @@ def matched_width(vocab_size: int, num_classes: int, sizes: Sizes, layers: int, 
 
 
 def build(vocab_size: int, num_classes: int, sizes: Sizes, *, layers: int, ff: int, name: str,
-          per_position: bool = False) -> LongClassifier:
-    """``name``'s :class:`LongClassifier` at the parameter count of dense softmax's with ``ff`` (global RNG)."""
+          per_position: bool = False, questions=None) -> LongClassifier:
+    """``name``'s :class:`LongClassifier` at the parameter count of dense softmax's with ``ff`` (global RNG);
+    ``questions``: the task's question positions (see :class:`LongClassifier`)."""
     width = matched_width(vocab_size, num_classes, sizes, layers, ff, name, per_position)
     return LongClassifier(vocab_size, num_classes, sizes, layers=layers, width=width, name=name,
-                          per_position=per_position)
+                          per_position=per_position, questions=questions)

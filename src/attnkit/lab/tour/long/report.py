@@ -198,7 +198,11 @@ def _claims_note() -> str:
             f"speed): held when its {100 * CONFIDENCE:.0f} % interval lies above 0, did not hold when it lies below "
             f"{100 * MARGIN:.0f} points (below 0 for speed), undecided when the interval holds both, or when the "
             f"mechanism said to be better is less than {100 * NEAR_CHANCE:.0f} points above chance or within the "
-            f"noise of it.")
+            f"noise of it. An undecided pair names the runs that would decide it: a longer budget when the "
+            f"better mechanism has not left chance, else about how many seeds its spread asks for. Longformer's "
+            f"global tokens are each task's question tokens (the queries of the recall, the object pixels of the "
+            f"legend, the marks of the byte documents), as its paper places them; a task without any (one label "
+            f"per sequence) gets the first position as a class token.")
 
 
 def _picture(rep: LongReport) -> tuple[Path | None, str | None]:

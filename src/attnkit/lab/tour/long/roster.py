@@ -27,6 +27,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from .... import masks
@@ -43,7 +44,7 @@ from ....nn.nsa import NativeSparseAttention
 from ....nn.reformer import ReformerAttention
 from ....nn.sparse_transformer import SparseTransformerAttention
 
-__all__ = ["Sizes", "Mechanism", "MECHANISMS", "mechanism", "block", "LINFORMER_K", "SELECTED"]
+__all__ = ["Sizes", "Mechanism", "MECHANISMS", "mechanism", "block", "GlobalTokens", "LINFORMER_K", "SELECTED"]
 
 LINFORMER_K = 8  # Linformer's projected length k: its k x L projection (shared by keys and values) is parameters
 SELECTED = 4
@@ -66,19 +67,25 @@ def block(length: int) -> int:
     return max(8, 2 ** round(math.log2(math.sqrt(length))))
 
 
-class GlobalFirstToken(nn.Module):
-    """:class:`LongformerAttention` with the first position as its global token (Beltagy et al. 2020, Sec. 3.1).
+class GlobalTokens(nn.Module):
+    """:class:`LongformerAttention` with its global tokens where the task asks (Beltagy et al. 2020, Sec. 3.1).
 
-    The sequence's first token attends everywhere and is attended from everywhere; the others use
-    the sliding window. Shapes: ``(B, n, dim) -> (B, n, dim)``.
+    The paper chooses the global tokens per task: a question's tokens in question answering, the
+    class token in classification. ``questions`` holds the current batch's question tokens, a bool
+    ``(B, n)`` tensor the model sets from the task's
+    :meth:`~attnkit.lab.tasks.Task.question_positions` before each forward; None (a task that marks
+    none) makes the first position the global token, a class token. A global token attends
+    everywhere and is attended from everywhere; the others use the sliding window.
+    Shapes: ``(B, n, dim) -> (B, n, dim)``.
     """
 
     def __init__(self, attention: LongformerAttention):
         super().__init__()
         self.attention = attention
+        self.questions: torch.Tensor | None = None
 
     def forward(self, x):
-        return self.attention(x, global_tokens=[0])
+        return self.attention(x, global_tokens=[0] if self.questions is None else self.questions)
 
 
 Factory = Callable[[int, int], nn.Module]
@@ -141,7 +148,7 @@ _ENTRIES = [
                                                                 summary=max(1, block(s.length) // 8), causal=False),
               ("sparse-transformer", "sparse-fixed"), linear_time=True),
     Mechanism("longformer", "Beltagy et al. 2020, arXiv:2004.05150",
-              lambda s: lambda d, h: GlobalFirstToken(LongformerAttention(d, h, window=block(s.length))),
+              lambda s: lambda d, h: GlobalTokens(LongformerAttention(d, h, window=block(s.length))),
               ("longformer",), linear_time=True, global_tokens=True),
     Mechanism("bigbird", "Zaheer et al. 2020, arXiv:2007.14062",
               lambda s: lambda d, h: BigBirdAttention(d, h, block_size=block(s.length) // 2, window_blocks=3,

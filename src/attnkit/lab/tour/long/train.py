@@ -94,7 +94,8 @@ def train_pair(task_name: str, mechanism: str, seeds, *, scale: str = "default",
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 model = build(task.vocab_size, task.num_classes, sizes, layers=setup.model.layers,
-                              ff=setup.model.ff, name=mechanism, per_position=task.kind == "tokens")
+                              ff=setup.model.ff, name=mechanism, per_position=task.kind == "tokens",
+                              questions=task.question_positions)
                 eval_batch = task.sample(budget.eval_size, torch.Generator().manual_seed(seed + _EVAL_SEED))
                 trained = fit(model, task, objective, budget, generator=torch.Generator().manual_seed(seed),
                               eval_batch=eval_batch, evals=the_plan.evals, progress=progress, device=device)
