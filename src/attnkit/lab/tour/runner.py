@@ -82,14 +82,14 @@ def _run_one(key: str, exp, seed: int, quick: bool, version: str, step, isolate:
     the peak is dropped (None): memory freed by an earlier run would be reused without being counted.
     """
     budget = getattr(exp, "quick" if quick else "budget", None)
-    lr = budget.lr * lr_scale if hasattr(budget, "lr") else None
+    lr = budget.lr * lr_scale if budget is not None and hasattr(budget, "lr") else None
     record = new_record(exp.task, exp.mechanism, seed, mode_name(quick), version, key=key, lr_scale=lr_scale, lr=lr)
     start = time.perf_counter()
     try:
         if isolate:
             result = _run_in_child(key, seed, quick, step, device, threads, lr_scale)
         else:
-            options = {"device": device} if device != "cpu" else {}  # a stand-in API need not know devices
+            options: dict[str, object] = {"device": device} if device != "cpu" else {}  # a stand-in API: no devices
             if lr_scale != 1.0:
                 options["lr_scale"] = lr_scale
             result = {**_as_dict(api().run(key, seed, quick=quick, progress=step, **options)), "peak_bytes": None}

@@ -86,7 +86,8 @@ def _train(out, task, mechanism, seeds, the_plan: Plan, version, device, step, s
     A record's ``wall_seconds`` is the time since the pair's previous record (since the process
     started, for the first): summed over records, the process time of the pair.
     """
-    done, last = set(), [time.perf_counter()]
+    done: set[int] = set()
+    last = [time.perf_counter()]
 
     def since_last() -> float:
         now = time.perf_counter()
