@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import DTypeError, ShapeError, UnsupportedFeature, check_int
+from ..errors import DTypeError, ShapeError, check_int
 from ..functional.recurrences.checks import check_qkv, check_state, check_tensor
 from ..functional.recurrences.forms import blocks, linear_recurrence, prepare, through_blocks
 from ..functional.recurrences.scan import pass_states, span_map
@@ -146,13 +146,7 @@ def sequence_parallel(layer, x, *, key_keep_mask=None, layout: str = "contiguous
     if not isinstance(layer, RecurrentLayer):  # the same code on every rank: refused before any collective
         raise DTypeError(f"sequence_parallel takes a linear-recurrent layer (RetNetRetention, GatedLinearAttention, "
                          f"Mamba2Mixer, DeltaNet, GatedDeltaNet, KimiDeltaAttention); got {type(layer).__name__}")
-    if layer.steps_per_token != 1:  # the same on every rank: refused before any collective
-        raise UnsupportedFeature(f"sequence_parallel: {type(layer).__name__} takes {layer.steps_per_token} recurrence "
-                                 "steps per token, which the pieces across ranks do not split; run it on one process")
-    if type(layer).recurrence is not RecurrentLayer.recurrence:
-        raise UnsupportedFeature(f"sequence_parallel: {type(layer).__name__} reshapes the recurrence's output along "
-                                 "the sequence (each token reads its predecessor's sums), which the pieces across "
-                                 "ranks do not carry; run it on one process")
+    layer.check_one_step_a_token("sequence_parallel (pieces across ranks; run it on one process)")
     comm = Comm(group)
     keep = checked(comm, "attnkit.distributed.recurrences.sequence_parallel",
                    lambda: _check_layer_call(layer, x, key_keep_mask, layout, comm.world),

@@ -269,6 +269,17 @@ class RecurrentLayer(nn.Module):
             cache.conv, cache.state, cache.length = tail, state, cache.length + x.shape[1]
         return self._finish(out, mixed, x)
 
+    def check_one_step_a_token(self, what: str) -> None:
+        """Refuse ``what`` (a draft tree, pieces across ranks: each runs tokens apart from their order) unless the
+        recurrence takes one step a token and its output is read as it comes: not DeltaProduct's several steps
+        a token, not RWKV-4's sums read one token late."""
+        if self.steps_per_token != 1:
+            raise UnsupportedFeature(f"{what} does not take {type(self).__name__}'s {self.steps_per_token} recurrence "
+                                     "steps per token")
+        if type(self).recurrence is not RecurrentLayer.recurrence:
+            raise UnsupportedFeature(f"{what} does not take {type(self).__name__}: its tokens read their "
+                                     "predecessor's sums (the recurrence's output shifted along the sequence)")
+
     def _verify(self, x, keep, cache, parents):
         """:meth:`forward` over the nodes of a draft tree (see there)."""
         who = type(self).__name__
@@ -276,13 +287,7 @@ class RecurrentLayer(nn.Module):
             raise UnsupportedFeature(f"{who}: a draft tree (parents) takes no key_keep_mask: its nodes are all real")
         if getattr(self, "rotary", None) is not None:
             raise UnsupportedFeature(f"{who}: a draft tree (parents) through rotary positions is not supported")
-        if self.steps_per_token != 1:
-            raise UnsupportedFeature(f"{who}: a draft tree (parents) through {self.steps_per_token} recurrence steps "
-                                     "per token is not supported")
-        if type(self).recurrence is not RecurrentLayer.recurrence:
-            raise UnsupportedFeature(f"{who}: a draft tree (parents) is not supported: the layer reshapes the "
-                                     "recurrence's output along the sequence (each token reads its predecessor's "
-                                     "sums), which a tree's nodes do not have in order")
+        self.check_one_step_a_token(f"{who}: a draft tree (parents)")
         tree = tree_parents(who, parents, x.shape[0], x.shape[1])
         rows = tree.parents.reshape(-1, tree.nodes).expand(x.shape[0], -1)
         context = DraftTree(None if cache is None else cache.conv, rows)
