@@ -152,18 +152,21 @@ def cascade_attention(q: torch.Tensor, prefix_k: torch.Tensor, prefix_v: torch.T
     plan, first = _plan(n, lq, p, lengths, window)
     pk, pv = (t if t.dim() == 4 else t[None] for t in (prefix_k, prefix_v))
     h, dv = q.shape[1], pv.shape[-1]
-    parts = []
-    for r in range(n):  # one call per suffix: causal (and windowed) bottom-right over the suffix alone
-        mask = causal() if window is None else sliding_window(window, 0)
-        got = attention(q[r:r + 1], suffix_k[r:r + 1, :, :lengths[r]], suffix_v[r:r + 1, :, :lengths[r]], mask=mask,
-                        scale=scale, return_lse=True)
+    mask = causal() if window is None else sliding_window(window, 0)
+    out = q.new_empty(n, h, lq, dv)
+    lse = q.new_empty(n, h, lq, dtype=torch.promote_types(q.dtype, torch.float32))
+    for length in sorted(set(lengths)):  # one call per suffix length: causal (and windowed) bottom-right
+        rows = [r for r in range(n) if lengths[r] == length]
+        pick = slice(rows[0], rows[-1] + 1) if len(rows) == rows[-1] - rows[0] + 1 else torch.tensor(rows)
+        got = attention(q[pick], suffix_k[pick, :, :length], suffix_v[pick, :, :length], mask=mask, scale=scale,
+                        return_lse=True)
         assert isinstance(got, AttentionOutput) and got.lse is not None  # return_lse=True
-        parts.append((got.output, got.lse))
-    out = torch.cat([o for o, _ in parts])  # (N, H, Lq, Dv)
-    lse = torch.cat([lse_r for _, lse_r in parts])  # (N, H, Lq)
+        out[pick], lse[pick] = got.output, got.lse.to(lse.dtype)
     if plan.prefix_from < p:  # one call over the reached prefix keys for every request's queries, stacked
         keys = torch.arange(plan.prefix_from, p)
         allowed = keys[None, :] >= first[:, None]  # (N Lq, P'): exactly the prefix keys each window reaches
+        if bool((first == plan.prefix_from).all()):
+            allowed = None  # every row reaches every read key: no mask, torch's fused kernel
         stacked = q.transpose(0, 1).reshape(1, h, n * lq, q.shape[-1])
         got = attention(stacked, pk[:, :, plan.prefix_from:], pv[:, :, plan.prefix_from:], mask=allowed,
                         scale=scale, return_lse=True)

@@ -172,9 +172,10 @@ def test_dispatch_choices_and_reasons():
 
 
 def test_forced_backend_that_cannot_honour_the_call_raises():
-    q, k, v = rand_qkv()
+    q, k, v = rand_qkv(requires_grad=True)  # torch's kernel gives its lse no gradient
     with pytest.raises(attnkit.BackendError, match=r"backend='sdpa'.*lse"):
         attnkit.attention(q, k, v, backend="sdpa", return_lse=True)
+    q, k, v = rand_qkv()
     with pytest.raises(attnkit.BackendError, match=r"backend='chunked'.*sparsemax"):
         attnkit.attention(q, k, v, backend="chunked", normalize="sparsemax")
 

@@ -177,3 +177,33 @@ def test_on_cuda_the_fast_lane_serves_decoding_and_says_so():
     q, k, v = (t.cuda() for t in rand_qkv(1, 8, 1, 300, 64, hkv=2, dtype=torch.bfloat16))
     decision = attnkit.explain(q, k, v, mask=attnkit.masks.causal())
     assert decision.lane is not None and "public SDPA on CUDA" in decision.lane
+
+
+def _lse64(q, k, v, allowed):
+    """The float64 log-sum-exp and output, written from the softmax's definition (GQA by repeating keys)."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = (t.double().repeat_interleave(rep, 1) for t in (k, v))
+    s = (q.double() @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    s = s.masked_fill(~allowed, float("-inf"))
+    lse = s.logsumexp(-1)
+    w = (s - lse[..., None]).exp().nan_to_num(0.0)
+    return w @ v, lse
+
+
+@pytest.mark.parametrize("hkv", [4, 2])
+def test_lse_comes_from_the_cpu_kernel_without_a_gradient(hkv):
+    """Without a gradient the call with ``return_lse`` stays on torch's CPU kernel, its lse exact; a row with no key
+    has lse -inf and output 0 (the kernel itself says 0 there)."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(2, 4, 9, 8, generator=g), torch.randn(2, hkv, 13, 8, generator=g), torch.randn(
+        2, hkv, 13, 8, generator=g)
+    allowed = torch.rand(2, 1, 9, 13, generator=g) > 0.4
+    allowed[:, :, 3] = False
+    assert attnkit.explain(q, k, v, mask=allowed, return_lse=True).path == "torch-sdpa"
+    got = attnkit.attention(q, k, v, mask=allowed, return_lse=True)
+    out, lse = _lse64(q, k, v, allowed)
+    torch.testing.assert_close(got.lse.double(), lse, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got.output.double(), out, atol=1e-5, rtol=0)
+    assert torch.isneginf(got.lse[:, :, 3]).all() and (got.output[:, :, 3] == 0).all()
+    q.requires_grad_(True)  # the kernel's lse has no derivative: another exact path takes the call
+    assert attnkit.explain(q, k, v, mask=allowed, return_lse=True).path != "torch-sdpa"

@@ -93,8 +93,20 @@ def _sinks_on_cpu_kernel(p: Problem) -> str | None:
     return None
 
 
+def _lse_from_cpu_kernel(p: Problem) -> str | None:
+    """The lse is the CPU kernel's own (called directly), without sinks, and needs no gradient: torch's
+    kernel gives its lse no derivative."""
+    if not p.return_lse:
+        return None
+    if not (checks_output(p) and rules.cpu_flash(p)) or p.sinks is not None:
+        return "returns an lse only from torch's CPU kernel called directly, without sinks"
+    if p.needs_grad:
+        return "torch's kernel gives its lse no gradient"
+    return None
+
+
 REFUSALS = (rules.full_precision_kv,
-            rules.softmax_of_dot_products, rules.no_bias, rules.no_weights, rules.no_lse, rules.not_compiling,
+            rules.softmax_of_dot_products, rules.no_bias, rules.no_weights, _lse_from_cpu_kernel, rules.not_compiling,
             _sinks_on_cpu_kernel, _finiteness)
 
 
@@ -235,7 +247,9 @@ def run(p: Problem) -> KernelOutput:
         out, lse = rules.FLASH(q, k, v, 0.0, km.is_causal, attn_mask=km.float_mask, scale=p.scale)
         if not p.finiteness_known and not trustworthy(out, lse, km.empty_rows):
             raise UntrustedOutput
-        return KernelOutput(out, None, None)
+        if not p.return_lse:
+            return KernelOutput(out, None, None)
+        return KernelOutput(out, None, lse if km.empty_rows is None else lse.masked_fill(km.empty_rows, _NEG_INF))
     # bool(): under torch.jit.trace sizes are traced tensors, and torch wants a Python bool here
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=km.float_mask, dropout_p=p.dropout_p,
                                          is_causal=km.is_causal, scale=p.scale, enable_gqa=bool(p.groups > 1))
