@@ -164,9 +164,9 @@ def cascade_attention(q: torch.Tensor, prefix_k: torch.Tensor, prefix_v: torch.T
         out[pick], lse[pick] = got.output, got.lse.to(lse.dtype)
     if plan.prefix_from < p:  # one call over the reached prefix keys for every request's queries, stacked
         keys = torch.arange(plan.prefix_from, p)
-        allowed = keys[None, :] >= first[:, None]  # (N Lq, P'): exactly the prefix keys each window reaches
-        if bool((first == plan.prefix_from).all()):
-            allowed = None  # every row reaches every read key: no mask, torch's fused kernel
+        allowed: torch.Tensor | None = None  # every row reaches every read key: no mask, torch's fused kernel
+        if not bool((first == plan.prefix_from).all()):
+            allowed = keys[None, :] >= first[:, None]  # (N Lq, P'): exactly the prefix keys each window reaches
         stacked = q.transpose(0, 1).reshape(1, h, n * lq, q.shape[-1])
         got = attention(stacked, pk[:, :, plan.prefix_from:], pv[:, :, plan.prefix_from:], mask=allowed,
                         scale=scale, return_lse=True)
