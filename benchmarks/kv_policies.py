@@ -10,7 +10,8 @@ with a fresh policy per layer as its cache (:mod:`attnkit.nn.kv_policies`, ``Tra
 each query one token at a time; the query's logits pick the value. Budgets are 5, 10, 25 and 100 % of L
 (``b`` keys per key/value head):
 
-- StreamingLLM (``SinkWindowCache(b, sinks=min(4, b // 4))``): streams the prompt a token at a time;
+- StreamingLLM (``SinkWindowCache(b, sinks=min(4, b // 4))``): streams the prompt a token at a time (its
+  sinks, the first tokens, are the first pairs here: what it recalls beyond its window);
 - H2O (``HeavyHitterCache(b, recent=b // 2)``, the paper's even split): evicts after every token;
 - SnapKV (``SnapKVCache(b, window=b // 4)``, pooling 5): compresses the prompt once (the queries then add
   their own keys: the cache ends at ``b + 4``);
