@@ -16,9 +16,9 @@ import torch
 import transformers as hf
 
 from attnkit import masks
-from attnkit.errors import ArgumentError, DTypeError, UnsupportedFeature
+from attnkit.errors import ArgumentError, DTypeError, ShapeError, UnsupportedFeature
 from attnkit.models import TransformerLM
-from attnkit.nn import LocalAttention, YarnScaling
+from attnkit.nn import LocalAttention, PagedKVCache, YarnScaling
 from attnkit.nn.kv_policies import HeavyHitterCache, QuestCache, SinkWindowCache, SnapKVCache
 
 V, DIM, H, FF = 23, 12, 3, 20
@@ -365,3 +365,56 @@ def test_generate_with_a_kv_policy_refuses_what_it_cannot_decode():
     masked = TransformerLM(V, dim=16, num_heads=2, dropout=0.0, attention_mask=masks.sliding_window(3, 0)).eval()
     with pytest.raises(UnsupportedFeature, match=r"lacks \['no other mask'\]"):
         masked.generate(prefix, 2, kv_policy=SinkWindowCache(8))
+
+
+def _pools(lm: TransformerLM, pages: int = 24) -> list[PagedKVCache]:
+    attn = lm.body.layers[0].self_attn
+    return [PagedKVCache(pages, 4, attn.num_kv_heads, attn.head_dim, dtype=torch.float64) for _ in lm.body.layers]
+
+
+def test_a_model_decodes_and_verifies_a_draft_tree_over_paged_caches_forked_from_one_prompt():
+    """Two sequences forked from one 9-token prompt (pages shared, copied on write) verify a tree per row in one
+    forward: each node's logits equal the whole-sequence forward of the prompt and its path; after a commit of a
+    path per row, the next step's logits equal those of contiguous caches that decoded the paths plainly."""
+    lm, g = _policy_lm(), torch.Generator().manual_seed(6)
+    prompt = torch.randint(0, V, (1, 9), generator=g)
+    parents = torch.tensor([[-1, 0, 0, 1, 3, 2], [-1, -1, 1, 0, 2, 4]])
+    draft = torch.randint(0, V, (2, 6), generator=g)
+    pools = _pools(lm)
+    with torch.no_grad():
+        first = lm(prompt, caches=[p.batch([p.allocate()]) for p in pools])
+        torch.testing.assert_close(first, lm(prompt), rtol=0, atol=1e-12)
+        caches = [p.batch([0, p.fork(0)]) for p in pools]
+        logits = lm.verify(draft, masks.tree(parents), caches)
+        for row in range(2):
+            for node in range(6):
+                path = masks.tree(parents[row]).path(node)
+                whole = lm(torch.cat([prompt[0], draft[row, path]])[None])[0, -1]
+                torch.testing.assert_close(logits[row, node], whole, rtol=0, atol=1e-10)
+        paths = [masks.tree(parents[0]).path(4), masks.tree(parents[1]).path(5)]  # 4 nodes each
+        lm.commit(caches, masks.tree(parents), paths)
+        assert [p.lengths([0, 1]).tolist() for p in pools] == [[13, 13]] * 2
+        plain = lm.body.new_caches(2, 14)
+        lm(torch.cat([prompt.expand(2, -1), torch.stack([draft[r, paths[r]] for r in range(2)])], 1), caches=plain)
+        nxt = torch.randint(0, V, (2, 1), generator=g)
+        torch.testing.assert_close(lm(nxt, caches=caches), lm(nxt, caches=plain), rtol=0, atol=1e-10)
+    table = pools[0].block_table([0, 1])  # the prompt's 2 whole pages stay shared; the third was copied on write
+    assert table[0, :2].equal(table[1, :2]) and table[0, 2] != table[1, 2]
+
+
+def test_generation_over_paged_caches_equals_contiguous_caches_and_ragged_rows_are_refused():
+    lm, prefix = _policy_lm(), _tokens(7, seed=7)
+    pools = _pools(lm)
+    caches = [p.batch([p.allocate(), p.allocate()]) for p in pools]
+    plain = lm.body.new_caches(2, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(lm(prefix, caches=caches), lm(prefix, caches=plain), rtol=0, atol=1e-12)
+        for t in range(4):
+            nxt = torch.full((2, 1), t)
+            torch.testing.assert_close(lm.step(nxt, caches), lm.step(nxt, plain), rtol=0, atol=1e-12)
+        pools[0].append(0, torch.zeros(2, 1, 4, dtype=torch.float64), torch.zeros(2, 1, 4, dtype=torch.float64))
+        with pytest.raises(ShapeError, match=r"equally many positions; sequences \[0, 1\] hold \[12, 11\]"):
+            lm.step(nxt, caches)
+        fresh = [p.batch([p.allocate(), p.allocate()]) for p in _pools(lm)]
+        with pytest.raises(UnsupportedFeature, match=r"a paged cache decodes causal attention.*no key_keep_mask"):
+            lm(prefix, key_keep_mask=torch.ones(2, 7, dtype=torch.bool), caches=fresh)

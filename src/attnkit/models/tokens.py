@@ -13,6 +13,7 @@ from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 from ..nn._recurrent import RecurrentCache
 from ..nn.kv_cache import KVCache
 from ..nn.kv_policies import KVPolicy
+from ..nn.paged_kv_cache import PagedBatch
 from ..nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from . import _rnn
 from .blocks import check_dropout
@@ -39,7 +40,7 @@ def cache_offset(who: str, caches, num_layers: int) -> int:
     if caches is None:
         return 0
     if not isinstance(caches, (list, tuple)) or len(caches) != num_layers or not all(
-            isinstance(c, (KVCache, RecurrentCache, KVPolicy)) for c in caches):
+            isinstance(c, (KVCache, RecurrentCache, KVPolicy, PagedBatch)) for c in caches):
         got = f"{type(caches).__name__} of {len(caches)}" if isinstance(caches, (list, tuple)) else type(
             caches).__name__
         raise ArgumentError(f"{who}: caches must be a list of {num_layers} KVCache (see new_caches); got {got}")
