@@ -19,7 +19,7 @@ from .gla import GatedLinearAttention
 from .hard import HardAttention
 from .kimi_delta import KimiDeltaAttention
 from .kv_cache import KVCache, LatentCache
-from .kv_policies import HeavyHitterCache, SinkWindowCache
+from .kv_policies import HeavyHitterCache, KVPolicy, QuestCache, SinkWindowCache, SnapKVCache
 from .lambda_layer import LambdaLayer
 from .latent import MultiHeadLatentAttention
 from .lightning import LightningAttention
@@ -33,7 +33,7 @@ from .memory import MemoryAttention
 from .moba import MoBA
 from .multihead import DotProductAttention, MultiHeadAttention
 from .nsa import NativeSparseAttention
-from .paged_kv_cache import PagedKVCache
+from .paged_kv_cache import PagedBatch, PagedKVCache
 from .path import PaTHAttention, PathCache
 from .perceiver import PerceiverAttention, PerceiverEncoder
 from .pointer import PointerAttention
@@ -61,15 +61,18 @@ __all__ = [
     "DeltaProduct", "DerivedKeyAttention",
     "DifferentialAttention", "DotProductAttention", "DynamicNTKScaling", "ForgetCache", "ForgettingAttention",
     "GatedDeltaNet", "GatedLinearAttention",
-    "HardAttention", "HeavyHitterCache", "HierarchicalAttention", "KVCache", "KVFormat", "KimiDeltaAttention",
+    "HardAttention", "HeavyHitterCache", "HierarchicalAttention", "KVCache", "KVFormat", "KVPolicy",
+    "KimiDeltaAttention",
     "LSHAttention", "LambdaLayer", "LatentCache", "LearnedPositionalEmbedding", "LightningAttention",
     "LinearAttention", "LinearScaling", "LinformerAttention",
     "Llama3Scaling", "LocalAttention", "LongRopeScaling", "LongformerAttention", "LuongAttention", "Mamba2Mixer",
     "MemoryAttention", "MoBA", "MultiHeadAttention", "MultiHeadLatentAttention", "NativeSparseAttention",
-    "OutputGate", "PaTHAttention", "PagedKVCache", "PathCache", "PerceiverAttention", "PerceiverEncoder",
+    "OutputGate", "PaTHAttention", "PagedBatch", "PagedKVCache", "PathCache", "PerceiverAttention",
+    "PerceiverEncoder",
     "PerformerAttention", "PointerAttention", "PrefixCache", "ProportionalScaling",
-    "QKNorm", "RWKV4TimeMixing", "RecurrentCache", "ReformerAttention", "RetNetRetention", "RotaryEmbedding",
-    "SegmentAttention", "SinkWindowCache",
+    "QKNorm", "QuestCache", "RWKV4TimeMixing", "RecurrentCache", "ReformerAttention", "RetNetRetention",
+    "RotaryEmbedding",
+    "SegmentAttention", "SinkWindowCache", "SnapKVCache",
     "SequenceProjection", "SinusoidalPositionalEncoding", "SparseTransformerAttention", "TieredAttention",
     "YarnScaling", "coverage_loss",
 ]
