@@ -39,18 +39,9 @@ BLOCK_SIZES = (32, 64, 128)
 _NEG_INF = float("-inf")
 
 
-def _bounded_band(p: Problem) -> str | None:
-    b = p.band
-    if b is None:
-        return "the mask is not a band lo <= j - i <= hi bounded on both sides"
-    if b[1] < b[0] or b[1] - b[0] + 1 >= p.sizes[3]:
-        return "the band is empty or covers every key"
-    return None
-
-
 REFUSALS = (rules.full_precision_kv,
             rules.not_compiling, rules.no_weights, rules.softmax_of_dot_products, rules.no_bias, rules.no_dropout,
-            _bounded_band)
+            rules.bounded_band)
 
 
 def refusal(p: Problem) -> str | None:
