@@ -24,7 +24,7 @@ from ..functional.validate import Problem
 from . import block_plan, rules
 from .block_plan import allowed_in, density, put_query_blocks, query_blocks
 from .path_cost import PathCost
-from .pipeline import KernelOutput, Workspace, sinks_after, upcast_inputs
+from .pipeline import KernelOutput, Workspace, join_sinks, upcast_inputs, without_sinks
 
 __all__ = ["refusal", "run", "cost", "density"]
 
@@ -169,7 +169,8 @@ def backward_differentiable(p: Problem) -> bool:
 
 def run(p: Problem) -> KernelOutput:
     if p.sinks is not None:  # joined with the output and lse; the backward takes the lse gradient
-        return sinks_after(p, run)
+        inner = without_sinks(p)
+        return join_sinks(p, inner, run(inner))
     pl = block_plan.plan_for(p)
     blocks = block_plan.to_blocks(*upcast_inputs(p), pl.bs)
     out, lse = _BlockSparseSoftmax.apply(*blocks, p, pl.slabs, pl.bs)

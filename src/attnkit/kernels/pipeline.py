@@ -25,9 +25,9 @@ from ..functional.scores import SCORES
 from ..functional.validate import Problem
 from ..masks.indexed import gather_at
 
-__all__ = ["KernelOutput", "upcast_inputs", "block_scores", "block_weights", "sinks_after", "zero_padded_keys",
-           "oversubscribed", "for_many_operators", "dense_indices", "run_row_chunks", "Workspace", "in_graph",
-           "shapes_only", "twice_differentiable"]
+__all__ = ["KernelOutput", "upcast_inputs", "block_scores", "block_weights", "without_sinks", "join_sinks",
+           "zero_padded_keys", "oversubscribed", "for_many_operators", "dense_indices", "run_row_chunks", "Workspace",
+           "in_graph", "shapes_only", "twice_differentiable"]
 
 
 class KernelOutput(NamedTuple):
@@ -204,16 +204,23 @@ def block_weights(p: Problem, scores, allowed):
     return weights, None
 
 
-def sinks_after(p: Problem, run) -> KernelOutput:
-    """``run(p)`` without the sinks, its ``(out, lse)`` then joined with them (:class:`~attnkit.functional.sinks.Join`).
+def without_sinks(p: Problem) -> Problem:
+    """``p`` without its sinks and asking for the lse: what a path runs before :func:`join_sinks` joins them.
 
     For the paths whose backward takes an lse gradient (band windows, masked slabs, the soft-cap
-    loop): the join hands them ``dO = f dO_s`` and ``dlse = f (1 - f) rowsum(dO_s O) + f dlse_s``,
-    and their own backward then gives the sink call's exact ``dq, dk, dv``.
+    loop); the path calls both itself (``join_sinks(p, inner, run(inner))``), so no call comes back up
+    into it from here.
     """
     inner = p.with_inputs(sinks=None, return_lse=True)
     inner.memo.update(p.memo)  # the facts (band, finiteness, ...) do not depend on the sinks
-    result = run(inner)
+    return inner
+
+
+def join_sinks(p: Problem, inner: Problem, result: KernelOutput) -> KernelOutput:
+    """The ``(out, lse)`` of ``inner`` (:func:`without_sinks`) joined with ``p``'s sinks
+    (:class:`~attnkit.functional.sinks.Join`): the join hands the path ``dO = f dO_s`` and
+    ``dlse = f (1 - f) rowsum(dO_s O) + f dlse_s``, and its own backward then gives the sink call's
+    exact ``dq, dk, dv``."""
     out, lse = sinks.join(result.out, result.lse, p.sinks)
     p.memo.update(inner.memo)
     return KernelOutput(out, result.weights, lse if p.return_lse else None)

@@ -32,7 +32,7 @@ from ..functional.validate import Problem
 from . import rules, selected_pairs, selected_rows, selected_union
 from .page_chunks import fused_chunk, page_split, workspace
 from .path_cost import PathCost, Product, fused_attention, itemsize
-from .pipeline import KernelOutput, block_scores, block_weights, dropout, run_row_chunks, sinks_after
+from .pipeline import KernelOutput, block_scores, block_weights, dropout, join_sinks, run_row_chunks, without_sinks
 
 __all__ = ["Plan", "plan", "run", "cost", "density", "describe", "SPLIT_KEYS", "BUDGET"]
 
@@ -281,7 +281,8 @@ def _chunk(p: Problem, inner: Problem, pl: Plan, extent: int, r0: int, r1: int, 
 
 def run(p: Problem) -> KernelOutput:
     if p.sinks is not None:  # joined once with the merged splits (autograd carries the lse's gradient)
-        return sinks_after(p, run)
+        inner = without_sinks(p)
+        return join_sinks(p, inner, run(inner))
     if selected_pairs.applies(p):
         return selected_pairs.run(p)
     if selected_rows.applies(p):
