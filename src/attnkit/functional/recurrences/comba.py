@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .checks import check_tensor, required_beta
+from .checks import check_tensor
+from .delta import _required
 from .forms import gated_recurrence
 
 __all__ = ["comba"]
@@ -42,5 +43,5 @@ def comba(q, k, v, p, g, beta, *, scale=None, normalize_qk: bool = False, form: 
         True
     """
     check_tensor("comba", "p", p, tuple(q.shape), "(B, Hk, L, Dk), as q", q.device)
-    return gated_recurrence("comba", q, k, v, g, required_beta("comba", beta), scale=scale, normalize_qk=normalize_qk,
+    return gated_recurrence("comba", q, k, v, g, _required("comba", beta), scale=scale, normalize_qk=normalize_qk,
                             form=form, chunk_size=chunk_size, initial_state=initial_state, cu_seqlens=cu_seqlens, p=p)

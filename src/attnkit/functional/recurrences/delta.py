@@ -7,6 +7,8 @@ from .forms import gated_recurrence
 
 __all__ = ["delta_rule"]
 
+_required = required_beta  # the name comba.py imports it by (the check lives in checks.py)
+
 
 def delta_rule(q, k, v, beta, *, scale=None, normalize_qk: bool = False, form: str = "chunk", chunk_size: int = 64,
                initial_state=None, cu_seqlens=None,
