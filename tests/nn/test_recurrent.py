@@ -222,4 +222,3 @@ def test_a_commit_that_is_not_a_root_to_node_path_or_without_a_tree_gets_attnkit
         _layer("rwkv4")(x, parents=[-1, 0, 1, 2])
     with pytest.raises(UnsupportedFeature, match="recurrence steps per token"):  # DeltaProduct: n_h steps a token
         _layer("delta_product")(x, parents=[-1, 0, 1, 2])
-
