@@ -27,12 +27,22 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from ..functional.validate import Problem
 from . import rules, selected_pairs, selected_rows, selected_union
 from .page_chunks import fused_chunk, page_split, workspace
 from .path_cost import PathCost, Product, fused_attention, itemsize
-from .pipeline import KernelOutput, block_scores, block_weights, dropout, run_row_chunks, sinks_after
+from .pipeline import (
+    KernelOutput,
+    block_scores,
+    block_weights,
+    concat_pieces,
+    dropout,
+    join_sinks,
+    row_chunks,
+    without_sinks,
+)
 
 __all__ = ["Plan", "plan", "run", "cost", "density", "describe", "SPLIT_KEYS", "BUDGET"]
 
@@ -279,9 +289,17 @@ def _chunk(p: Problem, inner: Problem, pl: Plan, extent: int, r0: int, r1: int, 
     return out, lse
 
 
+def _by_row_chunks(chunk, n_rows: int, rows: int, *tensors):
+    """``chunk(start, stop, *tensors)`` over the row chunks of :func:`.pipeline.row_chunks` (checkpointed where it
+    says), joined along the rows."""
+    return concat_pieces([checkpoint(chunk, r0, r1, *tensors, use_reentrant=False) if saved else chunk(r0, r1, *tensors)
+                          for r0, r1, saved in row_chunks(n_rows, rows, *tensors)])
+
+
 def run(p: Problem) -> KernelOutput:
     if p.sinks is not None:  # joined once with the merged splits (autograd carries the lse's gradient)
-        return sinks_after(p, run)
+        inner = without_sinks(p)
+        return join_sinks(p, inner, run(inner))
     if selected_pairs.applies(p):
         return selected_pairs.run(p)
     if selected_rows.applies(p):
@@ -301,13 +319,13 @@ def run(p: Problem) -> KernelOutput:
     if isinstance(keys, torch.Tensor):
         def chunk(r0, r1, q, k, v):
             return _chunk(p, inner, pl, extent, r0, r1, q, (k, v, blocks))
-        out, lse = run_row_chunks(chunk, p.sizes[2], pl.rows, q, keys, values)
+        out, lse = _by_row_chunks(chunk, p.sizes[2], pl.rows, q, keys, values)
     else:  # rows of blocks: passed as tensors, so that a checkpointed chunk saves them as inputs
         (k_rows, shape), (v_rows, _) = keys, values
 
         def chunk(r0, r1, q, k, v):
             return _chunk(p, inner, pl, extent, r0, r1, q, ((k, shape), (v, shape), blocks))
-        out, lse = run_row_chunks(chunk, p.sizes[2], pl.rows, q, k_rows, v_rows)
+        out, lse = _by_row_chunks(chunk, p.sizes[2], pl.rows, q, k_rows, v_rows)
     return KernelOutput(out, None, lse if p.return_lse else None)
 
 

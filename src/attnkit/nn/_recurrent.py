@@ -308,11 +308,17 @@ class RecurrentLayer(nn.Module):
         return self(x[:, None], cache=cache, form="recurrent")[:, 0]
 
     def recurrence(self, mixed: Mixed, keep, form: str, initial_state):
-        """The recurrence of ``mixed`` (:meth:`inert` at padded positions)."""
+        """The recurrence of ``mixed`` (:meth:`inert` at padded positions), by :meth:`family`."""
         mixed = self.inert(mixed, keep)
+        return self.family(mixed, scale=self.scale, form=form, chunk_size=self.chunk_size, initial_state=initial_state)
+
+    def family(self, mixed: Mixed, **options):
+        """The layer's family function of :mod:`attnkit.functional.recurrences` on ``mixed`` (``options``: ``scale``,
+        ``form``, ``chunk_size``, ``initial_state``) -> ``(out, final state)``. A layer whose family has a public
+        function calls it (:class:`~.gated_deltanet.GatedDeltaNet`: ``gated_delta_rule``); the base runs the
+        recurrence they share (a fixed decay per head, which padded tokens set to 0, has no function of its own)."""
         return linear_recurrence(type(self).__name__, mixed.q, mixed.k, mixed.v, mixed.g, mixed.beta,
-                                 scale=self.scale, normalize_qk=self.normalize_qk, form=form,
-                                 chunk_size=self.chunk_size, initial_state=initial_state, cu_seqlens=None)
+                                 normalize_qk=self.normalize_qk, cu_seqlens=None, **options)
 
     @staticmethod
     def inert(mixed: Mixed, keep) -> Mixed:
