@@ -6,6 +6,7 @@ from .additive import AdditiveAttention
 from .bigbird import BigBirdAttention
 from .blocksparse import BlockPattern, BlockSparseAttention
 from .coattention import CoAttention
+from .comba import Comba
 from .coverage import CoverageAttention, coverage_loss
 from .delta_product import DeltaProduct
 from .deltanet import DeltaNet
@@ -52,12 +53,14 @@ from .rope_scaling import (
 )
 from .rotary import RotaryEmbedding
 from .rwkv import RWKV4TimeMixing
+from .rwkv7 import RWKV7TimeMixing
 from .segment import SegmentAttention, TieredAttention
 from .sparse_transformer import SparseTransformerAttention
 
 __all__ = [
     "AdditiveAttention", "AttentionPooling", "BigBirdAttention", "BlockPattern", "BlockSparseAttention",
-    "CoAttention", "CoverageAttention", "DSAIndexer", "DSALatentAttention", "DSASparseAttention", "DeltaNet",
+    "CoAttention", "Comba", "CoverageAttention", "DSAIndexer", "DSALatentAttention", "DSASparseAttention",
+    "DeltaNet",
     "DeltaProduct", "DerivedKeyAttention",
     "DifferentialAttention", "DotProductAttention", "DynamicNTKScaling", "ForgetCache", "ForgettingAttention",
     "GatedDeltaNet", "GatedLinearAttention",
@@ -68,7 +71,8 @@ __all__ = [
     "MemoryAttention", "MoBA", "MultiHeadAttention", "MultiHeadLatentAttention", "NativeSparseAttention",
     "OutputGate", "PaTHAttention", "PagedKVCache", "PathCache", "PerceiverAttention", "PerceiverEncoder",
     "PerformerAttention", "PointerAttention", "PrefixCache", "ProportionalScaling",
-    "QKNorm", "RWKV4TimeMixing", "RecurrentCache", "ReformerAttention", "RetNetRetention", "RotaryEmbedding",
+    "QKNorm", "RWKV4TimeMixing", "RWKV7TimeMixing", "RecurrentCache", "ReformerAttention", "RetNetRetention",
+    "RotaryEmbedding",
     "SegmentAttention", "SinkWindowCache",
     "SequenceProjection", "SinusoidalPositionalEncoding", "SparseTransformerAttention", "TieredAttention",
     "YarnScaling", "coverage_loss",

@@ -86,8 +86,10 @@ def _count_layer(t: Tally, s, layer, form: str) -> None:
         t.conv("short convolution (depthwise)", b, 1, channels, n, taps)
         t.inter(b * n * channels)
     heads, dk, dv = layer.core_sizes
+    # a correction read before the decay (RWKV-7) reads the first state undecayed: no gradient through it
+    learned = layer.learned_decay and not getattr(layer, "reads_before_decay", False)
     count_recurrence(t, form, b * heads, n * layer.steps_per_token, dk, dv, chunk=layer.chunk_size,
-                     delta=layer.delta_rule, learned_decay=layer.learned_decay,
+                     delta=layer.delta_rule, learned_decay=learned,
                      query_grad=not getattr(layer, "constant_query", False))
     t.ew("decays, gates and norms (estimate)", b * n * heads * (dk + dv), 5)
     t.io(2 * b * n * s["dim"], sum(p.numel() for p in layer.parameters()))
