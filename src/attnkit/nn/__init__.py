@@ -27,6 +27,7 @@ from .lightning import LightningAttention
 from .linear import LinearAttention, PerformerAttention
 from .linformer import LinformerAttention, SequenceProjection
 from .local import LocalAttention
+from .log_linear import LogLinearCache, LogLinearGatedDeltaNet, LogLinearMamba2
 from .longformer import LongformerAttention
 from .luong import LuongAttention
 from .mamba2 import Mamba2Mixer
@@ -66,7 +67,8 @@ __all__ = [
     "GatedDeltaNet", "GatedLinearAttention",
     "HardAttention", "HeavyHitterCache", "HierarchicalAttention", "KVCache", "KVFormat", "KimiDeltaAttention",
     "LSHAttention", "LambdaLayer", "LatentCache", "LearnedPositionalEmbedding", "LightningAttention",
-    "LinearAttention", "LinearScaling", "LinformerAttention",
+    "LinearAttention", "LinearScaling", "LinformerAttention", "LogLinearCache", "LogLinearGatedDeltaNet",
+    "LogLinearMamba2",
     "Llama3Scaling", "LocalAttention", "LongRopeScaling", "LongformerAttention", "LuongAttention", "Mamba2Mixer",
     "MemoryAttention", "MoBA", "MultiHeadAttention", "MultiHeadLatentAttention", "NativeSparseAttention",
     "OutputGate", "PaTHAttention", "PagedKVCache", "PathCache", "PerceiverAttention", "PerceiverEncoder",

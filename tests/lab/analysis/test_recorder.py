@@ -75,6 +75,7 @@ NO_WEIGHTS = {
     "native-sparse-attention": ["model", "model#1", "model#2"],  # compressed, selected and window branches
     "retnet": [], "gla": [], "mamba2": [], "deltanet": [], "gated-deltanet": [], "kimi-delta-attention": [],
     "lightning-attention": [], "rwkv4": [], "delta-product": [], "comba": [], "rwkv7": [],
+    "log-linear-mamba2": [], "log-linear-gated-deltanet": [],
 }
 # sigmoid weights (and softpick's, stick-breaking's, a sink's share taken: sums below 1); local-p Luong: softmax
 # times a Gaussian (eq. 10)

@@ -129,6 +129,8 @@ def log_linear_attention(q, k, v, g, level_weights, beta=None, *, scale=None, no
         k = k.masked_fill(~keep[:, None, :, None], 0.0)
         gg = gg.masked_fill(~keep[:, None, :, None], 0.0)
     state = vv.new_zeros(b, h, levels, dk, dv) if initial_state is None else initial_state.to(vv.dtype)
+    if n == 0:  # no token: the empty output joined to every input by an empty sum (zero gradients, not None)
+        return (vv + sum(t.sum() for t in (q, k, gg, lam, beta) if t is not None)).to(v.dtype), state
     if form == "recurrent":
         out, state = _recurrent(q, k, vv, gg, beta, lam, positions, real, state)
     else:
@@ -202,11 +204,13 @@ def _chunked(q, k, v, g, beta, lam, positions, end, state, size: int):
     pos = torch.cat([positions, end[:, None].expand(b, pad)], 1).unflatten(1, (-1, size))  # (B, C, c)
     eye = torch.eye(size, dtype=q.dtype, device=q.device).expand(*qb.shape[:-1], size)
     terms = local_terms(qb, kb, eye, gb, betab)  # u: (I + T)^-1 diag(beta) (the delta rule) or I
-    matrix = terms.scores @ terms.u  # P within each block (B, H, C, c, c)
+    delta = terms.w is not None
+    matrix = terms.scores @ terms.u if delta else terms.scores  # P within each block (B, H, C, c, c)
     within = _weights(lb, fenwick_level(pos[..., :, None] ^ pos[..., None, :]))  # M^H within each block
     inner = (matrix * within) @ vb  # (B, H, C, c, Dv)
     reads = terms.q_from_start if terms.w is None else terms.q_from_start - terms.scores @ terms.w
-    writes = terms.k_to_end.transpose(-1, -2) @ terms.u  # (B, H, C, Dk, c): what each token leaves at the end
+    writes = terms.k_to_end.transpose(-1, -2)  # (B, H, C, Dk, c): what each token leaves at the end
+    writes = writes @ terms.u if delta else writes
     ends = torch.cat([pos[:, 1:, 0], end[:, None]], 1)  # (B, C): the prefix after each block
     own = torch.arange(1, levels + 1, device=q.device)
     outs = []

@@ -63,6 +63,12 @@ LEFT_OUT: dict[str, str] = {
     "rwkv7": "RWKV-7's generalized delta rule (a per-channel decay and a removal along its own key) is the delta "
              "rule the state-tracking experiment trains in DeltaNet and Gated DeltaNet; the tour leaves the RWKV "
              "block's token shift and low-rank gates to their own papers",
+    "log-linear-mamba2": "log-linear attention grows the state with log L to help recall at long contexts; the "
+                         "tour's recall experiment runs at one short length, where Mamba-2 with one state already "
+                         "shows what a fixed state holds",
+    "log-linear-gated-deltanet": "log-linear attention grows the state with log L to help recall at long contexts; "
+                                 "the tour's recall experiment runs at one short length, where Gated DeltaNet "
+                                 "already shows what a fixed state holds",
     "path-attention": "PaTH's data-dependent reflections of the keys are a learned position encoding; every tour "
                       "model uses sinusoidal positions, the same for all mechanisms",
     "forgetting-attention": "FoX's forget gate decays attention with distance, a recency prior learned per head; "
