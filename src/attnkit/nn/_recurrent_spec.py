@@ -10,6 +10,9 @@ last one padded) and ``r = 1`` with the delta rule::
     chunk       C (2 c^2 Dk (1 + r) + 2 c^2 Dv + 2 c Dk Dv (2 + r))
     recurrent   2 L Dk Dv (1 + r)
 
+The log-linear layers (``state_levels`` G) count :func:`count_log_linear` instead: each block reads
+and carries every one of the G bucket states, and their decoding state is G times the recurrence's.
+
 The backward costs each product once more per operand that needs a gradient: the state a layer
 starts from (zeros) needs none, and nothing is differentiated through its final state (a layer
 without a cache discards it). The delta rule's triangular solve is counted by no counter
@@ -30,12 +33,16 @@ from ..costing.spec import Spec
 from ..costing.tally import Tally, dtype_of, randn
 from ..functional.recurrences.checks import FORMS, check_form
 
-__all__ = ["RECURRENT_SIZES", "RECURRENT_FORMULA", "recurrent_spec", "count_recurrence", "count_log_linear"]
+__all__ = ["RECURRENT_SIZES", "RECURRENT_FORMULA", "LOG_LINEAR_FORMULA", "recurrent_spec", "count_recurrence",
+           "count_log_linear"]
 
 RECURRENT_SIZES = {"batch": 2, "length": 16, "dim": 32, "dtype": "float32", "form": "chunk"}
 RECURRENT_FORMULA = ("projections 2 B L (sum of in x out); convolution 2 B L channels K; recurrence per head: "
                      "parallel 2 L^2 (Dk (1 + r) + Dv) + 2 L Dk Dv (2 + r), chunk C times that at L = c, "
                      "recurrent 2 L Dk Dv (1 + r) (r = 1 with the delta rule)")
+LOG_LINEAR_FORMULA = ("projections 2 B L (sum of in x out); convolution 2 B L channels K; per head with G bucket "
+                      "states: chunk C (2 c^2 (Dk + Dv) + 4 c G Dk Dv (1 + r) + r (2 c^3 + 6 c^2 Dk)), parallel "
+                      "that at c = L, C = 1; recurrent 2 L G Dk Dv (1 + r) (r = 1 with the delta rule)")
 
 
 def count_recurrence(t: Tally, form: str, heads: int, n: int, dk: int, dv: int, *, chunk: int, delta: bool,

@@ -13,7 +13,7 @@ from ..functional.recurrences.log_linear import levels_for, log_linear_attention
 from ..registry.entry import Entry, register
 from ._inputs import check_keep_mask, check_sequence
 from ._recurrent import RecurrentCache, RecurrentLayer, example
-from ._recurrent_spec import recurrent_spec
+from ._recurrent_spec import LOG_LINEAR_FORMULA, recurrent_spec
 from .gated_deltanet import GatedDeltaNet
 from .mamba2 import _OPTIONS as _MAMBA2_OPTIONS
 from .mamba2 import Mamba2Mixer
@@ -186,7 +186,7 @@ register(Entry("log-linear-mamba2", LogLinearMamba2, "Guo et al. 2025, arXiv:250
                                     "chunk_size": 64, "max_length": 64},
                                    lambda m: {"head_dim": m.core_sizes[2], "state_dim": m.core_sizes[1],
                                               "expand": m.sizes[0] // m.dim, "num_groups": m.sizes[2],
-                                              "max_length": m.max_length})))
+                                              "max_length": m.max_length}, LOG_LINEAR_FORMULA)))
 register(Entry("log-linear-gated-deltanet", LogLinearGatedDeltaNet, "Guo et al. 2025, arXiv:2506.04761, Sec. 3.2 "
                "(Log-Linear Gated DeltaNet)", "O(L c D + L log(L) D^2 / H)", "Gated DeltaNet's attention matrix "
                "read through O(log L) Fenwick-tree bucket states, each weighted per token", "linear-recurrent",
@@ -201,4 +201,5 @@ register(Entry("log-linear-gated-deltanet", LogLinearGatedDeltaNet, "Guo et al. 
                                    {"heads": 4, "key_heads": None, "key_head_dim": None, "value_head_dim": None,
                                     "conv_size": 4, "chunk_size": 64, "max_length": 64},
                                    lambda m: {"key_heads": m.num_key_heads, "key_head_dim": m.core_sizes[1],
-                                              "value_head_dim": m.core_sizes[2], "max_length": m.max_length})))
+                                              "value_head_dim": m.core_sizes[2], "max_length": m.max_length},
+                                   LOG_LINEAR_FORMULA)))
