@@ -41,6 +41,7 @@ LAYERS = {
                                                     allow_neg_eigval=True),
     "kda_neg": lambda chunk: KimiDeltaAttention(DIM, 3, head_dim=5, chunk_size=chunk, allow_neg_eigval=True),
     "comba": lambda chunk: Comba(DIM, 4, num_key_heads=2, key_head_dim=5, value_head_dim=3, chunk_size=chunk),
+    "comba_after_decay": lambda chunk: Comba(DIM, 3, chunk_size=chunk, read_before_decay=False),
     "rwkv7": lambda chunk: RWKV7TimeMixing(DIM, 3, decay_rank=4, a_rank=3, gate_rank=5, chunk_size=chunk),
     "log_linear_mamba2": lambda chunk: LogLinearMamba2(DIM, head_dim=4, state_dim=5, num_groups=2, chunk_size=chunk,
                                                        max_length=64),
@@ -49,7 +50,7 @@ LAYERS = {
 }
 # layers whose recurrence is their own (a correction key of its own, two steps a token, Fenwick buckets that follow
 # the positions): no draft tree, no pieces across ranks
-OWN_RECURRENCE = ("comba", "rwkv7", "log_linear_mamba2", "log_linear_gdn")
+OWN_RECURRENCE = ("comba", "comba_after_decay", "rwkv7", "log_linear_mamba2", "log_linear_gdn")
 
 
 def layer(name: str, chunk: int = 4):

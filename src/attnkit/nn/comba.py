@@ -25,20 +25,21 @@ class Comba(DeltaRuleLayer):
         p_t = sigmoid(d) k_t                          (the correction's key, d one per key head: ``decay``)
         q'_t = q_t - D p_t                            (the output correction, D one per key head)
         alpha_t = exp(-exp(A_log) softplus(x_t W_a + dt_bias)),   beta_t = sigmoid(x_t W_b)
-        S_t = alpha_t (I - beta_t k_t p_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T q'_t Dk^-1/2
+        S_t = (alpha_t I - beta_t k_t p_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T q'_t Dk^-1/2
         y = (RMSNorm(o) * sigmoid(x W_G)) W_O          (per head)
 
     the recurrence :func:`attnkit.functional.recurrences.comba`, in the form asked for (``beta_t = 2
-    sigmoid(x_t W_b)`` with ``allow_neg_eigval``). With ``d -> inf`` and ``D = 0`` it is Gated DeltaNet with a
-    sigmoid output gate. Value heads may outnumber key heads (``num_key_heads``), as in
+    sigmoid(x_t W_b)`` with ``allow_neg_eigval``), the correction read before the decay as fla's kernels read
+    it (``read_before_decay=False``: ``S_t = alpha_t (I - beta_t k_t p_t^T) S_{t-1} + ...``, as its
+    ``naive_recurrent_comba``). With ``d -> inf``, ``D = 0`` and ``read_before_decay=False`` it is Gated
+    DeltaNet with a sigmoid output gate. Value heads may outnumber key heads (``num_key_heads``), as in
     :class:`~attnkit.nn.GatedDeltaNet`. Notation: ``W_Q, W_K, W_V, W_a, W_b, W_G, W_O`` = ``q_proj,
     k_proj, v_proj, a_proj, b_proj, g_proj, out_proj``; ``d, D`` = ``decay, D``; ``conv1d`` one depthwise
     convolution over the q, k, v channels.
 
     Differences from flash-linear-attention's layer: q and k are normalised before ``p`` and the output
     correction are formed (fla subtracts ``D p`` from the raw q and normalises in its kernel, and its fused
-    kernel normalises ``p`` too); the recurrence reads the correction from the decayed state, as its
-    ``naive_recurrent_comba``. ``A`` is initialised uniform in [1, 16] (fla: [0, 16]). Projections have
+    kernel normalises ``p`` too). ``A`` is initialised uniform in [1, 16] (fla: [0, 16]). Projections have
     no bias.
 
     Shapes: ``x`` ``(B, n, dim)``, ``key_keep_mask`` ``(B, n)`` bool (True = real token) -> ``(B, n, dim)``;
@@ -57,6 +58,8 @@ class Comba(DeltaRuleLayer):
         eps: the norm's epsilon.
         correction_factor: the initial ``D`` (fla's default 1; the paper finds 0.02 better for small models).
         allow_neg_eigval: ``beta`` in ``[0, 2]`` (see :class:`._recurrent.DeltaRuleLayer`).
+        read_before_decay: the correction reads ``S_{t-1}`` before the decay (fla's chunk and fused kernels);
+            False: after it.
 
     Example:
         >>> import torch
@@ -73,10 +76,11 @@ class Comba(DeltaRuleLayer):
 
     def __init__(self, dim: int, num_heads: int, *, num_key_heads: int | None = None, key_head_dim: int | None = None,
                  value_head_dim: int | None = None, conv_size: int = 4, chunk_size: int = 64, eps: float = 1e-5,
-                 correction_factor: float = 1.0, allow_neg_eigval: bool = False):
+                 correction_factor: float = 1.0, allow_neg_eigval: bool = False, read_before_decay: bool = True):
         super().__init__()
         who = "Comba"
         self.allow_neg_eigval = bool(allow_neg_eigval)
+        self.reads_before_decay = bool(read_before_decay)  # (cost spec: the first read is of the undecayed state)
         heads, key_heads = check_int(who, "num_heads", num_heads, 1), num_key_heads or num_heads
         if heads % check_int(who, "num_key_heads", key_heads, 1):
             raise ShapeError(f"{who}: num_heads must be a multiple of num_key_heads; got {heads} and {key_heads}")
@@ -110,7 +114,8 @@ class Comba(DeltaRuleLayer):
         does not decay."""
         mixed = self.inert(mixed, keep)
         return comba(mixed.q, mixed.k, mixed.v, mixed.rest[0], mixed.g[..., 0], mixed.beta, form=form,
-                     chunk_size=self.chunk_size, initial_state=initial_state)
+                     chunk_size=self.chunk_size, initial_state=initial_state,
+                     read_before_decay=self.reads_before_decay)
 
     def _finish(self, out, mixed, x):
         gate = split_heads(self.g_proj(x), self.num_heads)
@@ -124,9 +129,11 @@ register(Entry("comba", Comba, "Hu et al. 2025, arXiv:2506.02475 (Comba)", "O(L 
                                    lambda s: Comba(s["dim"], s["heads"], num_key_heads=s["key_heads"],
                                                    key_head_dim=s["key_head_dim"], value_head_dim=s["value_head_dim"],
                                                    conv_size=s["conv_size"], chunk_size=s["chunk_size"],
-                                                   allow_neg_eigval=s["allow_neg_eigval"]),
+                                                   allow_neg_eigval=s["allow_neg_eigval"],
+                                                   read_before_decay=s["read_before_decay"]),
                                    {"heads": 4, "key_heads": None, "key_head_dim": None, "value_head_dim": None,
-                                    "conv_size": 4, "chunk_size": 64, "allow_neg_eigval": False},
+                                    "conv_size": 4, "chunk_size": 64, "allow_neg_eigval": False,
+                                    "read_before_decay": True},
                                    lambda m: {"key_heads": m.num_key_heads, "key_head_dim": m.core_sizes[1],
-                                              "value_head_dim": m.core_sizes[2],
-                                              "allow_neg_eigval": m.allow_neg_eigval})))
+                                              "value_head_dim": m.core_sizes[2], "allow_neg_eigval": m.allow_neg_eigval,
+                                              "read_before_decay": m.reads_before_decay})))
