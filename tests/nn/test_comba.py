@@ -8,7 +8,7 @@ from attnkit.nn import Comba
 from attnkit.registry import get
 
 from ..functional.recurrences.test_comba import before_decay, oracle
-from .recurrent_reference import assert_every_form, causal_conv, heads, linear, merge, rms, unit
+from .recurrent_reference import assert_every_form, assert_same_gradients, causal_conv, heads, linear, merge, rms, unit
 
 DIM, H, HK, DK, DV = 12, 4, 2, 5, 3
 
@@ -40,6 +40,7 @@ def test_matches_the_papers_equations_in_every_form(allow_neg_eigval, read_befor
             p.add_(torch.randn_like(p) * 0.1)
     x = torch.randn(2, 9, DIM, dtype=torch.float64)
     assert_every_form(layer, x, _comba(layer, x, 2.0 if allow_neg_eigval else 1.0, read_before_decay))
+    assert_same_gradients(layer, x, lambda m, t: _comba(m, t, 2.0 if allow_neg_eigval else 1.0, read_before_decay))
 
 
 def test_registry_entry_runs_its_example():

@@ -13,7 +13,7 @@ from attnkit.nn import GatedDeltaNet, LogLinearGatedDeltaNet, LogLinearMamba2, M
 from attnkit.registry import get
 
 from ..functional.recurrences.test_log_linear import oracle
-from .recurrent_reference import causal_conv, heads, linear, merge, rms, unit
+from .recurrent_reference import assert_same_gradients, causal_conv, heads, linear, merge, rms, unit
 
 DIM = 12
 
@@ -80,6 +80,7 @@ def test_matches_the_papers_equations_in_every_form_and_in_decoding(name):
     want = transcription(layer, x)
     for form in ("parallel", "chunk", "recurrent"):
         torch.testing.assert_close(layer(x, form=form), want, rtol=0, atol=1e-10)
+    assert_same_gradients(layer, x[:, :7], transcription)
     cache = layer.new_cache()
     parts = [layer(x[:, :5], cache=cache)] + [layer.forward_step(x[:, t], cache)[:, None] for t in range(5, 13)]
     torch.testing.assert_close(torch.cat(parts, 1), want, rtol=0, atol=1e-10)

@@ -9,7 +9,7 @@ from attnkit.nn import RWKV7TimeMixing
 from attnkit.registry import get
 
 from ..functional.recurrences.test_rwkv7 import oracle
-from .recurrent_reference import assert_every_form, heads, linear, merge
+from .recurrent_reference import assert_every_form, assert_same_gradients, heads, linear, merge
 
 DIM, H = 12, 3
 
@@ -49,6 +49,7 @@ def test_matches_the_papers_equations_in_every_form():
             p.add_(torch.randn_like(p) * 0.1)
     x = torch.randn(2, 9, DIM, dtype=torch.float64)
     assert_every_form(layer, x, _rwkv7(layer, x))
+    assert_same_gradients(layer, x, _rwkv7)
 
 
 def test_registry_entry_runs_its_example():
