@@ -10,7 +10,7 @@ from attnkit.errors import ArgumentError, DTypeError, ShapeError, UnsupportedFea
 from attnkit.nn import GatedDeltaNet, Mamba2Mixer, RecurrentCache
 from attnkit.nn._recurrent import GatedRMSNorm, ShortConvolution
 
-from .recurrent_layers import DIM, LAYERS
+from .recurrent_layers import DIM, LAYERS, OWN_RECURRENCE
 from .recurrent_layers import layer as _layer
 
 TOL = dict(rtol=0, atol=1e-10)
@@ -174,7 +174,8 @@ def _path(parents: list[int], node: int) -> list[int]:
     return out[::-1]
 
 
-TREE_LAYERS = [n for n in LAYERS if n not in ("retnet", "rwkv4") and not n.startswith("delta_product")]
+TREE_LAYERS = [n for n in LAYERS
+               if n not in ("retnet", "rwkv4", *OWN_RECURRENCE) and not n.startswith("delta_product")]
 
 
 @pytest.mark.parametrize("name", TREE_LAYERS)
@@ -222,3 +223,7 @@ def test_a_commit_that_is_not_a_root_to_node_path_or_without_a_tree_gets_attnkit
         _layer("rwkv4")(x, parents=[-1, 0, 1, 2])
     with pytest.raises(UnsupportedFeature, match="recurrence steps per token"):  # DeltaProduct: n_h steps a token
         _layer("delta_product")(x, parents=[-1, 0, 1, 2])
+    with pytest.raises(UnsupportedFeature, match="a key of its own"):  # Comba's correction key p
+        _layer("comba")(x, parents=[-1, 0, 1, 2])
+    with pytest.raises(UnsupportedFeature, match="recurrence steps per token"):  # RWKV-7: two steps a token
+        _layer("rwkv7")(x, parents=[-1, 0, 1, 2])

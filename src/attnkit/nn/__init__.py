@@ -6,6 +6,7 @@ from .additive import AdditiveAttention
 from .bigbird import BigBirdAttention
 from .blocksparse import BlockPattern, BlockSparseAttention
 from .coattention import CoAttention
+from .comba import Comba
 from .coverage import CoverageAttention, coverage_loss
 from .delta_product import DeltaProduct
 from .deltanet import DeltaNet
@@ -26,6 +27,7 @@ from .lightning import LightningAttention
 from .linear import LinearAttention, PerformerAttention
 from .linformer import LinformerAttention, SequenceProjection
 from .local import LocalAttention
+from .log_linear import LogLinearCache, LogLinearGatedDeltaNet, LogLinearMamba2
 from .longformer import LongformerAttention
 from .luong import LuongAttention
 from .mamba2 import Mamba2Mixer
@@ -52,26 +54,29 @@ from .rope_scaling import (
 )
 from .rotary import RotaryEmbedding
 from .rwkv import RWKV4TimeMixing
+from .rwkv7 import RWKV7TimeMixing
 from .segment import SegmentAttention, TieredAttention
 from .sparse_transformer import SparseTransformerAttention
 
 __all__ = [
     "AdditiveAttention", "AttentionPooling", "BigBirdAttention", "BlockPattern", "BlockSparseAttention",
-    "CoAttention", "CoverageAttention", "DSAIndexer", "DSALatentAttention", "DSASparseAttention", "DeltaNet",
+    "CoAttention", "Comba", "CoverageAttention", "DSAIndexer", "DSALatentAttention", "DSASparseAttention",
+    "DeltaNet",
     "DeltaProduct", "DerivedKeyAttention",
     "DifferentialAttention", "DotProductAttention", "DynamicNTKScaling", "ForgetCache", "ForgettingAttention",
     "GatedDeltaNet", "GatedLinearAttention",
     "HardAttention", "HeavyHitterCache", "HierarchicalAttention", "KVCache", "KVFormat", "KVPolicy",
     "KimiDeltaAttention",
     "LSHAttention", "LambdaLayer", "LatentCache", "LearnedPositionalEmbedding", "LightningAttention",
-    "LinearAttention", "LinearScaling", "LinformerAttention",
+    "LinearAttention", "LinearScaling", "LinformerAttention", "LogLinearCache", "LogLinearGatedDeltaNet",
+    "LogLinearMamba2",
     "Llama3Scaling", "LocalAttention", "LongRopeScaling", "LongformerAttention", "LuongAttention", "Mamba2Mixer",
     "MemoryAttention", "MoBA", "MultiHeadAttention", "MultiHeadLatentAttention", "NativeSparseAttention",
     "OutputGate", "PaTHAttention", "PagedBatch", "PagedKVCache", "PathCache", "PerceiverAttention",
     "PerceiverEncoder",
     "PerformerAttention", "PointerAttention", "PrefixCache", "ProportionalScaling",
-    "QKNorm", "QuestCache", "RWKV4TimeMixing", "RecurrentCache", "ReformerAttention", "RetNetRetention",
-    "RotaryEmbedding",
+    "QKNorm", "QuestCache", "RWKV4TimeMixing", "RWKV7TimeMixing", "RecurrentCache", "ReformerAttention",
+    "RetNetRetention", "RotaryEmbedding",
     "SegmentAttention", "SinkWindowCache", "SnapKVCache",
     "SequenceProjection", "SinusoidalPositionalEncoding", "SparseTransformerAttention", "TieredAttention",
     "YarnScaling", "coverage_loss",

@@ -239,6 +239,9 @@ class RecurrentLayer(nn.Module):
     delta_rule: bool = False
     learned_decay: bool = True  # the log decays come from parameters or the input (they take gradients)
     steps_per_token: int = 1  # recurrence steps per token (DeltaProduct: n_h), for the cost spec
+    # why a layer that runs a recurrence of its own (overrides ``recurrence``) runs no draft tree nor pieces
+    own_recurrence: str = ("its tokens read their predecessor's sums (the recurrence's output shifted along the "
+                           "sequence)")
     core_sizes: tuple[int, int, int]  # the recurrence's (H, Dk, Dv), for the cost spec
     conv1d: ShortConvolution  # where the subclass has one
 
@@ -277,8 +280,7 @@ class RecurrentLayer(nn.Module):
             raise UnsupportedFeature(f"{what} does not take {type(self).__name__}'s {self.steps_per_token} recurrence "
                                      "steps per token")
         if type(self).recurrence is not RecurrentLayer.recurrence:
-            raise UnsupportedFeature(f"{what} does not take {type(self).__name__}: its tokens read their "
-                                     "predecessor's sums (the recurrence's output shifted along the sequence)")
+            raise UnsupportedFeature(f"{what} does not take {type(self).__name__}: {self.own_recurrence}")
 
     def _verify(self, x, keep, cache, parents):
         """:meth:`forward` over the nodes of a draft tree (see there)."""
