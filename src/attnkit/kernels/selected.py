@@ -30,7 +30,7 @@ import torch
 
 from ..functional.validate import Problem
 from . import rules, selected_pairs, selected_rows, selected_union
-from .page_chunks import fused_chunk, page_split, workspace
+from .page_chunks import fused_pages, page_split
 from .path_cost import PathCost, Product, fused_attention, itemsize
 from .pipeline import KernelOutput, block_scores, block_weights, dropout, run_row_chunks, sinks_after
 
@@ -204,11 +204,17 @@ def merge(partials):
     ``out = sum_c exp(lse_c - lse) out_c`` (stacked, one weighted sum)."""
     if len(partials) == 1:
         return partials[0]
-    lses = torch.stack([lse for _, lse in partials])
+    return merge_stacked(torch.stack([out for out, _ in partials]), torch.stack([lse for _, lse in partials]))
+
+
+def merge_stacked(outs: torch.Tensor, lses: torch.Tensor):
+    """:func:`merge` of partials stacked on dim 0: ``outs (n, ..., E)``, ``lses (n, ...)``."""
+    if outs.shape[0] == 1:
+        return outs[0], lses[0]
     lse = torch.logsumexp(lses, 0)
     safe = torch.where(lse == _NEG_INF, 0.0, lse)  # no key anywhere: every weight 0
     weights = torch.exp(lses - safe).unsqueeze(-1)
-    return (torch.stack([out for out, _ in partials]) * weights).sum(0), lse
+    return (outs * weights).sum(0), lse
 
 
 def _to_heads(pl: Plan, out, lse, c: int):
@@ -247,36 +253,38 @@ def _chunk(p: Problem, inner: Problem, pl: Plan, extent: int, r0: int, r1: int, 
     """Queries ``[r0, r1)``: every split of the first ``extent`` keys computed and merged, ``(out (B, Hq, c, Dv),
     lse (B, Hq, c))``."""
     sel = p.mask.selection
-    idx_heads, kv_heads = _heads(p, pl)
-    idx = sel.indices.to(q.device)
-    idx = idx.index_select(1, idx_heads) if idx.shape[1] > 1 else idx
-    idx = idx if pl.shared else idx[:, :, r0:r1]
     fused, lengths = _fused_ok(p, pl), sel.lengths
-    space = workspace(q) if fused and lengths is not None else None  # no autograd: the pages' copies, kept
     pages = lengths is not None and len(lengths) > 0
     shortest, longest = (int(lengths.min()), int(lengths.max())) if pages else (extent, extent)
     batch, hq, c = q.shape[0], q.shape[1], r1 - r0
-    grouped = fused and pages  # the pages' fused chunks come as (B, H_kv, g c, E): heads of a group as rows
+    if extent <= 0:  # a selection of no keys: every row empty
+        return q.new_zeros(batch, hq, c, p.sizes[5]), q.new_full((batch, hq, c), _NEG_INF)
+    held: list = []  # the selection's indices and heads, made when a split first needs them
+
+    def selection():
+        if not held:
+            idx_heads, kv_heads = _heads(p, pl)
+            idx = sel.indices.to(q.device)
+            idx = idx.index_select(1, idx_heads) if idx.shape[1] > 1 else idx
+            held.extend((idx if pl.shared else idx[:, :, r0:r1], kv_heads))
+        return held
+
+    def exact(start: int, stop: int):  # the split computed by formula, in the layout of the chunks around it
+        idx, kv_heads = selection()
+        out, lse = _to_heads(pl, *_split(p, inner, pl, r0, r1, start, stop, q, idx, kv_heads, kv, shortest), c)
+        if not (fused and pages):
+            return out, lse
+        return out.reshape(batch, p.k.shape[1], -1, out.shape[-1]), lse.reshape(batch, p.k.shape[1], -1)
+
+    if fused and pages:  # no autograd, pages: the heads of a group as rows (B, H_kv, g c, E), one merge
+        out, lse = merge_stacked(*fused_pages(p, r0, r1, extent, pl.keys, q, shortest, longest, exact))
+        return out.reshape(batch, hq, c, out.shape[-1]), lse.reshape(batch, hq, c)
     partials = []
     for start in range(0, extent, pl.keys):
         stop = min(extent, start + pl.keys)
-        piece = None
-        if grouped:
-            piece = fused_chunk(p, r0, r1, start, stop, q, shortest, longest, space)
-        elif fused:
-            piece = _fused_split(p, pl, r0, r1, start, stop, q, idx, kv_heads)
-        if piece is None:
-            piece = _to_heads(pl, *_split(p, inner, pl, r0, r1, start, stop, q, idx, kv_heads, kv, shortest), c)
-            if grouped:
-                piece = (piece[0].reshape(batch, p.k.shape[1], -1, piece[0].shape[-1]),
-                         piece[1].reshape(batch, p.k.shape[1], -1))
-        partials.append(piece)
-    if not partials:  # a selection of no keys: every row empty
-        return q.new_zeros(batch, hq, c, p.sizes[5]), q.new_full((batch, hq, c), _NEG_INF)
-    out, lse = merge(partials)
-    if grouped:  # rows (g, i) of each key/value head back to the query heads
-        out, lse = out.reshape(batch, hq, c, out.shape[-1]), lse.reshape(batch, hq, c)
-    return out, lse
+        piece = _fused_split(p, pl, r0, r1, start, stop, q, *selection()) if fused else None
+        partials.append(exact(start, stop) if piece is None else piece)
+    return merge(partials)
 
 
 def run(p: Problem) -> KernelOutput:
