@@ -174,10 +174,36 @@ def fused_chunk(p: Problem, r0: int, r1: int, start: int, stop: int, q: torch.Te
     return out.masked_fill(~has[..., None], 0.0), lse.masked_fill(~has, _NEG_INF)
 
 
+def _page_copier(p: Problem, dtype, step: int, extent: int, space: Workspace, table: torch.Tensor | None):
+    """For a full-precision pool of ``dtype`` and chunks of whole pages (``step`` a multiple of the page size): a
+    function ``(start) -> (k, v)`` copying the pages of the whole chunk ``[start, start + step)`` into buffers
+    taken once per call, with the pages of every whole chunk listed once, so that a chunk costs its two copies
+    and nothing else (each small operator costs microseconds, more right after the kernel has streamed a chunk
+    through the caches). The same bytes in the same layout as :func:`page_split`'s. None otherwise."""
+    sel = p.mask.selection
+    ps = sel.block_size
+    whole = extent // step
+    if table is None or p.quant is not None or p.k.dtype != dtype or p.v.dtype != dtype or step % ps or not whole:
+        return None
+    batch, per = p.sizes[0], step // ps
+    pools = [t[0].transpose(0, 1) for t in (p.k, p.v)]  # (P ps, H_kv, E): the pools the expanded views were made of
+    rows = [pool.reshape(-1, ps * pool.shape[1] * pool.shape[2]) for pool in pools]  # one row per page
+    bufs = [space.take(name + "-pages", batch * per, r.shape[1]) for name, r in zip("kv", rows, strict=True)]
+    views = [buf.view(batch, step, *pool.shape[1:]).transpose(1, 2) for buf, pool in zip(bufs, pools, strict=True)]
+    pages = table[:, :whole * per].reshape(batch, whole, per).transpose(0, 1).reshape(whole, batch * per).unbind(0)
+
+    def copy(start: int):
+        for r, buf in zip(rows, bufs, strict=True):
+            torch.index_select(r, 0, pages[start // step], out=buf)
+        return views
+    return copy
+
+
 def fused_pages(p: Problem, r0: int, r1: int, extent: int, step: int, q: torch.Tensor, shortest: int, longest: int,
-                exact) -> tuple[torch.Tensor, torch.Tensor]:
+                exact) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Every split of the first ``extent`` positions (``step`` each) for queries ``[r0, r1)`` on torch's fused
-    kernel, stacked: ``(outs (n, B, H_kv, g c, Dv), lses (n, B, H_kv, g c))``, for one merge.
+    kernel, stacked: ``(outs (n, B, H_kv, g c, Dv), lses (n, B, H_kv, g c), empty_rows)``, for one merge;
+    ``empty_rows`` is False when a chunk every query sees whole gave every row a finite lse.
 
     The page table is read once (:func:`page_table`) and the copies go to this thread's buffers
     (:func:`workspace`). A chunk every query sees whole runs with no mask, and the answers of all
@@ -189,11 +215,13 @@ def fused_pages(p: Problem, r0: int, r1: int, extent: int, step: int, q: torch.T
     batch, hq, _, d = q.shape
     hkv = p.k.shape[1]
     q_c = q[:, :, r0:r1].reshape(batch, hkv, hq // hkv * (r1 - r0), d)
+    copy = _page_copier(p, q.dtype, step, extent, space, table)
     pieces, opened = [], []
     for start in range(0, extent, step):
         stop = min(extent, start + step)
         if chunk_is_open(p, start, stop, r0, r1, shortest, longest):  # no mask: its answer checked below
-            k_g, v_g, _, _ = page_split(p, start, stop, q.dtype, shortest, space, table)
+            k_g, v_g = copy(start) if copy is not None and stop - start == step else page_split(
+                p, start, stop, q.dtype, shortest, space, table)[:2]
             opened.append(len(pieces))
             pieces.append(tuple(rules.FLASH(q_c, k_g, v_g, 0.0, False, scale=p.scale)[:2]))
         else:
@@ -206,4 +234,4 @@ def fused_pages(p: Problem, r0: int, r1: int, extent: int, step: int, q: torch.T
         for i in bad:
             start = i * step
             outs[i], lses[i] = exact(start, min(extent, start + step))
-    return outs, lses
+    return outs, lses, not opened

@@ -207,13 +207,14 @@ def merge(partials):
     return merge_stacked(torch.stack([out for out, _ in partials]), torch.stack([lse for _, lse in partials]))
 
 
-def merge_stacked(outs: torch.Tensor, lses: torch.Tensor):
-    """:func:`merge` of partials stacked on dim 0: ``outs (n, ..., E)``, ``lses (n, ...)``."""
+def merge_stacked(outs: torch.Tensor, lses: torch.Tensor, empty_rows: bool = True):
+    """:func:`merge` of partials stacked on dim 0: ``outs (n, ..., E)``, ``lses (n, ...)``; ``empty_rows=False``
+    when some partial is known to give every row a finite lse (no row has no key: no guard needed)."""
     if outs.shape[0] == 1:
         return outs[0], lses[0]
     lse = torch.logsumexp(lses, 0)
-    safe = torch.where(lse == _NEG_INF, 0.0, lse)  # no key anywhere: every weight 0
-    weights = torch.exp(lses - safe).unsqueeze(-1)
+    safe = torch.where(lse == _NEG_INF, 0.0, lse) if empty_rows else lse  # no key anywhere: every weight 0
+    weights = torch.exp_(lses - safe).unsqueeze(-1)
     return (outs * weights).sum(0), lse
 
 
