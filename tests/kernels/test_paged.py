@@ -310,3 +310,49 @@ def test_rows_torchs_kernel_answers_unlike_the_formula_run_on_the_exact_split(ca
     want = _oracle(q, keys, values, empty=False)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=2e-6, equal_nan=True)
     assert torch.isfinite(got).all() == torch.isfinite(want).all()
+
+
+@pytest.mark.parametrize("page_size", [16, 48, 1024])
+@pytest.mark.parametrize("lq", [1, 16])
+def test_whole_and_cut_chunks_of_ragged_grouped_sequences_equal_the_oracle_and_the_contiguous_cache(lq, page_size):
+    # GQA 8:2; chunks every query sees whole (copied a whole chunk of pages at a time when the page size divides
+    # the split), chunks a sequence ends in, and a last chunk shorter than the split
+    split = selected.SPLIT_KEYS
+    lengths = [2 * split, 2 * split + 16, 3 * split - 3, 2 * split + 1]
+    keys, values = _sequences(lengths, seed=12)
+    q = torch.randn(len(lengths), 8, lq, 16, generator=torch.Generator().manual_seed(13))
+    k_pool, v_pool, table = _pool(keys, values, page_size, spare=3, seed=14)
+    used = torch.tensor(lengths)
+    paged = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=masks.causal())
+    torch.testing.assert_close(paged.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
+    k, v = _contiguous(keys, values)
+    assert torch.equal(paged, attnkit.attention(q, k, v, seqused_k=used, mask=masks.causal()))
+
+
+def test_one_sequence_of_whole_chunks_reduces_to_dense_attention():
+    # every chunk whole and seen by the query: the merged splits are attention over all the keys
+    keys, values = _sequences([4 * selected.SPLIT_KEYS], seed=15)
+    q = torch.randn(1, 8, 1, 16, generator=torch.Generator().manual_seed(16))
+    k_pool, v_pool, table = _pool(keys, values, 16, spare=0, seed=17)
+    paged = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor([keys[0].shape[1]]))
+    dense = attnkit.attention(q, keys[0][None], values[0][None])
+    torch.testing.assert_close(paged, dense, rtol=0, atol=2e-6)
+
+
+def test_a_chunk_torchs_kernel_answers_unlike_the_formula_is_recomputed_alone(monkeypatch):
+    # the whole chunks' answers are checked together; only the chunk that fails runs on the exact split
+    split = selected.SPLIT_KEYS
+    lengths = [3 * split, 3 * split]
+    keys, values = _sequences(lengths, seed=18)
+    values[0][1, split:2 * split, 0] = 3e38  # the middle chunk of the first sequence: torch's sum overflows
+    q = torch.randn(2, 4, 1, 16, generator=torch.Generator().manual_seed(19))
+    k_pool, v_pool, table = _pool(keys, values, 16, spare=0, seed=20)
+    calls = []
+    exact = selected._split
+    monkeypatch.setattr(selected, "_split", lambda *a: calls.append(a[5:7]) or exact(*a))
+    got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor(lengths),
+                            mask=masks.causal())
+    assert calls == [(split, 2 * split)]
+    want = _oracle(q, keys, values, empty=False)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=2e-6)
+    assert torch.isfinite(got).all()

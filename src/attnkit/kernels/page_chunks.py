@@ -5,14 +5,16 @@ contiguous cache, into a token-major tensor ``(B, c, H_kv, E)`` zeroed past each
 length: the same bytes in the same layout wherever the pages lie, so what is computed on it is
 the same bit for bit (:mod:`.selected`, path ``paged-split-kv``).
 
-Without autograd a chunk runs on torch's fused CPU kernel (:func:`fused_chunk`) with the
+Without autograd every chunk runs on torch's fused CPU kernel (:func:`fused_pages`) with the
 query heads of one key/value head as rows of one product, ``q (B, H_kv, g Lq, D)``
 (Ainslie et al. 2023, grouped-query attention: the ``g`` heads of a group read the same
 keys, so the chunk is read once per group), and with no mask at all where every query sees
-every key of the chunk; chunks with masked keys (a sequence ends inside, or the caller's
-mask cuts it) get a float mask. Each chunk's output and lse are checked as the fast lane
-checks them (:func:`.lane.trusted`: a row torch zeroed, an overflow, a leaked NaN), and a
-chunk that fails runs on the exact split. Quantized pages
+every key of the chunk: such a chunk of whole pages costs two ``index_select`` copies and the
+kernel, nothing else (the page lists and buffer views are made once per call). Chunks with
+masked keys (a sequence ends inside, or the caller's mask cuts it) get a float mask
+(:func:`fused_chunk`). The outputs and lse are checked as the fast lane checks them
+(:func:`.lane.trusted`: a row torch zeroed, an overflow, a leaked NaN), every unmasked chunk
+in one reduction, and only a chunk that fails runs on the exact split. Quantized pages
 (``k_scale=``/``v_scale=``) are gathered as codes, with their scales, and only the chunk is
 dequantized (:func:`attnkit.functional.quantize.dequantize`).
 """
@@ -211,12 +213,14 @@ def fused_pages(p: Problem, r0: int, r1: int, extent: int, step: int, q: torch.T
     for the call, not one per chunk); a chunk with masked keys runs as :func:`fused_chunk`; a chunk
     whose answer cannot be trusted runs as ``exact(start, stop)`` (the exact split, in the same layout).
     """
+    assert rules.FLASH is not None  # the fused path runs only where torch has the kernel
     space, table = workspace(q), page_table(p)
     batch, hq, _, d = q.shape
     hkv = p.k.shape[1]
     q_c = q[:, :, r0:r1].reshape(batch, hkv, hq // hkv * (r1 - r0), d)
     copy = _page_copier(p, q.dtype, step, extent, space, table)
-    pieces, opened = [], []
+    pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
+    opened: list[int] = []
     for start in range(0, extent, step):
         stop = min(extent, start + step)
         if chunk_is_open(p, start, stop, r0, r1, shortest, longest):  # no mask: its answer checked below

@@ -9,11 +9,19 @@ split-KV over chunks of :data:`~.selected.SPLIT_KEYS` positions of each sequence
 chunk's keys gathered from its pages into a chunk-sized copy (never the whole cache),
 partials merged by log-sum-exp in one stacked step (:mod:`.selected`); causal masks align
 bottom-right to each sequence's own length (decoding, chunked prefill). Without autograd
-the chunks run on torch's fused CPU kernel (:func:`.page_chunks.fused_chunk`): the query
-heads of a key/value head as rows of one product, the copies in buffers kept from call to
-call, and no mask where every query sees the whole chunk; only a chunk a sequence ends in
-(ragged lengths) or the caller's mask cuts gets a float mask. Quantized pools (``k_scale=``,
-``v_scale=``) are gathered as codes and each chunk alone is dequantized (:mod:`.page_chunks`).
+the chunks run on torch's fused CPU kernel (:func:`.page_chunks.fused_pages`): the query
+heads of a key/value head as rows of one product, the page table read once per call, a
+whole chunk of every sequence's pages copied with one ``index_select`` per pool into buffers
+kept from call to call, no mask where every query sees the whole chunk and the answers of
+those chunks checked together (one sync per call); only a chunk a sequence ends in (ragged
+lengths) or the caller's mask cuts gets a float mask, and only a chunk whose answer cannot
+be trusted runs on the exact split. Quantized pools (``k_scale=``, ``v_scale=``) are
+gathered as codes and each chunk alone is dequantized (:mod:`.page_chunks`).
+
+At one thread a decoding step is bound by reading the cache: the contiguous cache is read
+once by torch's kernel, the pages are read once by the copy and the copy once (from the
+caches) by the kernel, which cannot overlap the copy. The copy is the price of reading pages
+with torch's operators.
 
 The dense paths compute the same function over the whole pool (the mask rejects other
 sequences' pages), so they stay exact oracles, but read every page for every sequence:
@@ -53,5 +61,8 @@ def density(p: Problem) -> float:
 
 def describe(p: Problem) -> str:
     pl = selected.plan(p)
+    how = ("whole pages copied per chunk into reused buffers, torch's fused kernel with the heads of a group as "
+           "rows (a mask only on chunks a sequence ends in or the mask cuts), " if selected.fused_ok(p, pl) else
+           "each gathered alone, ")
     return (f"the sequences' pages read through the page table: split-KV over chunks of {pl.keys} positions, "
-            f"each gathered alone, merged by log-sum-exp")
+            f"{how}merged by log-sum-exp in one step")

@@ -228,7 +228,7 @@ def _to_heads(pl: Plan, out, lse, c: int):
     return out, None if lse is None else lse.permute(0, 1, 3, 2).reshape(batch, pl.hx * pl.gp, c)
 
 
-def _fused_ok(p: Problem, pl: Plan) -> bool:
+def fused_ok(p: Problem, pl: Plan) -> bool:
     """torch's fused kernel computes a split exactly: softmax of dot products, no bias, dropout or autograd."""
     return (pl.shared and not p.needs_grad and rules.cpu_flash(p) and p.dropout_p == 0 and p.bias is None
             and p.modifier is None and p.normalize == "softmax" and p.score in ("dot", "scaled_dot")
@@ -254,7 +254,7 @@ def _chunk(p: Problem, inner: Problem, pl: Plan, extent: int, r0: int, r1: int, 
     """Queries ``[r0, r1)``: every split of the first ``extent`` keys computed and merged, ``(out (B, Hq, c, Dv),
     lse (B, Hq, c))``."""
     sel = p.mask.selection
-    fused, lengths = _fused_ok(p, pl), sel.lengths
+    fused, lengths = fused_ok(p, pl), sel.lengths
     pages = lengths is not None and len(lengths) > 0
     shortest, longest = (int(lengths.min()), int(lengths.max())) if pages else (extent, extent)
     batch, hq, c = q.shape[0], q.shape[1], r1 - r0
@@ -338,7 +338,7 @@ def cost(p: Problem, grad: bool = False) -> PathCost:
         cp, m = (1, pl.gp * c) if pl.shared else (c, pl.gp)
         for start in range(0, pl.slots, pl.keys):
             n = min(pl.slots, start + pl.keys) - start
-            if _fused_ok(p, pl):
+            if fused_ok(p, pl):
                 fused += batch * hq * c * n
                 continue
             products += [Product("scores (q k^T, selected keys)", batch * pl.hx * cp, m, d, n, "scores", recompute),
