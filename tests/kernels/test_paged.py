@@ -312,21 +312,57 @@ def test_rows_torchs_kernel_answers_unlike_the_formula_run_on_the_exact_split(ca
     assert torch.isfinite(got).all() == torch.isfinite(want).all()
 
 
+def _unmasked_oracle(q, keys, values):
+    """Float64 per sequence: every query sees every key the sequence holds."""
+    group = q.shape[1] // keys[0].shape[0]
+    outs = []
+    for b, (k, v) in enumerate(zip(keys, values, strict=True)):
+        kk, vv = k.double().repeat_interleave(group, 0), v.double().repeat_interleave(group, 0)
+        outs.append(torch.softmax(q[b].double() @ kk.transpose(-1, -2) / math.sqrt(q.shape[-1]), -1) @ vv)
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("page_size", [16, 48, 1024])
 @pytest.mark.parametrize("lq", [1, 16])
-def test_whole_and_cut_chunks_of_ragged_grouped_sequences_equal_the_oracle_and_the_contiguous_cache(lq, page_size):
+def test_whole_and_cut_chunks_of_ragged_grouped_sequences_equal_the_oracle_and_the_contiguous_cache(lq, page_size,
+                                                                                                  causal):
     # GQA 8:2; chunks every query sees whole (copied a whole chunk of pages at a time when the page size divides
-    # the split), chunks a sequence ends in, and a last chunk shorter than the split
+    # the split) for all or some sequences, chunks a sequence ends in, a last chunk shorter than the split, and the
+    # last Lq keys each query sees causally
     split = selected.SPLIT_KEYS
     lengths = [2 * split, 2 * split + 16, 3 * split - 3, 2 * split + 1]
     keys, values = _sequences(lengths, seed=12)
     q = torch.randn(len(lengths), 8, lq, 16, generator=torch.Generator().manual_seed(13))
     k_pool, v_pool, table = _pool(keys, values, page_size, spare=3, seed=14)
-    used = torch.tensor(lengths)
-    paged = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=masks.causal())
-    torch.testing.assert_close(paged.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
+    used, mask = torch.tensor(lengths), masks.causal() if causal else None
+    paged = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask)
+    want = _oracle(q, keys, values) if causal else _unmasked_oracle(q, keys, values)
+    torch.testing.assert_close(paged.double(), want, rtol=0, atol=2e-6)
     k, v = _contiguous(keys, values)
-    assert torch.equal(paged, attnkit.attention(q, k, v, seqused_k=used, mask=masks.causal()))
+    assert torch.equal(paged, attnkit.attention(q, k, v, seqused_k=used, mask=mask))
+
+
+@pytest.mark.parametrize("lq", [1, 5])
+def test_ragged_causal_calls_run_on_the_segment_route_reading_only_the_keys_each_sequence_holds(lq, monkeypatch):
+    from attnkit.kernels import page_segments
+
+    monkeypatch.setattr(selected, "fused_pages", lambda *a: pytest.fail("the chunked route ran"))
+    copied = []
+    chunk = page_segments._Keys.chunk
+    monkeypatch.setattr(page_segments._Keys, "chunk", lambda self, seqs, start, stop: copied.append(
+        (None if seqs is None else seqs.tolist(), start, stop)) or chunk(self, seqs, start, stop))
+    split = selected.SPLIT_KEYS
+    lengths = [3 * split, split + 7, lq]  # the second ends inside its second chunk; the third has only its queries
+    keys, values = _sequences(lengths, seed=21)
+    q = torch.randn(len(lengths), 4, lq, 16, generator=torch.Generator().manual_seed(22))
+    k_pool, v_pool, table = _pool(keys, values, 16, spare=1, seed=23)
+    got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor(lengths),
+                            mask=masks.causal())
+    torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
+    shared = [n - lq + (0 if lq > 1 else 1) for n in lengths]  # keys every query of a sequence sees
+    assert copied[-1][1] == 2 * split and copied[-1][0] == [0]  # the last chunk: the first sequence alone
+    assert all(start < shared[b] for seqs, start, _ in copied if seqs is not None for b in seqs)
 
 
 def test_one_sequence_of_whole_chunks_reduces_to_dense_attention():

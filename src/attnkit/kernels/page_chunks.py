@@ -32,7 +32,7 @@ from . import rules
 from .lane import trusted
 from .pipeline import Workspace
 
-__all__ = ["page_table", "page_split", "chunk_is_open", "fused_chunk", "fused_pages", "workspace"]
+__all__ = ["page_table", "page_split", "chunk_is_open", "fused_chunk", "fused_pages", "merge_stacked", "workspace"]
 
 _NEG_INF = float("-inf")
 _HELD = threading.local()  # per thread: the chunk buffers of the last calls, by dtype and device
@@ -239,3 +239,15 @@ def fused_pages(p: Problem, r0: int, r1: int, extent: int, step: int, q: torch.T
             start = i * step
             outs[i], lses[i] = exact(start, min(extent, start + step))
     return outs, lses, not opened
+
+
+def merge_stacked(outs: torch.Tensor, lses: torch.Tensor, empty_rows: bool = True):
+    """Partials of disjoint key sets stacked on dim 0, ``outs (n, ..., E)`` and ``lses (n, ...)``, merged in one
+    step: ``lse = log sum_c exp lse_c``, ``out = sum_c exp(lse_c - lse) out_c``; ``empty_rows=False`` when some
+    partial is known to give every row a finite lse (no row has no key: no guard needed)."""
+    if outs.shape[0] == 1:
+        return outs[0], lses[0]
+    lse = torch.logsumexp(lses, 0)
+    safe = torch.where(lse == _NEG_INF, 0.0, lse) if empty_rows else lse  # no key anywhere: every weight 0
+    weights = torch.exp_(lses - safe).unsqueeze(-1)
+    return (outs * weights).sum(0), lse

@@ -29,8 +29,8 @@ from typing import NamedTuple
 import torch
 
 from ..functional.validate import Problem
-from . import rules, selected_pairs, selected_rows, selected_union
-from .page_chunks import fused_pages, page_split
+from . import page_segments, rules, selected_pairs, selected_rows, selected_union
+from .page_chunks import fused_pages, merge_stacked, page_split
 from .path_cost import PathCost, Product, fused_attention, itemsize
 from .pipeline import KernelOutput, block_scores, block_weights, dropout, run_row_chunks, sinks_after
 
@@ -207,17 +207,6 @@ def merge(partials):
     return merge_stacked(torch.stack([out for out, _ in partials]), torch.stack([lse for _, lse in partials]))
 
 
-def merge_stacked(outs: torch.Tensor, lses: torch.Tensor, empty_rows: bool = True):
-    """:func:`merge` of partials stacked on dim 0: ``outs (n, ..., E)``, ``lses (n, ...)``; ``empty_rows=False``
-    when some partial is known to give every row a finite lse (no row has no key: no guard needed)."""
-    if outs.shape[0] == 1:
-        return outs[0], lses[0]
-    lse = torch.logsumexp(lses, 0)
-    safe = torch.where(lse == _NEG_INF, 0.0, lse) if empty_rows else lse  # no key anywhere: every weight 0
-    weights = torch.exp_(lses - safe).unsqueeze(-1)
-    return (outs * weights).sum(0), lse
-
-
 def _to_heads(pl: Plan, out, lse, c: int):
     """``(B, hx, c', m, E)`` back to ``(B, Hq, c, E)`` (and the lse to ``(B, Hq, c)``)."""
     batch, e = out.shape[0], out.shape[-1]
@@ -256,7 +245,8 @@ def _chunk(p: Problem, inner: Problem, pl: Plan, extent: int, r0: int, r1: int, 
     sel = p.mask.selection
     fused, lengths = fused_ok(p, pl), sel.lengths
     pages = lengths is not None and len(lengths) > 0
-    shortest, longest = (int(lengths.min()), int(lengths.max())) if pages else (extent, extent)
+    held_keys = lengths.tolist() if pages else [extent]
+    shortest, longest = min(held_keys), max(held_keys)
     batch, hq, c = q.shape[0], q.shape[1], r1 - r0
     if extent <= 0:  # a selection of no keys: every row empty
         return q.new_zeros(batch, hq, c, p.sizes[5]), q.new_full((batch, hq, c), _NEG_INF)
@@ -278,7 +268,8 @@ def _chunk(p: Problem, inner: Problem, pl: Plan, extent: int, r0: int, r1: int, 
         return out.reshape(batch, p.k.shape[1], -1, out.shape[-1]), lse.reshape(batch, p.k.shape[1], -1)
 
     if fused and pages:  # no autograd, pages: the heads of a group as rows (B, H_kv, g c, E), one merge
-        out, lse = merge_stacked(*fused_pages(p, r0, r1, extent, pl.keys, q, shortest, longest, exact))
+        merged = page_segments.run(p, q, r0, r1, pl.keys, held_keys) if page_segments.applies(p) else None
+        out, lse = merged or merge_stacked(*fused_pages(p, r0, r1, extent, pl.keys, q, shortest, longest, exact))
         return out.reshape(batch, hq, c, out.shape[-1]), lse.reshape(batch, hq, c)
     partials = []
     for start in range(0, extent, pl.keys):
