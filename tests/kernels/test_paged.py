@@ -392,3 +392,18 @@ def test_a_chunk_torchs_kernel_answers_unlike_the_formula_is_recomputed_alone(mo
     want = _oracle(q, keys, values, empty=False)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=2e-6)
     assert torch.isfinite(got).all()
+
+
+def test_table_entries_past_a_sequences_pages_are_never_checked_or_read():
+    keys, values = _sequences([20, 0], seed=24)
+    k_pool, v_pool, table = _pool(keys, values, 8, spare=1, seed=25)
+    table[0, 3:], table[1] = -1, -7  # no sequence uses these entries: any value
+    table = torch.cat([table, torch.full((2, 2), 99)], 1)
+    q = torch.randn(2, 2, 1, 16, generator=torch.Generator().manual_seed(26))
+    got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor([20, 0]),
+                            mask=masks.causal())
+    torch.testing.assert_close(got[:1].double(), _oracle(q[:1], keys[:1], values[:1]), rtol=0, atol=2e-6)
+    assert not got[1].any()
+    table[0, 1] = -3
+    with pytest.raises(ArgumentError, match=r"must lie in \[0, 4\) \(the pool's pages\); got values in \[-3, "):
+        attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor([20, 0]))

@@ -239,7 +239,12 @@ def _fused_split(p, pl, r0, r1, start, stop, q, idx, heads):
     return out.masked_fill(~has[..., None], 0.0), lse.masked_fill(~has, _NEG_INF)
 
 
-def _chunk(p: Problem, inner: Problem, pl: Plan, extent: int, r0: int, r1: int, q: torch.Tensor, kv):
+def _inner(p: Problem) -> Problem:
+    """The problem each exact split computes: the rest of the mask, and its lse (which merges the splits)."""
+    return p.with_inputs(mask=p.mask.rest, return_lse=p.normalize == "softmax")
+
+
+def _chunk(p: Problem, inner: Problem | None, pl: Plan, extent: int, r0: int, r1: int, q: torch.Tensor, kv):
     """Queries ``[r0, r1)``: every split of the first ``extent`` keys computed and merged, ``(out (B, Hq, c, Dv),
     lse (B, Hq, c))``."""
     sel = p.mask.selection
@@ -262,7 +267,8 @@ def _chunk(p: Problem, inner: Problem, pl: Plan, extent: int, r0: int, r1: int, 
 
     def exact(start: int, stop: int):  # the split computed by formula, in the layout of the chunks around it
         idx, kv_heads = selection()
-        out, lse = _to_heads(pl, *_split(p, inner, pl, r0, r1, start, stop, q, idx, kv_heads, kv, shortest), c)
+        split = _split(p, inner or _inner(p), pl, r0, r1, start, stop, q, idx, kv_heads, kv, shortest)
+        out, lse = _to_heads(pl, *split, c)
         if not (fused and pages):
             return out, lse
         return out.reshape(batch, p.k.shape[1], -1, out.shape[-1]), lse.reshape(batch, p.k.shape[1], -1)
@@ -287,13 +293,14 @@ def run(p: Problem) -> KernelOutput:
     if selected_rows.applies(p):
         return selected_rows.run(p)
     pl = plan(p)
-    inner = p.with_inputs(mask=p.mask.rest, return_lse=p.normalize == "softmax")  # the lse merges the splits
+    lengths = p.mask.selection.lengths
+    # made now, or (pages on torch's kernel, where a split runs by formula only if the kernel fails) when needed
+    inner = None if lengths is not None and fused_ok(p, pl) else _inner(p)
     q = p.q.to(p.compute_dtype).contiguous()
     if selected_union.applies(p):
         union, kv_heads = _union(p)
-        result = selected_union.run(p, inner, q, union, kv_heads)
+        result = selected_union.run(p, inner or _inner(p), q, union, kv_heads)
         return result if p.return_lse else result._replace(lse=None)
-    lengths = p.mask.selection.lengths
     # Pages: the splits end at the longest sequence, not at the table's width, so a table padded with more
     # pages (or a contiguous cache with room to spare) cuts the same splits and gives the same bits.
     extent = pl.slots if lengths is None or not len(lengths) else min(pl.slots, int(lengths.max()))
