@@ -407,3 +407,17 @@ def test_table_entries_past_a_sequences_pages_are_never_checked_or_read():
     table[0, 1] = -3
     with pytest.raises(ArgumentError, match=r"must lie in \[0, 4\) \(the pool's pages\); got values in \[-3, "):
         attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor([20, 0]))
+
+
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.bfloat16, 1e-2), (torch.float16, 1e-3), (torch.float64, 1e-12)])
+@pytest.mark.parametrize("lq", [1, 4])
+def test_pools_of_other_dtypes_equal_the_oracle_over_whole_and_cut_chunks(dtype, atol, lq):
+    # half-precision pools are computed in float32 (the chunked route converts each chunk), float64 as it is
+    lengths = [2 * selected.SPLIT_KEYS + 76, 600, 2 * selected.SPLIT_KEYS]
+    keys, values = _sequences(lengths, dtype=dtype, seed=27)
+    k_pool, v_pool, table = _pool(keys, values, 16, spare=1, seed=28)
+    q = torch.randn(3, 4, lq, 16, generator=torch.Generator().manual_seed(29)).to(dtype)
+    got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor(lengths),
+                            mask=masks.causal())
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=atol)

@@ -48,9 +48,11 @@ def _pages(p: Problem) -> Pages:
 
 
 def applies(p: Problem) -> bool:
-    """Full-precision keys of the queries' dtype, and no mask or bottom-right causality (checked on sizes)."""
+    """Full-precision keys of the dtype the queries are computed in (copied as they are: float32 on CPU, not a
+    half-precision pool torch's kernel would read in float32), and no mask or bottom-right causality."""
     within = _pages(p).within
-    return p.quant is None and p.k.dtype == p.q.dtype and p.v.dtype == p.q.dtype and (
+    dtype = p.compute_dtype
+    return p.quant is None and p.q.dtype == p.k.dtype == p.v.dtype == dtype and (
         within is None or (within.kind == "causal" and getattr(within, "align", None) == "bottom_right"))
 
 
