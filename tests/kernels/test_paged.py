@@ -421,3 +421,22 @@ def test_pools_of_other_dtypes_equal_the_oracle_over_whole_and_cut_chunks(dtype,
                             mask=masks.causal())
     assert got.dtype == dtype
     torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=atol)
+
+
+def test_queries_cut_into_row_chunks_see_their_own_last_keys_causally(monkeypatch):
+    # a small budget cuts the 7 queries into chunks of rows: each chunk's shared keys end where its first query's do
+    monkeypatch.setattr(selected, "BUDGET", 3 * 2 * 4 * selected.SPLIT_KEYS)  # 3 rows of 2 sequences x 4 heads
+    from attnkit.core import _prepare
+
+    assert selected.plan(_prepare(torch.randn(2, 4, 7, 16), torch.randn(2, 2, 900, 16), torch.randn(2, 2, 900, 16),
+                                  seqused_k=torch.tensor([900, 700]))).rows == 3
+    monkeypatch.setattr(selected, "fused_pages", lambda *a: pytest.fail("the chunked route ran"))
+    lengths = [selected.SPLIT_KEYS + 388, 700]
+    keys, values = _sequences(lengths, seed=30)
+    q = torch.randn(2, 4, 7, 16, generator=torch.Generator().manual_seed(31))
+    k_pool, v_pool, table = _pool(keys, values, 16, spare=1, seed=32)
+    used = torch.tensor(lengths)
+    got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=masks.causal())
+    torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
+    k, v = _contiguous(keys, values)
+    assert torch.equal(got, attnkit.attention(q, k, v, seqused_k=used, mask=masks.causal()))
