@@ -118,8 +118,8 @@ class LogLinearMamba2(_LogLinear, Mamba2Mixer):
     numbers plus the convolution's.
 
     Args:
-        dim, num_heads, and every keyword of :class:`~attnkit.nn.Mamba2Mixer`.
         max_length: the longest sequence (prefill and decoding together) the levels reach.
+        options: ``dim``, ``num_heads`` and every keyword of :class:`~attnkit.nn.Mamba2Mixer`.
 
     Example:
         >>> import torch
@@ -155,8 +155,8 @@ class LogLinearGatedDeltaNet(_LogLinear, GatedDeltaNet):
     Shapes, complexity: as :class:`~attnkit.nn.GatedDeltaNet` with ``G`` bucket states per head.
 
     Args:
-        dim, num_heads, and every keyword of :class:`~attnkit.nn.GatedDeltaNet`.
         max_length: the longest sequence (prefill and decoding together) the levels reach.
+        options: ``dim``, ``num_heads`` and every keyword of :class:`~attnkit.nn.GatedDeltaNet`.
 
     Example:
         >>> import torch
