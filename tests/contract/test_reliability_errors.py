@@ -6,6 +6,8 @@ decision 9 (validation runs before dispatch, so every forced backend raises the 
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -212,7 +214,8 @@ REFUSALS = [
     ("sdpa", rand_qkv, {"bias": attnkit.bias.Softcap(5.0)}),
     ("sdpa", rand_qkv, {"score": "cosine"}),
     ("sdpa", rand_qkv, {"normalize": "sparsemax"}),
-    ("sdpa", rand_qkv, {"return_lse": True}),
+    # lse with a gradient (without one, torch-sdpa returns the CPU kernel's own lse)
+    ("sdpa", partial(rand_qkv, requires_grad=True), {"return_lse": True}),
     ("sdpa", rand_qkv, {"return_weights": True}),
     ("sdpa", _nan_q, {}),
     ("sdpa", _inf_k, {"mask": masks.causal()}),
