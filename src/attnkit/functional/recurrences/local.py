@@ -73,7 +73,8 @@ def local_terms(q, k, v, g, beta, p=None, pre_decay: bool = False) -> Local:
         start = torch.cat([torch.zeros_like(start[..., :1, :]), start[..., :-1, :]], -2)
     lower = products(p * beta[..., None], k, shift=pre_decay)  # only its strictly lower part is read below
     rhs = beta[..., None] * torch.cat([v, p * start.exp()], -1)
-    solved = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
-    u, w = solved.split([v.shape[-1], k.shape[-1]], -1)
+    eye = torch.eye(lower.shape[-1], dtype=lower.dtype, device=lower.device).expand_as(lower)
+    inverse = torch.linalg.solve_triangular(lower, eye, upper=False, unitriangular=True)  # (I + T)^-1, c x c
+    u, w = (inverse @ rhs).split([v.shape[-1], k.shape[-1]], -1)  # a product: faster than a solve with 2 D columns
     return terms._replace(u=u, w=w)
 
