@@ -72,9 +72,9 @@ def local_terms(q, k, v, g, beta, p=None, pre_decay: bool = False) -> Local:
     if pre_decay:
         start = torch.cat([torch.zeros_like(start[..., :1, :]), start[..., :-1, :]], -2)
     lower = products(p * beta[..., None], k, shift=pre_decay)  # only its strictly lower part is read below
-    rhs = beta[..., None] * torch.cat([v, p * start.exp()], -1)
     eye = torch.eye(lower.shape[-1], dtype=lower.dtype, device=lower.device).expand_as(lower)
     inverse = torch.linalg.solve_triangular(lower, eye, upper=False, unitriangular=True)  # (I + T)^-1, c x c
-    u, w = (inverse @ rhs).split([v.shape[-1], k.shape[-1]], -1)  # a product: faster than a solve with 2 D columns
+    inverse = inverse * beta[..., None, :]  # (I + T)^-1 diag(beta): products are faster than a solve with 2 D columns
+    u, w = inverse @ v, inverse @ (p * start.exp())
     return terms._replace(u=u, w=w)
 
