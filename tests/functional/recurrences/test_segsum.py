@@ -46,13 +46,14 @@ def _reference(a, b, g, shift):
     return decayed_products(a, b, seg.exp())
 
 
+@pytest.mark.parametrize("leaf", [1, 4])
 @pytest.mark.parametrize("shift", [False, True])
 @pytest.mark.parametrize("t", [1, 3, 4, 5, 17, 40])
-def test_split_decayed_products_equal_the_full_mask(t, shift):
+def test_split_decayed_products_equal_the_full_mask(t, shift, leaf):
     gen = torch.Generator().manual_seed(t)
     a, b = (torch.randn(2, t, 5, generator=gen, dtype=torch.float64) for _ in range(2))
     g = -3 * torch.rand(2, t, 5, generator=gen, dtype=torch.float64)
-    got = split_decayed_products(a, b, g, shift=shift, leaf=4)  # down to blocks of 4: two levels at t = 17
+    got = split_decayed_products(a, b, g, shift=shift, leaf=leaf)  # t = 17 padded to 32: 5 levels, or 3 and blocks of 4
     torch.testing.assert_close(got, _reference(a, b, g, shift), rtol=0, atol=1e-13)
 
 
@@ -60,7 +61,7 @@ def test_split_decayed_products_stay_finite_under_strong_decays():
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randn(1, 32, 4, generator=gen) for _ in range(2))
     g = -200 * torch.rand(1, 32, 4, generator=gen)  # exp of a prefix sum would underflow, its inverse overflow
-    got = split_decayed_products(a, b, g, leaf=4)
+    got = split_decayed_products(a, b, g)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got.double(), _reference(a.double(), b.double(), g.double(), False), rtol=0,
                                atol=1e-5)

@@ -75,7 +75,7 @@ def gated_linear_attention(q, k, v, g, *, scale=None, form: str = "chunk", chunk
     ``g[..., t, :]``.
 
     Differences from the paper: q is scaled by ``scale`` (``Dk^-1/2`` by default, as their code);
-    the decayed block scores split each block in halves down to blocks of 4 tokens (the paper's
+    the decayed block scores split each block in halves down to single tokens (the paper's
     secondary-level chunking, Sec. 4.3, with every exponent a sum over its own segment:
     :func:`attnkit.functional.recurrences.segsum.split_decayed_products`), so no ``c x c x Dk`` mask is held.
 

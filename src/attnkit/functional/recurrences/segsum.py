@@ -46,13 +46,14 @@ def suffix_sums(g: torch.Tensor) -> torch.Tensor:
 
 
 def split_decayed_products(a: torch.Tensor, b: torch.Tensor, g: torch.Tensor, *, shift: bool = False,
-                           leaf: int = 4) -> torch.Tensor:
+                           leaf: int = 1) -> torch.Tensor:
     """``decayed_products(a, b, exp(segsum(g)))`` for ``a, b, g`` ``(..., T, D)`` without the ``T x T x D`` mask.
 
     ``shift``: the mask of row ``i`` is row ``i - 1``'s (``exp(g_{j+1} + ... + g_{i-1})``, 0 on the diagonal
     and in row 0: the generalized delta rule's read before the decay).
 
-    Blocks of ``leaf`` tokens are done with their full mask; then, level by level, pairs of neighbouring
+    Blocks of ``leaf`` tokens are done with their full mask (one token by default: the fastest on a CPU);
+    then, level by level, pairs of neighbouring
     blocks of ``m`` tokens merge into one of ``2 m``: above its diagonal 0, on it the two blocks, and below
     it, rows ``i`` of the second block and columns ``j`` of the first (which ends at ``h - 1``), one matrix
     product, since the exponent splits at ``h``::
@@ -71,9 +72,12 @@ def split_decayed_products(a: torch.Tensor, b: torch.Tensor, g: torch.Tensor, *,
     while size < t:
         size *= 2
     a, b, g = (F.pad(x, (0, 0, 0, size - t)) for x in (a, b, g))
-    seg = segsum(g.unflatten(-2, (-1, leaf)))  # (..., size / leaf, leaf, leaf, D)
-    out = decayed_products(a.unflatten(-2, (-1, leaf)), b.unflatten(-2, (-1, leaf)), shifted(seg).exp() if shift
-                           else seg.exp())  # (..., n, m, m): the n blocks on the diagonal
+    if leaf == 1:  # the diagonal: sum_d a_id b_id (no decay), or 0 when shifted
+        out = (a * b).sum(-1)[..., None, None] * (not shift)  # (..., n, 1, 1)
+    else:
+        seg = segsum(g.unflatten(-2, (-1, leaf)))  # (..., size / leaf, leaf, leaf, D)
+        out = decayed_products(a.unflatten(-2, (-1, leaf)), b.unflatten(-2, (-1, leaf)), shifted(seg).exp() if shift
+                               else seg.exp())  # (..., n, m, m): the n blocks on the diagonal
     m = leaf
     while m < size:
         (_, a2), (b1, _), (g1, g2) = (x.unflatten(-2, (-1, 2, m)).unbind(-3) for x in (a, b, g))
