@@ -65,13 +65,19 @@ def local_terms(q, k, v, g, beta, p=None, pre_decay: bool = False) -> Local:
         def products(a, b, shift=False):
             return decayed_products(a, b, late if shift else mask)
         to_end = seg[..., -1, :, :]
-    terms = Local(products(q, k), q * start.exp(), k * to_end.exp(), start[..., -1, :, None].exp(), v, None)
-    if beta is None:
-        return terms
     p = k if p is None else p
+    lower: torch.Tensor | None = None
+    if beta is not None and not pre_decay and g.shape[-1] > 1:  # both share k and the decays: one pass for both
+        scores, lower = split_decayed_products(torch.stack([q, p * beta[..., None]]), k, g).unbind(0)
+    else:
+        scores = products(q, k)
+        lower = None if beta is None else products(p * beta[..., None], k, shift=pre_decay)
+    terms = Local(scores, q * start.exp(), k * to_end.exp(), start[..., -1, :, None].exp(), v, None)
+    if lower is None or beta is None:
+        return terms
     if pre_decay:
         start = torch.cat([torch.zeros_like(start[..., :1, :]), start[..., :-1, :]], -2)
-    lower = products(p * beta[..., None], k, shift=pre_decay)  # only its strictly lower part is read below
+    # only the strictly lower part of `lower` is read below
     eye = torch.eye(lower.shape[-1], dtype=lower.dtype, device=lower.device).expand_as(lower)
     inverse = torch.linalg.solve_triangular(lower, eye, upper=False, unitriangular=True)  # (I + T)^-1, c x c
     inverse = inverse * beta[..., None, :]  # (I + T)^-1 diag(beta): products are faster than a solve with 2 D columns
