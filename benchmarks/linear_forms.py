@@ -7,7 +7,8 @@ For each length L (default 1024 ... 32768) and one function of :mod:`attnkit.fun
   (:func:`attnkit.lab.analysis.timing.time_interleaved`, medians), and the peak resident memory each
   adds, measured in a fresh child process per form and length (this script with ``--child``; Linux
   ``VmHWM`` reset through ``/proc/self/clear_refs``). The parallel form holds ``L x L`` matrices
-  (``L x L x Dk`` with one decay per channel): it is skipped, with its estimate, beyond ``--max-gib``.
+  (with one decay per channel too: ``split_decayed_products`` holds no ``L x L x Dk`` mask): it is skipped,
+  with its estimate, beyond ``--max-gib``.
 - decoding: one new token after L tokens, the ``recurrent`` form from the state (constant in L)
   against softmax attention of one query over a KV cache of L keys (:func:`attnkit.attention`),
   timed interleaved.
@@ -96,8 +97,7 @@ def _training_step(config: Config, length: int, form: str) -> Callable[[], objec
 
 def _parallel_estimate(config: Config, length: int) -> float:
     """GiB the parallel form keeps for its backward: about six ``L x L (x G)`` float32 matrices per head."""
-    channel, _ = FUNCTIONS[config.function]
-    return 6 * config.heads * length ** 2 * (config.head_dim if channel else 1) * 4 / 2 ** 30
+    return 6 * config.heads * length ** 2 * 4 / 2 ** 30
 
 
 def _decode_steps(config: Config, length: int) -> dict[str, Callable[[], object]]:

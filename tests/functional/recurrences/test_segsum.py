@@ -1,8 +1,9 @@
 """Segment sums: each entry the sum over its own segment (exact where a difference of prefix sums is not)."""
 
+import pytest
 import torch
 
-from attnkit.functional.recurrences.segsum import decayed_products, segsum
+from attnkit.functional.recurrences.segsum import decayed_products, segsum, split_decayed_products, suffix_sums
 
 
 def test_entries_are_sums_over_their_segments_and_minus_inf_above():
@@ -30,3 +31,37 @@ def test_decayed_products_with_one_decay_or_one_per_channel():
     want = torch.stack([torch.stack([(a[i] * b[j] * decay[i, j]).sum() for j in range(5)]) for i in range(4)])
     torch.testing.assert_close(decayed_products(a, b, decay), want)
     torch.testing.assert_close(decayed_products(a, b, decay[..., :1]), (a @ b.T) * decay[..., 0])
+
+
+def test_suffix_sums_are_the_last_row_of_the_segment_sums():
+    g = torch.randn(2, 7, 3, dtype=torch.float64)
+    torch.testing.assert_close(suffix_sums(g), segsum(g)[:, -1], rtol=0, atol=1e-14)
+
+
+def _reference(a, b, g, shift):
+    """The products through the full ``T x T x D`` mask, row i - 1's mask for row i when shifted."""
+    seg = segsum(g)
+    if shift:
+        seg = torch.cat([torch.full_like(seg[..., :1, :, :], float("-inf")), seg[..., :-1, :, :]], -3)
+    return decayed_products(a, b, seg.exp())
+
+
+@pytest.mark.parametrize("leaf", [1, 4])
+@pytest.mark.parametrize("shift", [False, True])
+@pytest.mark.parametrize("t", [1, 3, 4, 5, 17, 40])
+def test_split_decayed_products_equal_the_full_mask(t, shift, leaf):
+    gen = torch.Generator().manual_seed(t)
+    a, b = (torch.randn(2, t, 5, generator=gen, dtype=torch.float64) for _ in range(2))
+    g = -3 * torch.rand(2, t, 5, generator=gen, dtype=torch.float64)
+    got = split_decayed_products(a, b, g, shift=shift, leaf=leaf)  # t = 17 padded to 32: 5 levels, or 3 and blocks of 4
+    torch.testing.assert_close(got, _reference(a, b, g, shift), rtol=0, atol=1e-13)
+
+
+def test_split_decayed_products_stay_finite_under_strong_decays():
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(1, 32, 4, generator=gen) for _ in range(2))
+    g = -200 * torch.rand(1, 32, 4, generator=gen)  # exp of a prefix sum would underflow, its inverse overflow
+    got = split_decayed_products(a, b, g)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), _reference(a.double(), b.double(), g.double(), False), rtol=0,
+                               atol=1e-5)

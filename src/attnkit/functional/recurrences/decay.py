@@ -75,8 +75,9 @@ def gated_linear_attention(q, k, v, g, *, scale=None, form: str = "chunk", chunk
     ``g[..., t, :]``.
 
     Differences from the paper: q is scaled by ``scale`` (``Dk^-1/2`` by default, as their code);
-    the chunk form computes the decayed block scores exactly instead of the secondary-level
-    chunking of the paper (its memory is O(L c Dk): keep ``chunk_size`` small, 16 by default).
+    the decayed block scores split each block in halves down to single tokens (the paper's
+    secondary-level chunking, Sec. 4.3, with every exponent a sum over its own segment:
+    :func:`attnkit.functional.recurrences.segsum.split_decayed_products`), so no ``c x c x Dk`` mask is held.
 
     Shapes: as :func:`retention`, with ``g`` ``(B, H, L, Dk)`` log gates (<= 0 for a decay).
 

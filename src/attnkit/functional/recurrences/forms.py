@@ -45,9 +45,12 @@ def blocks(q, k, v, g, beta, size: int, p=None, pre_decay: bool = False):
     """The :class:`~.local.Local` terms of blocks of ``size`` tokens, ``(..., C, c, D)`` (the last block padded
     with tokens that neither decay nor write)."""
     pad = (-q.shape[-2]) % size
-    q, k, v, g = (F.pad(t, (0, 0, 0, pad)).unflatten(-2, (-1, size)) for t in (q, k, v, g))  # (..., C, c, D)
-    beta = None if beta is None else F.pad(beta, (0, pad)).unflatten(-1, (-1, size))
-    p = None if p is None else F.pad(p, (0, 0, 0, pad)).unflatten(-2, (-1, size))
+
+    def split(t, dims=(0, 0)):  # (..., L, D) -> (..., C, c, D); padded only when the length asks for it
+        return (F.pad(t, (*dims, 0, pad)) if pad else t).unflatten(t.dim() - 1 - len(dims) // 2, (-1, size))
+    q, k, v, g = (split(t) for t in (q, k, v, g))
+    beta = None if beta is None else split(beta, ())
+    p = None if p is None else split(p)
     return local_terms(q, k, v, g, beta, p, pre_decay)
 
 

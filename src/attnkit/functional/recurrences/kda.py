@@ -24,7 +24,9 @@ def kimi_delta_attention(q, k, v, g, beta, *, scale=None, normalize_qk: bool = F
 
     Differences from the paper: none (``normalize_qk`` and ``scale`` as :func:`delta_rule`; ``beta`` in
     ``[0, 2]`` for negative eigenvalues, as there). The
-    chunk form holds ``c x c x Dk`` decays per block, hence the small default ``chunk_size``.
+    blocks' decayed products are computed without their ``c x c x Dk`` decay masks
+    (:func:`attnkit.functional.recurrences.segsum.split_decayed_products`), so ``chunk_size`` 16 to 128 cost
+    about the same.
 
     Shapes: as :func:`attnkit.functional.recurrences.delta_rule`, with ``g`` ``(B, H, L, Dk)``. Matches
     transformers' ``chunk_kimi_delta_attention`` after moving its ``(B, L, H, D)`` tensors to

@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import torch
 
-from .segsum import decayed_products, segsum
+from .segsum import decayed_products, segsum, shifted, split_decayed_products, suffix_sums
 
 __all__ = ["Local", "local_terms"]
 
@@ -52,20 +52,35 @@ def local_terms(q, k, v, g, beta, p=None, pre_decay: bool = False) -> Local:
     ``(..., c)`` or None (no delta rule), ``p`` ``(..., c, Dk)`` the keys the correction reads (None: ``k``);
     ``pre_decay``: the correction of token ``i`` reads the state before ``g_i`` decays it (the decays in ``T``
     and ``P^`` then stop at ``g_{i-1}``: ``segsum`` and the cumulative sum shifted down one row, exact)."""
-    seg = segsum(g)  # (..., c, c, G)
-    mask = seg.exp()
     start = g.cumsum(-2)  # (..., c, G): g_1 + ... + g_i, a sum of terms of one sign (no cancellation)
-    terms = Local(decayed_products(q, k, mask), q * start.exp(), k * seg[..., -1, :, :].exp(),
-                  start[..., -1, :, None].exp(), v, None)
-    if beta is None:
-        return terms
-    p = k if p is None else p
-    if pre_decay:
-        seg = torch.cat([torch.full_like(seg[..., :1, :, :], float("-inf")), seg[..., :-1, :, :]], -3)
-        start = torch.cat([torch.zeros_like(start[..., :1, :]), start[..., :-1, :]], -2)
+    if g.shape[-1] > 1:  # one decay per channel: no c x c x Dk mask (see split_decayed_products)
+        def products(a, b, shift=False):
+            return split_decayed_products(a, b, g, shift=shift)
+        to_end = suffix_sums(g)
+    else:
+        seg = segsum(g)  # (..., c, c, 1): the decay mask is c x c
         mask = seg.exp()
-    lower = decayed_products(p * beta[..., None], k, mask)  # only its strictly lower part is read below
-    rhs = beta[..., None] * torch.cat([v, p * start.exp()], -1)
-    solved = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
-    u, w = solved.split([v.shape[-1], k.shape[-1]], -1)
+        late = shifted(seg).exp() if pre_decay and beta is not None else mask  # reads before the decay
+
+        def products(a, b, shift=False):
+            return decayed_products(a, b, late if shift else mask)
+        to_end = seg[..., -1, :, :]
+    p = k if p is None else p
+    lower: torch.Tensor | None = None
+    if beta is not None and not pre_decay and g.shape[-1] > 1:  # both share k and the decays: one pass for both
+        scores, lower = split_decayed_products(torch.stack([q, p * beta[..., None]]), k, g).unbind(0)
+    else:
+        scores = products(q, k)
+        lower = None if beta is None else products(p * beta[..., None], k, shift=pre_decay)
+    terms = Local(scores, q * start.exp(), k * to_end.exp(), start[..., -1, :, None].exp(), v, None)
+    if lower is None or beta is None:
+        return terms
+    if pre_decay:
+        start = torch.cat([torch.zeros_like(start[..., :1, :]), start[..., :-1, :]], -2)
+    # only the strictly lower part of `lower` is read below
+    eye = torch.eye(lower.shape[-1], dtype=lower.dtype, device=lower.device).expand_as(lower)
+    inverse = torch.linalg.solve_triangular(lower, eye, upper=False, unitriangular=True)  # (I + T)^-1, c x c
+    inverse = inverse * beta[..., None, :]  # (I + T)^-1 diag(beta): products are faster than a solve with 2 D columns
+    u, w = inverse @ v, inverse @ (p * start.exp())
     return terms._replace(u=u, w=w)
+
