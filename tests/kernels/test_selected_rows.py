@@ -1,4 +1,4 @@
-"""Selected keys shared by the heads with a causal mask (DSA): one fused-kernel row per query, chunked."""
+"""Selected keys shared by the heads with a causal mask (DSA): sampled dot products and embedding-bag sums."""
 
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ CASES = {  # name: (B, H, Hkv, L, D, keys per query)
 }
 
 
-@pytest.fixture(autouse=True)
-def small_chunks(monkeypatch):
-    """A few queries per chunk: several chunks on tiny inputs."""
-    monkeypatch.setattr(selected_rows, "BUDGET", 500)
+@pytest.fixture(autouse=True, params=["kept", "recomputed"])
+def weights_kept(request, monkeypatch):
+    """The backward both reads the forward's weights and recomputes them (past ``SAVE_BUDGET``)."""
+    if request.param == "recomputed":
+        monkeypatch.setattr(selected_rows, "SAVE_BUDGET", 0)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -33,7 +34,7 @@ def test_the_per_query_rows_equal_the_oracle_forward_and_backward(name):
     indices = torch.randint(-1, n, (b, n, slots), generator=torch.Generator().manual_seed(1))  # -1: unused; later keys
     mask = masks.selected_keys(indices) & masks.causal()
     decision = attnkit.explain(q, k, v, mask=mask, backend="blocksparse")
-    assert decision.path == "blocksparse-gathered" and "one query row per batch entry" in str(decision)
+    assert decision.path == "blocksparse-gathered" and "sparse products" in str(decision) and "L*k" in str(decision)
     with torch.no_grad():  # the lse carries no gradient on this path: asked for under autograd, another path runs
         result = attnkit.attention(q, k, v, mask=mask, backend="blocksparse", return_lse=True)
     out, lse = _oracle(q, k, v, indices[:, None], 1, h, causal=True)

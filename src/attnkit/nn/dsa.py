@@ -325,6 +325,11 @@ def _example():
     return DSASparseAttention(16, 2, top_k=4, index_heads=2, index_dim=4), (torch.randn(2, 9, 16, generator=g),)
 
 
+def _stand_in(n: int, k: int) -> torch.Tensor:
+    """Indices shaped as the indexer's: query ``t`` reads ``min(k, t + 1)`` distinct earlier keys, then -1."""
+    return (torch.arange(n).view(-1, 1) - torch.arange(k)).clamp(min=-1)
+
+
 def _count(t, s, module):
     b, n, h, dim = s["batch"], s["length"], s["heads"], s["dim"]
     hi, di, k = s["index_heads"], s["index_dim"], min(s["top_k"], s["length"])
@@ -337,7 +342,7 @@ def _count(t, s, module):
         t.mm("index scores q_I k_I^T", b, r * hi, di, n, grads=0)
         t.mm("weighted sum over indexer heads", b * r, 1, hi, n, grads=0)
     t.ew("index scores: ReLU, scale, top-k", b * n * n * hi, 3)
-    stand_in = masks.selected_keys(torch.zeros(b, n, k, dtype=torch.long)) & masks.causal()
+    stand_in = masks.selected_keys(_stand_in(n, k).expand(b, n, k)) & masks.causal()
     attend(t, "", b, h, n, n, dim // h, dim // h, dtype=dtype_of(s), mask=stand_in, dropout_p=dropout_of(module))
 
 
