@@ -22,7 +22,9 @@ CASES = {  # name: (B, H, Hkv, L, D, keys per query)
 
 @pytest.fixture(autouse=True, params=["kept", "recomputed"])
 def weights_kept(request, monkeypatch):
-    """The backward both reads the forward's weights and recomputes them (past ``SAVE_BUDGET``)."""
+    """The backward both reads the forward's weights and recomputes them (past ``SAVE_BUDGET``); a few queries
+    per chunk."""
+    monkeypatch.setattr(selected_rows, "SLOTS", 40)
     if request.param == "recomputed":
         monkeypatch.setattr(selected_rows, "SAVE_BUDGET", 0)
 

@@ -18,11 +18,12 @@ selected pairs::
     dP = (dO V^T)[pattern],  dS = P (dP - rowsum(dO * O)),  dQ = scale dS K
     dK = scale dS^T Q,       dV = P^T dO
 
-``dK`` and ``dV`` sum over the queries that chose each key: the real slots are sorted by key once
-per call (a stable sort of ``L n`` int32 keys), ``dS`` and ``P`` are gathered into that order, and
+Queries are taken ``SLOTS // n`` at a time (their slots stay in cache). ``dK`` and ``dV`` sum over
+the queries that chose each key: a chunk's real slots are sorted by key once per call (a stable
+sort of int32 keys, shared by the heads), ``dS`` and ``P`` are gathered into that order, and
 ``embedding_bag`` sums each key's query rows. The forward keeps ``P`` (``B H L n`` values) for the
 backward when that is at most ``SAVE_BUDGET`` elements; past it the backward recomputes ``S``.
-Nothing ``L x L`` exists: the largest temporaries are ``(L, n)`` per head.
+Nothing ``L x L`` exists: beside the kept weights, the temporaries are a chunk's slots.
 
 Shapes: ``q`` ``(B, H, L, D)``, ``k`` ``(B, H_kv, L, D)``, ``v`` ``(B, H_kv, L, Dv)``, ``indices``
 ``(B|1, 1, L, n)`` distinct key positions (``-1``: unused), shared by every head.
@@ -41,58 +42,65 @@ from .path_cost import PathCost, itemsize
 from .pipeline import KernelOutput
 from .selected_pairs import plain_causal
 
-__all__ = ["applies", "run", "density", "cost", "describe", "attend", "SAVE_BUDGET"]
+__all__ = ["applies", "run", "density", "cost", "describe", "attend", "SAVE_BUDGET", "SLOTS"]
 
 SAVE_BUDGET = 1 << 28  # weights kept from the forward for the backward (B H L n elements); past it: recomputed
+SLOTS = 1 << 18  # slots (query rows x n) per chunk of queries: a chunk's scores and its sort stay in cache
 _NEG_INF = float("-inf")
 
 
 class _Pattern:
-    """One index batch's selection as CSR slots ``(L, n)``, and (built on demand) the real slots sorted by key."""
+    """One index batch's selection as CSR slots ``(L, n)``, cut into chunks of query rows; per chunk (built on
+    demand) its real slots sorted by key."""
 
-    def __init__(self, idx: torch.Tensor, length: int, dtype: torch.dtype):
+    def __init__(self, idx: torch.Tensor, length: int):
         n = idx.shape[-1]
         t = torch.arange(length, device=idx.device)
-        self.length, self.n, self.dtype = length, n, dtype
+        self.length, self.n = length, n
         self.real = (idx >= 0) & (idx <= t[:, None])  # (L, n): an unused slot or a later key is masked
         self.col = idx.clamp(0, max(length - 1, 0)).to(torch.int32).reshape(-1)
-        self.crow = torch.arange(0, length * n + 1, n, dtype=torch.int32, device=idx.device)
-        self.starts = self.crow[:-1]
-        self.order: torch.Tensor | None = None
+        rows = max(1, SLOTS // max(1, n))
+        self.chunks = [(r0, min(length, r0 + rows)) for r0 in range(0, length, rows)]
+        self.crow = torch.arange(0, rows * n + 1, n, dtype=torch.int32, device=idx.device)
+        self.keyed: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
-    def sampled(self, a: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:
-        """``alpha (a b^T)[t, col]`` for every slot, ``(L, n)``: one dot product per slot (SDDMM)."""
-        values = a.new_zeros(self.length * self.n)
+    def sampled(self, r0: int, r1: int, a: torch.Tensor, b: torch.Tensor, alpha: float,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+        """``alpha (a b^T)[t, col]`` for every slot of queries ``[r0, r1)`` (``a`` their rows), ``(r1 - r0, n)``:
+        one dot product per slot (SDDMM), written into ``out`` when given."""
+        c = r1 - r0
+        values = a.new_zeros(c * self.n) if out is None else out.view(-1).zero_()
         with warnings.catch_warnings():  # torch's "sparse CSR is beta" notice
             warnings.simplefilter("ignore")
-            csr = torch.sparse_csr_tensor(self.crow, self.col, values, (self.length, self.length),
-                                          check_invariants=False)
+            csr = torch.sparse_csr_tensor(self.crow[:c + 1], self.col[r0 * self.n:r1 * self.n], values,
+                                          (c, self.length), check_invariants=False)
         torch.sparse.sampled_addmm(csr, a, b.T, beta=0.0, alpha=alpha, out=csr)  # written into ``values``
-        return values.view(self.length, self.n)
+        return values.view(c, self.n)
 
-    def rows(self, table: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """``sum_j weights[t, j] table[col[t, j]]`` for every query ``t``: ``(L, E)``."""
-        return F.embedding_bag(self.col, table, self.starts, mode="sum", per_sample_weights=weights.reshape(-1))
+    def rows(self, r0: int, r1: int, table: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """``sum_j weights[t, j] table[col[t, j]]`` for the queries ``t`` in ``[r0, r1)``: ``(r1 - r0, E)``."""
+        return F.embedding_bag(self.col[r0 * self.n:r1 * self.n], table, self.crow[:r1 - r0], mode="sum",
+                               per_sample_weights=weights.reshape(-1))
 
-    def by_key(self, table: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """``sum_{(t, j): col[t, j] = s} weights[t, j] table[t]`` for every key ``s`` (real slots only): ``(L, E)``."""
-        if self.order is None:
-            key = torch.where(self.real.reshape(-1), self.col, self.length)  # unused slots sort last
-            self.order = key.argsort(stable=True)[:int(self.real.sum())]
-            self.query = (self.order // self.n).to(torch.int32)
-            counts = torch.bincount(key, minlength=self.length + 1)[:self.length]
-            self.key_starts = (counts.cumsum(0) - counts).to(torch.int32)
-        w = weights.reshape(-1).index_select(0, self.order)
-        return F.embedding_bag(self.query, table, self.key_starts, mode="sum", per_sample_weights=w)
+    def by_key(self, r0: int, r1: int, table: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """``sum_{(t, j): col[t, j] = s} weights[t, j] table[t]`` over the real slots of queries ``[r0, r1)``, for
+        every key ``s < r1``: ``(r1, E)``."""
+        if r0 not in self.keyed:
+            key = torch.where(self.real[r0:r1].reshape(-1), self.col[r0 * self.n:r1 * self.n], r1)  # unused: last
+            order = key.argsort(stable=True)[:int(self.real[r0:r1].sum())]
+            counts = torch.bincount(key, minlength=r1 + 1)[:r1]
+            starts = (counts.cumsum(0) - counts).to(torch.int32)
+            self.keyed[r0] = (order, (order // self.n + r0).to(torch.int32), starts)
+        order, query, starts = self.keyed[r0]
+        w = weights.reshape(-1).index_select(0, order)
+        return F.embedding_bag(query, table, starts, mode="sum", per_sample_weights=w)
 
 
-def _patterns(idx: torch.Tensor, length: int, dtype: torch.dtype) -> list[_Pattern]:
-    return [_Pattern(idx[i, 0], length, dtype) for i in range(idx.shape[0])]
-
-
-def _weights(pat: _Pattern, q, k, scale: float, lse: torch.Tensor | None = None):
-    """``(P, lse)`` of one head: ``P`` ``(L, n)`` (0 on masked slots), ``lse`` ``(L,)`` (``-inf``: no key)."""
-    s = pat.sampled(q, k, scale).masked_fill_(~pat.real, _NEG_INF)
+def _weights(pat: _Pattern, r0: int, r1: int, q, k, scale: float, lse: torch.Tensor | None = None,
+             out: torch.Tensor | None = None):
+    """``(P, lse)`` of one head's queries ``[r0, r1)``: ``P`` ``(r1 - r0, n)`` (0 on masked slots), ``lse``
+    ``(r1 - r0,)`` (``-inf``: no key)."""
+    s = pat.sampled(r0, r1, q[r0:r1], k, scale, out).masked_fill_(~pat.real[r0:r1], _NEG_INF)
     if lse is None:
         lse = torch.logsumexp(s, -1)
     return s.sub_(lse.masked_fill(lse == _NEG_INF, 0.0)[:, None]).exp_(), lse
@@ -106,11 +114,11 @@ def _forward(q, k, v, pats, scale, keep: bool):
     kept = q.new_empty(batch, heads, length, pats[0].n) if keep else None
     for b in range(batch):
         pat = pats[b if len(pats) > 1 else 0]
-        for h in range(heads):
-            p, lse[b, h] = _weights(pat, q[b, h], k[b, h // group], scale)
-            out[b, h] = pat.rows(v[b, h // group], p)
-            if kept is not None:
-                kept[b, h] = p
+        for r0, r1 in pat.chunks:
+            for h in range(heads):
+                p, lse[b, h, r0:r1] = _weights(pat, r0, r1, q[b, h], k[b, h // group], scale,
+                                               out=None if kept is None else kept[b, h, r0:r1])
+                out[b, h, r0:r1] = pat.rows(r0, r1, v[b, h // group], p)
     return out, lse, kept
 
 
@@ -122,14 +130,16 @@ def _backward(q, k, v, pats, out, lse, kept, dout, scale):
     delta = (dout * out).sum(-1)  # (B, H, L): rowsum(dO * O)
     for b in range(batch):
         pat = pats[b if len(pats) > 1 else 0]
-        for h in range(heads):
-            kh, vh = k[b, h // group], v[b, h // group]
-            p = kept[b, h] if kept is not None else _weights(pat, q[b, h], kh, scale, lse[b, h])[0]
-            ds = pat.sampled(dout[b, h], vh, 1.0).sub_(delta[b, h, :, None]).mul_(p)
-            ds.masked_fill_(~pat.real, 0.0)  # a masked slot's dP (its key's values) never reaches a gradient
-            dq[b, h] = pat.rows(kh, ds).mul_(scale)
-            dk[b, h // group] += pat.by_key(q[b, h], ds).mul_(scale)
-            dv[b, h // group] += pat.by_key(dout[b, h], p)
+        for r0, r1 in pat.chunks:
+            for h in range(heads):
+                kh, vh = k[b, h // group], v[b, h // group]
+                p = kept[b, h, r0:r1] if kept is not None else _weights(pat, r0, r1, q[b, h], kh, scale,
+                                                                          lse[b, h, r0:r1])[0]
+                ds = pat.sampled(r0, r1, dout[b, h, r0:r1], vh, 1.0).sub_(delta[b, h, r0:r1, None]).mul_(p)
+                ds.masked_fill_(~pat.real[r0:r1], 0.0)  # a masked slot's dP (its key's values) reaches no gradient
+                dq[b, h, r0:r1] = pat.rows(r0, r1, kh, ds).mul_(scale)
+                dk[b, h // group, :r1] += pat.by_key(r0, r1, q[b, h], ds).mul_(scale)
+                dv[b, h // group, :r1] += pat.by_key(r0, r1, dout[b, h], p)
     return dq, dk, dv
 
 
@@ -137,7 +147,7 @@ class _SelectedRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, idx, scale):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        pats = _patterns(idx, q.shape[2], q.dtype)
+        pats = [_Pattern(idx[i, 0], q.shape[2]) for i in range(idx.shape[0])]
         keep = q.shape[0] * q.shape[1] * q.shape[2] * idx.shape[-1] <= SAVE_BUDGET
         out, lse, kept = _forward(q, k, v, pats, scale, keep and any(ctx.needs_input_grad[:3]))
         ctx.save_for_backward(q, k, v, out, lse, *(() if kept is None else (kept,)))
