@@ -114,8 +114,8 @@ def _forward(q, k, v, pats, scale, keep: bool):
     kept = q.new_empty(batch, heads, length, pats[0].n) if keep else None
     for b in range(batch):
         pat = pats[b if len(pats) > 1 else 0]
-        for r0, r1 in pat.chunks:
-            for h in range(heads):
+        for h in range(heads):  # a head's keys and values stay in cache across its chunks
+            for r0, r1 in pat.chunks:
                 p, lse[b, h, r0:r1] = _weights(pat, r0, r1, q[b, h], k[b, h // group], scale,
                                                out=None if kept is None else kept[b, h, r0:r1])
                 out[b, h, r0:r1] = pat.rows(r0, r1, v[b, h // group], p)
@@ -130,8 +130,8 @@ def _backward(q, k, v, pats, out, lse, kept, dout, scale):
     delta = (dout * out).sum(-1)  # (B, H, L): rowsum(dO * O)
     for b in range(batch):
         pat = pats[b if len(pats) > 1 else 0]
-        for r0, r1 in pat.chunks:
-            for h in range(heads):
+        for h in range(heads):
+            for r0, r1 in pat.chunks:
                 kh, vh = k[b, h // group], v[b, h // group]
                 p = kept[b, h, r0:r1] if kept is not None else _weights(pat, r0, r1, q[b, h], kh, scale,
                                                                           lse[b, h, r0:r1])[0]

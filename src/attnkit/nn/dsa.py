@@ -19,7 +19,7 @@ from .rotary import RotaryEmbedding, rotary_for
 
 __all__ = ["DSAIndexer", "DSASparseAttention", "DSALatentAttention", "indexer_kl"]
 
-_ROWS = 1 << 22  # index scores computed at once (query rows x keys): the top-k runs per chunk of queries
+_ROWS = 1 << 20  # index scores computed at once (query rows x keys): the top-k runs per chunk of queries
 _NEG_INF = float("-inf")
 
 
@@ -133,11 +133,11 @@ class DSAIndexer(nn.Module):
             if self.k_norm is not None:
                 keys = self.k_norm(keys)
             keys = self._rotate(keys, 0).transpose(1, 2)  # (B, d_I, n)
-            out = []
+            out = torch.empty(batch, n, k, dtype=torch.long, device=x.device)
             for start in range(0, n, rows):
                 stop = min(n, start + rows)
-                out.append(self._top_k(x, query, keys, start, stop, k, key_keep_mask))
-        return torch.cat(out, 1) if out else x.new_zeros(batch, 0, k, dtype=torch.long)
+                out[:, start:stop] = self._top_k(x, query, keys, start, stop, k, key_keep_mask)
+        return out
 
     def _top_k(self, x, query, keys, start: int, stop: int, k: int, key_keep_mask) -> torch.Tensor:
         """The top-k of queries ``[start, stop)`` over keys ``[0, stop)``: ``(B, stop - start, k)``, -1 past the
@@ -362,13 +362,14 @@ def _count(t, s, module):
     hi, di, k = s["index_heads"], s["index_dim"], min(s["top_k"], s["length"])
     projections(t, s)
     rows = max(1, _ROWS // max(1, n))
-    for start in range(0, n, rows):  # the indexer, chunk by chunk, without autograd
-        r = min(n, start + rows) - start
+    t.mm("indexer projection k", 1, b * n, dim, di, grads=0)
+    for start in range(0, n, rows):  # the indexer, chunk by chunk, without autograd, over the keys up to its end
+        stop = min(n, start + rows)
+        r = stop - start
         t.mm("indexer projections (q, w)", 1, b * r, dim, hi * (di + 1), grads=0)
-        t.mm("indexer projection k", 1, b * n, dim, di, grads=0)
-        t.mm("index scores q_I k_I^T", b, r * hi, di, n, grads=0)
-        t.mm("weighted sum over indexer heads", b * r, 1, hi, n, grads=0)
-    t.ew("index scores: ReLU, scale, top-k", b * n * n * hi, 3)
+        t.mm("index scores q_I k_I^T", b, r * hi, di, stop, grads=0)
+        t.mm("weighted sum over indexer heads", b * r, 1, hi, stop, grads=0)
+    t.ew("index scores: ReLU, scale, top-k", b * n * (n + 1) // 2 * hi, 3)
     stand_in = masks.selected_keys(_stand_in(n, k).expand(b, n, k)) & masks.causal()
     attend(t, "", b, h, n, n, dim // h, dim // h, dtype=dtype_of(s), mask=stand_in, dropout_p=dropout_of(module))
 
