@@ -57,10 +57,17 @@ class _Pattern:
         n = idx.shape[-1]
         t = torch.arange(length, device=idx.device)
         self.length, self.n = length, n
-        self.real = (idx >= 0) & (idx <= t[:, None])  # (L, n): an unused slot or a later key is masked
-        self.col = idx.clamp(0, max(length - 1, 0)).to(torch.int32).reshape(-1)
         rows = max(1, SLOTS // max(1, n))
         self.chunks = [(r0, min(length, r0 + rows)) for r0 in range(0, length, rows)]
+        # Each row's keys ascending (unused slots and later keys last, as key L): the keys and values are read in
+        # address order. One sort of (row, key) per chunk: far cheaper than sorting the rows one by one.
+        key = torch.where((idx >= 0) & (idx <= t[:, None]), idx, length)
+        wide = torch.int64 if rows * (length + 1) >= 2**31 else torch.int32
+        for r0, r1 in self.chunks:
+            shift = torch.arange(r1 - r0, dtype=wide, device=idx.device).view(-1, 1) * (length + 1)
+            key[r0:r1] = ((key[r0:r1].to(wide) + shift).view(-1).sort().values.view(r1 - r0, n) - shift)
+        self.real = key < length  # (L, n): an unused slot or a later key is masked
+        self.col = key.masked_fill_(~self.real, 0).to(torch.int32).reshape(-1)
         self.crow = torch.arange(0, rows * n + 1, n, dtype=torch.int32, device=idx.device)
         self.keyed: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
