@@ -74,3 +74,20 @@ def test_the_cost_grows_with_length_times_selected_keys():
         assert "L*k" in str(decision)
         return decision.flops
     assert flops(2048) < 2.2 * flops(1024)
+
+
+def test_chunks_whose_slots_are_all_real_equal_the_sliding_window():
+    """Each query's last 5 keys: every chunk past the first rows has no masked slot (no mask is applied there);
+    forward and backward equal SDPA with the window as a dense mask."""
+    n, w = 29, 5
+    q, k, v = rand_qkv(1, 2, n, n, 8, 8, dtype=torch.float64, seed=6, requires_grad=True)
+    idx = (torch.arange(n).view(-1, 1) - torch.arange(w)).clamp(min=-1).unsqueeze(0)
+    out = attnkit.attention(q, k, v, mask=masks.selected_keys(idx) & masks.causal(), backend="blocksparse")
+    t = torch.arange(n)
+    band = (t.view(-1, 1) >= t) & (t.view(-1, 1) - t < w)
+    dense = F.scaled_dot_product_attention(q, k, v, attn_mask=band)
+    torch.testing.assert_close(out, dense, rtol=0, atol=1e-12)
+    g = torch.randn_like(out)
+    for got, want in zip(torch.autograd.grad((out * g).sum(), (q, k, v)),
+                         torch.autograd.grad((dense * g).sum(), (q, k, v)), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)

@@ -68,6 +68,7 @@ class _Pattern:
             key[r0:r1] = ((key[r0:r1].to(wide) + shift).view(-1).sort().values.view(r1 - r0, n) - shift)
         self.real = key < length  # (L, n): an unused slot or a later key is masked
         self.col = key.masked_fill_(~self.real, 0).to(torch.int32).reshape(-1)
+        self.masked = {r0: ~self.real[r0:r1] for r0, r1 in self.chunks if not bool(self.real[r0:r1].all())}
         self.crow = torch.arange(0, rows * n + 1, n, dtype=torch.int32, device=idx.device)
         self.keyed: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
@@ -107,7 +108,9 @@ def _weights(pat: _Pattern, r0: int, r1: int, q, k, scale: float, lse: torch.Ten
              out: torch.Tensor | None = None):
     """``(P, lse)`` of one head's queries ``[r0, r1)``: ``P`` ``(r1 - r0, n)`` (0 on masked slots), ``lse``
     ``(r1 - r0,)`` (``-inf``: no key)."""
-    s = pat.sampled(r0, r1, q[r0:r1], k, scale, out).masked_fill_(~pat.real[r0:r1], _NEG_INF)
+    s = pat.sampled(r0, r1, q[r0:r1], k, scale, out)
+    if r0 in pat.masked:  # a chunk whose slots are all real needs no mask
+        s.masked_fill_(pat.masked[r0], _NEG_INF)
     if lse is None:
         lse = torch.logsumexp(s, -1)
     return s.sub_(lse.masked_fill(lse == _NEG_INF, 0.0)[:, None]).exp_(), lse
@@ -143,9 +146,11 @@ def _backward(q, k, v, pats, out, lse, kept, dout, scale):
                 p = kept[b, h, r0:r1] if kept is not None else _weights(pat, r0, r1, q[b, h], kh, scale,
                                                                           lse[b, h, r0:r1])[0]
                 ds = pat.sampled(r0, r1, dout[b, h, r0:r1], vh, 1.0).sub_(delta[b, h, r0:r1, None]).mul_(p)
-                ds.masked_fill_(~pat.real[r0:r1], 0.0)  # a masked slot's dP (its key's values) reaches no gradient
-                dq[b, h, r0:r1] = pat.rows(r0, r1, kh, ds).mul_(scale)
-                dk[b, h // group, :r1] += pat.by_key(r0, r1, q[b, h], ds).mul_(scale)
+                if r0 in pat.masked:  # a masked slot's dP (its key's values) reaches no gradient
+                    ds.masked_fill_(pat.masked[r0], 0.0)
+                ds.mul_(scale)
+                dq[b, h, r0:r1] = pat.rows(r0, r1, kh, ds)
+                dk[b, h // group, :r1] += pat.by_key(r0, r1, q[b, h], ds)
                 dv[b, h // group, :r1] += pat.by_key(r0, r1, dout[b, h], p)
     return dq, dk, dv
 
