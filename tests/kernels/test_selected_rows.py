@@ -20,13 +20,15 @@ CASES = {  # name: (B, H, Hkv, L, D, keys per query)
 }
 
 
-@pytest.fixture(autouse=True, params=["kept", "recomputed"])
+@pytest.fixture(autouse=True, params=["kept, rows sorted", "recomputed"])
 def weights_kept(request, monkeypatch):
-    """The backward both reads the forward's weights and recomputes them (past ``SAVE_BUDGET``); a few queries
-    per chunk."""
+    """A few queries per chunk. The backward reads the forward's weights, each row's keys sorted first (as past
+    ``SORT_BYTES``), or recomputes the weights (past ``SAVE_BUDGET``) over the rows as given."""
     monkeypatch.setattr(selected_rows, "SLOTS", 40)
     if request.param == "recomputed":
         monkeypatch.setattr(selected_rows, "SAVE_BUDGET", 0)
+    else:
+        monkeypatch.setattr(selected_rows, "SORT_BYTES", 0)
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -18,11 +18,14 @@ selected pairs::
     dP = (dO V^T)[pattern],  dS = P (dP - rowsum(dO * O)),  dQ = scale dS K
     dK = scale dS^T Q,       dV = P^T dO
 
-Queries are taken ``SLOTS // n`` at a time (their slots stay in cache). ``dK`` and ``dV`` sum over
-the queries that chose each key: a chunk's real slots are sorted by key once per call (a stable
-sort of int32 keys, shared by the heads), ``dS`` and ``P`` are gathered into that order, and
-``embedding_bag`` sums each key's query rows. The forward keeps ``P`` (``B H L n`` values) for the
-backward when that is at most ``SAVE_BUDGET`` elements; past it the backward recomputes ``S``.
+Queries are taken ``SLOTS // n`` at a time (their slots stay in cache); where a head's keys outgrow
+``SORT_BYTES``, each row's keys are sorted first (one sort per chunk), so they are read in address
+order. ``dK`` and ``dV`` sum over the queries that chose each key: a chunk's real slots are sorted
+by key once per call (a stable sort of int32 keys, shared by the heads), ``dS`` and ``P`` are
+gathered into that order, and ``embedding_bag`` sums each key's query rows. A chunk whose slots
+are all real is not masked. The heads run one after another (a head's keys stay in cache).
+The forward keeps ``P`` (``B H L n`` values) for the backward when that is at most ``SAVE_BUDGET``
+elements; past it the backward recomputes ``S``.
 Nothing ``L x L`` exists: beside the kept weights, the temporaries are a chunk's slots.
 
 Shapes: ``q`` ``(B, H, L, D)``, ``k`` ``(B, H_kv, L, D)``, ``v`` ``(B, H_kv, L, Dv)``, ``indices``
@@ -42,10 +45,11 @@ from .path_cost import PathCost, itemsize
 from .pipeline import KernelOutput
 from .selected_pairs import plain_causal
 
-__all__ = ["applies", "run", "density", "cost", "describe", "attend", "SAVE_BUDGET", "SLOTS"]
+__all__ = ["applies", "run", "density", "cost", "describe", "attend", "SAVE_BUDGET", "SLOTS", "SORT_BYTES"]
 
 SAVE_BUDGET = 1 << 28  # weights kept from the forward for the backward (B H L n elements); past it: recomputed
 SLOTS = 1 << 18  # slots (query rows x n) per chunk of queries: a chunk's scores and its sort stay in cache
+SORT_BYTES = 1 << 21  # a head's keys past this size: each row's keys sorted (read in address order)
 _NEG_INF = float("-inf")
 
 
@@ -53,17 +57,18 @@ class _Pattern:
     """One index batch's selection as CSR slots ``(L, n)``, cut into chunks of query rows; per chunk (built on
     demand) its real slots sorted by key."""
 
-    def __init__(self, idx: torch.Tensor, length: int):
+    def __init__(self, idx: torch.Tensor, length: int, table_bytes: int):
         n = idx.shape[-1]
         t = torch.arange(length, device=idx.device)
         self.length, self.n = length, n
         rows = max(1, SLOTS // max(1, n))
         self.chunks = [(r0, min(length, r0 + rows)) for r0 in range(0, length, rows)]
-        # Each row's keys ascending (unused slots and later keys last, as key L): the keys and values are read in
-        # address order. One sort of (row, key) per chunk: far cheaper than sorting the rows one by one.
+        # Where a head's keys outgrow the cache, each row's keys ascending (unused slots and later keys last, as
+        # key L): keys and values read in address order. One sort of (row, key) per chunk, far cheaper than
+        # sorting the rows one by one.
         key = torch.where((idx >= 0) & (idx <= t[:, None]), idx, length)
         wide = torch.int64 if rows * (length + 1) >= 2**31 else torch.int32
-        for r0, r1 in self.chunks:
+        for r0, r1 in self.chunks if table_bytes > SORT_BYTES else ():
             shift = torch.arange(r1 - r0, dtype=wide, device=idx.device).view(-1, 1) * (length + 1)
             key[r0:r1] = ((key[r0:r1].to(wide) + shift).view(-1).sort().values.view(r1 - r0, n) - shift)
         self.real = key < length  # (L, n): an unused slot or a later key is masked
@@ -159,7 +164,8 @@ class _SelectedRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, idx, scale):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        pats = [_Pattern(idx[i, 0], q.shape[2]) for i in range(idx.shape[0])]
+        table = q.shape[2] * max(q.shape[3], v.shape[3]) * q.element_size()
+        pats = [_Pattern(idx[i, 0], q.shape[2], table) for i in range(idx.shape[0])]
         keep = q.shape[0] * q.shape[1] * q.shape[2] * idx.shape[-1] <= SAVE_BUDGET
         out, lse, kept = _forward(q, k, v, pats, scale, keep and any(ctx.needs_input_grad[:3]))
         ctx.save_for_backward(q, k, v, out, lse, *(() if kept is None else (kept,)))
