@@ -103,7 +103,7 @@ class _Pattern:
             order = key.argsort(stable=True)[:int(self.real[r0:r1].sum())]
             counts = torch.bincount(key, minlength=r1 + 1)[:r1]
             starts = (counts.cumsum(0) - counts).to(torch.int32)
-            self.keyed[r0] = (order, (order // self.n + r0).to(torch.int32), starts)
+            self.keyed[r0] = (order.to(torch.int32), (order // self.n + r0).to(torch.int32), starts)
         order, query, starts = self.keyed[r0]
         w = weights.reshape(-1).index_select(0, order)
         return F.embedding_bag(query, table, starts, mode="sum", per_sample_weights=w)
