@@ -23,7 +23,9 @@ measured once in a fresh process, :mod:`attnkit.lab.analysis.memory`):
   target at 16384 (top-k 2048): <= 0.4x.
 
 Usage: ``python benchmarks/sparse_and_packed.py [--rounds 5] [--write BENCHMARKS.md]``;
-``--smoke`` runs every row at tiny sizes (a check that the script works, not a measurement).
+``--smoke`` runs every row at tiny sizes (a check that the script works, not a measurement);
+``--only paged`` runs only the rows whose name starts so (here paged and paged-prefill; printed, never
+written, since the section holds every row).
 """
 
 from __future__ import annotations
@@ -209,11 +211,17 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: check the script, measure nothing")
     ap.add_argument("--no-memory", action="store_true", help="skip the fresh-process peak memory")
     ap.add_argument("--write", type=Path, help="replace this section in a Markdown file")
+    ap.add_argument("--only", help="only the rows whose name starts with this (e.g. paged); printed, not written")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     lengths = (SMOKE if args.smoke else FULL)["sparse"]["lengths"]
     rows = (["packed", "paged", "paged-prefill"] + [f"sparse@{n}" for n in lengths]
             + [f"dsa-attention@{n}" for n in lengths])
+    if args.only:
+        rows = [row for row in rows if row.startswith(args.only)]
+        if not rows:
+            ap.error(f"--only {args.only!r} names no row; rows: packed, paged, paged-prefill, sparse@<L>, "
+                     "dsa-attention@<L>")
     lines = ["| row | side | ms per call | time / baseline (median, range) | peak memory |", "|---|---|---|---|---|"]
     for row in rows:
         lines += measure(row, args.rounds, args.smoke, not args.no_memory)
@@ -224,7 +232,7 @@ def main(argv=None) -> int:
             "sequence, causal; targets: paged <= 1.10x, "
             "paged-prefill <= 1.15x; at 16384 NSA, MoBA <= 0.5x (peak <= 1.5x dense's), DSA <= 0.4x; "
             "at 4096 NSA, MoBA <= 1.0x; dsa-attention at 16384 <= 0.4x)\n\n" + "\n".join(lines))
-    return emit(text, None if args.smoke else args.write, NAME, TITLE)
+    return emit(text, None if args.smoke or args.only else args.write, NAME, TITLE)
 
 
 if __name__ == "__main__":

@@ -76,6 +76,89 @@ def test_a_training_call_on_a_structured_mask_also_goes_straight_down():
     assert "kernels/blocksparse_fused.py" in files and not reentries, reentries
 
 
+# ------------------------------------------------------------------ every entry point
+def _varlen():
+    q = torch.randn(300, 4, 16)
+    cu = torch.tensor([0, 100, 220, 300], dtype=torch.int32)
+    return lambda: attnkit.varlen_attn(q, q, q, cu, cu.clone(), 120, 120, window_size=(-1, 0))
+
+
+def _sinks(mask):
+    q, s = torch.randn(1, 4, 256, 16), torch.randn(4)
+    return lambda: attnkit.attention(q, q, q, mask=mask, sinks=s)
+
+
+def _flex():
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    q = torch.randn(1, 4, 1024, 16)
+    block_mask = flex.create_block_mask(lambda b, h, i, j: (i >= j) & (i - j < 200), None, None, 1024, 1024,
+                                        device="cpu")
+    return lambda: attnkit.flex_attention(q, q, q, block_mask=block_mask)
+
+
+def _paged_decode():
+    g = torch.Generator().manual_seed(0)
+    k_pool, v_pool = torch.randn(20, 16, 2, 16, generator=g), torch.randn(20, 16, 2, 16, generator=g)
+    table, used = torch.randperm(20, generator=g)[:14].view(2, 7), torch.tensor([100, 37])
+    q, mask = torch.randn(2, 4, 1, 16, generator=g), masks.causal()
+    return lambda: attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask)
+
+
+def _selected_keys():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 256, 16, generator=g)
+    mask = masks.selected_keys(torch.randint(0, 256, (1, 256, 32), generator=g)) & masks.causal()
+    return lambda: attnkit.attention(q, q, q, mask=mask)
+
+
+# name: (the call, at most this many files, at most this many re-entries). The bar is 8 files and none; a
+# number above it is the call's length today, a ceiling it may not exceed (docs/DESIGN.md lists the files).
+ENTRY_POINTS = {
+    "varlen_attn, 3 documents, causal": (_varlen, 10, 0),
+    "sinks=, causal (torch-sdpa)": (lambda: _sinks(masks.causal()), 8, 0),
+    "sinks=, sliding window (band)": (lambda: _sinks(masks.sliding_window(32)), 9, 0),
+    "flex_attention, a windowed block mask, L = 1024": (_flex, 12, 0),
+    "paged decode, 2 sequences": (_paged_decode, 13, 0),
+    "selected keys & causal, 32 a query": (_selected_keys, 11, 0),
+}
+
+
+@pytest.mark.parametrize("name", list(ENTRY_POINTS))
+def test_every_entry_point_reaches_the_arithmetic_in_few_files_straight_down(name):
+    build, most_files, most_reentries = ENTRY_POINTS[name]
+    call = build()
+    call()  # caches warm: the route every later call takes
+    files, reentries = route(call)
+    assert len(files) <= most_files and len(reentries) <= most_reentries, (len(files), files, reentries)
+
+
+# registry name: (files, re-entries) of a forward today (no gradient); a module not listed here: at most the
+# longest of these. nn/_recurrent.py's base calls the module's _mix, which calls the base's helpers back.
+LINEAR_FORWARDS = {"delta-product": (11, 4), "deltanet": (10, 3), "gated-deltanet": (10, 4), "gla": (10, 0),
+                   "kimi-delta-attention": (10, 4), "lightning-attention": (9, 1), "mamba2": (10, 2),
+                   "retnet": (10, 0), "rwkv4": (8, 1),
+                   # measured on this branch merged with the one adding them
+                   "comba": (10, 5), "rwkv7": (10, 0), "log-linear-gated-deltanet": (10, 0),
+                   "log-linear-mamba2": (11, 0)}
+
+
+def _linear_modules():
+    from attnkit import registry
+    return [e.name for e in registry.entries() if e.family == "linear-recurrent"]
+
+
+@pytest.mark.parametrize("name", _linear_modules())
+def test_each_linear_module_forward_reaches_its_recurrence_in_few_files(name):
+    from attnkit import registry
+    module, inputs = registry.get(name).example()
+    most_files, most_reentries = LINEAR_FORWARDS.get(name, max(LINEAR_FORWARDS.values()))
+    with torch.no_grad():
+        module(*inputs)
+        files, reentries = route(lambda: module(*inputs))
+    assert "functional/recurrences/forms.py" in files or "functional/recurrences/tree.py" in files
+    assert len(files) <= most_files and len(reentries) <= most_reentries, (len(files), files, reentries)
+
+
 # ------------------------------------------------------------------ the fast lane
 LANE = {  # lq, lk, hq, hkv, kwargs
     "decode": (1, 300, 8, 8, {}),

@@ -118,6 +118,35 @@ def test_the_block_path_runs_and_its_cost_is_the_sum_of_the_documents_costs():
     assert causal.flops < 2 * 2 * 3 * total * total * 16 / 4  # far below one T x T attention
 
 
+def test_the_document_plan_is_cached_by_its_boundaries(monkeypatch):
+    """Equal boundaries (new tensors, another integer dtype) reuse the layout and its Documents mask, so the block
+    plan cached on that mask is warm; other boundaries, another window or alignment build their own."""
+    import attnkit.varlen as varlen
+    from attnkit.masks.cache import BoundedCache
+
+    builds = []
+    layout = varlen._layout
+    monkeypatch.setattr(varlen, "LAYOUTS", BoundedCache(max_entries=8))
+    monkeypatch.setattr(varlen, "_layout", lambda *a: builds.append(a) or layout(*a))
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(300, 2, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    call = dict(window_size=(-1, 0))
+    first = attnkit.varlen_attn(q, k, v, _cu([100, 120, 80]), _cu([100, 120, 80]), 120, 120, **call)
+    again = attnkit.varlen_attn(q, k, v, _cu([100, 120, 80]).long(), _cu([100, 120, 80]), 120, 120, **call)
+    assert len(builds) == 1 and torch.equal(first, again)
+    masks_used = [varlen._prepare(q, k, v, _cu([100, 120, 80]), _cu([100, 120, 80]), 120, 120, scale=None,
+                                  window_size=(-1, 0), enable_gqa=False, seqused_k=None, block_table=None,
+                                  dropout_p=0.0, mask=None, bias=None, block_size=None).kwargs["mask"]
+                  for _ in range(2)]
+    assert masks_used[0] is masks_used[1] and len(builds) == 1
+    other = attnkit.varlen_attn(q, k, v, _cu([120, 100, 80]), _cu([120, 100, 80]), 120, 120, **call)
+    assert len(builds) == 2
+    torch.testing.assert_close(other, _per_document(q, k, v, _cu([120, 100, 80]), _cu([120, 100, 80]), (-1, 0))[0])
+    attnkit.varlen_attn(q, k, v, _cu([120, 100, 80]), _cu([120, 100, 80]), 120, 120, window_size=(7, 0))
+    attnkit.varlen_attn(q, k, v, _cu([120, 100, 80]), _cu([120, 100, 80]), 120, 120, block_size=32, **call)
+    assert len(builds) == 4
+
+
 def test_mask_dropout_and_bias_are_read_inside_each_document():
     g = torch.Generator().manual_seed(3)
     cu = _cu([9, 14])

@@ -21,6 +21,7 @@ positions of the document, with its own lengths; ``dropout_p`` drops weights as 
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -30,6 +31,7 @@ from .core import attention, explain
 from .errors import ArgumentError, DeviceError, DTypeError, ShapeError, check_int
 from .masks import causal, sliding_window
 from .masks.base import Mask
+from .masks.cache import BoundedCache
 from .masks.documents import BAND_UNBOUNDED, Documents
 from .masks.selected import check_lengths
 
@@ -37,6 +39,7 @@ __all__ = ["varlen_attn", "explain_varlen", "BLOCK_SIZES"]
 
 _WHO = "attnkit.varlen_attn"
 BLOCK_SIZES = (32, 64, 128)  # candidate document alignments; the one with the fewest padded scores is taken
+LAYOUTS = BoundedCache(max_entries=32)  # document layouts by their boundaries (see _documents)
 
 
 class _Call(NamedTuple):
@@ -55,7 +58,12 @@ def window_mask(window_size) -> Mask | None:
             isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size):
         raise ArgumentError(f"{_WHO}: window_size must be two ints >= -1 (left, right; -1 unbounded); "
                             f"got {window_size!r}")
-    left, right = window_size
+    return _window(*window_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _window(left: int, right: int) -> Mask | None:
+    """One mask object per window (masks are immutable): every call with that window reads the same mask."""
     if left == -1 and right == -1:
         return None
     if left == -1 and right == 0:
@@ -80,7 +88,8 @@ def _check_cu(name: str, cu, total: int, count: int | None, device) -> torch.Ten
 
 
 def _check_max(name: str, value, lengths: torch.Tensor) -> None:
-    check_int(_WHO, name, value, 0)
+    if type(value) is not int or value < 0:  # a plain non-negative int passes without the shared check's call
+        check_int(_WHO, name, value, 0)
     longest = int(lengths.max()) if lengths.numel() else 0
     if value < longest:
         raise ArgumentError(f"{_WHO}: {name} must be at least the longest sequence, {longest}; got {value}")
@@ -155,20 +164,39 @@ def _placement(first: torch.Tensor, lengths: torch.Tensor, token_starts: torch.T
     return src, token, row
 
 
+def _layout(cu_q, cu_k, k_lengths, tokens_q: int, tokens_k: int, within, bs: int):
+    """The Documents mask of these boundaries, each token's row (``q_src``, ``k_src``) and each query's row."""
+    q_lengths = cu_q[1:] - cu_q[:-1]
+    (q_first, q_total), (k_first, k_total) = _aligned(q_lengths, bs), _aligned(k_lengths, bs)
+    q_src, q_tokens, q_rows = _placement(q_first, q_lengths, cu_q[:-1], q_total, tokens_q)
+    k_src, _, _ = _placement(k_first, k_lengths, cu_k[:-1], k_total, tokens_k)
+    rows = torch.empty_like(q_rows)
+    rows[q_tokens] = q_rows
+    return Documents(q_first, q_lengths, k_first, k_lengths, q_total, k_total, bs, within), q_src, k_src, rows
+
+
 def _documents(query, key, value, cu_q, cu_k, seqused_k, within, bias, block_size) -> _Call:
-    """Packed documents laid out on blocks, with the Documents mask (no page table)."""
+    """Packed documents laid out on blocks, with the Documents mask (no page table).
+
+    The layout is kept in :data:`LAYOUTS` under the documents' boundaries (and the mask inside them, by its text
+    when it has one), so a second call with the same boundaries reuses the Documents mask and with it the
+    block plan cached on it."""
     q_lengths, k_room = cu_q[1:] - cu_q[:-1], cu_k[1:] - cu_k[:-1]
     k_lengths = k_room if seqused_k is None else seqused_k.to(k_room.device).long()
     if seqused_k is not None and bool((k_lengths > k_room).any()):
         raise ArgumentError(f"{_WHO}: seqused_k must be at most each sequence's keys in cu_seq_k; got "
                             f"{k_lengths.tolist()} for {k_room.tolist()}")
     bs = block_size or _block_size(q_lengths, k_lengths)
-    (q_first, q_total), (k_first, k_total) = _aligned(q_lengths, bs), _aligned(k_lengths, bs)
-    q_src, q_tokens, q_rows = _placement(q_first, q_lengths, cu_q[:-1], q_total, query.shape[0])
-    k_src, _, _ = _placement(k_first, k_lengths, cu_k[:-1], k_total, key.shape[0])
-    docs = Documents(q_first, q_lengths, k_first, k_lengths, q_total, k_total, bs, within)
-    rows = torch.empty_like(q_rows)
-    rows[q_tokens] = q_rows
+    def build():
+        return _layout(cu_q, cu_k, k_lengths, query.shape[0], key.shape[0], within, bs)
+
+    if torch.compiler.is_compiling():
+        docs, q_src, k_src, rows = build()
+    else:
+        inside = None if within is None else within.text if within.text is not None else within
+        boundaries = (str(query.device), tuple(cu_q.tolist()), tuple(cu_k.tolist()), tuple(k_lengths.tolist()),
+                      query.shape[0], key.shape[0], bs, inside)
+        docs, q_src, k_src, rows = LAYOUTS.get_or_build(boundaries, build)
     modifier = None if bias is None else _InDocument(bias, docs)
     return _Call(_spread(query, q_src, 1), _spread(key, k_src, 1), _spread(value, k_src, 1),
                  {"mask": docs, "bias": modifier}, rows)

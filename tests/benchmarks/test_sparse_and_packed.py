@@ -22,3 +22,13 @@ def test_the_smoke_run_renders_every_row(capsys, tmp_path):
                 "| sparse@96 | MoBA", "| sparse@96 | DSA", "| dsa-attention@96 | ours"):
         assert row in table
     assert not out.exists()  # a smoke run writes no numbers
+
+
+def test_only_runs_the_rows_it_names_and_writes_nothing(capsys, tmp_path):
+    out = tmp_path / "B.md"
+    assert sparse_and_packed.main(["--smoke", "--rounds", "1", "--no-memory", "--only", "paged",
+                                   "--write", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| paged | ours" in table and "| paged-prefill | ours" in table
+    assert "| packed |" not in table and "| sparse@" not in table
+    assert not out.exists()

@@ -20,11 +20,14 @@ from attnkit.distributed.recurrences import sequence_parallel
 from attnkit.errors import AttnkitError, DTypeError
 from attnkit.functional.recurrences.forms import linear_recurrence
 from tests.nn.recurrent_layers import LAYERS as ALL_LAYERS
+from tests.nn.recurrent_layers import OWN_RECURRENCE
 
 from . import spawn
 
-# DeltaProduct's several steps a token and RWKV-4's one-token-late sums are refused across ranks (tests below).
-LAYERS = {name: build for name, build in ALL_LAYERS.items() if not name.startswith("delta_product") and name != "rwkv4"}
+# DeltaProduct's several steps a token, RWKV-4's one-token-late sums and the recurrences of their own (Comba,
+# RWKV-7) are refused across ranks (tests below).
+LAYERS = {name: build for name, build in ALL_LAYERS.items()
+          if not name.startswith("delta_product") and name not in ("rwkv4", *OWN_RECURRENCE)}
 
 B, H, L, DK, DV, DIM = 2, 3, 24, 5, 7, 12  # DIM: the layers'
 RECURRENCES = {"decay_per_head": (False, False), "decay_per_channel": (True, False),

@@ -310,3 +310,133 @@ def test_rows_torchs_kernel_answers_unlike_the_formula_run_on_the_exact_split(ca
     want = _oracle(q, keys, values, empty=False)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=2e-6, equal_nan=True)
     assert torch.isfinite(got).all() == torch.isfinite(want).all()
+
+
+def _unmasked_oracle(q, keys, values):
+    """Float64 per sequence: every query sees every key the sequence holds."""
+    group = q.shape[1] // keys[0].shape[0]
+    outs = []
+    for b, (k, v) in enumerate(zip(keys, values, strict=True)):
+        kk, vv = k.double().repeat_interleave(group, 0), v.double().repeat_interleave(group, 0)
+        outs.append(torch.softmax(q[b].double() @ kk.transpose(-1, -2) / math.sqrt(q.shape[-1]), -1) @ vv)
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("page_size", [16, 48, 1024])
+@pytest.mark.parametrize("lq", [1, 16])
+def test_whole_and_cut_chunks_of_ragged_grouped_sequences_equal_the_oracle_and_the_contiguous_cache(lq, page_size,
+                                                                                                  causal):
+    # GQA 8:2; chunks every query sees whole (copied a whole chunk of pages at a time when the page size divides
+    # the split) for all or some sequences, chunks a sequence ends in, a last chunk shorter than the split, and the
+    # last Lq keys each query sees causally
+    split = selected.SPLIT_KEYS
+    lengths = [2 * split, 2 * split + 16, 3 * split - 3, 2 * split + 1]
+    keys, values = _sequences(lengths, seed=12)
+    q = torch.randn(len(lengths), 8, lq, 16, generator=torch.Generator().manual_seed(13))
+    k_pool, v_pool, table = _pool(keys, values, page_size, spare=3, seed=14)
+    used, mask = torch.tensor(lengths), masks.causal() if causal else None
+    paged = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask)
+    want = _oracle(q, keys, values) if causal else _unmasked_oracle(q, keys, values)
+    torch.testing.assert_close(paged.double(), want, rtol=0, atol=2e-6)
+    k, v = _contiguous(keys, values)
+    assert torch.equal(paged, attnkit.attention(q, k, v, seqused_k=used, mask=mask))
+
+
+@pytest.mark.parametrize("lq", [1, 5])
+def test_ragged_causal_calls_run_on_the_segment_route_reading_only_the_keys_each_sequence_holds(lq, monkeypatch):
+    from attnkit.kernels import page_segments
+
+    monkeypatch.setattr(selected, "fused_pages", lambda *a: pytest.fail("the chunked route ran"))
+    copied = []
+    chunk = page_segments._Keys.chunk
+    monkeypatch.setattr(page_segments._Keys, "chunk", lambda self, seqs, start, stop: copied.append(
+        (None if seqs is None else seqs.tolist(), start, stop)) or chunk(self, seqs, start, stop))
+    split = selected.SPLIT_KEYS
+    lengths = [3 * split, split + 7, lq]  # the second ends inside its second chunk; the third has only its queries
+    keys, values = _sequences(lengths, seed=21)
+    q = torch.randn(len(lengths), 4, lq, 16, generator=torch.Generator().manual_seed(22))
+    k_pool, v_pool, table = _pool(keys, values, 16, spare=1, seed=23)
+    got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor(lengths),
+                            mask=masks.causal())
+    torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
+    shared = [n - lq + (0 if lq > 1 else 1) for n in lengths]  # keys every query of a sequence sees
+    assert copied[-1][1] == 2 * split and copied[-1][0] == [0]  # the last chunk: the first sequence alone
+    assert all(start < shared[b] for seqs, start, _ in copied if seqs is not None for b in seqs)
+
+
+def test_one_sequence_of_whole_chunks_reduces_to_dense_attention():
+    # every chunk whole and seen by the query: the merged splits are attention over all the keys
+    keys, values = _sequences([4 * selected.SPLIT_KEYS], seed=15)
+    q = torch.randn(1, 8, 1, 16, generator=torch.Generator().manual_seed(16))
+    k_pool, v_pool, table = _pool(keys, values, 16, spare=0, seed=17)
+    paged = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor([keys[0].shape[1]]))
+    dense = attnkit.attention(q, keys[0][None], values[0][None])
+    torch.testing.assert_close(paged, dense, rtol=0, atol=2e-6)
+
+
+def test_a_chunk_torchs_kernel_answers_unlike_the_formula_is_recomputed_alone(monkeypatch):
+    # the whole chunks' answers are checked together; only the chunk that fails runs on the exact split
+    split = selected.SPLIT_KEYS
+    lengths = [3 * split, 3 * split]
+    keys, values = _sequences(lengths, seed=18)
+    values[0][1, split:2 * split, 0] = 3e38  # the middle chunk of the first sequence: torch's sum overflows
+    q = torch.randn(2, 4, 1, 16, generator=torch.Generator().manual_seed(19))
+    k_pool, v_pool, table = _pool(keys, values, 16, spare=0, seed=20)
+    calls = []
+    exact = selected._split
+    monkeypatch.setattr(selected, "_split", lambda *a: calls.append(a[5:7]) or exact(*a))
+    got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor(lengths),
+                            mask=masks.causal())
+    assert calls == [(split, 2 * split)]
+    want = _oracle(q, keys, values, empty=False)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=2e-6)
+    assert torch.isfinite(got).all()
+
+
+def test_table_entries_past_a_sequences_pages_are_never_checked_or_read():
+    keys, values = _sequences([20, 0], seed=24)
+    k_pool, v_pool, table = _pool(keys, values, 8, spare=1, seed=25)
+    table[0, 3:], table[1] = -1, -7  # no sequence uses these entries: any value
+    table = torch.cat([table, torch.full((2, 2), 99)], 1)
+    q = torch.randn(2, 2, 1, 16, generator=torch.Generator().manual_seed(26))
+    got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor([20, 0]),
+                            mask=masks.causal())
+    torch.testing.assert_close(got[:1].double(), _oracle(q[:1], keys[:1], values[:1]), rtol=0, atol=2e-6)
+    assert not got[1].any()
+    table[0, 1] = -3
+    with pytest.raises(ArgumentError, match=r"must lie in \[0, 4\) \(the pool's pages\); got values in \[-3, "):
+        attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor([20, 0]))
+
+
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.bfloat16, 1e-2), (torch.float16, 1e-3), (torch.float64, 1e-12)])
+@pytest.mark.parametrize("lq", [1, 4])
+def test_pools_of_other_dtypes_equal_the_oracle_over_whole_and_cut_chunks(dtype, atol, lq):
+    # half-precision pools are computed in float32 (the chunked route converts each chunk), float64 as it is
+    lengths = [2 * selected.SPLIT_KEYS + 76, 600, 2 * selected.SPLIT_KEYS]
+    keys, values = _sequences(lengths, dtype=dtype, seed=27)
+    k_pool, v_pool, table = _pool(keys, values, 16, spare=1, seed=28)
+    q = torch.randn(3, 4, lq, 16, generator=torch.Generator().manual_seed(29)).to(dtype)
+    got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor(lengths),
+                            mask=masks.causal())
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=atol)
+
+
+def test_queries_cut_into_row_chunks_see_their_own_last_keys_causally(monkeypatch):
+    # a small budget cuts the 7 queries into chunks of rows: each chunk's shared keys end where its first query's do
+    monkeypatch.setattr(selected, "BUDGET", 3 * 2 * 4 * selected.SPLIT_KEYS)  # 3 rows of 2 sequences x 4 heads
+    from attnkit.core import _prepare
+
+    assert selected.plan(_prepare(torch.randn(2, 4, 7, 16), torch.randn(2, 2, 900, 16), torch.randn(2, 2, 900, 16),
+                                  seqused_k=torch.tensor([900, 700]))).rows == 3
+    monkeypatch.setattr(selected, "fused_pages", lambda *a: pytest.fail("the chunked route ran"))
+    lengths = [selected.SPLIT_KEYS + 388, 700]
+    keys, values = _sequences(lengths, seed=30)
+    q = torch.randn(2, 4, 7, 16, generator=torch.Generator().manual_seed(31))
+    k_pool, v_pool, table = _pool(keys, values, 16, spare=1, seed=32)
+    used = torch.tensor(lengths)
+    got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=masks.causal())
+    torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
+    k, v = _contiguous(keys, values)
+    assert torch.equal(got, attnkit.attention(q, k, v, seqused_k=used, mask=masks.causal()))

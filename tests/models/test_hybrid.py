@@ -3,9 +3,12 @@
 import pytest
 import torch
 
+from attnkit import masks
 from attnkit.errors import ArgumentError
 from attnkit.models import TransformerLM
 from attnkit.models.hybrid import RECURRENT, hybrid_attention
+from attnkit.nn import PagedKVCache
+from attnkit.nn._recurrent import RecurrentLayer
 
 from .test_language_model import check_tree_verification
 
@@ -85,3 +88,28 @@ def test_a_hybrid_stack_generates_through_its_caches_as_it_does_recomputing():
     again, relogits = lm.generate(prefix, 6, use_cache=False, return_logits=True)
     assert torch.equal(cached, again)
     torch.testing.assert_close(logits, relogits, rtol=0, atol=1e-10)
+
+
+def test_a_hybrid_stack_verifies_and_commits_a_draft_tree_over_paged_softmax_caches_as_over_contiguous_ones():
+    lm = _lm("gated-deltanet", every=2, layers=4, positional="rotary", norm_first=True).double()
+    g = torch.Generator().manual_seed(2)
+    prompt, draft = torch.randint(0, V, (2, 7), generator=g), torch.randint(0, V, (2, 9), generator=g)
+    tree = masks.tree([-1, 0, 0, 1, 2, 2, 5, -1, 7])
+    contiguous = lm.body.new_caches(2, 17)
+
+    def pool():
+        p = PagedKVCache(12, 4, H, DIM // H, dtype=torch.float64)
+        return p.batch([p.allocate(), p.allocate()])
+
+    paged = [layer.self_attn.new_cache() if isinstance(layer.self_attn, RecurrentLayer) else pool()
+             for layer in lm.body.layers]
+    assert sum(hasattr(c, "cache") for c in paged) == 2
+    with torch.no_grad():
+        for caches in (contiguous, paged):
+            lm(prompt, caches=caches)
+        torch.testing.assert_close(lm.verify(draft, tree, paged), lm.verify(draft, tree, contiguous), rtol=0,
+                                   atol=1e-12)
+        for caches in (contiguous, paged):
+            lm.commit(caches, tree, [0, 2, 5, 6])
+        nxt = torch.randint(0, V, (2, 1), generator=g)
+        torch.testing.assert_close(lm(nxt, caches=paged), lm(nxt, caches=contiguous), rtol=0, atol=1e-12)

@@ -16,9 +16,10 @@ import torch
 import transformers as hf
 
 from attnkit import masks
-from attnkit.errors import ArgumentError, UnsupportedFeature
+from attnkit.errors import ArgumentError, DTypeError, ShapeError, UnsupportedFeature
 from attnkit.models import TransformerLM
-from attnkit.nn import LocalAttention, YarnScaling
+from attnkit.nn import LocalAttention, PagedKVCache, YarnScaling
+from attnkit.nn.kv_policies import HeavyHitterCache, QuestCache, SinkWindowCache, SnapKVCache
 
 V, DIM, H, FF = 23, 12, 3, 20
 LLAMA = dict(norm="rms", activation="swiglu", norm_first=True, positional="rotary", rotary={"pairing": "half"})
@@ -298,3 +299,122 @@ def test_verify_refuses_added_positions_and_a_commit_off_the_tree():
         lm.commit(caches, masks.tree([-1, 0, 0]), [1, 2])
     with pytest.raises(ArgumentError, match="precede its node"):
         lm.verify(torch.zeros(1, 2, dtype=torch.long), [0, -1], lm.body.new_caches(1, 4))
+
+
+def _policy_lm(layers: int = 2, seed: int = 0) -> TransformerLM:
+    torch.manual_seed(seed)
+    return TransformerLM(V, dim=16, num_heads=4, num_kv_heads=2, num_layers=layers, dropout=0.0, max_len=None,
+                         **LLAMA).double().eval()
+
+
+@pytest.mark.parametrize("policy", [SinkWindowCache(20, 4), HeavyHitterCache(20, 4), SnapKVCache(20, window=4),
+                                    QuestCache(20, 4)], ids=lambda p: type(p).__name__)
+def test_generate_through_a_kv_policy_whose_budget_covers_the_sequence_is_plain_generation(policy):
+    lm, prefix = _policy_lm(), _tokens(8, seed=3)
+    tokens, logits = lm.generate(prefix, 12, return_logits=True)
+    got, got_logits = lm.generate(prefix, 12, return_logits=True, kv_policy=policy)
+    assert torch.equal(got, tokens)
+    torch.testing.assert_close(got_logits, logits, rtol=0, atol=1e-10)
+    assert policy.seen == 0  # the argument is a template: generate decoded through fresh copies
+
+
+def test_generate_through_a_small_streaming_llm_cache_is_a_plain_forward_over_the_sinks_and_the_window():
+    """One layer: a token's logits with SinkWindowCache(6, 2) are those of the model run on the 2 first and the 4
+    last tokens alone (positions within the cache, StreamingLLM Sec. 3.2); the cache stays at its budget."""
+    lm, prefix = _policy_lm(layers=1), _tokens(3, seed=4)
+    tokens, logits = lm.generate(prefix, 13, return_logits=True, kv_policy=SinkWindowCache(6, 2))
+    assert tokens.shape == (2, 16)
+    for i in range(13):
+        n = 3 + i  # tokens before the choice
+        kept = list(range(n)) if n <= 6 else [0, 1, *range(n - 4, n)]
+        torch.testing.assert_close(logits[:, i], lm(tokens[:, kept])[:, -1], rtol=0, atol=1e-10)
+    caches = [SinkWindowCache(6, 2)]
+    with torch.no_grad():
+        lm.step(tokens[:, :3], caches)
+        for t in range(3, 16):
+            lm.step(tokens[:, t:t + 1], caches)
+            assert len(caches[0]) == min(t + 1, 6) and caches[0].seen == t + 1
+    assert caches[0].evicted == 10
+
+
+def test_generate_through_small_h2o_and_snapkv_budgets_keeps_each_layers_cache_at_its_budget():
+    lm, prefix = _policy_lm(), _tokens(12, seed=5)
+    heavy = [HeavyHitterCache(8, 3) for _ in range(2)]
+    snap = [SnapKVCache(8, window=3) for _ in range(2)]
+    with torch.no_grad():
+        for caches in (heavy, snap):
+            lm.step(prefix, caches)
+            for t in range(6):
+                lm.step(torch.full((2, 1), t), caches)
+    assert all(len(c) == 8 and c.seen == 18 for c in heavy)
+    assert all(bool((c.positions[..., -3:] == torch.arange(15, 18)).all()) for c in heavy)  # the recent kept
+    assert all(len(c) == 8 + 6 and c.positions.shape[-1] == 14 for c in snap)  # the prompt compressed, then grown
+    tokens = lm.generate(prefix, 6, kv_policy=HeavyHitterCache(8, 3))
+    assert tokens.shape == (2, 18) and torch.equal(tokens[:, :12], prefix)
+
+
+def test_generate_with_a_kv_policy_refuses_what_it_cannot_decode():
+    lm, prefix = _policy_lm(), _tokens(4)
+    with pytest.raises(DTypeError, match=r"kv_policy must be a KV policy.*got int"):
+        lm.generate(prefix, 2, kv_policy=8)
+    with pytest.raises(ArgumentError, match="kv_policy is the KV cache: it takes neither use_cache=False nor"):
+        lm.generate(prefix, 2, kv_policy=SinkWindowCache(8), kv_format="int8")
+    hybrid = TransformerLM(V, dim=16, num_heads=2, attention="gated-deltanet", softmax_every=2)
+    with pytest.raises(UnsupportedFeature, match="kv_policy selects the keys of softmax attention"):
+        hybrid.generate(prefix, 2, kv_policy=SinkWindowCache(8))
+    masked = TransformerLM(V, dim=16, num_heads=2, dropout=0.0, attention_mask=masks.sliding_window(3, 0)).eval()
+    with pytest.raises(UnsupportedFeature, match=r"lacks \['no other mask'\]"):
+        masked.generate(prefix, 2, kv_policy=SinkWindowCache(8))
+
+
+def _pools(lm: TransformerLM, pages: int = 24) -> list[PagedKVCache]:
+    attn = lm.body.layers[0].self_attn
+    return [PagedKVCache(pages, 4, attn.num_kv_heads, attn.head_dim, dtype=torch.float64) for _ in lm.body.layers]
+
+
+def test_a_model_decodes_and_verifies_a_draft_tree_over_paged_caches_forked_from_one_prompt():
+    """Two sequences forked from one 9-token prompt (pages shared, copied on write) verify a tree per row in one
+    forward: each node's logits equal the whole-sequence forward of the prompt and its path; after a commit of a
+    path per row, the next step's logits equal those of contiguous caches that decoded the paths plainly."""
+    lm, g = _policy_lm(), torch.Generator().manual_seed(6)
+    prompt = torch.randint(0, V, (1, 9), generator=g)
+    parents = torch.tensor([[-1, 0, 0, 1, 3, 2], [-1, -1, 1, 0, 2, 4]])
+    draft = torch.randint(0, V, (2, 6), generator=g)
+    pools = _pools(lm)
+    with torch.no_grad():
+        first = lm(prompt, caches=[p.batch([p.allocate()]) for p in pools])
+        torch.testing.assert_close(first, lm(prompt), rtol=0, atol=1e-12)
+        caches = [p.batch([0, p.fork(0)]) for p in pools]
+        logits = lm.verify(draft, masks.tree(parents), caches)
+        for row in range(2):
+            for node in range(6):
+                path = masks.tree(parents[row]).path(node)
+                whole = lm(torch.cat([prompt[0], draft[row, path]])[None])[0, -1]
+                torch.testing.assert_close(logits[row, node], whole, rtol=0, atol=1e-10)
+        paths = [masks.tree(parents[0]).path(4), masks.tree(parents[1]).path(5)]  # 4 nodes each
+        lm.commit(caches, masks.tree(parents), paths)
+        assert [p.lengths([0, 1]).tolist() for p in pools] == [[13, 13]] * 2
+        plain = lm.body.new_caches(2, 14)
+        lm(torch.cat([prompt.expand(2, -1), torch.stack([draft[r, paths[r]] for r in range(2)])], 1), caches=plain)
+        nxt = torch.randint(0, V, (2, 1), generator=g)
+        torch.testing.assert_close(lm(nxt, caches=caches), lm(nxt, caches=plain), rtol=0, atol=1e-10)
+    table = pools[0].block_table([0, 1])  # the prompt's 2 whole pages stay shared; the third was copied on write
+    assert table[0, :2].equal(table[1, :2]) and table[0, 2] != table[1, 2]
+
+
+def test_generation_over_paged_caches_equals_contiguous_caches_and_ragged_rows_are_refused():
+    lm, prefix = _policy_lm(), _tokens(7, seed=7)
+    pools = _pools(lm)
+    caches = [p.batch([p.allocate(), p.allocate()]) for p in pools]
+    plain = lm.body.new_caches(2, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(lm(prefix, caches=caches), lm(prefix, caches=plain), rtol=0, atol=1e-12)
+        for t in range(4):
+            nxt = torch.full((2, 1), t)
+            torch.testing.assert_close(lm.step(nxt, caches), lm.step(nxt, plain), rtol=0, atol=1e-12)
+        pools[0].append(0, torch.zeros(2, 1, 4, dtype=torch.float64), torch.zeros(2, 1, 4, dtype=torch.float64))
+        with pytest.raises(ShapeError, match=r"equally many positions; sequences \[0, 1\] hold \[12, 11\]"):
+            lm.step(nxt, caches)
+        fresh = [p.batch([p.allocate(), p.allocate()]) for p in _pools(lm)]
+        with pytest.raises(UnsupportedFeature, match=r"a paged cache decodes causal attention.*no key_keep_mask"):
+            lm(prefix, key_keep_mask=torch.ones(2, 7, dtype=torch.bool), caches=fresh)

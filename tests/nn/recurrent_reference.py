@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from tests.functional.recurrences.cases import oracle
 
-__all__ = ["oracle", "heads", "merge", "causal_conv", "rms", "unit", "linear", "assert_every_form"]
+__all__ = ["oracle", "heads", "merge", "causal_conv", "rms", "unit", "linear", "assert_every_form",
+           "assert_same_gradients"]
 
 
 def linear(x, layer):
@@ -53,3 +54,18 @@ def assert_every_form(layer, x, want) -> None:
     """``layer(x, form=...)`` equals ``want`` (1e-10) in the parallel, chunk and recurrent forms."""
     for form in ("parallel", "chunk", "recurrent"):
         torch.testing.assert_close(layer(x, form=form), want, rtol=0, atol=1e-10)
+
+
+def assert_same_gradients(layer, x, transcription, form: str = "chunk") -> None:
+    """The gradients of ``sum(w * out)`` for the input and every parameter: ``layer(x, form=form)`` against the
+    float64 ``transcription(layer, x)`` differentiated by autograd (1e-10)."""
+    w = torch.randn(*x.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    leaves = [x.clone().requires_grad_(), *layer.parameters()]
+    ours = torch.autograd.grad((layer(leaves[0], form=form) * w).sum(), leaves, allow_unused=True)
+    theirs = torch.autograd.grad((transcription(layer, leaves[0]) * w).sum(), leaves, allow_unused=True)
+    for a, b in zip(ours, theirs, strict=True):
+        if a is None or b is None:
+            assert a is None or not a.any()
+            assert b is None or not b.any()
+        else:
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-10)

@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from attnkit.errors import ArgumentError, ShapeError
-from attnkit.nn import RotaryEmbedding
-from attnkit.nn.kv_policies import HeavyHitterCache, SinkWindowCache, quest_attention, quest_pages, snapkv
+from attnkit.nn import RotaryEmbedding, kv_policies
+from attnkit.nn.kv_policies import HeavyHitterCache, QuestCache, SinkWindowCache, SnapKVCache
+
+quest_attention, quest_pages, snapkv = kv_policies.quest_attention, kv_policies.quest_pages, kv_policies.snapkv
 
 B, H, HKV, D, L = 2, 4, 2, 8, 24
 
@@ -105,6 +107,55 @@ def test_quest_with_pages_covering_the_sequence_is_dense_and_reads_the_pages_of_
     assert quest_pages(q, k, 5, 9)[..., 5:].eq(-1).all()  # fewer pages than the budget: unused slots
 
 
+def _steps(policy, q, k, v, prompt, rotary=None):
+    """``policy.step`` over a prompt chunk, then one token at a time: the outputs ``(B, H, L, D)``."""
+    outs = [policy.step(q[:, :, :prompt], k[:, :, :prompt], v[:, :, :prompt], rotary=rotary)]
+    outs += [policy.step(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], rotary=rotary) for t in range(prompt, L)]
+    return torch.cat(outs, 2)
+
+
+@pytest.mark.parametrize("policy", [SinkWindowCache(L, 4), HeavyHitterCache(L, 4), SnapKVCache(L, window=4),
+                                    QuestCache(L, 4)], ids=lambda p: type(p).__name__)
+def test_every_policy_steps_as_dense_rope_attention_when_its_budget_covers_the_sequence(policy):
+    q, k, v = _qkv(5)
+    rope = RotaryEmbedding(D)
+    got = _steps(policy.fresh(), q, k, v, 10, rope)
+    torch.testing.assert_close(got, _dense(rope.rotate(q), rope.rotate(k), v), rtol=0, atol=1e-12)
+    fresh = policy.fresh()
+    assert type(fresh) is type(policy) and fresh.seen == 0 and fresh.budget == policy.budget
+
+
+def test_snapkv_cache_attends_the_prompt_densely_then_decodes_over_the_compressed_prompt_and_the_new_tokens():
+    q, k, v = _qkv(6)
+    cache = SnapKVCache(10, window=4, kernel=1)
+    got = _steps(cache, q, k, v, 16)
+    _, _, kept = snapkv(q[:, :, :16], k[:, :, :16], v[:, :, :16], 10, window=4, kernel=1)
+    torch.testing.assert_close(got[:, :, :16], _dense(q[:, :, :16], k[:, :, :16], v[:, :, :16]), rtol=0, atol=1e-12)
+    for b in range(B):
+        for h in range(H):
+            cols = kept[b, h // 2].tolist() + list(range(16, L))
+            for t in range(16, L):
+                rows = [c for c in cols if c <= t]
+                s = (q[b, h, t] @ k[b, h // 2, rows].T) / D ** 0.5
+                torch.testing.assert_close(got[b, h, t], s.softmax(-1) @ v[b, h // 2, rows], rtol=0, atol=1e-12)
+    assert len(cache) == 10 + L - 16 and cache.seen == L
+    assert torch.equal(cache.positions, torch.cat([kept, torch.arange(16, L).expand(B, HKV, -1)], -1))
+
+
+def test_quest_cache_reads_each_decoded_querys_pages_of_highest_bound():
+    q, k, v = _qkv(7)
+    cache = QuestCache(9, 4)  # 2 pages of 4 keys per query
+    got = _steps(cache, q, k, v, 12)
+    assert len(cache) == L and cache.seen == L
+    for t in range(12, L):
+        pages = quest_pages(q[:, :, t:t + 1], k[:, :, :t + 1], 4, 2)
+        for b in range(B):
+            for h in range(H):
+                rows = [j for p in pages[b, h, 0].tolist() for j in range(4 * p, min(4 * p + 4, t + 1))]
+                s = (q[b, h, t] @ k[b, h // 2, rows].T) / D ** 0.5
+                torch.testing.assert_close(got[b, h, t], s.softmax(-1) @ v[b, h // 2, rows], rtol=0, atol=1e-12)
+
+
 def test_budgets_below_what_a_policy_keeps_get_attnkits_errors():
     with pytest.raises(ArgumentError, match=r"budget must exceed the sink count \(4\).*budget=4"):
         SinkWindowCache(4, 4)
@@ -117,6 +168,12 @@ def test_budgets_below_what_a_policy_keeps_get_attnkits_errors():
         quest_pages(q, k, 4, 0)
     with pytest.raises(ArgumentError, match="pool must be 'avg' or 'max'; got 'min'"):
         snapkv(q, k, v, 16, window=4, pool="min")
+    with pytest.raises(ArgumentError, match=r"budget must exceed the observation window \(8\).*budget=8"):
+        SnapKVCache(8, window=8)
+    with pytest.raises(ArgumentError, match=r"QuestCache: budget must be an int >= 16 \(a page of keys at least\)"):
+        QuestCache(10, 16)
+    with pytest.raises(ShapeError, match=r"QuestCache.step: q must be \(B, H, t, D\) over k"):
+        QuestCache(16, 4).step(q[:, :, :3], k, v)
     cache = SinkWindowCache(6, 2)
     cache.append(k, v)
     with pytest.raises(ShapeError, match=r"1 <= Lq <= 4"):

@@ -10,7 +10,7 @@ from attnkit.errors import ArgumentError, DTypeError, ShapeError, UnsupportedFea
 from attnkit.nn import GatedDeltaNet, Mamba2Mixer, RecurrentCache
 from attnkit.nn._recurrent import GatedRMSNorm, ShortConvolution
 
-from .recurrent_layers import DIM, LAYERS
+from .recurrent_layers import DIM, LAYERS, OWN_RECURRENCE
 from .recurrent_layers import layer as _layer
 
 TOL = dict(rtol=0, atol=1e-10)
@@ -101,6 +101,29 @@ def test_float32_layers_keep_a_float32_state(name):
     assert out.dtype == torch.float32 and cache.state.dtype == torch.float32
 
 
+FAMILY_FUNCTIONS = {"gla": ("gla", "gated_linear_attention"), "deltanet": ("deltanet", "delta_rule"),
+                    "gated_deltanet": ("gated_deltanet", "gated_delta_rule"),
+                    "kda": ("kimi_delta", "kimi_delta_attention"), "delta_product": ("delta_product", "delta_product")}
+
+
+@pytest.mark.parametrize("name", list(FAMILY_FUNCTIONS))
+def test_a_layer_whose_family_has_a_public_function_calls_it(name, monkeypatch):
+    """The layer's forward, padded or not, goes through its family's function of attnkit.functional.recurrences."""
+    import importlib
+    file, function = FAMILY_FUNCTIONS[name]
+    module = importlib.import_module(f"attnkit.nn.{file}")
+    calls = []
+    real = getattr(module, function)
+    monkeypatch.setattr(module, function, lambda *a, **kw: calls.append(kw.get("form")) or real(*a, **kw))
+    built = _layer(name)
+    x = torch.randn(2, 7, DIM, dtype=torch.float64)
+    keep = torch.ones(2, 7, dtype=torch.bool)
+    keep[0, :2] = False
+    built(x)
+    built(x, key_keep_mask=keep, form="recurrent")
+    assert calls == ["chunk", "recurrent"]
+
+
 def test_errors_name_the_argument():
     layer = _layer("gated_deltanet")
     with pytest.raises(ShapeError, match=r"GatedDeltaNet: x must have shape \(batch, n, 12\); got \(2, 11\)"):
@@ -151,7 +174,8 @@ def _path(parents: list[int], node: int) -> list[int]:
     return out[::-1]
 
 
-TREE_LAYERS = [n for n in LAYERS if n not in ("retnet", "rwkv4") and not n.startswith("delta_product")]
+TREE_LAYERS = [n for n in LAYERS
+               if n not in ("retnet", "rwkv4", *OWN_RECURRENCE) and not n.startswith("delta_product")]
 
 
 @pytest.mark.parametrize("name", TREE_LAYERS)
@@ -199,3 +223,7 @@ def test_a_commit_that_is_not_a_root_to_node_path_or_without_a_tree_gets_attnkit
         _layer("rwkv4")(x, parents=[-1, 0, 1, 2])
     with pytest.raises(UnsupportedFeature, match="recurrence steps per token"):  # DeltaProduct: n_h steps a token
         _layer("delta_product")(x, parents=[-1, 0, 1, 2])
+    with pytest.raises(UnsupportedFeature, match="a key of its own"):  # Comba's correction key p
+        _layer("comba")(x, parents=[-1, 0, 1, 2])
+    with pytest.raises(UnsupportedFeature, match="recurrence steps per token"):  # RWKV-7: two steps a token
+        _layer("rwkv7")(x, parents=[-1, 0, 1, 2])

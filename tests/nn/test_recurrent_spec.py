@@ -15,8 +15,10 @@ from .recurrent_layers import LAYERS
 
 NAMES = {"retnet": "retnet", "gla": "gla", "mamba2": "mamba2", "deltanet": "deltanet",
          "gated_deltanet": "gated-deltanet", "kda": "kimi-delta-attention", "lightning": "lightning-attention",
-         "rwkv4": "rwkv4"}
-LAYER_ENTRIES = {**NAMES, "deltanet_neg": "deltanet", "gated_deltanet_neg": "gated-deltanet",
+         "rwkv4": "rwkv4", "comba": "comba", "rwkv7": "rwkv7",
+         "log_linear_mamba2": "log-linear-mamba2", "log_linear_gdn": "log-linear-gated-deltanet"}
+LAYER_ENTRIES = {**NAMES, "comba_after_decay": "comba", "deltanet_neg": "deltanet",
+                 "gated_deltanet_neg": "gated-deltanet",
                  "kda_neg": "kimi-delta-attention", "delta_product": "delta-product",
                  "delta_product_neg": "delta-product"}
 

@@ -14,7 +14,7 @@ Rows are normalised whole by torch's fused softmax (in place), so the backward
 (Dao 2023, arXiv:2307.08691, Alg. 2, written by hand) recomputes the same
 probabilities without a saved log-sum-exp, and adds the key and value gradients
 of overlapping windows back block by block; sinks join the output and lse after the
-windows (:func:`.pipeline.sinks_after`), and the backward takes the lse gradient that
+windows (:func:`.pipeline.without_sinks`, :func:`.pipeline.join_sinks`), and the backward takes the lse gradient that
 hands it. Work is ``O(Lq W D)``; extra memory is one slab of scores (``SLAB``
 elements) and the output.
 """
@@ -30,7 +30,7 @@ from ..functional.validate import Problem
 from . import band_blocks as ws
 from . import rules
 from .path_cost import PathCost, fused_attention, itemsize
-from .pipeline import KernelOutput, Workspace, for_many_operators, sinks_after
+from .pipeline import KernelOutput, Workspace, for_many_operators, join_sinks, without_sinks
 
 __all__ = ["REFUSALS", "refusal", "plan", "run", "forward", "backward", "describe", "cost", "density", "op_forward",
            "op_backward"]
@@ -39,18 +39,9 @@ BLOCK_SIZES = (32, 64, 128)
 _NEG_INF = float("-inf")
 
 
-def _bounded_band(p: Problem) -> str | None:
-    b = p.band
-    if b is None:
-        return "the mask is not a band lo <= j - i <= hi bounded on both sides"
-    if b[1] < b[0] or b[1] - b[0] + 1 >= p.sizes[3]:
-        return "the band is empty or covers every key"
-    return None
-
-
 REFUSALS = (rules.full_precision_kv,
             rules.not_compiling, rules.no_weights, rules.softmax_of_dot_products, rules.no_bias, rules.no_dropout,
-            _bounded_band)
+            rules.bounded_band)
 
 
 def refusal(p: Problem) -> str | None:
@@ -186,7 +177,8 @@ def backward_differentiable(p: Problem) -> bool:
 def run(p: Problem) -> KernelOutput:
     """Out ``(B, H, Lq, Dv)`` and lse ``(B, H, Lq)`` or None, in the compute dtype; sinks join (out, lse)."""
     if p.sinks is not None:
-        return sinks_after(p, run)
+        inner = without_sinks(p)
+        return join_sinks(p, inner, run(inner))
     dt = p.compute_dtype
     q, k, v = (t.to(dt).contiguous() for t in (p.q, p.k, p.v))
     finite = p.inputs_finite() if p.needs_grad else True  # only the backward reads it

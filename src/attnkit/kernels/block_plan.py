@@ -31,7 +31,8 @@ from .path_cost import PathCost, fused_attention, itemsize
 from .pipeline import KernelOutput
 
 __all__ = ["BlockPlan", "plan_for", "plan_key", "density", "softmax_cost", "layouts", "width_groups",
-           "gather_plan", "to_blocks", "from_blocks", "BLOCK_SIZES", "SLAB"]
+           "gather_plan", "to_blocks", "from_blocks", "allowed_in", "query_blocks", "put_query_blocks", "BLOCK_SIZES",
+           "SLAB"]
 
 BLOCK_SIZES = (64, 128)
 SLAB = 1 << 21  # gathered score elements per slab: few large ops; temporaries small enough to reuse
@@ -150,6 +151,36 @@ def density(p: Problem) -> float:
 
     It reads the mask's layout, so a decision that reads no data leaves it to run time."""
     return plan_for(p).density
+
+
+def allowed_in(p: Problem, q_blocks, kv_blocks, bs: int):
+    """The mask at query blocks ``q_blocks (P,)`` x key lanes ``kv_blocks (P, c)``: bool ``(B|1, H|1, P, bs, c*bs)``."""
+    batch, heads, lq, lk, _, _ = p.sizes
+    dev = kv_blocks.device
+    lane = torch.arange(bs, device=dev)
+    kv = (kv_blocks[:, :, None] * bs + lane).flatten(1)  # (P, c*bs)
+    allowed = (kv < lk)[None, None, :, None, :]  # padding lanes past Lk
+    if p.mask is not None:
+        q_idx = (q_blocks[:, None] * bs + lane).clamp(max=max(lq - 1, 0))[None, None, :, :, None]  # (1,1,P,bs,1)
+        b = torch.arange(batch, device=dev).view(-1, 1, 1, 1, 1)
+        h = torch.arange(heads, device=dev).view(1, -1, 1, 1, 1)
+        allowed = allowed & p.mask.allows(b, h, q_idx, kv.clamp(max=max(lk - 1, 0))[None, None, :, None, :], lq, lk)
+    return allowed
+
+
+def query_blocks(t, rows):
+    """Query blocks ``rows`` of ``(B, H, nq, bs, E)``: a slice when consecutive, else a gather."""
+    first = int(rows[0])
+    return t[:, :, first:first + len(rows)] if int(rows[-1]) - first == len(rows) - 1 else t.index_select(2, rows)
+
+
+def put_query_blocks(dst, rows, value) -> None:
+    """``value`` written into the query blocks ``rows`` of ``dst`` ``(B, H, nq, bs, E)`` (a slice when consecutive)."""
+    first = int(rows[0])
+    if int(rows[-1]) - first == len(rows) - 1:
+        dst[:, :, first:first + len(rows)] = value
+    else:
+        dst.index_copy_(2, rows, value)
 
 
 def _pad_to(t: torch.Tensor, length: int) -> torch.Tensor:

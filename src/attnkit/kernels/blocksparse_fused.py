@@ -33,8 +33,7 @@ from ..functional import sinks
 from ..functional.validate import Problem
 from ..masks import cache
 from . import block_plan, rules
-from .block_plan import density
-from .blocksparse_masked import allowed_in, put_query_blocks, query_blocks
+from .block_plan import allowed_in, density, put_query_blocks, query_blocks
 from .path_cost import PathCost
 from .pipeline import KernelOutput, Workspace, upcast_inputs
 from .rules import FLASH, FLASH_BACKWARD
@@ -46,12 +45,8 @@ BIAS_CACHE_BYTES = 1 << 26  # larger bias sets (long, dense layouts) are built p
 _NEG_INF = float("-inf")
 
 
-def _fused_backward(p: Problem) -> str | None:
-    return "needs torch's fused CPU flash kernel and its backward" if FLASH_BACKWARD is None else None
-
-
 REFUSALS = (rules.full_precision_kv,
-            rules.not_compiling, rules.no_weights, rules.layout_mask, rules.fused_cpu_kernel, _fused_backward,
+            rules.not_compiling, rules.no_weights, rules.layout_mask, rules.fused_cpu_kernel, rules.fused_cpu_backward,
             rules.softmax_of_dot_products, rules.no_bias, rules.no_dropout, rules.equal_head_dims,
             rules.lse_without_grad, rules.finite_inputs)
 

@@ -21,7 +21,16 @@ from ..functional import sinks
 from ..functional.validate import Problem
 from . import block_plan, rules, selected
 from .path_cost import PathCost, Product, itemsize
-from .pipeline import KernelOutput, block_scores, block_weights, concat_pieces, dropout, sinks_after, upcast_inputs
+from .pipeline import (
+    KernelOutput,
+    block_scores,
+    block_weights,
+    concat_pieces,
+    dropout,
+    join_sinks,
+    upcast_inputs,
+    without_sinks,
+)
 
 __all__ = ["refusal", "run", "cost", "density", "describe", "BUDGET"]
 
@@ -117,7 +126,8 @@ def run(p: Problem) -> KernelOutput:
     if rules.selected_keys(p):
         return selected.run(p)
     if p.sinks is not None and sinks.per_token(p.sinks):  # slabs gather rows: join per-token sinks after them
-        return sinks_after(p, run)
+        inner = without_sinks(p)
+        return join_sinks(p, inner, run(inner))
     pl = block_plan.plan_for(p)
     blocks = block_plan.to_blocks(*upcast_inputs(p), pl.bs)
     return block_plan.from_blocks(p, *_general(p, pl.slabs, blocks, pl.bs))

@@ -22,11 +22,11 @@ from torch.autograd.function import once_differentiable
 
 from ..functional.validate import Problem
 from . import block_plan, rules
-from .block_plan import density
+from .block_plan import allowed_in, density, put_query_blocks, query_blocks
 from .path_cost import PathCost
-from .pipeline import KernelOutput, Workspace, sinks_after, upcast_inputs
+from .pipeline import KernelOutput, Workspace, join_sinks, upcast_inputs, without_sinks
 
-__all__ = ["refusal", "run", "cost", "density", "allowed_in", "query_blocks", "put_query_blocks"]
+__all__ = ["refusal", "run", "cost", "density"]
 
 _NEG_INF = float("-inf")
 
@@ -39,21 +39,6 @@ REFUSALS = (rules.full_precision_kv,
 def refusal(p: Problem) -> str | None:
     """Softmax of (scaled) dot products, no bias, modifier or dropout: the mask is the only source of ``-inf``."""
     return rules.first_refusal(p, REFUSALS)
-
-
-def allowed_in(p: Problem, q_blocks, kv_blocks, bs: int):
-    """The mask at query blocks ``q_blocks (P,)`` x key lanes ``kv_blocks (P, c)``: bool ``(B|1, H|1, P, bs, c*bs)``."""
-    batch, heads, lq, lk, _, _ = p.sizes
-    dev = kv_blocks.device
-    lane = torch.arange(bs, device=dev)
-    kv = (kv_blocks[:, :, None] * bs + lane).flatten(1)  # (P, c*bs)
-    allowed = (kv < lk)[None, None, :, None, :]  # padding lanes past Lk
-    if p.mask is not None:
-        q_idx = (q_blocks[:, None] * bs + lane).clamp(max=max(lq - 1, 0))[None, None, :, :, None]  # (1,1,P,bs,1)
-        b = torch.arange(batch, device=dev).view(-1, 1, 1, 1, 1)
-        h = torch.arange(heads, device=dev).view(1, -1, 1, 1, 1)
-        allowed = allowed & p.mask.allows(b, h, q_idx, kv.clamp(max=max(lk - 1, 0))[None, None, :, None, :], lq, lk)
-    return allowed
 
 
 def _mask_(p: Problem, s, sl, bs: int, value: float) -> None:
@@ -80,12 +65,6 @@ def _mask_(p: Problem, s, sl, bs: int, value: float) -> None:
         allowed = allowed_in(p, rows[part_r], idx[part_r, part_c, None], bs)  # (B|1, H|1, P, bs, bs)
         sub = s6[:, :, part_r, :, part_c, :]  # (P, B, H, bs, bs): advanced indices come first
         s6[:, :, part_r, :, part_c, :] = sub.masked_fill_(~allowed.permute(2, 0, 1, 3, 4), value)
-
-
-def query_blocks(t, rows):
-    """Query blocks ``rows`` of ``(B, H, nq, bs, E)``: a slice when consecutive, else a gather."""
-    first = int(rows[0])
-    return t[:, :, first:first + len(rows)] if int(rows[-1]) - first == len(rows) - 1 else t.index_select(2, rows)
 
 
 def _rows_into(ws: Workspace, name: str, t, rows):
@@ -120,14 +99,6 @@ def _probs(ws: Workspace, p: Problem, sl, qs, k_g, bs: int, need_max: bool = Fal
     if m is not None and bool((m == _NEG_INF).any()):
         s.masked_fill_((m == _NEG_INF)[..., None], 0.0)  # rows with no key: softmax gave NaN, the output is 0
     return s, m
-
-
-def put_query_blocks(dst, rows, value) -> None:
-    first = int(rows[0])
-    if int(rows[-1]) - first == len(rows) - 1:
-        dst[:, :, first:first + len(rows)] = value
-    else:
-        dst.index_copy_(2, rows, value)
 
 
 def _forward(p: Problem, slabs, qb, kb, vb, bs: int):
@@ -198,7 +169,8 @@ def backward_differentiable(p: Problem) -> bool:
 
 def run(p: Problem) -> KernelOutput:
     if p.sinks is not None:  # joined with the output and lse; the backward takes the lse gradient
-        return sinks_after(p, run)
+        inner = without_sinks(p)
+        return join_sinks(p, inner, run(inner))
     pl = block_plan.plan_for(p)
     blocks = block_plan.to_blocks(*upcast_inputs(p), pl.bs)
     out, lse = _BlockSparseSoftmax.apply(*blocks, p, pl.slabs, pl.bs)

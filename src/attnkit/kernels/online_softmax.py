@@ -25,6 +25,7 @@ siblings for additive biases (:mod:`.bias_slabs`) and soft-capping
 from __future__ import annotations
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from ..functional import sinks
 from ..functional.blockwise import BLOCKWISE
@@ -32,7 +33,16 @@ from ..functional.normalize import guard_empty_rows
 from ..functional.validate import Problem
 from . import rules
 from .path_cost import PathCost, dense_products, itemsize
-from .pipeline import KernelOutput, block_scores, dense_indices, dropout, kv_block, loop_inputs, run_row_chunks
+from .pipeline import (
+    KernelOutput,
+    block_scores,
+    concat_pieces,
+    dense_indices,
+    dropout,
+    kv_block,
+    loop_inputs,
+    row_chunks,
+)
 
 __all__ = ["refusal", "run", "cost", "plan", "BUDGET"]
 
@@ -123,8 +133,10 @@ def run(p: Problem) -> KernelOutput:
     q, k, v = loop_inputs(p)  # quantized keys and values stay codes: each key block is dequantized alone
     rows, keys = plan(p, p.needs_grad)
     slab = _slab if p.normalize == "softmax" else _slab_blockwise
-    out, lse = run_row_chunks(lambda s, e, q_, k_, v_: slab(p, s, e, q_, k_, v_, keys),
-                              p.sizes[2], rows, q, k, v)
+    def chunk(s, e, q_, k_, v_):
+        return slab(p, s, e, q_, k_, v_, keys)
+    out, lse = concat_pieces([checkpoint(chunk, s, e, q, k, v, use_reentrant=False) if saved else chunk(s, e, q, k, v)
+                              for s, e, saved in row_chunks(p.sizes[2], rows, q, k, v)])
     return KernelOutput(out, None, lse)
 
 

@@ -5,20 +5,23 @@ contiguous cache, into a token-major tensor ``(B, c, H_kv, E)`` zeroed past each
 length: the same bytes in the same layout wherever the pages lie, so what is computed on it is
 the same bit for bit (:mod:`.selected`, path ``paged-split-kv``).
 
-Without autograd a chunk runs on torch's fused CPU kernel (:func:`fused_chunk`) with the
+Without autograd every chunk runs on torch's fused CPU kernel (:func:`fused_pages`) with the
 query heads of one key/value head as rows of one product, ``q (B, H_kv, g Lq, D)``
 (Ainslie et al. 2023, grouped-query attention: the ``g`` heads of a group read the same
 keys, so the chunk is read once per group), and with no mask at all where every query sees
-every key of the chunk; chunks with masked keys (a sequence ends inside, or the caller's
-mask cuts it) get a float mask. Each chunk's output and lse are checked as the fast lane
-checks them (:func:`.lane.trusted`: a row torch zeroed, an overflow, a leaked NaN), and a
-chunk that fails runs on the exact split. Quantized pages
+every key of the chunk: such a chunk of whole pages costs two ``index_select`` copies and the
+kernel, nothing else (the page lists and buffer views are made once per call). Chunks with
+masked keys (a sequence ends inside, or the caller's mask cuts it) get a float mask
+(:func:`fused_chunk`). The outputs and lse are checked as the fast lane checks them
+(:func:`.lane.trusted`: a row torch zeroed, an overflow, a leaked NaN), every unmasked chunk
+in one reduction, and only a chunk that fails runs on the exact split. Quantized pages
 (``k_scale=``/``v_scale=``) are gathered as codes, with their scales, and only the chunk is
 dequantized (:func:`attnkit.functional.quantize.dequantize`).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 
 import torch
@@ -29,7 +32,7 @@ from . import rules
 from .lane import trusted
 from .pipeline import Workspace
 
-__all__ = ["page_split", "chunk_is_open", "fused_chunk", "workspace"]
+__all__ = ["page_table", "page_split", "chunk_is_open", "fused_chunk", "fused_pages", "merge_stacked", "workspace"]
 
 _NEG_INF = float("-inf")
 _HELD = threading.local()  # per thread: the chunk buffers of the last calls, by dtype and device
@@ -50,18 +53,31 @@ def workspace(like: torch.Tensor) -> Workspace:
     return spaces[key]
 
 
+def page_table(p: Problem) -> torch.Tensor | None:
+    """The page table on the queries' device, every entry a page of the pool (entries past a sequence's pages are
+    never read; they are clamped so that a copy may still touch them): made once per call, sliced by every chunk.
+    None for a contiguous cache."""
+    sel = p.mask.selection
+    if not sel.pooled:
+        return None
+    return sel.table.to(p.q.device).clamp(0, p.k.shape[2] // sel.block_size - 1)
+
+
 def _positions(p: Problem, t: torch.Tensor, start: int, stop: int, space: Workspace | None = None,
-               name: str = "") -> torch.Tensor:
+               name: str = "", table: torch.Tensor | None = None) -> torch.Tensor:
     """Positions ``[start, stop)`` of every sequence of ``t`` ``(B, H_kv, Lk, E)`` (a pool's expanded view, or a
     contiguous cache), token-major: ``(B, c, H_kv, E)``; whole pages copied with ``index_select`` (into
-    ``space``'s buffer ``name`` when given and of ``t``'s dtype)."""
+    ``space``'s buffer ``name`` when given and of ``t``'s dtype; ``table``: :func:`page_table`, made anew when
+    None)."""
     sel, c, ps = p.mask.selection, stop - start, p.mask.selection.block_size
     if not sel.pooled:
         return t[:, :, start:stop].transpose(1, 2)
     pool = t[0].transpose(0, 1)  # (P ps, H_kv, E): the pool the expanded view was made of
     rows = pool.reshape(-1, ps * pool.shape[1] * pool.shape[2])  # one row per page
     first = start // ps
-    pages = sel.table[:, first:-(-stop // ps)].to(p.q.device).clamp(0, rows.shape[0] - 1).flatten()
+    if table is None:
+        table = sel.table.to(p.q.device).clamp(0, rows.shape[0] - 1)
+    pages = table[:, first:-(-stop // ps)].flatten()
     if space is not None:
         chunk = torch.index_select(rows, 0, pages, out=space.take(name + "-pages", len(pages), rows.shape[1]))
     else:
@@ -73,7 +89,8 @@ def _positions(p: Problem, t: torch.Tensor, start: int, stop: int, space: Worksp
     return chunk
 
 
-def page_split(p: Problem, start: int, stop: int, dtype, shortest: int, space: Workspace | None = None):
+def page_split(p: Problem, start: int, stop: int, dtype, shortest: int, space: Workspace | None = None,
+               table: torch.Tensor | None = None):
     """Positions ``[start, stop)`` of every sequence: keys and values ``(B, H_kv, c, E)`` (views of token-major
     copies), which are real ``(B, 1, 1, c)`` (None when every one is), and the positions.
 
@@ -81,7 +98,7 @@ def page_split(p: Problem, start: int, stop: int, dtype, shortest: int, space: W
     chunk is a token-major tensor zeroed past each sequence's length (``shortest``: the least length), the
     same bytes in the same layout wherever the pages lie, so the arithmetic on it is the same bit for bit.
     Without autograd the copies go to ``space``'s buffers, reused by every chunk (fresh copies of a few MB
-    are page-faulted in anew each time, which costs more than the copy).
+    are page-faulted in anew each time, which costs more than the copy). ``table``: :func:`page_table`, when made.
     """
     sel, dev = p.mask.selection, p.q.device
     batch, c = p.sizes[0], stop - start
@@ -90,11 +107,11 @@ def page_split(p: Problem, start: int, stop: int, dtype, shortest: int, space: W
     quant = p.quant
     out = []
     for name, t in (("k", p.k), ("v", p.v)):
-        chunk = _positions(p, t, start, stop, space if quant is None and t.dtype == dtype else None, name)
+        chunk = _positions(p, t, start, stop, space if quant is None and t.dtype == dtype else None, name, table)
         copied = sel.pooled
         if quant is not None:  # codes: this chunk's alone dequantized, with its scales read the same way
             scale = quant.k_scale if name == "k" else quant.v_scale
-            rows = scale if scale.dim() == 0 else _positions(p, scale[..., None], start, stop)[..., 0]
+            rows = scale if scale.dim() == 0 else _positions(p, scale[..., None], start, stop, table=table)[..., 0]
             chunk, copied = dequantize(chunk, rows, dtype), True
         elif not chunk.is_contiguous() or chunk.dtype != dtype:
             target = space.take(name, batch, c, *chunk.shape[2:]) if space is not None else None
@@ -128,12 +145,12 @@ def chunk_is_open(p: Problem, start: int, stop: int, r0: int, r1: int, shortest:
 
 
 def fused_chunk(p: Problem, r0: int, r1: int, start: int, stop: int, q: torch.Tensor, shortest: int, longest: int,
-                space: Workspace | None):
+                space: Workspace | None, table: torch.Tensor | None = None):
     """Keys ``[start, stop)`` for queries ``[r0, r1)`` on torch's fused kernel: ``(out (B, H_kv, g c, Dv),
     lse (B, H_kv, g c))`` with the ``g`` query heads of each key/value head as rows ``(g, i)``; None when the
     kernel's answer on a chunk with masked keys cannot be trusted (then the exact split runs)."""
     assert rules.FLASH is not None  # the fused path runs only where torch has the kernel
-    k_g, v_g, valid, where = page_split(p, start, stop, q.dtype, shortest, space)  # (B, H_kv, n, E)
+    k_g, v_g, valid, where = page_split(p, start, stop, q.dtype, shortest, space, table)  # (B, H_kv, n, E)
     batch, hq, _, d = q.shape
     hkv, c = k_g.shape[1], r1 - r0
     g, dev = hq // hkv, q.device
@@ -157,3 +174,80 @@ def fused_chunk(p: Problem, r0: int, r1: int, start: int, stop: int, q: torch.Te
     if not bool(torch.isfinite(torch.where(has, out.sum(-1) + lse, 0.0)).all()) or bool((has & (lse == 0)).any()):
         return None  # NaN, inf or a row torch zeroed (an lse of exactly 0 on a row with keys): the exact split
     return out.masked_fill(~has[..., None], 0.0), lse.masked_fill(~has, _NEG_INF)
+
+
+def _page_copier(p: Problem, dtype, step: int, extent: int, space: Workspace, table: torch.Tensor | None):
+    """For a full-precision pool of ``dtype`` and chunks of whole pages (``step`` a multiple of the page size): a
+    function ``(start) -> (k, v)`` copying the pages of the whole chunk ``[start, start + step)`` into buffers
+    taken once per call, with the pages of every whole chunk listed once, so that a chunk costs its two copies
+    and nothing else (each small operator costs microseconds, more right after the kernel has streamed a chunk
+    through the caches). The same bytes in the same layout as :func:`page_split`'s. None otherwise."""
+    sel = p.mask.selection
+    ps = sel.block_size
+    whole = extent // step
+    if table is None or p.quant is not None or p.k.dtype != dtype or p.v.dtype != dtype or step % ps or not whole:
+        return None
+    batch, per = p.sizes[0], step // ps
+    pools = [t[0].transpose(0, 1) for t in (p.k, p.v)]  # (P ps, H_kv, E): the pools the expanded views were made of
+    rows = [pool.reshape(-1, ps * pool.shape[1] * pool.shape[2]) for pool in pools]  # one row per page
+    bufs = [space.take(name + "-pages", batch * per, r.shape[1]) for name, r in zip("kv", rows, strict=True)]
+    views = [buf.view(batch, step, *pool.shape[1:]).transpose(1, 2) for buf, pool in zip(bufs, pools, strict=True)]
+    pages = table[:, :whole * per].reshape(batch, whole, per).transpose(0, 1).reshape(whole, batch * per).unbind(0)
+
+    def copy(start: int):
+        for r, buf in zip(rows, bufs, strict=True):
+            torch.index_select(r, 0, pages[start // step], out=buf)
+        return views
+    return copy
+
+
+def fused_pages(p: Problem, r0: int, r1: int, extent: int, step: int, q: torch.Tensor, shortest: int, longest: int,
+                exact) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Every split of the first ``extent`` positions (``step`` each) for queries ``[r0, r1)`` on torch's fused
+    kernel, stacked: ``(outs (n, B, H_kv, g c, Dv), lses (n, B, H_kv, g c), empty_rows)``, for one merge;
+    ``empty_rows`` is False when a chunk every query sees whole gave every row a finite lse.
+
+    The page table is read once (:func:`page_table`) and the copies go to this thread's buffers
+    (:func:`workspace`). A chunk every query sees whole runs with no mask, and the answers of all
+    such chunks are checked together, as :func:`.lane.trusted` checks one (one reduction, one sync
+    for the call, not one per chunk); a chunk with masked keys runs as :func:`fused_chunk`; a chunk
+    whose answer cannot be trusted runs as ``exact(start, stop)`` (the exact split, in the same layout).
+    """
+    assert rules.FLASH is not None  # the fused path runs only where torch has the kernel
+    space, table = workspace(q), page_table(p)
+    batch, hq, _, d = q.shape
+    hkv = p.k.shape[1]
+    q_c = q[:, :, r0:r1].reshape(batch, hkv, hq // hkv * (r1 - r0), d)
+    copy = _page_copier(p, q.dtype, step, extent, space, table)
+    pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
+    opened: list[int] = []
+    for start in range(0, extent, step):
+        stop = min(extent, start + step)
+        if chunk_is_open(p, start, stop, r0, r1, shortest, longest):  # no mask: its answer checked below
+            k_g, v_g = copy(start) if copy is not None and stop - start == step else page_split(
+                p, start, stop, q.dtype, shortest, space, table)[:2]
+            opened.append(len(pieces))
+            pieces.append(tuple(rules.FLASH(q_c, k_g, v_g, 0.0, False, scale=p.scale)[:2]))
+        else:
+            pieces.append(fused_chunk(p, r0, r1, start, stop, q, shortest, longest, space, table)
+                          or exact(start, stop))
+    outs, lses = torch.stack([out for out, _ in pieces]), torch.stack([lse for _, lse in pieces])
+    if opened:  # each chunk's output sums plus lse / lse: NaN or inf for a leak, an overflow or a row torch zeroed
+        sums = torch.addcdiv(outs.sum(-1), lses, lses).flatten(1).sum(1).tolist()
+        bad = [i for i in opened if not math.isfinite(sums[i])]
+        for i in bad:
+            start = i * step
+            outs[i], lses[i] = exact(start, min(extent, start + step))
+    return outs, lses, not opened
+
+
+def merge_stacked(outs: torch.Tensor, lses: torch.Tensor, empty_rows: bool = True):
+    """Partials of disjoint key sets stacked on dim 0, ``outs (n, ..., E)`` and ``lses (n, ...)``, merged in one
+    step: ``lse = log sum_c exp lse_c``, ``out = sum_c exp(lse_c - lse) out_c``; ``empty_rows=False`` when some
+    partial is known to give every row a finite lse (no row has no key: no guard needed)."""
+    if outs.shape[0] == 1:
+        return outs[0], lses[0]
+    lse = torch.logsumexp(lses, 0)
+    safe = torch.where(lse == _NEG_INF, 0.0, lse) if empty_rows else lse  # no key anywhere: every weight 0
+    weights = torch.exp_(lses - safe).unsqueeze(-1)
+    return (outs * weights).sum(0), lse

@@ -15,7 +15,6 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from ..bias import apply_modifier
 from ..functional import sinks
@@ -25,9 +24,9 @@ from ..functional.scores import SCORES
 from ..functional.validate import Problem
 from ..masks.indexed import gather_at
 
-__all__ = ["KernelOutput", "upcast_inputs", "block_scores", "block_weights", "sinks_after", "zero_padded_keys",
-           "oversubscribed", "for_many_operators", "dense_indices", "run_row_chunks", "Workspace", "in_graph",
-           "shapes_only", "twice_differentiable"]
+__all__ = ["KernelOutput", "upcast_inputs", "block_scores", "block_weights", "without_sinks", "join_sinks",
+           "zero_padded_keys", "oversubscribed", "for_many_operators", "dense_indices", "row_chunks", "Workspace",
+           "in_graph", "shapes_only", "twice_differentiable"]
 
 
 class KernelOutput(NamedTuple):
@@ -204,16 +203,23 @@ def block_weights(p: Problem, scores, allowed):
     return weights, None
 
 
-def sinks_after(p: Problem, run) -> KernelOutput:
-    """``run(p)`` without the sinks, its ``(out, lse)`` then joined with them (:class:`~attnkit.functional.sinks.Join`).
+def without_sinks(p: Problem) -> Problem:
+    """``p`` without its sinks and asking for the lse: what a path runs before :func:`join_sinks` joins them.
 
     For the paths whose backward takes an lse gradient (band windows, masked slabs, the soft-cap
-    loop): the join hands them ``dO = f dO_s`` and ``dlse = f (1 - f) rowsum(dO_s O) + f dlse_s``,
-    and their own backward then gives the sink call's exact ``dq, dk, dv``.
+    loop); the path calls both itself (``join_sinks(p, inner, run(inner))``), so no call comes back up
+    into it from here.
     """
     inner = p.with_inputs(sinks=None, return_lse=True)
     inner.memo.update(p.memo)  # the facts (band, finiteness, ...) do not depend on the sinks
-    result = run(inner)
+    return inner
+
+
+def join_sinks(p: Problem, inner: Problem, result: KernelOutput) -> KernelOutput:
+    """The ``(out, lse)`` of ``inner`` (:func:`without_sinks`) joined with ``p``'s sinks
+    (:class:`~attnkit.functional.sinks.Join`): the join hands the path ``dO = f dO_s`` and
+    ``dlse = f (1 - f) rowsum(dO_s O) + f dlse_s``, and its own backward then gives the sink call's
+    exact ``dq, dk, dv``."""
     out, lse = sinks.join(result.out, result.lse, p.sinks)
     p.memo.update(inner.memo)
     return KernelOutput(out, result.weights, lse if p.return_lse else None)
@@ -223,22 +229,19 @@ def dropout(p: Problem, weights):
     return F.dropout(weights, p.dropout_p, training=True) if p.dropout_p > 0 else weights
 
 
-def run_row_chunks(fn, n_rows: int, rows_per_chunk: int, *tensors):
-    """Concatenate ``fn(start, stop, *tensors)`` over row chunks (dim 2 of each output).
+def row_chunks(n_rows: int, rows_per_chunk: int, *tensors) -> list[tuple[int, int, bool]]:
+    """``(start, stop, checkpointed)`` of each chunk of ``rows_per_chunk`` query rows (dim 2).
 
-    When autograd is recording, each chunk is checkpointed (non-reentrant, RNG
-    state preserved so dropout replays), so backward holds one chunk's
-    intermediates at a time instead of all of them.
+    When autograd records through ``tensors`` and there are several chunks, each is to be
+    checkpointed (``torch.utils.checkpoint.checkpoint``, non-reentrant, RNG state preserved so
+    dropout replays), so backward holds one chunk's intermediates at a time instead of all of
+    them. The path calls each chunk itself and joins them with :func:`concat_pieces`: nothing
+    here calls back up into it.
     """
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors if isinstance(t, torch.Tensor))
-    pieces = []
-    for start in range(0, n_rows, rows_per_chunk):
-        stop = min(n_rows, start + rows_per_chunk)
-        if grad and rows_per_chunk < n_rows:
-            pieces.append(checkpoint(fn, start, stop, *tensors, use_reentrant=False))
-        else:
-            pieces.append(fn(start, stop, *tensors))
-    return concat_pieces(pieces)
+    several = rows_per_chunk < n_rows
+    return [(start, min(n_rows, start + rows_per_chunk), grad and several)
+            for start in range(0, n_rows, rows_per_chunk)]
 
 
 def concat_pieces(pieces):

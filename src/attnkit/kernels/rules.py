@@ -30,7 +30,9 @@ __all__ = ["Rule", "reads_data", "fact", "first_refusal", "FLASH", "FLASH_BACKWA
            "no_bias", "no_sinks", "no_dropout", "no_weights", "no_lse", "not_compiling", "finite_inputs",
            "not_known_non_finite",
            "fused_cpu_kernel", "equal_head_dims", "lse_without_grad", "over_key_blocks", "cpu_flash", "simple_mask",
-           "operator_carries", "device_type", "serves", "device_text", "layout_mask", "selected_keys", "paged_cache"]
+           "operator_carries", "device_type", "serves", "device_text", "layout_mask", "selected_keys", "paged_cache",
+           "checks_output", "output_checked_or_finite", "sinks_on_cpu_kernel", "lse_from_cpu_kernel", "bounded_band",
+           "fused_cpu_backward"]
 
 Rule = Callable[[Problem], "str | None"]
 
@@ -239,3 +241,54 @@ def operator_carries(p: Problem, backend: str) -> bool:
             and (modifier is None or type(modifier) is Softcap)
             and p.dropout_p == 0 and not p.return_weights and not p.return_lse
             and (p.mask is None or p.mask.text is not None))
+
+
+# ------------------------------------------------------------------ rules of one path each
+# Written here rather than in their path's file, so that a decision enters this file and no kernel's: the paths'
+# files are entered only to run (a rule in a path's file, which reads facts from here, would be a call back up).
+
+@fact
+def checks_output(p: Problem) -> bool:
+    """Whether torch-sdpa checks the kernel's output instead of checking the inputs first: torch's CPU kernel
+    called directly (its lse), or torch's public kernel on another device (the sums); not with dropout."""
+    return p.dropout_p == 0 and (cpu_flash(p) or device_type(p) != "cpu")
+
+
+@reads_data
+def output_checked_or_finite(p: Problem) -> str | None:
+    """torch-sdpa: inputs known finite, or the kernel's output is checked after (:func:`checks_output`)."""
+    return not_known_non_finite(p) if checks_output(p) else finite_inputs(p)
+
+
+def sinks_on_cpu_kernel(p: Problem) -> str | None:
+    """torch-sdpa joins sinks from the CPU kernel's own lse."""
+    if p.sinks is not None and not checks_output(p):
+        return "sinks need the CPU kernel's lse (CPU tensors, Dv == D, no dropout)"
+    return None
+
+
+def lse_from_cpu_kernel(p: Problem) -> str | None:
+    """The lse is the CPU kernel's own (called directly), without sinks, and needs no gradient: torch's
+    kernel gives its lse no derivative."""
+    if not p.return_lse:
+        return None
+    if not (checks_output(p) and cpu_flash(p)) or p.sinks is not None:
+        return "returns an lse only from torch's CPU kernel called directly, without sinks"
+    if p.needs_grad:
+        return "torch's kernel gives its lse no gradient"
+    return None
+
+
+def bounded_band(p: Problem) -> str | None:
+    """The band path: a band ``lo <= j - i <= hi`` bounded on both sides that leaves some key out."""
+    b = p.band
+    if b is None:
+        return "the mask is not a band lo <= j - i <= hi bounded on both sides"
+    if b[1] < b[0] or b[1] - b[0] + 1 >= p.sizes[3]:
+        return "the band is empty or covers every key"
+    return None
+
+
+def fused_cpu_backward(p: Problem) -> str | None:
+    """blocksparse-fused: torch's fused CPU kernel has its backward in this build."""
+    return "needs torch's fused CPU flash kernel and its backward" if FLASH_BACKWARD is None else None

@@ -75,39 +75,11 @@ class KernelMask(NamedTuple):
     empty_rows: torch.Tensor | None
 
 
-@rules.fact
-def checks_output(p: Problem) -> bool:
-    """Whether :func:`run` checks the kernel's output instead of checking the inputs first: torch's CPU kernel
-    called directly (its lse), or torch's public kernel on another device (the sums); not with dropout."""
-    return p.dropout_p == 0 and (rules.cpu_flash(p) or rules.device_type(p) != "cpu")
-
-
-@rules.reads_data
-def _finiteness(p: Problem) -> str | None:
-    return rules.not_known_non_finite(p) if checks_output(p) else rules.finite_inputs(p)
-
-
-def _sinks_on_cpu_kernel(p: Problem) -> str | None:
-    if p.sinks is not None and not checks_output(p):
-        return "sinks need the CPU kernel's lse (CPU tensors, Dv == D, no dropout)"
-    return None
-
-
-def _lse_from_cpu_kernel(p: Problem) -> str | None:
-    """The lse is the CPU kernel's own (called directly), without sinks, and needs no gradient: torch's
-    kernel gives its lse no derivative."""
-    if not p.return_lse:
-        return None
-    if not (checks_output(p) and rules.cpu_flash(p)) or p.sinks is not None:
-        return "returns an lse only from torch's CPU kernel called directly, without sinks"
-    if p.needs_grad:
-        return "torch's kernel gives its lse no gradient"
-    return None
-
+checks_output = rules.checks_output  # the fact lives with the rules, which read it without entering this file
 
 REFUSALS = (rules.full_precision_kv,
-            rules.softmax_of_dot_products, rules.no_bias, rules.no_weights, _lse_from_cpu_kernel, rules.not_compiling,
-            _sinks_on_cpu_kernel, _finiteness)
+            rules.softmax_of_dot_products, rules.no_bias, rules.no_weights, rules.lse_from_cpu_kernel,
+            rules.not_compiling, rules.sinks_on_cpu_kernel, rules.output_checked_or_finite)
 
 
 def refusal(p: Problem) -> str | None:

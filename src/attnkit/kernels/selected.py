@@ -27,12 +27,22 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from ..functional.validate import Problem
-from . import rules, selected_pairs, selected_rows, selected_union
-from .page_chunks import fused_chunk, page_split, workspace
+from . import page_segments, rules, selected_pairs, selected_rows, selected_union
+from .page_chunks import fused_pages, merge_stacked, page_split
 from .path_cost import PathCost, Product, fused_attention, itemsize
-from .pipeline import KernelOutput, block_scores, block_weights, dropout, run_row_chunks, sinks_after
+from .pipeline import (
+    KernelOutput,
+    block_scores,
+    block_weights,
+    concat_pieces,
+    dropout,
+    join_sinks,
+    row_chunks,
+    without_sinks,
+)
 
 __all__ = ["Plan", "plan", "run", "cost", "density", "describe", "SPLIT_KEYS", "BUDGET"]
 
@@ -208,11 +218,7 @@ def merge(partials):
     ``out = sum_c exp(lse_c - lse) out_c`` (stacked, one weighted sum)."""
     if len(partials) == 1:
         return partials[0]
-    lses = torch.stack([lse for _, lse in partials])
-    lse = torch.logsumexp(lses, 0)
-    safe = torch.where(lse == _NEG_INF, 0.0, lse)  # no key anywhere: every weight 0
-    weights = torch.exp(lses - safe).unsqueeze(-1)
-    return (torch.stack([out for out, _ in partials]) * weights).sum(0), lse
+    return merge_stacked(torch.stack([out for out, _ in partials]), torch.stack([lse for _, lse in partials]))
 
 
 def _to_heads(pl: Plan, out, lse, c: int):
@@ -225,7 +231,7 @@ def _to_heads(pl: Plan, out, lse, c: int):
     return out, None if lse is None else lse.permute(0, 1, 3, 2).reshape(batch, pl.hx * pl.gp, c)
 
 
-def _fused_ok(p: Problem, pl: Plan) -> bool:
+def fused_ok(p: Problem, pl: Plan) -> bool:
     """torch's fused kernel computes a split exactly: softmax of dot products, no bias, dropout or autograd."""
     return (pl.shared and not p.needs_grad and rules.cpu_flash(p) and p.dropout_p == 0 and p.bias is None
             and p.modifier is None and p.normalize == "softmax" and p.score in ("dot", "scaled_dot")
@@ -256,57 +262,76 @@ def _fused_split(p, pl, r0, r1, start, stop, q, idx, heads):
     return out.masked_fill(~has[..., None], 0.0), lse.masked_fill(~has, _NEG_INF)
 
 
-def _chunk(p: Problem, inner: Problem, pl: Plan, extent: int, r0: int, r1: int, q: torch.Tensor, kv):
+def _inner(p: Problem) -> Problem:
+    """The problem each exact split computes: the rest of the mask, and its lse (which merges the splits)."""
+    return p.with_inputs(mask=p.mask.rest, return_lse=p.normalize == "softmax")
+
+
+def _chunk(p: Problem, inner: Problem | None, pl: Plan, extent: int, r0: int, r1: int, q: torch.Tensor, kv):
     """Queries ``[r0, r1)``: every split of the first ``extent`` keys computed and merged, ``(out (B, Hq, c, Dv),
     lse (B, Hq, c))``."""
     sel = p.mask.selection
-    idx_heads, kv_heads = _heads(p, pl)
-    idx = sel.indices.to(q.device)
-    idx = idx.index_select(1, idx_heads) if idx.shape[1] > 1 else idx
-    idx = idx if pl.shared else idx[:, :, r0:r1]
-    fused, lengths = _fused_ok(p, pl), sel.lengths
-    space = workspace(q) if fused and lengths is not None else None  # no autograd: the pages' copies, kept
+    fused, lengths = fused_ok(p, pl), sel.lengths
     pages = lengths is not None and len(lengths) > 0
-    shortest, longest = (int(lengths.min()), int(lengths.max())) if pages else (extent, extent)
+    held_keys = lengths.tolist() if pages else [extent]
+    shortest, longest = min(held_keys), max(held_keys)
     batch, hq, c = q.shape[0], q.shape[1], r1 - r0
-    grouped = fused and pages  # the pages' fused chunks come as (B, H_kv, g c, E): heads of a group as rows
+    if extent <= 0:  # a selection of no keys: every row empty
+        return q.new_zeros(batch, hq, c, p.sizes[5]), q.new_full((batch, hq, c), _NEG_INF)
+    held: list = []  # the selection's indices and heads, made when a split first needs them
+
+    def selection():
+        if not held:
+            idx_heads, kv_heads = _heads(p, pl)
+            idx = sel.indices.to(q.device)
+            idx = idx.index_select(1, idx_heads) if idx.shape[1] > 1 else idx
+            held.extend((idx if pl.shared else idx[:, :, r0:r1], kv_heads))
+        return held
+
+    def exact(start: int, stop: int):  # the split computed by formula, in the layout of the chunks around it
+        idx, kv_heads = selection()
+        split = _split(p, inner or _inner(p), pl, r0, r1, start, stop, q, idx, kv_heads, kv, shortest)
+        out, lse = _to_heads(pl, *split, c)
+        if not (fused and pages):
+            return out, lse
+        return out.reshape(batch, p.k.shape[1], -1, out.shape[-1]), lse.reshape(batch, p.k.shape[1], -1)
+
+    if fused and pages:  # no autograd, pages: the heads of a group as rows (B, H_kv, g c, E), one merge
+        merged = page_segments.run(p, q, r0, r1, pl.keys, held_keys) if page_segments.applies(p) else None
+        out, lse = merged or merge_stacked(*fused_pages(p, r0, r1, extent, pl.keys, q, shortest, longest, exact))
+        return out.reshape(batch, hq, c, out.shape[-1]), lse.reshape(batch, hq, c)
     partials = []
     for start in range(0, extent, pl.keys):
         stop = min(extent, start + pl.keys)
-        piece = None
-        if grouped:
-            piece = fused_chunk(p, r0, r1, start, stop, q, shortest, longest, space)
-        elif fused:
-            piece = _fused_split(p, pl, r0, r1, start, stop, q, idx, kv_heads)
-        if piece is None:
-            piece = _to_heads(pl, *_split(p, inner, pl, r0, r1, start, stop, q, idx, kv_heads, kv, shortest), c)
-            if grouped:
-                piece = (piece[0].reshape(batch, p.k.shape[1], -1, piece[0].shape[-1]),
-                         piece[1].reshape(batch, p.k.shape[1], -1))
-        partials.append(piece)
-    if not partials:  # a selection of no keys: every row empty
-        return q.new_zeros(batch, hq, c, p.sizes[5]), q.new_full((batch, hq, c), _NEG_INF)
-    out, lse = merge(partials)
-    if grouped:  # rows (g, i) of each key/value head back to the query heads
-        out, lse = out.reshape(batch, hq, c, out.shape[-1]), lse.reshape(batch, hq, c)
-    return out, lse
+        piece = _fused_split(p, pl, r0, r1, start, stop, q, *selection()) if fused else None
+        partials.append(exact(start, stop) if piece is None else piece)
+    return merge(partials)
+
+
+def _by_row_chunks(chunk, n_rows: int, rows: int, *tensors):
+    """``chunk(start, stop, *tensors)`` over the row chunks of :func:`.pipeline.row_chunks` (checkpointed where it
+    says), joined along the rows."""
+    return concat_pieces([checkpoint(chunk, r0, r1, *tensors, use_reentrant=False) if saved else chunk(r0, r1, *tensors)
+                          for r0, r1, saved in row_chunks(n_rows, rows, *tensors)])
 
 
 def run(p: Problem) -> KernelOutput:
     if p.sinks is not None:  # joined once with the merged splits (autograd carries the lse's gradient)
-        return sinks_after(p, run)
+        bare = without_sinks(p)
+        return join_sinks(p, bare, run(bare))
     if selected_pairs.applies(p):
         return selected_pairs.run(p)
     if selected_rows.applies(p):
         return selected_rows.run(p)
     pl = plan(p)
-    inner = p.with_inputs(mask=p.mask.rest, return_lse=p.normalize == "softmax")  # the lse merges the splits
+    lengths = p.mask.selection.lengths
+    # made now, or (pages on torch's kernel, where a split runs by formula only if the kernel fails) when needed
+    inner = None if lengths is not None and fused_ok(p, pl) else _inner(p)
     q = p.q.to(p.compute_dtype).contiguous()
     if selected_union.applies(p):
         union, kv_heads = _union(p)
-        result = selected_union.run(p, inner, q, union, kv_heads)
+        result = selected_union.run(p, inner or _inner(p), q, union, kv_heads)
         return result if p.return_lse else result._replace(lse=None)
-    lengths = p.mask.selection.lengths
     # Pages: the splits end at the longest sequence, not at the table's width, so a table padded with more
     # pages (or a contiguous cache with room to spare) cuts the same splits and gives the same bits.
     extent = pl.slots if lengths is None or not len(lengths) else min(pl.slots, int(lengths.max()))
@@ -314,13 +339,13 @@ def run(p: Problem) -> KernelOutput:
     if isinstance(keys, torch.Tensor):
         def chunk(r0, r1, q, k, v):
             return _chunk(p, inner, pl, extent, r0, r1, q, (k, v, blocks))
-        out, lse = run_row_chunks(chunk, p.sizes[2], pl.rows, q, keys, values)
+        out, lse = _by_row_chunks(chunk, p.sizes[2], pl.rows, q, keys, values)
     else:  # rows of blocks: passed as tensors, so that a checkpointed chunk saves them as inputs
         (k_rows, shape), (v_rows, _) = keys, values
 
         def chunk(r0, r1, q, k, v):
             return _chunk(p, inner, pl, extent, r0, r1, q, ((k, shape), (v, shape), blocks))
-        out, lse = run_row_chunks(chunk, p.sizes[2], pl.rows, q, k_rows, v_rows)
+        out, lse = _by_row_chunks(chunk, p.sizes[2], pl.rows, q, k_rows, v_rows)
     return KernelOutput(out, None, lse if p.return_lse else None)
 
 
@@ -342,7 +367,7 @@ def cost(p: Problem, grad: bool = False) -> PathCost:
         cp, m = (1, pl.gp * c) if pl.shared else (c, pl.gp)
         for start in range(0, pl.slots, pl.keys):
             n = min(pl.slots, start + pl.keys) - start
-            if _fused_ok(p, pl):
+            if fused_ok(p, pl):
                 fused += batch * hq * c * n
                 continue
             products += [Product("scores (q k^T, selected keys)", batch * pl.hx * cp, m, d, n, "scores", recompute),

@@ -40,7 +40,7 @@ from ..functional.normalize import guard_empty_rows
 from ..functional.validate import Problem
 from . import rules
 from .path_cost import PathCost, fused_attention, itemsize
-from .pipeline import KernelOutput, Workspace, dense_indices, sinks_after, upcast_inputs
+from .pipeline import KernelOutput, Workspace, dense_indices, join_sinks, upcast_inputs, without_sinks
 from .softcap_grad import SoftcapAttention
 
 __all__ = ["refusal", "run", "shift", "describe", "Blocks"]
@@ -204,7 +204,8 @@ def backward_differentiable(p: Problem) -> bool:
 def run(p: Problem) -> KernelOutput:
     """Out and lse; under autograd through :class:`~.softcap_grad.SoftcapAttention`; sinks join (out, lse)."""
     if p.sinks is not None:
-        return sinks_after(p, run)
+        inner = without_sinks(p)
+        return join_sinks(p, inner, run(inner))
     q, k, v = upcast_inputs(p)
     blocks = Blocks(p)
     if p.needs_grad:

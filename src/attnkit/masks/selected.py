@@ -285,12 +285,17 @@ def check_pages(who: str, table, lengths, pool_pages: int, page_size: int, batch
         raise ShapeError(f"{who}: block_table must have shape (batch={batch}, max_pages); got {tuple(table.shape)}")
     if table.device != device:
         raise DeviceError(f"{who}: block_table is on {table.device} but query is on {device}")
-    lengths = check_lengths(who, lengths, batch, device, table.shape[1] * page_size, "max_pages * page_size",
-                            values=values)
-    if values and batch:
+    longest = table.shape[1] * page_size
+    lengths = check_lengths(who, lengths, batch, device, longest, "max_pages * page_size", values=False)
+    if values and batch:  # read in one sync (a decoding step pays this check every call)
         used = torch.arange(table.shape[1], device=device) * page_size < lengths[:, None]
-        pages = table[used]
-        if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= pool_pages):
+        low, high, lowest, highest = torch.stack(  # page 0 stands for the entries not in use
+            [*torch.aminmax(lengths.long()), *torch.aminmax(torch.where(used, table, 0).long())]).tolist()
+        if low < 0 or high > longest:
+            raise ArgumentError(f"{who}: seqused_k must lie in [0, max_pages * page_size = {longest}]; got values "
+                                f"in [{low}, {high}]")
+        if (lowest < 0 or highest >= pool_pages) and (pool_pages or high > 0):  # (an empty pool: no page in use)
+            pages = table[used]
             raise ArgumentError(f"{who}: block_table entries of the pages in use must lie in [0, {pool_pages}) (the "
                                 f"pool's pages); got values in [{int(pages.min())}, {int(pages.max())}]")
     return table, lengths

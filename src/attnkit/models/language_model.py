@@ -7,13 +7,15 @@ import os
 import torch
 from torch import nn
 
-from ..errors import ArgumentError, UnsupportedFeature
+from ..errors import ArgumentError, DTypeError, UnsupportedFeature
 from ..masks.tree import TreeMask
 from ..nn._recurrent import RecurrentCache, tree_parents
+from ..nn.kv_policies import KVPolicy
 from . import checkpoint
 from .hybrid import RECURRENT, hybrid_attention
+from .self_attention import SoftmaxSelfAttention
 from .stacks import TransformerDecoder, TransformerEncoder
-from .tokens import TokenEmbedding, cache_offset, check_generate, check_tokens, decode, output_head
+from .tokens import TokenEmbedding, cache_offset, cache_positions, check_generate, check_tokens, decode, output_head
 
 __all__ = ["TransformerLM"]
 
@@ -141,14 +143,16 @@ class TransformerLM(nn.Module):
     @torch.no_grad()
     def generate(self, prefix: torch.Tensor, max_new_tokens: int, *, eos: int | None = None,
                  temperature: float = 0.0, generator: torch.Generator | None = None, use_cache: bool | None = None,
-                 return_logits: bool = False, kv_format=None):
+                 return_logits: bool = False, kv_format=None, kv_policy: KVPolicy | None = None):
         """Continue ``prefix`` ``(B, t)`` (unpadded) by up to ``max_new_tokens`` tokens.
 
         As :meth:`Transformer.generate`: greedy or sampled with ``generator``, ``eos`` padding and early
         stop, a KV cache by default with softmax attention (``use_cache=False`` recomputes the whole
         sequence each step, the same tokens and logits; ``kv_format``: the cache stores quantized keys
-        and values, :class:`~attnkit.functional.quantize.KVFormat`, e.g. ``"float8_e4m3"``).
-        Returns tokens ``(B, t + k)`` and, with
+        and values, :class:`~attnkit.functional.quantize.KVFormat`, e.g. ``"float8_e4m3"``; ``kv_policy``: each
+        softmax layer's cache is a fresh copy of this selection or eviction policy,
+        :mod:`attnkit.nn.kv_policies`, e.g. ``SinkWindowCache(64, sinks=4)``: the same tokens as without it
+        while its budget covers the sequence). Returns tokens ``(B, t + k)`` and, with
         ``return_logits``, the logits ``(B, k, vocab_size)`` each token was chosen from.
         """
         who = "TransformerLM.generate"
@@ -160,8 +164,13 @@ class TransformerLM(nn.Module):
         if kv_format is not None and not cached:
             raise ArgumentError(f"{who}: kv_format quantizes the KV cache: it needs use_cache (softmax attention); "
                                 f"got use_cache={use_cache!r}")
-        caches = (self.body.new_caches(prefix.shape[0], prefix.shape[1] + max_new_tokens, kv_format=kv_format)
-                  if cached else None)
+        caches: list | None
+        if kv_policy is not None:
+            caches = self._policy_caches(who, kv_policy, use_cache, kv_format)
+            cached = True
+        else:
+            caches = (self.body.new_caches(prefix.shape[0], prefix.shape[1] + max_new_tokens, kv_format=kv_format)
+                      if cached else None)
 
         def step(new, tokens):
             return self.step(new if cached else tokens, caches)
@@ -169,6 +178,21 @@ class TransformerLM(nn.Module):
         tokens, logits = decode(step, prefix, max_new_tokens, vocab_size=self.vocab_size, eos=eos,
                                 temperature=temperature, generator=generator)
         return (tokens, logits) if return_logits else tokens
+
+    def _policy_caches(self, who: str, kv_policy, use_cache, kv_format) -> list[KVPolicy]:
+        """One fresh copy of ``kv_policy`` per layer, after checking the model decodes through it."""
+        if not isinstance(kv_policy, KVPolicy):
+            raise DTypeError(f"{who}: kv_policy must be a KV policy of attnkit.nn.kv_policies (SinkWindowCache, "
+                             f"HeavyHitterCache, SnapKVCache, QuestCache); got {type(kv_policy).__name__}")
+        if use_cache is False or kv_format is not None:
+            raise ArgumentError(f"{who}: kv_policy is the KV cache: it takes neither use_cache=False nor a kv_format; "
+                                f"got use_cache={use_cache!r}, kv_format={kv_format!r}")
+        kinds = {type(layer.self_attn).__name__ for layer in self.body.layers
+                 if not isinstance(layer.self_attn, SoftmaxSelfAttention)}
+        if kinds:
+            raise UnsupportedFeature(f"{who}: kv_policy selects the keys of softmax attention; this model also has "
+                                     f"{sorted(kinds)} layers")
+        return [kv_policy.fresh() for _ in self.body.layers]
 
     def step(self, tokens: torch.Tensor, caches=None) -> torch.Tensor:
         """One decoding step: the logits ``(B, vocab_size)`` of the last of ``tokens`` ``(B, n)``, after the
@@ -178,7 +202,7 @@ class TransformerLM(nn.Module):
         prompt was), and only the last position goes through the output head. To compile generation, compile this method
         (``lm.step = torch.compile(lm.step)``); hooks on the model's ``forward`` do not see these steps.
         """
-        offset = len(caches[0]) if caches else 0
+        offset = cache_positions(caches[0]) if caches else 0
         return self.head(self.body.run_layers(self.embed(tokens, offset=offset), caches=caches)[:, -1])
 
     def verify(self, tokens: torch.Tensor, tree, caches) -> torch.Tensor:

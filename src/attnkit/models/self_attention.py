@@ -21,12 +21,14 @@ from ..nn._recurrent import RecurrentLayer, tree_parents
 from ..nn.bigbird import BigBirdAttention
 from ..nn.blocksparse import BlockSparseAttention
 from ..nn.kv_cache import KVCache, check_step, decoding_mask
+from ..nn.kv_policies import KVPolicy
 from ..nn.lambda_layer import LambdaLayer
 from ..nn.linear import LinearAttention, PerformerAttention
 from ..nn.linformer import LinformerAttention
 from ..nn.local import LocalAttention
 from ..nn.longformer import LongformerAttention
 from ..nn.multihead import MultiHeadAttention
+from ..nn.paged_kv_cache import PagedBatch
 from ..nn.reformer import ReformerAttention
 from ..nn.rotary import rotary_for
 from ..nn.sparse_transformer import SparseTransformerAttention
@@ -102,6 +104,10 @@ class SoftmaxSelfAttention(MultiHeadAttention):
         or its parents): the ``t`` tokens are a speculative draft tree after the cache, each node at the position
         of its depth and attending to the cache and its ancestors (:meth:`KVCache.commit` keeps a path)."""
         who = type(self).__name__
+        if isinstance(cache, KVPolicy):
+            return self._through_policy(x, cache, key_keep_mask, tree)
+        if isinstance(cache, PagedBatch):
+            return self._through_pages(x, cache, key_keep_mask, tree)
         x, start = check_step(who, self, x, self.embed_dim, key_keep_mask, cache)
         if tree is not None:
             return self._verify(x, start, cache, tree_parents(who, tree, x.shape[0], x.shape[1]), key_keep_mask)
@@ -114,6 +120,54 @@ class SoftmaxSelfAttention(MultiHeadAttention):
             scales = cache.scales
         mask = decoding_mask(self.causal, self.pattern, q.shape[2], k.shape[2], key_keep_mask)
         return self._attend(q, k, v, mask, None, False, True, True, x, scales)[0]
+
+    def _through_policy(self, x, policy: KVPolicy, key_keep_mask, tree):
+        """:meth:`forward` with a selection or eviction policy as the cache (:mod:`attnkit.nn.kv_policies`): the
+        projections, QK-norm and output as always; which keys are read, and at which positions, is the policy's."""
+        who = type(self).__name__
+        self._plain(who, f"a KV policy ({type(policy).__name__})", **{
+            "no other mask": self.pattern is None, "no key_keep_mask": key_keep_mask is None,
+            "no draft tree": tree is None})
+        x, _ = check_step(who, self, x, self.embed_dim, None, None)
+        q, k, v = self._project(x, x, x)
+        if self.qk_norm is not None:
+            q, k = self.qk_norm(q, k)
+        out = policy.step(q, k, v, rotary=self.rotary, scale=self.scale).transpose(1, 2).flatten(2)  # (B, t, H d)
+        return self.out_proj(out if self.gate is None else self.gate(out, x))
+
+    def _plain(self, who: str, what: str, **extra: bool) -> None:
+        """UnsupportedFeature unless this layer is plain causal attention (what KV policies and pages decode)."""
+        plain = {"causal": self.causal, "no learned sinks": self.sinks is None,
+                 "no extra keys": not self._n_extra and self.extra_mask is None,
+                 "no dropout while training": not (self.training and self.dropout), **extra}
+        if not all(plain.values()):
+            raise UnsupportedFeature(f"{who}: {what} decodes causal attention; this call lacks "
+                                     f"{[k for k, ok in plain.items() if not ok]}")
+
+    def _through_pages(self, x, cache: PagedBatch, key_keep_mask, tree):
+        """:meth:`forward` over a :class:`~attnkit.nn.PagedBatch`: the new keys and values go into the sequences'
+        pages and the queries read them in place (a draft ``tree`` through its mask, as :meth:`_verify`)."""
+        who = type(self).__name__
+        self._plain(who, "a paged cache", **{"no key_keep_mask": key_keep_mask is None})
+        x, _ = check_step(who, self, x, self.embed_dim, None, None)
+        start = len(cache)
+        q, k, v = self._project(x, x, x)
+        if tree is None:
+            q, k = self._position(q, k, start, start)
+            mask = decoding_mask(True, self.pattern, q.shape[2], start + q.shape[2], None)
+        else:
+            if self.pattern is not None:
+                raise UnsupportedFeature(f"{who}: a draft tree is verified by causal attention without another mask; "
+                                         f"this layer has mask={self.pattern!r}")
+            mask = tree_parents(who, tree, x.shape[0], x.shape[1])
+            if self.qk_norm is not None:
+                q, k = self.qk_norm(q, k)
+            if self.rotary is not None:
+                at = (start + mask.depths())[:, None, :]  # (B|1, 1, t): a node sits at its depth after the cache
+                q, k = self.rotary.rotate_at(q, at), self.rotary.rotate_at(k, at)
+        cache.append(k, v)
+        out = cache.attend(q, mask=mask, scale=self.scale).transpose(1, 2).flatten(2)  # (B, t, H d)
+        return self.out_proj(out if self.gate is None else self.gate(out, x))
 
     def _verify(self, x, start: int, cache, tree, key_keep_mask):
         """:meth:`forward` over the nodes of a draft tree (see there)."""

@@ -12,11 +12,13 @@ from torch import nn
 from ..errors import ArgumentError, DTypeError, ShapeError, check_int
 from ..nn._recurrent import RecurrentCache
 from ..nn.kv_cache import KVCache
+from ..nn.kv_policies import KVPolicy
+from ..nn.paged_kv_cache import PagedBatch
 from ..nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from . import _rnn
 from .blocks import check_dropout
 
-__all__ = ["TokenEmbedding", "check_tokens", "cache_offset", "decode"]
+__all__ = ["TokenEmbedding", "check_tokens", "cache_offset", "cache_positions", "decode"]
 
 POSITIONAL = ("sinusoidal", "learned", "rotary", None)
 
@@ -27,17 +29,22 @@ def check_tokens(who: str, name: str, tokens, vocab_size: int) -> torch.Tensor:
     return tokens
 
 
+def cache_positions(cache) -> int:
+    """The positions a layer's cache has seen: its length, or a KV policy's ``seen`` (it may have evicted some)."""
+    return cache.seen if isinstance(cache, KVPolicy) else len(cache)
+
+
 def cache_offset(who: str, caches, num_layers: int) -> int:
     """Positions already in ``caches`` (one :class:`KVCache` or :class:`RecurrentCache` per layer, or None: 0),
     checked before any use."""
     if caches is None:
         return 0
     if not isinstance(caches, (list, tuple)) or len(caches) != num_layers or not all(
-            isinstance(c, (KVCache, RecurrentCache)) for c in caches):
+            isinstance(c, (KVCache, RecurrentCache, KVPolicy, PagedBatch)) for c in caches):
         got = f"{type(caches).__name__} of {len(caches)}" if isinstance(caches, (list, tuple)) else type(
             caches).__name__
         raise ArgumentError(f"{who}: caches must be a list of {num_layers} KVCache (see new_caches); got {got}")
-    lengths = {len(c) for c in caches}
+    lengths = {cache_positions(c) for c in caches}
     if len(lengths) != 1:
         raise ArgumentError(f"{who}: caches hold different lengths {sorted(lengths)}; use the list from one "
                             "new_caches call, fed the same tokens")

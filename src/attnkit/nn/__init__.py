@@ -6,6 +6,7 @@ from .additive import AdditiveAttention
 from .bigbird import BigBirdAttention
 from .blocksparse import BlockPattern, BlockSparseAttention
 from .coattention import CoAttention
+from .comba import Comba
 from .coverage import CoverageAttention, coverage_loss
 from .delta_product import DeltaProduct
 from .deltanet import DeltaNet
@@ -19,13 +20,14 @@ from .gla import GatedLinearAttention
 from .hard import HardAttention
 from .kimi_delta import KimiDeltaAttention
 from .kv_cache import KVCache, LatentCache
-from .kv_policies import HeavyHitterCache, SinkWindowCache
+from .kv_policies import HeavyHitterCache, KVPolicy, QuestCache, SinkWindowCache, SnapKVCache
 from .lambda_layer import LambdaLayer
 from .latent import MultiHeadLatentAttention
 from .lightning import LightningAttention
 from .linear import LinearAttention, PerformerAttention
 from .linformer import LinformerAttention, SequenceProjection
 from .local import LocalAttention
+from .log_linear import LogLinearCache, LogLinearGatedDeltaNet, LogLinearMamba2
 from .longformer import LongformerAttention
 from .luong import LuongAttention
 from .mamba2 import Mamba2Mixer
@@ -33,7 +35,7 @@ from .memory import MemoryAttention
 from .moba import MoBA
 from .multihead import DotProductAttention, MultiHeadAttention
 from .nsa import NativeSparseAttention
-from .paged_kv_cache import PagedKVCache
+from .paged_kv_cache import PagedBatch, PagedKVCache
 from .path import PaTHAttention, PathCache
 from .perceiver import PerceiverAttention, PerceiverEncoder
 from .pointer import PointerAttention
@@ -52,24 +54,30 @@ from .rope_scaling import (
 )
 from .rotary import RotaryEmbedding
 from .rwkv import RWKV4TimeMixing
+from .rwkv7 import RWKV7TimeMixing
 from .segment import SegmentAttention, TieredAttention
 from .sparse_transformer import SparseTransformerAttention
 
 __all__ = [
     "AdditiveAttention", "AttentionPooling", "BigBirdAttention", "BlockPattern", "BlockSparseAttention",
-    "CoAttention", "CoverageAttention", "DSAIndexer", "DSALatentAttention", "DSASparseAttention", "DeltaNet",
+    "CoAttention", "Comba", "CoverageAttention", "DSAIndexer", "DSALatentAttention", "DSASparseAttention",
+    "DeltaNet",
     "DeltaProduct", "DerivedKeyAttention",
     "DifferentialAttention", "DotProductAttention", "DynamicNTKScaling", "ForgetCache", "ForgettingAttention",
     "GatedDeltaNet", "GatedLinearAttention",
-    "HardAttention", "HeavyHitterCache", "HierarchicalAttention", "KVCache", "KVFormat", "KimiDeltaAttention",
+    "HardAttention", "HeavyHitterCache", "HierarchicalAttention", "KVCache", "KVFormat", "KVPolicy",
+    "KimiDeltaAttention",
     "LSHAttention", "LambdaLayer", "LatentCache", "LearnedPositionalEmbedding", "LightningAttention",
-    "LinearAttention", "LinearScaling", "LinformerAttention",
+    "LinearAttention", "LinearScaling", "LinformerAttention", "LogLinearCache", "LogLinearGatedDeltaNet",
+    "LogLinearMamba2",
     "Llama3Scaling", "LocalAttention", "LongRopeScaling", "LongformerAttention", "LuongAttention", "Mamba2Mixer",
     "MemoryAttention", "MoBA", "MultiHeadAttention", "MultiHeadLatentAttention", "NativeSparseAttention",
-    "OutputGate", "PaTHAttention", "PagedKVCache", "PathCache", "PerceiverAttention", "PerceiverEncoder",
+    "OutputGate", "PaTHAttention", "PagedBatch", "PagedKVCache", "PathCache", "PerceiverAttention",
+    "PerceiverEncoder",
     "PerformerAttention", "PointerAttention", "PrefixCache", "ProportionalScaling",
-    "QKNorm", "RWKV4TimeMixing", "RecurrentCache", "ReformerAttention", "RetNetRetention", "RotaryEmbedding",
-    "SegmentAttention", "SinkWindowCache",
+    "QKNorm", "QuestCache", "RWKV4TimeMixing", "RWKV7TimeMixing", "RecurrentCache", "ReformerAttention",
+    "RetNetRetention", "RotaryEmbedding",
+    "SegmentAttention", "SinkWindowCache", "SnapKVCache",
     "SequenceProjection", "SinusoidalPositionalEncoding", "SparseTransformerAttention", "TieredAttention",
     "YarnScaling", "coverage_loss",
 ]

@@ -110,6 +110,8 @@ def check_memory(who: str, query: torch.Tensor, key: torch.Tensor, value=None, k
 def check_keep_mask(who: str, name: str, keep, *shape: int, true_means: str = "real token",
                     dims: str = "(batch, n)") -> torch.Tensor | None:
     """``keep`` unchanged if None or a bool tensor of ``shape`` (True = ``true_means``); ``dims`` words the shape."""
+    if keep is None:
+        return None
     return check_bool_mask(who, name, keep, shape, true_means=true_means, dims=dims)
 
 

@@ -239,6 +239,9 @@ class RecurrentLayer(nn.Module):
     delta_rule: bool = False
     learned_decay: bool = True  # the log decays come from parameters or the input (they take gradients)
     steps_per_token: int = 1  # recurrence steps per token (DeltaProduct: n_h), for the cost spec
+    # why a layer that runs a recurrence of its own (overrides ``recurrence``) runs no draft tree nor pieces
+    own_recurrence: str = ("its tokens read their predecessor's sums (the recurrence's output shifted along the "
+                           "sequence)")
     core_sizes: tuple[int, int, int]  # the recurrence's (H, Dk, Dv), for the cost spec
     conv1d: ShortConvolution  # where the subclass has one
 
@@ -277,8 +280,7 @@ class RecurrentLayer(nn.Module):
             raise UnsupportedFeature(f"{what} does not take {type(self).__name__}'s {self.steps_per_token} recurrence "
                                      "steps per token")
         if type(self).recurrence is not RecurrentLayer.recurrence:
-            raise UnsupportedFeature(f"{what} does not take {type(self).__name__}: its tokens read their "
-                                     "predecessor's sums (the recurrence's output shifted along the sequence)")
+            raise UnsupportedFeature(f"{what} does not take {type(self).__name__}: {self.own_recurrence}")
 
     def _verify(self, x, keep, cache, parents):
         """:meth:`forward` over the nodes of a draft tree (see there)."""
@@ -308,11 +310,17 @@ class RecurrentLayer(nn.Module):
         return self(x[:, None], cache=cache, form="recurrent")[:, 0]
 
     def recurrence(self, mixed: Mixed, keep, form: str, initial_state):
-        """The recurrence of ``mixed`` (:meth:`inert` at padded positions)."""
+        """The recurrence of ``mixed`` (:meth:`inert` at padded positions), by :meth:`family`."""
         mixed = self.inert(mixed, keep)
+        return self.family(mixed, scale=self.scale, form=form, chunk_size=self.chunk_size, initial_state=initial_state)
+
+    def family(self, mixed: Mixed, **options):
+        """The layer's family function of :mod:`attnkit.functional.recurrences` on ``mixed`` (``options``: ``scale``,
+        ``form``, ``chunk_size``, ``initial_state``) -> ``(out, final state)``. A layer whose family has a public
+        function calls it (:class:`~.gated_deltanet.GatedDeltaNet`: ``gated_delta_rule``); the base runs the
+        recurrence they share (a fixed decay per head, which padded tokens set to 0, has no function of its own)."""
         return linear_recurrence(type(self).__name__, mixed.q, mixed.k, mixed.v, mixed.g, mixed.beta,
-                                 scale=self.scale, normalize_qk=self.normalize_qk, form=form,
-                                 chunk_size=self.chunk_size, initial_state=initial_state, cu_seqlens=None)
+                                 normalize_qk=self.normalize_qk, cu_seqlens=None, **options)
 
     @staticmethod
     def inert(mixed: Mixed, keep) -> Mixed:

@@ -10,6 +10,9 @@ last one padded) and ``r = 1`` with the delta rule::
     chunk       C (2 c^2 Dk (1 + r) + 2 c^2 Dv + 2 c Dk Dv (2 + r))
     recurrent   2 L Dk Dv (1 + r)
 
+The log-linear layers (``state_levels`` G) count :func:`count_log_linear` instead: each block reads
+and carries every one of the G bucket states, and their decoding state is G times the recurrence's.
+
 The backward costs each product once more per operand that needs a gradient: the state a layer
 starts from (zeros) needs none, and nothing is differentiated through its final state (a layer
 without a cache discards it). The delta rule's triangular solve is counted by no counter
@@ -30,12 +33,16 @@ from ..costing.spec import Spec
 from ..costing.tally import Tally, dtype_of, randn
 from ..functional.recurrences.checks import FORMS, check_form
 
-__all__ = ["RECURRENT_SIZES", "RECURRENT_FORMULA", "recurrent_spec", "count_recurrence"]
+__all__ = ["RECURRENT_SIZES", "RECURRENT_FORMULA", "LOG_LINEAR_FORMULA", "recurrent_spec", "count_recurrence",
+           "count_log_linear"]
 
 RECURRENT_SIZES = {"batch": 2, "length": 16, "dim": 32, "dtype": "float32", "form": "chunk"}
 RECURRENT_FORMULA = ("projections 2 B L (sum of in x out); convolution 2 B L channels K; recurrence per head: "
                      "parallel 2 L^2 (Dk (1 + r) + Dv) + 2 L Dk Dv (2 + r), chunk C times that at L = c, "
                      "recurrent 2 L Dk Dv (1 + r) (r = 1 with the delta rule)")
+LOG_LINEAR_FORMULA = ("projections 2 B L (sum of in x out); convolution 2 B L channels K; per head with G bucket "
+                      "states: chunk C (2 c^2 (Dk + Dv) + 4 c G Dk Dv (1 + r) + r (2 c^3 + 6 c^2 Dk)), parallel "
+                      "that at c = L, C = 1; recurrent 2 L G Dk Dv (1 + r) (r = 1 with the delta rule)")
 
 
 def count_recurrence(t: Tally, form: str, heads: int, n: int, dk: int, dv: int, *, chunk: int, delta: bool,
@@ -74,6 +81,46 @@ def count_recurrence(t: Tally, form: str, heads: int, n: int, dk: int, dv: int, 
     t.inter(heads * blocks * c * c * (1 + delta), heads * blocks * dk * dv)
 
 
+def count_log_linear(t: Tally, form: str, heads: int, n: int, dk: int, dv: int, *, levels: int, chunk: int,
+                     delta: bool) -> None:
+    """The products of :func:`attnkit.functional.recurrences.log_linear_attention` over ``heads`` (batch x value
+    heads) sequences of ``n`` tokens with ``levels`` (G) bucket states, entered from zero states, the final
+    states unused: per block of ``c`` tokens the masked matrix (with the delta rule, the block's matrix
+    ``A (I + T)^-1 diag(beta)``), then each bucket read and carried (G products of ``c x Dk x Dv``)."""
+    g = levels
+    if n == 0:
+        return
+    if form == "recurrent":
+        if delta:
+            t.mm("delta rule: k^T S per bucket and token", heads * g, 1, dk, dv, grads=1)  # the first reads zeros
+            t.mm("delta rule: k^T S per bucket and token", heads * g * (n - 1), 1, dk, dv)
+        t.mm("output q^T S per bucket and token", heads * g * n, 1, dk, dv)
+        return
+    c, blocks = (n, 1) if form == "parallel" else (chunk, -(-n // chunk))
+    t.mm("block scores q k^T (decay-masked)", heads * blocks, c, dk, c)
+    if delta:
+        t.mm("delta rule: block k k^T", heads * blocks, c, dk, c)
+        if t.backward:  # the solve itself is counted by no counter; its backward forms one product
+            t.fused("delta rule: the triangular solve's backward product", 0, 2 * heads * blocks * c * c * (c + dk))
+        t.mm("delta rule: the block's matrix A (I + T)^-1 diag(beta)", heads * blocks, c, c, c)
+        t.mm("delta rule: the entering state's read Q^ - A W", heads * blocks, c, c, dk)
+        t.mm("delta rule: what each token leaves K~^T (I + T)^-1 diag(beta)", heads * blocks, dk, c, c,
+             grads=0 if blocks == 1 else 2)  # one block: they make only the final states
+    t.mm("output within blocks (P * M^H) V", heads * blocks, c, c, dv)
+    t.mm("output from the entering buckets", heads * g, c, dk, dv, grads=1)  # the first block reads zeros
+    t.mm("output from the entering buckets", heads * g * (blocks - 1), c, dk, dv)
+    last = 0 if blocks == 1 else 2  # the last block's carry makes the final states: no gradient
+    if delta:
+        t.mm("delta rule: buckets carried W S", heads * g, c, dk, dv, grads=min(last, 1))
+        t.mm("delta rule: buckets carried W S", heads * g * max(blocks - 2, 0), c, dk, dv)
+        t.mm("delta rule: buckets carried W S", heads * g * (blocks > 1), c, dk, dv, grads=0)
+        t.mm("delta rule: buckets carried K~^T (W S)", heads * g * (blocks - 1), dk, c, dv)
+        t.mm("delta rule: buckets carried K~^T (W S)", heads * g, dk, c, dv, grads=0)
+    t.mm("written by level (K~^T * levels) V", heads * g * (blocks - 1), dk, c, dv)
+    t.mm("written by level (K~^T * levels) V", heads * g, dk, c, dv, grads=0)
+    t.inter(heads * blocks * c * c * (1 + delta), heads * blocks * g * dk * dv)
+
+
 def _count_layer(t: Tally, s, layer, form: str) -> None:
     b, n = s["batch"], s["length"]
     linears = [(name, m) for name, m in layer.named_modules() if isinstance(m, nn.Linear)]
@@ -86,8 +133,16 @@ def _count_layer(t: Tally, s, layer, form: str) -> None:
         t.conv("short convolution (depthwise)", b, 1, channels, n, taps)
         t.inter(b * n * channels)
     heads, dk, dv = layer.core_sizes
+    if getattr(layer, "state_levels", None) is not None:  # log-linear: G bucket states
+        count_log_linear(t, form, b * heads, n, dk, dv, levels=layer.state_levels, chunk=layer.chunk_size,
+                         delta=layer.delta_rule)
+        t.ew("decays, gates and norms (estimate)", b * n * heads * (dk + dv), 5)
+        t.io(2 * b * n * s["dim"], sum(p.numel() for p in layer.parameters()))
+        return
+    # a correction read before the decay (RWKV-7) reads the first state undecayed: no gradient through it
+    learned = layer.learned_decay and not getattr(layer, "reads_before_decay", False)
     count_recurrence(t, form, b * heads, n * layer.steps_per_token, dk, dv, chunk=layer.chunk_size,
-                     delta=layer.delta_rule, learned_decay=layer.learned_decay,
+                     delta=layer.delta_rule, learned_decay=learned,
                      query_grad=not getattr(layer, "constant_query", False))
     t.ew("decays, gates and norms (estimate)", b * n * heads * (dk + dv), 5)
     t.io(2 * b * n * s["dim"], sum(p.numel() for p in layer.parameters()))
@@ -106,7 +161,8 @@ def _count(make, t: Tally, s, module=None) -> None:
     conv = getattr(layer, "conv1d", None)
     context = 0 if conv is None else conv.weight.shape[0] * (conv.weight.shape[-1] - 1) * dtype.itemsize
     context += getattr(layer, "token_shift", 0) * dtype.itemsize  # inputs a token shift keeps (RWKV: the last x)
-    t.decoding(fixed=heads * dk * dv * torch.promote_types(dtype, torch.float32).itemsize + context)
+    levels = getattr(layer, "state_levels", 1)  # log-linear layers keep one state per bucket level
+    t.decoding(fixed=levels * heads * dk * dv * torch.promote_types(dtype, torch.float32).itemsize + context)
 
 
 def _inputs(s, module):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import ShapeError, check_int
+from ..functional.recurrences.delta import delta_rule
 from ..registry.entry import Entry, register
 from ._heads import merge_heads, split_heads
 from ._recurrent import DeltaRuleLayer, GatedRMSNorm, Mixed, ShortConvolution, example
@@ -77,6 +78,9 @@ class DeltaNet(DeltaRuleLayer):
         beta = self.write_strength(self.b_proj(x))  # (B, H, n)
         g = beta.new_zeros(*beta.shape, 1)
         return Mixed(*(split_heads(t, self.num_heads) for t in (q, k, v)), g, beta), tail
+
+    def family(self, mixed, **options):
+        return delta_rule(mixed.q, mixed.k, mixed.v, mixed.beta, normalize_qk=self.normalize_qk, **options)
 
     def _finish(self, out, mixed, x):
         return self.out_proj(merge_heads(self.norm(out)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import ShapeError, check_int
+from ..functional.recurrences.gated_delta import gated_delta_rule
 from ..registry.entry import Entry, register
 from ._heads import merge_heads, split_heads
 from ._recurrent import (
@@ -101,6 +102,10 @@ class GatedDeltaNet(DeltaRuleLayer):
         beta = self.write_strength(self.b_proj(x))
         q, k = (split_heads(t, self.num_key_heads) for t in (q, k))
         return Mixed(q, k, split_heads(v, self.num_heads), g, beta), tail
+
+    def family(self, mixed, **options):
+        return gated_delta_rule(mixed.q, mixed.k, mixed.v, mixed.g[..., 0], mixed.beta,
+                                normalize_qk=self.normalize_qk, **options)
 
     def _finish(self, out, mixed, x):
         gate = split_heads(self.g_proj(x), self.num_heads)

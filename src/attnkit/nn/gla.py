@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ShapeError, check_int
+from ..functional.recurrences.decay import gated_linear_attention
 from ..registry.entry import Entry, register
 from ._heads import merge_heads, split_heads
 from ._recurrent import Mixed, RecurrentLayer, example
@@ -79,6 +80,9 @@ class GatedLinearAttention(RecurrentLayer):
         logits = self.gate_up(self.gate_down(x)).to(torch.promote_types(x.dtype, torch.float32))
         g = split_heads(F.logsigmoid(logits) / self.temperature, self.num_heads)  # (B, H, n, Dk): log alpha
         return Mixed(q, k, v, g, None), None
+
+    def family(self, mixed, **options):
+        return gated_linear_attention(mixed.q, mixed.k, mixed.v, mixed.g, **options)
 
     def _finish(self, out, mixed, x):
         return self.out_proj(F.silu(self.r_proj(x)) * merge_heads(self.norm(out)))

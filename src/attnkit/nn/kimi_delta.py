@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import check_int
+from ..functional.recurrences.kda import kimi_delta_attention
 from ..registry.entry import Entry, register
 from ._heads import merge_heads, split_heads
 from ._recurrent import (
@@ -91,6 +92,10 @@ class KimiDeltaAttention(DeltaRuleLayer):
         g = log_decay(self.f_b_proj(self.f_a_proj(x)), self.A_log, self.dt_bias)  # (B, H, n, d): one per channel
         beta = self.write_strength(self.b_proj(x))
         return Mixed(*(split_heads(t, self.num_heads) for t in (q, k, v)), g, beta), tail
+
+    def family(self, mixed, **options):
+        return kimi_delta_attention(mixed.q, mixed.k, mixed.v, mixed.g, mixed.beta,
+                                    normalize_qk=self.normalize_qk, **options)
 
     def _finish(self, out, mixed, x):
         gate = split_heads(self.g_b_proj(self.g_a_proj(x)), self.num_heads)

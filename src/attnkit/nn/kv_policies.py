@@ -24,6 +24,13 @@ relative distances stay inside the range the model was trained on however long t
 H2O and SnapKV keep each key at its original position (rotated once, when written), as their papers
 do; Quest evicts nothing.
 
+Inside a model. Each cache is a :class:`KVPolicy`: ``step(q, k, v, rotary=, scale=)`` takes a softmax layer's
+new tokens (queries, keys and values before rotation) and returns their attention outputs, rotating as the
+policy says; ``seen`` is where the next token sits; ``fresh()`` an empty copy. :class:`SnapKVCache` and
+:class:`QuestCache` wrap :func:`snapkv` and :func:`quest_attention` so: their first chunk is the prompt, attended
+densely (the papers compress, or select, from the first generated token on). ``TransformerLM.generate(...,
+kv_policy=SinkWindowCache(64, 4))`` decodes through one fresh copy per layer.
+
 Shapes: keys and values ``(B, H_kv, L, D)``, queries ``(B, H, Lq, D)`` with ``H % H_kv == 0``.
 """
 
@@ -36,7 +43,8 @@ from ..core import AttentionOutput, attention
 from ..errors import ArgumentError, ShapeError, check_int
 from ..masks import causal, selected_blocks
 
-__all__ = ["SinkWindowCache", "HeavyHitterCache", "snapkv", "quest_pages", "quest_attention"]
+__all__ = ["KVPolicy", "SinkWindowCache", "HeavyHitterCache", "SnapKVCache", "QuestCache", "snapkv", "quest_pages",
+           "quest_attention"]
 
 
 def _budget(who: str, budget: int, floor: int, floor_name: str) -> int:
@@ -54,7 +62,42 @@ def _kv(who: str, k, v):
                          f"{tuple(getattr(k, 'shape', ()))} and {tuple(getattr(v, 'shape', ()))}")
 
 
-class SinkWindowCache:
+def _chunk(who: str, q, k, v) -> None:
+    _kv(who, k, v)
+    if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2] \
+            or q.shape[1] % k.shape[1] or q.shape[3] != k.shape[3]:
+        raise ShapeError(f"{who}: q must be (B, H, t, D) over k (B, H_kv, t, D) with H % H_kv == 0; got "
+                         f"{tuple(getattr(q, 'shape', ()))} and {tuple(k.shape)}")
+
+
+class KVPolicy:
+    """A selection or eviction policy as a model's KV cache (one per softmax layer).
+
+    ``step(q, k, v, *, rotary=None, scale=None)``: the ``t`` new tokens' queries ``(B, H, t, D)``, keys and values
+    ``(B, H_kv, t, .)``, before any rotary rotation (``rotary``: the layer's
+    :class:`~attnkit.nn.RotaryEmbedding`), appended and attended causally -> ``(B, H, t, Dv)``. ``seen``: the
+    tokens appended in all (the position of the next one, whatever was evicted). ``fresh()``: an empty policy
+    with the same settings.
+    """
+
+    seen: int
+
+    def fresh(self) -> KVPolicy:
+        raise NotImplementedError
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, rotary=None,
+             scale: float | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def _at_original_positions(policy: KVPolicy, q, k, rotary):
+    """Queries and keys rotated at the positions ``seen ..`` (H2O, SnapKV, Quest: a key keeps its position)."""
+    if rotary is None:
+        return q, k
+    return rotary.rotate(q, offset=policy.seen), rotary.rotate(k, offset=policy.seen)
+
+
+class SinkWindowCache(KVPolicy):
     """StreamingLLM's rolling cache: the first ``sinks`` tokens and the most recent ``budget - sinks``.
 
     Keys are stored unrotated and, with a ``rotary`` (:class:`~attnkit.nn.RotaryEmbedding`), rotated at
@@ -83,9 +126,24 @@ class SinkWindowCache:
         self.v = v if self.v is None else torch.cat([self.v, v], 2)
         self.seen += k.shape[2]
 
-    def attend(self, q: torch.Tensor, *, scale: float | None = None) -> torch.Tensor:
+    def fresh(self) -> SinkWindowCache:
+        return SinkWindowCache(self.budget, self.sinks, rotary=self.rotary)
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, rotary=None,
+             scale: float | None = None) -> torch.Tensor:
+        """:class:`KVPolicy`'s step: a token at a time, :meth:`append` then :meth:`attend` (StreamingLLM streams
+        the prompt too); ``rotary`` (the layer's) in place of the cache's own."""
+        _chunk("SinkWindowCache.step", q, k, v)
+        outs = []
+        for i in range(q.shape[2]):
+            self.append(k[:, :, i:i + 1], v[:, :, i:i + 1])
+            outs.append(self.attend(q[:, :, i:i + 1], scale=scale, rotary=rotary))
+        return torch.cat(outs, 2)
+
+    def attend(self, q: torch.Tensor, *, scale: float | None = None, rotary=None) -> torch.Tensor:
         """Eviction down to the budget (the sinks and the newest tokens stay), then attention of the last appended
-        tokens' queries over the cache."""
+        tokens' queries over the cache (rotated by ``rotary``, else the cache's own, at their slots)."""
+        rotary = self.rotary if rotary is None else rotary
         self._evict()
         n = len(self)
         most = min(n, self.budget - self.sinks)
@@ -94,9 +152,9 @@ class SinkWindowCache:
                              f"tokens the window holds); got {tuple(q.shape)}")
         assert self.k is not None and self.v is not None  # n >= 1: something was appended
         k = self.k
-        if self.rotary is not None:  # positions within the cache: slots 0 .. n - 1, queries at the last Lq
-            k = self.rotary.rotate(k)
-            q = self.rotary.rotate(q, offset=n - q.shape[2])
+        if rotary is not None:  # positions within the cache: slots 0 .. n - 1, queries at the last Lq
+            k = rotary.rotate(k)
+            q = rotary.rotate(q, offset=n - q.shape[2])
         return attention(q, k, self.v, mask=causal(), scale=scale)
 
     def _evict(self) -> None:
@@ -108,7 +166,7 @@ class SinkWindowCache:
             self.evicted += n - self.budget
 
 
-class HeavyHitterCache:
+class HeavyHitterCache(KVPolicy):
     """H2O: the ``recent`` last keys and the ``budget - recent`` earlier keys of most accumulated attention.
 
     ``append(k, v)`` ``(B, H_kv, t, D)`` (keys rotated at their original positions, if at all); ``attend(q)``
@@ -142,6 +200,21 @@ class HeavyHitterCache:
             self.k, self.v = torch.cat([self.k, k], 2), torch.cat([self.v, v], 2)
             self.score, self.positions = torch.cat([self.score, zero], 2), torch.cat([self.positions, pos], 2)
         self.seen += t
+
+    def fresh(self) -> HeavyHitterCache:
+        return HeavyHitterCache(self.budget, self.recent)
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, rotary=None,
+             scale: float | None = None) -> torch.Tensor:
+        """:class:`KVPolicy`'s step: rotated at the original positions, then a token at a time, :meth:`append`
+        and :meth:`attend` (Alg. 1: an eviction after every token, the prompt's included)."""
+        _chunk("HeavyHitterCache.step", q, k, v)
+        q, k = _at_original_positions(self, q, k, rotary)
+        outs = []
+        for i in range(q.shape[2]):
+            self.append(k[:, :, i:i + 1], v[:, :, i:i + 1])
+            outs.append(self.attend(q[:, :, i:i + 1], scale=scale))
+        return torch.cat(outs, 2)
 
     def attend(self, q: torch.Tensor, *, scale: float | None = None) -> torch.Tensor:
         n = len(self)
@@ -194,6 +267,84 @@ def snapkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, budget: int, *, wi
     top = votes[..., :n - window].topk(budget - window, -1).indices.sort(-1).values
     keep = torch.cat([top, torch.arange(n - window, n).expand(b, hkv, -1)], -1)
     return (*(t.gather(2, keep[..., None].expand(-1, -1, -1, t.shape[-1])) for t in (k, v)), keep)
+
+
+class SnapKVCache(KVPolicy):
+    """:func:`snapkv` as a model's cache: the first chunk (the prompt) is attended densely and compressed to
+    ``budget`` keys per key/value head; later tokens are appended and attend to everything kept (nothing is
+    evicted after the prompt, as the paper). Keys rotated at their original positions.
+    """
+
+    def __init__(self, budget: int, *, window: int = 32, kernel: int = 5, pool: str = "avg"):
+        who = "SnapKVCache"
+        self.window = check_int(who, "window", window, 1)
+        self.budget = _budget(who, budget, self.window, "the observation window")
+        self.kernel = check_int(who, "kernel", kernel, 1)
+        if pool not in ("avg", "max"):
+            raise ArgumentError(f"{who}: pool must be 'avg' or 'max'; got {pool!r}")
+        self.pool = pool
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.positions: torch.Tensor | None = None  # (B, H_kv, n) original positions of the kept keys
+        self.seen = 0
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def fresh(self) -> SnapKVCache:
+        return SnapKVCache(self.budget, window=self.window, kernel=self.kernel, pool=self.pool)
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, rotary=None,
+             scale: float | None = None) -> torch.Tensor:
+        _chunk("SnapKVCache.step", q, k, v)
+        q, k = _at_original_positions(self, q, k, rotary)
+        b, hkv, t = k.shape[:3]
+        pos = torch.arange(self.seen, self.seen + t).expand(b, hkv, t)
+        if self.k is None:  # the prompt: dense, then compressed by the observation window's votes
+            out = attention(q, k, v, mask=causal(), scale=scale)
+            self.k, self.v, kept = snapkv(q, k, v, self.budget, window=self.window, kernel=self.kernel,
+                                          pool=self.pool, scale=scale)
+            self.positions = pos.gather(2, kept)
+        else:
+            assert self.v is not None and self.positions is not None  # set with k
+            self.k, self.v = torch.cat([self.k, k], 2), torch.cat([self.v, v], 2)
+            self.positions = torch.cat([self.positions, pos], 2)
+            out = attention(q, self.k, self.v, mask=causal(), scale=scale)
+        self.seen += t
+        return out
+
+
+class QuestCache(KVPolicy):
+    """:func:`quest_attention` as a model's cache: every key is kept (at its original position); after the first
+    chunk (the prompt, attended densely) each query reads its ``budget // page_size`` pages of highest bound.
+    With those pages covering the sequence, dense attention.
+    """
+
+    def __init__(self, budget: int, page_size: int = 16):
+        who = "QuestCache"
+        self.page_size = check_int(who, "page_size", page_size, 1)
+        self.budget = check_int(who, "budget", budget, self.page_size, " (a page of keys at least)")
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.seen = 0
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def fresh(self) -> QuestCache:
+        return QuestCache(self.budget, self.page_size)
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, rotary=None,
+             scale: float | None = None) -> torch.Tensor:
+        _chunk("QuestCache.step", q, k, v)
+        q, k = _at_original_positions(self, q, k, rotary)
+        self.seen += k.shape[2]
+        if self.k is None:  # the prompt
+            self.k, self.v = k, v
+            return attention(q, k, v, mask=causal(), scale=scale)
+        assert self.v is not None  # set with k
+        self.k, self.v = torch.cat([self.k, k], 2), torch.cat([self.v, v], 2)
+        return quest_attention(q, self.k, self.v, self.page_size, self.budget // self.page_size, scale=scale)
 
 
 def quest_pages(q: torch.Tensor, k: torch.Tensor, page_size: int, budget: int) -> torch.Tensor:

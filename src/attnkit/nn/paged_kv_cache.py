@@ -14,7 +14,7 @@ from ..functional.quantize import KVFormat, as_format
 from ..masks import causal
 from ._inputs import check_placement, check_shape
 
-__all__ = ["PagedKVCache"]
+__all__ = ["PagedKVCache", "PagedBatch"]
 
 _WHO = "PagedKVCache"
 
@@ -167,6 +167,11 @@ class PagedKVCache:
 
     def length(self, seq: int) -> int:
         return self._lengths[self._seq(seq)]
+
+    def batch(self, seqs) -> PagedBatch:
+        """The sequences ``seqs`` as one layer's cache of a model call, batch row ``b`` on ``seqs[b]``
+        (:class:`PagedBatch`)."""
+        return PagedBatch(self, seqs)
 
     def _check(self, name: str, t, pool: torch.Tensor) -> None:
         who = f"{_WHO}.append"
@@ -357,3 +362,56 @@ class PagedKVCache:
             rows = [gather(pool, self._tables[s][pages:], n) for s, n in zip(seqs, rest, strict=True)]
             suffix.append(torch.stack([torch.nn.functional.pad(r, (0, 0, 0, max(rest) - r.shape[1])) for r in rows]))
         return (*prefix, *suffix, torch.tensor(rest))
+
+
+class PagedBatch:
+    """Sequences of a :class:`PagedKVCache` as one layer's cache in a model (``TransformerLM``, ``step``,
+    ``verify``, ``commit``): batch row ``b`` appends to and reads sequence ``seqs[b]`` through its page table.
+
+    A model keeps one pool per softmax layer (``[pool.batch(seqs) for pool in pools]``); the rows must hold
+    equally many positions (as a :class:`~attnkit.nn.KVCache`'s rows: ``len()`` is that number). ``append(k, v)``
+    ``(B, H_kv, t, D)``; ``attend(q, mask=, scale=)`` ``(B, H, Lq, D)`` is :meth:`PagedKVCache.attend`;
+    ``commit(tree, nodes)`` keeps a draft tree's accepted path in every row, as :meth:`KVCache.commit`.
+    """
+
+    def __init__(self, cache: PagedKVCache, seqs):
+        who = "PagedBatch"
+        if not isinstance(cache, PagedKVCache):
+            raise ArgumentError(f"{who}: cache must be a PagedKVCache; got {type(cache).__name__}")
+        self.cache, self.seqs = cache, [cache._seq(s) for s in seqs]
+        if not self.seqs or len(set(self.seqs)) != len(self.seqs):
+            raise ArgumentError(f"{who}: seqs must name one distinct sequence per batch row; got {list(seqs)}")
+
+    def __len__(self) -> int:
+        lengths = {self.cache.length(s) for s in self.seqs}
+        if len(lengths) > 1:
+            raise ShapeError(f"PagedBatch: a model's batch rows must hold equally many positions; sequences "
+                             f"{self.seqs} hold {[self.cache.length(s) for s in self.seqs]}")
+        return lengths.pop()
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        if k.dim() != 4 or v.dim() != 4 or k.shape[0] != len(self.seqs) or v.shape[0] != len(self.seqs):
+            raise ShapeError(f"PagedBatch.append: k and v must be (B={len(self.seqs)}, kv_heads, t, head_dim), one "
+                             f"row per sequence; got {tuple(k.shape)} and {tuple(v.shape)}")
+        for b, seq in enumerate(self.seqs):
+            self.cache.append(seq, k[b], v[b])
+
+    def attend(self, q: torch.Tensor, *, mask=None, scale: float | None = None, **kwargs) -> torch.Tensor:
+        return self.cache.attend(self.seqs, q, mask=mask, scale=scale, **kwargs)
+
+    def commit(self, tree, nodes) -> None:
+        """Keep the root-to-node path ``nodes`` (one list, or one per row, all as long) of the draft ``tree`` (one
+        tree, or one per row) whose nodes are each sequence's last positions; drop the other nodes."""
+        from ..masks.tree import TreeMask
+
+        who = "PagedBatch.commit"
+        if not isinstance(tree, TreeMask):
+            raise ArgumentError(f"{who}: tree must be an attnkit.masks.tree(parents); got {type(tree).__name__}")
+        batch = len(self.seqs)
+        rows = [list(nodes)] * batch if not nodes or not isinstance(nodes[0], (list, tuple)) else list(nodes)
+        if len(rows) != batch or len({len(r) for r in rows}) > 1:
+            raise ShapeError(f"{who}: nodes must be one path, or one per batch row ({batch}) all as long; got "
+                             f"{[len(r) for r in rows]} paths' lengths")
+        for b, (seq, path) in enumerate(zip(self.seqs, rows, strict=True)):
+            own = tree if tree.batch_size in (None, 1) else TreeMask(tree.parents[b])
+            self.cache.commit(seq, own, path)

@@ -18,6 +18,8 @@ PAIRINGS = ("interleaved", "half")
 
 def check_offset(who: str, name: str, offset) -> int:
     """``offset`` must be a non-negative int (the absolute position of the first token)."""
+    if type(offset) is int and offset >= 0:  # the common case, without the shared check's call
+        return offset
     return check_int(who, name, offset, 0, " (absolute position of the first token)")
 
 
@@ -188,8 +190,9 @@ class RotaryEmbedding(nn.Module):
 
     def _check(self, t, name: str) -> None:
         check_floating("RotaryEmbedding", name, t)
-        check_shape("RotaryEmbedding", name, t, lambda t: t.dim() >= 2 and t.shape[-1] == self.dim,
-                    f"have shape (..., L, dim={self.dim}), usually (B, H, L, {self.dim})")
+        if t.dim() < 2 or t.shape[-1] != self.dim:  # decided here, so check_shape calls nothing back in this file
+            check_shape("RotaryEmbedding", name, t, lambda _: False,
+                        f"have shape (..., L, dim={self.dim}), usually (B, H, L, {self.dim})")
 
 
 def rotary_for(who: str, option, head_dim: int) -> RotaryEmbedding | None:

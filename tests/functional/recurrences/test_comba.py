@@ -108,3 +108,38 @@ def test_equals_flash_linear_attentions_reference():
     out, final = comba(q, k, v, p, g, beta, initial_state=s0)
     torch.testing.assert_close(out, theirs.transpose(1, 2).double(), rtol=0, atol=1e-4)
     torch.testing.assert_close(final, state.double(), rtol=0, atol=1e-4)
+
+
+def before_decay(q, k, v, p, g, beta, state):
+    """S_t = (alpha_t I - beta_t k_t p_t^T) S_{t-1} + beta_t k_t v_t^T (the correction read before the decay)."""
+    eye = torch.eye(q.shape[-1], dtype=torch.float64)
+    s, out = state.clone(), []
+    for t in range(q.shape[2]):
+        kt, pt, bt = k[:, :, t, :, None], p[:, :, t, :, None], beta[:, :, t, None, None]
+        s = (g[:, :, t].exp()[..., None, None] * eye - bt * kt @ pt.transpose(-1, -2)) @ s + bt * kt @ v[:, :, t,
+                                                                                                          None, :]
+        out.append((q[:, :, t, None, :] @ s)[:, :, 0])
+    return torch.stack(out, 2), s
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_the_correction_read_before_the_decay_in_every_form(form):
+    q, k, v, p, g, beta, s0 = problem(7)
+    out, state = comba(q, k, v, p, g, beta, normalize_qk=True, form=form, chunk_size=4, initial_state=s0,
+                       read_before_decay=True)
+    grouped = lambda t: t.detach().repeat_interleave(H // HK, 1)
+    want_out, want_state = before_decay(grouped(unit(q)) * DK ** -0.5, grouped(unit(k)), v.detach(), grouped(p),
+                                        g.detach(), beta.detach(), s0.detach())
+    torch.testing.assert_close(out, want_out, **TOL)
+    torch.testing.assert_close(state, want_state, **TOL)
+
+
+def test_the_correction_read_before_the_decay_equals_flash_linear_attentions_chunk_reference():
+    naive = pytest.importorskip("fla.ops.comba.naive")  # test-only oracle, in float64 here
+    q, k, v, p, g, beta, s0 = (t.detach() for t in problem(8))
+    q, k, p = (t.repeat_interleave(H // HK, 1) for t in (q, k, p))
+    theirs, state = naive.naive_chunk_comba(*(t.transpose(1, 2) for t in (q, k, v, p, g, beta)), chunk_size=4,
+                                            initial_state=s0, output_final_state=True)
+    out, final = comba(q, k, v, p, g, beta, initial_state=s0, read_before_decay=True)
+    torch.testing.assert_close(out, theirs.transpose(1, 2).to(out.dtype), rtol=0, atol=1e-5)
+    torch.testing.assert_close(final, state.to(final.dtype), rtol=0, atol=1e-5)

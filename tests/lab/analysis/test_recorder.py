@@ -74,7 +74,8 @@ NO_WEIGHTS = {
     "path-attention": [],  # its parallel form computes the scores itself  # the weights with the forget-gate decay
     "native-sparse-attention": ["model", "model#1", "model#2"],  # compressed, selected and window branches
     "retnet": [], "gla": [], "mamba2": [], "deltanet": [], "gated-deltanet": [], "kimi-delta-attention": [],
-    "lightning-attention": [], "rwkv4": [], "delta-product": [],
+    "lightning-attention": [], "rwkv4": [], "delta-product": [], "comba": [], "rwkv7": [],
+    "log-linear-mamba2": [], "log-linear-gated-deltanet": [],
 }
 # sigmoid weights (and softpick's, stick-breaking's, a sink's share taken: sums below 1); local-p Luong: softmax
 # times a Gaussian (eq. 10)

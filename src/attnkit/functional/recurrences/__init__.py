@@ -15,6 +15,9 @@ log decay ``g_t`` comes from and in what is written, ``d_t``:
     comba                     Comba (arXiv:2506.02475)     per head                   beta_t (v_t - S^T p_t)
     generalized_delta_rule    RWKV-7 (arXiv:2503.14456)    per key channel            v_t, and b_t a_t^T S_{t-1}
 
+``log_linear_attention`` (Log-Linear Attention, arXiv:2506.04761) reads Mamba-2's or Gated DeltaNet's recurrence
+through O(log L) Fenwick-tree bucket states, each weighted per token (:mod:`.log_linear`).
+
 Each takes ``form="parallel" | "chunk" | "recurrent"`` (:mod:`.forms`; the same function), an
 ``initial_state`` and returns ``(output, final_state)``; ``cu_seqlens`` runs packed documents, each
 from its own state. Tensors are ``(B, H, L, D)``, as :func:`attnkit.attention`. Shared pieces:
@@ -29,9 +32,11 @@ from .delta_product import delta_product
 from .forms import l2_normalize
 from .gated_delta import gated_delta_rule
 from .kda import kimi_delta_attention
+from .log_linear import log_linear_attention
 from .rwkv7 import generalized_delta_rule
 from .segsum import segsum
 from .ssd import ssd
 
 __all__ = ["FORMS", "retention", "gated_linear_attention", "ssd", "delta_rule", "delta_product", "gated_delta_rule",
-           "kimi_delta_attention", "comba", "generalized_delta_rule", "l2_normalize", "segsum"]
+           "kimi_delta_attention", "comba", "generalized_delta_rule", "log_linear_attention", "l2_normalize",
+           "segsum"]

@@ -12,7 +12,7 @@ import torch
 
 from ...errors import ArgumentError, DeviceError, DTypeError, ShapeError, check_int
 
-__all__ = ["FORMS", "check_form", "check_qkv", "check_tensor", "check_lengths", "check_state"]
+__all__ = ["FORMS", "check_form", "check_qkv", "check_tensor", "check_lengths", "check_state", "required_beta"]
 
 FORMS = ("parallel", "chunk", "recurrent")
 
@@ -21,8 +21,16 @@ def check_form(who: str, form, chunk_size) -> str:
     """``form`` one of :data:`FORMS`; ``chunk_size`` an int >= 1."""
     if form not in FORMS:
         raise ArgumentError(f"{who}: form must be one of {FORMS}; got {form!r}")
-    check_int(who, "chunk_size", chunk_size, 1)
+    if type(chunk_size) is not int or chunk_size < 1:  # a plain int >= 1 passes without the shared check's call
+        check_int(who, "chunk_size", chunk_size, 1)
     return form
+
+
+def required_beta(who: str, beta):
+    """``beta``, which the delta rule needs (None is the plain recurrence: another function)."""
+    if beta is None:
+        raise ArgumentError(f"{who}: beta (B, H, L) is required; got None")
+    return beta
 
 
 def _floating(who: str, name: str, t) -> torch.Tensor:

@@ -10,13 +10,19 @@ __all__ = ["comba"]
 
 
 def comba(q, k, v, p, g, beta, *, scale=None, normalize_qk: bool = False, form: str = "chunk", chunk_size: int = 64,
-          initial_state=None, cu_seqlens=None):
+          initial_state=None, cu_seqlens=None, read_before_decay: bool = False):
     """The Comba recurrence: decay by ``alpha_t = exp(g_t)``, then write ``beta_t (v_t - S^T p_t)`` at key ``k_t``.
 
     Hu et al. 2025, "Comba: Improving Bilinear RNNs with Closed-loop Control", arXiv:2506.02475 (the
     recurrence of flash-linear-attention's ``naive_recurrent_comba``)::
 
         S_t = alpha_t (I - beta_t k_t p_t^T) S_{t-1} + beta_t k_t v_t^T      o_t = S_t^T q_t
+
+    or, with ``read_before_decay``, the correction read from the state before its decay (the form of
+    flash-linear-attention's chunk kernel, its ``naive_chunk_comba`` and its fused recurrent kernel,
+    which its ``Comba`` layer trains with)::
+
+        S_t = (alpha_t I - beta_t k_t p_t^T) S_{t-1} + beta_t k_t v_t^T
 
     (``S`` ``(Dk, Dv)``): the transition is a scaled identity plus a rank-one term whose left and
     right vectors differ (``p_t = k_t`` is :func:`attnkit.functional.recurrences.gated_delta_rule`). The
@@ -44,4 +50,5 @@ def comba(q, k, v, p, g, beta, *, scale=None, normalize_qk: bool = False, form: 
     """
     check_tensor("comba", "p", p, tuple(q.shape), "(B, Hk, L, Dk), as q", q.device)
     return gated_recurrence("comba", q, k, v, g, _required("comba", beta), scale=scale, normalize_qk=normalize_qk,
-                            form=form, chunk_size=chunk_size, initial_state=initial_state, cu_seqlens=cu_seqlens, p=p)
+                            form=form, chunk_size=chunk_size, initial_state=initial_state, cu_seqlens=cu_seqlens, p=p,
+                            pre_decay=bool(read_before_decay))

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from ...errors import ArgumentError
+from .checks import required_beta
 from .forms import gated_recurrence
 
 __all__ = ["delta_rule"]
 
-
-def _required(who: str, beta):
-    """``beta``, which the delta rule needs (None is the plain recurrence: another function)."""
-    if beta is None:
-        raise ArgumentError(f"{who}: beta (B, H, L) is required; got None")
-    return beta
+_required = required_beta  # the name comba.py imports it by (the check lives in checks.py)
 
 
 def delta_rule(q, k, v, beta, *, scale=None, normalize_qk: bool = False, form: str = "chunk", chunk_size: int = 64,
@@ -65,6 +60,6 @@ def delta_rule(q, k, v, beta, *, scale=None, normalize_qk: bool = False, form: s
         >>> torch.allclose(out, delta_rule(q, k, v, beta, normalize_qk=True, form="recurrent")[0], atol=1e-5)
         True
     """
-    return gated_recurrence("delta_rule", q, k, v, None, _required("delta_rule", beta), scale=scale,
+    return gated_recurrence("delta_rule", q, k, v, None, required_beta("delta_rule", beta), scale=scale,
                             normalize_qk=normalize_qk, form=form, chunk_size=chunk_size, initial_state=initial_state,
                             cu_seqlens=cu_seqlens, parents=parents)

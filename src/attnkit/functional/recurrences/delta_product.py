@@ -6,8 +6,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import ShapeError, check_int
-from .checks import check_lengths, check_qkv, check_tensor
-from .delta import _required
+from .checks import check_lengths, check_qkv, check_tensor, required_beta
 from .forms import linear_recurrence
 
 __all__ = ["delta_product"]
@@ -58,7 +57,7 @@ def delta_product(q, k, v, beta, *, num_householder: int, g=None, scale=None, no
     reads = q.new_zeros(b, hk, n, n_h, dk)
     reads[:, :, :, -1] = q  # the query reads after the token's last step
     h = check_qkv(who, reads.flatten(2, 3), k, v, names=("q (its L n_h steps)", "k", "v"))[1]
-    check_tensor(who, "beta", _required(who, beta), (b, h, n * n_h), "(B, H, L n_h)", q.device)
+    check_tensor(who, "beta", required_beta(who, beta), (b, h, n * n_h), "(B, H, L n_h)", q.device)
     decay = v.new_zeros(b, h, n, n_h)
     if g is not None:
         decay[:, :, :, 0] = check_tensor(who, "g", g, (b, h, n), "(B, H, L)", q.device)  # at the token's first step

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .delta import _required
+from .checks import required_beta
 from .forms import gated_recurrence
 
 __all__ = ["gated_delta_rule"]
@@ -50,6 +50,6 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, normalize_qk: bool = False
         >>> torch.allclose(torch.cat([first, rest], 2), whole, atol=1e-5)
         True
     """
-    return gated_recurrence("gated_delta_rule", q, k, v, g, _required("gated_delta_rule", beta), scale=scale,
+    return gated_recurrence("gated_delta_rule", q, k, v, g, required_beta("gated_delta_rule", beta), scale=scale,
                             normalize_qk=normalize_qk, form=form, chunk_size=chunk_size, initial_state=initial_state,
                             cu_seqlens=cu_seqlens, parents=parents)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .delta import _required
+from .checks import required_beta
 from .forms import gated_recurrence
 
 __all__ = ["kimi_delta_attention"]
@@ -50,6 +50,6 @@ def kimi_delta_attention(q, k, v, g, beta, *, scale=None, normalize_qk: bool = F
         >>> states.shape, torch.allclose(packed[:, :, 4:], alone, atol=1e-5)  # two documents, each from zeros
         (torch.Size([2, 2, 4, 3]), True)
     """
-    return gated_recurrence("kimi_delta_attention", q, k, v, g, _required("kimi_delta_attention", beta),
+    return gated_recurrence("kimi_delta_attention", q, k, v, g, required_beta("kimi_delta_attention", beta),
                             per_channel=True, scale=scale, normalize_qk=normalize_qk, form=form, chunk_size=chunk_size,
                             initial_state=initial_state, cu_seqlens=cu_seqlens, parents=parents)

@@ -58,6 +58,17 @@ LEFT_OUT: dict[str, str] = {
     "delta-product": "DeltaProduct's products of reflections track states (rotations, permutations) that one "
                      "reflection per token cannot; the state-tracking experiment trains DeltaNet with one "
                      "reflection per token (negative eigenvalues), which parity already needs",
+    "comba": "Comba's correction read at a scaled key of its own is a refinement of Gated DeltaNet, which the "
+             "recall and state-tracking experiments train; at the tour's sizes it would train as Gated DeltaNet does",
+    "rwkv7": "RWKV-7's generalized delta rule (a per-channel decay and a removal along its own key) is the delta "
+             "rule the state-tracking experiment trains in DeltaNet and Gated DeltaNet; the tour leaves the RWKV "
+             "block's token shift and low-rank gates to their own papers",
+    "log-linear-mamba2": "log-linear attention grows the state with log L to help recall at long contexts; the "
+                         "tour's recall experiment runs at one short length, where Mamba-2 with one state already "
+                         "shows what a fixed state holds",
+    "log-linear-gated-deltanet": "log-linear attention grows the state with log L to help recall at long contexts; "
+                                 "the tour's recall experiment runs at one short length, where Gated DeltaNet "
+                                 "already shows what a fixed state holds",
     "path-attention": "PaTH's data-dependent reflections of the keys are a learned position encoding; every tour "
                       "model uses sinusoidal positions, the same for all mechanisms",
     "forgetting-attention": "FoX's forget gate decays attention with distance, a recency prior learned per head; "

@@ -24,6 +24,7 @@ from torch import nn
 from ....errors import ArgumentError, check_int
 from ...analysis import memory
 from ...analysis.recorder import AttentionRecorder
+from ...analysis.timing import synchronizer
 from ...tasks import Task
 
 __all__ = ["Budget", "Objective", "Fit", "Result", "fit", "evaluate", "count_parameters", "tensors_to_lists",
@@ -184,9 +185,10 @@ def fit(model: nn.Module, task: Task, objective: Objective, budget: Budget, *, g
     model.train()
     peak = PeakMemory(device)
     peak.start()
+    sync = synchronizer(device) or (lambda: None)  # CUDA kernels run asynchronously: wait before reading the clock
     for step in range(1, budget.steps + 1):
         batch = on_device(task.sample(budget.batch_size, generator), device)
-        _sync(device)
+        sync()
         start = time.perf_counter()
         loss = objective.loss(model, batch, task)
         opt.zero_grad(set_to_none=True)
@@ -194,7 +196,7 @@ def fit(model: nn.Module, task: Task, objective: Objective, budget: Budget, *, g
         nn.utils.clip_grad_norm_(model.parameters(), budget.clip)
         opt.step()
         sched.step()
-        _sync(device)
+        sync()
         seconds += time.perf_counter() - start
         losses.append(float(loss.detach()))
         if step in points:
@@ -205,11 +207,6 @@ def fit(model: nn.Module, task: Task, objective: Objective, budget: Budget, *, g
                 progress(f"step {step}: loss {curve[-1][1]:.3f}, eval {acc:.3f}")
     model.eval()
     return Fit(curve, seconds, peak.bytes())
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":  # kernels run asynchronously: wait for them before reading the clock
-        torch.cuda.synchronize(device)
 
 
 def tensors_to_lists(value):

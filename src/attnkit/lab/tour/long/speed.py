@@ -13,11 +13,11 @@ backward, AdamW), each timed on its own so the claims can weigh the spread (``st
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 import torch.nn.functional as F
 
+from ...analysis.timing import time_rounds
 from ..experiments.train import PeakMemory, count_parameters
 from .model import build
 from .roster import Sizes, mechanism
@@ -26,12 +26,6 @@ from .suite import ModelSize
 __all__ = ["measure_speed", "VOCAB", "CLASSES", "STEPS"]
 
 VOCAB, CLASSES, STEPS = 64, 10, 5
-
-
-def _synced(device: torch.device) -> float:
-    if device.type == "cuda":  # kernels run asynchronously: wait for them before reading the clock
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def measure_speed(name: str, length: int, model: ModelSize, *, batch: int = 4, steps: int = STEPS, seed: int = 0,
@@ -51,15 +45,15 @@ def measure_speed(name: str, length: int, model: ModelSize, *, batch: int = 4, s
             inputs = torch.randint(1, VOCAB, (batch, length), generator=gen).to(device)
             targets = torch.randint(0, CLASSES, (batch,), generator=gen).to(device)
             opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
-            times = []
-            for _ in range(steps + 1):  # the first step warms up (allocations, kernel choice) and is not kept
-                start = _synced(device)
+
+            def step() -> None:
                 loss = F.cross_entropy(net(inputs), targets)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-                times.append(_synced(device) - start)
-        step_seconds = times[1:]
+
+            # one untimed warm-up step (allocations, kernel choice), then each step timed on its own
+            step_seconds = time_rounds({"step": step}, repeats=steps, warmup=1, device=device)["step"]
     finally:
         torch.set_num_threads(threads)
     seconds = sum(step_seconds)

@@ -1,0 +1,200 @@
+"""Paged attention without autograd, causal or unmasked: each sequence's keys cut where its queries' view changes.
+
+With bottom-right causality the ``c`` queries ``[r0, r1)`` of sequence ``b`` (``n_b`` keys,
+``Lq`` queries, query ``i`` sees keys ``j <= n_b - Lq + i``) all see its *shared* keys
+``[0, m_b)``, ``m_b = n_b - Lq + r0``, and see its last ``c`` keys ``[m_b, m_b + c)``
+causally: query ``r0 + t`` the first ``t + 1`` of them, top-left causality on a ``c x c``
+block. With one query (a decoding step) or no mask every key is shared (``m_b = n_b - Lq +
+r1``). So, on torch's fused CPU kernel with the heads of a key/value group as rows of one
+product (:mod:`.page_chunks`):
+
+- the shared keys are cut into chunks of ``step`` positions (:data:`.selected.SPLIT_KEYS`);
+  the sequences that share all of a chunk run in one call with no mask (their pages copied
+  with one ``index_select`` per pool), the sequences whose shared keys end inside it in one
+  call with a key mask (the copy zeroed past each end), and the others skip it, so ragged
+  lengths cost the keys each sequence holds;
+- the last ``c`` keys of every sequence run in one call with ``is_causal``;
+- the partials are merged by log-sum-exp in one step.
+
+Every row sees a key (the route is taken only when every sequence holds ``Lq`` keys), and
+the kernel's answers are checked as the fast lane checks them (:func:`.lane.trusted`), one
+reduction per call; where one fails, or a case falls outside the above, :func:`run` answers
+None and the chunked route runs (:func:`.page_chunks.fused_pages`). The copies are the same
+bytes in the same layout for a pool of pages and for a contiguous cache with ``seqused_k``,
+so the two give the same bits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..functional.validate import Problem
+from ..masks.selected import Pages
+from . import rules
+from .page_chunks import merge_stacked, page_table, workspace
+
+__all__ = ["applies", "run"]
+
+_NEG_INF = float("-inf")
+
+
+def _pages(p: Problem) -> Pages:
+    """The call's page table, lengths and mask (a paged call's mask holds them)."""
+    selection = getattr(p.mask, "selection", None)
+    assert isinstance(selection, Pages)
+    return selection
+
+
+def applies(p: Problem) -> bool:
+    """Full-precision keys of the dtype the queries are computed in (copied as they are: float32 on CPU, not a
+    half-precision pool torch's kernel would read in float32), and no mask or bottom-right causality."""
+    within = _pages(p).within
+    dtype = p.compute_dtype
+    return p.quant is None and p.q.dtype == p.k.dtype == p.v.dtype == dtype and (
+        within is None or (within.kind == "causal" and getattr(within, "align", None) == "bottom_right"))
+
+
+class _Keys:
+    """Copies of positions of some sequences, token-major ``(n, c, H_kv, E)``, in this thread's buffers."""
+
+    def __init__(self, p: Problem, q: torch.Tensor, step: int, extent: int):
+        sel = _pages(p)
+        self.p, self.ps, self.pooled, self.step = p, sel.block_size, sel.pooled, step
+        self.space, self.table = workspace(q), page_table(p)
+        self.whole: list[torch.Tensor] = []  # every sequence's pages of each whole chunk, when pages tile chunks
+        if self.pooled:
+            self.pools = [t[0].transpose(0, 1) for t in (p.k, p.v)]  # (P ps, H_kv, E): what p.k, p.v view
+            self.rows = [pool.reshape(-1, self.ps * pool.shape[1] * pool.shape[2]) for pool in self.pools]
+            per, chunks = step // self.ps, extent // step
+            if step % self.ps == 0 and chunks and self.table is not None:
+                batch = self.table.shape[0]
+                self.whole = list(self.table[:, :chunks * per].reshape(batch, chunks, per).transpose(0, 1)
+                                  .reshape(chunks, batch * per).unbind(0))
+                self.bufs = [self.space.take(name + "-pages", batch * per, r.shape[1]) for name, r in
+                             zip("kv", self.rows, strict=True)]
+                self.views = [buf.view(batch, step, *pool.shape[1:]) for buf, pool in
+                              zip(self.bufs, self.pools, strict=True)]
+
+    def whole_chunk(self, start: int) -> list[torch.Tensor] | None:
+        """Every sequence's whole chunk ``[start, start + step)`` of pages tiling it: two copies and nothing else
+        (each small operator costs microseconds, more right after the kernel has streamed a chunk through the
+        caches); None when the pages do not tile the chunks."""
+        if start // self.step >= len(self.whole):
+            return None
+        for rows, buf in zip(self.rows, self.bufs, strict=True):
+            torch.index_select(rows, 0, self.whole[start // self.step], out=buf)
+        return self.views
+
+    def chunk(self, seqs: torch.Tensor | None, start: int, stop: int) -> list[torch.Tensor]:
+        """Positions ``[start, stop)`` of the sequences ``seqs`` (None: all): keys and values."""
+        c, out = stop - start, []
+        for i, (name, t) in enumerate((("k", self.p.k), ("v", self.p.v))):
+            if self.pooled:
+                assert self.table is not None
+                pool, rows, ps = self.pools[i], self.rows[i], self.ps
+                first, last = start // ps, -(-stop // ps)
+                table = self.table if seqs is None else self.table.index_select(0, seqs)
+                pages, n = table[:, first:last].flatten(), table.shape[0]
+                buf = self.space.take(name + "-pages", len(pages), rows.shape[1])
+                got = torch.index_select(rows, 0, pages, out=buf).view(n, -1, *pool.shape[1:])
+                skip = start - first * ps
+                if skip or got.shape[1] != c:  # part of a page: copied out, in the layout of a whole chunk
+                    got = got[:, skip:skip + c]
+            else:
+                got = t[:, :, start:stop] if seqs is None else t[:, :, start:stop].index_select(0, seqs)
+                got = got.transpose(1, 2)
+            if not got.is_contiguous():
+                got = self.space.take(name, *got.shape).copy_(got)
+            out.append(got)
+        return out
+
+    def last(self, ends: torch.Tensor, c: int) -> list[torch.Tensor]:
+        """Positions ``[ends[b] - c, ends[b])`` of every sequence ``b``: keys and values ``(B, c, H_kv, E)``."""
+        pos = ends[:, None] - c + torch.arange(c, device=ends.device)  # (B, c)
+        out: list[torch.Tensor] = []
+        for t in (self.p.k, self.p.v):
+            if self.pooled:
+                assert self.table is not None
+                tokens = self.table.gather(1, pos // self.ps) * self.ps + pos % self.ps
+                pool = self.pools[len(out)]  # (P ps, H_kv, E)
+                out.append(pool.index_select(0, tokens.flatten()).view(*pos.shape, *pool.shape[1:]))
+            else:
+                rows = torch.arange(pos.shape[0], device=pos.device)[:, None]
+                out.append(t.transpose(1, 2)[rows, pos])  # (B, c, H_kv, E), a copy
+        return out
+
+
+def run(p: Problem, q: torch.Tensor, r0: int, r1: int, step: int, lengths: list[int]):
+    """Queries ``[r0, r1)`` over every sequence's keys, merged: ``(out (B, H_kv, g c, Dv), lse (B, H_kv, g c))``;
+    None where this route does not apply (a sequence holds fewer keys than queries) or the kernel's answer
+    cannot be trusted."""
+    assert rules.FLASH is not None  # the fused path runs only where torch has the kernel
+    flash = rules.FLASH
+    batch, hq, lq, d = q.shape
+    hkv, c = p.k.shape[1], r1 - r0
+    if min(lengths) < lq:
+        return None
+    causal = _pages(p).within is not None
+    causal_tail = causal and c > 1
+    shared = [n - lq + (r0 if causal_tail else r1) if causal else n for n in lengths]
+    extent = max(shared)
+    keys, dev = _Keys(p, q, step, extent), q.device
+    q_c = q[:, :, r0:r1].reshape(batch, hkv, hq // hkv * c, d)
+    every: list[tuple[torch.Tensor, torch.Tensor]] = []  # partials of every sequence
+    some: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (sequences, out, lse) of some
+    for start in range(0, extent, step):
+        stop = min(extent, start + step)  # (a cache shorter than the split: one chunk, wherever its keys lie)
+        whole = [b for b, m in enumerate(shared) if m >= stop]
+        ends = [b for b, m in enumerate(shared) if start < m < stop]
+        if whole:
+            seqs = None if len(whole) == batch else torch.tensor(whole, device=dev)
+            copied = keys.whole_chunk(start) if seqs is None and stop - start == step else None
+            k_g, v_g = copied or keys.chunk(seqs, start, stop)
+            q_w = q_c if seqs is None else q_c.index_select(0, seqs)
+            out, lse = flash(q_w, k_g.transpose(1, 2), v_g.transpose(1, 2), 0.0, False, scale=p.scale)[:2]
+            if seqs is None:
+                every.append((out, lse))
+            else:
+                some.append((seqs, out, lse))
+        if ends:
+            seqs = torch.tensor(ends, device=dev)
+            last = max(shared[b] for b in ends)
+            k_g, v_g = keys.chunk(seqs, start, last)
+            held = torch.arange(start, last, device=dev) < torch.tensor([shared[b] for b in ends], device=dev)[:, None]
+            k_g, v_g = (t.masked_fill_(~held[:, :, None, None], 0.0) for t in (k_g, v_g))  # (copies)
+            mask = torch.zeros(held.shape, dtype=q.dtype, device=dev).masked_fill_(~held, _NEG_INF)
+            out, lse = flash(q_c.index_select(0, seqs), k_g.transpose(1, 2), v_g.transpose(1, 2), 0.0, False,
+                             attn_mask=mask[:, None, None, :], scale=p.scale)[:2]
+            some.append((seqs, out, lse))
+    if causal_tail:  # the last c keys: query row (group head, t) sees the first t + 1 (a float mask, the rows
+        k_g, v_g = keys.last(torch.tensor(shared, device=dev) + c, c)  # folded: is_causal would misalign them)
+        t = torch.arange(hq // hkv * c, device=dev) % c
+        mask = torch.zeros(t.shape[0], c, dtype=q.dtype, device=dev).masked_fill_(
+            torch.arange(c, device=dev) > t[:, None], _NEG_INF)
+        every.append(tuple(flash(q_c, k_g.transpose(1, 2), v_g.transpose(1, 2), 0.0, False, attn_mask=mask,
+                                 scale=p.scale)[:2]))
+    return _merge_checked(every, some, batch)
+
+
+def _merge_checked(every, some, batch: int):
+    """The partials checked (one reduction per group of calls, one sync) and merged in one step; None if one
+    fails. ``every``: ``(out, lse)`` of every sequence; ``some``: ``(sequences, out, lse)`` of some, the others
+    given out 0 and lse -inf there (weight 0 in the merge). Every row has a finite lse in some partial."""
+    checks = []
+    if every:
+        outs, lses = torch.stack([o for o, _ in every]), torch.stack([lse for _, lse in every])
+        checks.append(torch.addcdiv(outs.sum(-1), lses, lses).sum())
+    full_out, full_lse = [], []
+    for seqs, out, lse in some:
+        checks.append(torch.addcdiv(out.sum(-1), lse, lse).sum())
+        full_out.append(out.new_zeros(batch, *out.shape[1:]).index_copy_(0, seqs, out))
+        full_lse.append(lse.new_full((batch, *lse.shape[1:]), _NEG_INF).index_copy_(0, seqs, lse))
+    checked = checks[0].item() if len(checks) == 1 else sum(torch.stack(checks).tolist())
+    if not math.isfinite(checked):
+        return None  # NaN, inf, or a row torch zeroed: the chunked route, with its exact splits
+    if full_out:
+        outs = torch.cat([outs, torch.stack(full_out)]) if every else torch.stack(full_out)
+        lses = torch.cat([lses, torch.stack(full_lse)]) if every else torch.stack(full_lse)
+    return merge_stacked(outs, lses, empty_rows=False)
