@@ -15,8 +15,12 @@ measured once in a fresh process, :mod:`attnkit.lab.analysis.memory`):
   :class:`attnkit.nn.DSASparseAttention` (top-k ``L / 8``: 2048 of 16384 keys) against dense causal
   attention with the same projections (:class:`attnkit.models.SoftmaxSelfAttention`) at ``L = 4096``
   and ``16384``, forward + backward (different functions: only time and memory); targets at 16384:
-  NSA, MoBA <= 0.5x time and peak <= 1.5x dense's, DSA <= 0.4x; at 4096 NSA, MoBA <= 1.0x. DSA runs
-  at 4096 only (``DSA_MAX_LENGTH``): at 16384 one of its calls takes minutes here.
+  NSA, MoBA <= 0.5x time and peak <= 1.5x dense's, DSA <= 0.4x; at 4096 NSA, MoBA <= 1.0x (DSA's
+  module time includes its indexer, ``O(L^2 H_I d_I)`` and a top-k per query);
+- dsa-attention: DSA's sparse attention alone, each query's top ``L / 8`` keys (a fixed random causal
+  top-k) through ``attnkit.attention(q, k, v, mask=selected_keys(idx) & causal())``, against dense causal
+  attention on the same ``q, k, v`` (``B = 1, H = 4, D = 64``: the modules' shapes), forward + backward;
+  target at 16384 (top-k 2048): <= 0.4x.
 
 Usage: ``python benchmarks/sparse_and_packed.py [--rounds 5] [--write BENCHMARKS.md]``;
 ``--smoke`` runs every row at tiny sizes (a check that the script works, not a measurement);
@@ -44,7 +48,6 @@ from attnkit.lab.benchmarking.sections import emit
 from attnkit.models.self_attention import SoftmaxSelfAttention
 from attnkit.nn import DSASparseAttention, MoBA, NativeSparseAttention, PagedKVCache
 
-DSA_MAX_LENGTH = 4096
 NAME, TITLE = "sparse-and-packed", "Packed documents, paged decoding, NSA, MoBA and DSA"
 FULL = {"packed": dict(docs=16, shortest=64, longest=1024, heads=8, head_dim=64),
         "paged": dict(batch=4, length=4096, heads=8, kv_heads=2, head_dim=64, page_size=16),
@@ -120,8 +123,7 @@ def sparse_sides(s, length):
               "NSA": NativeSparseAttention(dim, heads, compress_block=block // 2, compress_stride=block // 4,
                                            select_block=block, num_selected=16, window=8 * block),
               "MoBA": MoBA(dim, heads, block_size=8 * block, top_k=3)}
-    if length <= DSA_MAX_LENGTH:  # past it one DSA call takes minutes on this machine (one query row per call)
-        layers["DSA"] = DSASparseAttention(dim, heads, top_k=length // 8, index_heads=4, index_dim=32)
+    layers["DSA"] = DSASparseAttention(dim, heads, top_k=length // 8, index_heads=4, index_dim=32)
     x = torch.randn(1, length, dim, generator=torch.Generator().manual_seed(3))
 
     def call(layer):
@@ -132,6 +134,30 @@ def sparse_sides(s, length):
     return {name: call(layer) for name, layer in layers.items()}
 
 
+def dsa_attention_sides(s, length):
+    """``(ours, theirs)``: attention over each query's top ``length / 8`` keys (random scores' causal top-k) and dense
+    causal attention, on the same ``q, k, v``, forward + backward, returning dq."""
+    heads, d, top = s["heads"], s["dim"] // s["heads"], max(1, length // 8)
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, heads, length, d, generator=g) for _ in range(3))
+    rows = []
+    for r0 in range(0, length, 512):  # a chunk of queries at a time: no length x length scores
+        t = torch.arange(r0, min(length, r0 + 512)).view(-1, 1)
+        scores = torch.rand(len(t), length, generator=g).masked_fill(torch.arange(length) > t, -1.0)
+        values, idx = scores.topk(min(top, length), -1)
+        rows.append(idx.masked_fill(values < 0, -1))
+    mask = masks.selected_keys(torch.cat(rows)) & masks.causal()
+    causal = masks.causal()
+
+    def side(m):
+        def run():
+            qq = q.clone().requires_grad_()
+            attnkit.attention(qq, k, v, mask=m).sum().backward()
+            return qq.grad
+        return run
+    return side(mask), side(causal)
+
+
 def _sides(row: str, smoke: bool) -> dict:
     sizes = SMOKE if smoke else FULL
     if row == "packed":
@@ -140,6 +166,8 @@ def _sides(row: str, smoke: bool) -> dict:
         q_len = 16 if row == "paged-prefill" else 1
         return dict(zip(("ours", "theirs"), paged_sides(sizes["paged"], q_len), strict=True))
     length = int(row.split("@")[1])
+    if row.startswith("dsa-attention"):
+        return dict(zip(("ours", "theirs"), dsa_attention_sides(sizes["sparse"], length), strict=True))
     return sparse_sides(sizes["sparse"], length)
 
 
@@ -187,20 +215,23 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     lengths = (SMOKE if args.smoke else FULL)["sparse"]["lengths"]
-    rows = ["packed", "paged", "paged-prefill"] + [f"sparse@{n}" for n in lengths]
+    rows = (["packed", "paged", "paged-prefill"] + [f"sparse@{n}" for n in lengths]
+            + [f"dsa-attention@{n}" for n in lengths])
     if args.only:
         rows = [row for row in rows if row.startswith(args.only)]
         if not rows:
-            ap.error(f"--only {args.only!r} names no row; rows: packed, paged, paged-prefill, sparse@<L>")
+            ap.error(f"--only {args.only!r} names no row; rows: packed, paged, paged-prefill, sparse@<L>, "
+                     "dsa-attention@<L>")
     lines = ["| row | side | ms per call | time / baseline (median, range) | peak memory |", "|---|---|---|---|---|"]
     for row in rows:
         lines += measure(row, args.rounds, args.smoke, not args.no_memory)
         print(lines[-1], file=sys.stderr)
     text = (f"`python benchmarks/sparse_and_packed.py --rounds {args.rounds}` (torch {torch.__version__}, 1 thread; "
-            "baseline: `theirs` for packed (SDPA on the padded batch) and paged (a contiguous cache), `dense` for "
-            "the sparse rows; paged-prefill: 16 queries per sequence, causal; targets: paged <= 1.10x, "
+            "baseline: `theirs` for packed (SDPA on the padded batch), paged (a contiguous cache) and dsa-attention "
+            "(dense causal attention on the same q, k, v), `dense` for the sparse rows; paged-prefill: 16 queries per "
+            "sequence, causal; targets: paged <= 1.10x, "
             "paged-prefill <= 1.15x; at 16384 NSA, MoBA <= 0.5x (peak <= 1.5x dense's), DSA <= 0.4x; "
-            "at 4096 NSA, MoBA <= 1.0x)\n\n" + "\n".join(lines))
+            "at 4096 NSA, MoBA <= 1.0x; dsa-attention at 16384 <= 0.4x)\n\n" + "\n".join(lines))
     return emit(text, None if args.smoke or args.only else args.write, NAME, TITLE)
 
 

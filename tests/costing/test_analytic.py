@@ -11,7 +11,9 @@ torch 2.13's counter has no formula for the fused CPU SDPA kernel
 0 for every call that takes it. :data:`CPU_SDPA` maps both ops to torch's own SDPA formulas
 (``sdpa_flop_count`` / ``sdpa_backward_flop_count``). Its formula for a convolution's backward
 ignores ``groups`` in the weight gradient (a depthwise convolution of C channels counts C times
-its products): :data:`CPU_SDPA` counts each gradient as one forward, as for any product. With
+its products): :data:`CPU_SDPA` counts each gradient as one forward, as for any product. It has no
+formula for the sparse products of selected keys (``aten.sparse_sampled_addmm``: ``2 nnz K``;
+``aten._embedding_bag`` with weights: ``2`` per index per feature): :data:`CPU_SDPA` adds them. With
 that, every entry is countable.
 Parts the counter ignores by design (matrix-vector products, elementwise work) are in
 ``other_flops``, never in ``flops``: :data:`NOT_COUNTED` lists the entries that have such parts.
@@ -51,9 +53,22 @@ def _conv_backward(grad_out, x, w, bias, stride, padding, dilation, transposed, 
     return forward * (int(output_mask[0]) + int(output_mask[1]))
 
 
+def _sampled_addmm(pattern, mat1, mat2, *args, out_shape=None, **kwargs):
+    return 2 * pattern._nnz() * mat1.shape[-1] * (mat1.numel() // (mat1.shape[-2] * mat1.shape[-1]))
+
+
+def _embedding_bag(weight, indices, *args, out_shape=None, **kwargs):
+    return 2 * indices[0] * weight[-1]  # shapes: (rows, E) and (indices,)
+
+
+_sampled_addmm._get_raw = True  # the counter passes the tensors (a sparse pattern's nnz), not only their shapes
+
+
 CPU_SDPA = {aten._scaled_dot_product_flash_attention_for_cpu: _sdpa,
             aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_backward,
-            aten.convolution_backward: _conv_backward}
+            aten.convolution_backward: _conv_backward,
+            aten.sparse_sampled_addmm: _sampled_addmm,
+            aten._embedding_bag: _embedding_bag, aten._embedding_bag_forward_only: _embedding_bag}
 
 # Entries whose cost has a part FlopCounterMode does not count (kept in other_flops).
 NOT_COUNTED = {

@@ -1,4 +1,4 @@
-"""Selected keys shared by the heads with a causal mask (DSA): one fused-kernel row per query, chunked."""
+"""Selected keys shared by the heads with a causal mask (DSA): sampled dot products and embedding-bag sums."""
 
 from __future__ import annotations
 
@@ -20,10 +20,15 @@ CASES = {  # name: (B, H, Hkv, L, D, keys per query)
 }
 
 
-@pytest.fixture(autouse=True)
-def small_chunks(monkeypatch):
-    """A few queries per chunk: several chunks on tiny inputs."""
-    monkeypatch.setattr(selected_rows, "BUDGET", 500)
+@pytest.fixture(autouse=True, params=["kept, rows sorted", "recomputed"])
+def weights_kept(request, monkeypatch):
+    """A few queries per chunk. The backward reads the forward's weights, each row's keys sorted first (as past
+    ``SORT_BYTES``), or recomputes the weights (past ``SAVE_BUDGET``) over the rows as given."""
+    monkeypatch.setattr(selected_rows, "SLOTS", 40)
+    if request.param == "recomputed":
+        monkeypatch.setattr(selected_rows, "SAVE_BUDGET", 0)
+    else:
+        monkeypatch.setattr(selected_rows, "SORT_BYTES", 0)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -33,7 +38,7 @@ def test_the_per_query_rows_equal_the_oracle_forward_and_backward(name):
     indices = torch.randint(-1, n, (b, n, slots), generator=torch.Generator().manual_seed(1))  # -1: unused; later keys
     mask = masks.selected_keys(indices) & masks.causal()
     decision = attnkit.explain(q, k, v, mask=mask, backend="blocksparse")
-    assert decision.path == "blocksparse-gathered" and "one query row per batch entry" in str(decision)
+    assert decision.path == "blocksparse-gathered" and "sparse products" in str(decision) and "L*k" in str(decision)
     with torch.no_grad():  # the lse carries no gradient on this path: asked for under autograd, another path runs
         result = attnkit.attention(q, k, v, mask=mask, backend="blocksparse", return_lse=True)
     out, lse = _oracle(q, k, v, indices[:, None], 1, h, causal=True)
@@ -71,3 +76,20 @@ def test_the_cost_grows_with_length_times_selected_keys():
         assert "L*k" in str(decision)
         return decision.flops
     assert flops(2048) < 2.2 * flops(1024)
+
+
+def test_chunks_whose_slots_are_all_real_equal_the_sliding_window():
+    """Each query's last 5 keys: every chunk past the first rows has no masked slot (no mask is applied there);
+    forward and backward equal SDPA with the window as a dense mask."""
+    n, w = 29, 5
+    q, k, v = rand_qkv(1, 2, n, n, 8, 8, dtype=torch.float64, seed=6, requires_grad=True)
+    idx = (torch.arange(n).view(-1, 1) - torch.arange(w)).clamp(min=-1).unsqueeze(0)
+    out = attnkit.attention(q, k, v, mask=masks.selected_keys(idx) & masks.causal(), backend="blocksparse")
+    t = torch.arange(n)
+    band = (t.view(-1, 1) >= t) & (t.view(-1, 1) - t < w)
+    dense = F.scaled_dot_product_attention(q, k, v, attn_mask=band)
+    torch.testing.assert_close(out, dense, rtol=0, atol=1e-12)
+    g = torch.randn_like(out)
+    for got, want in zip(torch.autograd.grad((out * g).sum(), (q, k, v)),
+                         torch.autograd.grad((dense * g).sum(), (q, k, v)), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)

@@ -110,3 +110,24 @@ def test_an_empty_sequence_gives_an_empty_output():
     assert out.shape == (2, 0, 16)
     out.sum().backward()
     assert x.grad.shape == (2, 0, 16)
+
+
+def test_the_indexer_in_chunks_of_queries_picks_the_same_top_k(monkeypatch):
+    """A few queries per chunk, each scoring only the keys up to its last query (and a key_keep_mask): a top-k of
+    eq. 1's scores."""
+    from attnkit.nn import dsa
+
+    monkeypatch.setattr(dsa, "_ROWS", 30)  # 3 queries per chunk at n = 10
+    indexer = randomized_float64(DSAIndexer(10, index_heads=3, index_dim=4, top_k=4))
+    x = torch.randn(2, 10, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    keep = torch.ones(2, 10, dtype=torch.bool)
+    keep[1, 2] = False
+    scores = _index_scores(indexer, x).masked_fill(~keep[:, None, :], -math.inf)
+    chosen = indexer(x, key_keep_mask=keep)
+    for b in range(2):
+        for t in range(10):
+            seen = [s for s in range(t + 1) if keep[b, s]]
+            got = [c for c in chosen[b, t].tolist() if c >= 0]
+            assert len(got) == min(4, len(seen)) and set(got) <= set(seen)
+            rest = [s for s in seen if s not in got]
+            assert not rest or min(scores[b, t, got]) >= max(scores[b, t, rest])

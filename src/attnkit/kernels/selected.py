@@ -142,7 +142,7 @@ def _gather(t, kv_heads: torch.Tensor, tok: torch.Tensor, valid: torch.Tensor, d
     """The keys (or values) of the slots ``tok``, ``(B, hx, c, n, E)``, zero where the slot is not real.
 
     ``t``: a tensor ``(B, H_kv, Lk, E)`` read by advanced indexing (pages), or the rows of
-    :func:`_in_blocks` (whole blocks copied with ``index_select``, a zero row for unreal slots)."""
+    :func:`_in_blocks` (whole blocks copied with ``index_select``; unreal slots read row 0, then zeroed)."""
     if isinstance(t, torch.Tensor):
         b = torch.arange(t.shape[0], device=t.device).view(-1, 1, 1, 1)
         out = t[b, kv_heads.view(1, -1, 1, 1), tok].to(dtype)
@@ -152,22 +152,26 @@ def _gather(t, kv_heads: torch.Tensor, tok: torch.Tensor, valid: torch.Tensor, d
     b = torch.arange(batch, device=slot.device).view(-1, 1, 1, 1)
     flat = (b * heads + kv_heads.view(1, -1, 1, 1)) * blocks + slot
     real = valid[..., ::block_size] if block_size > 1 else valid
-    flat = torch.where(real, flat, rows.shape[0] - 1)  # unreal slots read the zero row
-    out = rows.index_select(0, flat.flatten()).view(*flat.shape, block_size, rows.shape[1] // block_size)
-    return out.flatten(-3, -2).to(dtype)
+    shape = (*flat.shape, block_size, rows.shape[1] // block_size)
+    if not rows.shape[0]:  # no keys at all
+        return rows.new_zeros(shape).flatten(-3, -2).to(dtype)
+    out = rows.index_select(0, torch.where(real, flat, 0).flatten()).view(shape)
+    return out.masked_fill_(~real[..., None, None], 0.0).flatten(-3, -2).to(dtype)
 
 
 def _in_blocks(p: Problem):
-    """Keys and values as rows of whole blocks ``(B H_kv n_blocks + 1, block_size E)``, the last row zeros, for
-    :func:`_gather`'s ``index_select``; pages keep their tensors (their positions are gathered one by one)."""
+    """Keys and values as rows of whole blocks ``(B H_kv n_blocks, block_size E)`` for :func:`_gather`'s
+    ``index_select`` (a view of a contiguous tensor whose length is a multiple of the block: a decoding step copies
+    no cache); pages keep their tensors (their positions are gathered one by one)."""
     sel = p.mask.selection
     if sel.lengths is not None:
         return p.k, p.v, 1
     bs, lk = sel.block_size, p.sizes[3]
     out = []
     for t in (p.k, p.v):
-        blocked = torch.nn.functional.pad(t, (0, 0, 0, -lk % bs)).unflatten(2, (-1, bs))  # (B, H_kv, nb, bs, E)
-        rows = torch.cat([blocked.flatten(0, 2).flatten(1), t.new_zeros(1, bs * t.shape[-1])])
+        padded = torch.nn.functional.pad(t, (0, 0, 0, -lk % bs)) if lk % bs else t  # (pad copies even by 0)
+        blocked = padded.unflatten(2, (-1, bs))  # (B, H_kv, nb, bs, E)
+        rows = blocked.flatten(0, 2).flatten(1)
         out.append((rows, blocked.shape[:3]))
     return (*out, bs)
 
@@ -238,8 +242,17 @@ def _fused_split(p, pl, r0, r1, start, stop, q, idx, heads):
     """A split of a shared selection of key blocks on torch's fused kernel; None when its output cannot be
     trusted. (Pages: :func:`.page_chunks.fused_chunk`.)"""
     tok, valid, _ = _tokens(p, pl, idx, start, stop)  # (B, 1, 1, n)
-    k_g = _gather(p.k, heads, tok, valid, q.dtype)[:, :, 0]  # (B, Hkv, n, D)
-    v_g = _gather(p.v, heads, tok, valid, q.dtype)[:, :, 0]
+    if tok.shape[0] == 1 and heads.shape[0] == p.k.shape[1]:  # one selection, every key/value head in order
+        every = bool(valid.all())
+
+        def take(t):  # index_select: far cheaper than advanced indexing (a decoding step over a long cache)
+            g = t.index_select(2, tok.view(-1)).to(q.dtype)
+            g = g if every else g.masked_fill_(~valid.view(1, 1, -1, 1), 0.0)
+            return g.expand(q.shape[0], -1, -1, -1)
+        k_g, v_g = take(p.k), take(p.v)
+    else:
+        k_g = _gather(p.k, heads, tok, valid, q.dtype)[:, :, 0]  # (B, Hkv, n, D)
+        v_g = _gather(p.v, heads, tok, valid, q.dtype)[:, :, 0]
     allowed = valid[:, :, 0, None, :].expand(q.shape[0], 1, r1 - r0, valid.shape[-1])  # (B, 1, c, n)
     float_mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, _NEG_INF)
     out, lse = rules.FLASH(q[:, :, r0:r1], k_g, v_g, 0.0, False, attn_mask=float_mask, scale=p.scale)
@@ -304,8 +317,8 @@ def _by_row_chunks(chunk, n_rows: int, rows: int, *tensors):
 
 def run(p: Problem) -> KernelOutput:
     if p.sinks is not None:  # joined once with the merged splits (autograd carries the lse's gradient)
-        inner = without_sinks(p)
-        return join_sinks(p, inner, run(inner))
+        bare = without_sinks(p)
+        return join_sinks(p, bare, run(bare))
     if selected_pairs.applies(p):
         return selected_pairs.run(p)
     if selected_rows.applies(p):

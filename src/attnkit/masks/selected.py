@@ -97,7 +97,9 @@ class SelectedKeys(Selection):
     other parts on the gathered keys only.
     """
 
-    def __init__(self, indices, block_size: int = 1, *, group_size: int | None = None):
+    def __init__(self, indices, block_size: int = 1, *, group_size: int | None = None, distinct: bool = False):
+        """``distinct``: the rows name distinct keys by construction (a top-k, -1 for unused slots), so the sort
+        that merges repeats is skipped and the rows are kept as given, uncopied (for producers inside attnkit)."""
         who = "selected_keys" if block_size == 1 else "selected_blocks"
         indices = _int_tensor(who, "indices", indices)
         if not 2 <= indices.dim() <= 4:
@@ -105,7 +107,8 @@ class SelectedKeys(Selection):
                              f"got {tuple(indices.shape)}")
         if indices.dim() == 3:
             indices = indices.unsqueeze(1)
-        self.indices = _distinct(indices.reshape((1,) * (4 - indices.dim()) + tuple(indices.shape)).long())
+        indices = indices.reshape((1,) * (4 - indices.dim()) + tuple(indices.shape)).long()
+        self.indices = indices if distinct else _distinct(indices)
         self.block_size = check_int(who, "block_size", block_size, 1)
         heads = self.indices.shape[1]
         if group_size is not None:

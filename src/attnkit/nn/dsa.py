@@ -11,6 +11,7 @@ from ..core import attention
 from ..costing.attend import attend, projections
 from ..costing.tally import dropout_of, dtype_of
 from ..errors import ArgumentError, check_int
+from ..masks.selected import SelectedKeys
 from ..registry.entry import Entry, register
 from ._projections import ProjectedAttention, projected_spec
 from .latent import MultiHeadLatentAttention
@@ -18,7 +19,7 @@ from .rotary import RotaryEmbedding, rotary_for
 
 __all__ = ["DSAIndexer", "DSASparseAttention", "DSALatentAttention", "indexer_kl"]
 
-_ROWS = 1 << 22  # index scores computed at once (query rows x keys): the top-k runs per chunk of queries
+_ROWS = 1 << 20  # index scores computed at once (query rows x keys): the top-k runs per chunk of queries
 _NEG_INF = float("-inf")
 
 
@@ -116,18 +117,44 @@ class DSAIndexer(nn.Module):
 
     def forward(self, x: torch.Tensor, *, query: torch.Tensor | None = None,
                 key_keep_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The top-k keys of every query, ``(B, n, min(k, n))``; the selection carries no gradient."""
+        """The top-k keys of every query, ``(B, n, min(k, n))`` in no particular order; the selection carries no
+        gradient.
+
+        ``_ROWS`` index scores at a time, each chunk of queries against the keys up to its last query only; the
+        scales are folded into ``w`` (``ReLU(c x) = c ReLU(x)`` for ``c > 0``), so the scores are eq. 1's up to
+        rounding."""
         batch, n, _ = x.shape
         k = min(self.top_k, n)
         rows = max(1, _ROWS // max(1, n))
-        query = None if query is None else query.detach()
-        out = []
         with torch.no_grad():
+            x = x.detach()
+            query = x if query is None else query.detach()
+            keys = self.k_proj(x)  # (B, n, d_I)
+            if self.k_norm is not None:
+                keys = self.k_norm(keys)
+            keys = self._rotate(keys, 0).transpose(1, 2)  # (B, d_I, n)
+            out = torch.empty(batch, n, k, dtype=torch.long, device=x.device)
             for start in range(0, n, rows):
-                values, idx = self.scores(x.detach(), start, min(n, start + rows), query=query,
-                                          key_keep_mask=key_keep_mask).topk(k, dim=-1)
-                out.append(idx.masked_fill(values == _NEG_INF, -1))  # fewer than k earlier tokens
-        return torch.cat(out, 1) if out else x.new_zeros(batch, 0, k, dtype=torch.long)
+                stop = min(n, start + rows)
+                out[:, start:stop] = self._top_k(x, query, keys, start, stop, k, key_keep_mask)
+        return out
+
+    def _top_k(self, x, query, keys, start: int, stop: int, k: int, key_keep_mask) -> torch.Tensor:
+        """The top-k of queries ``[start, stop)`` over keys ``[0, stop)``: ``(B, stop - start, k)``, -1 past the
+        keys a query sees."""
+        batch, rows = x.shape[0], stop - start
+        q = self.q_proj(query[:, start:stop]).view(batch, rows, self.index_heads, self.index_dim)
+        q = self._rotate(q.transpose(1, 2), start).transpose(1, 2).reshape(batch, rows * self.index_heads, -1)
+        s = torch.relu_(q @ keys[..., :stop])  # (B, rows * H_I, stop)
+        w = self.w_proj(x[:, start:stop]) * (self.index_heads * self.index_dim) ** -0.5  # (B, rows, H_I)
+        index = (w.unsqueeze(-2) @ s.view(batch, rows, self.index_heads, stop)).squeeze(-2)  # (B, rows, stop)
+        later = torch.arange(start, stop, device=x.device).view(-1, 1) < torch.arange(start, stop, device=x.device)
+        index[..., start:].masked_fill_(later, _NEG_INF)
+        if key_keep_mask is not None:
+            index.masked_fill_(~key_keep_mask[:, None, :stop], _NEG_INF)
+        values, idx = index.topk(min(k, stop), dim=-1, sorted=False)
+        idx = idx.masked_fill_(values == _NEG_INF, -1)  # fewer than k earlier tokens
+        return F.pad(idx, (0, k - idx.shape[-1]), value=-1)
 
     def extra_repr(self) -> str:
         more = "" if self.query_dim == self.dim else f", query_dim={self.query_dim}"
@@ -207,7 +234,7 @@ class DSASparseAttention(ProjectedAttention):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
         q, k, v = self.project(x)  # (B, H, n, D) each
-        mask = masks.selected_keys(self.indexer(x)) & masks.causal()
+        mask = SelectedKeys(self.indexer(x), distinct=True) & masks.causal()  # a top-k: distinct keys
         return self.merge_heads(attention(q, k, v, mask=mask, dropout_p=self.dropout_p))
 
     def indexer_loss(self, x: torch.Tensor, *, sparse: bool = False) -> torch.Tensor:
@@ -303,7 +330,7 @@ class DSALatentAttention(MultiHeadLatentAttention):
         return super().forward(x, key_keep_mask=key_keep_mask, form=form)
 
     def _selected(self, x, q_input, key_keep_mask):
-        return masks.selected_keys(self.indexer(x, query=q_input, key_keep_mask=key_keep_mask))
+        return SelectedKeys(self.indexer(x, query=q_input, key_keep_mask=key_keep_mask), distinct=True)
 
     @classmethod
     def from_transformers(cls, layer) -> DSALatentAttention:
@@ -325,19 +352,25 @@ def _example():
     return DSASparseAttention(16, 2, top_k=4, index_heads=2, index_dim=4), (torch.randn(2, 9, 16, generator=g),)
 
 
+def _stand_in(n: int, k: int) -> torch.Tensor:
+    """Indices shaped as the indexer's: query ``t`` reads ``min(k, t + 1)`` distinct earlier keys, then -1."""
+    return (torch.arange(n).view(-1, 1) - torch.arange(k)).clamp(min=-1)
+
+
 def _count(t, s, module):
     b, n, h, dim = s["batch"], s["length"], s["heads"], s["dim"]
     hi, di, k = s["index_heads"], s["index_dim"], min(s["top_k"], s["length"])
     projections(t, s)
     rows = max(1, _ROWS // max(1, n))
-    for start in range(0, n, rows):  # the indexer, chunk by chunk, without autograd
-        r = min(n, start + rows) - start
+    t.mm("indexer projection k", 1, b * n, dim, di, grads=0)
+    for start in range(0, n, rows):  # the indexer, chunk by chunk, without autograd, over the keys up to its end
+        stop = min(n, start + rows)
+        r = stop - start
         t.mm("indexer projections (q, w)", 1, b * r, dim, hi * (di + 1), grads=0)
-        t.mm("indexer projection k", 1, b * n, dim, di, grads=0)
-        t.mm("index scores q_I k_I^T", b, r * hi, di, n, grads=0)
-        t.mm("weighted sum over indexer heads", b * r, 1, hi, n, grads=0)
-    t.ew("index scores: ReLU, scale, top-k", b * n * n * hi, 3)
-    stand_in = masks.selected_keys(torch.zeros(b, n, k, dtype=torch.long)) & masks.causal()
+        t.mm("index scores q_I k_I^T", b, r * hi, di, stop, grads=0)
+        t.mm("weighted sum over indexer heads", b * r, 1, hi, stop, grads=0)
+    t.ew("index scores: ReLU, scale, top-k", b * n * (n + 1) // 2 * hi, 3)
+    stand_in = masks.selected_keys(_stand_in(n, k).expand(b, n, k)) & masks.causal()
     attend(t, "", b, h, n, n, dim // h, dim // h, dtype=dtype_of(s), mask=stand_in, dropout_p=dropout_of(module))
 
 
