@@ -4,21 +4,17 @@ Each option calls its one function in :mod:`attnkit.functional` (the formula's h
 holds the learned parameters, refuses what does not compose, and adapts the module's masks to the
 function's arguments:
 
-======================  ==============================================  ===================================
-option                  function                                        parameters (initialisation)
-======================  ==============================================  ===================================
-``talking_heads``       :func:`~attnkit.talking_heads_attention`        ``pre_talking_heads`` /
-                                                                        ``post_talking_heads`` ``(H, H)`` (I)
-``num_memory_kv=M``     :func:`~attnkit.memory_kv_attention`            ``memory_k``, ``memory_v``
-                                                                        ``(Hkv, M, d)`` (standard normal)
-``value_residual``      :func:`~attnkit.value_residual`                 ``value_residual_mix`` (``"learned"``:
-                                                                        ``Linear(vdim, Hkv)``, torch's init)
-``selective``           :func:`~attnkit.selective_attention`            none (head 0 selects)
-``cope=P``              :func:`~attnkit.cope_attention`                 ``cope_positions`` ``(P, d)`` (zeros)
-``topk=k``              :func:`~attnkit.topk_attention`                 none
-``scores="l2"``         :func:`~attnkit.l2_distance_attention`          none
-``laser``               :func:`~attnkit.laser_attention`                none
-======================  ==============================================  ===================================
+- ``talking_heads``: :func:`~attnkit.functional.talking_heads.talking_heads_attention`; parameters
+  ``pre_talking_heads`` / ``post_talking_heads`` ``(H, H)``, initialised to the identity.
+- ``num_memory_kv=M``: :func:`~attnkit.functional.memory_kv.memory_kv_attention`; ``memory_k``,
+  ``memory_v`` ``(Hkv, M, d)``, standard normal (as x-transformers).
+- ``value_residual``: :func:`~attnkit.functional.value_residual.value_residual`; for ``"learned"``,
+  ``value_residual_mix`` a ``Linear(vdim, Hkv)`` (torch's initialisation) whose sigmoid is the mix.
+- ``selective``: :func:`~attnkit.functional.selective.selective_attention` (head 0 selects); none.
+- ``cope=P``: :func:`~attnkit.functional.cope.cope_attention`; ``cope_positions`` ``(P, d)``, zeros.
+- ``topk=k``: :func:`~attnkit.functional.topk.topk_attention`; none.
+- ``scores="l2"``: :func:`~attnkit.functional.distance.l2_distance_attention`; none.
+- ``laser``: :func:`~attnkit.functional.laser.laser_attention`; none.
 
 At most one option that runs the attention (all but ``value_residual``, which only changes the
 values) per module: each function makes its own call of :func:`attnkit.attention`.
@@ -77,8 +73,8 @@ def configure(module, who: str, *, talking_heads=None, num_memory_kv: int = 0, v
               "memory_k": torch.randn(hkv, num_memory_kv, d, **fk) if num_memory_kv else None,
               "memory_v": torch.randn(hkv, num_memory_kv, d, **fk) if num_memory_kv else None,
               "cope_positions": None if cope is None else torch.zeros(cope, d, **fk)}
-    for name, value in params.items():
-        module.register_parameter(name, None if value is None else nn.Parameter(value))
+    for name, init in params.items():
+        module.register_parameter(name, None if init is None else nn.Parameter(init))
     module.value_residual = value_residual
     module.value_residual_mix = nn.Linear(module.vdim, hkv, **fk) if value_residual == "learned" else None
 

@@ -153,6 +153,26 @@ class MultiHeadAttention(nn.Module):
         out_bias: a bias in ``out_proj`` (default ``bias``; Qwen2 has biases in ``W^Q, W^K, W^V`` only).
         scale: the factor of the scores in place of ``1 / sqrt(head_dim)`` (Gemma 2 and 3 scale by
             ``query_pre_attn_scalar ** -0.5``).
+        talking_heads, num_memory_kv, value_residual, selective, cope, topk, scores, laser: the
+            x-transformers options, each running its one function in :mod:`attnkit.functional` (the
+            formula and its paper there; the list in :mod:`attnkit.nn._xoptions`).
+            ``talking_heads="pre" | "post" | "both"``: learned ``(H, H)`` mixes of the heads' logits
+            before the softmax (``pre_talking_heads``) and of their weights after it
+            (``post_talking_heads``), initialised to the identity. ``num_memory_kv=M``: ``M`` learned
+            key/value pairs per key head (``memory_k``, ``memory_v`` ``(Hkv, M, head_dim)``) before
+            the sequence's keys, visible to every query; returned weights have ``M`` more columns,
+            first. ``value_residual=True | "learned"``: ``forward(..., value_residual=v1)`` attends
+            over ``mix V + (1 - mix) v1`` (ResFormer), ``v1`` the first layer's values from its
+            ``forward(..., return_values=True)``; ``mix`` is 0.5, or ``sigmoid(value W + b)`` per
+            token and key head (``value_residual_mix``, a Linear) for ``"learned"``.
+            ``selective=True``: head 0's logits mask, softly, what later queries see. ``cope=P``:
+            contextual positions, ``P`` embeddings ``cope_positions`` ``(P, head_dim)`` initialised
+            to 0. ``topk=k``: each query keeps its ``k`` best allowed keys. ``scores="l2"``:
+            ``-|q - k|^2`` scores. ``laser=True``: ``log(softmax(.) exp(V))``.
+            One of them at a time beside ``value_residual`` (each makes its own attention call).
+            Refused, with the reason: ``need_weights=True`` with talking heads or LASER (no one map);
+            selective and CoPE beside any mask but ``is_causal=True`` or in :meth:`forward_step` (no
+            incremental form); top-k with a float ``attn_mask``; any of them over a quantized cache.
 
     Example:
         >>> import torch
