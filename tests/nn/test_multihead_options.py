@@ -397,3 +397,41 @@ def test_options_keep_plain_attention_and_the_state_dict_unchanged_when_unset():
     m = build(talking_heads="both", num_memory_kv=0, value_residual="learned")
     assert {"pre_talking_heads", "post_talking_heads", "value_residual_mix.weight"} <= set(m.state_dict())
     assert "talking_heads='both'" in repr(m) and "value_residual='learned'" in repr(m)
+
+
+# ---------------------------------------------------------------- neutral settings across torch's configurations
+CONFIGS = {
+    "sequence first": {},
+    "cross-attention (kdim, vdim)": {"kdim": 7, "vdim": 5},
+    "bias_k and zero attention": {"add_bias_kv": True, "add_zero_attn": True},
+    "grouped heads, QK-norm, rotary, gate": {"num_kv_heads": 1, "qk_norm": True, "rotary": True, "gate": True},
+}
+
+
+@pytest.mark.parametrize("neutral", [{"talking_heads": "both"}, {"topk": 64}])
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("unbatched", [False, True])
+def test_neutral_options_equal_plain_attention_in_torchs_configurations(neutral, config, unbatched):
+    """Identity talking heads and top-k of every key, with padding, float masks (not top-k), extra keys, layouts."""
+    options = CONFIGS[config]
+    torch.manual_seed(0)
+    plain_module = MultiHeadAttention(E, H, dtype=torch.float64, **options)
+    with torch.no_grad():
+        for p in plain_module.parameters():
+            p.normal_(0, 0.4)
+    module = MultiHeadAttention(E, H, dtype=torch.float64, **options, **neutral)
+    module.load_state_dict(plain_module.state_dict(), strict=False)
+    g = torch.Generator().manual_seed(4)
+    s = 5
+    batch = () if unbatched else (B,)
+    q = torch.randn(L, *batch, E, generator=g, dtype=torch.float64)
+    k = torch.randn(s, *batch, options.get("kdim", E), generator=g, dtype=torch.float64)
+    v = torch.randn(s, *batch, options.get("vdim", E), generator=g, dtype=torch.float64)
+    padding = torch.zeros(*batch, s, dtype=torch.bool)
+    padding[..., -1] = True
+    masks = {"key_padding_mask": padding}
+    if "topk" not in neutral:
+        masks["attn_mask"] = torch.randn(L, s, generator=g, dtype=torch.float64)
+        masks["key_padding_mask"] = torch.zeros(padding.shape, dtype=torch.float64).masked_fill(padding, -1e9)
+    want = plain_module(q, k, v, need_weights=False, **masks)[0]
+    torch.testing.assert_close(module(q, k, v, need_weights=False, **masks)[0], want, **F64)
