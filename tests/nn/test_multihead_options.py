@@ -435,3 +435,29 @@ def test_neutral_options_equal_plain_attention_in_torchs_configurations(neutral,
         masks["key_padding_mask"] = torch.zeros(padding.shape, dtype=torch.float64).masked_fill(padding, -1e9)
     want = plain_module(q, k, v, need_weights=False, **masks)[0]
     torch.testing.assert_close(module(q, k, v, need_weights=False, **masks)[0], want, **F64)
+
+
+def test_a_module_pickled_before_the_options_runs_with_them_off():
+    m, x = build(), inputs()
+    old = m.__getstate__()
+    for name in ("talking_heads", "topk", "attention_option", "scores", "laser", "selective", "value_residual",
+                 "value_residual_mix"):
+        old.pop(name, None)
+    old["_parameters"] = {k: p for k, p in old["_parameters"].items() if p is not None}
+    restored = MultiHeadAttention.__new__(MultiHeadAttention)
+    restored.__setstate__(old)
+    torch.testing.assert_close(run(restored, x), plain(m, x), **F64)
+    assert repr(restored) == repr(m)
+
+
+@pytest.mark.parametrize("options", [{"num_memory_kv": 2}, {"talking_heads": "both"}, {"laser": True}])
+def test_options_run_inside_torchs_encoder_layer(options):
+    layer = torch.nn.TransformerEncoderLayer(E, H, 16, dropout=0.0, batch_first=True, dtype=torch.float64).eval()
+    m = build(**options)
+    layer.self_attn = m
+    x = inputs()
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(L, dtype=torch.float64)
+    attended = m(x, x, x, attn_mask=mask, is_causal=True, need_weights=False)[0]
+    want = layer.norm1(x + attended)
+    want = layer.norm2(want + layer.linear2(torch.relu(layer.linear1(want))))
+    torch.testing.assert_close(layer(x, src_mask=mask, is_causal=True), want, **F64)
