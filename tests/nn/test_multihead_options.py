@@ -461,3 +461,13 @@ def test_options_run_inside_torchs_encoder_layer(options):
     want = layer.norm1(x + attended)
     want = layer.norm2(want + layer.linear2(torch.relu(layer.linear1(want))))
     torch.testing.assert_close(layer(x, src_mask=mask, is_causal=True), want, **F64)
+
+
+def test_value_residual_unbatched_takes_and_returns_values_without_the_batch():
+    first, m = build(1), build(value_residual=True)
+    x0, x = inputs(2)[0], inputs()[0]
+    *_, v1 = first(x0, x0, x0, need_weights=False, return_values=True)
+    assert v1.shape == (m.num_kv_heads, L, m.head_dim)
+    got = m(x, x, x, is_causal=True, need_weights=False, value_residual=v1)[0]
+    want = m(x[None], x[None], x[None], is_causal=True, need_weights=False, value_residual=v1[None])[0][0]
+    torch.testing.assert_close(got, want, **F64)

@@ -105,3 +105,15 @@ def test_learned_value_residual_equals_x_transformers():
     got, _, values = m(x, x, x, is_causal=True, need_weights=False, value_residual=first, return_values=True)
     torch.testing.assert_close(got, out, **TOL)
     torch.testing.assert_close(values, intermediates.values, **TOL)  # the layer's own values, for the next layers
+
+
+def test_learned_value_residual_beside_memory_key_values_equals_x_transformers():
+    def copy(ref, m):
+        _memory(ref, m)
+        m.value_residual_mix.weight.copy_(ref.to_value_residual_mix[0].weight)
+        m.value_residual_mix.bias.copy_(ref.to_value_residual_mix[0].bias)
+    ref, m = pair({"learned_value_residual_mix": True, "num_mem_kv": 2},
+                  {"value_residual": "learned", "num_memory_kv": 2}, copy)
+    x = x_of()
+    first = torch.randn(B, H, L, D, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(ours(m, x, value_residual=first), ref(x, value_residual=first), **TOL)
