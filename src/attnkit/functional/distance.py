@@ -17,7 +17,8 @@ def l2_distance_attention(q, k, v, *, scale=None, **options):
     change its softmax, the weights are those of the dot product of ``q'_i = [2 q_i, -1]`` with
     ``k'_j = [k_j, |k_j|^2]`` (``D + 1`` features): :func:`attnkit.attention` then runs it on whichever
     exact path serves that call (torch's fused kernels, the O(L)-memory chunked paths), with every
-    mask, bias, sink and grouped-key option as there.
+    mask, bias, sink and grouped-key option as there. Values as wide as the queries get a zero
+    column too (dropped after), so that the fused kernel, which needs ``Dv == D``, takes the call.
 
     Differences from the paper: none in the weights; ``scale`` defaults to ``D^-1/2`` (the paper
     divides by ``sqrt(D / H)`` per head, the same). An lse asked for (``return_lse``) is that of the
@@ -43,4 +44,10 @@ def l2_distance_attention(q, k, v, *, scale=None, **options):
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     qa = F.pad(2 * q, (0, 1), value=-1.0)  # [2 q, -1]
     ka = torch.cat([k, k.square().sum(-1, keepdim=True)], -1)  # [k, |k|^2]
-    return attention(qa, ka, v, score="dot", scale=scale, **options)
+    if v.shape[-1] != q.shape[-1]:
+        return attention(qa, ka, v, score="dot", scale=scale, **options)
+    # Values as wide as the queries, [v, 0]: torch's fused kernel takes Dv == D only (else its dense math path)
+    res = attention(qa, ka, F.pad(v, (0, 1)), score="dot", scale=scale, **options)
+    if isinstance(res, torch.Tensor):
+        return res[..., :-1]
+    return res._replace(output=res.output[..., :-1])

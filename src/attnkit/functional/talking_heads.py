@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..errors import ShapeError
 
@@ -21,7 +22,10 @@ def talking_heads_attention(q, k, v, *, pre=None, post=None, scale=None, **optio
     path serves it (torch's fused kernels, the O(L)-memory chunked paths): ``L_g`` is the dot
     product of ``[P_g1 q_1, ..., P_gH q_H]`` with the keys of every head side by side (one key head of
     ``H D`` features), and each head's weights take the values of every head side by side (``H Dv``
-    features), which ``post`` then combines. Cost: ``H`` times one head's attention, as the paper's.
+    features), which ``post`` then combines. Where the queries and the values differ in width (one
+    mix only), the narrower side gets zero features (the scores and outputs unchanged) so that
+    torch's fused kernel, which takes ``Dv == D`` only, runs it. Cost: ``H`` times one head's
+    attention, as the paper's.
 
     Differences from the paper: none; ``pre`` or ``post`` None is the identity (no mixing there).
 
@@ -63,7 +67,14 @@ def talking_heads_attention(q, k, v, *, pre=None, post=None, scale=None, **optio
     values = v if post is None else side_by_side(v)
     if keys.shape[1] != values.shape[1]:  # one of them shared by every head, the other per head
         keys, values = (t.expand(b, h, *t.shape[2:]) for t in (keys, values))
+    width, dv = queries.shape[-1], values.shape[-1]
+    if width < dv:  # zero features add nothing to the scores; torch's fused kernel takes Dv == D only
+        queries, keys = F.pad(queries, (0, dv - width)), F.pad(keys, (0, dv - width))
+    elif dv < width:  # zero value columns, dropped after
+        values = F.pad(values, (0, width - dv))
     out = attention(queries, keys, values, scale=scale, **options)
+    if dv < width:
+        out = out[..., :dv] if isinstance(out, torch.Tensor) else out._replace(output=out.output[..., :dv])
     if post is None:
         return out
     every = out.unflatten(-1, (h, v.shape[-1]))  # (B, g, Lq, h, Dv): head g's weights on head h's values

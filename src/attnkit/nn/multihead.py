@@ -16,6 +16,7 @@ from ..errors import ArgumentError, DTypeError, ShapeError
 from ..integrations import torch_compat, torch_layers
 from ..masks.base import Mask
 from ..registry.entry import Entry, register
+from . import _xoptions
 from ._inputs import check_shape
 from .gated import OutputGate, QKNorm
 from .kv_cache import CAUSAL, KVCache
@@ -152,6 +153,26 @@ class MultiHeadAttention(nn.Module):
         out_bias: a bias in ``out_proj`` (default ``bias``; Qwen2 has biases in ``W^Q, W^K, W^V`` only).
         scale: the factor of the scores in place of ``1 / sqrt(head_dim)`` (Gemma 2 and 3 scale by
             ``query_pre_attn_scalar ** -0.5``).
+        talking_heads, num_memory_kv, value_residual, selective, cope, topk, scores, laser: the
+            x-transformers options, each running its one function in :mod:`attnkit.functional` (the
+            formula and its paper there; the list in :mod:`attnkit.nn._xoptions`).
+            ``talking_heads="pre" | "post" | "both"``: learned ``(H, H)`` mixes of the heads' logits
+            before the softmax (``pre_talking_heads``) and of their weights after it
+            (``post_talking_heads``), initialised to the identity. ``num_memory_kv=M``: ``M`` learned
+            key/value pairs per key head (``memory_k``, ``memory_v`` ``(Hkv, M, head_dim)``) before
+            the sequence's keys, visible to every query; returned weights have ``M`` more columns,
+            first. ``value_residual=True | "learned"``: ``forward(..., value_residual=v1)`` attends
+            over ``mix V + (1 - mix) v1`` (ResFormer), ``v1`` the first layer's values from its
+            ``forward(..., return_values=True)``; ``mix`` is 0.5, or ``sigmoid(value W + b)`` per
+            token and key head (``value_residual_mix``, a Linear) for ``"learned"``.
+            ``selective=True``: head 0's logits mask, softly, what later queries see. ``cope=P``:
+            contextual positions, ``P`` embeddings ``cope_positions`` ``(P, head_dim)`` initialised
+            to 0. ``topk=k``: each query keeps its ``k`` best allowed keys. ``scores="l2"``:
+            ``-|q - k|^2`` scores. ``laser=True``: ``log(softmax(.) exp(V))``.
+            One of them at a time beside ``value_residual`` (each makes its own attention call).
+            Refused, with the reason: ``need_weights=True`` with talking heads or LASER (no one map);
+            selective and CoPE beside any mask but ``is_causal=True`` or in :meth:`forward_step` (no
+            incremental form); top-k with a float ``attn_mask``; any of them over a quantized cache.
 
     Example:
         >>> import torch
@@ -180,7 +201,9 @@ class MultiHeadAttention(nn.Module):
                  num_kv_heads: int | None = None, mask: Mask | None = None, gate: bool = False,
                  qk_norm: bool = False, rotary: bool | dict | RotaryEmbedding | None = None,
                  sinks: bool = False, head_dim: int | None = None, out_bias: bool | None = None,
-                 scale: float | None = None):
+                 scale: float | None = None, talking_heads: str | None = None, num_memory_kv: int = 0,
+                 value_residual: bool | str = False, selective: bool = False, cope: int | None = None,
+                 topk: int | None = None, scores: str = "dot", laser: bool = False):
         super().__init__()
         who = "MultiHeadAttention"
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -216,6 +239,9 @@ class MultiHeadAttention(nn.Module):
         self.gate = OutputGate(embed_dim, self.inner_dim, bias=bias, **fk) if gate else None
         self.qk_norm = QKNorm(self.head_dim, **fk) if qk_norm else None
         self.rotary = rotary_for(who, rotary, self.head_dim)
+        _xoptions.configure(self, who, talking_heads=talking_heads, num_memory_kv=num_memory_kv,
+                            value_residual=value_residual, selective=selective, cope=cope, topk=topk, scores=scores,
+                            laser=laser, **fk)
         if self._torch_layer_attention:
             torch_layers.decline_fused_layer(self)  # torch's encoder layer calls this module, never its own kernel
 
@@ -256,6 +282,7 @@ class MultiHeadAttention(nn.Module):
         for name in ("gate", "qk_norm", "rotary"):
             self._modules.setdefault(name, None)
         self._parameters.setdefault("sinks", None)
+        _xoptions.set_defaults(self)
         if self._torch_layer_attention:
             torch_layers.decline_fused_layer(self)
 
@@ -314,8 +341,12 @@ class MultiHeadAttention(nn.Module):
             mask = self.extra_mask if mask is None else mask & self.extra_mask
         k, v = self._extra_keys(k, v)
         mask, bias = torch_compat.with_extra_keys(mask, bias, self._n_extra)
-        res = attention(q, k, v, mask=mask, bias=bias, dropout_p=self.dropout if self.training else 0.0,
-                        return_weights=need_weights, sinks=self.sinks, scale=self.scale, **(scales or {}))
+        options = {"dropout_p": self.dropout if self.training else 0.0, "return_weights": need_weights,
+                   "sinks": self.sinks, "scale": self.scale}
+        if self.attention_option is None:
+            res = attention(q, k, v, mask=mask, bias=bias, **options, **(scales or {}))
+        else:
+            res = _xoptions.attend(self, q, k, v, mask=mask, bias=bias, options=options)
         out = res.output if need_weights else res
         out = out.transpose(1, 2).flatten(2)  # (B, H, L, d) -> (B, L, H d)
         out = self.out_proj(out if self.gate is None else self.gate(out, gate_input))
@@ -328,8 +359,15 @@ class MultiHeadAttention(nn.Module):
         return t if batched and self.batch_first else t.transpose(0, 1) if batched else t[None]
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = True, attn_mask=None,
-                average_attn_weights: bool = True, is_causal: bool = False, *, mask=None):
-        """``(output, weights or None)``, as ``torch.nn.MultiheadAttention.forward`` (see the class docstring)."""
+                average_attn_weights: bool = True, is_causal: bool = False, *, mask=None, value_residual=None,
+                return_values: bool = False):
+        """``(output, weights or None)``, as ``torch.nn.MultiheadAttention.forward`` (see the class docstring).
+
+        ``value_residual``: the first layer's values (from its ``return_values=True``), mixed into this
+        layer's when it was built with ``value_residual=True`` or ``"learned"`` (None: no mixing, as in the
+        first layer). ``return_values=True`` returns ``(output, weights, values)``, ``values`` this layer's
+        own (before any mixing) ``(N, num_kv_heads, S, head_dim)`` (no N unbatched).
+        """
         who = type(self).__name__
         nested = None
         if torch_layers.is_nested(query, key, value):  # from torch's TransformerEncoder: padded here, nested after
@@ -344,11 +382,19 @@ class MultiHeadAttention(nn.Module):
                                                 is_causal=is_causal, mask=mask, full=full, batched=batched,
                                                 device=query.device)
         query, key, value = clear_key_padding(query, key, value, key_padding_mask, self_attention=self_attention)
+        _xoptions.check_call(self, who, need_weights=need_weights, mask=mask, bias=bias, n_extra=self._n_extra)
         q, k, v = self._project(query, key, value)
         if self.qk_norm is not None or self.rotary is not None:
             q, k = self._position(q, k)
+        own = v
+        if value_residual is not None:
+            v = _xoptions.mix_values(self, who, v, value, value_residual, batched)
         out, weights = self._attend(q, k, v, mask, bias, need_weights, average_attn_weights, batched, query)
-        return (out, weights) if nested is None else (torch_layers.renest(out, nested), None)
+        if nested is not None:
+            out, weights = torch_layers.renest(out, nested), None
+        if return_values:
+            return out, weights, own if batched else own[0]
+        return out, weights
 
     def new_cache(self, batch: int, max_len: int, *, dtype=None, device=None, kv_format=None) -> KVCache:
         """An empty :class:`KVCache` for :meth:`forward_step` (the parameters' dtype and device by default;
@@ -357,11 +403,14 @@ class MultiHeadAttention(nn.Module):
         return KVCache(batch, max_len, self.num_kv_heads, self.head_dim, dtype=dtype or w.dtype,
                        device=device or w.device, kv_format=kv_format)
 
-    def forward_step(self, x, cache: KVCache, *, need_weights: bool = False, average_attn_weights: bool = True):
+    def forward_step(self, x, cache: KVCache, *, need_weights: bool = False, average_attn_weights: bool = True,
+                     value_residual=None, return_values: bool = False):
         """Causal self-attention of ``t`` new positions ``x`` (layout as ``query``) over ``cache`` + themselves.
 
         Appends the new keys/values to ``cache`` and returns ``(output, weights or None)`` like
         :meth:`forward` with ``is_causal=True`` on the whole sequence so far (bottom-right alignment).
+        ``value_residual`` / ``return_values``: as :meth:`forward`, for the ``t`` new positions (the
+        cache stores the mixed values).
         """
         who = f"{type(self).__name__}.forward_step"
         if not self._qkv_same_embed_dim:
@@ -375,10 +424,16 @@ class MultiHeadAttention(nn.Module):
         if cache.shape != want:
             raise ShapeError(f"{who}: cache must have shape (batch, num_kv_heads, capacity, head_dim) = {want}; "
                              f"got {cache.shape}")
+        _xoptions.check_call(self, who, need_weights=need_weights, decoding=True, quantized=bool(cache.scales))
         q, k, v = self._project(x, x, x)
         q, k = self._position(q, k, len(cache), len(cache))
+        own = v
+        if value_residual is not None:
+            v = _xoptions.mix_values(self, who, v, x, value_residual, batched)
         k, v = cache.append(k, v)
-        return self._attend(q, k, v, CAUSAL, None, need_weights, average_attn_weights, batched, x, cache.scales)
+        out, weights = self._attend(q, k, v, CAUSAL, None, need_weights, average_attn_weights, batched, x,
+                                    cache.scales)
+        return (out, weights, own if batched else own[0]) if return_values else (out, weights)
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention, *, mask: Mask | None = None) -> MultiHeadAttention:
@@ -389,6 +444,9 @@ class MultiHeadAttention(nn.Module):
         """The equivalent ``torch.nn.MultiheadAttention`` (raises for grouped-query heads, an extra mask, sinks)."""
         if self.sinks is not None:
             raise ArgumentError("MultiHeadAttention.to_torch: torch.nn.MultiheadAttention has no attention sinks")
+        if _xoptions.any_on(self):
+            raise ArgumentError("MultiHeadAttention.to_torch: torch.nn.MultiheadAttention has none of the "
+                                f"x-transformers options (this module has{_xoptions.describe(self)[1:]})")
         return torch_compat.to_torch(self)
 
     @classmethod
@@ -413,7 +471,7 @@ class MultiHeadAttention(nn.Module):
                 + ("" if self.extra_mask is None else f", mask={self.extra_mask!r}")
                 + ("" if self.sinks is None else ", sinks=True")
                 + ("" if self.inner_dim == self.embed_dim else f", head_dim={self.head_dim}")
-                + ("" if self.scale is None else f", scale={self.scale}"))
+                + ("" if self.scale is None else f", scale={self.scale}") + _xoptions.describe(self))
 
 
 def _mha_example(gate: bool = False, qk_norm: bool = False, rotary=None):
@@ -464,6 +522,9 @@ def _mha_inputs(s, module):
 
 
 def _mha_config(m):
+    if _xoptions.any_on(m):
+        raise ArgumentError(f"cost: multi-head with the x-transformers options ({_xoptions.describe(m)[2:]}) has no "
+                            "cost formula here")
     if not m._qkv_same_embed_dim or m._n_extra or m.inner_dim != m.embed_dim:
         raise ArgumentError("cost: multi-head with kdim/vdim, add_bias_kv, add_zero_attn or heads that do not fill "
                             f"embed_dim (head_dim={m.head_dim}) has no cost formula here")
