@@ -113,8 +113,8 @@ class RecurrentLayer(ConvolvedInputs):
 
     A subclass sets ``dim``, ``chunk_size``, ``core_sizes``, ``scale`` (None: ``Dk^-1/2``), ``normalize_qk``,
     ``delta_rule``, ``learned_decay`` and ``steps_per_token`` (for its cost spec, :mod:`._recurrent_spec`), an
-    optional ``conv1d`` (:class:`._recurrent_parts.ShortConvolution`, read through :class:`~._recurrent_parts.
-    ConvolvedInputs`) and defines ``_mix(x, keep, context, offset) -> (Mixed, conv
+    optional ``conv1d`` (:class:`._recurrent_parts.ShortConvolution`, read through
+    :class:`~._recurrent_parts.ConvolvedInputs`) and defines ``_mix(x, keep, context, offset) -> (Mixed, conv
     tail)`` and ``_finish(out, mixed, x) -> y``.
     """
 
