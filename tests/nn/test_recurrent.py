@@ -8,7 +8,7 @@ import torch
 
 from attnkit.errors import ArgumentError, DTypeError, ShapeError, UnsupportedFeature
 from attnkit.nn import GatedDeltaNet, Mamba2Mixer, RecurrentCache
-from attnkit.nn._recurrent import GatedRMSNorm, ShortConvolution
+from attnkit.nn._recurrent_parts import GatedRMSNorm, ShortConvolution
 
 from .recurrent_layers import DIM, LAYERS, OWN_RECURRENCE
 from .recurrent_layers import layer as _layer
@@ -103,7 +103,10 @@ def test_float32_layers_keep_a_float32_state(name):
 
 FAMILY_FUNCTIONS = {"gla": ("gla", "gated_linear_attention"), "deltanet": ("deltanet", "delta_rule"),
                     "gated_deltanet": ("gated_deltanet", "gated_delta_rule"),
-                    "kda": ("kimi_delta", "kimi_delta_attention"), "delta_product": ("delta_product", "delta_product")}
+                    "kda": ("kimi_delta", "kimi_delta_attention"), "delta_product": ("delta_product", "delta_product"),
+                    "retnet": ("retnet", "retention"), "lightning": ("lightning", "retention"),
+                    "mamba2": ("mamba2", "ssd"), "comba": ("comba", "comba"),
+                    "rwkv7": ("rwkv7", "generalized_delta_rule")}
 
 
 @pytest.mark.parametrize("name", list(FAMILY_FUNCTIONS))

@@ -28,8 +28,8 @@ import torch
 
 from ..errors import DTypeError, ShapeError, check_int
 from ..functional.recurrences.checks import check_qkv, check_state, check_tensor
-from ..functional.recurrences.forms import blocks, linear_recurrence, prepare, through_blocks
-from ..functional.recurrences.scan import pass_states, span_map
+from ..functional.recurrences.forms import blocks, linear_recurrence, pass_states, prepare, through_blocks
+from ..functional.recurrences.scan import span_map
 from ..nn._inputs import check_keep_mask, check_sequence
 from ..nn._recurrent import RecurrentLayer
 from .agreement import Field, checked, layer_fields, size, text_of, tracked

@@ -9,7 +9,8 @@ from ..errors import ShapeError, check_int
 from ..functional.recurrences import comba, l2_normalize
 from ..registry.entry import Entry, register
 from ._heads import merge_heads, split_heads
-from ._recurrent import DeltaRuleLayer, GatedRMSNorm, Mixed, ShortConvolution, decay_parameters, example, log_decay
+from ._recurrent import DeltaRuleLayer, example
+from ._recurrent_parts import GatedRMSNorm, Mixed, ShortConvolution, decay_parameters, log_decay, write_strength
 from ._recurrent_spec import recurrent_spec
 
 __all__ = ["Comba"]
@@ -107,13 +108,16 @@ class Comba(DeltaRuleLayer):
         p = torch.sigmoid(self.decay.to(acc))[:, None, None] * k
         q = q - self.D.to(acc)[:, None, None] * p
         g = log_decay(self.a_proj(x), self.A_log, self.dt_bias)  # (B, H, n, 1)
-        return Mixed(q, k, split_heads(v, self.num_heads), g, self.write_strength(self.b_proj(x)), (p,)), tail
+        beta = write_strength(self.b_proj(x), self.allow_neg_eigval)
+        return Mixed(q, k, split_heads(v, self.num_heads), g, beta, (p,)), tail
 
     def recurrence(self, mixed: Mixed, keep, form: str, initial_state):
         """:func:`~attnkit.functional.recurrences.comba` of ``mixed``; a padded token writes nothing (zero key) and
         does not decay."""
-        mixed = self.inert(mixed, keep)
-        return comba(mixed.q, mixed.k, mixed.v, mixed.rest[0], mixed.g[..., 0], mixed.beta, form=form,
+        k, g = mixed.k, mixed.g
+        if keep is not None:
+            k, g = (t.masked_fill(~keep[:, None, :, None], 0.0) for t in (k, g))
+        return comba(mixed.q, k, mixed.v, mixed.rest[0], g[..., 0], mixed.beta, form=form,
                      chunk_size=self.chunk_size, initial_state=initial_state,
                      read_before_decay=self.reads_before_decay)
 

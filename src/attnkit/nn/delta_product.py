@@ -8,7 +8,8 @@ from ..errors import ShapeError, check_int
 from ..functional.recurrences import delta_product
 from ..registry.entry import Entry, register
 from ._heads import merge_heads, split_heads
-from ._recurrent import DeltaRuleLayer, GatedRMSNorm, Mixed, ShortConvolution, decay_parameters, example, log_decay
+from ._recurrent import DeltaRuleLayer, example
+from ._recurrent_parts import GatedRMSNorm, Mixed, ShortConvolution, decay_parameters, log_decay, write_strength
 from ._recurrent_spec import recurrent_spec
 
 __all__ = ["DeltaProduct"]
@@ -91,7 +92,8 @@ class DeltaProduct(DeltaRuleLayer):
         q, k, v, tail = self.convolved_qkv(x, keep, context)
         h, n_h = self.num_heads, self.num_householder
         steps = [split_heads(t, h * n_h).unflatten(1, (h, n_h)).transpose(2, 3).flatten(2, 3) for t in (k, v)]
-        beta = self.write_strength(self.b_proj(x)).unflatten(1, (h, n_h)).transpose(2, 3).flatten(2, 3)  # (B, H, n n_h)
+        beta = write_strength(self.b_proj(x), self.allow_neg_eigval)
+        beta = beta.unflatten(1, (h, n_h)).transpose(2, 3).flatten(2, 3)  # (B, H, n n_h)
         if self.learned_decay:
             g = log_decay(self.a_proj(x), self.A_log, self.dt_bias)  # (B, H, n, 1)
         else:

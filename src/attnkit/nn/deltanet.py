@@ -8,7 +8,8 @@ from ..errors import ShapeError, check_int
 from ..functional.recurrences.delta import delta_rule
 from ..registry.entry import Entry, register
 from ._heads import merge_heads, split_heads
-from ._recurrent import DeltaRuleLayer, GatedRMSNorm, Mixed, ShortConvolution, example
+from ._recurrent import DeltaRuleLayer, example
+from ._recurrent_parts import GatedRMSNorm, Mixed, ShortConvolution, write_strength
 from ._recurrent_spec import recurrent_spec
 
 __all__ = ["DeltaNet"]
@@ -75,7 +76,7 @@ class DeltaNet(DeltaRuleLayer):
 
     def _mix(self, x, keep, context, offset):
         q, k, v, tail = self.convolved_qkv(x, keep, context)
-        beta = self.write_strength(self.b_proj(x))  # (B, H, n)
+        beta = write_strength(self.b_proj(x), self.allow_neg_eigval)  # (B, H, n)
         g = beta.new_zeros(*beta.shape, 1)
         return Mixed(*(split_heads(t, self.num_heads) for t in (q, k, v)), g, beta), tail
 

@@ -8,17 +8,8 @@ from ..errors import ShapeError, check_int
 from ..functional.recurrences.gated_delta import gated_delta_rule
 from ..registry.entry import Entry, register
 from ._heads import merge_heads, split_heads
-from ._recurrent import (
-    DeltaRuleLayer,
-    GatedRMSNorm,
-    Mixed,
-    ShortConvolution,
-    copy_weights,
-    decay_parameters,
-    example,
-    log_decay,
-    transformers_layer,
-)
+from ._recurrent import DeltaRuleLayer, copy_weights, example, transformers_layer
+from ._recurrent_parts import GatedRMSNorm, Mixed, ShortConvolution, decay_parameters, log_decay, write_strength
 from ._recurrent_spec import recurrent_spec
 
 __all__ = ["GatedDeltaNet"]
@@ -99,7 +90,7 @@ class GatedDeltaNet(DeltaRuleLayer):
     def _mix(self, x, keep, context, offset):
         q, k, v, tail = self.convolved_qkv(x, keep, context)
         g = log_decay(self.a_proj(x), self.A_log, self.dt_bias)  # (B, H, n, 1)
-        beta = self.write_strength(self.b_proj(x))
+        beta = write_strength(self.b_proj(x), self.allow_neg_eigval)
         q, k = (split_heads(t, self.num_key_heads) for t in (q, k))
         return Mixed(q, k, split_heads(v, self.num_heads), g, beta), tail
 

@@ -8,17 +8,8 @@ from ..errors import check_int
 from ..functional.recurrences.kda import kimi_delta_attention
 from ..registry.entry import Entry, register
 from ._heads import merge_heads, split_heads
-from ._recurrent import (
-    DeltaRuleLayer,
-    GatedRMSNorm,
-    Mixed,
-    ShortConvolution,
-    copy_weights,
-    decay_parameters,
-    example,
-    log_decay,
-    transformers_layer,
-)
+from ._recurrent import DeltaRuleLayer, copy_weights, example, transformers_layer
+from ._recurrent_parts import GatedRMSNorm, Mixed, ShortConvolution, decay_parameters, log_decay, write_strength
 from ._recurrent_spec import recurrent_spec
 
 __all__ = ["KimiDeltaAttention"]
@@ -90,7 +81,7 @@ class KimiDeltaAttention(DeltaRuleLayer):
     def _mix(self, x, keep, context, offset):
         q, k, v, tail = self.convolved_qkv(x, keep, context)
         g = log_decay(self.f_b_proj(self.f_a_proj(x)), self.A_log, self.dt_bias)  # (B, H, n, d): one per channel
-        beta = self.write_strength(self.b_proj(x))
+        beta = write_strength(self.b_proj(x), self.allow_neg_eigval)
         return Mixed(*(split_heads(t, self.num_heads) for t in (q, k, v)), g, beta), tail
 
     def family(self, mixed, **options):

@@ -7,9 +7,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ArgumentError, ShapeError, check_int
+from ..functional.recurrences.decay import retention
 from ..registry.entry import Entry, register
 from ._heads import merge_heads
-from ._recurrent import GatedRMSNorm, Mixed, RecurrentLayer, copy_weights, example
+from ._recurrent import RecurrentLayer, copy_weights, example
+from ._recurrent_parts import GatedRMSNorm, Mixed
 from ._recurrent_spec import recurrent_spec
 
 __all__ = ["LightningAttention", "lightning_slopes"]
@@ -35,7 +37,7 @@ class LightningAttention(RecurrentLayer):
         y = (RMSNorm(o) * sigmoid(x W_g)) W_o        (the norm over all heads' features at once)
 
     i.e. ``o_t = sum_{j <= t} exp(-s_h (t - j)) (q_t . k_j) v_j`` (:func:`attnkit.functional.recurrences.
-    linear_recurrence` with ``g = -s_h``), in the form asked for. Notation: ``W_qkv`` = ``qkv_proj``,
+    retention` with ``g = -s_h``), in the form asked for. Notation: ``W_qkv`` = ``qkv_proj``,
     ``W_g`` = ``output_gate``, ``W_o`` = ``out_proj``, ``norm``; ``s`` = ``-log_decay``, by default
     :func:`lightning_slopes` of the layer's depth.
 
@@ -98,6 +100,10 @@ class LightningAttention(RecurrentLayer):
         g = self.log_decay.to(torch.promote_types(x.dtype, torch.float32))[:, None, None].expand(
             batch, self.num_heads, n, 1)
         return Mixed(q, k, v, g, None), None
+
+    def family(self, mixed, **options):
+        """:func:`~attnkit.functional.recurrences.retention` with the log decays per token (0 at padded tokens)."""
+        return retention(mixed.q, mixed.k, mixed.v, g=mixed.g[..., 0], **options)
 
     def _finish(self, out, mixed, x):
         return self.out_proj(self.norm(merge_heads(out).to(x.dtype), self.output_gate(x)))

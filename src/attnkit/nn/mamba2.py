@@ -9,10 +9,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ArgumentError, ShapeError, check_int
-from ..functional.recurrences.ssd import ssd_inputs
+from ..functional.recurrences.ssd import ssd, ssd_inputs
 from ..registry.entry import Entry, register
 from ._heads import merge_heads, split_heads
-from ._recurrent import GatedRMSNorm, Mixed, RecurrentLayer, ShortConvolution, decay_parameters, example
+from ._recurrent import RecurrentLayer, example
+from ._recurrent_parts import GatedRMSNorm, Mixed, ShortConvolution, decay_parameters
 from ._recurrent_spec import recurrent_spec
 
 __all__ = ["Mamba2Mixer"]
@@ -141,11 +142,20 @@ class Mamba2Mixer(RecurrentLayer):
         dt = F.softplus(dt.to(torch.promote_types(x.dtype, torch.float32)) + self.dt_bias).transpose(1, 2)  # (B, H, n)
         if self.dt_limit != (0.0, math.inf):
             dt = dt.clamp(*self.dt_limit)
-        q, k, v, g = ssd_inputs(xs, dt, -self.A_log.exp(), split_heads(b, groups), split_heads(c, groups))
-        return Mixed(q, k, v, g, None, (xs, z)), tail
+        b, c = split_heads(b, groups), split_heads(c, groups)
+        if keep is not None:  # a padded token neither writes (B = 0) nor decays (dt = 0)
+            b, dt = b.masked_fill(~keep[:, None, :, None], 0.0), dt.masked_fill(~keep[:, None, :], 0.0)
+        q, k, v, g = ssd_inputs(xs, dt, -self.A_log.exp(), b, c)
+        return Mixed(q, k, v, g, None, (xs, z, dt, b, c)), tail
+
+    def family(self, mixed, *, scale, **options):
+        """:func:`~attnkit.functional.recurrences.ssd` (``scale`` is its 1) of ``mixed``'s inputs, the output kept
+        in the computation's dtype (``D x`` is added by :meth:`_finish`, as for a draft tree)."""
+        xs, _, dt, b, c = mixed.rest
+        return ssd(xs, dt, -self.A_log.exp(), b, c, out_dtype=mixed.v.dtype, **options)
 
     def _finish(self, out, mixed, x):
-        xs, z = mixed.rest
+        xs, z = mixed.rest[:2]
         y = merge_heads(out + xs.to(out.dtype) * self.D.to(out.dtype)[:, None, None]).to(x.dtype)  # (B, n, d_inner)
         return self.out_proj(y * F.silu(z) if self.norm is None else self.norm(y, z))
 

@@ -7,9 +7,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ShapeError, check_int
+from ..functional.recurrences.decay import retention
 from ..registry.entry import Entry, register
 from ._heads import merge_heads, split_heads
-from ._recurrent import Mixed, RecurrentLayer, example
+from ._recurrent import RecurrentLayer, example
+from ._recurrent_parts import Mixed
 from ._recurrent_spec import recurrent_spec
 from .rotary import RotaryEmbedding
 
@@ -87,6 +89,10 @@ class RetNetRetention(RecurrentLayer):
         g = self.log_decay.to(torch.promote_types(x.dtype, torch.float32))[:, None, None].expand(
             x.shape[0], self.num_heads, x.shape[1], 1)
         return Mixed(q, k, v, g, None), None
+
+    def family(self, mixed, **options):
+        """:func:`~attnkit.functional.recurrences.retention` with the log decays per token (0 at padded tokens)."""
+        return retention(mixed.q, mixed.k, mixed.v, g=mixed.g[..., 0], **options)
 
     def _finish(self, out, mixed, x):
         y = self.norm(merge_heads(out).flatten(0, 1)).unflatten(0, x.shape[:2])  # per head, per token

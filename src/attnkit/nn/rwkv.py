@@ -6,8 +6,10 @@ import torch
 from torch import nn
 
 from ..errors import DTypeError, check_int
+from ..functional.recurrences.forms import linear_recurrence
 from ..registry.entry import Entry, register
-from ._recurrent import Mixed, RecurrentLayer, copy_weights, example
+from ._recurrent import RecurrentLayer, copy_weights, example
+from ._recurrent_parts import Mixed
 from ._recurrent_spec import recurrent_spec
 
 __all__ = ["RWKV4TimeMixing"]
@@ -101,7 +103,12 @@ class RWKV4TimeMixing(RecurrentLayer):
 
     def recurrence(self, mixed: Mixed, keep, form: str, initial_state):
         """The sums up to each token, ``P_t``, shifted one step: ``P_{t-1}`` (the state before the call first)."""
-        sums, state = super().recurrence(mixed, keep, form, initial_state)
+        k, g = mixed.k, mixed.g
+        if keep is not None:  # a padded token neither writes nor decays
+            k, g = (t.masked_fill(~keep[:, None, :, None], 0.0) for t in (k, g))
+        sums, state = linear_recurrence(type(self).__name__, mixed.q, k, mixed.v, g, mixed.beta,
+                                        scale=self.scale, normalize_qk=self.normalize_qk, form=form,
+                                        chunk_size=self.chunk_size, initial_state=initial_state, cu_seqlens=None)
         if sums.shape[2] == 0:
             return sums, state
         before = sums.new_zeros(sums.shape[0], sums.shape[1], 1, 2) if initial_state is None else \

@@ -60,3 +60,32 @@ def test_bad_decays_and_gates_are_named():
         retention(q, k, v, torch.tensor([0.5, 0.5]))
     with pytest.raises(ShapeError, match=r"g must have shape \(B, H, L, Dk\) = \(2, 3, 11, 5\); got \(2, 3, 11\)"):
         gated_linear_attention(q, k, v, torch.zeros(2, 3, 11))
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_retention_with_log_decays_per_token_is_the_decay_mask_of_their_segment_sums(form):
+    """``g`` per token: ``log gamma_h`` everywhere is the fixed decay; a token with ``g = 0`` and a zero key (a
+    padded one) neither decays nor writes, so the others' outputs are those of the sequence without it."""
+    q, k, v = qkv(4)
+    gamma = torch.tensor([0.9, 0.6, 0.99], dtype=torch.float64)
+    fixed = gamma.log()[:, None].expand(2, 3, 11)
+    torch.testing.assert_close(retention(q, k, v, g=fixed, form=form, chunk_size=4)[0],
+                               retention(q, k, v, gamma, form=form, chunk_size=4)[0], **TOL)
+    keep = torch.ones(11, dtype=torch.bool)
+    keep[[0, 4, 5]] = False
+    g = fixed.masked_fill(~keep, 0.0)
+    out, state = retention(q, k.masked_fill(~keep[:, None], 0.0), v, g=g, form=form, chunk_size=4)
+    alone, alone_state = retention(q[:, :, keep], k[:, :, keep], v[:, :, keep], gamma, form="parallel")
+    torch.testing.assert_close(out[:, :, keep], alone, **TOL)
+    torch.testing.assert_close(state, alone_state, **TOL)
+
+
+def test_retention_takes_exactly_one_of_decay_and_g():
+    q, k, v = qkv()
+    with pytest.raises(ArgumentError, match=r"retention: give exactly one of decay \(H,\) and g \(B, H, L\); got "
+                                            "neither"):
+        retention(q, k, v)
+    with pytest.raises(ArgumentError, match="got both"):
+        retention(q, k, v, torch.ones(3, dtype=torch.float64), g=torch.zeros(2, 3, 11, dtype=torch.float64))
+    with pytest.raises(ShapeError, match=r"g must have shape \(B, H, L\) = \(2, 3, 11\); got \(3,\)"):
+        retention(q, k, v, g=torch.zeros(3, dtype=torch.float64))

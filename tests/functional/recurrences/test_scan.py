@@ -3,8 +3,9 @@
 import torch
 import torch.nn.functional as F
 
+from attnkit.functional.recurrences.forms import pass_states
 from attnkit.functional.recurrences.local import local_terms
-from attnkit.functional.recurrences.scan import apply_map, pass_states, span_map
+from attnkit.functional.recurrences.scan import apply_map, span_map
 
 
 def _blocks(delta: bool, channel: bool, seed=0):

@@ -45,3 +45,15 @@ def test_groups_must_divide_heads():
     x, dt, a, bb, cc, _ = _inputs(h=3, groups=2)
     with pytest.raises(ShapeError, match="x must have shape"):
         ssd(x, dt, a, bb, cc)
+
+
+def test_out_dtype_keeps_the_computations_precision():
+    """``out_dtype``: the float32 result before its rounding to x's dtype (None rounds it, as before)."""
+    x, dt, a, bb, cc, d = (t.float() for t in _inputs(2))
+    xb, bb16, cc16 = (t.to(torch.bfloat16) for t in (x, bb, cc))
+    kept, _ = ssd(xb, dt, a, bb16, cc16, D=d, out_dtype=torch.float32)
+    rounded, _ = ssd(xb, dt, a, bb16, cc16, D=d)
+    assert kept.dtype == torch.float32 and rounded.dtype == torch.bfloat16
+    assert torch.equal(kept.to(torch.bfloat16), rounded)
+    want, _ = ssd(*(t.double() for t in (xb, dt, a, bb16, cc16)), D=d.double())
+    torch.testing.assert_close(kept.double(), want, rtol=0, atol=1e-5)

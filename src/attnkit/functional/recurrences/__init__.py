@@ -21,7 +21,8 @@ through O(log L) Fenwick-tree bucket states, each weighted per token (:mod:`.log
 Each takes ``form="parallel" | "chunk" | "recurrent"`` (:mod:`.forms`; the same function), an
 ``initial_state`` and returns ``(output, final_state)``; ``cu_seqlens`` runs packed documents, each
 from its own state. Tensors are ``(B, H, L, D)``, as :func:`attnkit.attention`. Shared pieces:
-:mod:`.segsum` (decay masks), :mod:`.local` (a block's terms), :mod:`.scan` (passing the state).
+:mod:`.segsum` (decay masks), :mod:`.local` (a block's terms), :mod:`.forms` (passing the state from block
+to block), :mod:`.scan` (the map of a run of blocks).
 """
 
 from .checks import FORMS

@@ -16,8 +16,8 @@ from .forms import gated_recurrence
 __all__ = ["retention", "gated_linear_attention"]
 
 
-def retention(q, k, v, decay, *, scale=None, form: str = "chunk", chunk_size: int = 64, initial_state=None,
-              cu_seqlens=None):
+def retention(q, k, v, decay=None, *, g=None, scale=None, form: str = "chunk", chunk_size: int = 64,
+              initial_state=None, cu_seqlens=None):
     """Retention: causal linear attention whose state decays by a fixed ``gamma`` per head.
 
     Sun et al. 2023, "Retentive Network", arXiv:2307.08621, eq. 5-7: recurrent
@@ -34,11 +34,17 @@ def retention(q, k, v, decay, *, scale=None, form: str = "chunk", chunk_size: in
     ``(N, H, Dk, Dv)`` -> ``(out (B, H, L, Dv), final state (N, H, Dk, Dv))``; N = B, or the number of
     documents when ``cu_seqlens`` ``(N + 1,)`` packs them into ``(1, H, T, D)`` tensors.
 
+    ``g`` ``(B, H, L)``, in place of ``decay``: the log decays per token, ``log gamma_h`` at every token of
+    head ``h`` for this function's recurrence; a token whose ``g`` is 0 and whose key is 0 neither decays nor
+    writes the state (a padded token: what :class:`attnkit.nn.RetNetRetention` and
+    :class:`attnkit.nn.LightningAttention` pass, their decays given as logs).
+
     Complexity: parallel O(L^2 (Dk + Dv)); chunk O(L c (Dk + Dv) + L Dk Dv); recurrent O(L Dk Dv).
 
     Args:
         q, k, v: queries, keys, values.
         decay: ``gamma`` per head.
+        g: log decays per token (exactly one of ``decay`` and ``g``).
         scale: multiplies q (default ``Dk ** -0.5``).
         form: "parallel", "chunk" or "recurrent" (the same function).
         chunk_size: block length of the chunk form.
@@ -55,6 +61,12 @@ def retention(q, k, v, decay, *, scale=None, form: str = "chunk", chunk_size: in
         >>> torch.allclose(out, retention(q, k, v, torch.tensor([0.9, 0.5, 0.99]), form="recurrent")[0], atol=1e-5)
         True
     """
+    if (decay is None) == (g is None):
+        raise ArgumentError("retention: give exactly one of decay (H,) and g (B, H, L); got "
+                            f"{'neither' if decay is None else 'both'}")
+    if g is not None:
+        return gated_recurrence("retention", q, k, v, g, scale=scale, normalize_qk=False, form=form,
+                                chunk_size=chunk_size, initial_state=initial_state, cu_seqlens=cu_seqlens)
     b, h, n, _, _ = check_qkv("retention", q, k, v)
     check_tensor("retention", "decay", decay, (h,), "(H,)", q.device)
     if not bool(((decay > 0) & (decay <= 1)).all()):

@@ -3,7 +3,7 @@
 ``parallel``: the whole sequence as one block (:mod:`.local`): an ``L x L`` attention matrix with the
 decay mask ``exp(segsum(g))``, O(L^2) time and memory; the reference. ``chunk``: blocks of
 ``chunk_size`` tokens, each done in parallel, the state passed from block to block
-(:mod:`.scan`): O(L c (Dk + Dv) + L Dk Dv) time, memory linear in L. ``recurrent``: one token at a
+(:func:`pass_states`): O(L c (Dk + Dv) + L Dk Dv) time, memory linear in L. ``recurrent``: one token at a
 time (:mod:`.recurrent`): O(L Dk Dv) time, an O(Dk Dv) state, what decoding runs. All three
 compute the same function; gradients are autograd's through the chosen form.
 """
@@ -19,12 +19,11 @@ import torch.nn.functional as F
 from ...errors import ArgumentError, ShapeError, UnsupportedFeature
 from ...masks.tree import check_parents
 from .checks import check_form, check_lengths, check_qkv, check_state, check_tensor
-from .local import local_terms
+from .local import Local, local_terms
 from .recurrent import recurrent
-from .scan import pass_states
 from .tree import tree
 
-__all__ = ["l2_normalize", "parallel", "blocks", "through_blocks", "chunked", "prepare", "recurrent",
+__all__ = ["l2_normalize", "parallel", "blocks", "through_blocks", "pass_states", "chunked", "prepare", "recurrent",
            "linear_recurrence", "gated_recurrence"]
 
 
@@ -59,6 +58,32 @@ def through_blocks(terms, initial, n: int):
     entering, written, final = pass_states(initial, terms)
     out = terms.q_from_start @ entering + terms.scores @ written  # (..., C, c, Dv)
     return out.flatten(-3, -2)[..., :n, :], final
+
+
+def pass_states(initial: torch.Tensor, blocks: Local):
+    """States entering each block ``(..., C, Dk, Dv)``, written values ``(..., C, c, Dv)``, last state.
+
+    ``blocks`` holds :class:`Local` terms with a block axis before the token axis (``(..., C, c, D)``);
+    ``initial`` is ``(..., Dk, Dv)``.
+    """
+    state, entering = initial, []
+    if blocks.w is None:  # nothing written depends on the state: every block's update at once
+        updates = blocks.k_to_end.transpose(-1, -2) @ blocks.u  # (..., C, Dk, Dv)
+        for decay, update in zip(blocks.decay.unbind(-3), updates.unbind(-3), strict=True):
+            entering.append(state)
+            state = decay * state + update
+        return _stacked(entering, initial), blocks.u, state
+    written = []  # unbind, not indexing in the loop: a slice's backward would write a full-size gradient
+    for decay, k_end, u, w in zip(blocks.decay.unbind(-3), blocks.k_to_end.unbind(-3), blocks.u.unbind(-3),
+                                  blocks.w.unbind(-3), strict=True):
+        entering.append(state)
+        written.append(u - w @ state)  # (..., c, Dv)
+        state = decay * state + k_end.transpose(-1, -2) @ written[-1]
+    return _stacked(entering, initial), torch.stack(written, -3) if written else blocks.u, state
+
+
+def _stacked(states: list[torch.Tensor], initial: torch.Tensor) -> torch.Tensor:
+    return torch.stack(states, -3) if states else initial.new_zeros(*initial.shape[:-2], 0, *initial.shape[-2:])
 
 
 def chunked(q, k, v, g, beta, initial, p=None, pre_decay: bool = False, *, size: int):

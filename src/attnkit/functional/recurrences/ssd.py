@@ -10,7 +10,8 @@ from .forms import linear_recurrence
 __all__ = ["ssd", "ssd_inputs"]
 
 
-def ssd(x, dt, A, B, C, *, D=None, form: str = "chunk", chunk_size: int = 64, initial_state=None, cu_seqlens=None):
+def ssd(x, dt, A, B, C, *, D=None, form: str = "chunk", chunk_size: int = 64, initial_state=None, cu_seqlens=None,
+        out_dtype=None):
     """SSD: the selective state space model whose state matrix is a scalar times the identity, per head.
 
     Dao & Gu 2024, "Transformers are SSMs", arXiv:2405.21060, Sec. 6 and Listing 1. The recurrence
@@ -39,6 +40,8 @@ def ssd(x, dt, A, B, C, *, D=None, form: str = "chunk", chunk_size: int = 64, in
         B, C: input and output projections of the state (keys and queries).
         D: skip connection per head (none if None).
         form, chunk_size, initial_state, cu_seqlens: as :func:`attnkit.functional.recurrences.retention`.
+        out_dtype: the output's dtype (None: x's); the computation's (float32, or float64) keeps ``y`` unrounded
+            for what follows (:class:`attnkit.nn.Mamba2Mixer` adds ``D x`` and gates it in float32).
 
     Example:
         >>> import torch
@@ -62,7 +65,7 @@ def ssd(x, dt, A, B, C, *, D=None, form: str = "chunk", chunk_size: int = 64, in
                                  chunk_size=chunk_size, initial_state=initial_state, cu_seqlens=cu_seqlens)
     if D is not None:
         y = y + x.to(y.dtype) * D.to(y.dtype)[:, None, None]
-    return y.to(x.dtype), state
+    return y.to(x.dtype if out_dtype is None else out_dtype), state
 
 
 def ssd_inputs(x, dt, A, B, C):
