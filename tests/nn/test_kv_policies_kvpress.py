@@ -13,7 +13,9 @@ by matching its values, which kvpress gathers unchanged, against the dense prefi
   keys, *averaged* over the window, average-pooled (``kernel``, zero padding counted), then *averaged* over each
   key/value group's heads; the window itself always kept; ``int(L (1 - ratio))`` keys per key/value head.
   :func:`attnkit.nn.kv_policies.snapkv` *sums* over the window and the group: positive multiples, the same
-  order, so with ``budget = int(L (1 - ratio))`` the same keys, and the next token's logits agree.
+  order, so with ``budget = int(L (1 - ratio))`` the same keys (through the model's :class:`SnapKVCache`, and
+  :func:`snapkv` on each layer's queries, keys and values captured from the transformers model), and the next
+  token's logits agree.
 - ``StreamingLLMPress(ratio, n_sink)``: the first ``n_sink`` keys and the last ``n_kept - n_sink``, the same set as
   :class:`SinkWindowCache`. kvpress leaves the kept keys at their original positions unless wrapped in
   ``KeyRerotationPress``, which rotates them to ``0 .. n_kept - 1`` (the paper's positions within the cache, as
@@ -41,7 +43,7 @@ kvpress = pytest.importorskip("kvpress")
 transformers = pytest.importorskip("transformers")
 
 from attnkit.models import TransformerLM  # noqa: E402
-from attnkit.nn.kv_policies import HeavyHitterCache, SinkWindowCache, SnapKVCache  # noqa: E402
+from attnkit.nn.kv_policies import HeavyHitterCache, SinkWindowCache, SnapKVCache, snapkv  # noqa: E402
 
 L, VOCAB, LAYERS, HEADS, KV_HEADS = 64, 97, 2, 4, 2
 GROUP = HEADS // KV_HEADS
@@ -107,6 +109,46 @@ def snapkv_comparison(seed: int, ratio: float, window: int = 8, kernel: int = 5)
     kept, logits = _kvpress_run(hf, ids, kvpress.SnapKVPress(ratio, window_size=window, kernel_size=kernel))
     caches, ours = _attnkit_run(lm, ids, SnapKVCache(_n_kept(ratio), window=window, kernel=kernel))
     return _agreement(kept, [c.positions for c in caches]), (logits - ours).abs().max().item()
+
+
+@torch.no_grad()
+def _layer_qkv(hf, ids):
+    """Each layer's queries, keys and values in the dense prefill, rotated: ``(B, H, L, D)``, ``(B, H_kv, L, D)``."""
+    pre, angles = {}, {}
+    hooks = []
+    for i, layer in enumerate(hf.model.layers):
+        attn = layer.self_attn
+        hooks.append(attn.q_proj.register_forward_hook(lambda m, a, out, i=i: pre.__setitem__(i, out)))
+        hooks.append(attn.register_forward_pre_hook(
+            lambda m, a, kw, i=i: angles.__setitem__(i, kw["position_embeddings"]), with_kwargs=True))
+    cache = transformers.DynamicCache()
+    try:
+        hf(ids[:, :L], past_key_values=cache)
+    finally:
+        for h in hooks:
+            h.remove()
+    out = []
+    for i in range(LAYERS):
+        q = pre[i].unflatten(-1, (HEADS, -1)).transpose(1, 2)
+        cos, sin = (t[:, None] for t in angles[i])
+        half = q.shape[-1] // 2
+        q = q * cos + torch.cat([-q[..., half:], q[..., :half]], -1) * sin  # rotary in halves
+        out.append((q, cache.layers[i].keys, cache.layers[i].values))
+    return out
+
+
+def snapkv_layer_comparison(seed: int, ratio: float, window: int = 8, kernel: int = 5):
+    """:func:`snapkv` itself on each layer's captured queries, keys and values, per layer and key/value head."""
+    hf, _ = _models(seed)
+    ids = _tokens(seed)
+    kept, _ = _kvpress_run(hf, ids, kvpress.SnapKVPress(ratio, window_size=window, kernel_size=kernel))
+    ours = [snapkv(q, k, v, _n_kept(ratio), window=window, kernel=kernel)[2] for q, k, v in _layer_qkv(hf, ids)]
+    return _agreement(kept, ours)
+
+
+@pytest.mark.parametrize("ratio", [0.25, 0.5, 0.75])
+def test_snapkv_on_each_layers_captured_inputs_keeps_what_kvpress_keeps(ratio):
+    assert snapkv_layer_comparison(3, ratio) == 1.0
 
 
 @pytest.mark.parametrize("ratio", [0.25, 0.5, 0.75])
@@ -197,6 +239,9 @@ def report() -> None:
             a, d = snapkv_comparison(seed, ratio)
             print(f"SnapKV        ratio {ratio:.2f} seed {seed}: kept agree {a:7.2%}, next-token logits max diff "
                   f"{d:.2e}")
+    for ratio in (0.25, 0.5, 0.75):
+        print(f"snapkv()      ratio {ratio:.2f} seed 3: kept agree {snapkv_layer_comparison(3, ratio):7.2%} "
+              f"(captured rotated q/k/v of each layer)")
     for ratio in (0.25, 0.5, 0.75):
         a, d = streaming_comparison(0, ratio)
         print(f"StreamingLLM  ratio {ratio:.2f} seed 0: kept agree {a:7.2%} (layer 0), layer-0 next-token output "
