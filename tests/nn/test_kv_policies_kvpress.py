@@ -209,7 +209,7 @@ def h2o_comparison(seed: int, ratio: float, recent: int = 8):
         scores.append(score(*args, **kwargs))
         return scores[-1]
 
-    press.score = recorded  # type: ignore[method-assign]
+    press.score = recorded
     kept, _ = _kvpress_run(hf, ids, press)
     full = [HeavyHitterCache(L, recent) for _ in range(LAYERS)]  # nothing evicted: the dense prefill
     with torch.no_grad():
