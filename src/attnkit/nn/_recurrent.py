@@ -122,6 +122,7 @@ class RecurrentLayer(ConvolvedInputs):
     normalize_qk: bool = False
     delta_rule: bool = False
     learned_decay: bool = True  # the log decays come from parameters or the input (they take gradients)
+    per_channel_decay: bool = False  # a decay per key channel (GLA, KDA, RWKV-7): the blocks' products split
     steps_per_token: int = 1  # recurrence steps per token (DeltaProduct: n_h), for the cost spec
     # why a layer that runs a recurrence of its own (overrides ``recurrence``) runs no draft tree nor pieces
     own_recurrence: str = ("its tokens read their predecessor's sums (the recurrence's output shifted along the "

@@ -6,17 +6,22 @@ depthwise short convolution (``2 K`` per channel and token), and the recurrence,
 value head with ``L`` tokens, widths ``Dk, Dv``, blocks of ``c`` tokens (``C = ceil(L / c)``, the
 last one padded) and ``r = 1`` with the delta rule::
 
-    parallel    2 L^2 Dk (1 + r) + 2 L^2 Dv + 2 L Dk Dv (2 + r)          (one block of L tokens)
-    chunk       C (2 c^2 Dk (1 + r) + 2 c^2 Dv + 2 c Dk Dv (2 + r))
+    parallel    2 L^2 Dk (1 + r) + 2 L^2 Dv + r 2 L^2 (Dk + Dv) + 2 L Dk Dv (2 + r)    (one block of L tokens)
+    chunk       C (2 c^2 Dk (1 + r) + 2 c^2 Dv + r 2 c^2 (Dk + Dv) + 2 c Dk Dv (2 + r))
     recurrent   2 L Dk Dv (1 + r)
+
+where ``r 2 c^2 (Dk + Dv)`` are the delta rule's ``U`` and ``W``, products with the block inverse
+``(I + T)^-1``. With a decay per key channel (GLA, KDA, RWKV-7) each decay-masked ``c x c`` product over
+``Dk`` is split into products of blocks (:func:`count_masked_products`): ``Dk s (s - 1)`` with ``s`` the
+block length rounded up to a power of two, in place of ``2 c^2 Dk``.
 
 The log-linear layers (``state_levels`` G) count :func:`count_log_linear` instead: each block reads
 and carries every one of the G bucket states, and their decoding state is G times the recurrence's.
 
 The backward costs each product once more per operand that needs a gradient: the state a layer
 starts from (zeros) needs none, and nothing is differentiated through its final state (a layer
-without a cache discards it). The delta rule's triangular solve is counted by no counter
-forward; its backward adds one product, ``2 c^2 (Dk + Dv)`` per block. Decays and gates are
+without a cache discards it). The delta rule's block inverse (a triangular solve against the identity)
+is counted by no counter forward; its backward adds one product, ``2 c^3`` per block. Decays and gates are
 elementwise. The decoding state is the recurrence's ``H Dk Dv`` numbers (float32, float64 for
 float64 layers), the convolution's last ``K - 1`` inputs per channel and a token shift's last input
 (``token_shift`` features), whatever the context.
@@ -34,26 +39,52 @@ from ..costing.tally import Tally, dtype_of, randn
 from ..functional.recurrences.checks import FORMS, check_form
 
 __all__ = ["RECURRENT_SIZES", "RECURRENT_FORMULA", "LOG_LINEAR_FORMULA", "recurrent_spec", "count_recurrence",
-           "count_log_linear"]
+           "count_log_linear", "count_masked_products", "count_ut_transform"]
 
 RECURRENT_SIZES = {"batch": 2, "length": 16, "dim": 32, "dtype": "float32", "form": "chunk"}
 RECURRENT_FORMULA = ("projections 2 B L (sum of in x out); convolution 2 B L channels K; recurrence per head: "
-                     "parallel 2 L^2 (Dk (1 + r) + Dv) + 2 L Dk Dv (2 + r), chunk C times that at L = c, "
-                     "recurrent 2 L Dk Dv (1 + r) (r = 1 with the delta rule)")
+                     "parallel 2 L^2 (Dk (1 + r) + Dv) + r 2 L^2 (Dk + Dv) + 2 L Dk Dv (2 + r), chunk C times "
+                     "that at L = c, recurrent 2 L Dk Dv (1 + r) (r = 1 with the delta rule; a decay per channel: "
+                     "each c x c product over Dk costs Dk s (s - 1), s = c rounded up to a power of two)")
 LOG_LINEAR_FORMULA = ("projections 2 B L (sum of in x out); convolution 2 B L channels K; per head with G bucket "
-                      "states: chunk C (2 c^2 (Dk + Dv) + 4 c G Dk Dv (1 + r) + r (2 c^3 + 6 c^2 Dk)), parallel "
+                      "states: chunk C (2 c^2 (Dk + Dv) + 4 c G Dk Dv (1 + r) + r (4 c^3 + 8 c^2 Dk)), parallel "
                       "that at c = L, C = 1; recurrent 2 L G Dk Dv (1 + r) (r = 1 with the delta rule)")
 
 
+def count_masked_products(t: Tally, term: str, batch: int, c: int, dk: int, *, per_channel: bool,
+                          grads: int = 2) -> None:
+    """``batch`` decay-masked ``c x c`` products over ``dk`` channels: one matrix product with a decay per head;
+    with a decay per channel (:func:`attnkit.functional.recurrences.segsum.split_decayed_products`) ``c`` padded
+    to a power of two ``s`` and, level by level, ``s / 2m`` products of ``m x m`` for ``m = 1, 2, .., s / 2``."""
+    if not per_channel:
+        t.mm(term, batch, c, dk, c, grads=grads)
+        return
+    size, m = 1 << max(0, (c - 1).bit_length()), 1
+    while m < size:
+        t.mm(term, batch * (size // (2 * m)), m, dk, m, grads=grads)
+        m *= 2
+
+
+def count_ut_transform(t: Tally, batch: int, c: int, dk: int, dv: int, *, value_grads: int = 2) -> None:
+    """The delta rule's block inverse ``(I + T)^-1`` (a triangular solve against the identity, which no counter
+    counts forward; its backward forms one ``c x c x c`` product) and ``U``, ``W`` as two products with it
+    (``value_grads`` 1: the values are a constant, the log-linear blocks' identity)."""
+    if t.backward:
+        t.fused("delta rule: the block inverse's backward product", 0, 2 * batch * c * c * c)
+    t.mm("delta rule: U = (I + T)^-1 diag(beta) V", batch, c, c, dv, grads=value_grads)
+    t.mm("delta rule: W = (I + T)^-1 diag(beta) P^", batch, c, c, dk)
+
+
 def count_recurrence(t: Tally, form: str, heads: int, n: int, dk: int, dv: int, *, chunk: int, delta: bool,
-                     learned_decay: bool = True, query_grad: bool = True) -> None:
+                     learned_decay: bool = True, query_grad: bool = True, per_channel: bool = False) -> None:
     """The products of :func:`attnkit.functional.recurrences.forms.linear_recurrence` over ``heads`` (batch x value
     heads) sequences of ``n`` tokens, entered from a zero state, the final state unused.
 
     ``learned_decay``: the log decays need a gradient (learned or input-dependent gates), so the
     first step's decayed state does too (the recurrent form's first ``k^T S``). ``query_grad``: the queries
     need a gradient (False for a constant query, RWKV's sums: the products with them differentiate one operand;
-    the decayed queries ``Q^`` still need one under learned decays).
+    the decayed queries ``Q^`` still need one under learned decays). ``per_channel``: a decay per key channel
+    (:func:`count_masked_products`).
     """
     q = int(query_grad)
     if n == 0:
@@ -65,11 +96,12 @@ def count_recurrence(t: Tally, form: str, heads: int, n: int, dk: int, dv: int, 
         t.mm("output q^T S per token", heads * n, 1, dk, dv, grads=1 + q)
         return
     c, blocks = (n, 1) if form == "parallel" else (chunk, -(-n // chunk))
-    t.mm("block scores q k^T (decay-masked)", heads * blocks, c, dk, c, grads=1 + q)
+    # with a decay per channel both factors carry decays, so a learned decay differentiates the query's side too
+    count_masked_products(t, "block scores q k^T (decay-masked)", heads * blocks, c, dk, per_channel=per_channel,
+                          grads=1 + (q or (per_channel and learned_decay)))
     if delta:
-        t.mm("delta rule: block k k^T", heads * blocks, c, dk, c)
-        if t.backward:  # the solve itself is counted by no counter; its backward forms one product
-            t.fused("delta rule: the triangular solve's backward product", 0, 2 * heads * blocks * c * c * (dk + dv))
+        count_masked_products(t, "delta rule: block k k^T", heads * blocks, c, dk, per_channel=per_channel)
+        count_ut_transform(t, heads * blocks, c, dk, dv)
         t.mm("delta rule: values written U - W S", heads, c, dk, dv, grads=1)  # the first block reads S = 0
         t.mm("delta rule: values written U - W S", heads * (blocks - 1), c, dk, dv)
         t.mm("state passed on K~^T (U - W S)", heads * (blocks - 1), dk, c, dv)
@@ -100,8 +132,7 @@ def count_log_linear(t: Tally, form: str, heads: int, n: int, dk: int, dv: int, 
     t.mm("block scores q k^T (decay-masked)", heads * blocks, c, dk, c)
     if delta:
         t.mm("delta rule: block k k^T", heads * blocks, c, dk, c)
-        if t.backward:  # the solve itself is counted by no counter; its backward forms one product
-            t.fused("delta rule: the triangular solve's backward product", 0, 2 * heads * blocks * c * c * (c + dk))
+        count_ut_transform(t, heads * blocks, c, dk, c, value_grads=1)  # U = (I + T)^-1 diag(beta) itself
         t.mm("delta rule: the block's matrix A (I + T)^-1 diag(beta)", heads * blocks, c, c, c)
         t.mm("delta rule: the entering state's read Q^ - A W", heads * blocks, c, c, dk)
         t.mm("delta rule: what each token leaves K~^T (I + T)^-1 diag(beta)", heads * blocks, dk, c, c,
@@ -143,7 +174,7 @@ def _count_layer(t: Tally, s, layer, form: str) -> None:
     learned = layer.learned_decay and not getattr(layer, "reads_before_decay", False)
     count_recurrence(t, form, b * heads, n * layer.steps_per_token, dk, dv, chunk=layer.chunk_size,
                      delta=layer.delta_rule, learned_decay=learned,
-                     query_grad=not getattr(layer, "constant_query", False))
+                     query_grad=not getattr(layer, "constant_query", False), per_channel=layer.per_channel_decay)
     t.ew("decays, gates and norms (estimate)", b * n * heads * (dk + dv), 5)
     t.io(2 * b * n * s["dim"], sum(p.numel() for p in layer.parameters()))
 

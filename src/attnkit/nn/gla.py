@@ -58,6 +58,8 @@ class GatedLinearAttention(RecurrentLayer):
         True
     """
 
+    per_channel_decay = True
+
     def __init__(self, dim: int, num_heads: int, *, expand_k: float = 0.5, expand_v: float = 1.0, gate_rank: int = 16,
                  gate_temperature: float = 16.0, chunk_size: int = 16):
         super().__init__()

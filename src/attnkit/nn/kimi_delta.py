@@ -60,6 +60,8 @@ class KimiDeltaAttention(DeltaRuleLayer):
         True
     """
 
+    per_channel_decay = True
+
     def __init__(self, dim: int, num_heads: int, *, head_dim: int | None = None, conv_size: int = 4,
                  chunk_size: int = 16, eps: float = 1e-5, allow_neg_eigval: bool = False):
         super().__init__()

@@ -89,6 +89,8 @@ class RWKV7TimeMixing(RecurrentLayer):
         True
     """
 
+    per_channel_decay = True
+
     scale = 1.0
     steps_per_token = 2  # the generalized delta rule runs as two delta-rule steps a token (cost spec)
     delta_rule = True
