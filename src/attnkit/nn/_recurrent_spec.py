@@ -11,17 +11,19 @@ last one padded) and ``r = 1`` with the delta rule::
     recurrent   2 L Dk Dv (1 + r)
 
 where ``r 2 c^2 (Dk + Dv)`` are the delta rule's ``U`` and ``W``, products with the block inverse
-``(I + T)^-1``. With a decay per key channel (GLA, KDA, RWKV-7) each decay-masked ``c x c`` product over
-``Dk`` is split into products of blocks (:func:`count_masked_products`): ``Dk s (s - 1)`` with ``s`` the
-block length rounded up to a power of two, in place of ``2 c^2 Dk``.
+``(I + T)^-1`` (blocks of at most ``Dk + Dv`` tokens; a longer block solves for them: no product). With
+a decay per key channel (GLA, KDA, RWKV-7) each decay-masked ``c x c`` product over ``Dk`` is split into
+products of blocks (:func:`count_masked_products`): ``Dk s (s - 1)`` with ``s`` the block length rounded
+up to a power of two, in place of ``2 c^2 Dk``.
 
 The log-linear layers (``state_levels`` G) count :func:`count_log_linear` instead: each block reads
 and carries every one of the G bucket states, and their decoding state is G times the recurrence's.
 
 The backward costs each product once more per operand that needs a gradient: the state a layer
 starts from (zeros) needs none, and nothing is differentiated through its final state (a layer
-without a cache discards it). The delta rule's block inverse (a triangular solve against the identity)
-is counted by no counter forward; its backward adds one product, ``2 c^3`` per block. Decays and gates are
+without a cache discards it). The delta rule's triangular solve (against the identity for the block
+inverse) is counted by no counter forward; its backward adds one product, ``2 c^3`` per block (``2 c^2 (Dk +
+Dv)`` for a long block's direct solve). Decays and gates are
 elementwise. The decoding state is the recurrence's ``H Dk Dv`` numbers (float32, float64 for
 float64 layers), the convolution's last ``K - 1`` inputs per channel and a token shift's last input
 (``token_shift`` features), whatever the context.
@@ -37,6 +39,7 @@ from torch import nn
 from ..costing.spec import Spec
 from ..costing.tally import Tally, dtype_of, randn
 from ..functional.recurrences.checks import FORMS, check_form
+from ..functional.recurrences.local import inverts
 
 __all__ = ["RECURRENT_SIZES", "RECURRENT_FORMULA", "LOG_LINEAR_FORMULA", "recurrent_spec", "count_recurrence",
            "count_log_linear", "count_masked_products", "count_ut_transform"]
@@ -68,7 +71,11 @@ def count_masked_products(t: Tally, term: str, batch: int, c: int, dk: int, *, p
 def count_ut_transform(t: Tally, batch: int, c: int, dk: int, dv: int, *, value_grads: int = 2) -> None:
     """The delta rule's block inverse ``(I + T)^-1`` (a triangular solve against the identity, which no counter
     counts forward; its backward forms one ``c x c x c`` product) and ``U``, ``W`` as two products with it
-    (``value_grads`` 1: the values are a constant, the log-linear blocks' identity)."""
+    (``value_grads`` 1: the values are a constant, the log-linear blocks' identity); a block longer than
+    ``Dk + Dv`` (:func:`~attnkit.functional.recurrences.local.inverts`) solves for U and W directly instead."""
+    if not inverts(c, dk, dv):  # a long block solves for U and W directly: only the solve's backward product
+        t.fused("delta rule: the triangular solve's backward product", 0, 2 * batch * c * c * (dk + dv))
+        return
     if t.backward:
         t.fused("delta rule: the block inverse's backward product", 0, 2 * batch * c * c * c)
     t.mm("delta rule: U = (I + T)^-1 diag(beta) V", batch, c, c, dv, grads=value_grads)
