@@ -10,7 +10,7 @@ from ..core import attention
 from ..costing.attend import kv_cache
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
-from ..errors import ShapeError, check_int
+from ..errors import ArgumentError, ShapeError, check_int
 from ..functional.forgetting import ForgetGateBias
 from ..functional.path import path_attention
 from ..registry.entry import Entry, register
@@ -63,15 +63,20 @@ class PaTHAttention(nn.Module):
     Shapes: ``x`` ``(B, t, dim)`` -> ``(B, t, dim)``; with ``cache`` the ``t`` tokens follow the
     cached ones (run one at a time).
 
-    Complexity: without a cache O(L^2 dim + H L^3) time and O(H L^2) memory (the parallel form's
-    triangular solve); decoding O(n dim) per token, a cache of ``2 Hkv d`` numbers per token (and
-    ``H`` gate sums with the forget gate).
+    Complexity: without a cache, ``form="parallel"`` O(L^2 dim + H L^3) time and O(H L^2) memory
+    (the parallel form's triangular solve); ``form="chunk"`` O(L^2 dim + H L c (c + d)) time and
+    O(H L (c + d)) memory, forward and backward (blocks of ``c = chunk_size``); decoding O(n dim) per
+    token, a cache of ``2 Hkv d`` numbers per token (and ``H`` gate sums with the forget gate). The
+    registry's cost spec counts the parallel form.
 
     Args:
         dim: model width.
         num_heads: query heads H (``dim % H == 0``).
         num_kv_heads: key/value heads, each with its own transformations (H a multiple; default H).
         forget_gate: add FoX's forget gate (PaTH-FoX).
+        form: ``"parallel"`` or ``"chunk"``, the form of :func:`~attnkit.functional.path.path_attention`
+            used without a cache (equal up to rounding).
+        chunk_size: the chunk form's block length.
 
     Example:
         >>> import torch
@@ -84,9 +89,13 @@ class PaTHAttention(nn.Module):
         True
     """
 
-    def __init__(self, dim: int, num_heads: int, *, num_kv_heads: int | None = None, forget_gate: bool = False):
+    def __init__(self, dim: int, num_heads: int, *, num_kv_heads: int | None = None, forget_gate: bool = False,
+                 form: str = "parallel", chunk_size: int = 64):
         super().__init__()
         who = "PaTHAttention"
+        if form not in ("parallel", "chunk"):
+            raise ArgumentError(f"{who}: form must be 'parallel' or 'chunk'; got {form!r}")
+        self.form, self.chunk_size = form, check_int(who, "chunk_size", chunk_size, 1)
         heads, kv = check_int(who, "num_heads", num_heads, 1), num_kv_heads or num_heads
         if check_int(who, "dim", dim, 1) % heads or heads % check_int(who, "num_kv_heads", kv, 1):
             raise ShapeError(f"{who}: dim must be a multiple of num_heads and num_heads of num_kv_heads; got "
@@ -116,7 +125,7 @@ class PaTHAttention(nn.Module):
         beta = 2 * torch.sigmoid(self.beta_proj(x)).transpose(1, 2)  # (B, Hkv, t): in [0, 2]
         log_f = None if self.fgate_proj is None else F.logsigmoid(self.fgate_proj(x)).transpose(1, 2)
         if cache is None:
-            out = path_attention(q, k, v, w, beta, log_fgate=log_f)
+            out = path_attention(q, k, v, w, beta, log_fgate=log_f, form=self.form, chunk_size=self.chunk_size)
         else:
             out = torch.cat([self._step(cache, q, k, v, w, beta, log_f, t) for t in range(x.shape[1])], 2)
         return self.out_proj(out.transpose(1, 2).flatten(2))
@@ -132,7 +141,7 @@ class PaTHAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
-                f"forget_gate={self.fgate_proj is not None}")
+                f"forget_gate={self.fgate_proj is not None}, form={self.form!r}, chunk_size={self.chunk_size}")
 
 
 def _count(t, s, module=None):
