@@ -66,8 +66,7 @@ class PaTHAttention(nn.Module):
     Complexity: without a cache, ``form="parallel"`` O(L^2 dim + H L^3) time and O(H L^2) memory
     (the parallel form's triangular solve); ``form="chunk"`` O(L^2 dim + H L c (c + d)) time and
     O(H L (c + d)) memory, forward and backward (blocks of ``c = chunk_size``); decoding O(n dim) per
-    token, a cache of ``2 Hkv d`` numbers per token (and ``H`` gate sums with the forget gate). The
-    registry's cost spec counts the parallel form.
+    token, a cache of ``2 Hkv d`` numbers per token (and ``H`` gate sums with the forget gate).
 
     Args:
         dim: model width.
@@ -152,22 +151,48 @@ def _count(t, s, module=None):
     t.mm("projections (q, k, v, w, beta, forget gate, out)", 1, bn, dim, g)
     if s["forget_gate"]:
         t.mm("projections (q, k, v, w, beta, forget gate, out)", 1, bn, dim, h)
-    t.mm("PaTH scores: q k^T, q w^T, (beta w) w^T, (beta w) k^T", 4 * bh, n, d, n)
-    t.mm("PaTH scores: tril(q w^T) T^-1 (beta w k^T)", bh, n, n, n)
-    if t.backward:  # the triangular solve is counted by no counter; its backward forms one product
-        t.fused("PaTH scores: the triangular solve's backward product", 0, 2 * bh * n * n * n)
-    t.mm("weights @ v", bh, n, n, d)
-    t.ew("normalisation, gates, softmax (elementwise)", bh * n * n, 8)
-    t.inter(5 * bh * n * n)
+    if s["form"] not in ("parallel", "chunk"):
+        raise ArgumentError(f"cost('path-attention'): form must be 'parallel' or 'chunk'; got {s['form']!r}")
+    if s["form"] == "chunk":
+        _count_chunk(t, b, h, g, n, d, s["chunk_size"])
+    else:
+        t.mm("PaTH scores: q k^T, q w^T, (beta w) w^T, (beta w) k^T", 4 * bh, n, d, n)
+        t.mm("PaTH scores: tril(q w^T) T^-1 (beta w k^T)", bh, n, n, n)
+        if t.backward:  # the triangular solve is counted by no counter; its backward forms one product
+            t.fused("PaTH scores: the triangular solve's backward product", 0, 2 * bh * n * n * n)
+        t.mm("weights @ v", bh, n, n, d)
+        t.ew("normalisation, gates, softmax (elementwise)", bh * n * n, 8)
+        t.inter(5 * bh * n * n)
     t.mm("projections (q, k, v, w, beta, forget gate, out)", 1, bn, dim, dim)
     t.io(bn * dim, 2 * dim * dim + 3 * dim * g * d + dim * g + s["forget_gate"] * dim * h, bn * dim)
     kv_cache(t, g, d, d)
     t.decoding(per_token=h * torch.promote_types(dtype_of(s), torch.float32).itemsize)  # the gate sums
 
 
+def _count_chunk(t, b, h, g, n, d, c):
+    """The chunk form: ``nb`` blocks of ``c`` (the last padded); each query block's walk recomputed in the backward."""
+    nb = -(-n // check_int("cost('path-attention')", "chunk_size", c, 1))
+    kb, qb, pairs = b * g * nb, b * h * nb, nb * (nb - 1) // 2
+    t.mm("blocks: (beta w) w^T, (beta w) k^T, keys to the block's end Y^T w", 2 * kb, c, d, c)
+    t.mm("blocks: (beta w) w^T, (beta w) k^T, keys to the block's end Y^T w", kb, c, c, d,
+         grads=2 if nb > 1 else 0)  # one block: the moved keys meet no later query
+    if t.backward:  # the triangular solve [M, Y] = T^-1 [beta W, tril_-1(beta W K^T)]: its backward forms one product
+        t.fused("blocks: the triangular solve's backward product", 0, 2 * kb * c * c * (d + c))
+    t.mm("queries to the block's start and diagonal blocks: q w^T, q k^T, tril(q w^T) M", 2 * qb, c, d, c)
+    t.mm("queries to the block's start and diagonal blocks: q w^T, q k^T, tril(q w^T) M", qb, c, c, d,
+         grads=2 if nb > 1 else 0)  # one block: the moved queries meet no earlier key
+    t.mm("queries to the block's start and diagonal blocks: tril(q w^T) Y", qb, c, c, c)
+    t.mm("earlier key blocks' scores (recomputed in the backward)", b * h * pairs, c, d, c, recompute=True)
+    t.mm("weights @ v (recomputed in the backward)", b * h * (pairs + nb), c, c, d, recompute=True)
+    t.mm("queries moved back through a block: (q w^T) M (recomputed in the backward)",
+         2 * b * h * max(0, (nb - 1) * (nb - 2) // 2), c, d, c, recompute=True)
+    t.ew("normalisation, gates, online softmax (elementwise)", b * h * c * c * (pairs + nb), 10)
+    t.inter(b * h * nb * c * (2 * c + 2 * d), b * g * nb * c * (3 * c + 3 * d))
+
+
 def _make(s):
-    return PaTHAttention(s["dim"], s["heads"], num_kv_heads=s["kv_heads"], forget_gate=s["forget_gate"]).to(
-        dtype_of(s)).eval()
+    return PaTHAttention(s["dim"], s["heads"], num_kv_heads=s["kv_heads"], forget_gate=s["forget_gate"],
+                         form=s["form"], chunk_size=s["chunk_size"]).to(dtype_of(s)).eval()
 
 
 def _example():
@@ -180,11 +205,12 @@ register(Entry(
     "O(L^2 D + H L^3)", "causal softmax attention whose keys are moved by accumulated data-dependent Householder "
     "transformations", family="module", example=_example,
     spec=Spec({"batch": 2, "length": 16, "dim": 24, "heads": 3, "kv_heads": None, "forget_gate": False,
-               "dtype": "float32"},
+               "form": "parallel", "chunk_size": 64, "dtype": "float32"},
               _count, lambda s, m: (m, (randn(s["batch"], s["length"], s["dim"], dtype=dtype_of(s)),)),
               "projections 2 B L dim (2 dim + 3 g d + g (+ H)); per head 2 L^2 d (4 + 1) + 2 L^3 (the scores' "
-              "triangular system; its backward one more product)",
+              "triangular system; its backward one more product); chunk form (blocks of c): per head 2 L^2 d "
+              "(about 3/2 + 1/2, the walk recomputed in the backward) + 2 L c (4 d + c)",
               make=_make, length=("length",), derive=lambda s: {**s, "kv_heads": s["kv_heads"] or s["heads"]},
               config=lambda m: {"dim": m.dim, "heads": m.num_heads, "kv_heads": m.num_kv_heads,
-                                "forget_gate": m.fgate_proj is not None},
+                                "forget_gate": m.fgate_proj is not None, "form": m.form, "chunk_size": m.chunk_size},
               module_type=PaTHAttention, nullable=frozenset({"kv_heads"}))))
