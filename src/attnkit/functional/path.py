@@ -142,6 +142,10 @@ def path_attention(q, k, v, w, beta, *, log_fgate=None, scale=None, form: str = 
         >>> plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         >>> torch.allclose(out, plain, atol=1e-6)
         True
+        >>> beta = torch.rand(1, 2, 6) * 2
+        >>> chunk = path_attention(q, k, v, w, beta, form="chunk", chunk_size=4)  # blocks of 4: O(L 4) memory
+        >>> torch.allclose(chunk, path_attention(q, k, v, w, beta), atol=1e-6)
+        True
     """
     who = "path_attention"
     if form not in ("parallel", "chunk"):
