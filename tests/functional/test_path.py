@@ -107,6 +107,8 @@ def test_chunk_form_in_float32_and_without_gradients():
     assert out.dtype == torch.float32
     want = path_attention(*(t.double() for t in (q, k, v, w, beta)), log_fgate=log_f.double())
     torch.testing.assert_close(out.double(), want, rtol=0, atol=1e-5)
+    empty = path_attention(q[:, :, :0], k[:, :, :0], v[:, :, :0], w[:, :, :0], beta[:, :, :0], form="chunk")
+    assert empty.shape == (2, 4, 0, 5)
 
 
 class _Largest(TorchDispatchMode):

@@ -71,7 +71,9 @@ def path_scores(q, k, w, beta):
 def _chunk_form(q, k, v, w, beta, fcum, scale: float, c: int) -> torch.Tensor:
     """The chunk form (module docstring) of ``q`` ``(B, H, L, D)``, ``k, w`` ``(B, Hkv, L, D)``, ``v`` ``(B, Hkv, L,
     Dv)``, ``beta`` ``(B, Hkv, L)`` and cumulative gates ``fcum`` ``(B, H, L)`` or None, all in one float dtype."""
-    _, h, n, d = q.shape
+    b, h, n, d = q.shape
+    if n == 0:
+        return v.new_zeros(b, h, 0, v.shape[-1])
     hkv, groups, nb = k.shape[1], h // k.shape[1], -(-n // c)
     pad = nb * c - n  # padded positions: zero keys, H = I, after every real query (never seen by one)
     q, k, v, w = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v, w))
