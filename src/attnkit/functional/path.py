@@ -29,15 +29,15 @@ where, with ``M_b = T_b^-1 diag(beta_b) W_b`` and ``Y_b = T_b^-1 tril_-1(diag(be
 parallel form inside the block, ``tril(Q_a K_a^T) - tril(Q_a W_a^T) Y_a``. Each query block walks
 the key blocks back from the diagonal, moving its queries by one block's transformation at a time
 (``Q <- Q - (Q W_b^T) M_b``, the row form of ``Q P_b``) and accumulating an online softmax (running
-max and sum). O(L^2 (D + Dv) + L c (c + D)) time, O(L (c + D + Dv)) memory; the backward recomputes
-each query block's walk under :func:`torch.utils.checkpoint.checkpoint`, so it is O(L) in memory too.
+max and sum). O(L^2 (D + Dv) + L c (c + D)) time, O(L (c + D + Dv)) memory; each query block's walk
+is one autograd node that keeps only its inputs and recomputes the walk in its backward, so the
+backward is O(L) in memory too (and the graph has L / c nodes for the walks, not (L / c)^2 / 2).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError, check_int
 from .forgetting import ForgetGateBias
@@ -97,29 +97,49 @@ def _chunk_form(q, k, v, w, beta, fcum, scale: float, c: int) -> torch.Tensor:
         f = F.pad(fcum, (0, pad), mode="replicate").unflatten(1, (hkv, groups)).unflatten(-1, (nb, c))
         diag = diag + f[..., :, None] - f[..., None, :]
     diag = diag.masked_fill(~torch.ones(c, c, dtype=torch.bool, device=q.device).tril(), float("-inf"))
-    khat_, w_, m_, v_ = (t.unbind(-3) for t in (khat, w, m, v))  # per block: gradients stay block-sized
-    f_ = f.unbind(-2) if f is not None else None
-
-    def row(a: int, cur: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """Query block ``a``: its diagonal ``scores``, then key blocks ``a - 1, ..., 0`` with ``cur`` moved back."""
-        top = scores.amax(-1, keepdim=True).detach()  # the result does not depend on the running max
-        p = (scores - top).exp()
-        total, acc = p.sum(-1, keepdim=True), p @ v_[a]
-        for j in range(a - 1, -1, -1):
-            s = (cur @ khat_[j].transpose(-1, -2)) * scale
-            if f_ is not None:
-                s = s + f_[a][..., :, None] - f_[j][..., None, :]
-            new = torch.maximum(top, s.amax(-1, keepdim=True).detach())
-            p, alpha = (s - new).exp(), (top - new).exp()
-            total, acc, top = total * alpha + p.sum(-1, keepdim=True), acc * alpha + p @ v_[j], new
-            if j:
-                cur = cur - (cur @ w_[j].transpose(-1, -2)) @ m_[j]  # cur P_j: through block j to its start
-        return acc / total
-
     grad = torch.is_grad_enabled() and any(x.requires_grad for x in (qt, diag, khat, v))
-    out = [checkpoint(row, a, qa, sa, use_reentrant=False) if grad else row(a, qa, sa)
+    out = [_Row.apply(a, scale, qa, sa, khat, w, m, v, f) if grad else _walk(a, scale, qa, sa, khat, w, m, v, f)
            for a, (qa, sa) in enumerate(zip(qt.unbind(-3), diag.unbind(-3), strict=True))]
     return torch.stack(out, -3).flatten(-3, -2)[..., :n, :].flatten(1, 2)  # (B, H, L, Dv)
+
+
+def _walk(a: int, scale: float, cur, scores, khat, w, m, v, f) -> torch.Tensor:
+    """Query block ``a`` of the chunk form: its diagonal ``scores`` ``(B, Hkv, G, c, c)``, then key blocks ``a - 1,
+    ..., 0`` of ``khat, w, m, v`` ``(B, Hkv, 1, nb, c, *)`` with ``cur`` ``(B, Hkv, G, c, D)`` moved back one block at
+    a time; an online softmax (running max and sum) -> ``(B, Hkv, G, c, Dv)``."""
+    khat, w, m, v = (t.unbind(-3) for t in (khat, w, m, v))  # per block: one stack in the backward
+    gates = f.unbind(-2) if f is not None else None
+    top = scores.amax(-1, keepdim=True).detach()  # the result does not depend on the running max
+    p = (scores - top).exp()
+    total, acc = p.sum(-1, keepdim=True), p @ v[a]
+    for j in range(a - 1, -1, -1):
+        s = (cur @ khat[j].transpose(-1, -2)) * scale
+        if gates is not None:
+            s = s + gates[a][..., :, None] - gates[j][..., None, :]
+        new = torch.maximum(top, s.amax(-1, keepdim=True).detach())
+        p, alpha = (s - new).exp(), (top - new).exp()
+        total, acc, top = total * alpha + p.sum(-1, keepdim=True), acc * alpha + p @ v[j], new
+        if j:
+            cur = cur - (cur @ w[j].transpose(-1, -2)) @ m[j]  # cur P_j: through block j to its start
+    return acc / total
+
+
+class _Row(torch.autograd.Function):
+    """:func:`_walk` as one autograd node that keeps only its inputs and recomputes the walk in its backward."""
+
+    @staticmethod
+    def forward(ctx, a, scale, cur, scores, khat, w, m, v, f):
+        ctx.a, ctx.scale = a, scale
+        ctx.save_for_backward(cur, scores, khat, w, m, v, f)
+        return _walk(a, scale, cur, scores, khat, w, m, v, f)
+
+    @staticmethod
+    def backward(ctx, grad):
+        inputs = [t.detach().requires_grad_() if t is not None else None for t in ctx.saved_tensors]
+        with torch.enable_grad():
+            out = _walk(ctx.a, ctx.scale, *inputs)
+        found = iter(torch.autograd.grad(out, [t for t in inputs if t is not None], grad, allow_unused=True))
+        return (None, None, *(next(found) if t is not None else None for t in inputs))
 
 
 def path_attention(q, k, v, w, beta, *, log_fgate=None, scale=None, form: str = "parallel", chunk_size: int = 64):
