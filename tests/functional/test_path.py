@@ -4,8 +4,10 @@ flash-linear-attention imports, its pure-torch reference."""
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
-from attnkit.errors import ShapeError
+from attnkit.errors import ArgumentError, ShapeError
 from attnkit.functional.path import path_attention, path_scores
 
 TOL = dict(rtol=0, atol=1e-10)
@@ -45,11 +47,13 @@ def problem(b=2, h=4, hkv=2, n=11, d=5, seed=0):
     return [t.requires_grad_() for t in (q, k, v, w, beta, log_f)]
 
 
+@pytest.mark.parametrize("form", ["parallel", "chunk"])
 @pytest.mark.parametrize("forget", [False, True])
-def test_equals_the_papers_equations_forward_and_backward(forget):
+def test_equals_the_papers_equations_forward_and_backward(forget, form):
     q, k, v, w, beta, log_f = problem()
     gates = log_f if forget else None
-    out, want = path_attention(q, k, v, w, beta, log_fgate=gates), oracle(q, k, v, w, beta, gates)
+    out = path_attention(q, k, v, w, beta, log_fgate=gates, form=form, chunk_size=4)
+    want = oracle(q, k, v, w, beta, gates)
     torch.testing.assert_close(out, want, **TOL)
     leaves = [q, k, v, w, beta] + ([log_f] if forget else [])
     weights = torch.randn_like(want)
@@ -72,10 +76,77 @@ def test_reflections_at_beta_two_keep_the_keys_norms():
     assert not torch.allclose(u[:, 6, 0], k[0, 0, 0].detach())  # the key was moved, not left alone
 
 
-def test_beta_zero_is_causal_softmax_attention():
+@pytest.mark.parametrize("form", ["parallel", "chunk"])
+def test_beta_zero_is_causal_softmax_attention(form):
     q, k, v, w, _, _ = problem(hkv=4)
-    out = path_attention(q, k, v, w, torch.zeros(2, 4, 11, dtype=torch.float64))
+    out = path_attention(q, k, v, w, torch.zeros(2, 4, 11, dtype=torch.float64), form=form, chunk_size=3)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), **TOL)
+
+
+@pytest.mark.parametrize("forget", [False, True])
+@pytest.mark.parametrize(("n", "chunk", "hkv"), [(11, 4, 2), (16, 4, 1), (5, 8, 4), (1, 4, 2), (1, 1, 2), (9, 1, 1),
+                                                  (23, 6, 2)])
+def test_chunk_form_equals_the_parallel_form_forward_and_backward(n, chunk, hkv, forget):
+    q, k, v, w, beta, log_f = problem(n=n, hkv=hkv, seed=n + chunk)
+    gates = log_f if forget else None
+    leaves = [q, k, v, w, beta] + ([log_f] if forget else [])
+    want = path_attention(q, k, v, w, beta, log_fgate=gates)
+    out = path_attention(q, k, v, w, beta, log_fgate=gates, form="chunk", chunk_size=chunk)
+    torch.testing.assert_close(out, want, **TOL)
+    weights = torch.randn_like(want)
+    got = torch.autograd.grad((out * weights).sum(), leaves)
+    expected = torch.autograd.grad((want * weights).sum(), leaves)
+    for a, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, e, **TOL)
+
+
+def test_chunk_form_in_float32_and_without_gradients():
+    q, k, v, w, beta, log_f = (t.detach().float() for t in problem(n=13))
+    with torch.no_grad():
+        out = path_attention(q, k, v, w, beta, log_fgate=log_f, form="chunk", chunk_size=5)
+    assert out.dtype == torch.float32
+    want = path_attention(*(t.double() for t in (q, k, v, w, beta)), log_fgate=log_f.double())
+    torch.testing.assert_close(out.double(), want, rtol=0, atol=1e-5)
+    empty = path_attention(q[:, :, :0], k[:, :, :0], v[:, :, :0], w[:, :, :0], beta[:, :, :0], form="chunk")
+    assert empty.shape == (2, 4, 0, 5)
+
+
+class _Largest(TorchDispatchMode):
+    """The largest number of elements of any tensor an operator returns (forward, recomputation and backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.numel = max([self.numel] + [t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor)])
+        return out
+
+
+def _largest(n, form, chunk=16):
+    q, k, v, w, beta, log_f = problem(b=1, h=2, hkv=1, n=n, d=4, seed=1)
+    with _Largest() as mode:
+        out = path_attention(q, k, v, w, beta, log_fgate=log_f, form=form, chunk_size=chunk)
+        torch.autograd.grad(out.sum(), [q, k, v, w, beta, log_f])
+    return mode.numel
+
+
+def test_chunk_form_creates_no_quadratic_tensor_forward_or_backward():
+    # per key head: the parallel form builds L x L scores; the chunk form nothing above L (c + D) per head
+    assert _largest(256, "parallel") >= 2 * 256 * 256
+    small, large = _largest(128, "chunk"), _largest(256, "chunk")
+    assert large <= 2 * 256 * (16 + 4 + 4) < 256 * 256
+    assert large <= 2 * small  # linear in L
+
+
+def test_bad_form_and_chunk_size_are_refused():
+    q, k, v, w, beta, _ = problem()
+    with pytest.raises(ArgumentError, match="form must be 'parallel' or 'chunk'"):
+        path_attention(q, k, v, w, beta, form="recurrent")
+    for bad in (0, -3, 2.0, True):
+        with pytest.raises(ArgumentError, match="chunk_size must be an int >= 1"):
+            path_attention(q, k, v, w, beta, form="chunk", chunk_size=bad)
 
 
 def test_shapes_are_checked():

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnkit.errors import DTypeError
+from attnkit.errors import ArgumentError, DTypeError
 from attnkit.nn import ForgetCache, PaTHAttention
 from attnkit.registry import get
 
@@ -14,9 +14,9 @@ from ..functional.test_path import oracle
 TOL = dict(rtol=0, atol=1e-10)
 
 
-def _layer(kv_heads=2, forget_gate=True):
+def _layer(kv_heads=2, forget_gate=True, **options):
     torch.manual_seed(0)
-    layer = PaTHAttention(12, 4, num_kv_heads=kv_heads, forget_gate=forget_gate).double()
+    layer = PaTHAttention(12, 4, num_kv_heads=kv_heads, forget_gate=forget_gate, **options).double()
     with torch.no_grad():
         for p in layer.parameters():
             p.add_(torch.randn_like(p) * 0.1)
@@ -38,9 +38,10 @@ def _path(layer, x):
     return oracle(q, k, v, w, beta, log_f).transpose(1, 2).flatten(2) @ layer.out_proj.weight.T
 
 
+@pytest.mark.parametrize("form", ["parallel", "chunk"])
 @pytest.mark.parametrize(("kv_heads", "forget_gate"), [(4, False), (2, True), (1, True)])
-def test_matches_the_papers_equations_forward_and_backward(kv_heads, forget_gate):
-    layer = _layer(kv_heads, forget_gate)
+def test_matches_the_papers_equations_forward_and_backward(kv_heads, forget_gate, form):
+    layer = _layer(kv_heads, forget_gate, form=form, chunk_size=3)
     x = torch.randn(2, 8, 12, dtype=torch.float64, requires_grad=True)
     out, want = layer(x), _path(layer, x)
     torch.testing.assert_close(out, want, **TOL)
@@ -51,9 +52,10 @@ def test_matches_the_papers_equations_forward_and_backward(kv_heads, forget_gate
         torch.testing.assert_close(a, e, **TOL)
 
 
+@pytest.mark.parametrize("form", ["parallel", "chunk"])
 @pytest.mark.parametrize("forget_gate", [False, True])
-def test_decoding_step_by_step_equals_the_prefill(forget_gate):
-    layer, x = _layer(forget_gate=forget_gate), torch.randn(2, 10, 12, dtype=torch.float64)
+def test_decoding_step_by_step_equals_the_prefill(forget_gate, form):
+    layer, x = _layer(forget_gate=forget_gate, form=form, chunk_size=4), torch.randn(2, 10, 12, dtype=torch.float64)
     full = layer(x)
     cache = layer.new_cache(2, 10)
     parts = [layer(x[:, :4], cache=cache)] + [layer(x[:, t:t + 1], cache=cache) for t in range(4, 10)]
@@ -74,6 +76,14 @@ def test_a_cache_without_reflections_is_refused():
     layer = _layer()
     with pytest.raises(DTypeError, match="cache must be a PathCache"):
         layer(torch.randn(1, 2, 12, dtype=torch.float64), cache=ForgetCache(1, 4, 2, 3, 4, dtype=torch.float64))
+
+
+def test_bad_form_and_chunk_size_are_refused():
+    with pytest.raises(ArgumentError, match="form must be 'parallel' or 'chunk'"):
+        PaTHAttention(12, 4, form="recurrent")
+    with pytest.raises(ArgumentError, match="chunk_size must be an int >= 1"):
+        PaTHAttention(12, 4, form="chunk", chunk_size=0)
+    assert "form='chunk', chunk_size=5" in repr(PaTHAttention(12, 4, form="chunk", chunk_size=5))
 
 
 def test_registry_entry_runs_its_example():

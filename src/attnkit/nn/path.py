@@ -10,7 +10,7 @@ from ..core import attention
 from ..costing.attend import kv_cache
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
-from ..errors import ShapeError, check_int
+from ..errors import ArgumentError, ShapeError, check_int
 from ..functional.forgetting import ForgetGateBias
 from ..functional.path import path_attention
 from ..registry.entry import Entry, register
@@ -63,15 +63,19 @@ class PaTHAttention(nn.Module):
     Shapes: ``x`` ``(B, t, dim)`` -> ``(B, t, dim)``; with ``cache`` the ``t`` tokens follow the
     cached ones (run one at a time).
 
-    Complexity: without a cache O(L^2 dim + H L^3) time and O(H L^2) memory (the parallel form's
-    triangular solve); decoding O(n dim) per token, a cache of ``2 Hkv d`` numbers per token (and
-    ``H`` gate sums with the forget gate).
+    Complexity: without a cache, ``form="parallel"`` O(L^2 dim + H L^3) time and O(H L^2) memory
+    (the parallel form's triangular solve); ``form="chunk"`` O(L^2 dim + H L c (c + d)) time and
+    O(H L (c + d)) memory, forward and backward (blocks of ``c = chunk_size``); decoding O(n dim) per
+    token, a cache of ``2 Hkv d`` numbers per token (and ``H`` gate sums with the forget gate).
 
     Args:
         dim: model width.
         num_heads: query heads H (``dim % H == 0``).
         num_kv_heads: key/value heads, each with its own transformations (H a multiple; default H).
         forget_gate: add FoX's forget gate (PaTH-FoX).
+        form: ``"parallel"`` or ``"chunk"``, the form of :func:`~attnkit.functional.path.path_attention`
+            used without a cache (equal up to rounding).
+        chunk_size: the chunk form's block length.
 
     Example:
         >>> import torch
@@ -84,9 +88,13 @@ class PaTHAttention(nn.Module):
         True
     """
 
-    def __init__(self, dim: int, num_heads: int, *, num_kv_heads: int | None = None, forget_gate: bool = False):
+    def __init__(self, dim: int, num_heads: int, *, num_kv_heads: int | None = None, forget_gate: bool = False,
+                 form: str = "parallel", chunk_size: int = 64):
         super().__init__()
         who = "PaTHAttention"
+        if form not in ("parallel", "chunk"):
+            raise ArgumentError(f"{who}: form must be 'parallel' or 'chunk'; got {form!r}")
+        self.form, self.chunk_size = form, check_int(who, "chunk_size", chunk_size, 1)
         heads, kv = check_int(who, "num_heads", num_heads, 1), num_kv_heads or num_heads
         if check_int(who, "dim", dim, 1) % heads or heads % check_int(who, "num_kv_heads", kv, 1):
             raise ShapeError(f"{who}: dim must be a multiple of num_heads and num_heads of num_kv_heads; got "
@@ -116,7 +124,7 @@ class PaTHAttention(nn.Module):
         beta = 2 * torch.sigmoid(self.beta_proj(x)).transpose(1, 2)  # (B, Hkv, t): in [0, 2]
         log_f = None if self.fgate_proj is None else F.logsigmoid(self.fgate_proj(x)).transpose(1, 2)
         if cache is None:
-            out = path_attention(q, k, v, w, beta, log_fgate=log_f)
+            out = path_attention(q, k, v, w, beta, log_fgate=log_f, form=self.form, chunk_size=self.chunk_size)
         else:
             out = torch.cat([self._step(cache, q, k, v, w, beta, log_f, t) for t in range(x.shape[1])], 2)
         return self.out_proj(out.transpose(1, 2).flatten(2))
@@ -132,7 +140,7 @@ class PaTHAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
-                f"forget_gate={self.fgate_proj is not None}")
+                f"forget_gate={self.fgate_proj is not None}, form={self.form!r}, chunk_size={self.chunk_size}")
 
 
 def _count(t, s, module=None):
@@ -143,22 +151,48 @@ def _count(t, s, module=None):
     t.mm("projections (q, k, v, w, beta, forget gate, out)", 1, bn, dim, g)
     if s["forget_gate"]:
         t.mm("projections (q, k, v, w, beta, forget gate, out)", 1, bn, dim, h)
-    t.mm("PaTH scores: q k^T, q w^T, (beta w) w^T, (beta w) k^T", 4 * bh, n, d, n)
-    t.mm("PaTH scores: tril(q w^T) T^-1 (beta w k^T)", bh, n, n, n)
-    if t.backward:  # the triangular solve is counted by no counter; its backward forms one product
-        t.fused("PaTH scores: the triangular solve's backward product", 0, 2 * bh * n * n * n)
-    t.mm("weights @ v", bh, n, n, d)
-    t.ew("normalisation, gates, softmax (elementwise)", bh * n * n, 8)
-    t.inter(5 * bh * n * n)
+    if s["form"] not in ("parallel", "chunk"):
+        raise ArgumentError(f"cost('path-attention'): form must be 'parallel' or 'chunk'; got {s['form']!r}")
+    if s["form"] == "chunk":
+        _count_chunk(t, b, h, g, n, d, s["chunk_size"])
+    else:
+        t.mm("PaTH scores: q k^T, q w^T, (beta w) w^T, (beta w) k^T", 4 * bh, n, d, n)
+        t.mm("PaTH scores: tril(q w^T) T^-1 (beta w k^T)", bh, n, n, n)
+        if t.backward:  # the triangular solve is counted by no counter; its backward forms one product
+            t.fused("PaTH scores: the triangular solve's backward product", 0, 2 * bh * n * n * n)
+        t.mm("weights @ v", bh, n, n, d)
+        t.ew("normalisation, gates, softmax (elementwise)", bh * n * n, 8)
+        t.inter(5 * bh * n * n)
     t.mm("projections (q, k, v, w, beta, forget gate, out)", 1, bn, dim, dim)
     t.io(bn * dim, 2 * dim * dim + 3 * dim * g * d + dim * g + s["forget_gate"] * dim * h, bn * dim)
     kv_cache(t, g, d, d)
     t.decoding(per_token=h * torch.promote_types(dtype_of(s), torch.float32).itemsize)  # the gate sums
 
 
+def _count_chunk(t, b, h, g, n, d, c):
+    """The chunk form: ``nb`` blocks of ``c`` (the last padded); each query block's walk recomputed in the backward."""
+    nb = -(-n // check_int("cost('path-attention')", "chunk_size", c, 1))
+    kb, qb, pairs = b * g * nb, b * h * nb, nb * (nb - 1) // 2
+    t.mm("blocks: (beta w) w^T, (beta w) k^T, keys to the block's end Y^T w", 2 * kb, c, d, c)
+    t.mm("blocks: (beta w) w^T, (beta w) k^T, keys to the block's end Y^T w", kb, c, c, d,
+         grads=2 if nb > 1 else 0)  # one block: the moved keys meet no later query
+    if t.backward:  # the triangular solve [M, Y] = T^-1 [beta W, tril_-1(beta W K^T)]: its backward forms one product
+        t.fused("blocks: the triangular solve's backward product", 0, 2 * kb * c * c * (d + c))
+    t.mm("queries to the block's start and diagonal blocks: q w^T, q k^T, tril(q w^T) M", 2 * qb, c, d, c)
+    t.mm("queries to the block's start and diagonal blocks: q w^T, q k^T, tril(q w^T) M", qb, c, c, d,
+         grads=2 if nb > 1 else 0)  # one block: the moved queries meet no earlier key
+    t.mm("queries to the block's start and diagonal blocks: tril(q w^T) Y", qb, c, c, c)
+    t.mm("earlier key blocks' scores (recomputed in the backward)", b * h * pairs, c, d, c, recompute=True)
+    t.mm("weights @ v (recomputed in the backward)", b * h * (pairs + nb), c, c, d, recompute=True)
+    t.mm("queries moved back through a block: (q w^T) M (recomputed in the backward)",
+         2 * b * h * max(0, (nb - 1) * (nb - 2) // 2), c, d, c, recompute=True)
+    t.ew("normalisation, gates, online softmax (elementwise)", b * h * c * c * (pairs + nb), 10)
+    t.inter(b * h * nb * c * (2 * c + 2 * d), b * g * nb * c * (3 * c + 3 * d))
+
+
 def _make(s):
-    return PaTHAttention(s["dim"], s["heads"], num_kv_heads=s["kv_heads"], forget_gate=s["forget_gate"]).to(
-        dtype_of(s)).eval()
+    return PaTHAttention(s["dim"], s["heads"], num_kv_heads=s["kv_heads"], forget_gate=s["forget_gate"],
+                         form=s["form"], chunk_size=s["chunk_size"]).to(dtype_of(s)).eval()
 
 
 def _example():
@@ -171,11 +205,12 @@ register(Entry(
     "O(L^2 D + H L^3)", "causal softmax attention whose keys are moved by accumulated data-dependent Householder "
     "transformations", family="module", example=_example,
     spec=Spec({"batch": 2, "length": 16, "dim": 24, "heads": 3, "kv_heads": None, "forget_gate": False,
-               "dtype": "float32"},
+               "form": "parallel", "chunk_size": 64, "dtype": "float32"},
               _count, lambda s, m: (m, (randn(s["batch"], s["length"], s["dim"], dtype=dtype_of(s)),)),
               "projections 2 B L dim (2 dim + 3 g d + g (+ H)); per head 2 L^2 d (4 + 1) + 2 L^3 (the scores' "
-              "triangular system; its backward one more product)",
+              "triangular system; its backward one more product); chunk form (blocks of c): per head 2 L^2 d "
+              "(about 3/2 + 1/2, the walk recomputed in the backward) + 2 L c (4 d + c)",
               make=_make, length=("length",), derive=lambda s: {**s, "kv_heads": s["kv_heads"] or s["heads"]},
               config=lambda m: {"dim": m.dim, "heads": m.num_heads, "kv_heads": m.num_kv_heads,
-                                "forget_gate": m.fgate_proj is not None},
+                                "forget_gate": m.fgate_proj is not None, "form": m.form, "chunk_size": m.chunk_size},
               module_type=PaTHAttention, nullable=frozenset({"kv_heads"}))))
