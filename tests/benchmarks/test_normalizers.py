@@ -8,7 +8,9 @@ from benchmarks import normalizers
 
 
 def test_a_child_measures_one_call():
-    assert normalizers.child({"length": 64, "normalize": "softpick", "backend": "chunked", "backward": True}) >= 0
+    # in a fresh process, as the benchmark runs it: in the long test process resident memory counters lag by a
+    # few hundred KiB, so a call this small could read as a negative growth
+    assert normalizers.peak(64, "softpick", "chunked", True, timeout=300) >= 0
 
 
 def test_main_writes_the_section_from_fresh_processes(tmp_path, monkeypatch):
