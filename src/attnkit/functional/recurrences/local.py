@@ -66,14 +66,14 @@ def local_terms(q, k, v, g, beta, p=None, pre_decay: bool = False) -> Local:
             return decayed_products(a, b, late if shift else mask)
         to_end = seg[..., -1, :, :]
     p = k if p is None else p
-    lower: torch.Tensor | None = None
+    lower: torch.Tensor | None  # None without the delta rule
     if beta is not None and not pre_decay and g.shape[-1] > 1:  # both share k and the decays: one pass for both
         scores, lower = split_decayed_products(torch.stack([q, p * beta[..., None]]), k, g).unbind(0)
     else:
         scores = products(q, k)
         lower = None if beta is None else products(p * beta[..., None], k, shift=pre_decay)
     terms = Local(scores, q * start.exp(), k * to_end.exp(), start[..., -1, :, None].exp(), v, None)
-    if lower is None or beta is None:
+    if lower is None:
         return terms
     if pre_decay:
         start = torch.cat([torch.zeros_like(start[..., :1, :]), start[..., :-1, :]], -2)
