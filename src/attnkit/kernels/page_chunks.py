@@ -75,8 +75,8 @@ def _positions(p: Problem, t: torch.Tensor, start: int, stop: int, space: Worksp
     pool = t[0].transpose(0, 1)  # (P ps, H_kv, E): the pool the expanded view was made of
     rows = pool.reshape(-1, ps * pool.shape[1] * pool.shape[2])  # one row per page
     first = start // ps
-    if table is None:
-        table = sel.table.to(p.q.device).clamp(0, rows.shape[0] - 1)
+    table = page_table(p) if table is None else table
+    assert table is not None  # a pooled selection has one
     pages = table[:, first:-(-stop // ps)].flatten()
     if space is not None:
         chunk = torch.index_select(rows, 0, pages, out=space.take(name + "-pages", len(pages), rows.shape[1]))
