@@ -20,7 +20,11 @@ measured once in a fresh process, :mod:`attnkit.lab.analysis.memory`):
 - dsa-attention: DSA's sparse attention alone, each query's top ``L / 8`` keys (a fixed random causal
   top-k) through ``attnkit.attention(q, k, v, mask=selected_keys(idx) & causal())``, against dense causal
   attention on the same ``q, k, v`` (``B = 1, H = 4, D = 64``: the modules' shapes), forward + backward;
-  target at 16384 (top-k 2048): <= 0.4x.
+  target at 16384 (top-k 2048): <= 0.4x;
+- decode: one decoding step (one query, no autograd) over caches of 16384 tokens: NSA's three branches
+  (selection from the cached compressed keys, then the compressed, selected and window attentions) and DSA's
+  attention over its indexer's top 2048 keys (the indexer's scores over its cached keys and the top-k included)
+  against dense attention over the whole cache; target <= 0.5x.
 
 Usage: ``python benchmarks/sparse_and_packed.py [--rounds 5] [--write BENCHMARKS.md]``;
 ``--smoke`` runs every row at tiny sizes (a check that the script works, not a measurement);
@@ -47,6 +51,7 @@ from attnkit.lab.benchmarking.child import child_output
 from attnkit.lab.benchmarking.sections import emit
 from attnkit.models.self_attention import SoftmaxSelfAttention
 from attnkit.nn import DSASparseAttention, MoBA, NativeSparseAttention, PagedKVCache
+from attnkit.nn.nsa import nsa_blocks
 
 NAME, TITLE = "sparse-and-packed", "Packed documents, paged decoding, NSA, MoBA and DSA"
 FULL = {"packed": dict(docs=16, shortest=64, longest=1024, heads=8, head_dim=64),
@@ -158,6 +163,39 @@ def dsa_attention_sides(s, length):
     return side(mask), side(causal)
 
 
+def decode_sides(s, length):
+    """``{name: call}``: one decoding step (one query, the last position) over caches of ``length`` tokens, no
+    autograd: NSA's three branches (its selection from the compressed keys included), DSA's top ``length / 8``
+    keys (its indexer's scores and top-k included) and dense attention over the whole cache."""
+    heads, d = s["heads"], s["dim"] // s["heads"]
+    block = 64 if length >= 1024 else 8
+    l, stride, window, top = block // 2, block // 4, 8 * block, max(1, length // 8)
+    index_heads, index_dim = 4, 32
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, heads, 1, d, generator=g)
+    k, v = torch.randn(1, heads, length, d, generator=g), torch.randn(1, heads, length, d, generator=g)
+    blocks_c = (length - l) // stride + 1  # NSA's compressed keys and values, cached as they end
+    k_c, v_c = torch.randn(1, heads, blocks_c, d, generator=g), torch.randn(1, heads, blocks_c, d, generator=g)
+    q_i, w_i = torch.randn(1, index_heads, index_dim, generator=g), torch.randn(1, 1, index_heads, generator=g)
+    k_i = torch.randn(1, index_dim, length, generator=g)  # DSA's cached indexer keys (one head, d_I)
+
+    def nsa():
+        chosen = nsa_blocks(q, k_c, length=l, stride=stride, block=block, count=16, scale=d ** -0.5,
+                            start=length - 1)
+        return (attnkit.attention(q, k_c, v_c)
+                + attnkit.attention(q, k, v, mask=masks.selected_blocks(chosen, block))
+                + attnkit.attention(q, k[:, :, -window:], v[:, :, -window:]))
+
+    def dsa():
+        index = w_i @ torch.relu(q_i @ k_i)  # eq. 1 for the last query: w . ReLU(q_I K_I^T), (1, 1, L)
+        idx = index.topk(top, -1, sorted=False).indices.view(1, 1, 1, top)
+        return attnkit.attention(q, k, v, mask=masks.selected_keys(idx))
+
+    def dense():
+        return attnkit.attention(q, k, v)
+    return {"dense": dense, "NSA": nsa, "DSA": dsa}
+
+
 def _sides(row: str, smoke: bool) -> dict:
     sizes = SMOKE if smoke else FULL
     if row == "packed":
@@ -166,6 +204,8 @@ def _sides(row: str, smoke: bool) -> dict:
         q_len = 16 if row == "paged-prefill" else 1
         return dict(zip(("ours", "theirs"), paged_sides(sizes["paged"], q_len), strict=True))
     length = int(row.split("@")[1])
+    if row.startswith("decode"):
+        return decode_sides(sizes["sparse"], length)
     if row.startswith("dsa-attention"):
         return dict(zip(("ours", "theirs"), dsa_attention_sides(sizes["sparse"], length), strict=True))
     return sparse_sides(sizes["sparse"], length)
@@ -216,12 +256,12 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     lengths = (SMOKE if args.smoke else FULL)["sparse"]["lengths"]
     rows = (["packed", "paged", "paged-prefill"] + [f"sparse@{n}" for n in lengths]
-            + [f"dsa-attention@{n}" for n in lengths])
+            + [f"dsa-attention@{n}" for n in lengths] + [f"decode@{lengths[-1]}"])
     if args.only:
         rows = [row for row in rows if row.startswith(args.only)]
         if not rows:
             ap.error(f"--only {args.only!r} names no row; rows: packed, paged, paged-prefill, sparse@<L>, "
-                     "dsa-attention@<L>")
+                     "dsa-attention@<L>, decode@<L>")
     lines = ["| row | side | ms per call | time / baseline (median, range) | peak memory |", "|---|---|---|---|---|"]
     for row in rows:
         lines += measure(row, args.rounds, args.smoke, not args.no_memory)
@@ -231,7 +271,8 @@ def main(argv=None) -> int:
             "(dense causal attention on the same q, k, v), `dense` for the sparse rows; paged-prefill: 16 queries per "
             "sequence, causal; targets: paged <= 1.10x, "
             "paged-prefill <= 1.15x; at 16384 NSA, MoBA <= 0.5x (peak <= 1.5x dense's), DSA <= 0.4x; "
-            "at 4096 NSA, MoBA <= 1.0x; dsa-attention at 16384 <= 0.4x)\n\n" + "\n".join(lines))
+            "at 4096 NSA, MoBA <= 1.0x; dsa-attention at 16384 <= 0.4x; decode NSA, DSA <= 0.5x)\n\n"
+            + "\n".join(lines))
     return emit(text, None if args.smoke or args.only else args.write, NAME, TITLE)
 
 

@@ -19,7 +19,8 @@ def test_the_smoke_run_renders_every_row(capsys, tmp_path):
     assert sparse_and_packed.main(["--smoke", "--rounds", "1", "--no-memory", "--write", str(out)]) == 0
     table = capsys.readouterr().out
     for row in ("| packed | ours", "| paged | theirs", "| paged-prefill | ours", "| sparse@96 | NSA",
-                "| sparse@96 | MoBA", "| sparse@96 | DSA", "| dsa-attention@96 | ours"):
+                "| sparse@96 | MoBA", "| sparse@96 | DSA", "| dsa-attention@96 | ours", "| decode@96 | NSA",
+                "| decode@96 | DSA"):
         assert row in table
     assert not out.exists()  # a smoke run writes no numbers
 

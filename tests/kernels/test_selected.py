@@ -111,6 +111,22 @@ def test_a_shared_selection_is_split_and_merged_by_log_sum_exp(monkeypatch):
     torch.testing.assert_close(result.lse, lse, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("heads,kv_heads,index_heads", [(4, 4, 4), (6, 2, 2), (4, 2, 4)])
+def test_a_decoding_step_with_a_selection_per_head_runs_on_the_fused_kernel_exactly(heads, kv_heads, index_heads):
+    """One query, no autograd, each index head its own blocks (NSA's decoding step): torch's kernel per split, the
+    mask per query head (an index head finer than, equal to or coarser than the key/value heads)."""
+    q, k, v = rand_qkv(2, heads, 1, 50, 8, hkv=kv_heads, dtype=torch.float64, seed=9)
+    indices = torch.randint(-1, 10, (2, index_heads, 1, 4), generator=torch.Generator().manual_seed(10))
+    group = heads // index_heads
+    mask = masks.selected_blocks(indices, 5, group_size=group)
+    p = _prepare(q, k, v, mask=mask)
+    assert selected.fused_ok(p, selected.plan(p))
+    result = attnkit.attention(q, k, v, mask=mask, return_lse=True)
+    out, lse = _oracle(q, k, v, indices, 5, group)
+    torch.testing.assert_close(result.output, out, rtol=0, atol=1e-12)
+    torch.testing.assert_close(result.lse, lse, rtol=0, atol=1e-12)
+
+
 def test_rows_that_select_nothing_give_zero_output_minus_inf_lse_and_zero_gradients():
     q, k, v = rand_qkv(2, 3, 5, 7, 11, dtype=torch.float64, requires_grad=True)
     indices = torch.randint(0, 7, (2, 5, 3), generator=torch.Generator().manual_seed(0))

@@ -92,6 +92,17 @@ def test_with_every_block_selected_the_selection_branch_is_dense_causal_attentio
                                rtol=0, atol=1e-12)
 
 
+def test_a_decoding_step_selects_as_the_last_query_of_the_whole_sequence():
+    g = torch.Generator().manual_seed(5)
+    q, k_c = torch.randn(2, 4, 29, 4, generator=g, dtype=torch.float64), torch.randn(2, 2, 13, 4, generator=g,
+                                                                                      dtype=torch.float64)
+    whole = nsa_blocks(q, k_c, length=4, stride=2, block=4, count=3, scale=0.5)
+    for t in (0, 5, 28):  # the query at position t over the keys up to it
+        step = nsa_blocks(q[:, :, t:t + 1], k_c[:, :, :max(0, (t - 4) // 2 + 1)], length=4, stride=2, block=4,
+                          count=3, scale=0.5, start=t)
+        assert torch.equal(step.sort(-1).values, whole[:, :, t:t + 1, :step.shape[-1]].sort(-1).values)
+
+
 def test_gradients_reach_every_parameter_and_the_selection_none():
     layer = randomized_float64(NativeSparseAttention(16, 4, kv_heads=2, compress_block=4, compress_stride=2,
                                                      select_block=4, num_selected=3, window=5))

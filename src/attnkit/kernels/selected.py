@@ -241,8 +241,8 @@ def fused_ok(p: Problem, pl: Plan) -> bool:
 def _fused_split(p, pl, r0, r1, start, stop, q, idx, heads):
     """A split of a shared selection of key blocks on torch's fused kernel; None when its output cannot be
     trusted. (Pages: :func:`.page_chunks.fused_chunk`.)"""
-    tok, valid, _ = _tokens(p, pl, idx, start, stop)  # (B, 1, 1, n)
-    if tok.shape[0] == 1 and heads.shape[0] == p.k.shape[1]:  # one selection, every key/value head in order
+    tok, valid, _ = _tokens(p, pl, idx, start, stop)  # (B | 1, 1 | hx, 1, n)
+    if tok.shape[:2] == (1, 1) and heads.shape[0] == p.k.shape[1]:  # one selection, every key/value head in order
         every = bool(valid.all())
 
         def take(t):  # index_select: far cheaper than advanced indexing (a decoding step over a long cache)
@@ -253,10 +253,13 @@ def _fused_split(p, pl, r0, r1, start, stop, q, idx, heads):
     else:
         k_g = _gather(p.k, heads, tok, valid, q.dtype)[:, :, 0]  # (B, Hkv, n, D)
         v_g = _gather(p.v, heads, tok, valid, q.dtype)[:, :, 0]
-    allowed = valid[:, :, 0, None, :].expand(q.shape[0], 1, r1 - r0, valid.shape[-1])  # (B, 1, c, n)
+    allowed = valid[:, :, 0, None, :]  # (B, 1 | hx, 1, n): per compute head when the selections differ by head
+    if allowed.shape[1] > 1:  # each query head reads its compute head's row (k_g holds hx heads: GQA broadcast)
+        allowed = allowed.repeat_interleave(pl.gp, 1)
+    allowed = allowed.expand(q.shape[0], allowed.shape[1], r1 - r0, valid.shape[-1])  # (B, 1 | Hq, c, n)
     float_mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, _NEG_INF)
     out, lse = rules.FLASH(q[:, :, r0:r1], k_g, v_g, 0.0, False, attn_mask=float_mask, scale=p.scale)
-    has = allowed.any(-1)  # (B, 1, c)
+    has = allowed.any(-1)  # (B, 1 | Hq, c)
     if not bool(torch.isfinite(torch.where(has, out.sum(-1) + lse, 0.0)).all()) or bool((has & (lse == 0)).any()):
         return None  # NaN, inf or a row torch zeroed (an lse of exactly 0 on a row with keys): the exact split
     return out.masked_fill(~has[..., None], 0.0), lse.masked_fill(~has, _NEG_INF)

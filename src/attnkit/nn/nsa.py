@@ -57,7 +57,7 @@ class _Compress(nn.Module):
 
 
 def nsa_blocks(q: torch.Tensor, k_cmp: torch.Tensor, *, length: int, stride: int, block: int, count: int,
-               scale: float) -> torch.Tensor:
+               scale: float, start: int = 0) -> torch.Tensor:
     """The selection blocks of every query, shared by each key/value head's group: ``(B, H_kv, n, count)``.
 
     Yuan et al. 2025, arXiv:2502.11089, eq. 8-11: ``p_cmp = softmax(q K_cmp^T)`` over the ended compressed
@@ -65,14 +65,17 @@ def nsa_blocks(q: torch.Tensor, k_cmp: torch.Tensor, *, length: int, stride: int
     importance of every compressed block holding that chunk (eq. 9); the heads of a group add theirs (eq. 10);
     the top ``count`` blocks are kept (eq. 11), the first block and the two blocks ending at the query
     always among them, blocks after the query never (``-1``: fewer blocks to choose). No gradient.
+
+    ``start``: the position of the first query (a decoding step over a cache: its length minus one); the keys
+    are those of positions ``0 .. start + n - 1``.
     """
     with torch.no_grad():
         batch, heads, n, _ = q.shape
         kv_heads = k_cmp.shape[1]
         k_rep = k_cmp.repeat_interleave(heads // kv_heads, 1)
-        rows = max(1, _ROWS // max(1, batch * heads * (k_cmp.shape[2] + -(-n // stride))))
-        out = [_select_rows(q[:, :, r0:r0 + rows], k_rep, r0, n, length=length, stride=stride, block=block,
-                            count=count, scale=scale, kv_heads=kv_heads) for r0 in range(0, n, rows)]
+        rows = max(1, _ROWS // max(1, batch * heads * (k_cmp.shape[2] + -(-(start + n) // stride))))
+        out = [_select_rows(q[:, :, r0:r0 + rows], k_rep, start + r0, start + n, length=length, stride=stride,
+                            block=block, count=count, scale=scale, kv_heads=kv_heads) for r0 in range(0, n, rows)]
         return torch.cat(out, 2) if out else q.new_zeros(batch, kv_heads, 0, 0, dtype=torch.long)
 
 
