@@ -238,12 +238,13 @@ def fused_ok(p: Problem, pl: Plan) -> bool:
             and p.mask.rest is None and (p.mask.selection.within is None or "h" not in p.mask.selection.within.uses))
 
 
-def _fused_split(p, pl, r0, r1, start, stop, q, idx, heads):
+def _fused_split(p, pl, r0, r1, start, stop, q, idx, heads, kv):
     """A split of a shared selection of key blocks on torch's fused kernel; None when its output cannot be
-    trusted. (Pages: :func:`.page_chunks.fused_chunk`.)"""
+    trusted. (Pages: :func:`.page_chunks.fused_chunk`.) ``kv``: the keys and values as :func:`_in_blocks` gives them
+    (selections that differ by head copy whole blocks with one ``index_select``)."""
     tok, valid, _ = _tokens(p, pl, idx, start, stop)  # (B | 1, 1 | hx, 1, n)
+    every = bool(valid.all())
     if tok.shape[:2] == (1, 1) and heads.shape[0] == p.k.shape[1]:  # one selection, every key/value head in order
-        every = bool(valid.all())
 
         def take(t):  # index_select: far cheaper than advanced indexing (a decoding step over a long cache)
             g = t.index_select(2, tok.view(-1)).to(q.dtype)
@@ -251,15 +252,24 @@ def _fused_split(p, pl, r0, r1, start, stop, q, idx, heads):
             return g.expand(q.shape[0], -1, -1, -1)
         k_g, v_g = take(p.k), take(p.v)
     else:
-        k_g = _gather(p.k, heads, tok, valid, q.dtype)[:, :, 0]  # (B, Hkv, n, D)
-        v_g = _gather(p.v, heads, tok, valid, q.dtype)[:, :, 0]
-    allowed = valid[:, :, 0, None, :]  # (B, 1 | hx, 1, n): per compute head when the selections differ by head
-    if allowed.shape[1] > 1:  # each query head reads its compute head's row (k_g holds hx heads: GQA broadcast)
-        allowed = allowed.repeat_interleave(pl.gp, 1)
-    allowed = allowed.expand(q.shape[0], allowed.shape[1], r1 - r0, valid.shape[-1])  # (B, 1 | Hq, c, n)
-    float_mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, _NEG_INF)
-    out, lse = rules.FLASH(q[:, :, r0:r1], k_g, v_g, 0.0, False, attn_mask=float_mask, scale=p.scale)
-    has = allowed.any(-1)  # (B, 1 | Hq, c)
+        keys, values, blocks = kv
+        k_g = _gather(keys, heads, tok, valid, q.dtype, blocks)[:, :, 0]  # (B, hx, n, D)
+        v_g = _gather(values, heads, tok, valid, q.dtype, blocks)[:, :, 0]
+    if every:  # no slot to hide: no mask
+        out, lse = rules.FLASH(q[:, :, r0:r1], k_g, v_g, 0.0, False, scale=p.scale)[:2]
+        has = None
+    else:
+        allowed = valid[:, :, 0, None, :]  # (B, 1 | hx, 1, n): per compute head when the selections differ by head
+        if allowed.shape[1] > 1:  # each query head reads its compute head's row (k_g holds hx heads: GQA broadcast)
+            allowed = allowed.repeat_interleave(pl.gp, 1)
+        allowed = allowed.expand(q.shape[0], allowed.shape[1], r1 - r0, valid.shape[-1])  # (B, 1 | Hq, c, n)
+        float_mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, _NEG_INF)
+        out, lse = rules.FLASH(q[:, :, r0:r1], k_g, v_g, 0.0, False, attn_mask=float_mask, scale=p.scale)[:2]
+        has = allowed.any(-1)  # (B, 1 | Hq, c)
+    if has is None:
+        if not bool(torch.isfinite(out.sum(-1) + lse).all()) or bool((lse == 0).any()):
+            return None  # NaN, inf or a row torch zeroed (an lse of exactly 0): the exact split
+        return out, lse
     if not bool(torch.isfinite(torch.where(has, out.sum(-1) + lse, 0.0)).all()) or bool((has & (lse == 0)).any()):
         return None  # NaN, inf or a row torch zeroed (an lse of exactly 0 on a row with keys): the exact split
     return out.masked_fill(~has[..., None], 0.0), lse.masked_fill(~has, _NEG_INF)
@@ -306,7 +316,7 @@ def _chunk(p: Problem, inner: Problem | None, pl: Plan, extent: int, r0: int, r1
     partials = []
     for start in range(0, extent, pl.keys):
         stop = min(extent, start + pl.keys)
-        piece = _fused_split(p, pl, r0, r1, start, stop, q, *selection()) if fused else None
+        piece = _fused_split(p, pl, r0, r1, start, stop, q, *selection(), kv) if fused else None
         partials.append(exact(start, stop) if piece is None else piece)
     return merge(partials)
 
