@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .. import masks
@@ -66,40 +65,50 @@ def nsa_blocks(q: torch.Tensor, k_cmp: torch.Tensor, *, length: int, stride: int
     the top ``count`` blocks are kept (eq. 11), the first block and the two blocks ending at the query
     always among them, blocks after the query never (``-1``: fewer blocks to choose). No gradient.
 
+    Eq. 9 and 10 are linear in ``p_cmp``: the group's probabilities are summed, then mapped to the selection
+    blocks by one product with the overlap counts ``W[i, j]`` (chunks of compressed block ``i`` inside block
+    ``j``), batched over heads and queries (``q`` a chunk of rows at a time: no ``n x n`` tensor).
+
     ``start``: the position of the first query (a decoding step over a cache: its length minus one); the keys
     are those of positions ``0 .. start + n - 1``.
     """
     with torch.no_grad():
         batch, heads, n, _ = q.shape
-        kv_heads = k_cmp.shape[1]
-        k_rep = k_cmp.repeat_interleave(heads // kv_heads, 1)
-        rows = max(1, _ROWS // max(1, batch * heads * (k_cmp.shape[2] + -(-(start + n) // stride))))
-        out = [_select_rows(q[:, :, r0:r0 + rows], k_rep, start + r0, start + n, length=length, stride=stride,
-                            block=block, count=count, scale=scale, kv_heads=kv_heads) for r0 in range(0, n, rows)]
+        kv_heads, total = k_cmp.shape[1], start + n
+        overlap = _overlap(k_cmp.shape[2], total, length=length, stride=stride, block=block, like=q)
+        rows = max(1, _ROWS // max(1, batch * heads * (k_cmp.shape[2] + overlap.shape[1])))
+        out = [_select_rows(q[:, :, r0:r0 + rows], k_cmp, overlap, start + r0, length=length, stride=stride,
+                            block=block, count=count, scale=scale) for r0 in range(0, n, rows)]
         return torch.cat(out, 2) if out else q.new_zeros(batch, kv_heads, 0, 0, dtype=torch.long)
 
 
-def _select_rows(q, k_rep, r0: int, n: int, *, length, stride, block, count, scale, kv_heads) -> torch.Tensor:
+def _overlap(blocks_c: int, total: int, *, length: int, stride: int, block: int, like: torch.Tensor) -> torch.Tensor:
+    """``W`` ``(n_c, n_blocks)``: how many of compressed block ``i``'s chunks (``i .. i + l / d - 1``, those before
+    the sequence's end) lie in selection block ``j`` (chunks ``j l' / d .. (j + 1) l' / d - 1``)."""
+    chunks, step, blocks = -(-total // stride), block // stride, -(-total // block)
+    chunk = torch.arange(blocks_c, device=like.device)[:, None] + torch.arange(length // stride, device=like.device)
+    counts = torch.zeros(blocks_c, blocks + 1, dtype=like.dtype, device=like.device)
+    target = torch.where(chunk < chunks, chunk // step, blocks)  # a chunk past the end: a column cut away
+    return counts.scatter_add_(1, target, torch.ones_like(target, dtype=like.dtype))[:, :blocks]
+
+
+def _select_rows(q, k_cmp, overlap, r0: int, *, length, stride, block, count, scale) -> torch.Tensor:
     """:func:`nsa_blocks` for the queries ``r0 .. r0 + c - 1`` (``q`` ``(B, H, c, D)``): scores ``c x n_c``."""
-    batch, heads, rows, _ = q.shape
-    blocks_c = k_rep.shape[2]
+    batch, heads, rows, d = q.shape
+    kv_heads, blocks_c = k_cmp.shape[1], k_cmp.shape[2]
+    group = heads // kv_heads
     t = torch.arange(r0, r0 + rows, device=q.device)[:, None]
     ended = torch.arange(blocks_c, device=q.device) * stride + length - 1 <= t
-    p = torch.softmax((q @ k_rep.transpose(-1, -2) * scale).masked_fill(~ended, -_INF), -1).nan_to_num(0.0)
-    chunks = -(-n // stride)
-    per_chunk = torch.zeros(batch, heads, rows, chunks, dtype=p.dtype, device=p.device)
-    for c in range(length // stride):  # compressed block i holds chunks i .. i + l / d - 1
-        span = max(0, min(blocks_c, chunks - c))
-        per_chunk[..., c:c + span] += p[..., :span]
-    step, blocks = block // stride, -(-n // block)
-    per_chunk = F.pad(per_chunk, (0, blocks * step - chunks))
-    importance = per_chunk.view(batch, heads, rows, blocks, step).sum(-1)
-    importance = importance.view(batch, kv_heads, heads // kv_heads, rows, blocks).sum(2)  # a group shares
+    scores = q.reshape(batch, kv_heads, group * rows, d) @ k_cmp.transpose(-1, -2)  # a group's heads as rows
+    scores = scores.view(batch, kv_heads, group, rows, blocks_c).mul_(scale).masked_fill_(~ended, -_INF)
+    p = torch.softmax(scores, -1).nan_to_num_(0.0).sum(2)  # eq. 10: the group's heads add theirs
+    importance = p @ overlap  # eq. 9, (B, H_kv, c, n_blocks)
+    blocks = overlap.shape[1]
     own, column = t // block, torch.arange(blocks, device=q.device)
     forced = (column == 0) | (column == own) | (column == own - 1)
-    importance = importance.masked_fill(forced, _INF).masked_fill(column > own, -_INF)
+    importance = importance.masked_fill_(forced, _INF).masked_fill_(column > own, -_INF)
     values, idx = importance.topk(min(count, blocks), dim=-1)
-    return idx.masked_fill(values == -_INF, -1)
+    return idx.masked_fill_(values == -_INF, -1)
 
 
 class NativeSparseAttention(nn.Module):
@@ -226,6 +235,7 @@ def _count(t, s, module):
         t.mm("compression phi (keys, values)", 2, b * hkv * blocks_c, l * d, d)
     attend(t, "compressed: ", b, h, n, blocks_c, d, d, hkv=hkv, dtype=dt, mask=_CompressedCausal(l, stride))
     t.mm("selection importance q K_cmp^T", b * h, n, d, blocks_c, grads=0)
+    t.mm("selection blocks' importance p_cmp W (eq. 9)", b * hkv, n, blocks_c, -(-n // s["select_block"]), grads=0)
     with torch.no_grad():  # the blocks the module selects on the spec's inputs decide the gathered path's work
         mask = module.branches(_inputs(s, module)[1][0])[-1]
     attend(t, "selected: ", b, h, n, n, d, d, hkv=hkv, dtype=dt, mask=mask)
