@@ -11,7 +11,7 @@ import attnkit
 from attnkit import masks
 from attnkit.errors import ArgumentError
 from attnkit.nn import NativeSparseAttention
-from attnkit.nn.nsa import nsa_blocks
+from attnkit.nn.nsa import compressed_attention, nsa_blocks
 from tests.helpers import randomized_float64
 
 
@@ -101,6 +101,26 @@ def test_a_decoding_step_selects_as_the_last_query_of_the_whole_sequence():
         step = nsa_blocks(q[:, :, t:t + 1], k_c[:, :, :max(0, (t - 4) // 2 + 1)], length=4, stride=2, block=4,
                           count=3, scale=0.5, start=t)
         assert torch.equal(step.sort(-1).values, whole[:, :, t:t + 1, :step.shape[-1]].sort(-1).values)
+
+
+@pytest.mark.parametrize("n,length,stride", [(29, 4, 2), (31, 6, 3), (5, 4, 2), (3, 4, 2), (16, 4, 4)])
+def test_the_compressed_branch_is_the_float64_masked_attention_forward_and_backward(n, length, stride):
+    """One grouped causal call equals attention masked by ended blocks (``i d + l - 1 <= t``; no block: 0)."""
+    from tests.oracle import dense_attention
+
+    g = torch.Generator().manual_seed(n)
+    blocks_c = (n - length) // stride + 1 if n >= length else 0
+    q = torch.randn(2, 4, n, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    k, v = (torch.randn(2, 2, blocks_c, 5, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(2))
+    got = compressed_attention(q, k, v, length=length, stride=stride)
+    ended = torch.arange(blocks_c) * stride + length - 1 <= torch.arange(n)[:, None]
+    want = dense_attention(q, k, v, mask=ended, differentiable=True)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    if blocks_c:
+        w = torch.randn_like(want)
+        exact = torch.autograd.grad((want * w).sum(), (q, k, v))
+        for a, b in zip(torch.autograd.grad((got * w).sum(), (q, k, v)), exact, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
 def test_gradients_reach_every_parameter_and_the_selection_none():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .. import masks
@@ -13,29 +14,13 @@ from ..costing.attend import attend
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
 from ..errors import ArgumentError, ShapeError, check_int
-from ..masks.base import Mask
 from ..registry.entry import Entry, register
 from ._inputs import check_sequence
 
-__all__ = ["NativeSparseAttention", "nsa_blocks"]
+__all__ = ["NativeSparseAttention", "compressed_attention", "nsa_blocks"]
 
 _INF = float("inf")
 _ROWS = 1 << 22  # selection scores (queries x compressed blocks x heads) computed at once
-
-
-class _CompressedCausal(Mask):
-    """Query ``i`` sees compressed block ``j`` (keys ``j d .. j d + l - 1``) once it has ended: ``j d + l - 1 <= i``."""
-
-    uses = frozenset({"q", "kv"})
-
-    def __init__(self, length: int, stride: int):
-        self.length, self.stride = length, stride
-
-    def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
-        return kv_idx * self.stride + self.length - 1 <= q_idx
-
-    def __repr__(self):
-        return f"compressed_causal(length={self.length}, stride={self.stride})"
 
 
 class _Compress(nn.Module):
@@ -48,11 +33,44 @@ class _Compress(nn.Module):
         self.proj = nn.Linear(length * head_dim, head_dim)
 
     def forward(self, k: torch.Tensor) -> torch.Tensor:
-        """``(B, H, n, D)`` -> ``(B, H, n_c, D)``, ``n_c = floor((n - l) / d) + 1`` blocks (0 if ``n < l``)."""
-        if k.shape[2] < self.length:
-            return k.new_zeros(*k.shape[:2], 0, k.shape[3])
-        blocks = k.unfold(2, self.length, self.stride).transpose(-1, -2) + self.position  # (B, H, n_c, l, D)
-        return self.proj(blocks.flatten(-2))
+        """``(B, H, n, D)`` -> ``(B, H, n_c, D)``, ``n_c = floor((n - l) / d) + 1`` blocks (0 if ``n < l``).
+
+        ``W vec(K_i + P) + b = W vec(K_i) + (W vec(P) + b)``: the blocks' part is one strided convolution over
+        the keys (kernel ``l``, stride ``d``, the weight's columns as taps), so no ``(n_c, l, D)`` copy of the
+        overlapping blocks is made or kept for the backward."""
+        batch, heads, n, d = k.shape
+        if n < self.length:
+            return k.new_zeros(batch, heads, 0, d)
+        out_dim = self.proj.out_features
+        taps = self.proj.weight.view(out_dim, self.length, d).transpose(1, 2)  # (D_out, D, l)
+        bias = self.proj.weight @ self.position.flatten() + self.proj.bias
+        keys = k.reshape(batch * heads, n, d).transpose(1, 2).contiguous()  # (B H, D, n): channels first, its own
+        # copy (the convolution keeps its input for the backward: a view would keep every branch's projections)
+        out = F.conv1d(keys, taps, bias, stride=self.stride)  # (B H, D_out, n_c)
+        return out.transpose(1, 2).reshape(batch, heads, -1, out_dim)
+
+
+def compressed_attention(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, *, length: int,
+                         stride: int) -> torch.Tensor:
+    """NSA's compressed branch (eq. 7 keys, causal by ended blocks) as one dense causal call: ``(B, H, n, Dv)``.
+
+    Query ``t`` sees compressed block ``i`` once it has ended, ``i d + l - 1 <= t``. Writing ``t = l - 1 + s d + r``
+    (``0 <= r < d``), query ``t`` sees the blocks ``0 .. s``: taking the ``d`` phases ``r`` as query heads of a
+    grouped-query call (each reads its head's compressed keys), the rows ``s = 0 .. n_c - 1`` over the ``n_c``
+    blocks are plain causal attention, square, so torch's kernel skips the blocks above the diagonal and no mask
+    tensor is made. The first ``l - 1`` queries see no block: their output is 0.
+    """
+    batch, heads, n, d = q.shape
+    blocks_c, dv = k_cmp.shape[2], v_cmp.shape[-1]
+    first = length - 1
+    if not blocks_c:
+        return q.new_zeros(batch, heads, n, dv)
+    rows = blocks_c * stride  # >= n - l + 1: the queries that see a block, padded to whole phases
+    qs = F.pad(q[:, :, first:], (0, 0, 0, rows - (n - first)))
+    qs = qs.view(batch, heads, blocks_c, stride, d).transpose(2, 3).reshape(batch, heads * stride, blocks_c, d)
+    out = attention(qs, k_cmp, v_cmp, mask=masks.causal())  # (B, H d, n_c, Dv): query head h d + r, key head h / g
+    out = out.view(batch, heads, stride, blocks_c, dv).transpose(2, 3).reshape(batch, heads, rows, dv)
+    return F.pad(out[:, :, :n - first], (0, 0, first, 0))
 
 
 def nsa_blocks(q: torch.Tensor, k_cmp: torch.Tensor, *, length: int, stride: int, block: int, count: int,
@@ -132,7 +150,9 @@ class NativeSparseAttention(nn.Module):
     an unnamed depth); eq. 9's index ``(l'/d) j - m - n`` is read as ``(l'/d) j + m - n``, so the
     compressed blocks summed are those overlapping selection block ``j``. The selected branch runs
     on attnkit's selected-blocks path (each query's own block in place, its past blocks in tiles of
-    queries sharing a block, merged by log-sum-exp: time and memory ``O(n n_sel l' D)``).
+    queries sharing a block, merged by log-sum-exp: time and memory ``O(n n_sel l' D)``); the compressed branch is
+    one dense causal call (:func:`compressed_attention`); the selection is batched over heads and queries
+    (:func:`nsa_blocks`, no ``n x n`` tensor).
 
     Shapes:
         ``x`` ``(B, n, dim)`` -> ``(B, n, dim)``.
@@ -187,7 +207,7 @@ class NativeSparseAttention(nn.Module):
         ``(B, H_kv, n_c, D)``) and the selection mask of eq. 11-12."""
         batch, n, _ = x.shape
         h, hkv, d = self.num_heads, self.kv_heads, self.head_dim
-        q = self.q_proj(x).view(batch, n, h, d).transpose(1, 2)
+        q = self.q_proj(x).view(batch, n, h, d).transpose(1, 2).contiguous()  # one copy the three branches share
         k_cmp, v_cmp, k_slc, v_slc, k_win, v_win = self.kv_proj(x).view(batch, n, 6, hkv, d).permute(2, 0, 3, 1, 4)
         k_c, v_c = self.compress_k(k_cmp), self.compress_v(v_cmp)  # (B, H_kv, n_c, D)
         chosen = nsa_blocks(q, k_c, length=self.compress_block, stride=self.compress_stride, block=self.select_block,
@@ -200,7 +220,7 @@ class NativeSparseAttention(nn.Module):
         batch, n, _ = x.shape
         h = self.num_heads
         q, (k_c, v_c), (k_slc, v_slc), (k_win, v_win), mask = self.branches(x)
-        compressed = attention(q, k_c, v_c, mask=_CompressedCausal(self.compress_block, self.compress_stride))
+        compressed = compressed_attention(q, k_c, v_c, length=self.compress_block, stride=self.compress_stride)
         selected = attention(q, k_slc, v_slc, mask=mask)
         nearby = attention(q, k_win, v_win, mask=masks.sliding_window(self.window - 1, 0))
         g = torch.sigmoid(self.gate(x)).view(batch, n, h, 3).permute(3, 0, 2, 1).unsqueeze(-1)  # (3, B, H, n, 1)
@@ -233,7 +253,8 @@ def _count(t, s, module):
     t.mm("gates", 1, b * n, dim, 3 * h)
     if blocks_c:
         t.mm("compression phi (keys, values)", 2, b * hkv * blocks_c, l * d, d)
-    attend(t, "compressed: ", b, h, n, blocks_c, d, d, hkv=hkv, dtype=dt, mask=_CompressedCausal(l, stride))
+    if blocks_c:  # compressed_attention: the stride's phases as query heads, square causal
+        attend(t, "compressed: ", b, h * stride, blocks_c, blocks_c, d, d, hkv=hkv, dtype=dt, mask=masks.causal())
     t.mm("selection importance q K_cmp^T", b * h, n, d, blocks_c, grads=0)
     t.mm("selection blocks' importance p_cmp W (eq. 9)", b * hkv, n, blocks_c, -(-n // s["select_block"]), grads=0)
     with torch.no_grad():  # the blocks the module selects on the spec's inputs decide the gathered path's work
