@@ -208,7 +208,10 @@ class NativeSparseAttention(nn.Module):
         batch, n, _ = x.shape
         h, hkv, d = self.num_heads, self.kv_heads, self.head_dim
         q = self.q_proj(x).view(batch, n, h, d).transpose(1, 2).contiguous()  # one copy the three branches share
-        k_cmp, v_cmp, k_slc, v_slc, k_win, v_win = self.kv_proj(x).view(batch, n, 6, hkv, d).permute(2, 0, 3, 1, 4)
+        # each its own contiguous copy: the attention paths keep their inputs for the backward, and views would keep
+        # all six (the projection's whole output) until then
+        k_cmp, v_cmp, k_slc, v_slc, k_win, v_win = (
+            t.contiguous() for t in self.kv_proj(x).view(batch, n, 6, hkv, d).permute(2, 0, 3, 1, 4))
         k_c, v_c = self.compress_k(k_cmp), self.compress_v(v_cmp)  # (B, H_kv, n_c, D)
         chosen = nsa_blocks(q, k_c, length=self.compress_block, stride=self.compress_stride, block=self.select_block,
                             count=self.num_selected, scale=1 / math.sqrt(d))
