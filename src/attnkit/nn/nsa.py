@@ -14,6 +14,7 @@ from ..costing.attend import attend
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
 from ..errors import ArgumentError, ShapeError, check_int
+from ..masks.selected import SelectedKeys
 from ..registry.entry import Entry, register
 from ._inputs import check_sequence
 
@@ -215,7 +216,8 @@ class NativeSparseAttention(nn.Module):
         k_c, v_c = self.compress_k(k_cmp), self.compress_v(v_cmp)  # (B, H_kv, n_c, D)
         chosen = nsa_blocks(q, k_c, length=self.compress_block, stride=self.compress_stride, block=self.select_block,
                             count=self.num_selected, scale=1 / math.sqrt(d))
-        mask = masks.selected_blocks(chosen, self.select_block, group_size=h // hkv) & masks.causal()
+        chosen_blocks = SelectedKeys(chosen, self.select_block, group_size=h // hkv, distinct=True)  # a top-k
+        mask = chosen_blocks & masks.causal()
         return q, (k_c, v_c), (k_slc, v_slc), (k_win, v_win), mask
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
