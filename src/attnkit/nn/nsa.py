@@ -84,35 +84,24 @@ def nsa_blocks(q: torch.Tensor, k_cmp: torch.Tensor, *, length: int, stride: int
     the top ``count`` blocks are kept (eq. 11), the first block and the two blocks ending at the query
     always among them, blocks after the query never (``-1``: fewer blocks to choose). No gradient.
 
-    Eq. 9 and 10 are linear in ``p_cmp``: the group's probabilities are summed, then mapped to the selection
-    blocks by one product with the overlap counts ``W[i, j]`` (chunks of compressed block ``i`` inside block
-    ``j``), batched over heads and queries (``q`` a chunk of rows at a time: no ``n x n`` tensor).
+    Eq. 10 is linear in ``p_cmp``: the group's probabilities are summed first, then eq. 9's chunk sums run once
+    per group, batched over heads and queries (``q`` a chunk of rows at a time: no ``n x n`` tensor).
 
     ``start``: the position of the first query (a decoding step over a cache: its length minus one); the keys
     are those of positions ``0 .. start + n - 1``.
     """
     with torch.no_grad():
         batch, heads, n, _ = q.shape
-        kv_heads, total = k_cmp.shape[1], start + n
-        overlap = _overlap(k_cmp.shape[2], total, length=length, stride=stride, block=block, like=q)
-        rows = max(1, _ROWS // max(1, batch * heads * (k_cmp.shape[2] + overlap.shape[1])))
-        out = [_select_rows(q[:, :, r0:r0 + rows], k_cmp, overlap, start + r0, length=length, stride=stride,
+        kv_heads, blocks_c, total = k_cmp.shape[1], k_cmp.shape[2], start + n
+        rows = max(1, _ROWS // max(1, batch * heads * (blocks_c + -(-total // stride))))
+        out = [_select_rows(q[:, :, r0:r0 + rows], k_cmp, start + r0, total, length=length, stride=stride,
                             block=block, count=count, scale=scale) for r0 in range(0, n, rows)]
         return torch.cat(out, 2) if out else q.new_zeros(batch, kv_heads, 0, 0, dtype=torch.long)
 
 
-def _overlap(blocks_c: int, total: int, *, length: int, stride: int, block: int, like: torch.Tensor) -> torch.Tensor:
-    """``W`` ``(n_c, n_blocks)``: how many of compressed block ``i``'s chunks (``i .. i + l / d - 1``, those before
-    the sequence's end) lie in selection block ``j`` (chunks ``j l' / d .. (j + 1) l' / d - 1``)."""
-    chunks, step, blocks = -(-total // stride), block // stride, -(-total // block)
-    chunk = torch.arange(blocks_c, device=like.device)[:, None] + torch.arange(length // stride, device=like.device)
-    counts = torch.zeros(blocks_c, blocks + 1, dtype=like.dtype, device=like.device)
-    target = torch.where(chunk < chunks, chunk // step, blocks)  # a chunk past the end: a column cut away
-    return counts.scatter_add_(1, target, torch.ones_like(target, dtype=like.dtype))[:, :blocks]
-
-
-def _select_rows(q, k_cmp, overlap, r0: int, *, length, stride, block, count, scale) -> torch.Tensor:
-    """:func:`nsa_blocks` for the queries ``r0 .. r0 + c - 1`` (``q`` ``(B, H, c, D)``): scores ``c x n_c``."""
+def _select_rows(q, k_cmp, r0: int, total: int, *, length, stride, block, count, scale) -> torch.Tensor:
+    """:func:`nsa_blocks` for the queries ``r0 .. r0 + c - 1`` of ``total`` (``q`` ``(B, H, c, D)``): scores
+    ``c x n_c``."""
     batch, heads, rows, d = q.shape
     kv_heads, blocks_c = k_cmp.shape[1], k_cmp.shape[2]
     group = heads // kv_heads
@@ -120,9 +109,14 @@ def _select_rows(q, k_cmp, overlap, r0: int, *, length, stride, block, count, sc
     ended = torch.arange(blocks_c, device=q.device) * stride + length - 1 <= t
     scores = q.reshape(batch, kv_heads, group * rows, d) @ k_cmp.transpose(-1, -2)  # a group's heads as rows
     scores = scores.view(batch, kv_heads, group, rows, blocks_c).mul_(scale).masked_fill_(~ended, -_INF)
-    p = torch.softmax(scores, -1).nan_to_num_(0.0).sum(2)  # eq. 10: the group's heads add theirs
-    importance = p @ overlap  # eq. 9, (B, H_kv, c, n_blocks)
-    blocks = overlap.shape[1]
+    p = torch.softmax(scores, -1).nan_to_num_(0.0)
+    p = p.squeeze(2) if group == 1 else p.sum(2)  # eq. 10: the group's heads add theirs
+    chunks, step, blocks = -(-total // stride), block // stride, -(-total // block)
+    per_chunk = p.new_zeros(batch, kv_heads, rows, blocks * step)
+    for c in range(length // stride):  # eq. 9: compressed block i holds chunks i .. i + l / d - 1
+        span = max(0, min(blocks_c, chunks - c))
+        per_chunk[..., c:c + span] += p[..., :span]
+    importance = per_chunk.view(batch, kv_heads, rows, blocks, step).sum(-1)
     own, column = t // block, torch.arange(blocks, device=q.device)
     forced = (column == 0) | (column == own) | (column == own - 1)
     importance = importance.masked_fill_(forced, _INF).masked_fill_(column > own, -_INF)
@@ -261,7 +255,6 @@ def _count(t, s, module):
     if blocks_c:  # compressed_attention: the stride's phases as query heads, square causal
         attend(t, "compressed: ", b, h * stride, blocks_c, blocks_c, d, d, hkv=hkv, dtype=dt, mask=masks.causal())
     t.mm("selection importance q K_cmp^T", b * h, n, d, blocks_c, grads=0)
-    t.mm("selection blocks' importance p_cmp W (eq. 9)", b * hkv, n, blocks_c, -(-n // s["select_block"]), grads=0)
     with torch.no_grad():  # the blocks the module selects on the spec's inputs decide the gathered path's work
         mask = module.branches(_inputs(s, module)[1][0])[-1]
     attend(t, "selected: ", b, h, n, n, d, d, hkv=hkv, dtype=dt, mask=mask)
