@@ -123,6 +123,19 @@ def test_the_compressed_branch_is_the_float64_masked_attention_forward_and_backw
             torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
+def test_the_selection_is_the_same_in_chunks_of_queries(monkeypatch):
+    """Each chunk scores only the compressed blocks its last query has seen: chunks of 3 queries choose as one."""
+    from attnkit.nn import nsa
+
+    g = torch.Generator().manual_seed(6)
+    q, k_c = torch.randn(2, 4, 37, 4, generator=g, dtype=torch.float64), torch.randn(2, 2, 17, 4, generator=g,
+                                                                                      dtype=torch.float64)
+    whole = nsa_blocks(q, k_c, length=4, stride=2, block=4, count=3, scale=0.5)
+    monkeypatch.setattr(nsa, "_TRIANGLE", 3)
+    torch.testing.assert_close(nsa_blocks(q, k_c, length=4, stride=2, block=4, count=3, scale=0.5), whole, rtol=0,
+                               atol=0)
+
+
 def test_gradients_reach_every_parameter_and_the_selection_none():
     layer = randomized_float64(NativeSparseAttention(16, 4, kv_heads=2, compress_block=4, compress_stride=2,
                                                      select_block=4, num_selected=3, window=5))

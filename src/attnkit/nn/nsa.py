@@ -22,6 +22,7 @@ __all__ = ["NativeSparseAttention", "compressed_attention", "nsa_blocks"]
 
 _INF = float("inf")
 _ROWS = 1 << 22  # selection scores (queries x compressed blocks x heads) computed at once
+_TRIANGLE = 512  # queries per chunk at most: each chunk scores only the blocks its last query has seen
 
 
 class _Compress(nn.Module):
@@ -93,7 +94,7 @@ def nsa_blocks(q: torch.Tensor, k_cmp: torch.Tensor, *, length: int, stride: int
     with torch.no_grad():
         batch, heads, n, _ = q.shape
         kv_heads, blocks_c, total = k_cmp.shape[1], k_cmp.shape[2], start + n
-        rows = max(1, _ROWS // max(1, batch * heads * (blocks_c + -(-total // stride))))
+        rows = max(1, min(_TRIANGLE, _ROWS // max(1, batch * heads * (blocks_c + -(-total // stride)))))
         out = [_select_rows(q[:, :, r0:r0 + rows], k_cmp, start + r0, total, length=length, stride=stride,
                             block=block, count=count, scale=scale) for r0 in range(0, n, rows)]
         return torch.cat(out, 2) if out else q.new_zeros(batch, kv_heads, 0, 0, dtype=torch.long)
@@ -101,9 +102,11 @@ def nsa_blocks(q: torch.Tensor, k_cmp: torch.Tensor, *, length: int, stride: int
 
 def _select_rows(q, k_cmp, r0: int, total: int, *, length, stride, block, count, scale) -> torch.Tensor:
     """:func:`nsa_blocks` for the queries ``r0 .. r0 + c - 1`` of ``total`` (``q`` ``(B, H, c, D)``): scores
-    ``c x n_c``."""
+    ``c x n_c'`` over the ``n_c'`` blocks ended by the last of them (a causal triangle: half the products)."""
     batch, heads, rows, d = q.shape
-    kv_heads, blocks_c = k_cmp.shape[1], k_cmp.shape[2]
+    kv_heads = k_cmp.shape[1]
+    blocks_c = max(0, min(k_cmp.shape[2], (r0 + rows - length) // stride + 1))  # ended by the chunk's last query
+    k_cmp = k_cmp[:, :, :blocks_c]  # the later blocks no query of the chunk sees: not scored
     group = heads // kv_heads
     t = torch.arange(r0, r0 + rows, device=q.device)[:, None]
     ended = torch.arange(blocks_c, device=q.device) * stride + length - 1 <= t
