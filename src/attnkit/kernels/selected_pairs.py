@@ -140,9 +140,10 @@ def _forward(qp, kp, vp, tl: Tiles, bs: int, scale: float):
                          scale=scale)[:2]
         flat, o_t, l_t = rows.flatten(), o_t.reshape(-1, d), l_t.reshape(-1).masked_fill(empty.flatten(), _NEG_INF)
         m_new = torch.maximum(m, torch.full_like(m, _NEG_INF).scatter_reduce_(0, flat, l_t, "amax"))
-        alpha = torch.where(m > _NEG_INF, torch.exp(m - m_new), 0.0)
-        acc.mul_(alpha[:, None])
-        total.mul_(alpha)
+        grew = (m_new > m).nonzero().squeeze(1)  # rescaled rows only: elsewhere alpha = exp(0) = 1 exactly
+        alpha = torch.where(m[grew] > _NEG_INF, torch.exp(m[grew] - m_new[grew]), 0.0)
+        acc.index_copy_(0, grew, acc.index_select(0, grew).mul_(alpha[:, None]))
+        total.index_copy_(0, grew, total.index_select(0, grew).mul_(alpha))
         w = torch.exp(l_t - m_new[flat].masked_fill(empty.flatten(), 0.0))  # empty rows: exp(-inf) = 0
         acc.index_add_(0, flat, o_t * w[:, None])
         total.index_add_(0, flat, w)
