@@ -50,13 +50,42 @@ def _formula(q, k, v):
     return torch.softmax(s, -1) @ v.double()
 
 
+@pytest.mark.parametrize("listed", [True, False])  # the lse read as Python floats, or checked by operators
 @pytest.mark.parametrize("lk", [3, 16, 1024])
 @pytest.mark.parametrize("case", CASES)
-def test_where_torchs_kernel_differs_from_the_formula_without_a_mask_the_lanes_check_refuses_it(case, lk):
+def test_where_torchs_kernel_differs_from_the_formula_without_a_mask_the_lanes_check_refuses_it(case, lk, listed,
+                                                                                                 monkeypatch):
+    monkeypatch.setattr(lane, "LISTED_ROWS", 256 if listed else 0)
     q, k, v = _inputs(case, lk)
     out, lse = rules.FLASH(q, k, v, 0.0, False, scale=0.25)[:2]
     right = torch.isclose(out.double(), _formula(q, k, v), rtol=1e-5, atol=1e-5, equal_nan=True).all()
     assert bool(right) or not lane.trusted(out, lse)
+
+
+@pytest.mark.parametrize("listed", [True, False])
+def test_the_check_refuses_what_it_relies_on_the_output_and_lse_to_show(listed, monkeypatch):
+    # a row torch zeroed (output 0, lse exactly 0), NaN and inf in the lse, NaN and inf in the output
+    monkeypatch.setattr(lane, "LISTED_ROWS", 256 if listed else 0)
+    out, lse = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4).abs() + 1
+    assert lane.trusted(out, lse)
+    for where, value in (("lse", 0.0), ("lse", -0.0), ("lse", math.nan), ("lse", math.inf), ("lse", -math.inf),
+                         ("out", math.nan), ("out", math.inf), ("out", -math.inf)):
+        o, x = out.clone(), lse.clone()
+        if where == "lse":
+            x[1, 2, 3] = value
+        else:
+            o[1, 2, 3, 5] = value
+        assert not lane.trusted(o, x), (where, value)
+    assert lane.trusted(out.requires_grad_(), lse)  # under autograd too, without recording the check
+
+
+@pytest.mark.parametrize("lq", [1, 2, 3, 16])
+@pytest.mark.parametrize("case", CASES)
+def test_several_queries_answer_non_finite_inputs_as_the_formula(case, lq):
+    q, k, v = _inputs(case, 40)
+    q = torch.cat([q] * lq, 2)
+    got = attnkit.attention(q, k, v)
+    torch.testing.assert_close(got.double(), _formula(q, k, v), rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
 def test_torchs_kernel_differs_from_the_formula_without_a_mask_in_these_cases():

@@ -46,7 +46,7 @@ from . import reference, rules, sdpa
 from .pipeline import twice_differentiable
 from .sdpa import sums_finite
 
-__all__ = ["route", "run", "trusted", "describe"]
+__all__ = ["route", "run", "trusted", "describe", "LISTED_ROWS"]
 
 _DTYPES = (torch.float32, torch.float64)
 _CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -62,9 +62,10 @@ class _Call:
     dropout_p = 0.0
     return_weights = return_lse = tracing = False
 
-    def __init__(self, q, k, v, mask, score, scale, normalize, sizes, needs_grad):
+    def __init__(self, q, k, v, mask, score, scale, normalize, sizes, needs_grad, device_type):
         self.q, self.k, self.v, self.mask, self.score, self.scale = q, k, v, mask, score, scale
-        self.normalize, self.sizes, self.needs_grad, self.memo = normalize, sizes, needs_grad, {}
+        self.normalize, self.sizes, self.needs_grad = normalize, sizes, needs_grad
+        self.memo = {"device_type": device_type}  # rules.device_type, known from the route's checks
 
 
 def route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse,
@@ -88,9 +89,10 @@ def route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weight
     if dtype not in (_DTYPES if cpu else _CUDA_DTYPES) or k.dtype != dtype or v.dtype != dtype:
         return None
     batch, heads, lq, d = q.shape
-    _, hkv, lk, dk = k.shape
-    if (k.shape[0] != batch or v.shape[0] != batch or v.shape[1] != hkv or v.shape[2] != lk or dk != d or not hkv
-            or heads % hkv or not (batch and lq and lk and d)):
+    bk, hkv, lk, dk = k.shape
+    bv, hv, lv, dv = v.shape
+    if (bk != batch or bv != batch or hv != hkv or lv != lk or dk != d or not hkv or heads % hkv
+            or not (batch and lq and lk and d)):
         return None
     if scale is None:
         scale = default_scale(score, d)
@@ -100,7 +102,8 @@ def route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weight
         return None
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     # the fields of a Problem that the rules read (a test holds the two to the same answers)
-    call = cast(Problem, _Call(q, k, v, mask, score, scale, normalize, (batch, heads, lq, lk, d, v.shape[3]), grad))
+    call = cast(Problem, _Call(q, k, v, mask, score, scale, normalize, (batch, heads, lq, lk, d, dv), grad,
+                                "cpu" if cpu else "cuda"))
     for rule in sdpa.LANE:
         if rule(call) is not None:
             return None
@@ -133,10 +136,26 @@ def run(q, k, v, mask, lane: tuple) -> torch.Tensor | None:
     return out
 
 
+# An lse of at most this many rows is read as Python floats (a decoding step's B x H, a short chunk's): one copy and
+# no operator, where the operators of the tensor check cost microseconds each right after the kernel.
+LISTED_ROWS = 256
+
+
 def trusted(out: torch.Tensor, lse: torch.Tensor) -> bool:
-    """Whether the CPU kernel's answer is attnkit's: each row's output sum plus ``lse / lse`` is NaN or inf for
-    NaN or inf in the output (an overflow, a leak) and for an lse of NaN, +-inf or exactly 0 (a row torch
-    zeroed: no row is empty on the lane). One reduction over the output, one read of the lse, one sync."""
+    """Whether the CPU kernel's answer is attnkit's: no NaN or inf in the output (an overflow, a leak) and an lse
+    neither NaN, +-inf nor exactly 0 (a row torch zeroed: no row is empty on the lane).
+
+    A small lse is read as Python floats and the output summed once (one reduction, one sync); a larger one is
+    checked with the output in one expression, each row's output sum plus ``lse / lse``.
+    """
+    if out.requires_grad:
+        out, lse = out.detach(), lse.detach()
+    if lse.numel() <= LISTED_ROWS:
+        for batch in lse.tolist():  # (B, H, Lq) nested lists
+            for rows in batch:
+                if 0.0 in rows or not math.isfinite(sum(rows)):
+                    return False
+        return math.isfinite(out.sum().item())
     return math.isfinite(torch.addcdiv(out.sum(-1), lse, lse).sum().item())
 
 

@@ -107,10 +107,13 @@ def _with_empty_rows(allowed: torch.Tensor, dtype, open_empty: bool = False) -> 
     return KernelMask(_additive(allowed, dtype), False, empty)
 
 
+_NO_MASK, _IS_CAUSAL = KernelMask(None, False, None), KernelMask(None, True, None)
+
+
 def causal_mask(lq: int, lk: int, offset: int, dtype, device) -> KernelMask:
     """Query i sees keys ``j <= i + offset``: no mask for one query over every key (decoding), else cached."""
     if lq == 1 and offset >= lk - 1:
-        return KernelMask(None, False, None)
+        return _NO_MASK
     key = (lq, lk, offset, dtype, str(device))
     return _CAUSAL_MASKS.get_or_build(key, lambda: _with_empty_rows(
         torch.ones(lq, lk, dtype=torch.bool, device=device).tril(offset), dtype, torch.device(device).type != "cpu"))
@@ -122,9 +125,9 @@ def kernel_mask(p: Problem, dtype) -> KernelMask:
     batch, heads, lq, lk, _, _ = p.sizes
     kind = "full" if m is None else m.kind
     if kind == "full":
-        return KernelMask(None, False, None)
+        return _NO_MASK
     if causal_flag(p):
-        return KernelMask(None, True, None)
+        return _IS_CAUSAL
     if kind == "causal":
         return causal_mask(lq, lk, lk - lq if m.align == "bottom_right" else 0, dtype, p.q.device)
     open_empty = rules.device_type(p) != "cpu"
