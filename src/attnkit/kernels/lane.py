@@ -35,7 +35,6 @@ errors and runs an exact path. Anything the lane does not take goes there too.
 from __future__ import annotations
 
 import math
-from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -102,8 +101,8 @@ def route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weight
         return None
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     # the fields of a Problem that the rules read (a test holds the two to the same answers)
-    call = cast(Problem, _Call(q, k, v, mask, score, scale, normalize, (batch, heads, lq, lk, d, dv), grad,
-                                "cpu" if cpu else "cuda"))
+    call: Problem = _Call(q, k, v, mask, score, scale, normalize, (batch, heads, lq, lk, d, dv), grad,  # type: ignore[assignment]
+                          "cpu" if cpu else "cuda")
     for rule in sdpa.LANE:
         if rule(call) is not None:
             return None

@@ -110,10 +110,12 @@ def _with_empty_rows(allowed: torch.Tensor, dtype, open_empty: bool = False) -> 
 _NO_MASK, _IS_CAUSAL = KernelMask(None, False, None), KernelMask(None, True, None)
 
 
-def causal_mask(lq: int, lk: int, offset: int, dtype, device) -> KernelMask:
-    """Query i sees keys ``j <= i + offset``: no mask for one query over every key (decoding), else cached."""
+def causal_mask(lq: int, lk: int, offset: int, dtype, like: torch.Tensor) -> KernelMask:
+    """Query i sees keys ``j <= i + offset``: no mask for one query over every key (decoding), else cached, on the
+    device of ``like`` (read only then: a decoding step builds no device object)."""
     if lq == 1 and offset >= lk - 1:
         return _NO_MASK
+    device = like.device
     key = (lq, lk, offset, dtype, str(device))
     return _CAUSAL_MASKS.get_or_build(key, lambda: _with_empty_rows(
         torch.ones(lq, lk, dtype=torch.bool, device=device).tril(offset), dtype, torch.device(device).type != "cpu"))
@@ -129,7 +131,7 @@ def kernel_mask(p: Problem, dtype) -> KernelMask:
     if causal_flag(p):
         return _IS_CAUSAL
     if kind == "causal":
-        return causal_mask(lq, lk, lk - lq if m.align == "bottom_right" else 0, dtype, p.q.device)
+        return causal_mask(lq, lk, lk - lq if m.align == "bottom_right" else 0, dtype, p.q)
     open_empty = rules.device_type(p) != "cpu"
     if kind == "tensor":
         return _with_empty_rows(m.tensor, dtype, open_empty)
