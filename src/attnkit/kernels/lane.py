@@ -67,6 +67,19 @@ class _Call:
         self.memo = {"device_type": device_type}  # rules.device_type, known from the route's checks
 
 
+def _passes_the_whole_scope(rule) -> bool:
+    """Whether ``rule`` passes every call the lane's scope admits: it says None reading only the options the scope
+    pins (a call with no other field set raises AttributeError on any other). Such rules are not asked again."""
+    try:
+        return rule(_Call.__new__(_Call)) is None
+    except AttributeError:
+        return False
+
+
+# sdpa.LANE less the rules the scope already decides (no bias, weights, lse, sinks, quantization, tracing)
+_ASKED = tuple(rule for rule in sdpa.LANE if not _passes_the_whole_scope(rule))
+
+
 def route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse,
           backend, sinks=None) -> tuple | None:
     """``(is_causal, float_mask, scale, on_cpu)`` for a call the lane takes, else None; reads attributes only.
@@ -103,7 +116,7 @@ def route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weight
     # the fields of a Problem that the rules read (a test holds the two to the same answers)
     call: Problem = _Call(q, k, v, mask, score, scale, normalize, (batch, heads, lq, lk, d, dv), grad,  # type: ignore[assignment]
                           "cpu" if cpu else "cuda")
-    for rule in sdpa.LANE:
+    for rule in _ASKED:
         if rule(call) is not None:
             return None
     km = sdpa.kernel_mask(call, dtype)
