@@ -24,8 +24,10 @@ in :mod:`.rules`. The mask is read as the path reads it (:func:`.sdpa.kernel_mas
 for several (chunked prefill).
 
 Every contract holds: the output and the kernel's log-sum-exp are checked after the
-call (NaN or inf in the output, an lse of NaN, inf or exactly 0: an overflow, a
-masked NaN key torch leaked, a NaN query row it zeroed; on CUDA, whose public kernel
+call (:func:`trusted`: NaN or inf in the output, an lse of NaN, inf or exactly 0: an
+overflow, a masked NaN key torch leaked, a NaN query row it zeroed; a small lse is read
+as Python floats and the output summed once, since each operator right after the kernel
+costs microseconds; on CUDA, whose public kernel
 returns no lse, NaN or inf in the output or in q: :func:`.sdpa.sums_finite`, no second
 pass over the KV cache), and then the call is handed
 to the full route (validation, :func:`~.dispatch.choose`), which raises attnkit's
