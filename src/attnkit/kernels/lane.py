@@ -165,11 +165,8 @@ def trusted(out: torch.Tensor, lse: torch.Tensor) -> bool:
     if out.requires_grad:
         out, lse = out.detach(), lse.detach()
     if lse.numel() <= LISTED_ROWS:
-        for batch in lse.tolist():  # (B, H, Lq) nested lists
-            for rows in batch:
-                if 0.0 in rows or not math.isfinite(sum(rows)):
-                    return False
-        return math.isfinite(out.sum().item())
+        rows = [x for batch in lse.tolist() for head in batch for x in head]  # (B, H, Lq) nested lists
+        return 0.0 not in rows and math.isfinite(sum(rows)) and math.isfinite(out.sum().item())
     return math.isfinite(torch.addcdiv(out.sum(-1), lse, lse).sum().item())
 
 
