@@ -57,6 +57,15 @@ def test_a_units_error_is_raised_in_the_caller_with_its_threads_back(two_threads
     assert torch.get_num_threads() == 2
 
 
+def test_the_caller_runs_every_unit_when_no_thread_can_start(monkeypatch, two_threads):
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    seen = []
+    _run(pipeline.Units(4), lambda u: seen.append((u, threading.get_ident(), torch.get_num_threads())))
+    assert seen == [(u, threading.get_ident(), 1) for u in range(4)] and torch.get_num_threads() == 2
+
+
 def test_units_run_in_inference_mode_and_without_grad_where_the_caller_does(two_threads):
     with torch.inference_mode():
         out, modes = torch.zeros(4), []

@@ -375,8 +375,12 @@ class Units:
         torch.set_num_threads(1)
         helpers = [threading.Thread(target=helper, name=f"attnkit-units-{t}", daemon=True) for t in range(1, threads)]
         try:
-            for t in helpers:
-                t.start()
+            for i, t in enumerate(helpers):
+                try:
+                    t.start()
+                except RuntimeError:  # no thread to be had: the caller and the helpers started share the units
+                    helpers = helpers[:i]
+                    break
             try:
                 yield
             except BaseException as err:
