@@ -33,7 +33,7 @@ from . import Built, Experiment
 from .tokens import TokenObjective
 from .train import Budget
 
-__all__ = ["MECHANISMS", "USES", "CLAIM", "WINDOW", "mad_experiments", "KEYS"]
+__all__ = ["MECHANISMS", "USES", "CLAIM", "WINDOW", "BUDGET", "QUICK", "default_seeds", "mad_experiments", "KEYS"]
 
 WINDOW = 16
 DIM, HEADS, LAYERS = 64, 2, 2
@@ -104,9 +104,21 @@ def _build(task: str, mechanism: str) -> Built:
     return Built(model, data, data, TokenObjective())
 
 
+BUDGET = Budget(steps=100, batch_size=32, lr=3e-3, eval_size=128, test_size=256)
+"""Every MAD run's budget: sized so that the 72 runs of one seed fit about 16 minutes of a quiet 2-core CPU
+(see the module docstring)."""
+QUICK = Budget(steps=30, batch_size=32, lr=3e-3, eval_size=64, test_size=128)
+"""``--quick``: a smoke run of the suite."""
+
+
+def default_seeds(device: str) -> tuple[int, ...]:
+    """The suite's seeds when none are given: one on a CPU (the 20-minute budget), three elsewhere (Welch's t)."""
+    return (0,) if str(device).split(":")[0] == "cpu" else (0, 1, 2)
+
+
 def mad_experiments() -> list[Experiment]:
-    """One experiment per MAD task and mechanism (:data:`KEYS`), one budget for all."""
-    budget, quick = Budget(steps=300, lr=3e-3, test_size=512), Budget(steps=100, lr=3e-3, test_size=256)
+    """One experiment per MAD task and mechanism (:data:`KEYS`), one budget for all (:data:`BUDGET`)."""
+    budget, quick = BUDGET, QUICK
     return [Experiment(task, name, f"MAD {task} ({tasks.get(task).describe()}); 2-layer causal "
                        f"pre-norm LM, width {DIM}: {text}", partial(_build, task, name), budget, quick,
                        uses=("causal", *USES[name]))
