@@ -18,7 +18,7 @@ from ..experiments.mad import CLAIM, KEYS, MECHANISMS
 from ..welch import verdict, welch
 from . import Report
 
-__all__ = ["mad_scores", "claim_verdict", "mad_table", "mad_picture", "mad_markdown", "mad_html"]
+__all__ = ["mad_scores", "claim_verdict", "seeds_note", "mad_table", "mad_picture", "mad_markdown", "mad_html"]
 
 _TASKS = list(MAD_TASKS)
 
@@ -91,6 +91,13 @@ def mad_picture(rep: Report, scores) -> tuple[Path | None, list[str]]:
         return None, [f"MAD picture: {type(err).__name__}: {err}"]
 
 
+def seeds_note(scores) -> str:
+    """A sentence on the seeds behind the table: one seed (the CPU default) is said in words; more say nothing."""
+    most = max((len(v) for by_task in scores.values() for v in by_task.values()), default=0)
+    return ("One seed per run (the suite's default on a CPU): the spread over seeds is not measured; "
+            "--seeds 0 1 2 trains three." if most == 1 else "")
+
+
 def mad_markdown(rep: Report) -> list[str]:
     """The section as Markdown lines (none when no MAD experiment ran)."""
     scores = mad_scores(rep)
@@ -100,8 +107,9 @@ def mad_markdown(rep: Report) -> list[str]:
     lines = ["| " + " | ".join(row) + " |" for row in table]
     lines.insert(1, "|" + "---|" * len(table[0]))
     result, detail = claim_verdict(scores)
+    note = seeds_note(scores)
     return ["## MAD: every token mixer on the six tasks", "", "The picture is in [index.html](index.html) "
-            "([img/mad.png](img/mad.png)); accuracy %, mean over seeds.", "", *lines, "",
+            "([img/mad.png](img/mad.png)); accuracy %, mean over seeds." + (f" {note}" if note else ""), "", *lines, "",
             f"Claim: {CLAIM['statement']} ({CLAIM['source']}): **{result}**.", "", detail, ""]
 
 
@@ -118,4 +126,5 @@ def mad_html(rep: Report, notes: list[str], table, image) -> list[str]:
     result, detail = claim_verdict(scores)
     claim = f"Claim: {html.escape(CLAIM['statement'])} ({html.escape(CLAIM['source'])}): <b>{result}</b>."
     return ["<h2>MAD: every token mixer on the six tasks</h2>", image(path, "MAD accuracy per task and mechanism"),
-            table(mad_table(scores)), f"<p>{claim}</p>", f"<p>{html.escape(detail)}</p>"]
+            table(mad_table(scores)), *([f"<p>{html.escape(seeds_note(scores))}</p>"] if seeds_note(scores) else []),
+            f"<p>{claim}</p>", f"<p>{html.escape(detail)}</p>"]
