@@ -43,6 +43,7 @@ from the saved ``lse``; nothing of size ``Lq x Lk`` is kept.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -104,9 +105,15 @@ def block_range(x: torch.Tensor) -> float:
     return torch.maximum(-lo, hi).item()
 
 
+@functools.lru_cache(maxsize=64)
+def _constants(coeffs: tuple, scale: float, dtype: torch.dtype, device: torch.device) -> tuple:
+    """``scale * c`` for all but the last coefficient, as 0-dim tensors (made once, not for every block)."""
+    return tuple(torch.tensor(c * scale, dtype=dtype, device=device) for c in coeffs[:-1])
+
+
 def _poly_(out, u, coeffs, scale: float):
     """``out = scale * (c0 + c1 u + ... + cn u^n)`` by Horner's rule, one fused pass a degree (``out`` is not ``u``)."""
-    c = [u.new_tensor(ci * scale) for ci in coeffs[:-1]]
+    c = _constants(coeffs, scale, u.dtype, u.device)
     torch.add(c[-1], u, alpha=coeffs[-1] * scale, out=out)
     for ci in c[-2::-1]:
         torch.addcmul(ci, out, u, out=out)
