@@ -15,7 +15,7 @@ import torch
 
 import attnkit
 from attnkit import masks
-from attnkit.kernels import band, band_blocks, block_plan, blocksparse_masked
+from attnkit.kernels import band, block_plan, blocksparse_masked
 from tests.helpers import assert_close_to_oracle, oracle, rand_qkv
 
 
@@ -70,7 +70,7 @@ BAND_CASES = [
 def test_band_path_equals_float64_reference_forward_and_backward(monkeypatch, case, slab):
     lq, lk, left, right, align, hkv, sizes = case
     monkeypatch.setattr(band, "BLOCK_SIZES", sizes)
-    monkeypatch.setattr(band_blocks, "SLAB", slab)
+    monkeypatch.setattr(band, "SLAB", slab)
     calls = _spy(monkeypatch, band)
     q, k, v = rand_qkv(2, 3, lq, lk, 11, 13, hkv=hkv, dtype=torch.float64, seed=lq + lk)
     _assert_matches_float64(q, k, v, masks.sliding_window(left, right, align=align), with_lse_grad=True)
@@ -84,8 +84,8 @@ def test_band_path_runs_per_block_slabs_across_heads(monkeypatch):
     mask = masks.sliding_window(5, 5)
     p = attnkit.functional.validate.validate(q, k, v, mask=mask)
     pl = band.plan(p)
-    slabs = list(band_blocks.slabs(q.view(20, 1, 40, 3), k.view(20, 40, 3), v.view(20, 40, 7), pl,
-                                    torch.empty(20, 1, 40, 7)))
+    slabs = list(band.slabs(q.view(20, 1, 40, 3), k.view(20, 40, 3), v.view(20, 40, 7), pl,
+                             torch.empty(20, 1, 40, 7)))
     assert any(sl.n1 - sl.n0 > 1 and sl.edge_mask is None for sl in slabs)
     _assert_matches_float64(q, k, v, mask, with_lse_grad=True)
 
@@ -107,7 +107,7 @@ def test_band_path_half_precision_forward_and_backward_within_the_tolerance_rule
     against the float32 computation rounded once (2x for the output, 3x for gradients, + 8 eps)."""
     mode(name)
     monkeypatch.setattr(band, "BLOCK_SIZES", (16,))
-    monkeypatch.setattr(band_blocks, "SLAB", slab)
+    monkeypatch.setattr(band, "SLAB", slab)
     calls = _spy(monkeypatch, band)
     q, k, v = rand_qkv(2, 4, 150, 150, 16, hkv=2, dtype=torch.bfloat16, seed=6)
     g = torch.randn(2, 4, 150, 16, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)

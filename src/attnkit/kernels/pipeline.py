@@ -22,7 +22,7 @@ from ..functional.blockwise import BLOCKWISE
 from ..functional.normalize import NORMALIZERS, masked_softmax, softmax
 from ..functional.scores import SCORES
 from ..functional.validate import Problem
-from ..masks.indexed import gather_at
+from ..masks.base import gather_at
 
 __all__ = ["KernelOutput", "upcast_inputs", "block_scores", "block_weights", "without_sinks", "join_sinks",
            "zero_padded_keys", "oversubscribed", "for_many_operators", "dense_indices", "row_chunks", "Workspace",
