@@ -52,7 +52,7 @@ from ..functional.validate import Problem
 from ..runtime import low_precision_math
 from . import rules
 from .path_cost import PathCost, fused_attention, itemsize
-from .pipeline import KernelOutput, Workspace, for_many_operators, join_sinks, without_sinks
+from .pipeline import KernelOutput, Units, Workspace, join_sinks, unit_count, without_sinks
 
 __all__ = ["REFUSALS", "refusal", "plan", "run", "forward", "backward", "describe", "cost", "density", "op_forward",
            "op_backward"]
@@ -148,17 +148,31 @@ def _probs(work: _Buffers, sl: Slab, scale: float, need_max: bool = False, kt=No
     return qs, s, (s if s.dtype == qs.dtype else work.take("p", *shape).copy_(s)), m
 
 
+def _units(q, pl: Plan) -> tuple[Units, list[tuple[int, int]]]:
+    """The call's units (:class:`.pipeline.Units`): runs of key/value heads ``[a, b)``, whose rows are their own."""
+    heads = q.shape[0]
+    count = unit_count(heads, q.shape[1] * heads * pl.nq * pl.bs * pl.width)
+    return Units(count), [(heads * u // count, heads * (u + 1) // count) for u in range(count)]
+
+
 def _forward(q, k, v, pl: Plan, scale: float, need_lse: bool):
     """Output ``(N, G, Lq, Dv)`` and lse ``(N, G, Lq)`` (or None) over every slab."""
     out = q.new_empty(*q.shape[:3], v.shape[2])
     lse = q.new_empty(q.shape[:3]) if need_lse else None
-    work, kt = _Buffers(q), _transposed(k, torch.float32)  # half precision: float32 scores, the output's
-    with for_many_operators():  # a few operators per slab: one thread on an oversubscribed machine
-        for sl in slabs(q, k, v, pl, out, lse):
-            _, probs, pv, m = _probs(work, sl, scale, need_lse, kt)
-            sl.write_out(torch.bmm(pv, sl.v, out=sl.out_buffer(work)))
-            if need_lse:  # the largest probability is exp(0) / sum: lse = m + log(sum)
-                sl.write_lse(sl.fill_empty_rows(m - torch.log(probs.amax(-1)), _NEG_INF))
+    units, heads = _units(q, pl)
+    kt = _transposed(k, torch.float32)  # half precision: float32 scores, the output's products in half
+
+    def share() -> None:  # one thread's units, a few operators per slab
+        work = _Buffers(q)
+        for a, b in (heads[u] for u in units.take()):
+            kt_ab = kt[a:b] if kt is not None else None
+            for sl in slabs(q[a:b], k[a:b], v[a:b], pl, out[a:b], lse[a:b] if lse is not None else None):
+                _, probs, pv, m = _probs(work, sl, scale, need_lse, kt_ab)
+                sl.write_out(torch.bmm(pv, sl.v, out=sl.out_buffer(work)))
+                if need_lse:  # the largest probability is exp(0) / sum: lse = m + log(sum)
+                    sl.write_lse(sl.fill_empty_rows(m - torch.log(probs.amax(-1)), _NEG_INF))
+    with units.helping(share):
+        share()
     return out, lse
 
 
@@ -169,21 +183,28 @@ def _backward(q, k, v, out, dout, dlse, pl: Plan, scale: float, finite: bool):
         delta = delta - dlse  # d lse / d s = P: the same term
     acc = torch.float32 if low else k.dtype
     dq, dk, dv = torch.empty_like(q), torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)
-    work, kt, vt = _Buffers(q), _transposed(k, q.dtype), _transposed(v, q.dtype)  # half: half scores
-    with for_many_operators():
-        for sl in slabs(q, k, v, pl, dq, None, dout=dout, delta=delta):
-            qs, probs, pv, _ = _probs(work, sl, scale, kt=kt)
-            if not finite:
-                sl.mask_(probs, 0.0)  # a NaN row must not reach keys it does not attend
-            window = (probs.shape[0], probs.shape[2])
-            dkv = work.take("dkv", *window, dv.shape[-1])
-            sl.add_window(dv, torch.bmm(pv.transpose(1, 2), sl.dout, out=dkv))
-            ds = torch.bmm(sl.dout, _window_t(sl, sl.v, vt), out=work.take("ds", *probs.shape))
-            ds.sub_(sl.delta[..., None]).mul_(probs)
-            if not finite:
-                sl.mask_(ds, 0.0)  # select: 0 * NaN from a masked value cannot leak
-            sl.write_out(torch.bmm(ds, sl.k, out=sl.out_buffer(work)))
-            sl.add_window(dk, torch.bmm(ds.transpose(1, 2), qs, out=work.take("dkv", *window, dk.shape[-1])))
+    units, heads = _units(q, pl)
+    kt, vt = _transposed(k, q.dtype), _transposed(v, q.dtype)  # half: half scores
+
+    def share() -> None:  # one thread's units: their key and value rows are their own
+        work = _Buffers(q)
+        for a, b in (heads[u] for u in units.take()):
+            kt_ab, vt_ab = (t[a:b] if t is not None else None for t in (kt, vt))
+            for sl in slabs(q[a:b], k[a:b], v[a:b], pl, dq[a:b], None, dout=dout[a:b], delta=delta[a:b]):
+                qs, probs, pv, _ = _probs(work, sl, scale, kt=kt_ab)
+                if not finite:
+                    sl.mask_(probs, 0.0)  # a NaN row must not reach keys it does not attend
+                window = (probs.shape[0], probs.shape[2])
+                dkv = work.take("dkv", *window, dv.shape[-1])
+                sl.add_window(dv[a:b], torch.bmm(pv.transpose(1, 2), sl.dout, out=dkv))
+                ds = torch.bmm(sl.dout, _window_t(sl, sl.v, vt_ab), out=work.take("ds", *probs.shape))
+                ds.sub_(sl.delta[..., None]).mul_(probs)
+                if not finite:
+                    sl.mask_(ds, 0.0)  # select: 0 * NaN from a masked value cannot leak
+                sl.write_out(torch.bmm(ds, sl.k, out=sl.out_buffer(work)))
+                sl.add_window(dk[a:b], torch.bmm(ds.transpose(1, 2), qs, out=work.take("dkv", *window, dk.shape[-1])))
+    with units.helping(share):
+        share()
     return dq.mul_(scale), dk.to(k.dtype), dv.to(v.dtype)
 
 
