@@ -99,6 +99,33 @@ def test_band_path_float32_and_bfloat16_within_the_tolerance_rule(dtype):
     assert_close_to_oracle(got, q, k, v, mask=mask)
 
 
+@pytest.mark.parametrize("name", ["native", "float32"])
+@pytest.mark.parametrize("slab", [1 << 21, 300])  # runs of blocks (windows of the transposed copy), or one a slab
+def test_band_path_half_precision_forward_and_backward_within_the_tolerance_rule(monkeypatch, mode, name, slab):
+    """bfloat16 computed natively (float32 scores in the forward, half products with float32 sums in the
+    backward) or in float32: output and gradients against float64 on the same values, DESIGN.md's rule
+    against the float32 computation rounded once (2x for the output, 3x for gradients, + 8 eps)."""
+    mode(name)
+    monkeypatch.setattr(band, "BLOCK_SIZES", (16,))
+    monkeypatch.setattr(band, "SLAB", slab)
+    calls = _spy(monkeypatch, band)
+    q, k, v = rand_qkv(2, 4, 150, 150, 16, hkv=2, dtype=torch.bfloat16, seed=6)
+    g = torch.randn(2, 4, 150, 16, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    mask = masks.sliding_window(20, 10)
+
+    def outputs(dtype, backend):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        out = attnkit.attention(*leaves, mask=mask, backend=backend)
+        return [out, *torch.autograd.grad(out, leaves, g.to(dtype))]
+    got = outputs(torch.bfloat16, "blocksparse")
+    assert calls and all(t.dtype == torch.bfloat16 for t in got)
+    exact = outputs(torch.float64, "reference")
+    once = [t.to(torch.bfloat16) for t in outputs(torch.float32, "reference")]
+    for i, (a, e, b) in enumerate(zip(got, exact, once, strict=True)):
+        err, base = (a.double() - e).abs().max().item(), (b.double() - e).abs().max().item()
+        assert err <= (2 if i == 0 else 3) * base + 8 * 2.0 ** -7 * max(1.0, e.abs().max().item()), (i, err, base)
+
+
 def test_band_rows_without_keys_give_zero_output_lse_minus_inf_and_zero_gradients():
     q, k, v = rand_qkv(2, 3, 50, 20, 5, requires_grad=True, dtype=torch.float64)
     mask = masks.sliding_window(2, 0)  # bottom-right, Lq > Lk: the first 28 rows see nothing
