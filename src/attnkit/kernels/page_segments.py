@@ -35,9 +35,12 @@ from ..masks.selected import Pages
 from . import rules
 from .page_chunks import merge_stacked, page_table, workspace
 
-__all__ = ["applies", "run"]
+__all__ = ["applies", "run", "segments"]
 
 _NEG_INF = float("-inf")
+# A sequence's keys and values copied for one call of the kernel, at most (bytes): a copy this size is still read
+# back from the caches (a copy of every sequence's 4096 keys at once, 16 MB, made a decoding step 1.6x slower).
+SEQUENCE_BYTES = 4 << 20
 
 
 def _pages(p: Problem) -> Pages:
@@ -59,38 +62,68 @@ def applies(p: Problem) -> bool:
 class _Keys:
     """Copies of positions of some sequences, token-major ``(n, c, H_kv, E)``, in this thread's buffers."""
 
-    def __init__(self, p: Problem, q: torch.Tensor, step: int, extent: int):
-        sel = _pages(p)
-        self.p, self.ps, self.pooled, self.step = p, sel.block_size, sel.pooled, step
-        self.space, self.table = workspace(q), page_table(p)
-        self.whole: list[torch.Tensor] = []  # every sequence's pages of each whole chunk, when pages tile chunks
-        if self.pooled:
-            self.pools = [t[0].transpose(0, 1) for t in (p.k, p.v)]  # (P ps, H_kv, E): what p.k, p.v view
-            self.rows = [pool.reshape(-1, self.ps * pool.shape[1] * pool.shape[2]) for pool in self.pools]
-            per, chunks = step // self.ps, extent // step
-            if step % self.ps == 0 and chunks and self.table is not None:
-                batch = self.table.shape[0]
-                self.whole = list(self.table[:, :chunks * per].reshape(batch, chunks, per).transpose(0, 1)
-                                  .reshape(chunks, batch * per).unbind(0))
-                self.bufs = [self.space.take(name + "-pages", batch * per, r.shape[1]) for name, r in
-                             zip("kv", self.rows, strict=True)]
-                self.views = [buf.view(batch, step, *pool.shape[1:]) for buf, pool in
-                              zip(self.bufs, self.pools, strict=True)]
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None, ps: int, q: torch.Tensor,
+                 step: int, extent: int):
+        self.k, self.v, self.table, self.ps, self.step, self.extent = k, v, table, ps, step, extent
+        self.pooled, self.space = table is not None, workspace(q)
+        self.whole: list[torch.Tensor] | None = None  # every sequence's pages of each whole chunk, made when asked
+        if table is not None:
+            self.pools = [k, v]  # (P ps, H_kv, E)
+            self.rows = [pool.reshape(-1, ps * pool.shape[1] * pool.shape[2]) for pool in self.pools]
 
     def whole_chunk(self, start: int) -> list[torch.Tensor] | None:
-        """Every sequence's whole chunk ``[start, start + step)`` of pages tiling it: two copies and nothing else
-        (each small operator costs microseconds, more right after the kernel has streamed a chunk through the
-        caches); None when the pages do not tile the chunks."""
+        """Every sequence's whole chunk ``[start, start + step)`` of pages tiling it, head-major ``(B, H_kv, step,
+        E)`` views of token-major copies: two copies and nothing else (each small operator costs microseconds,
+        more right after the kernel has streamed a chunk through the caches; the page lists and views are made
+        by the first chunk); None when the pages do not tile the chunks."""
+        if self.table is None or self.step % self.ps:
+            return None
+        if self.whole is None:
+            per, chunks, batch = self.step // self.ps, self.extent // self.step, self.table.shape[0]
+            self.whole = list(self.table[:, :chunks * per].reshape(batch, chunks, per).transpose(0, 1)
+                              .reshape(chunks, batch * per).unbind(0)) if chunks else []
+            self.bufs = [self.space.take(name + "-pages", batch * per, r.shape[1]) for name, r in
+                         zip("kv", self.rows, strict=True)]
+            self.views = [buf.view(batch, self.step, *pool.shape[1:]).transpose(1, 2) for buf, pool in
+                          zip(self.bufs, self.pools, strict=True)]  # (B, H_kv, step, E), as the kernel reads
         if start // self.step >= len(self.whole):
             return None
         for rows, buf in zip(self.rows, self.bufs, strict=True):
             torch.index_select(rows, 0, self.whole[start // self.step], out=buf)
         return self.views
 
+    def sequences(self, lengths: list[int]):
+        """The first ``lengths[b]`` positions of each sequence ``b``, one after the other into the same buffers:
+        keys and values ``(1, H_kv, n_b, E)``, head-major views of token-major copies (a pool's pages copied
+        whole, one ``index_select`` per pool). A view is valid until the next sequence's copy; views of equal
+        lengths are made once."""
+        longest, hkv, e = max(lengths), self.k.shape[1], self.k.shape[-1]
+        if self.table is not None:
+            width = -(-longest // self.ps)
+            bufs = [self.space.take(name + "-pages", width, r.shape[1]) for name, r in zip("kv", self.rows,
+                                                                                         strict=True)]
+            tokens = [buf.view(1, width * self.ps, hkv, e) for buf in bufs]
+            pages = self.table.unbind(0)
+        else:
+            tokens = [self.space.take(name, 1, longest, hkv, e) for name in "kv"]
+        views: dict[int, list[torch.Tensor]] = {}
+        for b, n in enumerate(lengths):
+            if n not in views:
+                views[n] = [(t if t.shape[1] == n else t[:, :n]).transpose(1, 2) for t in tokens]
+            if self.table is not None:
+                used = -(-n // self.ps)
+                for rows, buf in zip(self.rows, bufs, strict=True):
+                    torch.index_select(rows, 0, pages[b] if used == pages[b].shape[0] else pages[b][:used],
+                                       out=buf if used == width else buf[:used])
+            else:
+                for t, into in zip((self.k, self.v), tokens, strict=True):
+                    into[0, :n].copy_(t[b, :, :n].transpose(0, 1))
+            yield views[n]
+
     def chunk(self, seqs: torch.Tensor | None, start: int, stop: int) -> list[torch.Tensor]:
         """Positions ``[start, stop)`` of the sequences ``seqs`` (None: all): keys and values."""
         c, out = stop - start, []
-        for i, (name, t) in enumerate((("k", self.p.k), ("v", self.p.v))):
+        for i, (name, t) in enumerate((("k", self.k), ("v", self.v))):
             if self.pooled:
                 assert self.table is not None
                 pool, rows, ps = self.pools[i], self.rows[i], self.ps
@@ -114,7 +147,7 @@ class _Keys:
         """Positions ``[ends[b] - c, ends[b])`` of every sequence ``b``: keys and values ``(B, c, H_kv, E)``."""
         pos = ends[:, None] - c + torch.arange(c, device=ends.device)  # (B, c)
         out: list[torch.Tensor] = []
-        for t in (self.p.k, self.p.v):
+        for t in (self.k, self.v):
             if self.pooled:
                 assert self.table is not None
                 tokens = self.table.gather(1, pos // self.ps) * self.ps + pos % self.ps
@@ -130,18 +163,30 @@ def run(p: Problem, q: torch.Tensor, r0: int, r1: int, step: int, lengths: list[
     """Queries ``[r0, r1)`` over every sequence's keys, merged: ``(out (B, H_kv, g c, Dv), lse (B, H_kv, g c))``;
     None where this route does not apply (a sequence holds fewer keys than queries) or the kernel's answer
     cannot be trusted."""
+    sel = _pages(p)
+    k, v = (t[0].transpose(0, 1) for t in (p.k, p.v)) if sel.pooled else (p.k, p.v)  # pools: (P ps, H_kv, E)
+    return segments(q, k, v, page_table(p), sel.block_size, sel.within is not None, p.scale, r0, r1, step, lengths)
+
+
+def segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None, ps: int, causal: bool,
+             scale: float, r0: int, r1: int, step: int, lengths: list[int], want_lse: bool = True):
+    """:func:`run` on plain tensors: ``k``, ``v`` pools ``(P ps, H_kv, E)`` read through ``table`` ``(B, n)`` (every
+    entry a page of the pool) of pages of ``ps`` positions, or contiguous caches ``(B, H_kv, Lk, E)`` with ``table``
+    None; ``causal``: bottom-right causality, else no mask; ``lengths``: the keys each sequence holds; the merged
+    lse is None unless ``want_lse`` (the output's bits do not depend on it)."""
     assert rules.FLASH is not None  # the fused path runs only where torch has the kernel
     flash = rules.FLASH
     batch, hq, lq, d = q.shape
-    hkv, c = p.k.shape[1], r1 - r0
+    hkv, c = k.shape[1], r1 - r0
     if min(lengths) < lq:
         return None
-    causal = _pages(p).within is not None
     causal_tail = causal and c > 1
     shared = [n - lq + (r0 if causal_tail else r1) if causal else n for n in lengths]
     extent = max(shared)
-    keys, dev = _Keys(p, q, step, extent), q.device
-    q_c = q[:, :, r0:r1].reshape(batch, hkv, hq // hkv * c, d)
+    keys, dev = _Keys(k, v, table, ps, q, step, extent), q.device
+    q_c = (q if c == lq else q[:, :, r0:r1]).reshape(batch, hkv, hq // hkv * c, d)
+    if not causal_tail and batch <= -(-extent // step) and extent * hkv * 2 * d * q.element_size() <= SEQUENCE_BYTES:
+        return _each_sequence(q_c, keys, shared, scale, want_lse)
     every: list[tuple[torch.Tensor, torch.Tensor]] = []  # partials of every sequence
     some: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (sequences, out, lse) of some
     for start in range(0, extent, step):
@@ -151,9 +196,9 @@ def run(p: Problem, q: torch.Tensor, r0: int, r1: int, step: int, lengths: list[
         if whole:
             seqs = None if len(whole) == batch else torch.tensor(whole, device=dev)
             copied = keys.whole_chunk(start) if seqs is None and stop - start == step else None
-            k_g, v_g = copied or keys.chunk(seqs, start, stop)
+            k_g, v_g = copied or [t.transpose(1, 2) for t in keys.chunk(seqs, start, stop)]
             q_w = q_c if seqs is None else q_c.index_select(0, seqs)
-            out, lse = flash(q_w, k_g.transpose(1, 2), v_g.transpose(1, 2), 0.0, False, scale=p.scale)[:2]
+            out, lse = flash(q_w, k_g, v_g, 0.0, False, scale=scale)[:2]
             if seqs is None:
                 every.append((out, lse))
             else:
@@ -166,7 +211,7 @@ def run(p: Problem, q: torch.Tensor, r0: int, r1: int, step: int, lengths: list[
             k_g, v_g = (t.masked_fill_(~held[:, :, None, None], 0.0) for t in (k_g, v_g))  # (copies)
             mask = torch.zeros(held.shape, dtype=q.dtype, device=dev).masked_fill_(~held, _NEG_INF)
             out, lse = flash(q_c.index_select(0, seqs), k_g.transpose(1, 2), v_g.transpose(1, 2), 0.0, False,
-                             attn_mask=mask[:, None, None, :], scale=p.scale)[:2]
+                             attn_mask=mask[:, None, None, :], scale=scale)[:2]
             some.append((seqs, out, lse))
     if causal_tail:  # the last c keys: query row (group head, t) sees the first t + 1 (a float mask, the rows
         k_g, v_g = keys.last(torch.tensor(shared, device=dev) + c, c)  # folded: is_causal would misalign them)
@@ -174,14 +219,31 @@ def run(p: Problem, q: torch.Tensor, r0: int, r1: int, step: int, lengths: list[
         mask = torch.zeros(t.shape[0], c, dtype=q.dtype, device=dev).masked_fill_(
             torch.arange(c, device=dev) > t[:, None], _NEG_INF)
         every.append(tuple(flash(q_c, k_g.transpose(1, 2), v_g.transpose(1, 2), 0.0, False, attn_mask=mask,
-                                 scale=p.scale)[:2]))
-    return _merge_checked(every, some, batch)
+                                 scale=scale)[:2]))
+    return _merge_checked(every, some, batch, want_lse)
 
 
-def _merge_checked(every, some, batch: int):
+def _each_sequence(q_c: torch.Tensor, keys: _Keys, shared: list[int], scale: float, want_lse: bool):
+    """Every sequence's keys in one call of the kernel, no split and no merge: ``B`` calls where the chunks would
+    take as many or more, each on a copy of at most :data:`SEQUENCE_BYTES`. Checked as :func:`_merge_checked`
+    checks a partial; None if the kernel's answer cannot be trusted."""
+    assert rules.FLASH is not None
+    outs, lses = [], []
+    for q_b, (k_b, v_b) in zip(q_c.split(1), keys.sequences(shared), strict=True):
+        out, lse = rules.FLASH(q_b, k_b, v_b, 0.0, False, scale=scale)[:2]
+        outs.append(out)
+        lses.append(lse)
+    out, lse = torch.cat(outs), torch.cat(lses)
+    if not math.isfinite(torch.addcdiv(out.sum(-1), lse, lse).sum().item()):
+        return None  # NaN, inf, or a row torch zeroed: the chunked route, with its exact splits
+    return out, lse if want_lse else None
+
+
+def _merge_checked(every, some, batch: int, want_lse: bool = True):
     """The partials checked (one reduction per group of calls, one sync) and merged in one step; None if one
     fails. ``every``: ``(out, lse)`` of every sequence; ``some``: ``(sequences, out, lse)`` of some, the others
-    given out 0 and lse -inf there (weight 0 in the merge). Every row has a finite lse in some partial."""
+    given out 0 and lse -inf there (weight 0 in the merge). Every row has a finite lse in some partial; the
+    merged lse is None unless ``want_lse``."""
     checks = []
     if every:
         outs, lses = torch.stack([o for o, _ in every]), torch.stack([lse for _, lse in every])
@@ -197,4 +259,4 @@ def _merge_checked(every, some, batch: int):
     if full_out:
         outs = torch.cat([outs, torch.stack(full_out)]) if every else torch.stack(full_out)
         lses = torch.cat([lses, torch.stack(full_lse)]) if every else torch.stack(full_lse)
-    return merge_stacked(outs, lses, empty_rows=False)
+    return merge_stacked(outs, lses, empty_rows=False, want_lse=want_lse)
