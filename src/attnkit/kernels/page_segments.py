@@ -16,6 +16,14 @@ product (:mod:`.page_chunks`):
 - the last ``c`` keys of every sequence run in one call with ``is_causal``;
 - the partials are merged by log-sum-exp in one step.
 
+Where every key is shared (a decoding step, or no mask) and the chunks would take as many
+calls as there are sequences, each sequence runs alone in one call instead, on a copy of its
+pages (at most :data:`SEQUENCE_BYTES`; its first ``n_b`` positions, so no mask): no split and
+no merge. Each small operator costs microseconds, more right after the kernel has streamed a
+chunk through the caches, so the number of operators per call is what these routes save.
+:func:`segments` runs on plain tensors, for the path (:func:`run`) and for the paged lane
+(:func:`.paged.lane`), which gives it the same split, so the two give the same bits.
+
 Every row sees a key (the route is taken only when every sequence holds ``Lq`` keys), and
 the kernel's answers are checked as the fast lane checks them (:func:`.lane.trusted`), one
 reduction per call; where one fails, or a case falls outside the above, :func:`run` answers
