@@ -515,3 +515,37 @@ def test_a_decoding_step_reads_each_sequence_once_in_one_call_and_equals_the_ora
     torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
     k, v = _contiguous(keys, values)
     assert torch.equal(got, attnkit.attention(q, k, v, seqused_k=torch.tensor(lengths), mask=masks.causal()))
+
+
+def test_consecutive_pages_are_read_in_place_with_the_bits_of_copied_ones(monkeypatch):
+    # the first and third sequences' pages run consecutively in the pool (read as a view), the second's are
+    # scattered (copied): the same bits as scattered pages everywhere and as a contiguous cache, and the oracle's
+    from attnkit.kernels import page_segments
+
+    lengths = [3 * selected.SPLIT_KEYS + 9, 2 * selected.SPLIT_KEYS, 4 * selected.SPLIT_KEYS - 1]
+    keys, values = _sequences(lengths, seed=41)
+    q = torch.randn(3, 8, 1, 16, generator=torch.Generator().manual_seed(42))
+    k_pool, v_pool, table = _pool(keys, values, 16, spare=2, seed=43)
+    counts = [-(-n // 16) for n in lengths]
+    order = torch.cat([table[0, :counts[0]], table[1, :counts[1]], table[2, :counts[2]], torch.tensor([0, 0])])
+    spare = sorted(set(range(k_pool.shape[0])) - set(order[:-2].tolist()))
+    order[-2:] = torch.tensor(spare)
+    runs_k, runs_v = k_pool[order], v_pool[order]  # pool page i holds the scattered pool's page order[i]
+    runs_table = torch.zeros_like(table)
+    runs_table[0, :counts[0]] = torch.arange(counts[0])
+    runs_table[1, :counts[1]] = torch.randperm(counts[1], generator=torch.Generator().manual_seed(44)) + counts[0]
+    runs_k[counts[0]:counts[0] + counts[1]] = k_pool[table[1, :counts[1]]][runs_table[1, :counts[1]] - counts[0]]
+    runs_v[counts[0]:counts[0] + counts[1]] = v_pool[table[1, :counts[1]]][runs_table[1, :counts[1]] - counts[0]]
+    runs_table[1, :counts[1]] = runs_table[1, :counts[1]].argsort() + counts[0]
+    runs_table[2, :counts[2]] = torch.arange(counts[2]) + counts[0] + counts[1]
+    copies = []
+    take = torch.index_select
+    monkeypatch.setattr(page_segments.torch, "index_select", lambda *a, **kw: copies.append(1) or take(*a, **kw))
+    used, mask = torch.tensor(lengths), masks.causal()
+    got = attnkit.attention(q, runs_k, runs_v, block_table=runs_table, seqused_k=used, mask=mask)
+    assert len(copies) == 2  # the second sequence's keys and values only
+    monkeypatch.setattr(page_segments.torch, "index_select", take)
+    assert torch.equal(got, attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask))
+    k, v = _contiguous(keys, values)
+    assert torch.equal(got, attnkit.attention(q, k, v, seqused_k=used, mask=mask))
+    torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)

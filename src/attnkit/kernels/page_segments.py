@@ -101,28 +101,37 @@ class _Keys:
         return self.views
 
     def sequences(self, lengths: list[int]):
-        """The first ``lengths[b]`` positions of each sequence ``b``, one after the other into the same buffers:
-        keys and values ``(1, H_kv, n_b, E)``, head-major views of token-major copies (a pool's pages copied
-        whole, one ``index_select`` per pool). A view is valid until the next sequence's copy; views of equal
-        lengths are made once."""
-        longest, hkv, e = max(lengths), self.k.shape[1], self.k.shape[-1]
-        if self.table is not None:
-            width = -(-longest // self.ps)
-            bufs = [self.space.take(name + "-pages", width, r.shape[1]) for name, r in zip("kv", self.rows,
-                                                                                         strict=True)]
-            tokens = [buf.view(1, width * self.ps, hkv, e) for buf in bufs]
-            pages = self.table.unbind(0)
-        else:
-            tokens = [self.space.take(name, 1, longest, hkv, e) for name in "kv"]
+        """The first ``lengths[b]`` positions of each sequence ``b``, one after the other: keys and values ``(1,
+        H_kv, n_b, E)``, head-major views of token-major positions. A sequence whose pages are consecutive in the
+        pool is read in place (a view of the pool); the others are copied into the same buffers (pages copied
+        whole, one ``index_select`` per pool), in the same layout, so either gives the same bits. A view of the
+        buffers is valid until the next sequence's copy."""
+        hkv, e = self.k.shape[1], self.k.shape[-1]
+        runs: list[list[int]] = []
+        if self.table is not None:  # per sequence: its first page, and how many pages run on from it by one
+            steps = (self.table.diff(dim=1) == 1).cumprod(1).sum(1) + 1
+            runs = torch.stack((self.table[:, 0], steps), 1).tolist()
+            pools = [r.view(1, -1, hkv, e).transpose(1, 2) for r in self.rows]  # (1, H_kv, P ps, E)
         views: dict[int, list[torch.Tensor]] = {}
         for b, n in enumerate(lengths):
+            used = -(-n // self.ps)
+            if runs and runs[b][1] >= used:  # in place
+                start = runs[b][0] * self.ps
+                yield [pool[:, :, start:start + n] for pool in pools]
+                continue
+            if not views:  # the buffers, for the longest sequence copied
+                longest = max(lengths)
+                width = -(-longest // self.ps)
+                tokens = ([self.space.take(name + "-pages", width, r.shape[1]).view(1, width * self.ps, hkv, e)
+                           for name, r in zip("kv", self.rows, strict=True)] if runs else
+                          [self.space.take(name, 1, longest, hkv, e) for name in "kv"])
             if n not in views:
-                views[n] = [(t if t.shape[1] == n else t[:, :n]).transpose(1, 2) for t in tokens]
-            if self.table is not None:
-                used = -(-n // self.ps)
-                for rows, buf in zip(self.rows, bufs, strict=True):
-                    torch.index_select(rows, 0, pages[b] if used == pages[b].shape[0] else pages[b][:used],
-                                       out=buf if used == width else buf[:used])
+                views[n] = [t[:, :n].transpose(1, 2) for t in tokens]
+            if runs:
+                assert self.table is not None
+                pages = self.table[b, :used]
+                for rows, t in zip(self.rows, tokens, strict=True):
+                    torch.index_select(rows, 0, pages, out=t.view(-1, rows.shape[1])[:used])
             else:
                 for t, into in zip((self.k, self.v), tokens, strict=True):
                     into[0, :n].copy_(t[b, :, :n].transpose(0, 1))
