@@ -109,13 +109,13 @@ class _Keys:
         hkv, e = self.k.shape[1], self.k.shape[-1]
         runs: list[list[int]] = []
         if self.table is not None:  # per sequence: its first page, and how many pages run on from it by one
-            steps = (self.table.diff(dim=1) == 1).cumprod(1).sum(1) + 1
+            steps = (self.table.diff(dim=1) == 1).cumprod(1).sum(1)  # pages after the first
             runs = torch.stack((self.table[:, 0], steps), 1).tolist()
             pools = [r.view(1, -1, hkv, e).transpose(1, 2) for r in self.rows]  # (1, H_kv, P ps, E)
         views: dict[int, list[torch.Tensor]] = {}
         for b, n in enumerate(lengths):
             used = -(-n // self.ps)
-            if runs and runs[b][1] >= used:  # in place
+            if runs and runs[b][1] >= used - 1:  # in place
                 start = runs[b][0] * self.ps
                 yield [pool[:, :, start:start + n] for pool in pools]
                 continue
