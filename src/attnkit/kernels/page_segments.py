@@ -75,9 +75,17 @@ class _Keys:
         self.k, self.v, self.table, self.ps, self.step, self.extent = k, v, table, ps, step, extent
         self.pooled, self.space = table is not None, workspace(q)
         self.whole: list[torch.Tensor] | None = None  # every sequence's pages of each whole chunk, made when asked
-        if table is not None:
-            self.pools = [k, v]  # (P ps, H_kv, E)
-            self.rows = [pool.reshape(-1, ps * pool.shape[1] * pool.shape[2]) for pool in self.pools]
+        self.hkv, self.e = (k.shape[-2], k.shape[-1]) if table is not None else (k.shape[1], k.shape[-1])
+
+    @property
+    def rows(self) -> list[torch.Tensor]:
+        """The pools' pages, one row each ``(P, ps H_kv E)`` (what a page copy selects from)."""
+        return [t.reshape(-1, self.ps * self.hkv * self.e) for t in (self.k, self.v)]
+
+    @property
+    def pools(self) -> list[torch.Tensor]:
+        """The pools' positions ``(P ps, H_kv, E)``."""
+        return [t.reshape(-1, self.hkv, self.e) for t in (self.k, self.v)]
 
     def whole_chunk(self, start: int) -> list[torch.Tensor] | None:
         """Every sequence's whole chunk ``[start, start + step)`` of pages tiling it, head-major ``(B, H_kv, step,
@@ -92,11 +100,12 @@ class _Keys:
                               .reshape(chunks, batch * per).unbind(0)) if chunks else []
             self.bufs = [self.space.take(name + "-pages", batch * per, r.shape[1]) for name, r in
                          zip("kv", self.rows, strict=True)]
-            self.views = [buf.view(batch, self.step, *pool.shape[1:]).transpose(1, 2) for buf, pool in
-                          zip(self.bufs, self.pools, strict=True)]  # (B, H_kv, step, E), as the kernel reads
+            self.views = [buf.view(batch, self.step, self.hkv, self.e).transpose(1, 2)
+                          for buf in self.bufs]  # (B, H_kv, step, E), as the kernel reads
+            self.page_rows = self.rows
         if start // self.step >= len(self.whole):
             return None
-        for rows, buf in zip(self.rows, self.bufs, strict=True):
+        for rows, buf in zip(self.page_rows, self.bufs, strict=True):
             torch.index_select(rows, 0, self.whole[start // self.step], out=buf)
         return self.views
 
@@ -106,12 +115,12 @@ class _Keys:
         pool is read in place (a view of the pool); the others are copied into the same buffers (pages copied
         whole, one ``index_select`` per pool), in the same layout, so either gives the same bits. A view of the
         buffers is valid until the next sequence's copy."""
-        hkv, e = self.k.shape[1], self.k.shape[-1]
+        hkv, e = self.hkv, self.e
         runs: list[list[int]] = []
         if self.table is not None:  # per sequence: its first page, and how many pages run on from it by one
             steps = (self.table.diff(dim=1) == 1).cumprod(1).sum(1)  # pages after the first
             runs = torch.stack((self.table[:, 0], steps), 1).tolist()
-            pools = [r.view(1, -1, hkv, e).transpose(1, 2) for r in self.rows]  # (1, H_kv, P ps, E)
+            pools = [t.reshape(1, -1, hkv, e).transpose(1, 2) for t in (self.k, self.v)]  # (1, H_kv, P ps, E)
         views: dict[int, list[torch.Tensor]] = {}
         for b, n in enumerate(lengths):
             used = -(-n // self.ps)
@@ -122,15 +131,16 @@ class _Keys:
             if not views:  # the buffers, for the longest sequence copied
                 longest = max(lengths)
                 width = -(-longest // self.ps)
+                page_rows = self.rows if runs else []
                 tokens = ([self.space.take(name + "-pages", width, r.shape[1]).view(1, width * self.ps, hkv, e)
-                           for name, r in zip("kv", self.rows, strict=True)] if runs else
+                           for name, r in zip("kv", page_rows, strict=True)] if runs else
                           [self.space.take(name, 1, longest, hkv, e) for name in "kv"])
             if n not in views:
                 views[n] = [t[:, :n].transpose(1, 2) for t in tokens]
             if runs:
                 assert self.table is not None
                 pages = self.table[b, :used]
-                for rows, t in zip(self.rows, tokens, strict=True):
+                for rows, t in zip(page_rows, tokens, strict=True):
                     torch.index_select(rows, 0, pages, out=t.view(-1, rows.shape[1])[:used])
             else:
                 for t, into in zip((self.k, self.v), tokens, strict=True):
@@ -143,12 +153,12 @@ class _Keys:
         for i, (name, t) in enumerate((("k", self.k), ("v", self.v))):
             if self.pooled:
                 assert self.table is not None
-                pool, rows, ps = self.pools[i], self.rows[i], self.ps
+                rows, ps = self.rows[i], self.ps
                 first, last = start // ps, -(-stop // ps)
                 table = self.table if seqs is None else self.table.index_select(0, seqs)
                 pages, n = table[:, first:last].flatten(), table.shape[0]
                 buf = self.space.take(name + "-pages", len(pages), rows.shape[1])
-                got = torch.index_select(rows, 0, pages, out=buf).view(n, -1, *pool.shape[1:])
+                got = torch.index_select(rows, 0, pages, out=buf).view(n, -1, self.hkv, self.e)
                 skip = start - first * ps
                 if skip or got.shape[1] != c:  # part of a page: copied out, in the layout of a whole chunk
                     got = got[:, skip:skip + c]
@@ -169,7 +179,7 @@ class _Keys:
                 assert self.table is not None
                 tokens = self.table.gather(1, pos // self.ps) * self.ps + pos % self.ps
                 pool = self.pools[len(out)]  # (P ps, H_kv, E)
-                out.append(pool.index_select(0, tokens.flatten()).view(*pos.shape, *pool.shape[1:]))
+                out.append(pool.index_select(0, tokens.flatten()).view(*pos.shape, self.hkv, self.e))
             else:
                 rows = torch.arange(pos.shape[0], device=pos.device)[:, None]
                 out.append(t.transpose(1, 2)[rows, pos])  # (B, c, H_kv, E), a copy
@@ -187,14 +197,14 @@ def run(p: Problem, q: torch.Tensor, r0: int, r1: int, step: int, lengths: list[
 
 def segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None, ps: int, causal: bool,
              scale: float, r0: int, r1: int, step: int, lengths: list[int], want_lse: bool = True):
-    """:func:`run` on plain tensors: ``k``, ``v`` pools ``(P ps, H_kv, E)`` read through ``table`` ``(B, n)`` (every
-    entry a page of the pool) of pages of ``ps`` positions, or contiguous caches ``(B, H_kv, Lk, E)`` with ``table``
-    None; ``causal``: bottom-right causality, else no mask; ``lengths``: the keys each sequence holds; the merged
-    lse is None unless ``want_lse`` (the output's bits do not depend on it)."""
+    """:func:`run` on plain tensors: ``k``, ``v`` pools ``(P ps, H_kv, E)`` or ``(P, ps, H_kv, E)`` read through
+    ``table`` ``(B, n)`` (every entry a page of the pool) of pages of ``ps`` positions, or contiguous caches ``(B,
+    H_kv, Lk, E)`` with ``table`` None; ``causal``: bottom-right causality, else no mask; ``lengths``: the keys each
+    sequence holds; the merged lse is None unless ``want_lse`` (the output's bits do not depend on it)."""
     assert rules.FLASH is not None  # the fused path runs only where torch has the kernel
     flash = rules.FLASH
     batch, hq, lq, d = q.shape
-    hkv, c = k.shape[1], r1 - r0
+    hkv, c = k.shape[-2] if table is not None else k.shape[1], r1 - r0
     if min(lengths) < lq:
         return None
     causal_tail = causal and c > 1

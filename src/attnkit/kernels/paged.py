@@ -154,7 +154,6 @@ def lane(q, k, v, mask, score, scale, normalize, dropout_p, return_weights, retu
         if int(low) < 0 or int(high) >= pages:
             return None
         table = block_table if block_table.dtype == torch.int64 else block_table.long()
-        k, v = k.reshape(-1, hkv, d), v.reshape(-1, hkv, d)  # (P ps, H_kv, D)
     merged = page_segments.segments(q.contiguous(), k, v, table, ps, causal, float(scale), 0, lq, step, lengths,
                                      want_lse=False)
     return None if merged is None else merged[0].reshape(batch, heads, lq, d)
