@@ -549,3 +549,31 @@ def test_consecutive_pages_are_read_in_place_with_the_bits_of_copied_ones(monkey
     k, v = _contiguous(keys, values)
     assert torch.equal(got, attnkit.attention(q, k, v, seqused_k=used, mask=mask))
     torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("hkv", [1, 2])
+def test_sequences_too_long_to_copy_are_read_in_place_from_runs_and_from_a_contiguous_cache(hkv, monkeypatch):
+    # past SEQUENCE_BYTES a sequence is not copied: consecutive pages and a contiguous cache are read in place,
+    # token-major and head-major, and give the same bits (torch's kernel reads either layout alike)
+    from attnkit.kernels import page_segments
+
+    monkeypatch.setattr(page_segments, "SEQUENCE_BYTES", 1024)
+    monkeypatch.setattr(page_segments.torch, "index_select", lambda *a, **kw: pytest.fail("a page was copied"))
+    lengths = [3 * selected.SPLIT_KEYS - 7, selected.SPLIT_KEYS + 33, 5]
+    keys, values = _sequences(lengths, hkv=hkv, seed=45)
+    q = torch.randn(3, 4, 1, 16, generator=torch.Generator().manual_seed(46))
+    counts = [-(-n // 16) for n in lengths]
+    firsts = [0, counts[0] + 3, counts[0] + counts[1] + 5]
+    k_pool = torch.full((firsts[-1] + counts[-1] + 2, 16, hkv, 16), math.nan)
+    v_pool = k_pool.clone()
+    table = torch.zeros(3, max(counts), dtype=torch.long)
+    for b, (k, v) in enumerate(zip(keys, values, strict=True)):
+        table[b, :counts[b]] = torch.arange(counts[b]) + firsts[b]
+        start = firsts[b] * 16
+        k_pool.view(-1, hkv, 16)[start:start + lengths[b]] = k.transpose(0, 1)
+        v_pool.view(-1, hkv, 16)[start:start + lengths[b]] = v.transpose(0, 1)
+    used, mask = torch.tensor(lengths), masks.causal()
+    got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask)
+    torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
+    k, v = _contiguous(keys, values)
+    assert torch.equal(got, attnkit.attention(q, k, v, seqused_k=used, mask=mask))

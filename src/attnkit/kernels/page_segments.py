@@ -48,6 +48,7 @@ __all__ = ["applies", "run", "segments"]
 _NEG_INF = float("-inf")
 # A sequence's keys and values copied for one call of the kernel, at most (bytes): a copy this size is still read
 # back from the caches (a copy of every sequence's 4096 keys at once, 16 MB, made a decoding step 1.6x slower).
+# Sequences whose pages are consecutive are read in place, at any length.
 SEQUENCE_BYTES = 4 << 20
 
 
@@ -109,24 +110,44 @@ class _Keys:
             torch.index_select(rows, 0, self.whole[start // self.step], out=buf)
         return self.views
 
+    def runs(self) -> list[list[int]]:
+        """Per sequence of a pool: its first page, and how many pages after it follow it one by one (none for a
+        contiguous cache); read once."""
+        if self.table is None:
+            return []
+        if not hasattr(self, "_runs"):
+            steps = (self.table.diff(dim=1) == 1).cumprod(1).sum(1)
+            self._runs = torch.stack((self.table[:, 0], steps), 1).tolist()
+        return self._runs
+
+    def in_place(self, lengths: list[int]) -> bool:
+        """Whether the first ``lengths[b]`` positions of every sequence ``b`` lie on consecutive pages (always,
+        in a contiguous cache)."""
+        runs = self.runs()
+        return self.table is None or all(run[1] >= -(-n // self.ps) - 1 for run, n in zip(runs, lengths, strict=True))
+
     def sequences(self, lengths: list[int]):
         """The first ``lengths[b]`` positions of each sequence ``b``, one after the other: keys and values ``(1,
         H_kv, n_b, E)``, head-major views of token-major positions. A sequence whose pages are consecutive in the
         pool is read in place (a view of the pool); the others are copied into the same buffers (pages copied
-        whole, one ``index_select`` per pool), in the same layout, so either gives the same bits. A view of the
-        buffers is valid until the next sequence's copy."""
+        whole, one ``index_select`` per pool), in the same layout, so either gives the same bits. A contiguous
+        cache is copied into that layout up to :data:`SEQUENCE_BYTES` a sequence, read in place beyond (torch's
+        kernel gives the same bits for either layout of the same keys; tests/kernels/test_paged.py checks it). A
+        view of the buffers is valid until the next sequence's copy."""
         hkv, e = self.hkv, self.e
-        runs: list[list[int]] = []
-        if self.table is not None:  # per sequence: its first page, and how many pages run on from it by one
-            steps = (self.table.diff(dim=1) == 1).cumprod(1).sum(1)  # pages after the first
-            runs = torch.stack((self.table[:, 0], steps), 1).tolist()
+        runs = self.runs()
+        if runs:
             pools = [t.reshape(1, -1, hkv, e).transpose(1, 2) for t in (self.k, self.v)]  # (1, H_kv, P ps, E)
         views: dict[int, list[torch.Tensor]] = {}
+        copied = self.table is not None or max(lengths) * hkv * 2 * e * self.k.element_size() <= SEQUENCE_BYTES
         for b, n in enumerate(lengths):
             used = -(-n // self.ps)
             if runs and runs[b][1] >= used - 1:  # in place
                 start = runs[b][0] * self.ps
                 yield [pool[:, :, start:start + n] for pool in pools]
+                continue
+            if not copied:  # a contiguous cache too long to copy: read in place, head-major
+                yield [t[b:b + 1, :, :n] for t in (self.k, self.v)]
                 continue
             if not views:  # the buffers, for the longest sequence copied
                 longest = max(lengths)
@@ -212,7 +233,8 @@ def segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Ten
     extent = max(shared)
     keys, dev = _Keys(k, v, table, ps, q, step, extent), q.device
     q_c = (q if c == lq else q[:, :, r0:r1]).reshape(batch, hkv, hq // hkv * c, d)
-    if not causal_tail and batch <= -(-extent // step) and extent * hkv * 2 * d * q.element_size() <= SEQUENCE_BYTES:
+    if not causal_tail and batch <= -(-extent // step) and (
+            extent * hkv * 2 * d * q.element_size() <= SEQUENCE_BYTES or keys.in_place(shared)):
         return _each_sequence(q_c, keys, shared, scale, want_lse)
     every: list[tuple[torch.Tensor, torch.Tensor]] = []  # partials of every sequence
     some: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (sequences, out, lse) of some
