@@ -26,9 +26,11 @@ At one thread a decoding step is bound by reading the cache: the contiguous cach
 once by torch's kernel, the pages are read once by the copy and the copy once (from the
 caches) by the kernel, which cannot overlap the copy. The copy is the price of reading pages
 with torch's operators (its kernel reads a key axis of one stride). A decoding step whose
-sequences would take as many chunks as there are sequences runs one call per sequence on a
-copy of its pages (at most :data:`.page_segments.SEQUENCE_BYTES`): no split, no merge, and
-each sequence reads exactly its own length.
+sequences would take as many chunks as there are sequences runs one call per sequence: no
+split, no merge, and each sequence reads exactly its own length, on the pool itself where the
+sequence's pages are consecutive (a view; :class:`attnkit.nn.PagedKVCache` keeps them so
+while the pool allows), else on a copy of its pages (at most
+:data:`.page_segments.SEQUENCE_BYTES`).
 
 Decoding steps and chunked prefill that this route serves as it is (causal or unmasked softmax, full
 precision, no autograd) skip validation and the decision too: :func:`lane`, called by
