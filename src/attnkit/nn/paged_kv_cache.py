@@ -89,7 +89,7 @@ class PagedKVCache:
         self.k_scales = torch.zeros(pages, self.page_size, heads, device=device) if token_head else None
         self.v_scales = torch.zeros(pages, self.page_size, heads, device=device) if token_head else None
         self._refs = [0] * pages
-        self._free = list(range(pages - 1, -1, -1))  # popped from the end: low pages first
+        self._free = set(range(pages))  # placed by _place
         self._tables: dict[int, list[int]] = {}
         self._lengths: dict[int, int] = {}
         self._next_id = 0
@@ -165,7 +165,7 @@ class PagedKVCache:
     def _release(self, page: int) -> None:
         self._refs[page] -= 1
         if self._refs[page] == 0:
-            self._free.append(page)
+            self._free.add(page)
 
     def allocate(self) -> int:
         """A new empty sequence; returns its id."""
