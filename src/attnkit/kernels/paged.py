@@ -134,7 +134,7 @@ def lane(q, k, v, mask, score, scale, normalize, dropout_p, return_weights, retu
             return None
         _, hkv, lk, dk = k.shape
         width, ps = 1, max(lk, 1)
-    if dk != d or seqused_k.shape[0] != batch or not (batch and lq and d and hkv and width) or heads % hkv:
+    if dk != d or seqused_k.shape[0] != batch or not (batch and lq and d and hkv and width and ps) or heads % hkv:
         return None
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return None
