@@ -169,6 +169,10 @@ def test_paged_arguments_are_checked_with_their_names():
         attnkit.attention(q, k_pool, v_pool, block_table=table + 9, seqused_k=torch.tensor([20]))
     with pytest.raises(ShapeError, match=r"key must be a pool of pages"):
         attnkit.attention(q, k_pool[0], v_pool, block_table=table, seqused_k=torch.tensor([20]))
+    for mask in (None, masks.causal()):  # the paged lane too: a page of no positions is refused, not divided by
+        with pytest.raises(ShapeError, match=r"a page must hold at least one position; got pools \(4, 0, 2, 16\)"):
+            attnkit.attention(q, k_pool[:, :0], v_pool[:, :0], block_table=table, seqused_k=torch.tensor([0]),
+                              mask=mask)
     with pytest.raises(ShapeError, match=r"block_table must have shape \(batch=1, max_pages\)"):
         attnkit.attention(q, k_pool, v_pool, block_table=table[0], seqused_k=torch.tensor([20]))
     with pytest.raises(DTypeError, match="block_table must be an integer tensor"):
