@@ -301,8 +301,10 @@ class MultiHeadAttention(nn.Module):
     def _project(self, query, key, value):
         e, kv = self.inner_dim, self.num_kv_heads * self.head_dim
         if self._qkv_same_embed_dim and query is key and key is value:  # self-attention: one matmul for all three
-            q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).split([e, kv, kv], dim=-1)
-            return self._heads(q, self.num_heads), self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
+            # (B, L, (H + 2 Hkv) d) -> (B, H + 2 Hkv, L, d), split into heads: three views, as _heads gives, in 3 ops
+            h, hkv = self.num_heads, self.num_kv_heads
+            qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)
+            return qkv.view(*qkv.shape[:-1], h + 2 * hkv, self.head_dim).transpose(1, 2).split([h, hkv, hkv], dim=1)
         if self._qkv_same_embed_dim:
             wq, wk, wv = self.in_proj_weight.split([e, kv, kv])
         else:
