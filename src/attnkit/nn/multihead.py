@@ -336,18 +336,22 @@ class MultiHeadAttention(nn.Module):
 
     def _attend(self, q, k, v, mask, bias, need_weights, average, batched, gate_input=None, scales=None):
         """``scales``: a quantized cache's ``k_scale``/``v_scale`` (:attr:`KVCache.scales`) when k and v are codes."""
-        if scales and self._n_extra:
+        n_extra = self._n_extra
+        if scales and n_extra:
             raise ArgumentError(f"{type(self).__name__}: a quantized KV cache cannot take the extra keys of "
                                 "add_bias_kv / add_zero_attn; use a full-precision cache (kv_format=None)")
         if self.extra_mask is not None:
             mask = self.extra_mask if mask is None else mask & self.extra_mask
-        k, v = self._extra_keys(k, v)
-        mask, bias = torch_compat.with_extra_keys(mask, bias, self._n_extra)
-        options = {"dropout_p": self.dropout if self.training else 0.0, "return_weights": need_weights,
-                   "sinks": self.sinks, "scale": self.scale}
+        if n_extra:
+            k, v = self._extra_keys(k, v)
+        if mask is not None or bias is not None:
+            mask, bias = torch_compat.with_extra_keys(mask, bias, n_extra)
+        dropout = self.dropout if self.training else 0.0
         if self.attention_option is None:
-            res = attention(q, k, v, mask=mask, bias=bias, **options, **(scales or {}))
+            res = attention(q, k, v, mask=mask, bias=bias, dropout_p=dropout, return_weights=need_weights,
+                            sinks=self.sinks, scale=self.scale, **(scales or {}))
         else:
+            options = {"dropout_p": dropout, "return_weights": need_weights, "sinks": self.sinks, "scale": self.scale}
             res = _xoptions.attend(self, q, k, v, mask=mask, bias=bias, options=options)
         out = res.output if need_weights else res
         out = out.transpose(1, 2).flatten(2)  # (B, H, L, d) -> (B, L, H d)
