@@ -295,3 +295,24 @@ def test_compiled_and_eager_decisions_agree_on_every_row_of_the_table():
         torch.testing.assert_close(compiled(q, k, v), fn(q, k, v), atol=2e-5, rtol=1e-4)
         nodes = [n for n in graphs[0].graph.nodes if "attnkit" in str(n.target)]
         assert len(nodes) == 1 and nodes[0].args[-1] == name, (name, [n.args[-1] for n in nodes])
+
+
+def test_the_operator_reads_a_kv_cache_prefix_view_in_place_as_it_reads_a_copy():
+    """A decoding step's keys and values are a prefix view of the cache's buffers (rows of stride 1, heads strided
+    by the capacity): the kernel reads them as they are, with the result of contiguous copies bit for bit, and both
+    equal the float64 oracle (one query, grouped heads, bottom-right causal: every key)."""
+    from attnkit.kernels.paths import INDEX
+    from attnkit.nn.kv_cache import CAUSAL
+
+    gen = torch.Generator().manual_seed(0)
+    buffers = [torch.randn(1, 2, 40, 16, generator=gen) for _ in range(2)]  # (B, Hkv, capacity, D)
+    q = torch.randn(1, 4, 1, 16, generator=gen)
+    k, v = (b[:, :, :29] for b in buffers)
+    assert not k.is_contiguous()
+    options = (None, custom_op.mask_text(CAUSAL), 0.0, 16 ** -0.5, "scaled_dot", "softmax", "auto")
+    viewed = OP(q, k, v, *options)
+    copied = OP(q, k.contiguous(), v.contiguous(), *options)
+    assert int(viewed[2]) == int(copied[2]) == INDEX["torch-sdpa"]
+    assert torch.equal(viewed[0], copied[0]) and torch.equal(viewed[1], copied[1])
+    exact, _ = _oracle_and_grads(q, k, v, None, torch.ones(1, 4, 1, 16))
+    torch.testing.assert_close(viewed[0].double(), exact, atol=1e-5, rtol=1e-5)
