@@ -316,3 +316,23 @@ def test_the_operator_reads_a_kv_cache_prefix_view_in_place_as_it_reads_a_copy()
     assert torch.equal(viewed[0], copied[0]) and torch.equal(viewed[1], copied[1])
     exact, _ = _oracle_and_grads(q, k, v, None, torch.ones(1, 4, 1, 16))
     torch.testing.assert_close(viewed[0].double(), exact, atol=1e-5, rtol=1e-5)
+
+
+def test_the_operator_answers_a_decoding_step_on_the_lane_without_validating_it(monkeypatch):
+    """A call the eager fast lane takes (one query over a cache, bottom-right causal) runs torch's kernel after the
+    lane's attribute checks alone, inside the operator too: no validation, the torch-sdpa row's index and lse kept for
+    its backward, the float64 oracle's output. A call the lane declines (a window) still validates."""
+    from attnkit.kernels.paths import INDEX
+    from attnkit.nn.kv_cache import CAUSAL
+
+    calls = []
+    real = custom_op.validate
+    monkeypatch.setattr(custom_op, "validate", lambda *a, **kw: (calls.append(1), real(*a, **kw))[1])
+    q, k, v = rand_qkv(1, 4, 1, 33, 16, hkv=2, seed=3)
+    out, lse, ran = OP(q, k, v, None, custom_op.mask_text(CAUSAL), 0.0, 16 ** -0.5, "scaled_dot", "softmax", "auto")
+    assert calls == [] and int(ran) == INDEX["torch-sdpa"] and lse.shape == (1, 4, 1)
+    exact, _ = _oracle_and_grads(q, k, v, None, torch.ones_like(out))
+    torch.testing.assert_close(out.double(), exact, atol=1e-5, rtol=1e-5)
+    OP(q, k, v, None, custom_op.mask_text(masks.sliding_window(4, 0)), 0.0, 16 ** -0.5, "scaled_dot", "softmax",
+       "auto")
+    assert calls == [1]

@@ -41,7 +41,7 @@ from ..bias import Softcap
 from ..errors import BackendError
 from ..functional.validate import Problem, validate
 from ..masks import Mask, parse
-from . import rules
+from . import lane, rules
 from .dispatch import Decision, choose, decide, execute, symbolic_sizes
 from .paths import INDEX, PATHS
 from .pipeline import KernelOutput, zero_padded_keys
@@ -134,10 +134,30 @@ def _own_forward(p: Problem):
     return None if done is None else (*done, INDEX[row.name])
 
 
+def _through_lane(q, k, v, bias, mask: str, softcap: float, scale: float, score: str, normalize: str):
+    """``(out, lse, row index)`` of the call eager :func:`attnkit.attention` serves on the fast lane (:mod:`.lane`:
+    attribute checks, torch's CPU kernel, its lse checked), the lse kept for the torch-sdpa row's backward; None
+    where the lane would not answer (then the operator validates and decides as the full route does)."""
+    if bias is not None or softcap:
+        return None
+    m = _MASKS.get(mask)
+    fast = lane.route(q, k, v, m, None, score, scale, normalize, 0.0, False, False, "auto")
+    if fast is None or not fast[3]:  # the CPU kernel alone gives the lse
+        return None
+    is_causal, float_mask, scale, _ = fast
+    out, lse = rules.FLASH(q, k, v, 0.0, is_causal, attn_mask=float_mask, scale=scale)
+    if not lane.trusted(out, lse):
+        return None
+    return out.contiguous(), lse.contiguous(), torch.tensor(INDEX["torch-sdpa"])
+
+
 @torch.library.custom_op(OPERATOR, mutates_args=())
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, mask: str,
                softcap: float, scale: float, score: str, normalize: str,
                path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    fast = _through_lane(q, k, v, bias, mask, softcap, scale, score, normalize)
+    if fast is not None:  # a decoding step, a small call: at the eager lane's cost
+        return fast
     p = _problem(q, k, v, bias, mask, softcap, scale, score, normalize)
     batch, heads, lq, _, _, _ = p.sizes
     empty_saved = q.new_zeros(batch, heads, lq, dtype=p.compute_dtype)
