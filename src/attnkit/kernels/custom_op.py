@@ -16,7 +16,8 @@ the paths written in plain torch operations. Instead, a traced call that
   :func:`attnkit.masks.parse` reads back, so an exported program holds no Python
   object); layouts and block plans are built from it and the sizes inside the
   operator, at run time, and cached (a bounded set of masks, by the bytes their caches hold).
-- At run time the operator decides as eager :func:`attnkit.attention` does, from the
+- At run time the operator decides as eager :func:`attnkit.attention` does: a call the
+  fast lane takes (:mod:`.lane`) runs there, on attribute checks alone; any other from the
   one table, with the data in hand (:func:`.dispatch.choose`): the same path, checks
   and fallbacks, so a compiled or exported call computes exactly the eager result.
   ``path`` is the decision expected when traced (:func:`.dispatch.choose` with
