@@ -143,7 +143,7 @@ def _through_lane(q, k, v, bias, mask: str, softcap: float, scale: float, score:
         return None
     m = _MASKS.get(mask)
     fast = lane.route(q, k, v, m, None, score, scale, normalize, 0.0, False, False, "auto")
-    if fast is None or not fast[3]:  # the CPU kernel alone gives the lse
+    if fast is None or not fast[3] or rules.FLASH is None:  # the CPU kernel alone gives the lse
         return None
     is_causal, float_mask, scale, _ = fast
     out, lse = rules.FLASH(q, k, v, 0.0, is_causal, attn_mask=float_mask, scale=scale)
