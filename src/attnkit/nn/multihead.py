@@ -304,7 +304,8 @@ class MultiHeadAttention(nn.Module):
             # (B, L, (H + 2 Hkv) d) -> (B, H + 2 Hkv, L, d), split into heads: three views, as _heads gives, in 3 ops
             h, hkv = self.num_heads, self.num_kv_heads
             qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)
-            return qkv.view(*qkv.shape[:-1], h + 2 * hkv, self.head_dim).transpose(1, 2).split([h, hkv, hkv], dim=1)
+            heads = qkv.view(*qkv.shape[:-1], h + 2 * hkv, self.head_dim).transpose(1, 2)
+            return heads.split_with_sizes([h, hkv, hkv], dim=1)  # (the method itself: no Python wrapper per call)
         if self._qkv_same_embed_dim:
             wq, wk, wv = self.in_proj_weight.split([e, kv, kv])
         else:
