@@ -25,7 +25,7 @@ NOTES = """What bounds the rest (the profile column, and each path's code):
 ceiling rather than the square matmul, and between them one in-place pass of torch's fused softmax and a \
 fill of the two masked corners over the slab's scores (in memory, not in registers); the copies are the \
 edge blocks' zero-padded windows and, backward, the window gradients added back. The slab size and \
-block sizes in use (`band_blocks.SLAB`, `band.BLOCK_SIZES`) measured no slower, forward at L = 4096, \
+block sizes in use (`band.SLAB`, `band.BLOCK_SIZES`) measured no slower, forward at L = 4096, \
 than slabs of 2^19, 2^20 or 2^22 score elements or blocks of 128 alone. Beyond this the softmax pass \
 would have to move into the matmul's tiles (a fused kernel).
 - `blocksparse-fused` (`kernels/blocksparse_fused.py`): torch's fused kernel per slab does most of the \

@@ -9,12 +9,15 @@ ratio taken per round and summarised by its median and range over the rounds):
   sees every key, so torch is given no mask);
 - chunked prefill: 16 queries over 1024 keys, causal (bottom-right), against SDPA given
   the equivalent bool mask;
-- short causal batches: B=4, L=32 and 128, against SDPA with ``is_causal``;
+- short causal batches: B=4, L=32 and 128, against SDPA with ``is_causal``; B=4, L=32 forward and
+  backward;
 - ``attnkit.nn.MultiHeadAttention`` against ``torch.nn.MultiheadAttention`` with the
   same weights (E=256, 8 heads, B=4, L=128, eval, no_grad, self-attention).
 
-Targets: <= 1.15x for the attention rows, <= 1.10x for the module row. The pairs are measured
-by :func:`attnkit.lab.benchmarking.pairs.measure` (the one timing loop, a ratio per round).
+Targets (issue 34): decode <= 1.15x / 1.10x / 1.10x over 128 / 1024 / 4096 keys, chunked prefill and
+B=4 L=32 forward+backward <= 1.10x; <= 1.15x for the other attention rows, <= 1.10x for the module row.
+The pairs are measured by :func:`attnkit.lab.benchmarking.pairs.measure` (the one timing loop, a ratio
+per round).
 
 Usage: ``python benchmarks/overhead.py [--rounds 15] [--write BENCHMARKS.md]``.
 """
@@ -38,15 +41,19 @@ from attnkit.lab.benchmarking.sections import emit
 
 NAME, TITLE = "overhead", "Dispatch overhead on common calls"
 NOTES = """What limits the misses: these calls take the fast lane (`kernels/lane.py`): attribute \
-checks, torch's fused CPU kernel called directly, and one check of its output and log-sum-exp \
-(a row sum, `addcdiv`, a sum and one sync), after which a NaN, an inf or a row torch zeroed sends \
-the call to the checked path. On this CPU every torch operator on a small tensor costs 3-6 µs of \
+checks (its scope, then the table's rules, `sdpa.LANE`), torch's fused CPU kernel called directly, \
+and one check of its output and log-sum-exp (a small lse read as Python floats, the output summed \
+once, one sync), after which a NaN, an inf or a row torch zeroed sends the call to the checked path. \
+On this CPU every torch operator on a small tensor costs 3-6 µs of \
 dispatch before any arithmetic, so at 128 cached keys, where the kernel itself takes about as long \
 as torch's SDPA entry point, the check's few small operators are most of the difference (the \
 breakdown above). The check is what keeps attnkit's contract on the lane, so it stays; its cost is \
 constant, and the ratio falls towards 1 as the kernel's time grows with the cache, the batch or the \
 prefill. `nn.MultiHeadAttention` adds its module's Python (input checks, the heads' reshapes) to \
 the same call."""
+
+
+DECODE_GOALS = {128: 1.15, 1024: 1.10, 4096: 1.10}  # issue 34's targets for a decoding step against SDPA
 
 
 def _qkv(b, hq, hkv, lq, lk, d=64, seed=0):
@@ -59,20 +66,21 @@ def attention_rows() -> list[Pair]:
     rows = []
     causal = masks.causal()
     for lk in (128, 1024, 4096):
+        goal = DECODE_GOALS[lk]
         q, k, v = _qkv(1, 8, 8, 1, lk)
-        rows.append(Pair(f"decode q=1 kv={lk}, no mask", 1.15, lambda q=q, k=k, v=v: attnkit.attention(q, k, v),
+        rows.append(Pair(f"decode q=1 kv={lk}, no mask", goal, lambda q=q, k=k, v=v: attnkit.attention(q, k, v),
                         lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v), "SDPA"))
-        rows.append(Pair(f"decode q=1 kv={lk}, causal", 1.15,
+        rows.append(Pair(f"decode q=1 kv={lk}, causal", goal,
                         lambda q=q, k=k, v=v: attnkit.attention(q, k, v, mask=causal),
                         lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v), "SDPA (no mask: same function)"))
         q, k, v = _qkv(1, 8, 2, 1, lk)
-        rows.append(Pair(f"decode q=1 kv={lk}, causal, GQA 8/2", 1.15,
+        rows.append(Pair(f"decode q=1 kv={lk}, causal, GQA 8/2", goal,
                         lambda q=q, k=k, v=v: attnkit.attention(q, k, v, mask=causal),
                         lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
                         "SDPA enable_gqa"))
     q, k, v = _qkv(1, 8, 8, 16, 1024)
     bool_mask = torch.ones(16, 1024, dtype=torch.bool).tril(1024 - 16)
-    rows.append(Pair("chunked prefill q=16 kv=1024, causal", 1.15,
+    rows.append(Pair("chunked prefill q=16 kv=1024, causal", 1.10,
                     lambda q=q, k=k, v=v: attnkit.attention(q, k, v, mask=causal),
                     lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, attn_mask=bool_mask),
                     "SDPA bool mask"))
@@ -81,7 +89,20 @@ def attention_rows() -> list[Pair]:
         rows.append(Pair(f"B=4 L={length}, causal", 1.15, lambda q=q, k=k, v=v: attnkit.attention(q, k, v, mask=causal),
                         lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
                         "SDPA is_causal"))
+    q, k, v = (t.requires_grad_() for t in _qkv(4, 8, 8, 32, 32))
+    rows.append(Pair("B=4 L=32, causal, fwd+bwd", 1.10, lambda: _step(attnkit.attention(q, k, v, mask=causal), q, k, v),
+                     lambda: _step(F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v),
+                     "SDPA is_causal"))
     return rows
+
+
+def _step(out, q, k, v):
+    """One backward of ``out.sum()``; the gradients are returned (and compared) and cleared for the next call."""
+    out.sum().backward()
+    grads = tuple(t.grad for t in (q, k, v))
+    for t in (q, k, v):
+        t.grad = None
+    return grads
 
 
 def module_row() -> Pair:
@@ -118,7 +139,7 @@ def breakdown(lk: int = 128, calls: int = 3000) -> str:
         "  the lane's attribute checks (lane.route)": route,
         "  the fused kernel, called directly (with its lse)": lambda: rules.FLASH(
             q, k, v, 0.0, False, attn_mask=None, scale=scale),
-        "  the output check (lane.trusted: a row sum, addcdiv, a sum, one sync)": lambda: lane.trusted(out, lse),
+        "  the output check (lane.trusted: the lse read as floats, one sum, one sync)": lambda: lane.trusted(out, lse),
     }
     times = time_rounds(parts, repeats=5, calls=calls)
     lines = [f"| decode q=1 kv={lk}, causal: part | µs per call |", "|---|---|"]

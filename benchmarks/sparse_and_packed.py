@@ -8,9 +8,13 @@ measured once in a fresh process, :mod:`attnkit.lab.analysis.memory`):
   through :func:`attnkit.varlen_attn`, against the same documents padded into a batch and run by
   torch's SDPA with the causal-and-padding bool mask (what a padded training batch computes);
 - paged: one decoding step (one query per sequence) over a :class:`attnkit.nn.PagedKVCache` whose
-  sequences' pages interleave (appended a page at a time, in turn), against the same keys in a contiguous cache
+  sequences were appended a page at a time, in turn (the cache keeps each sequence's pages consecutive while
+  the pool allows, so they are read in place), against the same keys in a contiguous cache
   (``attnkit.attention(q, k, v, mask=causal())``, torch's kernel); target <= 1.10x;
 - paged-prefill: the same with 16 queries per sequence (chunked prefill, causal); target <= 1.15x;
+- paged-scattered: the decoding step with the pool's pages shuffled (the table follows them), so that no two
+  pages of a sequence are neighbours: every page copied before torch's kernel reads it (no target; what a
+  fragmented pool costs);
 - NSA, MoBA and DSA: :class:`attnkit.nn.NativeSparseAttention`, :class:`attnkit.nn.MoBA` and
   :class:`attnkit.nn.DSASparseAttention` (top-k ``L / 8``: 2048 of 16384 keys) against dense causal
   attention with the same projections (:class:`attnkit.models.SoftmaxSelfAttention`) at ``L = 4096``
@@ -24,8 +28,8 @@ measured once in a fresh process, :mod:`attnkit.lab.analysis.memory`):
 
 Usage: ``python benchmarks/sparse_and_packed.py [--rounds 5] [--write BENCHMARKS.md]``;
 ``--smoke`` runs every row at tiny sizes (a check that the script works, not a measurement);
-``--only paged`` runs only the rows whose name starts so (here paged and paged-prefill; printed, never
-written, since the section holds every row).
+``--only paged`` runs only the rows whose name starts so (here paged, paged-prefill and paged-scattered;
+printed, never written, since the section holds every row).
 """
 
 from __future__ import annotations
@@ -91,18 +95,23 @@ def packed_sides(s):
     return ours, theirs
 
 
-def paged_sides(s, q_len: int = 1):
-    """``(ours, theirs)``: one decoding step (or a chunked prefill of ``q_len`` queries) over a paged cache (random
-    page order) and over a contiguous one."""
+def paged_sides(s, q_len: int = 1, scattered: bool = False):
+    """``(ours, theirs)``: one decoding step (or a chunked prefill of ``q_len`` queries) over a paged cache (its
+    pages shuffled when ``scattered``) and over a contiguous one."""
     b, n, h, hkv, d, ps = (s[k] for k in ("batch", "length", "heads", "kv_heads", "head_dim", "page_size"))
     g = torch.Generator().manual_seed(2)
     keys, values = torch.randn(b, hkv, n, d, generator=g), torch.randn(b, hkv, n, d, generator=g)
     cache = PagedKVCache(b * -(-n // ps), ps, hkv, d)
     seqs = [cache.allocate() for _ in range(b)]
-    for start in range(0, n, ps):  # a page at a time, in turn: no sequence's pages are contiguous
+    for start in range(0, n, ps):  # a page at a time, in turn
         for i, seq in enumerate(seqs):
             cache.append(seq, keys[i, :, start:start + ps], values[i, :, start:start + ps])
     table, used = cache.block_table(seqs), cache.lengths(seqs)
+    if scattered:  # pool page `place[p]` holds page p: no two pages of a sequence neighbours
+        place = torch.randperm(cache.k_pages.shape[0], generator=g)
+        for pool in (cache.k_pages, cache.v_pages):
+            pool[place] = pool.clone()
+        table = place[table]
     q = torch.randn(b, h, q_len, d, generator=g)
     causal = masks.causal()
 
@@ -162,9 +171,10 @@ def _sides(row: str, smoke: bool) -> dict:
     sizes = SMOKE if smoke else FULL
     if row == "packed":
         return dict(zip(("ours", "theirs"), packed_sides(sizes["packed"]), strict=True))
-    if row in ("paged", "paged-prefill"):
+    if row in ("paged", "paged-prefill", "paged-scattered"):
         q_len = 16 if row == "paged-prefill" else 1
-        return dict(zip(("ours", "theirs"), paged_sides(sizes["paged"], q_len), strict=True))
+        return dict(zip(("ours", "theirs"), paged_sides(sizes["paged"], q_len, row == "paged-scattered"),
+                        strict=True))
     length = int(row.split("@")[1])
     if row.startswith("dsa-attention"):
         return dict(zip(("ours", "theirs"), dsa_attention_sides(sizes["sparse"], length), strict=True))
@@ -192,7 +202,7 @@ def _peak(row: str, side: str, smoke: bool) -> str:
 def measure(row: str, rounds: int, smoke: bool, memory: bool) -> list[str]:
     """The table lines of one row: every side's time per call and peak, each against the row's baseline."""
     sides = _sides(row, smoke)
-    if row in ("packed", "paged", "paged-prefill"):
+    if row in ("packed", "paged", "paged-prefill", "paged-scattered"):
         torch.testing.assert_close(sides["ours"](), sides["theirs"](), rtol=1e-4, atol=1e-5)  # same function
     times = time_rounds(sides, repeats=rounds, warmup=1)
     base = "theirs" if "theirs" in sides else "dense"
@@ -215,13 +225,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     lengths = (SMOKE if args.smoke else FULL)["sparse"]["lengths"]
-    rows = (["packed", "paged", "paged-prefill"] + [f"sparse@{n}" for n in lengths]
+    rows = (["packed", "paged", "paged-prefill", "paged-scattered"] + [f"sparse@{n}" for n in lengths]
             + [f"dsa-attention@{n}" for n in lengths])
     if args.only:
         rows = [row for row in rows if row.startswith(args.only)]
         if not rows:
-            ap.error(f"--only {args.only!r} names no row; rows: packed, paged, paged-prefill, sparse@<L>, "
-                     "dsa-attention@<L>")
+            ap.error(f"--only {args.only!r} names no row; rows: packed, paged, paged-prefill, paged-scattered, "
+                     "sparse@<L>, dsa-attention@<L>")
     lines = ["| row | side | ms per call | time / baseline (median, range) | peak memory |", "|---|---|---|---|---|"]
     for row in rows:
         lines += measure(row, args.rounds, args.smoke, not args.no_memory)
@@ -229,7 +239,7 @@ def main(argv=None) -> int:
     text = (f"`python benchmarks/sparse_and_packed.py --rounds {args.rounds}` (torch {torch.__version__}, 1 thread; "
             "baseline: `theirs` for packed (SDPA on the padded batch), paged (a contiguous cache) and dsa-attention "
             "(dense causal attention on the same q, k, v), `dense` for the sparse rows; paged-prefill: 16 queries per "
-            "sequence, causal; targets: paged <= 1.10x, "
+            "sequence, causal; paged-scattered: the pool's pages shuffled; targets: paged <= 1.10x, "
             "paged-prefill <= 1.15x; at 16384 NSA, MoBA <= 0.5x (peak <= 1.5x dense's), DSA <= 0.4x; "
             "at 4096 NSA, MoBA <= 1.0x; dsa-attention at 16384 <= 0.4x)\n\n" + "\n".join(lines))
     return emit(text, None if args.smoke or args.only else args.write, NAME, TITLE)

@@ -2,12 +2,13 @@
 
 Row: window +-128 forward at L = 4096 (8 heads, D = 64), torch's default threads, against
 SDPA with the dense boolean mask, first quiet, then with ``--per-core`` busy-loop processes
-on every core (started here, stopped after). The load average is a minute's decay, and the
-block paths read it to run their many small operators on one thread while the machine is
-oversubscribed (:func:`attnkit.kernels.pipeline.for_many_operators`), so the busy processes run ``--settle``
-seconds before the busy rounds. Target: the busy ratio at most 1.5x the quiet one.
+on every core (started here, stopped after), which run ``--settle`` seconds before the busy
+rounds. The band path runs its slabs as runs of heads on torch's threads, each operator
+on one (:func:`attnkit.kernels.pipeline.in_threads`), so no operator waits at a barrier
+for a thread that lost its core. Target: the busy ratio at most 1.5x the quiet one.
 
-Usage: ``python benchmarks/under_load.py [--length 4096] [--per-core 3] [--rounds 5] [--write BENCHMARKS.md]``.
+Usage: ``python benchmarks/under_load.py [--length 4096] [--per-core 3] [--rounds 5] [--settle 5]
+[--write BENCHMARKS.md]``.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def main(argv=None) -> int:
     ap.add_argument("--length", type=int, default=4096)
     ap.add_argument("--per-core", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--settle", type=float, default=60.0, help="seconds the busy processes run before timing")
+    ap.add_argument("--settle", type=float, default=5.0, help="seconds the busy processes run before timing")
     ap.add_argument("--write", type=Path, help="replace the under-load section in this Markdown file")
     args = ap.parse_args(argv)
     cores = os.cpu_count() or 1

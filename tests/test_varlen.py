@@ -191,6 +191,10 @@ def test_torch_conventions_are_checked_with_named_arguments():
         attnkit.varlen_attn(q, q, q, _cu([4, 5]), cu, 6, 6)
     with pytest.raises(ArgumentError, match="max_q must be at least the longest sequence, 6"):
         attnkit.varlen_attn(q, q, q, cu, cu, 5, 6)
+    for name, bad in (("max_q", -1), ("max_q", 6.0), ("max_k", True), ("max_k", None)):
+        sizes = {"max_q": 6, "max_k": 6, name: bad}
+        with pytest.raises(ArgumentError, match=rf"varlen_attn: {name} must be an int >= 0; got {bad!r}"):
+            attnkit.varlen_attn(q, q, q, cu, cu, sizes["max_q"], sizes["max_k"])
     with pytest.raises(ArgumentError, match="window_size must be two ints >= -1"):
         attnkit.varlen_attn(q, q, q, cu, cu, 6, 6, window_size=(-2, 0))
     with pytest.raises(DTypeError, match="cu_seq_k must be a 1-D int32/int64 tensor"):

@@ -52,6 +52,7 @@ MOVED = {
     "attnkit.entry": "attnkit.registry.entry",
     "attnkit.catalog": "attnkit.registry.core_entries",
     "attnkit.analysis.cost": "attnkit.costing.analytic",
+    "attnkit.functional.recurrences.checks": "attnkit.functional.recurrences.forms",
 }
 """Old module path -> new path (a package's submodules follow it)."""
 

@@ -11,8 +11,10 @@ never calls it on import; ``attnkit bench`` does, for both sides of a comparison
 bfloat16 and float16 inputs: torch's fused CPU kernel computes in the input
 dtype where the CPU has matmul units for it (AMX, AVX-512-BF16), and its
 backward is then fast. Without them (AVX2 machines) a bfloat16 matmul is
-emulated, about 40x slower than float32 here, so the fused kernels compute such
-inputs in float32 and round the output once (more accurate, never slower):
+emulated, about 40x slower than float32 here, so the fused kernels and the band
+windows compute such inputs in float32 and round the output once (more accurate,
+never slower); where the units exist, the band windows multiply in the half dtype
+with float32 scores and sums (kernels/band.py):
 :func:`low_precision_math` chooses, :func:`set_low_precision_math` overrides.
 """
 

@@ -88,8 +88,7 @@ def _check_cu(name: str, cu, total: int, count: int | None, device) -> torch.Ten
 
 
 def _check_max(name: str, value, lengths: torch.Tensor) -> None:
-    if type(value) is not int or value < 0:  # a plain non-negative int passes without the shared check's call
-        check_int(_WHO, name, value, 0)
+    check_int(_WHO, name, value, 0)
     longest = int(lengths.max()) if lengths.numel() else 0
     if value < longest:
         raise ArgumentError(f"{_WHO}: {name} must be at least the longest sequence, {longest}; got {value}")

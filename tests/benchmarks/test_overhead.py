@@ -13,7 +13,7 @@ def test_the_breakdown_names_the_lanes_parts():
     names = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
     assert names == ["torch SDPA (F.scaled_dot_product_attention)", "attnkit.attention(q, k, v, mask=causal())",
                      "the lane's attribute checks (lane.route)", "the fused kernel, called directly (with its lse)",
-                     "the output check (lane.trusted: a row sum, addcdiv, a sum, one sync)"]
+                     "the output check (lane.trusted: the lse read as floats, one sum, one sync)"]
 
 
 def test_the_check_it_times_refuses_non_finite_outputs_and_zeroed_rows():

@@ -9,7 +9,8 @@ from benchmarks import sparse_and_packed
 
 def test_the_packed_and_paged_sides_compute_the_same_function():
     for sides in (sparse_and_packed.packed_sides(sparse_and_packed.SMOKE["packed"]),
-                  sparse_and_packed.paged_sides(sparse_and_packed.SMOKE["paged"])):
+                  sparse_and_packed.paged_sides(sparse_and_packed.SMOKE["paged"]),
+                  sparse_and_packed.paged_sides(sparse_and_packed.SMOKE["paged"], scattered=True)):
         ours, theirs = sides
         torch.testing.assert_close(ours(), theirs(), rtol=1e-4, atol=1e-5)
 
@@ -29,6 +30,6 @@ def test_only_runs_the_rows_it_names_and_writes_nothing(capsys, tmp_path):
     assert sparse_and_packed.main(["--smoke", "--rounds", "1", "--no-memory", "--only", "paged",
                                    "--write", str(out)]) == 0
     table = capsys.readouterr().out
-    assert "| paged | ours" in table and "| paged-prefill | ours" in table
+    assert "| paged | ours" in table and "| paged-prefill | ours" in table and "| paged-scattered | ours" in table
     assert "| packed |" not in table and "| sparse@" not in table
     assert not out.exists()

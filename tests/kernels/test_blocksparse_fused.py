@@ -14,7 +14,7 @@ import torch
 import attnkit
 from attnkit import masks
 from attnkit.functional.validate import validate
-from attnkit.kernels import block_plan, blocksparse_fused, blocksparse_masked
+from attnkit.kernels import block_plan, blocksparse_fused, blocksparse_masked, pipeline
 from tests.helpers import rand_qkv
 from tests.kernels.test_perf_sparse import LAYOUT_MASKS, _spy
 
@@ -118,3 +118,28 @@ def test_cached_biases_follow_the_plan_when_the_slab_size_changes(monkeypatch):
     monkeypatch.setattr(block_plan, "SLAB", 1 << 14)  # other slabs: the cached biases must not be reused
     torch.testing.assert_close(attnkit.attention(q, k, v, mask=mask, backend="blocksparse"), first)
     assert len(mask._cache_fused_biases) == 2
+
+
+@pytest.mark.parametrize("name", list(LAYOUT_MASKS))
+def test_fused_path_in_units_of_heads_gives_one_threads_bits_and_the_reference(monkeypatch, name):
+    """Two torch threads: each run of heads on its own thread (kernels/pipeline.py, Units), the same bits."""
+    monkeypatch.setattr(block_plan, "BLOCK_SIZES", (16,))
+    monkeypatch.setattr(pipeline, "UNIT_WORK", 0)  # these small calls in units too
+    counts, real = [], pipeline.Units
+    monkeypatch.setattr(blocksparse_fused, "Units", lambda count: counts.append(count) or real(count))
+    q, k, v = rand_qkv(2, 3, 100, 100, 11, hkv=1 if name == "fixed" else 3, dtype=torch.float64, seed=5)
+    mask = LAYOUT_MASKS[name]()
+    before, runs = torch.get_num_threads(), []
+    try:
+        for threads in (2, 1):
+            torch.set_num_threads(threads)
+            lse = attnkit.attention(q, k, v, mask=mask, backend="blocksparse", return_lse=True).lse
+            runs.append([lse, *_outputs_and_grads(q, k, v, mask, "blocksparse")])
+    finally:
+        torch.set_num_threads(before)
+    assert counts[:3] == [3, 3, 3] and set(counts[3:]) == {1}  # lse call, forward, backward in three runs of heads
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+    exp = _outputs_and_grads(q, k, v, mask, "reference")
+    for what, a, b in zip(("out", "dq", "dk", "dv"), runs[0][1:], exp, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, msg=what)

@@ -15,7 +15,8 @@ import torch
 
 import attnkit
 from attnkit import masks
-from attnkit.kernels import lane, rules
+from attnkit.functional.validate import validate
+from attnkit.kernels import lane, paths, rules, sdpa
 
 CASES = ["nan query", "inf query", "huge queries", "nan key", "inf key", "nan value", "inf value", "keys all nan",
          "keys all -inf", "values near the largest float"]
@@ -49,13 +50,42 @@ def _formula(q, k, v):
     return torch.softmax(s, -1) @ v.double()
 
 
+@pytest.mark.parametrize("listed", [True, False])  # the lse read as Python floats, or checked by operators
 @pytest.mark.parametrize("lk", [3, 16, 1024])
 @pytest.mark.parametrize("case", CASES)
-def test_where_torchs_kernel_differs_from_the_formula_without_a_mask_the_lanes_check_refuses_it(case, lk):
+def test_where_torchs_kernel_differs_from_the_formula_without_a_mask_the_lanes_check_refuses_it(case, lk, listed,
+                                                                                                 monkeypatch):
+    monkeypatch.setattr(lane, "LISTED_ROWS", 256 if listed else 0)
     q, k, v = _inputs(case, lk)
     out, lse = rules.FLASH(q, k, v, 0.0, False, scale=0.25)[:2]
     right = torch.isclose(out.double(), _formula(q, k, v), rtol=1e-5, atol=1e-5, equal_nan=True).all()
     assert bool(right) or not lane.trusted(out, lse)
+
+
+@pytest.mark.parametrize("listed", [True, False])
+def test_the_check_refuses_what_it_relies_on_the_output_and_lse_to_show(listed, monkeypatch):
+    # a row torch zeroed (output 0, lse exactly 0), NaN and inf in the lse, NaN and inf in the output
+    monkeypatch.setattr(lane, "LISTED_ROWS", 256 if listed else 0)
+    out, lse = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4).abs() + 1
+    assert lane.trusted(out, lse)
+    for where, value in (("lse", 0.0), ("lse", -0.0), ("lse", math.nan), ("lse", math.inf), ("lse", -math.inf),
+                         ("out", math.nan), ("out", math.inf), ("out", -math.inf)):
+        o, x = out.clone(), lse.clone()
+        if where == "lse":
+            x[1, 2, 3] = value
+        else:
+            o[1, 2, 3, 5] = value
+        assert not lane.trusted(o, x), (where, value)
+    assert lane.trusted(out.requires_grad_(), lse)  # under autograd too, without recording the check
+
+
+@pytest.mark.parametrize("lq", [1, 2, 3, 16])
+@pytest.mark.parametrize("case", CASES)
+def test_several_queries_answer_non_finite_inputs_as_the_formula(case, lq):
+    q, k, v = _inputs(case, 40)
+    q = torch.cat([q] * lq, 2)
+    got = attnkit.attention(q, k, v)
+    torch.testing.assert_close(got.double(), _formula(q, k, v), rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
 def test_torchs_kernel_differs_from_the_formula_without_a_mask_in_these_cases():
@@ -87,3 +117,72 @@ def test_a_masked_nan_key_never_reaches_a_chunked_prefill_through_the_lane():
     k[0, 0, -1] = math.nan  # the last key: masked for every query but the last
     got = attnkit.attention(q, k, v, mask=masks.causal())
     assert torch.isfinite(got[:, :, :3]).all() and torch.isnan(got[0, 0, 3]).all() and torch.isfinite(got[0, 1]).all()
+
+
+# ------------------------------------------------------------------ the lane and the table agree
+
+def _route(q, k, v, mask=None, bias=None, score="scaled_dot", scale=None, normalize="softmax", dropout_p=0.0,
+           return_weights=False, return_lse=False, backend="auto", sinks=None):
+    return lane.route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse, backend,
+                      sinks)
+
+
+def _layout(t: torch.Tensor, how: str) -> torch.Tensor:
+    if how == "strided":  # innermost stride 2: torch's kernel misreads it
+        return torch.stack([t, t], -1)[..., 0]
+    if how == "heads permuted":  # innermost stride 1, not contiguous
+        return t.transpose(1, 2).contiguous().transpose(1, 2)
+    return t
+
+
+_MASKS = {"none": None, "causal": masks.causal(), "causal top-left": masks.causal("top_left"),
+          "window": masks.sliding_window(2, 0)}
+_SIZES = [(1, 8), (3, 8), (8, 8), (8, 3)]
+
+
+def _calls():
+    """A grid of calls the lane might take: options torch-sdpa's rules read, masks, sizes, scales and layouts."""
+    g = torch.Generator().manual_seed(0)
+    for (lq, lk), mask, scale in ((s, m, c) for s in _SIZES for m in _MASKS for c in (None, 0.5, -0.5)):
+        q0, k0, v0 = (torch.randn(1, 4, n, 8, generator=g) for n in (lq, lk, lk))
+        for score, normalize, biased, weights in ((s, n, b, w) for s in ("scaled_dot", "dot", "cosine")
+                                                  for n in ("softmax", "sparsemax") for b in (False, True)
+                                                  for w in (False, True)):
+            bias = torch.zeros(1, 4, lq, lk) if biased else None
+            yield (q0, k0, v0), dict(mask=_MASKS[mask], bias=bias, score=score, scale=scale, normalize=normalize,
+                                     return_weights=weights)
+        for layout, grad, dv, hkv in ((a, b, c, d) for a in ("contiguous", "strided", "heads permuted")
+                                      for b in (False, True) for c in (8, 4) for d in (4, 2)):
+            k, v = k0[:, :hkv], v0[:, :hkv, :, :dv]
+            q, k, v = (_layout(t.clone(), layout).requires_grad_(grad) for t in (q0, k, v))
+            yield (q, k, v), dict(mask=_MASKS[mask], scale=scale)
+
+
+def test_the_lane_takes_a_call_exactly_where_the_tables_rules_say_torchs_kernel_answers_it():
+    taken = 0
+    for (q, k, v), options in _calls():
+        p = validate(q, k, v, **options)
+        table = rules.first_refusal(p, sdpa.LANE, data=False) is None
+        fast = _route(q, k, v, **options)
+        assert (fast is not None) == table, (tuple(q.shape), tuple(k.shape), tuple(v.shape), options)
+        if fast is not None:
+            taken += 1
+            assert paths.BY_NAME["torch-sdpa"].refusal(p, data=False) is None  # the lane's rules include the path's
+            km = sdpa.kernel_mask(p, q.dtype)  # and the lane reads the mask as the path does
+            assert fast[0] == km.is_causal and fast[1] is km.float_mask and fast[2] == p.scale
+    assert taken > 100
+
+
+def test_the_lanes_rules_are_torch_sdpas_data_free_rules_and_its_own():
+    assert all(rule in sdpa.LANE for rule in sdpa.REFUSALS if not getattr(rule, "reads_data", False))
+    assert not any(getattr(rule, "reads_data", False) for rule in sdpa.LANE)
+
+
+@pytest.mark.parametrize("outside", [dict(sinks=torch.zeros(1, 4, 1)), dict(return_lse=True), dict(dropout_p=0.1),
+                                     dict(backend="sdpa"), dict(rank=3), dict(dtype=torch.float16)])
+def test_options_outside_the_lanes_scope_go_to_the_full_route(outside):
+    q, k, v = (torch.randn(1, 4, n, 8) for n in (1, 8, 8))
+    rank, dtype = outside.pop("rank", 4), outside.pop("dtype", torch.float32)
+    q, k, v = (t.to(dtype)[0] if rank == 3 else t.to(dtype) for t in (q, k, v))
+    assert _route(q, k, v, **outside) is None
+    assert _route(q, k, v) is not None or dtype == torch.float16 or rank == 3

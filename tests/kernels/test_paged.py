@@ -169,6 +169,10 @@ def test_paged_arguments_are_checked_with_their_names():
         attnkit.attention(q, k_pool, v_pool, block_table=table + 9, seqused_k=torch.tensor([20]))
     with pytest.raises(ShapeError, match=r"key must be a pool of pages"):
         attnkit.attention(q, k_pool[0], v_pool, block_table=table, seqused_k=torch.tensor([20]))
+    for mask in (None, masks.causal()):  # the paged lane too: a page of no positions is refused, not divided by
+        with pytest.raises(ShapeError, match=r"a page must hold at least one position; got pools \(4, 0, 2, 16\)"):
+            attnkit.attention(q, k_pool[:, :0], v_pool[:, :0], block_table=table, seqused_k=torch.tensor([0]),
+                              mask=mask)
     with pytest.raises(ShapeError, match=r"block_table must have shape \(batch=1, max_pages\)"):
         attnkit.attention(q, k_pool, v_pool, block_table=table[0], seqused_k=torch.tensor([20]))
     with pytest.raises(DTypeError, match="block_table must be an integer tensor"):
@@ -348,6 +352,7 @@ def test_ragged_causal_calls_run_on_the_segment_route_reading_only_the_keys_each
     from attnkit.kernels import page_segments
 
     monkeypatch.setattr(selected, "fused_pages", lambda *a: pytest.fail("the chunked route ran"))
+    monkeypatch.setattr(page_segments, "SEQUENCE_BYTES", 0)  # chunks, not a call per sequence
     copied = []
     chunk = page_segments._Keys.chunk
     monkeypatch.setattr(page_segments._Keys, "chunk", lambda self, seqs, start, stop: copied.append(
@@ -440,3 +445,139 @@ def test_queries_cut_into_row_chunks_see_their_own_last_keys_causally(monkeypatc
     torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
     k, v = _contiguous(keys, values)
     assert torch.equal(got, attnkit.attention(q, k, v, seqused_k=used, mask=masks.causal()))
+
+
+@pytest.mark.parametrize(("lq", "causal", "contiguous"), [(1, True, False), (1, False, False), (16, True, False),
+                                                        (3, False, False), (1, True, True), (16, True, True)])
+def test_the_paged_lane_gives_the_bits_of_the_full_route(lq, causal, contiguous, monkeypatch):
+    # paged.lane decides from attributes and runs the segment route with the path's split: the same bits as
+    # validation and dispatch, for ragged lengths (a partial last page, a sequence holding only its queries)
+    from attnkit.kernels import paged
+
+    lengths = [2 * selected.SPLIT_KEYS + 5, lq, 700, 40]
+    keys, values = _sequences(lengths, seed=33)
+    q = torch.randn(len(lengths), 8, lq, 16, generator=torch.Generator().manual_seed(34))
+    k_pool, v_pool, table = _pool(keys, values, 16, spare=2, seed=35)
+    k, v = _contiguous(keys, values) if contiguous else (k_pool, v_pool)
+    kwargs = dict(seqused_k=torch.tensor(lengths), mask=masks.causal() if causal else None,
+                  block_table=None if contiguous else table)
+    lane = paged.lane
+    taken = []
+    monkeypatch.setattr(paged, "lane", lambda *a: taken.append(1) or lane(*a))
+    fast = attnkit.attention(q, k, v, **kwargs)
+    assert taken
+    monkeypatch.setattr(paged, "lane", lambda *a: None)
+    assert torch.equal(fast, attnkit.attention(q, k, v, **kwargs))
+    want = _oracle(q, keys, values) if causal else _unmasked_oracle(q, keys, values)
+    torch.testing.assert_close(fast.double(), want, rtol=0, atol=2e-6)
+
+
+def test_the_paged_lane_leaves_what_it_cannot_vouch_for_to_the_full_route():
+    from attnkit.kernels import paged
+
+    keys, values = _sequences([40, 9], seed=36)
+    k_pool, v_pool, table = _pool(keys, values, 8, spare=1, seed=37)
+    q, used = torch.randn(2, 4, 1, 16), torch.tensor([40, 9])
+    args = dict(mask=masks.causal(), score="scaled_dot", scale=None, normalize="softmax", dropout_p=0.0,
+                return_weights=False, return_lse=False, backend="auto", block_table=table, seqused_k=used)
+
+    def lane(q=q, k=k_pool, v=v_pool, **changed):
+        return paged.lane(q, k, v, *{**args, **changed}.values())
+    assert lane() is not None
+    padded = table.clone()
+    padded[1, 2:] = -1  # entries past the second sequence's pages: the full route reads only the used ones
+    refused = [dict(block_table=padded), dict(seqused_k=torch.tensor([41, 9])), dict(seqused_k=torch.tensor([0, 9])),
+               dict(mask=masks.causal("top_left")), dict(mask=masks.sliding_window(4)), dict(return_lse=True),
+               dict(backend="reference"), dict(scale=float("nan")), dict(q=q.half()),
+               dict(q=q.clone().requires_grad_(True)), dict(k=k_pool[:, :, :1])]
+    for changed in refused:
+        assert lane(**changed) is None, changed
+    got = attnkit.attention(q, k_pool, v_pool, block_table=padded, seqused_k=used, mask=masks.causal())
+    torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("page_size", [16, 48])
+def test_a_decoding_step_reads_each_sequence_once_in_one_call_and_equals_the_oracle(page_size, monkeypatch):
+    # B calls of the kernel where the chunks would take as many or more: each sequence's pages copied whole,
+    # only its own length read (a partial last page, lengths unequal), no split and no merge
+    from attnkit.kernels import page_segments
+
+    monkeypatch.setattr(selected, "fused_pages", lambda *a: pytest.fail("the chunked route ran"))
+    monkeypatch.setattr(page_segments._Keys, "chunk", lambda *a: pytest.fail("a chunk was copied"))
+    monkeypatch.setattr(page_segments._Keys, "whole_chunk", lambda *a: pytest.fail("a chunk was copied"))
+    calls = []
+    flash = page_segments.rules.FLASH
+    monkeypatch.setattr(page_segments.rules, "FLASH", lambda q, k, v, *a, **kw: calls.append(k.shape[2]) or flash(
+        q, k, v, *a, **kw))
+    lengths = [4 * selected.SPLIT_KEYS - 3, 1, 3 * selected.SPLIT_KEYS + 17]
+    keys, values = _sequences(lengths, seed=38)
+    q = torch.randn(3, 4, 1, 16, generator=torch.Generator().manual_seed(39))
+    k_pool, v_pool, table = _pool(keys, values, page_size, spare=1, seed=40)
+    got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=torch.tensor(lengths),
+                            mask=masks.causal())
+    assert calls == lengths
+    torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
+    k, v = _contiguous(keys, values)
+    assert torch.equal(got, attnkit.attention(q, k, v, seqused_k=torch.tensor(lengths), mask=masks.causal()))
+
+
+def test_consecutive_pages_are_read_in_place_with_the_bits_of_copied_ones(monkeypatch):
+    # the first and third sequences' pages run consecutively in the pool (read as a view), the second's are
+    # scattered (copied): the same bits as scattered pages everywhere and as a contiguous cache, and the oracle's
+    from attnkit.kernels import page_segments
+
+    lengths = [3 * selected.SPLIT_KEYS + 9, 2 * selected.SPLIT_KEYS, 4 * selected.SPLIT_KEYS - 1]
+    keys, values = _sequences(lengths, seed=41)
+    q = torch.randn(3, 8, 1, 16, generator=torch.Generator().manual_seed(42))
+    k_pool, v_pool, table = _pool(keys, values, 16, spare=2, seed=43)
+    counts = [-(-n // 16) for n in lengths]
+    order = torch.cat([table[0, :counts[0]], table[1, :counts[1]], table[2, :counts[2]], torch.tensor([0, 0])])
+    spare = sorted(set(range(k_pool.shape[0])) - set(order[:-2].tolist()))
+    order[-2:] = torch.tensor(spare)
+    runs_k, runs_v = k_pool[order], v_pool[order]  # pool page i holds the scattered pool's page order[i]
+    runs_table = torch.zeros_like(table)
+    runs_table[0, :counts[0]] = torch.arange(counts[0])
+    runs_table[1, :counts[1]] = torch.randperm(counts[1], generator=torch.Generator().manual_seed(44)) + counts[0]
+    runs_k[counts[0]:counts[0] + counts[1]] = k_pool[table[1, :counts[1]]][runs_table[1, :counts[1]] - counts[0]]
+    runs_v[counts[0]:counts[0] + counts[1]] = v_pool[table[1, :counts[1]]][runs_table[1, :counts[1]] - counts[0]]
+    runs_table[1, :counts[1]] = runs_table[1, :counts[1]].argsort() + counts[0]
+    runs_table[2, :counts[2]] = torch.arange(counts[2]) + counts[0] + counts[1]
+    copies = []
+    take = torch.index_select
+    monkeypatch.setattr(page_segments.torch, "index_select", lambda *a, **kw: copies.append(1) or take(*a, **kw))
+    used, mask = torch.tensor(lengths), masks.causal()
+    got = attnkit.attention(q, runs_k, runs_v, block_table=runs_table, seqused_k=used, mask=mask)
+    assert len(copies) == 2  # the second sequence's keys and values only
+    monkeypatch.setattr(page_segments.torch, "index_select", take)
+    assert torch.equal(got, attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask))
+    k, v = _contiguous(keys, values)
+    assert torch.equal(got, attnkit.attention(q, k, v, seqused_k=used, mask=mask))
+    torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("hkv", [1, 2])
+def test_sequences_too_long_to_copy_are_read_in_place_from_runs_and_from_a_contiguous_cache(hkv, monkeypatch):
+    # past SEQUENCE_BYTES a sequence is not copied: consecutive pages and a contiguous cache are read in place,
+    # token-major and head-major, and give the same bits (torch's kernel reads either layout alike)
+    from attnkit.kernels import page_segments
+
+    monkeypatch.setattr(page_segments, "SEQUENCE_BYTES", 1024)
+    monkeypatch.setattr(page_segments.torch, "index_select", lambda *a, **kw: pytest.fail("a page was copied"))
+    lengths = [3 * selected.SPLIT_KEYS - 7, selected.SPLIT_KEYS + 33, 5]
+    keys, values = _sequences(lengths, hkv=hkv, seed=45)
+    q = torch.randn(3, 4, 1, 16, generator=torch.Generator().manual_seed(46))
+    counts = [-(-n // 16) for n in lengths]
+    firsts = [0, counts[0] + 3, counts[0] + counts[1] + 5]
+    k_pool = torch.full((firsts[-1] + counts[-1] + 2, 16, hkv, 16), math.nan)
+    v_pool = k_pool.clone()
+    table = torch.zeros(3, max(counts), dtype=torch.long)
+    for b, (k, v) in enumerate(zip(keys, values, strict=True)):
+        table[b, :counts[b]] = torch.arange(counts[b]) + firsts[b]
+        start = firsts[b] * 16
+        k_pool.view(-1, hkv, 16)[start:start + lengths[b]] = k.transpose(0, 1)
+        v_pool.view(-1, hkv, 16)[start:start + lengths[b]] = v.transpose(0, 1)
+    used, mask = torch.tensor(lengths), masks.causal()
+    got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask)
+    torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
+    k, v = _contiguous(keys, values)
+    assert torch.equal(got, attnkit.attention(q, k, v, seqused_k=used, mask=mask))

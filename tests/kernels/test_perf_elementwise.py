@@ -1,8 +1,9 @@
 """The elementwise rewrite of the soft-capping path (benchmark target 4) computes the float64 reference's function.
 
-``kernels/softcap_loop.py``: ``tanh`` by a Pade approximant in float32 blocks whose
-arguments lie in ``[-2, 2]``, ``torch.tanh`` elsewhere; ``exp2`` of one fused
-multiply-add for the weights; ``aten.tanh_backward`` in the backward.
+``kernels/softcap_loop.py``: ``tanh`` by the cheapest approximant a float32 block's range
+admits (polynomials in ``x^2`` up to ``|x| <= 1``, a Pade approximant up to 2),
+``torch.tanh`` elsewhere; ``exp2`` of one fused multiply-add for the weights;
+``aten.tanh_backward`` in the backward.
 
 The path is held to the DESIGN.md rule: error vs float64 at most 2x (3x for gradients)
 the error of the plain float32 implementation (``torch.tanh`` on the same inputs).
@@ -42,7 +43,7 @@ def test_pade_tanh_is_within_a_few_ulp_in_range_and_torch_tanh_outside():
     rel = ((got.double() - exact).abs() / exact.abs().clamp_min(1e-30)).max().item()
     assert rel <= 3 * 2.0 ** -23  # about 2 ulp; torch.tanh is 0.5 ulp
     assert not torch.equal(got, torch.tanh(x))  # the approximant ran, not torch's tanh
-    assert torch.equal(softcap_loop.tanh_(x.clone(), Workspace(x), bounded=True), got)  # no check, same numbers
+    assert torch.equal(softcap_loop.tanh_(x.clone(), Workspace(x), limit=2.0), got)  # no check, same numbers
     x[1, 2, 3, 4] = 2.5  # one value out of range: the whole block is torch's tanh
     assert torch.equal(softcap_loop.tanh_(x.clone(), Workspace(x)), torch.tanh(x))
     xd = x.double()  # float64 is never approximated
@@ -58,27 +59,56 @@ def test_pade_tanh_keeps_nan_and_signed_zero():
     torch.testing.assert_close(got.double(), torch.tanh(x[:, :5].double()), atol=0, rtol=3 * 2.0 ** -23)
 
 
+@pytest.mark.parametrize("tier", range(len(softcap_loop.POLYNOMIALS)))
+def test_each_polynomial_is_within_three_ulp_of_tanh_on_its_range(tier):
+    a, coeffs = softcap_loop.POLYNOMIALS[tier]
+    x = torch.linspace(-a, a, 400_001, dtype=torch.float64).float()
+    assert softcap_loop.approximant(a) is coeffs and softcap_loop.approximant(x.abs().max().item()) is coeffs
+    below = softcap_loop.POLYNOMIALS[tier - 1][0] if tier else 0.0
+    assert softcap_loop.approximant(below) is not coeffs or tier == 0  # the cheapest one that holds is chosen
+    got = softcap_loop.tanh_(x.clone(), Workspace(x))
+    exact = torch.tanh(x.double())
+    rel = ((got.double() - exact).abs() / exact.abs().clamp_min(1e-30)).max().item()
+    assert rel <= 3 * 2.0 ** -24
+    assert torch.equal(torch.signbit(got), torch.signbit(x))
+
+
+def test_approximants_by_range():
+    assert softcap_loop.approximant(0.0) is softcap_loop.POLYNOMIALS[0][1]
+    assert softcap_loop.approximant(1.0001) is softcap_loop.PADE
+    assert softcap_loop.approximant(2.0001) is None and softcap_loop.approximant(float("nan")) is None
+    assert softcap_loop.approximant(0.1, torch.float64) is None
+    assert softcap_loop.approximant(0.1, torch.bfloat16) is None
+
+
 # ------------------------------------------------------------------ soft-capped attention
 
 
 @pytest.fixture
 def small_blocks(monkeypatch):
-    """Several row slabs and key blocks at these sizes, forward and backward."""
-    monkeypatch.setattr(softcap_loop, "FORWARD_BLOCKS", (2, 2 * B * H * 3))
-    monkeypatch.setattr(softcap_grad, "BACKWARD_BLOCKS", (3, 3 * B * H * 2))
+    """Several head spans, row slabs and key blocks at these sizes, forward and backward (uneven ones too)."""
+    monkeypatch.setattr(softcap_loop, "FORWARD_BLOCKS", (2, 3, 2 * 3 * 2))
+    monkeypatch.setattr(softcap_grad, "BACKWARD_BLOCKS", (3, 2, 3 * 2 * 4))
 
 
 @pytest.fixture
 def block_ranges(monkeypatch):
-    """Records ``max |x|`` of every block :func:`softcap_loop.tanh_` sees (which branch each block took)."""
+    """Records ``(max |x|, approximant)`` of every block :func:`softcap_loop.capped_` computes."""
     seen = []
-    original = softcap_loop.tanh_
+    original = softcap_loop.capped_
 
-    def spy(x, ws, bounded=False):
-        seen.append((x.abs().max().item(), bounded))
-        return original(x, ws, bounded)
-    monkeypatch.setattr(softcap_loop, "tanh_", spy)
+    def spy(x, ws, offset, slope, kind, keep_tanh=False):
+        seen.append((x.abs().max().item(), kind))
+        return original(x, ws, offset, slope, kind, keep_tanh)
+    monkeypatch.setattr(softcap_loop, "capped_", spy)
     return seen
+
+
+def _limit(kind):
+    """The largest ``|x|`` an approximant is used for (0 for torch's tanh, which is used anywhere)."""
+    if kind is softcap_loop.PADE:
+        return softcap_loop.PADE_LIMIT
+    return next((a for a, c in softcap_loop.POLYNOMIALS if c is kind), float("inf"))
 
 
 def _softcap_grads(q, k, v, backend, **kw):
@@ -110,7 +140,7 @@ def test_softcap_pade_blocks_match_float64_reference(cap, mask_name, small_block
     mask = {"none": None, "causal": masks.causal(), "padding": masks.padding([4, 0])}[mask_name]
     assert (softcap_loop.shift(cap, LK, torch.float32) > 0) == (cap == 86.0)
     got = _check_softcap(q, k, v, bias=Softcap(cap), mask=mask)
-    assert block_ranges and all(m <= softcap_loop.PADE_LIMIT and bounded for m, bounded in block_ranges)
+    assert block_ranges and all(kind is not None and m <= _limit(kind) for m, kind in block_ranges)
     assert len(block_ranges) > 4  # several blocks, forward and backward
     if mask_name == "padding":
         assert torch.equal(got[0][1], torch.zeros_like(got[0][1])) and torch.equal(got[2][1], torch.zeros_like(q[1]))
@@ -121,8 +151,19 @@ def test_softcap_mixed_blocks_match_float64_reference(small_blocks, block_ranges
     q, k, v = rand_qkv(B, H, LQ, LK, D, seed=22)
     q = torch.cat([q[:, :, :2] * 0.2, q[:, :, 2:] * 6], 2)
     _check_softcap(q, k, v, bias=Softcap(1.0), mask=masks.causal())
-    inside = [m <= softcap_loop.PADE_LIMIT for m, bounded in block_ranges]
-    assert any(inside) and not all(inside) and not any(bounded for _, bounded in block_ranges)
+    kinds = [kind for _, kind in block_ranges]
+    assert None in kinds and any(kind is not None for kind in kinds)  # measured per block: both kinds in one call
+    assert all(m <= _limit(kind) for m, kind in block_ranges)
+
+
+def test_small_norms_fix_the_cheapest_polynomial_without_measuring_blocks(small_blocks, block_ranges, monkeypatch):
+    """Cauchy-Schwarz on the row norms vouches for |x| <= 0.35: no block is measured, all take the cubic."""
+    measured = []
+    monkeypatch.setattr(softcap_loop, "block_range", lambda x: measured.append(x) or x.abs().max().item())
+    q, k, v = rand_qkv(B, H, LQ, LK, D, seed=25)
+    _check_softcap(q * 0.5, k * 0.5, v, bias=Softcap(20.0), mask=masks.causal())
+    assert not measured and block_ranges and all(kind is softcap_loop.POLYNOMIALS[0][1] for _, kind in block_ranges)
+    assert all(m <= softcap_loop.POLYNOMIALS[0][0] for m, _ in block_ranges)
 
 
 def test_softcap_float64_kernel_equals_the_reference_tightly(small_blocks):
@@ -139,4 +180,4 @@ def test_softcap_nan_query_propagates_only_to_its_row(small_blocks, block_ranges
     nan[1, 2, 3] = True
     assert torch.equal(torch.isnan(got), nan)
     assert_close_to_oracle(got, q, k, v, bias=Softcap(50.0))  # NaN where the reference has NaN, close elsewhere
-    assert not any(bounded for _, bounded in block_ranges)  # a NaN norm never vouches for the range
+    assert any(kind is None for _, kind in block_ranges)  # a NaN norm never vouches; a NaN block takes torch's tanh

@@ -63,8 +63,8 @@ def small_slabs(monkeypatch):
     """Several slabs and blocks even at these sizes (slab and block boundaries are where bugs hide)."""
     monkeypatch.setattr(bias_slabs, "BUDGET", 1)
     monkeypatch.setattr(bias_slabs, "MIN_ROWS", 2)
-    monkeypatch.setattr(softcap_loop, "FORWARD_BLOCKS", (2, 2 * B * H * 3))
-    monkeypatch.setattr(softcap_grad, "BACKWARD_BLOCKS", (3, 3 * B * H * 2))
+    monkeypatch.setattr(softcap_loop, "FORWARD_BLOCKS", (2, 3, 2 * 3 * 2))  # (rows, keys, elements): 2 heads a block
+    monkeypatch.setattr(softcap_grad, "BACKWARD_BLOCKS", (3, 2, 3 * 2 * 4))
 
 
 def _grads(q, k, v, extra=(), **kwargs):

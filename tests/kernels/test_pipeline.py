@@ -1,13 +1,16 @@
-"""The pipeline's thread rule: one torch thread for many-operator paths on an oversubscribed machine."""
+"""The pipeline's units: many-operator paths split into runs of heads taken by threads, each operator on one."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
 
 import attnkit
 from attnkit import masks
-from attnkit.kernels import band, pipeline
+from attnkit.kernels import pipeline
+from tests.helpers import oracle
 
 
 @pytest.fixture
@@ -18,49 +21,93 @@ def two_threads():
     torch.set_num_threads(before)
 
 
-def _load(monkeypatch, value):
-    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(pipeline.os, "getloadavg", lambda: (value, value, value))
+def test_unit_count_is_one_on_one_thread_or_for_small_work_else_two_per_thread_at_most_one_per_head(two_threads):
+    assert pipeline.unit_count(8, pipeline.UNIT_WORK) == 4
+    assert pipeline.unit_count(3, pipeline.UNIT_WORK) == 3
+    assert pipeline.unit_count(8, pipeline.UNIT_WORK - 1) == 1
+    torch.set_num_threads(1)
+    assert pipeline.unit_count(8, 1 << 40) == 1
 
 
-@pytest.mark.parametrize("load, inside", [(9.0, 1), (1.5, 2)])
-def test_one_thread_inside_only_while_the_load_exceeds_the_cores(monkeypatch, two_threads, load, inside):
-    _load(monkeypatch, load)
-    with pipeline.for_many_operators():
-        seen = torch.get_num_threads()
-    assert seen == inside and torch.get_num_threads() == 2
+def _run(units, work):
+    """Every unit of ``units`` through ``work(u)``, as a path runs them: the caller's share inside ``helping``."""
+    def share():
+        for u in units.take():
+            work(u)
+    with units.helping(share):
+        share()
 
 
-def test_the_callers_threads_come_back_after_an_error(monkeypatch, two_threads):
-    _load(monkeypatch, 9.0)
-    with pytest.raises(RuntimeError, match="inside"), pipeline.for_many_operators():
-        raise RuntimeError("inside")
+def test_every_unit_runs_once_on_the_callers_threads_each_operator_on_one(two_threads):
+    seen = []
+    _run(pipeline.Units(5), lambda u: seen.append((u, threading.get_ident(), torch.get_num_threads(),
+                                                   torch.is_grad_enabled())))
+    assert sorted(s[0] for s in seen) == list(range(5)) and len({s[1] for s in seen}) <= 2
+    assert all(s[2] == 1 and s[3] for s in seen)  # one torch thread, the caller's grad mode, in every unit
     assert torch.get_num_threads() == 2
 
 
-def test_a_system_without_a_load_average_is_not_oversubscribed(monkeypatch):
-    def missing():
-        raise OSError("no load average")
-    monkeypatch.setattr(pipeline.os, "getloadavg", missing)
-    assert not pipeline.oversubscribed()
+@pytest.mark.parametrize("failing", [0, 3])
+def test_a_units_error_is_raised_in_the_caller_with_its_threads_back(two_threads, failing):
+    def work(u):
+        if u == failing:
+            raise ValueError(f"unit {u}")
+    with pytest.raises(ValueError, match=f"unit {failing}"):
+        _run(pipeline.Units(6), work)
+    assert torch.get_num_threads() == 2
 
 
-def test_band_windows_give_the_same_bits_forward_and_backward_on_a_busy_machine(monkeypatch, two_threads):
+def test_the_caller_runs_every_unit_when_no_thread_can_start(monkeypatch, two_threads):
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    seen = []
+    _run(pipeline.Units(4), lambda u: seen.append((u, threading.get_ident(), torch.get_num_threads())))
+    assert seen == [(u, threading.get_ident(), 1) for u in range(4)] and torch.get_num_threads() == 2
+
+
+def test_units_run_in_inference_mode_and_without_grad_where_the_caller_does(two_threads):
+    with torch.inference_mode():
+        out, modes = torch.zeros(4), []
+
+        def work(u):
+            out[u] = 1.0  # an inference tensor: written in place only in inference mode
+            modes.append((torch.is_inference_mode_enabled(), torch.is_grad_enabled()))
+        _run(pipeline.Units(4), work)
+    assert out.tolist() == [1.0] * 4 and modes == [(True, False)] * 4
+
+
+def test_one_thread_runs_every_unit_in_order_on_the_caller():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        seen = []
+        _run(pipeline.Units(3), lambda u: seen.append((u, threading.get_ident())))
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [(u, threading.get_ident()) for u in range(3)]
+
+
+def test_band_windows_in_units_equal_the_float64_reference_and_one_threads_bits(monkeypatch, two_threads):
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 4, 600, 16, generator=g, requires_grad=True) for _ in range(3))
-    mask = masks.sliding_window(40, 40)
+    q, k, v = (torch.randn(1, 6, 300, 16, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = masks.sliding_window(40, 20)
     assert attnkit.explain(q, k, v, mask=mask).path == "band-windows"
-    runs, seen = [], []
-    real = band.ws.slabs
+    monkeypatch.setattr(pipeline, "UNIT_WORK", 0)  # this small call in units too
+    counts, real = [], pipeline.Units
 
-    def slabs(*args, **kwargs):  # the threads the slabs' operators run on
-        seen.append(torch.get_num_threads())
-        return real(*args, **kwargs)
-    monkeypatch.setattr(band.ws, "slabs", slabs)
-    for load in (1.0, 9.0):
-        _load(monkeypatch, load)
+    def spy(count):
+        counts.append(count)
+        return real(count)
+    monkeypatch.setattr(attnkit.kernels.band, "Units", spy)
+    runs = []
+    for threads in (2, 1):
+        torch.set_num_threads(threads)
         out = attnkit.attention(q, k, v, mask=mask)
         runs.append((out, *torch.autograd.grad(out.square().sum(), (q, k, v))))
-    assert seen == [2, 2, 1, 1]  # forward and backward, quiet then busy
+    assert counts == [4, 4, 1, 1]  # forward and backward in four units of heads, then one
     for a, b in zip(*runs, strict=True):
         assert torch.equal(a, b)
+    exp = oracle(q, k, v, mask=mask, differentiable=True)  # the independent float64 attention
+    for a, b in zip(runs[0], (exp, *torch.autograd.grad(exp.square().sum(), (q, k, v))), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)

@@ -1,5 +1,5 @@
-"""nn/_inputs.py: the checks modules and models share; every module raises through them, naming itself,
-the argument, what it expected and what it got."""
+"""nn/_inputs.py: the checks modules and models share (every module raises through them, naming itself,
+the argument, what it expected and what it got) and the head split and merge."""
 
 from __future__ import annotations
 
@@ -37,7 +37,15 @@ from attnkit.nn import (
     SparseTransformerAttention,
     TieredAttention,
 )
-from attnkit.nn._inputs import check_keep_mask, check_key_mask, check_lengths, check_sequence, check_shape
+from attnkit.nn._inputs import (
+    check_keep_mask,
+    check_key_mask,
+    check_lengths,
+    check_sequence,
+    check_shape,
+    merge_heads,
+    split_heads,
+)
 
 B, N, M, D = 2, 5, 7, 6
 
@@ -154,3 +162,17 @@ def test_every_module_names_an_input_of_another_dtype_than_its_parameters(module
     with pytest.raises(DTypeError, match=rf"^{type(module).__name__}: {name} must have the parameters' dtype "
                                          r"torch.float32; got torch.float64$"):
         call(module, x(B, N, width, dtype=torch.float64))
+
+
+# ------------------------------------------------------------------ the head split and merge
+def test_split_puts_each_heads_slice_of_the_width_before_the_length():
+    x = torch.arange(2 * 5 * 6, dtype=torch.float64).reshape(2, 5, 6)
+    parts = split_heads(x, 3)
+    assert parts.shape == (2, 3, 5, 2)
+    for h in range(3):  # head h holds columns [2h, 2h + 2) of every position
+        assert torch.equal(parts[:, h], x[:, :, 2 * h:2 * h + 2])
+
+
+def test_merge_undoes_split():
+    x = torch.randn(3, 7, 12)
+    assert torch.equal(merge_heads(split_heads(x, 4)), x)

@@ -145,3 +145,25 @@ def test_forks_of_one_prompt_attend_through_the_cascade_reading_the_shared_pages
             if sinks is not None:
                 scores = torch.cat([scores, sinks[:, None, None].expand(4, 2, 1)], -1)
             torch.testing.assert_close(out[row], scores.softmax(-1)[..., :n] @ v, rtol=0, atol=1e-12)
+
+
+def test_sequences_growing_in_turn_keep_consecutive_pages_while_the_pool_allows():
+    # each sequence's next page follows its last; a new sequence starts halfway into the largest free run (at the
+    # pool's start when the run starts it), so four sequences appended a page at a time share 16 pages in 4 runs
+    cache = PagedKVCache(16, 2, 1, 3)
+    seqs = [cache.allocate() for _ in range(4)]
+    for _ in range(4):
+        for seq in seqs:
+            cache.append(seq, torch.randn(1, 2, 3), torch.randn(1, 2, 3))
+    table = cache.block_table(seqs)
+    assert (table.diff(dim=1) == 1).all() and sorted(table[:, 0].tolist()) == [0, 4, 8, 12]
+    cache.free(seqs[1])
+    late = cache.allocate()  # the freed run, from its middle: two consecutive pages
+    cache.append(late, torch.randn(1, 4, 3), torch.randn(1, 4, 3))
+    assert cache.block_table([late])[0].tolist() == [table[1, 0] + 2, table[1, 0] + 3]
+    for seq in (seqs[0], late):  # the page after their last, or any free page: none lost or shared
+        cache.append(seq, torch.randn(1, 2, 3), torch.randn(1, 2, 3))
+    held = cache.block_table([seqs[0], late, seqs[2], seqs[3]])
+    lengths = cache.lengths([seqs[0], late, seqs[2], seqs[3]]).tolist()
+    used = [p for row, n in zip(held.tolist(), lengths, strict=True) for p in row[:n // 2]]
+    assert len(used) == len(set(used)) == 16 and cache.pages_free == 0

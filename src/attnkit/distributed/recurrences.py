@@ -27,8 +27,16 @@ from __future__ import annotations
 import torch
 
 from ..errors import DTypeError, ShapeError, check_int
-from ..functional.recurrences.checks import check_qkv, check_state, check_tensor
-from ..functional.recurrences.forms import blocks, linear_recurrence, pass_states, prepare, through_blocks
+from ..functional.recurrences.forms import (
+    blocks,
+    check_qkv,
+    check_state,
+    check_tensor,
+    linear_recurrence,
+    pass_states,
+    prepare,
+    through_blocks,
+)
 from ..functional.recurrences.scan import span_map
 from ..nn._inputs import check_keep_mask, check_sequence
 from ..nn._recurrent import RecurrentLayer

@@ -311,6 +311,9 @@ def _paged_inputs(q, k, v, mask, bias, block_table, seqused_k, tracing, kind=Non
         if k.shape[:3] != v.shape[:3]:
             raise ShapeError(f"{_WHO}: key and value pools must share (num_pages, page_size, kv_heads); got "
                              f"{_shape(k)} and {_shape(v)}")
+        if k.shape[1] == 0:
+            raise ShapeError(f"{_WHO}: with block_table, a page must hold at least one position; got pools "
+                             f"{_shape(k)} (page_size 0)")
         pages, page_size, table = k.shape[0], k.shape[1], block_table
         k, v = (t.reshape(-1, *t.shape[2:]).transpose(0, 1).unsqueeze(0).expand(batch, -1, -1, -1) for t in (k, v))
         _check_qkv(q, k, v, kind)

@@ -22,6 +22,10 @@ kernel zeroes NaN rows, and a NaN key would leak through an added ``-inf``), and
 lse only without autograd (the fused backward takes no lse gradient). A row
 with no allowed key gets output 0 and lse 0 from the kernel; lse is set to
 ``-inf`` there. Otherwise :mod:`.blocksparse_masked` runs.
+
+On several torch threads the slabs run per run of heads, each thread's calls on one
+torch thread (:class:`.pipeline.Units`): at 2 threads on a loaded 2-core machine
+(``causal() & fixed(512, 32)``, L = 4096) 0.24x SDPA with the dense mask instead of 0.5x.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from ..masks import cache
 from . import block_plan, rules
 from .block_plan import allowed_in, density, put_query_blocks, query_blocks
 from .path_cost import PathCost
-from .pipeline import KernelOutput, Workspace, upcast_inputs
+from .pipeline import KernelOutput, Units, Workspace, unit_count, upcast_inputs
 from .rules import FLASH, FLASH_BACKWARD
 
 __all__ = ["REFUSALS", "refusal", "run", "op_forward", "op_backward", "cost", "density", "slab_biases"]
@@ -93,19 +97,41 @@ def _slab_rows(t, rows):
     return query_blocks(t, rows).reshape(-1, len(rows), *t.shape[3:])
 
 
+def _heads(bias, batch: int, heads: int, a: int, b: int):
+    """A slab's bias for the query heads ``[a, b)``: as it is when shared by all, else their rows."""
+    if bias is None or bias.shape[0] == 1 or b - a == heads:
+        return bias
+    return bias.view(batch, heads, *bias.shape[1:])[:, a:b].reshape(-1, *bias.shape[1:])
+
+
+def _units(qb, slabs) -> tuple[Units, list[tuple[int, int]]]:
+    """Runs of heads ``[a, b)`` (:class:`.pipeline.Units`): each writes its own rows of the outputs and gradients."""
+    batch, heads, _, bs, _ = qb.shape
+    work = batch * heads * bs * bs * sum(sl[1].numel() for sl in slabs)
+    count = unit_count(heads, work)
+    return Units(count), [(heads * u // count, heads * (u + 1) // count) for u in range(count)]
+
+
 def _forward(p: Problem, slabs, biases, qb, kb, vb):
     batch, heads, nq, bs, _ = qb.shape
     out = qb.new_zeros(qb.shape)  # blocks in no slab attend nothing: 0
     lse = qb.new_full((batch, heads, nq, bs), _NEG_INF)
-    ws = Workspace(qb)
-    for sl, bias in zip(slabs, biases, strict=True):
-        rows, n = sl[0], len(sl[0])
-        k_g, v_g = _gather(ws, kb, vb, sl[1])
-        o, l_rows = FLASH(_slab_rows(qb, rows), k_g, v_g, 0.0, False, attn_mask=bias, scale=p.scale)
-        if p.return_lse and bias is not None:  # rows with no allowed key: the kernel returns lse 0
-            l_rows = l_rows.masked_fill(torch.isneginf(bias).all(-1), _NEG_INF)
-        put_query_blocks(out, rows, o.view(batch, heads, n, bs, -1))
-        put_query_blocks(lse, rows, l_rows.view(batch, heads, n, bs))
+    units, runs = _units(qb, slabs)
+
+    def share() -> None:  # one thread's runs of heads, one fused call per slab
+        ws = Workspace(qb)
+        for a, b in (runs[u] for u in units.take()):
+            for sl, bias in zip(slabs, biases, strict=True):
+                rows, n = sl[0], len(sl[0])
+                bias = _heads(bias, batch, heads, a, b)
+                k_g, v_g = _gather(ws, kb[:, a:b], vb[:, a:b], sl[1])
+                o, l_rows = FLASH(_slab_rows(qb[:, a:b], rows), k_g, v_g, 0.0, False, attn_mask=bias, scale=p.scale)
+                if p.return_lse and bias is not None:  # rows with no allowed key: the kernel returns lse 0
+                    l_rows = l_rows.masked_fill(torch.isneginf(bias).all(-1), _NEG_INF)
+                put_query_blocks(out[:, a:b], rows, o.view(batch, b - a, n, bs, -1))
+                put_query_blocks(lse[:, a:b], rows, l_rows.view(batch, b - a, n, bs))
+    with units.helping(share):
+        share()
     return out, lse
 
 
@@ -113,17 +139,24 @@ def _backward(p: Problem, slabs, biases, qb, kb, vb, out, lse, dout):
     """The fused backward per slab, from the kernel's own lse (under autograd _forward leaves it as returned)."""
     batch, heads, _, bs, d = qb.shape
     dq, dk, dv = torch.zeros_like(qb), torch.zeros_like(kb), torch.zeros_like(vb)
-    ws = Workspace(qb)
-    for sl, bias in zip(slabs, biases, strict=True):
-        rows, idx = sl[0], sl[1]
-        n, w = idx.shape
-        k_g, v_g = _gather(ws, kb, vb, idx)
-        dq_r, dk_g, dv_g = FLASH_BACKWARD(
-            _slab_rows(dout, rows), _slab_rows(qb, rows), k_g, v_g, _slab_rows(out, rows),
-            _slab_rows(lse, rows), 0.0, False, attn_mask=bias, scale=p.scale)
-        put_query_blocks(dq, rows, dq_r.view(batch, heads, n, bs, d))
-        dk.index_add_(2, idx.flatten(), dk_g.reshape(batch, heads, n * w, bs, d))
-        dv.index_add_(2, idx.flatten(), dv_g.reshape(batch, heads, n * w, bs, d))
+    units, runs = _units(qb, slabs)
+
+    def share() -> None:  # one thread's runs of heads: their key and value rows are their own
+        ws = Workspace(qb)
+        for a, b in (runs[u] for u in units.take()):
+            for sl, bias in zip(slabs, biases, strict=True):
+                rows, idx = sl[0], sl[1]
+                n, w = idx.shape
+                k_g, v_g = _gather(ws, kb[:, a:b], vb[:, a:b], idx)
+                dq_r, dk_g, dv_g = FLASH_BACKWARD(
+                    _slab_rows(dout[:, a:b], rows), _slab_rows(qb[:, a:b], rows), k_g, v_g,
+                    _slab_rows(out[:, a:b], rows), _slab_rows(lse[:, a:b], rows), 0.0, False,
+                    attn_mask=_heads(bias, batch, heads, a, b), scale=p.scale)
+                put_query_blocks(dq[:, a:b], rows, dq_r.view(batch, b - a, n, bs, d))
+                dk[:, a:b].index_add_(2, idx.flatten(), dk_g.reshape(batch, b - a, n * w, bs, d))
+                dv[:, a:b].index_add_(2, idx.flatten(), dv_g.reshape(batch, b - a, n * w, bs, d))
+    with units.helping(share):
+        share()
     return dq, dk, dv
 
 

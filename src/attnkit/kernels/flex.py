@@ -35,7 +35,7 @@ import torch
 from ..bias import apply_modifier
 from ..functional.validate import Problem
 from ..masks import cache
-from ..masks.indexed import gather_at
+from ..masks.base import gather_at
 from . import rules
 from .path_cost import PathCost, fused_attention
 from .pipeline import KernelOutput

@@ -6,21 +6,28 @@ the output check cost more than the arithmetic at short lengths. For the calls w
 result cannot differ from the ``torch-sdpa`` path (and whose mask leaves no row
 empty), :func:`route` decides with attribute checks only (types, ranks, sizes,
 dtypes, devices, strides; no torch operator) and :func:`run` calls torch's CPU kernel
-directly, as its own entry point would:
+directly, as its own entry point would. :func:`route` checks its scope:
 
-- softmax of (scaled) dot products, ``backend="auto"``, no bias, sinks, dropout, weights or lse;
-- plain 4-D CPU tensors (float32/float64), ``Dv == D``, grouped-query heads allowed,
-  innermost stride 1 (contiguous when autograd records the call); or the same on one
-  CUDA device (float16, bfloat16, float32, float64), where torch's public
-  ``F.scaled_dot_product_attention`` runs (flash, memory-efficient or cuDNN, as torch picks);
-- no mask, or :func:`attnkit.masks.causal` that leaves no row empty: ``is_causal``
-  for top-left alignment or ``Lq == Lk`` (with a positive scale), no mask for one
-  query under bottom-right alignment (decoding), a cached float mask for several
-  (chunked prefill).
+- ``backend="auto"``, no bias, sinks, dropout, weights or lse, no recorder listening, no mask
+  tensor (validation converts it);
+- plain 4-D tensors on the CPU (float32/float64) or on one CUDA device (float16, bfloat16,
+  float32, float64, where torch's public ``F.scaled_dot_product_attention`` runs: flash,
+  memory-efficient or cuDNN, as torch picks), valid sizes (grouped-query heads allowed),
+  a finite scale, not traced, no autocast;
+
+and then the table's own rules on the call (:data:`.sdpa.LANE`, read without data): the
+rules of ``torch-sdpa`` that read no data (softmax of dot products, ...) and the lane's
+(:func:`.rules.output_checked`, :func:`.rules.equal_head_dims`, :func:`.rules.read_in_place`,
+:func:`.rules.mask_keeps_every_row`), so what torch's kernel answers exactly is stated once,
+in :mod:`.rules`. The mask is read as the path reads it (:func:`.sdpa.kernel_mask`): none;
+``is_causal``; no mask for one bottom-right causal query (decoding); a cached float mask
+for several (chunked prefill).
 
 Every contract holds: the output and the kernel's log-sum-exp are checked after the
-call (NaN or inf in the output, an lse of NaN, inf or exactly 0: an overflow, a
-masked NaN key torch leaked, a NaN query row it zeroed; on CUDA, whose public kernel
+call (:func:`trusted`: NaN or inf in the output, an lse of NaN, inf or exactly 0: an
+overflow, a masked NaN key torch leaked, a NaN query row it zeroed; a small lse is read
+as Python floats and the output summed once, since each operator right after the kernel
+costs microseconds; on CUDA, whose public kernel
 returns no lse, NaN or inf in the output or in q: :func:`.sdpa.sums_finite`, no second
 pass over the KV cache), and then the call is handed
 to the full route (validation, :func:`~.dispatch.choose`), which raises attnkit's
@@ -35,23 +42,55 @@ import torch
 import torch.nn.functional as F
 
 from .. import recording
-from ..functional.validate import default_scale, validate
-from . import reference, rules
+from ..functional.validate import Problem, default_scale, validate
+from . import reference, rules, sdpa
 from .pipeline import twice_differentiable
-from .sdpa import causal_mask, sums_finite
+from .sdpa import sums_finite
 
-__all__ = ["route", "run", "trusted", "describe"]
+__all__ = ["route", "run", "trusted", "describe", "LISTED_ROWS"]
 
 _DTYPES = (torch.float32, torch.float64)
 _CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+class _Call:
+    """The lane's call as the table's rules read it: the fields of a :class:`~attnkit.functional.validate.Problem`
+    they use, from the arguments as given (no validation: :func:`route` has already checked what it would). The
+    options outside the lane's scope keep their defaults, which :func:`route` has checked the call has."""
+
+    __slots__ = ("k", "mask", "memo", "needs_grad", "normalize", "q", "scale", "score", "sizes", "v")
+    bias = modifier = sinks = quant = None
+    dropout_p = 0.0
+    return_weights = return_lse = tracing = False
+
+    def __init__(self, q, k, v, mask, score, scale, normalize, sizes, needs_grad, device_type):
+        self.q, self.k, self.v, self.mask, self.score, self.scale = q, k, v, mask, score, scale
+        self.normalize, self.sizes, self.needs_grad = normalize, sizes, needs_grad
+        self.memo = {"device_type": device_type}  # rules.device_type, known from the route's checks
+
+
+def _passes_the_whole_scope(rule) -> bool:
+    """Whether ``rule`` passes every call the lane's scope admits: it says None reading only the options the scope
+    pins (a call with no other field set raises AttributeError on any other). Such rules are not asked again."""
+    try:
+        return rule(_Call.__new__(_Call)) is None
+    except AttributeError:
+        return False
+
+
+# sdpa.LANE less the rules the scope already decides (no bias, weights, lse, sinks, quantization, tracing)
+_ASKED = tuple(rule for rule in sdpa.LANE if not _passes_the_whole_scope(rule))
+
+
 def route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse,
           backend, sinks=None) -> tuple | None:
-    """``(is_causal, float_mask, scale, on_cpu)`` for a call the lane takes, else None; reads attributes only."""
+    """``(is_causal, float_mask, scale, on_cpu)`` for a call the lane takes, else None; reads attributes only.
+
+    The lane's scope first (the options it leaves to the full route, plain valid 4-D tensors), then the table's
+    rules (:data:`.sdpa.LANE`) on the call: what torch's kernel answers exactly is stated there, once.
+    """
     if (backend != "auto" or bias is not None or sinks is not None or dropout_p or return_weights or return_lse
-            or normalize != "softmax" or score not in ("scaled_dot", "dot") or rules.FLASH is None
-            or recording.listening):
+            or recording.listening or (mask is not None and getattr(mask, "kind", None) is None)):  # a tensor mask
         return None
     if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
         return None
@@ -64,14 +103,10 @@ def route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weight
     if dtype not in (_DTYPES if cpu else _CUDA_DTYPES) or k.dtype != dtype or v.dtype != dtype:
         return None
     batch, heads, lq, d = q.shape
-    _, hkv, lk, dk = k.shape
-    if (k.shape[0] != batch or tuple(v.shape) != (batch, hkv, lk, d) or dk != d or not hkv or heads % hkv
+    bk, hkv, lk, dk = k.shape
+    bv, hv, lv, dv = v.shape
+    if (bk != batch or bv != batch or hv != hkv or lv != lk or dk != d or not hkv or heads % hkv
             or not (batch and lq and lk and d)):
-        return None
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
-            return None
-    elif q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1:  # torch's kernel misreads such strides
         return None
     if scale is None:
         scale = default_scale(score, d)
@@ -79,17 +114,15 @@ def route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weight
         return None
     if torch.compiler.is_compiling() or torch.is_autocast_enabled("cpu" if cpu else "cuda"):
         return None
-    if mask is None:
-        return False, None, scale, cpu
-    if getattr(mask, "kind", None) != "causal":
-        return None
-    if (mask.align == "top_left" or lq == lk) and scale > 0:
-        return True, None, scale, cpu
-    if mask.align == "bottom_right" and lq == 1:  # decoding: the one query sees every key
-        return False, None, scale, cpu
-    if mask.align == "bottom_right" and lq <= lk:  # chunked prefill
-        return False, causal_mask(lq, lk, lk - lq, dtype, q.device).float_mask, scale, cpu
-    return None
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    # the fields of a Problem that the rules read (a test holds the two to the same answers)
+    call: Problem = _Call(q, k, v, mask, score, scale, normalize, (batch, heads, lq, lk, d, dv), grad,  # type: ignore[assignment]
+                          "cpu" if cpu else "cuda")
+    for rule in _ASKED:
+        if rule(call) is not None:
+            return None
+    km = sdpa.kernel_mask(call, dtype)
+    return km.is_causal, km.float_mask, scale, cpu
 
 
 def run(q, k, v, mask, lane: tuple) -> torch.Tensor | None:
@@ -117,10 +150,23 @@ def run(q, k, v, mask, lane: tuple) -> torch.Tensor | None:
     return out
 
 
+# An lse of at most this many rows is read as Python floats (a decoding step's B x H, a short chunk's): one copy and
+# no operator, where the operators of the tensor check cost microseconds each right after the kernel.
+LISTED_ROWS = 256
+
+
 def trusted(out: torch.Tensor, lse: torch.Tensor) -> bool:
-    """Whether the CPU kernel's answer is attnkit's: each row's output sum plus ``lse / lse`` is NaN or inf for
-    NaN or inf in the output (an overflow, a leak) and for an lse of NaN, +-inf or exactly 0 (a row torch
-    zeroed: no row is empty on the lane). One reduction over the output, one read of the lse, one sync."""
+    """Whether the CPU kernel's answer is attnkit's: no NaN or inf in the output (an overflow, a leak) and an lse
+    neither NaN, +-inf nor exactly 0 (a row torch zeroed: no row is empty on the lane).
+
+    A small lse is read as Python floats and the output summed once (one reduction, one sync); a larger one is
+    checked with the output in one expression, each row's output sum plus ``lse / lse``.
+    """
+    if out.requires_grad:
+        out, lse = out.detach(), lse.detach()
+    if lse.numel() <= LISTED_ROWS:
+        rows = [x for batch in lse.tolist() for head in batch for x in head]  # (B, H, Lq) nested lists
+        return 0.0 not in rows and math.isfinite(sum(rows)) and math.isfinite(out.sum().item())
     return math.isfinite(torch.addcdiv(out.sum(-1), lse, lse).sum().item())
 
 

@@ -241,13 +241,17 @@ def fused_pages(p: Problem, r0: int, r1: int, extent: int, step: int, q: torch.T
     return outs, lses, not opened
 
 
-def merge_stacked(outs: torch.Tensor, lses: torch.Tensor, empty_rows: bool = True):
+def merge_stacked(outs: torch.Tensor, lses: torch.Tensor, empty_rows: bool = True, want_lse: bool = True):
     """Partials of disjoint key sets stacked on dim 0, ``outs (n, ..., E)`` and ``lses (n, ...)``, merged in one
     step: ``lse = log sum_c exp lse_c``, ``out = sum_c exp(lse_c - lse) out_c``; ``empty_rows=False`` when some
-    partial is known to give every row a finite lse (no row has no key: no guard needed)."""
+    partial is known to give every row a finite lse (no row has no key: no guard needed, and the weights are
+    the softmax of the partials' lse, one operator); the merged lse is None unless ``want_lse``."""
     if outs.shape[0] == 1:
         return outs[0], lses[0]
+    if not empty_rows:
+        out = (torch.softmax(lses, 0).unsqueeze(-1) * outs).sum(0)
+        return out, torch.logsumexp(lses, 0) if want_lse else None
     lse = torch.logsumexp(lses, 0)
-    safe = torch.where(lse == _NEG_INF, 0.0, lse) if empty_rows else lse  # no key anywhere: every weight 0
+    safe = torch.where(lse == _NEG_INF, 0.0, lse)  # no key anywhere: every weight 0
     weights = torch.exp_(lses - safe).unsqueeze(-1)
     return (outs * weights).sum(0), lse

@@ -16,6 +16,14 @@ product (:mod:`.page_chunks`):
 - the last ``c`` keys of every sequence run in one call with ``is_causal``;
 - the partials are merged by log-sum-exp in one step.
 
+Where every key is shared (a decoding step, or no mask) and the chunks would take as many
+calls as there are sequences, each sequence runs alone in one call instead, on a copy of its
+pages (at most :data:`SEQUENCE_BYTES`; its first ``n_b`` positions, so no mask): no split and
+no merge. Each small operator costs microseconds, more right after the kernel has streamed a
+chunk through the caches, so the number of operators per call is what these routes save.
+:func:`segments` runs on plain tensors, for the path (:func:`run`) and for the paged lane
+(:func:`.paged.lane`), which gives it the same split, so the two give the same bits.
+
 Every row sees a key (the route is taken only when every sequence holds ``Lq`` keys), and
 the kernel's answers are checked as the fast lane checks them (:func:`.lane.trusted`), one
 reduction per call; where one fails, or a case falls outside the above, :func:`run` answers
@@ -35,9 +43,13 @@ from ..masks.selected import Pages
 from . import rules
 from .page_chunks import merge_stacked, page_table, workspace
 
-__all__ = ["applies", "run"]
+__all__ = ["applies", "run", "segments"]
 
 _NEG_INF = float("-inf")
+# A sequence's keys and values copied for one call of the kernel, at most (bytes): a copy this size is still read
+# back from the caches (a copy of every sequence's 4096 keys at once, 16 MB, made a decoding step 1.6x slower).
+# Sequences whose pages are consecutive are read in place, at any length.
+SEQUENCE_BYTES = 4 << 20
 
 
 def _pages(p: Problem) -> Pages:
@@ -59,46 +71,115 @@ def applies(p: Problem) -> bool:
 class _Keys:
     """Copies of positions of some sequences, token-major ``(n, c, H_kv, E)``, in this thread's buffers."""
 
-    def __init__(self, p: Problem, q: torch.Tensor, step: int, extent: int):
-        sel = _pages(p)
-        self.p, self.ps, self.pooled, self.step = p, sel.block_size, sel.pooled, step
-        self.space, self.table = workspace(q), page_table(p)
-        self.whole: list[torch.Tensor] = []  # every sequence's pages of each whole chunk, when pages tile chunks
-        if self.pooled:
-            self.pools = [t[0].transpose(0, 1) for t in (p.k, p.v)]  # (P ps, H_kv, E): what p.k, p.v view
-            self.rows = [pool.reshape(-1, self.ps * pool.shape[1] * pool.shape[2]) for pool in self.pools]
-            per, chunks = step // self.ps, extent // step
-            if step % self.ps == 0 and chunks and self.table is not None:
-                batch = self.table.shape[0]
-                self.whole = list(self.table[:, :chunks * per].reshape(batch, chunks, per).transpose(0, 1)
-                                  .reshape(chunks, batch * per).unbind(0))
-                self.bufs = [self.space.take(name + "-pages", batch * per, r.shape[1]) for name, r in
-                             zip("kv", self.rows, strict=True)]
-                self.views = [buf.view(batch, step, *pool.shape[1:]) for buf, pool in
-                              zip(self.bufs, self.pools, strict=True)]
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None, ps: int, q: torch.Tensor,
+                 step: int, extent: int):
+        self.k, self.v, self.table, self.ps, self.step, self.extent = k, v, table, ps, step, extent
+        self.pooled, self.space = table is not None, workspace(q)
+        self.whole: list[torch.Tensor] | None = None  # every sequence's pages of each whole chunk, made when asked
+        self.hkv, self.e = (k.shape[-2], k.shape[-1]) if table is not None else (k.shape[1], k.shape[-1])
+
+    @property
+    def rows(self) -> list[torch.Tensor]:
+        """The pools' pages, one row each ``(P, ps H_kv E)`` (what a page copy selects from)."""
+        return [t.reshape(-1, self.ps * self.hkv * self.e) for t in (self.k, self.v)]
+
+    @property
+    def pools(self) -> list[torch.Tensor]:
+        """The pools' positions ``(P ps, H_kv, E)``."""
+        return [t.reshape(-1, self.hkv, self.e) for t in (self.k, self.v)]
 
     def whole_chunk(self, start: int) -> list[torch.Tensor] | None:
-        """Every sequence's whole chunk ``[start, start + step)`` of pages tiling it: two copies and nothing else
-        (each small operator costs microseconds, more right after the kernel has streamed a chunk through the
-        caches); None when the pages do not tile the chunks."""
+        """Every sequence's whole chunk ``[start, start + step)`` of pages tiling it, head-major ``(B, H_kv, step,
+        E)`` views of token-major copies: two copies and nothing else (each small operator costs microseconds,
+        more right after the kernel has streamed a chunk through the caches; the page lists and views are made
+        by the first chunk); None when the pages do not tile the chunks."""
+        if self.table is None or self.step % self.ps:
+            return None
+        if self.whole is None:
+            per, chunks, batch = self.step // self.ps, self.extent // self.step, self.table.shape[0]
+            self.whole = list(self.table[:, :chunks * per].reshape(batch, chunks, per).transpose(0, 1)
+                              .reshape(chunks, batch * per).unbind(0)) if chunks else []
+            self.bufs = [self.space.take(name + "-pages", batch * per, r.shape[1]) for name, r in
+                         zip("kv", self.rows, strict=True)]
+            self.views = [buf.view(batch, self.step, self.hkv, self.e).transpose(1, 2)
+                          for buf in self.bufs]  # (B, H_kv, step, E), as the kernel reads
+            self.page_rows = self.rows
         if start // self.step >= len(self.whole):
             return None
-        for rows, buf in zip(self.rows, self.bufs, strict=True):
+        for rows, buf in zip(self.page_rows, self.bufs, strict=True):
             torch.index_select(rows, 0, self.whole[start // self.step], out=buf)
         return self.views
+
+    def runs(self) -> list[list[int]]:
+        """Per sequence of a pool: its first page, and how many pages after it follow it one by one (none for a
+        contiguous cache); read once."""
+        if self.table is None:
+            return []
+        if not hasattr(self, "_runs"):
+            steps = (self.table.diff(dim=1) == 1).cumprod(1).sum(1)
+            self._runs = torch.stack((self.table[:, 0], steps), 1).tolist()
+        return self._runs
+
+    def in_place(self, lengths: list[int]) -> bool:
+        """Whether the first ``lengths[b]`` positions of every sequence ``b`` lie on consecutive pages (always,
+        in a contiguous cache)."""
+        runs = self.runs()
+        return self.table is None or all(run[1] >= -(-n // self.ps) - 1 for run, n in zip(runs, lengths, strict=True))
+
+    def sequences(self, lengths: list[int]):
+        """The first ``lengths[b]`` positions of each sequence ``b``, one after the other: keys and values ``(1,
+        H_kv, n_b, E)``, head-major views of token-major positions. A sequence whose pages are consecutive in the
+        pool is read in place (a view of the pool); the others are copied into the same buffers (pages copied
+        whole, one ``index_select`` per pool), in the same layout, so either gives the same bits. A contiguous
+        cache is copied into that layout up to :data:`SEQUENCE_BYTES` a sequence, read in place beyond (torch's
+        kernel gives the same bits for either layout of the same keys; tests/kernels/test_paged.py checks it). A
+        view of the buffers is valid until the next sequence's copy."""
+        hkv, e = self.hkv, self.e
+        runs = self.runs()
+        if runs:
+            pools = [t.reshape(1, -1, hkv, e).transpose(1, 2) for t in (self.k, self.v)]  # (1, H_kv, P ps, E)
+        views: dict[int, list[torch.Tensor]] = {}
+        copied = self.table is not None or max(lengths) * hkv * 2 * e * self.k.element_size() <= SEQUENCE_BYTES
+        for b, n in enumerate(lengths):
+            used = -(-n // self.ps)
+            if runs and runs[b][1] >= used - 1:  # in place
+                start = runs[b][0] * self.ps
+                yield [pool[:, :, start:start + n] for pool in pools]
+                continue
+            if not copied:  # a contiguous cache too long to copy: read in place, head-major
+                yield [t[b:b + 1, :, :n] for t in (self.k, self.v)]
+                continue
+            if not views:  # the buffers, for the longest sequence copied
+                longest = max(lengths)
+                width = -(-longest // self.ps)
+                page_rows = self.rows if runs else []
+                tokens = ([self.space.take(name + "-pages", width, r.shape[1]).view(1, width * self.ps, hkv, e)
+                           for name, r in zip("kv", page_rows, strict=True)] if runs else
+                          [self.space.take(name, 1, longest, hkv, e) for name in "kv"])
+            if n not in views:
+                views[n] = [t[:, :n].transpose(1, 2) for t in tokens]
+            if runs:
+                assert self.table is not None
+                pages = self.table[b, :used]
+                for rows, t in zip(page_rows, tokens, strict=True):
+                    torch.index_select(rows, 0, pages, out=t.view(-1, rows.shape[1])[:used])
+            else:
+                for t, into in zip((self.k, self.v), tokens, strict=True):
+                    into[0, :n].copy_(t[b, :, :n].transpose(0, 1))
+            yield views[n]
 
     def chunk(self, seqs: torch.Tensor | None, start: int, stop: int) -> list[torch.Tensor]:
         """Positions ``[start, stop)`` of the sequences ``seqs`` (None: all): keys and values."""
         c, out = stop - start, []
-        for i, (name, t) in enumerate((("k", self.p.k), ("v", self.p.v))):
+        for i, (name, t) in enumerate((("k", self.k), ("v", self.v))):
             if self.pooled:
                 assert self.table is not None
-                pool, rows, ps = self.pools[i], self.rows[i], self.ps
+                rows, ps = self.rows[i], self.ps
                 first, last = start // ps, -(-stop // ps)
                 table = self.table if seqs is None else self.table.index_select(0, seqs)
                 pages, n = table[:, first:last].flatten(), table.shape[0]
                 buf = self.space.take(name + "-pages", len(pages), rows.shape[1])
-                got = torch.index_select(rows, 0, pages, out=buf).view(n, -1, *pool.shape[1:])
+                got = torch.index_select(rows, 0, pages, out=buf).view(n, -1, self.hkv, self.e)
                 skip = start - first * ps
                 if skip or got.shape[1] != c:  # part of a page: copied out, in the layout of a whole chunk
                     got = got[:, skip:skip + c]
@@ -114,12 +195,12 @@ class _Keys:
         """Positions ``[ends[b] - c, ends[b])`` of every sequence ``b``: keys and values ``(B, c, H_kv, E)``."""
         pos = ends[:, None] - c + torch.arange(c, device=ends.device)  # (B, c)
         out: list[torch.Tensor] = []
-        for t in (self.p.k, self.p.v):
+        for t in (self.k, self.v):
             if self.pooled:
                 assert self.table is not None
                 tokens = self.table.gather(1, pos // self.ps) * self.ps + pos % self.ps
                 pool = self.pools[len(out)]  # (P ps, H_kv, E)
-                out.append(pool.index_select(0, tokens.flatten()).view(*pos.shape, *pool.shape[1:]))
+                out.append(pool.index_select(0, tokens.flatten()).view(*pos.shape, self.hkv, self.e))
             else:
                 rows = torch.arange(pos.shape[0], device=pos.device)[:, None]
                 out.append(t.transpose(1, 2)[rows, pos])  # (B, c, H_kv, E), a copy
@@ -130,18 +211,31 @@ def run(p: Problem, q: torch.Tensor, r0: int, r1: int, step: int, lengths: list[
     """Queries ``[r0, r1)`` over every sequence's keys, merged: ``(out (B, H_kv, g c, Dv), lse (B, H_kv, g c))``;
     None where this route does not apply (a sequence holds fewer keys than queries) or the kernel's answer
     cannot be trusted."""
+    sel = _pages(p)
+    k, v = (t[0].transpose(0, 1) for t in (p.k, p.v)) if sel.pooled else (p.k, p.v)  # pools: (P ps, H_kv, E)
+    return segments(q, k, v, page_table(p), sel.block_size, sel.within is not None, p.scale, r0, r1, step, lengths)
+
+
+def segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None, ps: int, causal: bool,
+             scale: float, r0: int, r1: int, step: int, lengths: list[int], want_lse: bool = True):
+    """:func:`run` on plain tensors: ``k``, ``v`` pools ``(P ps, H_kv, E)`` or ``(P, ps, H_kv, E)`` read through
+    ``table`` ``(B, n)`` (every entry a page of the pool) of pages of ``ps`` positions, or contiguous caches ``(B,
+    H_kv, Lk, E)`` with ``table`` None; ``causal``: bottom-right causality, else no mask; ``lengths``: the keys each
+    sequence holds; the merged lse is None unless ``want_lse`` (the output's bits do not depend on it)."""
     assert rules.FLASH is not None  # the fused path runs only where torch has the kernel
     flash = rules.FLASH
     batch, hq, lq, d = q.shape
-    hkv, c = p.k.shape[1], r1 - r0
+    hkv, c = k.shape[-2] if table is not None else k.shape[1], r1 - r0
     if min(lengths) < lq:
         return None
-    causal = _pages(p).within is not None
     causal_tail = causal and c > 1
     shared = [n - lq + (r0 if causal_tail else r1) if causal else n for n in lengths]
     extent = max(shared)
-    keys, dev = _Keys(p, q, step, extent), q.device
-    q_c = q[:, :, r0:r1].reshape(batch, hkv, hq // hkv * c, d)
+    keys, dev = _Keys(k, v, table, ps, q, step, extent), q.device
+    q_c = (q if c == lq else q[:, :, r0:r1]).reshape(batch, hkv, hq // hkv * c, d)
+    if not causal_tail and batch <= -(-extent // step) and (
+            extent * hkv * 2 * d * q.element_size() <= SEQUENCE_BYTES or keys.in_place(shared)):
+        return _each_sequence(q_c, keys, shared, scale, want_lse)
     every: list[tuple[torch.Tensor, torch.Tensor]] = []  # partials of every sequence
     some: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (sequences, out, lse) of some
     for start in range(0, extent, step):
@@ -151,9 +245,9 @@ def run(p: Problem, q: torch.Tensor, r0: int, r1: int, step: int, lengths: list[
         if whole:
             seqs = None if len(whole) == batch else torch.tensor(whole, device=dev)
             copied = keys.whole_chunk(start) if seqs is None and stop - start == step else None
-            k_g, v_g = copied or keys.chunk(seqs, start, stop)
+            k_g, v_g = copied or [t.transpose(1, 2) for t in keys.chunk(seqs, start, stop)]
             q_w = q_c if seqs is None else q_c.index_select(0, seqs)
-            out, lse = flash(q_w, k_g.transpose(1, 2), v_g.transpose(1, 2), 0.0, False, scale=p.scale)[:2]
+            out, lse = flash(q_w, k_g, v_g, 0.0, False, scale=scale)[:2]
             if seqs is None:
                 every.append((out, lse))
             else:
@@ -166,7 +260,7 @@ def run(p: Problem, q: torch.Tensor, r0: int, r1: int, step: int, lengths: list[
             k_g, v_g = (t.masked_fill_(~held[:, :, None, None], 0.0) for t in (k_g, v_g))  # (copies)
             mask = torch.zeros(held.shape, dtype=q.dtype, device=dev).masked_fill_(~held, _NEG_INF)
             out, lse = flash(q_c.index_select(0, seqs), k_g.transpose(1, 2), v_g.transpose(1, 2), 0.0, False,
-                             attn_mask=mask[:, None, None, :], scale=p.scale)[:2]
+                             attn_mask=mask[:, None, None, :], scale=scale)[:2]
             some.append((seqs, out, lse))
     if causal_tail:  # the last c keys: query row (group head, t) sees the first t + 1 (a float mask, the rows
         k_g, v_g = keys.last(torch.tensor(shared, device=dev) + c, c)  # folded: is_causal would misalign them)
@@ -174,14 +268,31 @@ def run(p: Problem, q: torch.Tensor, r0: int, r1: int, step: int, lengths: list[
         mask = torch.zeros(t.shape[0], c, dtype=q.dtype, device=dev).masked_fill_(
             torch.arange(c, device=dev) > t[:, None], _NEG_INF)
         every.append(tuple(flash(q_c, k_g.transpose(1, 2), v_g.transpose(1, 2), 0.0, False, attn_mask=mask,
-                                 scale=p.scale)[:2]))
-    return _merge_checked(every, some, batch)
+                                 scale=scale)[:2]))
+    return _merge_checked(every, some, batch, want_lse)
 
 
-def _merge_checked(every, some, batch: int):
+def _each_sequence(q_c: torch.Tensor, keys: _Keys, shared: list[int], scale: float, want_lse: bool):
+    """Every sequence's keys in one call of the kernel, no split and no merge: ``B`` calls where the chunks would
+    take as many or more, each on a copy of at most :data:`SEQUENCE_BYTES`. Checked as :func:`_merge_checked`
+    checks a partial; None if the kernel's answer cannot be trusted."""
+    assert rules.FLASH is not None
+    outs, lses = [], []
+    for q_b, (k_b, v_b) in zip(q_c.split(1), keys.sequences(shared), strict=True):
+        out, lse = rules.FLASH(q_b, k_b, v_b, 0.0, False, scale=scale)[:2]
+        outs.append(out)
+        lses.append(lse)
+    out, lse = torch.cat(outs), torch.cat(lses)
+    if not math.isfinite(torch.addcdiv(out.sum(-1), lse, lse).sum().item()):
+        return None  # NaN, inf, or a row torch zeroed: the chunked route, with its exact splits
+    return out, lse if want_lse else None
+
+
+def _merge_checked(every, some, batch: int, want_lse: bool = True):
     """The partials checked (one reduction per group of calls, one sync) and merged in one step; None if one
     fails. ``every``: ``(out, lse)`` of every sequence; ``some``: ``(sequences, out, lse)`` of some, the others
-    given out 0 and lse -inf there (weight 0 in the merge). Every row has a finite lse in some partial."""
+    given out 0 and lse -inf there (weight 0 in the merge). Every row has a finite lse in some partial; the
+    merged lse is None unless ``want_lse``."""
     checks = []
     if every:
         outs, lses = torch.stack([o for o, _ in every]), torch.stack([lse for _, lse in every])
@@ -197,4 +308,4 @@ def _merge_checked(every, some, batch: int):
     if full_out:
         outs = torch.cat([outs, torch.stack(full_out)]) if every else torch.stack(full_out)
         lses = torch.cat([lses, torch.stack(full_lse)]) if every else torch.stack(full_lse)
-    return merge_stacked(outs, lses, empty_rows=False)
+    return merge_stacked(outs, lses, empty_rows=False, want_lse=want_lse)

@@ -10,7 +10,8 @@ block-sparse path (gathered key blocks).
 from __future__ import annotations
 
 import contextlib
-import os
+import threading
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import torch
@@ -22,10 +23,10 @@ from ..functional.blockwise import BLOCKWISE
 from ..functional.normalize import NORMALIZERS, masked_softmax, softmax
 from ..functional.scores import SCORES
 from ..functional.validate import Problem
-from ..masks.indexed import gather_at
+from ..masks.base import gather_at
 
 __all__ = ["KernelOutput", "upcast_inputs", "block_scores", "block_weights", "without_sinks", "join_sinks",
-           "zero_padded_keys", "oversubscribed", "for_many_operators", "dense_indices", "row_chunks", "Workspace",
+           "zero_padded_keys", "unit_count", "Units", "dense_indices", "row_chunks", "Workspace",
            "in_graph", "shapes_only", "twice_differentiable"]
 
 
@@ -300,39 +301,93 @@ def zero_padded_keys(p: Problem) -> Problem | None:
     return p.with_inputs(k=p.k.masked_fill(~keep, 0.0), v=p.v.masked_fill(~keep, 0.0))
 
 
-def oversubscribed() -> bool:
-    """Whether the 1-minute load average exceeds the cores (False where the system has no load average)."""
-    try:
-        load = os.getloadavg()[0]
-    except (OSError, AttributeError):
-        return False
-    return load > (os.cpu_count() or 1)
+UNIT_WORK = 1 << 20  # elements of work (scores) below which a call is one unit, run by the caller
 
 
-@contextlib.contextmanager
-def for_many_operators():
-    """One torch thread inside while the machine is oversubscribed (:func:`oversubscribed`); the caller's after.
+def unit_count(heads: int, work: int) -> int:
+    """Into how many units (runs of heads) a call splits (:class:`Units`): two per torch thread, one per head at most.
+
+    One unit (the caller's threads, as any torch code) on one thread, while compiling, or
+    for a call of under :data:`UNIT_WORK` elements, where starting a thread costs more than it saves.
+    """
+    threads = torch.get_num_threads()
+    if threads <= 1 or work < UNIT_WORK or torch.compiler.is_compiling():
+        return 1
+    return max(1, min(heads, 2 * threads))
+
+
+class Units:
+    """The units ``0 .. count - 1`` of one call (runs of heads), taken in turn by the threads of :meth:`helping`.
 
     Every parallel torch operator ends at a barrier of its thread team. When more threads
     are runnable than there are cores (other processes busy), a team member that lost its
     core holds the others at the barrier until it is scheduled again: a scheduler time
-    slice, milliseconds, per operator that itself takes microseconds. A path of tens of
-    operators per call (the band windows: a few per slab) then pays tens of time slices,
-    torch's fused SDPA kernel (one operator) one. Measured on 2 cores with about 9 runnable
-    threads (window +-128, L = 4096, 8 heads, forward): the band path on 2 threads 1.5-2.3 s,
-    on 1 thread 0.21 s, SDPA with the dense mask 2.1 s on either. So such a path runs on one
-    thread while the load average exceeds the cores (the rule GNU OpenMP's dynamic mode,
-    ``OMP_DYNAMIC``, sizes its teams by) and on torch's threads otherwise; the same operators
-    run either way (the same bits in the tests). The load average decays over a minute, so
-    the first seconds of a new load run as before. ``torch.set_num_threads`` is process-wide:
-    a program calling attnkit from several Python threads at once should set one thread itself.
+    slice, milliseconds, per operator that itself takes microseconds to milliseconds. A
+    path of tens of operators per call (the band windows: a few per slab) then pays tens
+    of time slices, torch's fused SDPA kernel (one operator) one. Measured on 2 cores with
+    six busy processes besides (window +-128, L = 4096, 8 heads, forward): the band path's
+    ratio to SDPA with the dense mask went from 0.11 to 1.0-1.2 on two threads, to 0.16 on
+    one, and stayed at 0.10-0.12 split into units this way. So such a path splits its work
+    into independent units (which write disjoint rows of the outputs and gradients): inside
+    :meth:`helping`, torch's threads less one Python threads started for the call and the
+    caller each run the path's ``share()``, which takes units from :meth:`take` until none
+    is left, every operator on one torch thread. No operator waits for another thread, and
+    a thread that lost its core takes fewer units. A unit's operators are the same
+    whichever thread runs it, so the bits do not depend on the scheduling; on one thread
+    (or one unit) the caller runs every unit, on the caller's threads.
+
+    Torch's thread count is process-wide: it reads 1 inside (threads first used by another
+    part of the program meanwhile start with one) and the caller's after. The helpers run
+    in the caller's grad and inference modes. The first exception of any thread is raised
+    when the block ends, after every thread has stopped.
     """
-    threads = torch.get_num_threads()
-    if threads > 1 and oversubscribed():
-        torch.set_num_threads(1)
-        try:
+
+    def __init__(self, count: int):
+        self.count, self.errors = count, []
+        self._next, self._lock = 0, threading.Lock()
+
+    def take(self) -> Iterator[int]:
+        """The next units not yet taken by any thread (none after an error)."""
+        while not self.errors:
+            with self._lock:
+                unit, self._next = self._next, self._next + 1
+            if unit >= self.count:
+                return
+            yield unit
+
+    @contextlib.contextmanager
+    def helping(self, share: Callable[[], None]) -> Iterator[None]:
+        """Helper threads run ``share()`` while the caller runs its own share inside the block."""
+        threads = min(self.count, torch.get_num_threads())
+        if threads <= 1:
             yield
+            return
+        caller, grad, inference = torch.get_num_threads(), torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+        def helper() -> None:
+            torch.set_num_threads(1)  # this thread's team (and MKL's): one
+            try:
+                with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                    share()
+            except BaseException as err:  # raised again in the caller's thread
+                self.errors.append(err)
+
+        torch.set_num_threads(1)
+        helpers = [threading.Thread(target=helper, name=f"attnkit-units-{t}", daemon=True) for t in range(1, threads)]
+        try:
+            for i, t in enumerate(helpers):
+                try:
+                    t.start()
+                except RuntimeError:  # no thread to be had: the caller and the helpers started share the units
+                    helpers = helpers[:i]
+                    break
+            try:
+                yield
+            except BaseException as err:
+                self.errors.insert(0, err)  # the helpers stop at their next unit
+            for t in helpers:
+                t.join()
         finally:
-            torch.set_num_threads(threads)
-    else:
-        yield
+            torch.set_num_threads(caller)
+        if self.errors:
+            raise self.errors[0]

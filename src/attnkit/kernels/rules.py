@@ -32,7 +32,7 @@ __all__ = ["Rule", "reads_data", "fact", "first_refusal", "FLASH", "FLASH_BACKWA
            "fused_cpu_kernel", "equal_head_dims", "lse_without_grad", "over_key_blocks", "cpu_flash", "simple_mask",
            "operator_carries", "device_type", "serves", "device_text", "layout_mask", "selected_keys", "paged_cache",
            "checks_output", "output_checked_or_finite", "sinks_on_cpu_kernel", "lse_from_cpu_kernel", "bounded_band",
-           "fused_cpu_backward"]
+           "fused_cpu_backward", "causal_flag", "output_checked", "read_in_place", "mask_keeps_every_row"]
 
 Rule = Callable[[Problem], "str | None"]
 
@@ -277,6 +277,52 @@ def lse_from_cpu_kernel(p: Problem) -> str | None:
     if p.needs_grad:
         return "torch's kernel gives its lse no gradient"
     return None
+
+
+def causal_flag(p: Problem) -> bool:
+    """torch-sdpa computes a causal mask with ``is_causal``: top-left alignment (or ``Lq == Lk``) and a positive
+    scale (with ``is_causal`` and a scale ``<= 0`` torch 2.13's kernel returns NaN for finite inputs)."""
+    _, _, lq, lk, _, _ = p.sizes
+    m = p.mask
+    if m is None or m.kind != "causal":
+        return False
+    return (getattr(m, "align", None) == "top_left" or lq == lk) and p.scale > 0
+
+
+# ------------------------------------------------------------------ rules of the fast lane
+# The fast lane (:mod:`.lane`) calls torch's kernel with no copy, no mask built per call and no pass over the inputs:
+# it takes a call where torch-sdpa's rules that read no data pass and these three (:data:`.sdpa.LANE`).
+
+def output_checked(p: Problem) -> str | None:
+    """The kernel's answer is checked after it (:func:`checks_output`), so nothing reads the inputs before it."""
+    if checks_output(p):
+        return None
+    return "its answer is checked only from torch's CPU kernel called directly (Dv == D) or its public one off the CPU"
+
+
+def read_in_place(p: Problem) -> str | None:
+    """torch 2.13's CPU kernel misreads an innermost stride other than 1 (RELIABILITY row 28) and its backward
+    wants contiguous inputs: the lane calls it on q, k, v as they are (torch-sdpa copies them first)."""
+    q, k, v = p.q, p.k, p.v
+    if q.is_contiguous() and k.is_contiguous() and v.is_contiguous():  # the common case, and the cheapest test
+        return None
+    if p.needs_grad:
+        return "q, k and v are not contiguous, which torch's backward kernel needs (torch-sdpa copies them)"
+    if q.stride(3) == 1 and k.stride(3) == 1 and v.stride(3) == 1:
+        return None
+    return "an innermost stride other than 1, which torch's kernel misreads (torch-sdpa copies such inputs)"
+
+
+def mask_keeps_every_row(p: Problem) -> str | None:
+    """No mask, or a causal one torch's kernel reads as it is with a key left in every row: ``is_causal``
+    (:func:`causal_flag`), or bottom-right with ``Lq <= Lk`` (no mask for one query, a cached float mask for
+    several). Other masks are built per call, or leave rows empty (which the kernel answers with lse 0)."""
+    m = p.mask
+    if m is None or causal_flag(p):
+        return None
+    if m.kind == "causal" and getattr(m, "align", None) == "bottom_right" and p.sizes[2] <= p.sizes[3]:
+        return None
+    return "no mask, or a causal one that torch's kernel reads as it is and that leaves no row without a key"
 
 
 def bounded_band(p: Problem) -> str | None:

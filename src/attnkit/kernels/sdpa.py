@@ -54,7 +54,7 @@ from . import rules
 from .path_cost import PathCost, fused_attention, itemsize
 from .pipeline import KernelOutput
 
-__all__ = ["UntrustedOutput", "KernelMask", "REFUSALS", "refusal", "run", "describe", "cost", "kernel_mask",
+__all__ = ["UntrustedOutput", "KernelMask", "REFUSALS", "LANE", "refusal", "run", "describe", "cost", "kernel_mask",
            "trustworthy", "sums_finite", "checks_output", "op_forward", "op_backward"]
 
 _CAUSAL_MASKS = cache.BoundedCache(max_entries=32, max_bytes=1 << 24)  # causal (Lq, Lk) float masks
@@ -75,21 +75,22 @@ class KernelMask(NamedTuple):
     empty_rows: torch.Tensor | None
 
 
-checks_output = rules.checks_output  # the fact lives with the rules, which read it without entering this file
+checks_output = rules.checks_output  # the facts live with the rules, which read them without entering this file
+causal_flag = rules.causal_flag
 
 REFUSALS = (rules.full_precision_kv,
             rules.softmax_of_dot_products, rules.no_bias, rules.no_weights, rules.lse_from_cpu_kernel,
             rules.not_compiling, rules.sinks_on_cpu_kernel, rules.output_checked_or_finite)
 
 
+# The fast lane (kernels/lane.py) takes a call where these pass, on the call's arguments (no validation, no data):
+# this path's rules that read no data, and the lane's own (torch's kernel called on q, k, v as they are).
+LANE = (*(rule for rule in REFUSALS if not getattr(rule, "reads_data", False)),
+        rules.output_checked, rules.equal_head_dims, rules.read_in_place, rules.mask_keeps_every_row)
+
+
 def refusal(p: Problem) -> str | None:
     return rules.first_refusal(p, REFUSALS)
-
-
-def causal_flag(p: Problem) -> bool:
-    """True when ``is_causal`` computes the mask: causal, top-left alignment (or ``Lq == Lk``), positive scale."""
-    _, _, lq, lk, _, _ = p.sizes
-    return p.mask.kind == "causal" and (p.mask.align == "top_left" or lq == lk) and p.scale > 0
 
 
 def _additive(allowed: torch.Tensor, dtype) -> torch.Tensor:
@@ -106,10 +107,15 @@ def _with_empty_rows(allowed: torch.Tensor, dtype, open_empty: bool = False) -> 
     return KernelMask(_additive(allowed, dtype), False, empty)
 
 
-def causal_mask(lq: int, lk: int, offset: int, dtype, device) -> KernelMask:
-    """Query i sees keys ``j <= i + offset``: no mask for one query over every key (decoding), else cached."""
+_NO_MASK, _IS_CAUSAL = KernelMask(None, False, None), KernelMask(None, True, None)
+
+
+def causal_mask(lq: int, lk: int, offset: int, dtype, like: torch.Tensor) -> KernelMask:
+    """Query i sees keys ``j <= i + offset``: no mask for one query over every key (decoding), else cached, on the
+    device of ``like`` (read only then: a decoding step builds no device object)."""
     if lq == 1 and offset >= lk - 1:
-        return KernelMask(None, False, None)
+        return _NO_MASK
+    device = like.device
     key = (lq, lk, offset, dtype, str(device))
     return _CAUSAL_MASKS.get_or_build(key, lambda: _with_empty_rows(
         torch.ones(lq, lk, dtype=torch.bool, device=device).tril(offset), dtype, torch.device(device).type != "cpu"))
@@ -121,11 +127,11 @@ def kernel_mask(p: Problem, dtype) -> KernelMask:
     batch, heads, lq, lk, _, _ = p.sizes
     kind = "full" if m is None else m.kind
     if kind == "full":
-        return KernelMask(None, False, None)
+        return _NO_MASK
     if causal_flag(p):
-        return KernelMask(None, True, None)
+        return _IS_CAUSAL
     if kind == "causal":
-        return causal_mask(lq, lk, lk - lq if m.align == "bottom_right" else 0, dtype, p.q.device)
+        return causal_mask(lq, lk, lk - lq if m.align == "bottom_right" else 0, dtype, p.q)
     open_empty = rules.device_type(p) != "cpu"
     if kind == "tensor":
         return _with_empty_rows(m.tensor, dtype, open_empty)

@@ -1,18 +1,18 @@
 """Backward of :mod:`.softcap_loop`: FlashAttention-2's backward through ``cap * tanh``.
 
-Dao 2023 (arXiv:2307.08691, Alg. 2), per block of rows and keys, from the saved
+Dao 2023 (arXiv:2307.08691, Alg. 2), per block of heads, rows and keys, from the saved
 ``lse`` (which includes the fixed shift)::
 
     T = tanh(q' K^T);  P = exp(cap * T - lse)          (q' = q * scale / cap)
     dV += P^T dO;  dS = P * (dO V^T - D + dlse),  D = rowsum(dO * O)
     dT = dS * cap * (1 - T^2);  dQ = dT K * scale / cap;  dK += dT^T Q * scale / cap
 
-``T`` and ``P`` are computed as in the forward (the Pade ``tanh`` where it
-applies, one fused multiply-add and ``exp2``); ``dS (1 - T^2)`` is one pass
+``T`` and ``P`` are computed as in the forward (the cheapest approximant of ``tanh``
+the block's range admits, one fused multiply-add and ``exp2``), ``T`` kept: the
+derivative ``1 - T^2`` comes from it, and ``dS (1 - T^2)`` is one pass
 (``aten.tanh_backward``, in place); the block temporaries live in one workspace;
-``cap`` is applied to ``dQ`` and ``dK`` once at the end. (Accumulating with
-``baddbmm_`` was about 1.5% faster but hides three matmuls from FlopCounterMode,
-which tests/costing/test_analytic.py relies on.) ``dlse`` is the gradient reaching the returned
+products accumulate with ``baddbmm`` (``out=``: FlopCounterMode counts it as a matmul);
+``cap`` is applied to ``dQ`` and ``dK`` once at the end. ``dlse`` is the gradient reaching the returned
 log-sum-exp (``d lse / d s = P``). Masked pairs have ``P = 0``; a row with no
 allowed key has ``lse = -inf``, which is replaced by 0 before the subtraction
 (all its ``P`` are masked to 0 anyway).
@@ -27,9 +27,14 @@ from .pipeline import Workspace
 
 __all__ = ["SoftcapAttention"]
 
-BACKWARD_BLOCKS = (128, 1 << 18)  # (query rows, score elements) per block; softcap_loop.FORWARD_BLOCKS says why
+BACKWARD_BLOCKS = (256, 256, 1 << 18)  # (query rows, keys, score elements) per block; softcap_loop.FORWARD_BLOCKS
 
 _tanh_backward = torch.ops.aten.tanh_backward.grad_input  # grad * (1 - t^2), one pass
+
+
+def _accumulate(first: bool, dst, a, b):
+    """``dst = a @ b`` on the first block, else ``dst += a @ b`` (one matmul either way)."""
+    return torch.bmm(a, b, out=dst) if first else torch.baddbmm(dst, a, b, out=dst)
 
 
 class SoftcapAttention(torch.autograd.Function):
@@ -47,21 +52,28 @@ class SoftcapAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         blocks = type(ctx.blocks)(ctx.blocks.p, BACKWARD_BLOCKS)
-        kt, vt, ws = k.transpose(-1, -2), v.transpose(-1, -2), Workspace(q)
-        qs = q * blocks.factor
+        batch, heads, lq, lk, d, dv_ = blocks.p.sizes
+        n = batch * heads
+        q3, k3, v3 = q.reshape(n, lq, d), k.reshape(n, lk, d), v.reshape(n, lk, dv_)
+        kt, vt, ws = k3.transpose(1, 2), v3.transpose(1, 2), Workspace(q)
+        qs = q3 * blocks.factor
         blocks.bound(q, k)
-        offset = blocks.offset(lse.masked_fill(torch.isneginf(lse), 0.0))[..., None]  # (B, H, Lq, 1)
-        delta = ((dout * out).sum(-1) - dlse)[..., None]  # (B, H, Lq, 1)
-        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for rs, re in blocks.row_slabs():
-            do, dq_rows = dout[:, :, rs:re], None
-            for ks, ke in blocks.key_blocks():
-                p, t = blocks.weights(qs[:, :, rs:re], kt, rs, re, ks, ke, offset[:, :, rs:re], ws, keep_tanh=True)
-                dv[:, :, ks:ke] += p.transpose(-1, -2) @ do
-                ds = torch.matmul(do, vt[..., ks:ke], out=ws.take("ds", *p.shape)).sub_(delta[:, :, rs:re]).mul_(p)
-                dt = _tanh_backward(ds, t, grad_input=ds)  # dS (1 - T^2) = dT / cap
-                part = dt @ k[:, :, ks:ke]
-                dq_rows = part if dq_rows is None else dq_rows.add_(part)
-                dk[:, :, ks:ke] += dt.transpose(-1, -2) @ qs[:, :, rs:re]
-            dq[:, :, rs:re] = dq_rows * (blocks.cap * blocks.factor)
-        return None, dq, dk.mul_(blocks.cap), dv  # dk used qs, which holds the factor already
+        offset = blocks.offset(lse.masked_fill(torch.isneginf(lse), 0.0)).reshape(n, lq, 1)
+        delta = ((dout * out).sum(-1) - dlse).reshape(n, lq, 1)
+        do3 = dout.reshape(n, lq, dv_)
+        dq, dk, dv = torch.zeros_like(q3), torch.zeros_like(k3), torch.zeros_like(v3)
+        for n0, n1 in blocks.head_spans():
+            for rs, re in blocks.row_slabs():
+                do, q_rows, dq_rows = do3[n0:n1, rs:re], qs[n0:n1, rs:re], dq[n0:n1, rs:re]
+                for i, (ks, ke) in enumerate(blocks.key_blocks()):
+                    p, t = blocks.weights(q_rows, kt[n0:n1, :, ks:ke], n0, n1, rs, re, ks, ke,
+                                          offset[n0:n1, rs:re], ws, keep_tanh=True)
+                    torch.baddbmm(dv[n0:n1, ks:ke], p.transpose(1, 2), do, out=dv[n0:n1, ks:ke])
+                    ds = torch.bmm(do, vt[n0:n1, :, ks:ke], out=ws.take("ds", *p.shape))
+                    ds.sub_(delta[n0:n1, rs:re]).mul_(p)
+                    dt = _tanh_backward(ds, t, grad_input=ds)  # dS (1 - T^2) = dT / cap
+                    _accumulate(i == 0, dq_rows, dt, k3[n0:n1, ks:ke])
+                    torch.baddbmm(dk[n0:n1, ks:ke], dt.transpose(1, 2), q_rows, out=dk[n0:n1, ks:ke])
+        dq.mul_(blocks.cap * blocks.factor)
+        dk.mul_(blocks.cap)  # dk used qs, which holds the factor already
+        return None, dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)

@@ -4,7 +4,9 @@ A mask is a predicate over indices, ``allows(b, h, q_idx, kv_idx) -> bool``,
 True = may attend. The index arguments are integer tensors that broadcast against
 each other (for a dense picture ``b`` is ``(B,1,1,1)``, ``h`` ``(1,H,1,1)``,
 ``q_idx`` ``(1,1,Lq,1)``, ``kv_idx`` ``(1,1,1,Lk)``; kernels pass gathered index
-tensors of other ranks), so every mask is written with elementwise tensor ops.
+tensors of other ranks), so every mask is written with elementwise tensor ops; a mask
+(or bias) that holds a ``(B|1, H|1, Lq|1, Lk|1)`` tensor reads it at those indices with
+:func:`gather_at`.
 
 A mask can be *materialized* as a dense bool tensor (the reference path, plots)
 or summarised as a :class:`BlockLayout` for a block size, which is what lets the
@@ -20,7 +22,7 @@ import torch
 from ..errors import ArgumentError, DTypeError
 from . import cache
 
-__all__ = ["Mask", "BlockLayout", "And", "Or", "Not", "KINDS"]
+__all__ = ["Mask", "BlockLayout", "And", "Or", "Not", "KINDS", "gather_at"]
 
 KINDS = ("full", "causal", "band", "keys", "tensor", "pattern", "selected")  # Mask.kind, what kernels read
 
@@ -29,6 +31,12 @@ _EVAL_ROWS_BUDGET = 1 << 22
 # Layouts kept per mask (most recently used first): a few lengths x block sizes; a generation loop
 # over thousands of lengths keeps only the latest ones.
 LAYOUT_CACHE_ENTRIES = 16
+
+
+def gather_at(t: torch.Tensor, b, h, q_idx, kv_idx) -> torch.Tensor:
+    """``t[b, h, q_idx, kv_idx]`` for a 4-D tensor whose size-1 dims broadcast."""
+    idx = [i if t.shape[d] != 1 else torch.zeros_like(i) for d, i in enumerate((b, h, q_idx, kv_idx))]
+    return t[idx[0], idx[1], idx[2], idx[3]]
 
 
 class BlockLayout(NamedTuple):

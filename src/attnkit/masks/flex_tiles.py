@@ -16,8 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import DTypeError
-from .base import Mask
-from .indexed import gather_at
+from .base import Mask, gather_at
 
 __all__ = ["from_block_mask", "BlockMaskMask"]
 

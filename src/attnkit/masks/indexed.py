@@ -9,15 +9,9 @@ from __future__ import annotations
 import torch
 
 from ..errors import ArgumentError, DTypeError, check_int
-from .base import Mask, _block_bounds
+from .base import Mask, _block_bounds, gather_at
 
 _FAR = 1 << 62  # an index bound beyond any sequence
-
-
-def gather_at(t: torch.Tensor, b, h, q_idx, kv_idx) -> torch.Tensor:
-    """``t[b, h, q_idx, kv_idx]`` for a 4-D tensor whose size-1 dims broadcast."""
-    idx = [i if t.shape[d] != 1 else torch.zeros_like(i) for d, i in enumerate((b, h, q_idx, kv_idx))]
-    return t[idx[0], idx[1], idx[2], idx[3]]
 
 
 def _index_tensor(name, values, *, nonnegative: bool = False) -> torch.Tensor:

@@ -1,10 +1,19 @@
-"""The input checks the modules and models share, written once.
+"""The input checks the modules and models share, written once, and the head layout they split their inputs into.
 
 A module's ``(batch, n, dim)`` inputs (a floating tensor of that rank and width, the batch of
 another input, the dtype and device of the module's parameters), other shapes, the masks modules
 take (keep masks ``(batch, n)``, True = a real token; key masks ``(batch, n)`` or
 ``(batch, Lq, n)``, True = attend) and length vectors. Each error is an attnkit error
 (:mod:`attnkit.errors`) that names the module, the argument, what was expected and what came.
+
+The head split and merge every module shares, ``(B, L, H * D) <-> (B, H, L, D)``, are here too (the inputs
+every forward checks are the ones it splits, so a forward enters one file for both):
+
+>>> x = torch.randn(2, 5, 12)
+>>> split_heads(x, 3).shape
+torch.Size([2, 3, 5, 4])
+>>> torch.equal(merge_heads(split_heads(x, 3)), x)
+True
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError, check_b
 from ..masks.base import Mask
 
 __all__ = ["describe", "check_floating", "check_placement", "check_like", "check_shape", "check_sequence",
-           "check_memory", "check_keep_mask", "check_key_mask", "check_lengths"]
+           "check_memory", "check_keep_mask", "check_key_mask", "check_lengths", "split_heads", "merge_heads"]
 
 
 def describe(t) -> str:
@@ -145,3 +154,13 @@ def check_lengths(who: str, name: str, lengths, batch: int, most: int) -> None:
     if batch and (int(lengths.min()) < 0 or int(lengths.max()) > most):
         raise ArgumentError(f"{who}: {name} must lie in [0, {most}]; got [{int(lengths.min())}, "
                             f"{int(lengths.max())}]")
+
+
+def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """``(B, L, H * D) -> (B, H, L, D)``: the last dimension as ``heads`` equal slices, heads before length."""
+    return x.unflatten(-1, (heads, -1)).transpose(1, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """``(B, H, L, D) -> (B, L, H * D)``: the inverse of :func:`split_heads`."""
+    return x.transpose(1, 2).flatten(2)

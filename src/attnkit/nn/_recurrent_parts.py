@@ -5,8 +5,9 @@ from the base (:class:`._recurrent.RecurrentLayer`) through the layer's file to 
 file it came from: the recurrence's inputs (:class:`Mixed`),
 the short convolution (:class:`ShortConvolution`, read by a draft tree's nodes along their ancestors,
 :class:`DraftTree`), the layers' use of it (:class:`ConvolvedInputs`), the gated RMS norm, Mamba-2's
-discretised decay (:func:`log_decay`, :func:`decay_parameters`, also Gated DeltaNet's and Kimi's) and the
-delta rule's write strength (:func:`write_strength`).
+discretised decay (:func:`log_decay`, :func:`decay_parameters`, also Gated DeltaNet's and Kimi's), the
+delta rule's write strength (:func:`write_strength`) and the input side Gated DeltaNet and Comba share
+(:class:`GatedDeltaInputs`).
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import check_int
+from ..errors import ShapeError, check_int
 
 __all__ = ["Mixed", "DraftTree", "ShortConvolution", "ConvolvedInputs", "GatedRMSNorm", "decay_parameters",
-           "log_decay", "write_strength"]
+           "log_decay", "write_strength", "GatedDeltaInputs"]
 
 
 class DraftTree(NamedTuple):
@@ -178,3 +179,44 @@ def write_strength(logits: torch.Tensor, allow_neg_eigval: bool) -> torch.Tensor
     (:class:`._recurrent.DeltaRuleLayer`)."""
     beta = torch.sigmoid(logits).transpose(1, 2)
     return 2 * beta if allow_neg_eigval else beta
+
+
+class GatedDeltaInputs(ConvolvedInputs):
+    """The input side of Gated DeltaNet's block, which Comba shares: ``q_proj, k_proj`` ``(dim -> Hk Dk)``,
+    ``v_proj, g_proj`` ``(dim -> H Dv)``, ``a_proj, b_proj`` ``(dim -> H)`` (no bias), one short convolution over
+    the q, k, v channels (``conv1d``) and Mamba-2's decay parameters ``A_log, dt_bias`` ``(H,)``.
+
+    A layer calls :meth:`gated_delta_inputs` in its ``__init__`` (the parameters are created in that order, so
+    a seed gives each layer the same values and ``state_dict`` keys) and adds its own norm and output side.
+    """
+
+    dim: int
+    num_heads: int
+    num_key_heads: int
+    core_sizes: tuple[int, int, int]
+    chunk_size: int
+    g_proj: nn.Linear
+    a_proj: nn.Linear
+    b_proj: nn.Linear
+    A_log: nn.Parameter
+    dt_bias: nn.Parameter
+
+    def gated_delta_inputs(self, who: str, dim: int, num_heads: int, num_key_heads: int | None,
+                           key_head_dim: int | None, value_head_dim: int | None, conv_size: int,
+                           chunk_size: int) -> int:
+        """Check the sizes (errors name ``who``), set them and create the input side; returns ``Dv``."""
+        heads, key_heads = check_int(who, "num_heads", num_heads, 1), num_key_heads or num_heads
+        if heads % check_int(who, "num_key_heads", key_heads, 1):
+            raise ShapeError(f"{who}: num_heads must be a multiple of num_key_heads; got {heads} and {key_heads}")
+        dk = key_head_dim or check_int(who, "dim", dim, 1) // heads
+        dv = value_head_dim or dim // heads
+        self.dim, self.num_heads, self.num_key_heads, self.core_sizes = dim, heads, key_heads, (heads, dk, dv)
+        self.chunk_size = check_int(who, "chunk_size", chunk_size, 1)
+        self.q_proj, self.k_proj = (nn.Linear(dim, key_heads * check_int(who, "key_head_dim", dk, 1), bias=False)
+                                    for _ in range(2))
+        self.v_proj, self.g_proj = (nn.Linear(dim, heads * check_int(who, "value_head_dim", dv, 1), bias=False)
+                                    for _ in range(2))
+        self.a_proj, self.b_proj = nn.Linear(dim, heads, bias=False), nn.Linear(dim, heads, bias=False)
+        self.conv1d = ShortConvolution(2 * key_heads * dk + heads * dv, check_int(who, "conv_size", conv_size, 1))
+        self.A_log, self.dt_bias = decay_parameters(heads, heads)
+        return dv

@@ -38,7 +38,7 @@ from torch import nn
 
 from ..costing.spec import Spec
 from ..costing.tally import Tally, dtype_of, randn
-from ..functional.recurrences.checks import FORMS, check_form
+from ..functional.recurrences.forms import FORMS, check_form
 from ..functional.recurrences.local import inverts
 
 __all__ = ["RECURRENT_SIZES", "RECURRENT_FORMULA", "LOG_LINEAR_FORMULA", "recurrent_spec", "count_recurrence",
@@ -57,7 +57,7 @@ LOG_LINEAR_FORMULA = ("projections 2 B L (sum of in x out); convolution 2 B L ch
 def count_masked_products(t: Tally, term: str, batch: int, c: int, dk: int, *, per_channel: bool,
                           grads: int = 2) -> None:
     """``batch`` decay-masked ``c x c`` products over ``dk`` channels: one matrix product with a decay per head;
-    with a decay per channel (:func:`attnkit.functional.recurrences.segsum.split_decayed_products`) ``c`` padded
+    with a decay per channel (:func:`attnkit.functional.recurrences.local.split_decayed_products`) ``c`` padded
     to a power of two ``s`` and, level by level, ``s / 2m`` products of ``m x m`` for ``m = 1, 2, .., s / 2``."""
     if not per_channel:
         t.mm(term, batch, c, dk, c, grads=grads)

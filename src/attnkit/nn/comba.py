@@ -5,18 +5,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import ShapeError, check_int
 from ..functional.recurrences import comba, l2_normalize
 from ..registry.entry import Entry, register
-from ._heads import merge_heads, split_heads
+from ._inputs import merge_heads, split_heads
 from ._recurrent import DeltaRuleLayer, example
-from ._recurrent_parts import GatedRMSNorm, Mixed, ShortConvolution, decay_parameters, log_decay, write_strength
+from ._recurrent_parts import GatedDeltaInputs, GatedRMSNorm, Mixed, log_decay, write_strength
 from ._recurrent_spec import recurrent_spec
 
 __all__ = ["Comba"]
 
 
-class Comba(DeltaRuleLayer):
+class Comba(DeltaRuleLayer, GatedDeltaInputs):
     """The Comba layer: short convolutions, L2-normalised q and k, the Comba recurrence, a sigmoid-gated RMS norm.
 
     Hu et al. 2025, "Comba: Improving Bilinear RNNs with Closed-loop Control", arXiv:2506.02475
@@ -82,24 +81,12 @@ class Comba(DeltaRuleLayer):
         who = "Comba"
         self.allow_neg_eigval = bool(allow_neg_eigval)
         self.reads_before_decay = bool(read_before_decay)  # (cost spec: the first read is of the undecayed state)
-        heads, key_heads = check_int(who, "num_heads", num_heads, 1), num_key_heads or num_heads
-        if heads % check_int(who, "num_key_heads", key_heads, 1):
-            raise ShapeError(f"{who}: num_heads must be a multiple of num_key_heads; got {heads} and {key_heads}")
-        dk = key_head_dim or check_int(who, "dim", dim, 1) // heads
-        dv = value_head_dim or dim // heads
-        self.dim, self.num_heads, self.num_key_heads, self.core_sizes = dim, heads, key_heads, (heads, dk, dv)
-        self.chunk_size = check_int(who, "chunk_size", chunk_size, 1)
-        self.q_proj, self.k_proj = (nn.Linear(dim, key_heads * check_int(who, "key_head_dim", dk, 1), bias=False)
-                                    for _ in range(2))
-        self.v_proj, self.g_proj = (nn.Linear(dim, heads * check_int(who, "value_head_dim", dv, 1), bias=False)
-                                    for _ in range(2))
-        self.a_proj, self.b_proj = nn.Linear(dim, heads, bias=False), nn.Linear(dim, heads, bias=False)
-        self.conv1d = ShortConvolution(2 * key_heads * dk + heads * dv, check_int(who, "conv_size", conv_size, 1))
-        self.A_log, self.dt_bias = decay_parameters(heads, heads)
-        self.decay = nn.Parameter(torch.ones(key_heads))
-        self.D = nn.Parameter(torch.full((key_heads,), float(correction_factor)))
+        dv = self.gated_delta_inputs(who, dim, num_heads, num_key_heads, key_head_dim, value_head_dim, conv_size,
+                                     chunk_size)
+        self.decay = nn.Parameter(torch.ones(self.num_key_heads))
+        self.D = nn.Parameter(torch.full((self.num_key_heads,), float(correction_factor)))
         self.norm = GatedRMSNorm(dv, eps=eps, activation="sigmoid")
-        self.out_proj = nn.Linear(heads * dv, dim, bias=False)
+        self.out_proj = nn.Linear(self.num_heads * dv, dim, bias=False)
 
     def _mix(self, x, keep, context, offset):
         q, k, v, tail = self.convolved_qkv(x, keep, context)

@@ -7,7 +7,7 @@ from torch import nn
 from ..errors import ShapeError, check_int
 from ..functional.recurrences.delta import delta_rule
 from ..registry.entry import Entry, register
-from ._heads import merge_heads, split_heads
+from ._inputs import merge_heads, split_heads
 from ._recurrent import DeltaRuleLayer, example
 from ._recurrent_parts import GatedRMSNorm, Mixed, ShortConvolution, write_strength
 from ._recurrent_spec import recurrent_spec

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..errors import ShapeError, check_int
 from ..functional.recurrences.gated_delta import gated_delta_rule
 from ..registry.entry import Entry, register
-from ._heads import merge_heads, split_heads
+from ._inputs import merge_heads, split_heads
 from ._recurrent import DeltaRuleLayer, copy_weights, example, transformers_layer
-from ._recurrent_parts import GatedRMSNorm, Mixed, ShortConvolution, decay_parameters, log_decay, write_strength
+from ._recurrent_parts import GatedDeltaInputs, GatedRMSNorm, Mixed, log_decay, write_strength
 from ._recurrent_spec import recurrent_spec
 
 __all__ = ["GatedDeltaNet"]
 
 
-class GatedDeltaNet(DeltaRuleLayer):
+class GatedDeltaNet(DeltaRuleLayer, GatedDeltaInputs):
     """The Gated DeltaNet layer: short convolutions, L2-normalised q and k, the gated delta rule, a gated RMS norm.
 
     Yang et al. 2024, "Gated Delta Networks: Improving Mamba2 with Delta Rule", arXiv:2412.06464
@@ -69,23 +68,10 @@ class GatedDeltaNet(DeltaRuleLayer):
                  allow_neg_eigval: bool = False):
         super().__init__()
         self.allow_neg_eigval = bool(allow_neg_eigval)
-        who = "GatedDeltaNet"
-        heads, key_heads = check_int(who, "num_heads", num_heads, 1), num_key_heads or num_heads
-        if heads % check_int(who, "num_key_heads", key_heads, 1):
-            raise ShapeError(f"{who}: num_heads must be a multiple of num_key_heads; got {heads} and {key_heads}")
-        dk = key_head_dim or check_int(who, "dim", dim, 1) // heads
-        dv = value_head_dim or dim // heads
-        self.dim, self.num_heads, self.num_key_heads, self.core_sizes = dim, heads, key_heads, (heads, dk, dv)
-        self.chunk_size = check_int(who, "chunk_size", chunk_size, 1)
-        self.q_proj, self.k_proj = (nn.Linear(dim, key_heads * check_int(who, "key_head_dim", dk, 1), bias=False)
-                                    for _ in range(2))
-        self.v_proj, self.g_proj = (nn.Linear(dim, heads * check_int(who, "value_head_dim", dv, 1), bias=False)
-                                    for _ in range(2))
-        self.a_proj, self.b_proj = nn.Linear(dim, heads, bias=False), nn.Linear(dim, heads, bias=False)
-        self.conv1d = ShortConvolution(2 * key_heads * dk + heads * dv, check_int(who, "conv_size", conv_size, 1))
-        self.A_log, self.dt_bias = decay_parameters(heads, heads)
+        dv = self.gated_delta_inputs("GatedDeltaNet", dim, num_heads, num_key_heads, key_head_dim, value_head_dim,
+                                     conv_size, chunk_size)
         self.norm = GatedRMSNorm(dv, eps=eps)
-        self.out_proj = nn.Linear(heads * dv, dim, bias=False)
+        self.out_proj = nn.Linear(self.num_heads * dv, dim, bias=False)
 
     def _mix(self, x, keep, context, offset):
         q, k, v, tail = self.convolved_qkv(x, keep, context)

@@ -10,8 +10,7 @@ from ..costing.spec import Spec
 from ..costing.tally import dtype_of
 from ..errors import ArgumentError, ShapeError, check_int
 from ..registry.entry import Entry, register
-from ._heads import merge_heads, split_heads
-from ._inputs import check_sequence
+from ._inputs import check_sequence, merge_heads, split_heads
 from ._projections import sequence_input
 
 __all__ = ["LambdaLayer"]

@@ -9,7 +9,7 @@ from torch import nn
 from ..errors import ArgumentError, ShapeError, check_int
 from ..functional.recurrences.decay import retention
 from ..registry.entry import Entry, register
-from ._heads import merge_heads
+from ._inputs import merge_heads
 from ._recurrent import RecurrentLayer, copy_weights, example
 from ._recurrent_parts import GatedRMSNorm, Mixed
 from ._recurrent_spec import recurrent_spec

@@ -33,7 +33,10 @@ class PagedKVCache:
 
     Differences from the paper: none in what is stored; a page is freed when no sequence
     holds it (reference counts); appending under autograd writes out of place, so gradients
-    through several steps stay exact.
+    through several steps stay exact. A sequence's next page is the one after its last while
+    that one is free (a new sequence starts halfway into the largest run of free pages), so
+    sequences that grow in turn still hold consecutive pages, which attention reads in place;
+    scattered pages are copied a chunk or a sequence at a time.
 
     With ``kv_format`` (:class:`~attnkit.functional.quantize.KVFormat`) the pools hold codes
     (``head_dim / 2`` bytes per row for int4) and the scale pools ``k_scales``/``v_scales``
@@ -86,7 +89,7 @@ class PagedKVCache:
         self.k_scales = torch.zeros(pages, self.page_size, heads, device=device) if token_head else None
         self.v_scales = torch.zeros(pages, self.page_size, heads, device=device) if token_head else None
         self._refs = [0] * pages
-        self._free = list(range(pages - 1, -1, -1))  # popped from the end: low pages first
+        self._free = set(range(pages))  # placed by _place
         self._tables: dict[int, list[int]] = {}
         self._lengths: dict[int, int] = {}
         self._next_id = 0
@@ -129,20 +132,40 @@ class PagedKVCache:
             raise ArgumentError(f"{_WHO}: no sequence {seq!r}; live sequences are {sorted(self._tables)}")
         return seq
 
-    def _take_page(self) -> int:
+    def _take_page(self, after: int | None = None) -> int:
+        """A free page for the sequence whose last page is ``after`` (None: it has none), see :meth:`_place`."""
         if not self._free and self._reclaim is not None:
             self._reclaim(1)
         if not self._free:
             raise ShapeError(f"{_WHO}: out of pages: all {len(self._refs)} pages of {self.page_size} positions are "
                              "in use; free sequences or make the cache with more num_pages")
-        page = self._free.pop()
+        page = self._place(after)
+        self._free.remove(page)
         self._refs[page] = 1
         return page
+
+    def _place(self, after: int | None) -> int:
+        """Where a sequence's next page goes: right after its last one when that page is free, so that its pages
+        stay one run of the pool (which attention reads in place, with no copy); else in the largest run of free
+        pages, at its start when it starts the pool, otherwise halfway in (the sequence whose page ends just
+        before the run keeps the first half to grow into)."""
+        if after is not None and after + 1 < len(self._refs) and self._refs[after + 1] == 0:
+            return after + 1
+        free = sorted(self._free)
+        start, length, best = free[0], 0, (0, free[0])
+        for i, page in enumerate(free):
+            if i and page != free[i - 1] + 1:
+                start, length = page, 0
+            length += 1
+            if length > best[0]:
+                best = (length, start)
+        length, start = best
+        return start if start == 0 else start + length // 2
 
     def _release(self, page: int) -> None:
         self._refs[page] -= 1
         if self._refs[page] == 0:
-            self._free.append(page)
+            self._free.add(page)
 
     def allocate(self) -> int:
         """A new empty sequence; returns its id."""
@@ -184,7 +207,7 @@ class PagedKVCache:
         """The pages positions ``[length, stop)`` of ``seq`` go to: new pages, and a copy of a shared last page."""
         table, start, ps = self._tables[seq], self._lengths[seq], self.page_size
         if start % ps and self._refs[table[-1]] > 1:  # writing into a page another sequence holds: copy it
-            page = self._take_page()
+            page = self._take_page(table[-2] if len(table) > 1 else None)
             self.k_pages[page], self.v_pages[page] = self.k_pages[table[-1]], self.v_pages[table[-1]]
             if self.k_scales is not None and self.v_scales is not None and self.k_scales.dim():  # per (token, head)
                 self.k_scales[page], self.v_scales[page] = self.k_scales[table[-1]], self.v_scales[table[-1]]
@@ -196,7 +219,8 @@ class PagedKVCache:
         if needed > self.pages_free:
             raise ShapeError(f"{_WHO}.append: out of pages: sequence {seq} needs {needed} more pages for length "
                              f"{stop}, {self.pages_free} of {len(self._refs)} are free")
-        table.extend(self._take_page() for _ in range(needed))
+        for _ in range(needed):
+            table.append(self._take_page(table[-1] if table else None))
         return table
 
     def append(self, seq: int, k: torch.Tensor, v: torch.Tensor) -> None:

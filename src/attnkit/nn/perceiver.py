@@ -12,8 +12,7 @@ from ..costing.spec import Spec
 from ..costing.tally import dropout_of, dtype_of, randn
 from ..errors import ArgumentError
 from ..registry.entry import Entry, register
-from ._heads import merge_heads, split_heads
-from ._inputs import check_keep_mask, check_sequence
+from ._inputs import check_keep_mask, check_sequence, merge_heads, split_heads
 from .padding import clear_padding
 
 __all__ = ["PerceiverAttention", "PerceiverEncoder"]

@@ -11,7 +11,7 @@ from torch import nn
 from ..errors import ShapeError, check_int
 from ..functional.recurrences import generalized_delta_rule
 from ..registry.entry import Entry, register
-from ._heads import merge_heads, split_heads
+from ._inputs import merge_heads, split_heads
 from ._recurrent import RecurrentLayer, example
 from ._recurrent_parts import Mixed
 from ._recurrent_spec import recurrent_spec

@@ -1,4 +1,4 @@
-"""Errors of the linear recurrences name the argument, what was expected and what came."""
+"""Errors of the linear recurrences (the checks in forms.py) name the argument, what was expected and what came."""
 
 import pytest
 import torch

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnkit.errors import ShapeError
+from attnkit.errors import ArgumentError, ShapeError
 from attnkit.functional.recurrences import FORMS, delta_product
 
 from .cases import unit
@@ -113,6 +113,13 @@ def test_shapes_are_checked():
     with pytest.raises(ShapeError, match=r"k must have the shape of q \(its L n_h steps\) \(2, 3, 14, 4\); got "
                                          r"\(2, 3, 21, 4\)"):
         delta_product(q, k, v, beta, num_householder=2)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, "3", None])
+def test_num_householder_is_checked_by_the_shared_int_check(bad):
+    q, k, v, beta, _, _ = problem()
+    with pytest.raises(ArgumentError, match=rf"delta_product: num_householder must be an int >= 1; got {bad!r}"):
+        delta_product(q, k, v, beta, num_householder=bad)
 
 
 def test_equals_flash_linear_attentions_reference():

@@ -147,3 +147,25 @@ def test_lr_sweep_reaches_both_tours(tmp_path, monkeypatch, capsys):
     assert code == 0, err
     run(["tour", "--quick", "--out", str(tmp_path / "short"), "--lr-sweep", "--no-progress", "--tasks", "mqar"], capsys)
     assert [c["lr_sweep"] for c in calls] == [True, True]
+
+
+def test_the_mad_suite_trains_one_seed_on_a_cpu_and_measures_no_scaling(tmp_path, monkeypatch, capsys):
+    from attnkit.lab.tour import runner
+    from attnkit.lab.tour.experiments.mad import default_seeds
+    from attnkit.lab.tour.store import Summary
+
+    calls = []
+
+    def fake_tour(keys, seeds, **options):
+        calls.append((keys, seeds, options))
+        return Summary(options["out"], "default")
+
+    monkeypatch.setattr(runner, "tour", fake_tour)
+    for extra in ([], ["--seeds", "0", "1", "2"]):
+        code, _, err = run(["tour", "--suite", "mad", "--out", str(tmp_path), "--no-progress", "--tasks", "compression",
+                            *extra], capsys)
+        assert code == 0, err
+    (keys, one, options), (_, three, _) = calls
+    assert one == [0] and three == [0, 1, 2] and options["scaling"] is False
+    assert keys == [k for k in keys if k.startswith("compression/")] and len(keys) >= 10
+    assert default_seeds("cpu") == (0,) and default_seeds("cuda:0") == (0, 1, 2)

@@ -21,21 +21,20 @@ through O(log L) Fenwick-tree bucket states, each weighted per token (:mod:`.log
 Each takes ``form="parallel" | "chunk" | "recurrent"`` (:mod:`.forms`; the same function), an
 ``initial_state`` and returns ``(output, final_state)``; ``cu_seqlens`` runs packed documents, each
 from its own state. Tensors are ``(B, H, L, D)``, as :func:`attnkit.attention`. Shared pieces:
-:mod:`.segsum` (decay masks), :mod:`.local` (a block's terms), :mod:`.forms` (passing the state from block
+:mod:`.local` (a block's terms and its decay masks), :mod:`.forms` (passing the state from block
 to block), :mod:`.scan` (the map of a run of blocks).
 """
 
-from .checks import FORMS
 from .comba import comba
 from .decay import gated_linear_attention, retention
 from .delta import delta_rule
 from .delta_product import delta_product
-from .forms import l2_normalize
+from .forms import FORMS, l2_normalize
 from .gated_delta import gated_delta_rule
 from .kda import kimi_delta_attention
+from .local import segsum
 from .log_linear import log_linear_attention
 from .rwkv7 import generalized_delta_rule
-from .segsum import segsum
 from .ssd import ssd
 
 __all__ = ["FORMS", "retention", "gated_linear_attention", "ssd", "delta_rule", "delta_product", "gated_delta_rule",

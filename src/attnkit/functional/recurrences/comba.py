@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from .checks import check_tensor
 from .delta import _required
-from .forms import gated_recurrence
+from .forms import check_tensor, gated_recurrence
 
 __all__ = ["comba"]
 

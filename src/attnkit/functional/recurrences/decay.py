@@ -10,8 +10,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import ArgumentError
-from .checks import check_qkv, check_tensor
-from .forms import gated_recurrence
+from .forms import check_qkv, check_tensor, gated_recurrence
 
 __all__ = ["retention", "gated_linear_attention"]
 
@@ -89,7 +88,7 @@ def gated_linear_attention(q, k, v, g, *, scale=None, form: str = "chunk", chunk
     Differences from the paper: q is scaled by ``scale`` (``Dk^-1/2`` by default, as their code);
     the decayed block scores split each block in halves down to single tokens (the paper's
     secondary-level chunking, Sec. 4.3, with every exponent a sum over its own segment:
-    :func:`attnkit.functional.recurrences.segsum.split_decayed_products`), so no ``c x c x Dk`` mask is held.
+    :func:`attnkit.functional.recurrences.local.split_decayed_products`), so no ``c x c x Dk`` mask is held.
 
     Shapes: as :func:`retention`, with ``g`` ``(B, H, L, Dk)`` log gates (<= 0 for a decay).
 

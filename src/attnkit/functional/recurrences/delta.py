@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from .checks import required_beta
-from .forms import gated_recurrence
+from .forms import gated_recurrence, required_beta
 
 __all__ = ["delta_rule"]
 
-_required = required_beta  # the name comba.py imports it by (the check lives in checks.py)
+_required = required_beta  # the name comba.py imports it by (the check lives in forms.py)
 
 
 def delta_rule(q, k, v, beta, *, scale=None, normalize_qk: bool = False, form: str = "chunk", chunk_size: int = 64,

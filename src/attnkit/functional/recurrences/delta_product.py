@@ -6,8 +6,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import ShapeError, check_int
-from .checks import check_lengths, check_qkv, check_tensor, required_beta
-from .forms import linear_recurrence
+from .forms import check_lengths, check_qkv, check_tensor, linear_recurrence, required_beta
 
 __all__ = ["delta_product"]
 
@@ -49,8 +48,7 @@ def delta_product(q, k, v, beta, *, num_householder: int, g=None, scale=None, no
         (torch.Size([1, 2, 5, 3]), True)
     """
     who = "delta_product"
-    n_h = num_householder if type(num_householder) is int and num_householder >= 1 else \
-        check_int(who, "num_householder", num_householder, 1)  # a plain int >= 1 passes without the shared check
+    n_h = check_int(who, "num_householder", num_householder, 1)
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise ShapeError(f"{who}: q must have shape (B, Hk, L, Dk); got "
                          f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from .checks import required_beta
-from .forms import gated_recurrence
+from .forms import gated_recurrence, required_beta
 
 __all__ = ["gated_delta_rule"]
 

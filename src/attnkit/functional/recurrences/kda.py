@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from .checks import required_beta
-from .forms import gated_recurrence
+from .forms import gated_recurrence, required_beta
 
 __all__ = ["kimi_delta_attention"]
 
@@ -25,7 +24,7 @@ def kimi_delta_attention(q, k, v, g, beta, *, scale=None, normalize_qk: bool = F
     Differences from the paper: none (``normalize_qk`` and ``scale`` as :func:`delta_rule`; ``beta`` in
     ``[0, 2]`` for negative eigenvalues, as there). The
     blocks' decayed products are computed without their ``c x c x Dk`` decay masks
-    (:func:`attnkit.functional.recurrences.segsum.split_decayed_products`), so ``chunk_size`` 16 to 128 cost
+    (:func:`attnkit.functional.recurrences.local.split_decayed_products`), so ``chunk_size`` 16 to 128 cost
     about the same.
 
     Shapes: as :func:`attnkit.functional.recurrences.delta_rule`, with ``g`` ``(B, H, L, Dk)``. Matches

@@ -33,8 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import ArgumentError, ShapeError, UnsupportedFeature
-from .checks import check_form, check_qkv, check_tensor
-from .forms import prepare
+from .forms import check_form, check_qkv, check_tensor, prepare
 from .local import local_terms
 
 __all__ = ["log_linear_attention", "levels_for", "fenwick_level"]

@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import ShapeError
-from .checks import check_lengths, check_qkv, check_tensor
-from .forms import linear_recurrence
+from .forms import check_lengths, check_qkv, check_tensor, linear_recurrence
 
 __all__ = ["generalized_delta_rule"]
 

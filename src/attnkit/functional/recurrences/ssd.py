@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_qkv, check_tensor
-from .forms import linear_recurrence
+from .forms import check_qkv, check_tensor, linear_recurrence
 
 __all__ = ["ssd", "ssd_inputs"]
 

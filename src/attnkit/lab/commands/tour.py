@@ -187,12 +187,13 @@ def _cmd_tour(args) -> int:
                             "them one after another in this one")
     mad = _suite(args) == "mad"
     args.out = args.out or ("tour-mad" if mad else "tour-report")
-    args.seeds = args.seeds or [0, 1, 2]
     api = runner.api()
     experiments = api.experiments()
     if mad:
         from ..tour.experiments.mad import KEYS as MAD_KEYS
+        from ..tour.experiments.mad import default_seeds
         experiments = {k: experiments[k] for k in MAD_KEYS}
+    args.seeds = args.seeds or (list(default_seeds(args.device)) if mad else [0, 1, 2])
     if args.list:
         _print_list(experiments, set(api.default_set(False)), set(api.default_set(True)))
         return 0
@@ -202,7 +203,8 @@ def _cmd_tour(args) -> int:
         _readme(args.readme, "tour")
     summary = runner.tour(keys, args.seeds, quick=args.quick, out=args.out, fresh=args.fresh,
                           progress=not args.no_progress, command=command, isolate=not args.in_process,
-                          device=args.device, workers=args.workers, lr_sweep=args.lr_sweep)
+                          device=args.device, workers=args.workers, lr_sweep=args.lr_sweep,
+                          **({"scaling": False} if mad else {}))  # MAD's table has no scaling section
     markdown, page = report.write(args.out)
     if args.readme:
         _splice(args.readme, "tour", report.markdown_table(args.out))
@@ -243,7 +245,8 @@ def add(sub) -> None:
     p.add_argument("--tasks", nargs="+", default=None, help="only experiments on these tasks (default: all)")
     p.add_argument("--mechanisms", nargs="+", default=None,
                    help="only experiments with these mechanisms (default: all)")
-    p.add_argument("--seeds", nargs="+", type=int, default=None, help="training seeds (default: 0 1 2)")
+    p.add_argument("--seeds", nargs="+", type=int, default=None,
+                   help="training seeds (default: 0 1 2; with --suite mad on a CPU, 0 alone)")
     p.add_argument("--fresh", action="store_true", help="ignore cached runs and run everything again")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch threads in all, divided among the runs trained at once (default: all cores)")

@@ -18,6 +18,16 @@ def test_six_tasks_times_every_mechanism_are_experiments_outside_the_default_tou
     assert len(mad.MECHANISMS) >= 10 and not set(mad.KEYS) & set(default_set(False))
 
 
+def test_every_mechanism_of_a_task_trains_on_that_tasks_budget():
+    exps = experiments()
+    for task in MAD_TASKS:
+        budgets = {exps[f"{task}/{name}"].budget for name in mad.MECHANISMS}
+        assert budgets == {mad.BUDGETS.get(task, mad.BUDGET)}, task
+        assert {exps[f"{task}/{name}"].quick for name in mad.MECHANISMS} == {mad.QUICK}
+    recall = mad.BUDGETS[mad.CLAIM["task"]]  # the claim's task: past softmax's jump (10000-20000 sequences)
+    assert recall.steps * recall.batch_size >= 16000 > mad.BUDGET.steps * mad.BUDGET.batch_size
+
+
 @pytest.mark.parametrize(("mechanism", "layers"), [
     ("retnet", [RetNetRetention, RetNetRetention]), ("kda", [KimiDeltaAttention, KimiDeltaAttention]),
     ("hybrid-gdn", [GatedDeltaNet, "SoftmaxSelfAttention"]), ("hybrid-mamba2", [Mamba2Mixer, "SoftmaxSelfAttention"])])

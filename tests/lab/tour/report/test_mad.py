@@ -33,7 +33,11 @@ def test_the_claim_is_softmax_on_in_context_recall_against_ninety_percent(tmp_pa
     assert claim_verdict(mad_scores(_report(tmp_path, held)))[0] == "held"
     low = {("in_context_recall", "softmax"): [0.5, 0.52, 0.49]}
     assert claim_verdict(mad_scores(_report(tmp_path, low)))[0] == "did not hold"
-    assert claim_verdict(mad_scores(_report(tmp_path, {("in_context_recall", "softmax"): [1.0]})))[0] == "not measured"
+    one = claim_verdict(mad_scores(_report(tmp_path, {("in_context_recall", "softmax"): [0.95]})))
+    assert one[0] == "held on one seed" and "95.0 % on one seed" in one[1] and "no interval" in one[1]
+    low_one = {("in_context_recall", "softmax"): [0.3]}
+    assert claim_verdict(mad_scores(_report(tmp_path, low_one)))[0] == "did not hold on one seed"
+    assert claim_verdict(mad_scores(_report(tmp_path, {("compression", "softmax"): [1.0]})))[0] == "not measured"
 
 
 def test_the_section_has_table_claim_and_heat_map_and_is_absent_without_runs(tmp_path):
@@ -43,4 +47,12 @@ def test_the_section_has_table_claim_and_heat_map_and_is_absent_without_runs(tmp
     notes = []
     parts = mad_html(rep, notes, lambda rows: f"<table>{len(rows)}</table>", lambda path, alt: f"<img {path}>")
     assert notes == [] and (tmp_path / "img" / "mad.png").is_file() and "<table>3</table>" in parts
-    assert mad_markdown(_report(tmp_path, {})) == []
+    assert mad_markdown(_report(tmp_path, {})) == [] and "One seed" not in text
+
+
+def test_one_seed_is_said_in_the_section(tmp_path):
+    rep = _report(tmp_path, {(t, "softmax"): [1.0] for t in MAD_TASKS})
+    text = "\n".join(mad_markdown(rep))
+    assert "One seed per run" in text and "**held on one seed**" in text
+    parts = mad_html(rep, [], lambda rows: "<table></table>", lambda path, alt: "<img>")
+    assert any("One seed per run" in part for part in parts)

@@ -5,19 +5,25 @@ Sec. 3-4: in-context, fuzzy and noisy recall, selective copying, compression and
 (:data:`attnkit.lab.tasks.mad.MAD_TASKS`, the paper's easiest setting of each) score a mechanism in
 a 2-layer model, and the mean over the tasks predicts how it scales (their Fig. 1). Here each
 mechanism of :data:`MECHANISMS` is the token mixer of the same 2-layer causal pre-norm language model
-(:func:`~.tokens.language_model`, width 64, 2 heads) with the same budget; the hybrids alternate a
+(:func:`~.tokens.language_model`, width 64, 2 heads) with the same budget on a task; the hybrids alternate a
 recurrent layer with a softmax layer (``TransformerLM(softmax_every=2)``). The report's
 section (:mod:`attnkit.lab.tour.report.mad`) draws the task x mechanism table with the mean and checks
 :data:`CLAIM`.
 
-The budget (300 steps of 64 sequences, learning rate 3e-3) was checked on seed 0 on a busy 2-core machine for
-softmax attention on in-context recall only: with rotary positions it reaches 100 % by step 200; with sinusoidal
-positions it was still at 30 % at step 250, hence rotary positions for the softmax layers. The other cells
-were not tuned. Cost, one thread, batch 64, on a quiet 2-core machine: a step takes 0.17 s for softmax at
-length 128, 0.3-0.4 s for Mamba-2 and Gated DeltaNet, 2.0 s for KDA, 1.1 s for GLA at length 256, so the
-72 runs of one seed take hours on a CPU: run the suite on a GPU (``--device cuda``) or on a few tasks and
-mechanisms (``--tasks``, ``--mechanisms``). Experiment keys are ``<task>/<mechanism>`` (:data:`KEYS`):
-``attnkit tour --suite mad``.
+The budget fits a CPU: one seed (:func:`default_seeds`; three on a GPU, ``--seeds 0 1 2`` anywhere) and few
+sequences. Softmax attention learns in-context recall in a jump, when an induction head forms: on seed 0 (rotary
+positions, learning rate 3e-3, a busy 2-core machine) it was at 30 % (guessing among the values in context) up to
+step 300 of 500 at batch 32 and at 100 % from step 400; at batch 64 it was still at 51 % at step 300 of 300 (seed 1:
+97 % from step 160); at batch 16 it was at 30 % after 400 steps. So in-context recall, the claim's task, trains 500
+steps of 32 (:data:`BUDGETS`), and the other five tasks 90 steps of 16 (:data:`BUDGET`): a short budget, whose
+columns show early learning, not the paper's trained scores. The cost per sequence is about the same at batches 16,
+32 and 64 (measured at one thread). A training step at batch 64, one thread of a quiet 2-core CPU (2026-12-07), took
+0.14-0.31 s for softmax, the window, linear attention, the Performer, RetNet, GLA, Mamba-2 and DeltaNet at length
+128, 0.35-0.6 s for Gated DeltaNet, KDA and the hybrids, 0.6-1.4 s for every mechanism at length 256 (selective
+copying), and 0.08-0.4 s at lengths 32 and 65; the twelve runs of in-context recall then take about 870 s of one
+thread, the 60 others about 580 s, and the 72 processes' start-up and evaluations about 460 s: about 16 minutes on
+two workers.
+Experiment keys are ``<task>/<mechanism>`` (:data:`KEYS`): ``attnkit tour --suite mad``.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ from . import Built, Experiment
 from .tokens import TokenObjective
 from .train import Budget
 
-__all__ = ["MECHANISMS", "USES", "CLAIM", "WINDOW", "mad_experiments", "KEYS"]
+__all__ = ["MECHANISMS", "USES", "CLAIM", "WINDOW", "BUDGET", "BUDGETS", "QUICK", "default_seeds", "mad_experiments",
+           "KEYS"]
 
 WINDOW = 16
 DIM, HEADS, LAYERS = 64, 2, 2
@@ -104,11 +111,27 @@ def _build(task: str, mechanism: str) -> Built:
     return Built(model, data, data, TokenObjective())
 
 
+BUDGET = Budget(steps=90, batch_size=16, lr=3e-3, eval_size=64, test_size=256)
+"""The budget of every MAD run but in-context recall's (:data:`BUDGETS`): 1440 sequences, sized so that the 72 runs
+of one seed fit about 16 minutes of a quiet 2-core CPU (see the module docstring)."""
+BUDGETS = {CLAIM["task"]: Budget(steps=500, batch_size=32, lr=3e-3, eval_size=64, test_size=256)}
+"""Task -> its budget where it is not :data:`BUDGET`: in-context recall, the claim's task, trains on 16000
+sequences, since softmax attention learns it in a jump (an induction head forms) only after 10000-20000."""
+QUICK = Budget(steps=30, batch_size=16, lr=3e-3, eval_size=64, test_size=128)
+"""``--quick``: a smoke run of the suite, every task."""
+
+
+def default_seeds(device: str) -> tuple[int, ...]:
+    """The suite's seeds when none are given: one on a CPU (the 20-minute budget), three elsewhere (Welch's t)."""
+    return (0,) if str(device).split(":")[0] == "cpu" else (0, 1, 2)
+
+
 def mad_experiments() -> list[Experiment]:
-    """One experiment per MAD task and mechanism (:data:`KEYS`), one budget for all."""
-    budget, quick = Budget(steps=300, lr=3e-3, test_size=512), Budget(steps=100, lr=3e-3, test_size=256)
+    """One experiment per MAD task and mechanism (:data:`KEYS`), one budget per task (:data:`BUDGET`,
+    :data:`BUDGETS`) for every mechanism."""
     return [Experiment(task, name, f"MAD {task} ({tasks.get(task).describe()}); 2-layer causal "
-                       f"pre-norm LM, width {DIM}: {text}", partial(_build, task, name), budget, quick,
+                       f"pre-norm LM, width {DIM}: {text}", partial(_build, task, name), BUDGETS.get(task, BUDGET),
+                       QUICK,
                        uses=("causal", *USES[name]))
             for task in MAD_TASKS for name, (_, _, text) in MECHANISMS.items()]
 

@@ -1,9 +1,9 @@
-"""Segment sums: each entry the sum over its own segment (exact where a difference of prefix sums is not)."""
+"""local.py's segment sums: each entry summed over its own segment (exact where prefix sums are not)."""
 
 import pytest
 import torch
 
-from attnkit.functional.recurrences.segsum import decayed_products, segsum, split_decayed_products, suffix_sums
+from attnkit.functional.recurrences.local import decayed_products, segsum, split_decayed_products, suffix_sums
 
 
 def test_entries_are_sums_over_their_segments_and_minus_inf_above():
