@@ -295,3 +295,44 @@ def test_compiled_and_eager_decisions_agree_on_every_row_of_the_table():
         torch.testing.assert_close(compiled(q, k, v), fn(q, k, v), atol=2e-5, rtol=1e-4)
         nodes = [n for n in graphs[0].graph.nodes if "attnkit" in str(n.target)]
         assert len(nodes) == 1 and nodes[0].args[-1] == name, (name, [n.args[-1] for n in nodes])
+
+
+def test_the_operator_reads_a_kv_cache_prefix_view_in_place_as_it_reads_a_copy():
+    """A decoding step's keys and values are a prefix view of the cache's buffers (rows of stride 1, heads strided
+    by the capacity): the kernel reads them as they are, with the result of contiguous copies bit for bit, and both
+    equal the float64 oracle (one query, grouped heads, bottom-right causal: every key)."""
+    from attnkit.kernels.paths import INDEX
+    from attnkit.nn.kv_cache import CAUSAL
+
+    gen = torch.Generator().manual_seed(0)
+    buffers = [torch.randn(1, 2, 40, 16, generator=gen) for _ in range(2)]  # (B, Hkv, capacity, D)
+    q = torch.randn(1, 4, 1, 16, generator=gen)
+    k, v = (b[:, :, :29] for b in buffers)
+    assert not k.is_contiguous()
+    options = (None, custom_op.mask_text(CAUSAL), 0.0, 16 ** -0.5, "scaled_dot", "softmax", "auto")
+    viewed = OP(q, k, v, *options)
+    copied = OP(q, k.contiguous(), v.contiguous(), *options)
+    assert int(viewed[2]) == int(copied[2]) == INDEX["torch-sdpa"]
+    assert torch.equal(viewed[0], copied[0]) and torch.equal(viewed[1], copied[1])
+    exact, _ = _oracle_and_grads(q, k, v, None, torch.ones(1, 4, 1, 16))
+    torch.testing.assert_close(viewed[0].double(), exact, atol=1e-5, rtol=1e-5)
+
+
+def test_the_operator_answers_a_decoding_step_on_the_lane_without_validating_it(monkeypatch):
+    """A call the eager fast lane takes (one query over a cache, bottom-right causal) runs torch's kernel after the
+    lane's attribute checks alone, inside the operator too: no validation, the torch-sdpa row's index and lse kept for
+    its backward, the float64 oracle's output. A call the lane declines (a window) still validates."""
+    from attnkit.kernels.paths import INDEX
+    from attnkit.nn.kv_cache import CAUSAL
+
+    calls = []
+    real = custom_op.validate
+    monkeypatch.setattr(custom_op, "validate", lambda *a, **kw: (calls.append(1), real(*a, **kw))[1])
+    q, k, v = rand_qkv(1, 4, 1, 33, 16, hkv=2, seed=3)
+    out, lse, ran = OP(q, k, v, None, custom_op.mask_text(CAUSAL), 0.0, 16 ** -0.5, "scaled_dot", "softmax", "auto")
+    assert calls == [] and int(ran) == INDEX["torch-sdpa"] and lse.shape == (1, 4, 1)
+    exact, _ = _oracle_and_grads(q, k, v, None, torch.ones_like(out))
+    torch.testing.assert_close(out.double(), exact, atol=1e-5, rtol=1e-5)
+    OP(q, k, v, None, custom_op.mask_text(masks.sliding_window(4, 0)), 0.0, 16 ** -0.5, "scaled_dot", "softmax",
+       "auto")
+    assert calls == [1]

@@ -427,3 +427,19 @@ def test_softmax_self_attention_is_multi_head_attention_exactly():
     assert torch.equal(sa(x), sa(x))
     sa.train()
     assert not torch.equal(sa(x), sa(x))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_cached_generation_with_eos_joins_the_same_tokens_and_logits_as_recomputing(temperature):
+    """The cached loop feeds the new token alone and joins the sequence once at the end; with eos padding and early
+    stop, greedy or sampled from one seed, its tokens and logits are those of recomputing the whole sequence."""
+    torch.manual_seed(0)
+    lm = TransformerLM(V, dim=DIM, num_heads=H).eval()
+    prefix = torch.randint(0, V, (3, 2), generator=torch.Generator().manual_seed(3))
+    eos = int(lm.generate(prefix, 8)[0, 4])
+    runs = [lm.generate(prefix, 8, eos=eos, temperature=temperature, use_cache=cached, return_logits=True,
+                        generator=torch.Generator().manual_seed(5)) for cached in (True, False)]
+    (a, la), (b, lb) = runs
+    assert torch.equal(a, b) and a.dtype == prefix.dtype and torch.equal(a[:, :2], prefix)
+    torch.testing.assert_close(la, lb, atol=1e-5, rtol=1e-5)
+    assert la.shape == (3, a.shape[1] - 2, V)

@@ -82,3 +82,18 @@ def test_bad_formats_and_inputs_name_the_argument():
         cache.append(torch.randn(1, 1, 1, 8, dtype=torch.float64), torch.randn(1, 1, 1, 8, dtype=torch.float64))
     with pytest.raises(ShapeError, match="capacity 4 exceeded"):
         cache.append(torch.randn(1, 1, 5, 8), torch.randn(1, 1, 5, 8))
+
+
+def test_a_decoding_loop_grows_the_cache_in_place_in_its_preallocated_buffers():
+    """Each step writes its positions into the buffers made at construction (no concatenation, no new buffer per
+    token): the returned keys and values are views of those buffers, and after the steps they hold the sequence."""
+    cache = KVCache(2, 12, 3, 4)
+    buffers = (cache._k.data_ptr(), cache._v.data_ptr())
+    ks, vs = torch.randn(2, 3, 9, 4), torch.randn(2, 3, 9, 4)
+    with torch.no_grad():
+        k, v = cache.append(ks[:, :, :5], vs[:, :, :5])  # a prompt, then one position a step
+        for i in range(5, 9):
+            k, v = cache.append(ks[:, :, i:i + 1], vs[:, :, i:i + 1])
+            assert (k.data_ptr(), v.data_ptr()) == buffers and k.shape == (2, 3, i + 1, 4)
+    assert (cache._k.data_ptr(), cache._v.data_ptr()) == buffers and len(cache) == 9
+    assert torch.equal(k, ks) and torch.equal(v, vs) and not cache._k[:, :, 9:].any()

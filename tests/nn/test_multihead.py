@@ -730,3 +730,21 @@ def test_head_dim_out_bias_and_scale_give_the_formula_with_narrow_or_wide_heads(
 
     with pytest.raises(ArgumentError, match=r"no cost formula here"):
         cost(mha)
+
+
+def test_self_attention_projections_are_views_of_one_matmul_equal_to_each_heads_own_projection():
+    """The packed projection splits into (B, H, L, d) queries and (B, Hkv, L, d) keys and values as views of the one
+    matmul's output (no copies); each head equals x W_h^T + b_h computed alone, in float64."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(12, 4, num_kv_heads=2, batch_first=True, dtype=torch.float64)
+    x = torch.randn(2, 5, 12, dtype=torch.float64)
+    q, k, v = mha._project(x, x, x)
+    assert q.shape == (2, 4, 5, 3) and k.shape == v.shape == (2, 2, 5, 3)
+    assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
+    w, b = mha.in_proj_weight, mha.in_proj_bias
+    rows = [("q", q, 0, 4), ("k", k, 12, 2), ("v", v, 18, 2)]
+    for _, got, start, heads in rows:
+        for h in range(heads):
+            lo = start + 3 * h
+            want = x @ w[lo:lo + 3].T + b[lo:lo + 3]  # (B, L, d)
+            torch.testing.assert_close(got[:, h], want, rtol=1e-12, atol=1e-12)

@@ -16,7 +16,8 @@ the paths written in plain torch operations. Instead, a traced call that
   :func:`attnkit.masks.parse` reads back, so an exported program holds no Python
   object); layouts and block plans are built from it and the sizes inside the
   operator, at run time, and cached (a bounded set of masks, by the bytes their caches hold).
-- At run time the operator decides as eager :func:`attnkit.attention` does, from the
+- At run time the operator decides as eager :func:`attnkit.attention` does: a call the
+  fast lane takes (:mod:`.lane`) runs there, on attribute checks alone; any other from the
   one table, with the data in hand (:func:`.dispatch.choose`): the same path, checks
   and fallbacks, so a compiled or exported call computes exactly the eager result.
   ``path`` is the decision expected when traced (:func:`.dispatch.choose` with
@@ -41,7 +42,7 @@ from ..bias import Softcap
 from ..errors import BackendError
 from ..functional.validate import Problem, validate
 from ..masks import Mask, parse
-from . import rules
+from . import lane, rules
 from .dispatch import Decision, choose, decide, execute, symbolic_sizes
 from .paths import INDEX, PATHS
 from .pipeline import KernelOutput, zero_padded_keys
@@ -134,10 +135,30 @@ def _own_forward(p: Problem):
     return None if done is None else (*done, INDEX[row.name])
 
 
+def _through_lane(q, k, v, bias, mask: str, softcap: float, scale: float, score: str, normalize: str):
+    """``(out, lse, row index)`` of the call eager :func:`attnkit.attention` serves on the fast lane (:mod:`.lane`:
+    attribute checks, torch's CPU kernel, its lse checked), the lse kept for the torch-sdpa row's backward; None
+    where the lane would not answer (then the operator validates and decides as the full route does)."""
+    if bias is not None or softcap:
+        return None
+    m = _MASKS.get(mask)
+    fast = lane.route(q, k, v, m, None, score, scale, normalize, 0.0, False, False, "auto")
+    if fast is None or not fast[3] or rules.FLASH is None:  # the CPU kernel alone gives the lse
+        return None
+    is_causal, float_mask, scale, _ = fast
+    out, lse = rules.FLASH(q, k, v, 0.0, is_causal, attn_mask=float_mask, scale=scale)
+    if not lane.trusted(out, lse):
+        return None
+    return out.contiguous(), lse.contiguous(), torch.tensor(INDEX["torch-sdpa"])
+
+
 @torch.library.custom_op(OPERATOR, mutates_args=())
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, mask: str,
                softcap: float, scale: float, score: str, normalize: str,
                path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    fast = _through_lane(q, k, v, bias, mask, softcap, scale, score, normalize)
+    if fast is not None:  # a decoding step, a small call: at the eager lane's cost
+        return fast
     p = _problem(q, k, v, bias, mask, softcap, scale, score, normalize)
     batch, heads, lq, _, _, _ = p.sizes
     empty_saved = q.new_zeros(batch, heads, lq, dtype=p.compute_dtype)

@@ -267,16 +267,18 @@ def cost(p: Problem, grad: bool = False) -> PathCost:
     return PathCost(pairs, workspace, fused=(label, fwd, bwd if flash else 2 * fwd), materialized=not flash)
 
 
-def _kernel_inputs(p: Problem):
+def _kernel_inputs(p: Problem, rows: bool = False):
+    """q, k, v in the compute dtype, contiguous; ``rows``: any layout whose feature axis has stride 1 is kept (the
+    forward kernel reads such strides, e.g. a KV cache's prefix view, which a copy would read whole every step)."""
     dt = p.compute_dtype
-    return tuple(t.to(dt).contiguous() for t in (p.q, p.k, p.v))
+    return tuple(t.to(dt) if rows and t.stride(-1) == 1 else t.to(dt).contiguous() for t in (p.q, p.k, p.v))
 
 
 def op_forward(p: Problem):
     """For the compiled operator: ``(out, lse)`` of the CPU kernel, or None where :func:`run` would not call it."""
     if not (checks_output(p) and rules.cpu_flash(p)):
         return None
-    q, k, v = _kernel_inputs(p)
+    q, k, v = _kernel_inputs(p, rows=True)
     km = kernel_mask(p, q.dtype)
     out, lse = rules.FLASH(q, k, v, 0.0, km.is_causal, attn_mask=km.float_mask, scale=p.scale)
     if not trustworthy(out, lse, km.empty_rows):

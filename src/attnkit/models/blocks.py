@@ -9,7 +9,7 @@ from torch import nn
 from .. import masks
 from ..errors import ArgumentError, check_int
 from ..nn.multihead import MultiHeadAttention
-from .self_attention import self_attend
+from .self_attention import SoftmaxSelfAttention, self_attend
 
 __all__ = ["TransformerEncoderLayer", "TransformerDecoderLayer", "make_norm", "ACTIVATIONS", "NORMS"]
 
@@ -62,16 +62,20 @@ class _Sublayers(nn.Module):
         """``FFN(x) = max(0, x W_1 + b_1) W_2 + b_2`` (eq. 2; GELU when asked), or SwiGLU
         ``(Swish(x W) * x V) W_2`` and GEGLU ``(GELU(x W) * x V) W_2`` (Shazeer 2020, "GLU Variants Improve
         Transformer", arXiv:2002.05202, eq. 6)."""
-        if self.activation in _GLU:
+        glu = _GLU.get(self.activation)
+        if glu is not None:
             gate, up = self.linear1(x).chunk(2, dim=-1)  # (B, n, 2 ff) -> 2 x (B, n, ff)
-            return self.linear2(self._drop(_GLU[self.activation](gate) * up))
-        return self.linear2(self._drop(_ACTIVATIONS[self.activation](self.linear1(x))))
+            h = glu(gate) * up
+        else:
+            h = _ACTIVATIONS[self.activation](self.linear1(x))
+        return self.linear2(self._drop(h) if self.dropout else h)
 
     def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer) -> torch.Tensor:
         """Post-norm ``LN(x + Sublayer(x))`` (Sec. 5.4) or pre-norm ``x + Sublayer(LN(x))``."""
-        if self.norm_first:
-            return x + self._drop(sublayer(norm(x)))
-        return norm(x + self._drop(sublayer(x)))
+        y = sublayer(norm(x) if self.norm_first else x)
+        if self.dropout:
+            y = self._drop(y)
+        return x + y if self.norm_first else norm(x + y)
 
     def extra_repr(self) -> str:
         return (f"ff_dim={self.ff_dim}, activation={self.activation!r}, norm_first={self.norm_first}, "
@@ -178,7 +182,11 @@ class TransformerDecoderLayer(_Sublayers):
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *,
                 memory_keep_mask: torch.Tensor | None = None, key_keep_mask: torch.Tensor | None = None,
                 cache=None, tree=None) -> torch.Tensor:
-        x = self._residual(x, self.norm1, lambda h: self_attend(self.self_attn, h, key_keep_mask, cache, tree))
+        attn = self.self_attn
+        if tree is None and type(attn) is SoftmaxSelfAttention:  # the common layer: no adapter between
+            x = self._residual(x, self.norm1, lambda h: attn(h, key_keep_mask=key_keep_mask, cache=cache))
+        else:
+            x = self._residual(x, self.norm1, lambda h: self_attend(attn, h, key_keep_mask, cache, tree))
         if self.multihead_attn is not None:
             if memory is None:
                 raise ArgumentError("TransformerDecoderLayer: memory (the encoder output) is required with "

@@ -176,7 +176,7 @@ class TransformerLM(nn.Module):
             return self.step(new if cached else tokens, caches)
 
         tokens, logits = decode(step, prefix, max_new_tokens, vocab_size=self.vocab_size, eos=eos,
-                                temperature=temperature, generator=generator)
+                                temperature=temperature, generator=generator, history=not cached)
         return (tokens, logits) if return_logits else tokens
 
     def _policy_caches(self, who: str, kv_policy, use_cache, kv_format) -> list[KVPolicy]:

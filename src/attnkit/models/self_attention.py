@@ -104,10 +104,11 @@ class SoftmaxSelfAttention(MultiHeadAttention):
         or its parents): the ``t`` tokens are a speculative draft tree after the cache, each node at the position
         of its depth and attending to the cache and its ancestors (:meth:`KVCache.commit` keeps a path)."""
         who = type(self).__name__
-        if isinstance(cache, KVPolicy):
-            return self._through_policy(x, cache, key_keep_mask, tree)
-        if isinstance(cache, PagedBatch):
-            return self._through_pages(x, cache, key_keep_mask, tree)
+        if cache is not None and type(cache) is not KVCache:  # (a KV cache, the decoding step, asks one test)
+            if isinstance(cache, KVPolicy):
+                return self._through_policy(x, cache, key_keep_mask, tree)
+            if isinstance(cache, PagedBatch):
+                return self._through_pages(x, cache, key_keep_mask, tree)
         x, start = check_step(who, self, x, self.embed_dim, key_keep_mask, cache)
         if tree is not None:
             return self._verify(x, start, cache, tree_parents(who, tree, x.shape[0], x.shape[1]), key_keep_mask)
@@ -117,7 +118,8 @@ class SoftmaxSelfAttention(MultiHeadAttention):
         scales = None
         if cache is not None:
             k, v = cache.append(k, v)  # (B, H, n, d); a quantized cache's codes, read with its scales
-            scales = cache.scales
+            if cache.kv_format is not None:
+                scales = cache.scales
         mask = decoding_mask(self.causal, self.pattern, q.shape[2], k.shape[2], key_keep_mask)
         return self._attend(q, k, v, mask, None, False, True, True, x, scales)[0]
 

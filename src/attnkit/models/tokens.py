@@ -145,33 +145,42 @@ def check_generate(who: str, prefix, max_new_tokens, vocab_size: int, *, eos, te
 
 
 def _pick(logits: torch.Tensor, temperature: float, generator) -> torch.Tensor:
+    """The next token of each row, ``(B, V) -> (B, 1)``: the argmax, or a draw from ``softmax(logits / T)``."""
     if temperature == 0:
-        return logits.argmax(-1)
+        return logits.argmax(-1, keepdim=True)
     probs = torch.softmax(logits.float() / temperature, dim=-1)  # (B, V)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return torch.multinomial(probs, 1, generator=generator)
 
 
-def decode(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], prefix: torch.Tensor, max_new_tokens: int,
-           *, vocab_size: int, eos: int | None, temperature: float, generator) -> tuple[torch.Tensor, torch.Tensor]:
+def decode(step: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor], prefix: torch.Tensor,
+           max_new_tokens: int, *, vocab_size: int, eos: int | None, temperature: float, generator,
+           history: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Append up to ``max_new_tokens`` tokens; ``step(new_tokens, all_tokens)`` gives the next-token logits ``(B, V)``.
 
-    Returns ``(tokens (B, t + s), logits (B, s, V))``; rows that emitted ``eos`` are padded with ``eos``
-    and the loop stops early once every row has.
+    ``history=False``: ``step`` reads the new tokens alone (a cached decoder) and gets None for ``all_tokens``;
+    the sequence is then joined once at the end, not copied on every step. Returns ``(tokens (B, t + s),
+    logits (B, s, V))``; rows that emitted ``eos`` are padded with ``eos`` and the loop stops early once every row has.
     """
     tokens, new = prefix, prefix
-    finished = torch.zeros(prefix.shape[0], dtype=torch.bool, device=prefix.device)
+    chosen = [prefix]
+    finished = torch.zeros(prefix.shape[0], 1, dtype=torch.bool, device=prefix.device)
     logits = []
     for _ in range(max_new_tokens):
-        last = step(new, tokens)  # (B, V)
-        nxt = _pick(last, temperature, generator).to(prefix.dtype)
+        last = step(new, tokens if history else None)  # (B, V)
+        new = _pick(last, temperature, generator)  # (B, 1)
+        if new.dtype != prefix.dtype:
+            new = new.to(prefix.dtype)
         if eos is not None:
-            nxt = torch.where(finished, torch.full_like(nxt, eos), nxt)
-            finished = finished | (nxt == eos)
+            new = torch.where(finished, torch.full_like(new, eos), new)
+            finished = finished | (new == eos)
         logits.append(last)
-        new = nxt[:, None]  # (B, 1)
-        tokens = torch.cat([tokens, new], dim=1)
+        chosen.append(new)
+        if history:
+            tokens = torch.cat([tokens, new], dim=1)
         if eos is not None and bool(finished.all()):
             break
+    if not history:
+        tokens = torch.cat(chosen, dim=1)
     if not logits:
         return tokens, torch.zeros(prefix.shape[0], 0, vocab_size, device=prefix.device)
     return tokens, torch.stack(logits, dim=1)

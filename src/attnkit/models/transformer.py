@@ -126,5 +126,5 @@ class Transformer(nn.Module):
             return self.decode(feed, memory, src_keep_mask=src_keep_mask, caches=caches)[:, -1]
 
         tokens, logits = decode(step, prefix, max_new_tokens, vocab_size=self.tgt_vocab, eos=eos,
-                                temperature=temperature, generator=generator)
+                                temperature=temperature, generator=generator, history=not cached)
         return (tokens, logits) if return_logits else tokens

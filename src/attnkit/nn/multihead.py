@@ -301,8 +301,11 @@ class MultiHeadAttention(nn.Module):
     def _project(self, query, key, value):
         e, kv = self.inner_dim, self.num_kv_heads * self.head_dim
         if self._qkv_same_embed_dim and query is key and key is value:  # self-attention: one matmul for all three
-            q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).split([e, kv, kv], dim=-1)
-            return self._heads(q, self.num_heads), self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
+            # (B, L, (H + 2 Hkv) d) -> (B, H + 2 Hkv, L, d), split into heads: three views, as _heads gives, in 3 ops
+            h, hkv = self.num_heads, self.num_kv_heads
+            qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)
+            heads = qkv.view(*qkv.shape[:-1], h + 2 * hkv, self.head_dim).transpose(1, 2)
+            return heads.split_with_sizes([h, hkv, hkv], dim=1)  # (the method itself: no Python wrapper per call)
         if self._qkv_same_embed_dim:
             wq, wk, wv = self.in_proj_weight.split([e, kv, kv])
         else:
@@ -334,18 +337,22 @@ class MultiHeadAttention(nn.Module):
 
     def _attend(self, q, k, v, mask, bias, need_weights, average, batched, gate_input=None, scales=None):
         """``scales``: a quantized cache's ``k_scale``/``v_scale`` (:attr:`KVCache.scales`) when k and v are codes."""
-        if scales and self._n_extra:
+        n_extra = self._n_extra
+        if scales and n_extra:
             raise ArgumentError(f"{type(self).__name__}: a quantized KV cache cannot take the extra keys of "
                                 "add_bias_kv / add_zero_attn; use a full-precision cache (kv_format=None)")
         if self.extra_mask is not None:
             mask = self.extra_mask if mask is None else mask & self.extra_mask
-        k, v = self._extra_keys(k, v)
-        mask, bias = torch_compat.with_extra_keys(mask, bias, self._n_extra)
-        options = {"dropout_p": self.dropout if self.training else 0.0, "return_weights": need_weights,
-                   "sinks": self.sinks, "scale": self.scale}
+        if n_extra:
+            k, v = self._extra_keys(k, v)
+        if mask is not None or bias is not None:
+            mask, bias = torch_compat.with_extra_keys(mask, bias, n_extra)
+        dropout = self.dropout if self.training else 0.0
         if self.attention_option is None:
-            res = attention(q, k, v, mask=mask, bias=bias, **options, **(scales or {}))
+            res = attention(q, k, v, mask=mask, bias=bias, dropout_p=dropout, return_weights=need_weights,
+                            sinks=self.sinks, scale=self.scale, **(scales or {}))
         else:
+            options = {"dropout_p": dropout, "return_weights": need_weights, "sinks": self.sinks, "scale": self.scale}
             res = _xoptions.attend(self, q, k, v, mask=mask, bias=bias, options=options)
         out = res.output if need_weights else res
         out = out.transpose(1, 2).flatten(2)  # (B, H, L, d) -> (B, L, H d)

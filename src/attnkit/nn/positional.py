@@ -161,7 +161,8 @@ class LearnedPositionalEmbedding(nn.Module):
         check_sequence(who, "x", x, self.dim, named=True)
         offset = check_offset(who, "offset", offset)
         _check_length(who, self.max_len, x.shape[1], offset)
-        return x + self.weight[offset: offset + x.shape[1]].to(x.dtype)  # (n, dim) broadcasts over batch
+        pos = self.weight[offset: offset + x.shape[1]]  # (n, dim) broadcasts over batch
+        return x + (pos if pos.dtype == x.dtype else pos.to(x.dtype))
 
 
 # Registry entries of the positional family (ALiBi is the core entry "alibi").

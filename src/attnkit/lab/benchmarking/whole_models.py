@@ -54,12 +54,13 @@ the window row's gain is the attention's gain diluted by the rest of the step. G
 runs `TransformerLM.step` (no checks of the tokens the loop chose, one causal mask object, the output \
 head on the last position), and its attention calls take the fast lane; a step's attention is one \
 query over about 300 cached keys, where the lane's output check (the dispatch-overhead section) is \
-still of the kernel's order, once per layer and token, and the modules' Python (pre-norm blocks, \
-`KVCache.append`) adds per token what the plain model's fewer modules do not. Compiled: each attention \
-call is one `attnkit::attention` custom operator node that runs the eager path (torch's kernel for \
-causal, band windows for the window), so the compiled rows compare the same kernels inside graphs \
-that inductor compiles on both sides; compiled generation compiles `TransformerLM.step` and the \
-plain model's forward (what each generate calls per token)."""
+still of the kernel's order, once per layer and token; the modules run the plain model's operators per \
+layer (one matmul, three views for the heads, two writes into the preallocated cache) and some more \
+Python (the pre-norm block's residuals, the cache's checks). Compiled: each attention call is one \
+`attnkit::attention` custom operator node that runs the eager path (the fast lane's call on the lane, \
+torch's kernel over the cache's prefix in place; band windows for the window), so the compiled rows \
+compare the same kernels inside graphs that inductor compiles on both sides; compiled generation \
+compiles `TransformerLM.step` and the plain model's forward (what each generate calls per token)."""
 
 
 @dataclass(frozen=True)
