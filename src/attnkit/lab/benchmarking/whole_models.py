@@ -16,7 +16,7 @@ the ratio taken per round, median and range over the rounds):
   B=4, L=1024: target <= 1.05x;
 - ``generate``: greedy decoding with the KV cache, 64 tokens after a 256-token prompt, B=1:
   ``TransformerLM.generate`` against the plain model's own cached loop with SDPA; time ratio
-  (tokens/s is its inverse): target <= 1.0x.
+  (tokens/s is its inverse): target <= 1.05x (issue 34).
 
 With ``--compiled`` every row runs again with both sides under ``torch.compile`` (the model's
 forward compiled; the loss, backward and AdamW step as the eager rows); compile time is
@@ -47,7 +47,7 @@ __all__ = ["ROWS", "GOALS", "Sizes", "rows", "run", "report", "command", "parse_
            "estimate_seconds"]
 
 ROWS = ("causal", "window", "lm", "generate")
-GOALS = {"causal": 1.03, "window": 0.67, "lm": 1.05, "generate": 1.0}
+GOALS = {"causal": 1.03, "window": 0.67, "lm": 1.05, "generate": 1.05}
 NOTES = """What bounds the rows. Training: attention is a part of the step (the projections, the MLP, the \
 output head and AdamW are the same code on both sides), so the causal and model rows sit near 1 and \
 the window row's gain is the attention's gain diluted by the rest of the step. Generation: each token \
