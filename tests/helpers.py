@@ -75,3 +75,14 @@ def randomized_float64(module: torch.nn.Module) -> torch.nn.Module:
         for p in module.parameters():
             p.normal_(0, 0.3)
     return module
+
+
+def assert_close_with_gradients(out, want, leaves, **tol):
+    """``out`` equals ``want`` and so do their gradients in every tensor of ``leaves``, under one random
+    weighting of the outputs (``torch.testing.assert_close`` with ``tol``)."""
+    torch.testing.assert_close(out, want, **tol)
+    weights = torch.randn_like(want)
+    got = torch.autograd.grad((out * weights).sum(), leaves)
+    expected = torch.autograd.grad((want * weights).sum(), leaves)
+    for a, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, e, **tol)

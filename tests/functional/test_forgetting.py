@@ -9,6 +9,7 @@ import attnkit
 from attnkit.errors import ShapeError
 from attnkit.functional.forgetting import ForgetGateBias, forgetting_attention
 from attnkit.masks import causal
+from tests.helpers import assert_close_with_gradients
 
 TOL = dict(rtol=0, atol=1e-10)
 
@@ -45,12 +46,7 @@ def test_equals_the_papers_equations_forward_and_backward(backend):
     inputs = problem()
     out = forgetting_attention(*inputs, backend=backend)
     want = oracle(*inputs)
-    torch.testing.assert_close(out, want, **TOL)
-    w = torch.randn_like(want)
-    got = torch.autograd.grad((out * w).sum(), inputs)
-    expected = torch.autograd.grad((want * w).sum(), inputs)
-    for a, e in zip(got, expected, strict=True):
-        torch.testing.assert_close(a, e, **TOL)
+    assert_close_with_gradients(out, want, inputs, **TOL)
 
 
 def test_queries_after_cached_keys_are_the_last_rows():

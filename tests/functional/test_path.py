@@ -9,6 +9,7 @@ from torch.utils._pytree import tree_leaves
 
 from attnkit.errors import ArgumentError, ShapeError
 from attnkit.functional.path import path_attention, path_scores
+from tests.helpers import assert_close_with_gradients
 
 TOL = dict(rtol=0, atol=1e-10)
 
@@ -54,13 +55,7 @@ def test_equals_the_papers_equations_forward_and_backward(forget, form):
     gates = log_f if forget else None
     out = path_attention(q, k, v, w, beta, log_fgate=gates, form=form, chunk_size=4)
     want = oracle(q, k, v, w, beta, gates)
-    torch.testing.assert_close(out, want, **TOL)
-    leaves = [q, k, v, w, beta] + ([log_f] if forget else [])
-    weights = torch.randn_like(want)
-    got = torch.autograd.grad((out * weights).sum(), leaves)
-    expected = torch.autograd.grad((want * weights).sum(), leaves)
-    for a, e in zip(got, expected, strict=True):
-        torch.testing.assert_close(a, e, **TOL)
+    assert_close_with_gradients(out, want, [q, k, v, w, beta] + ([log_f] if forget else []), **TOL)
 
 
 def test_reflections_at_beta_two_keep_the_keys_norms():
@@ -92,12 +87,7 @@ def test_chunk_form_equals_the_parallel_form_forward_and_backward(n, chunk, hkv,
     leaves = [q, k, v, w, beta] + ([log_f] if forget else [])
     want = path_attention(q, k, v, w, beta, log_fgate=gates)
     out = path_attention(q, k, v, w, beta, log_fgate=gates, form="chunk", chunk_size=chunk)
-    torch.testing.assert_close(out, want, **TOL)
-    weights = torch.randn_like(want)
-    got = torch.autograd.grad((out * weights).sum(), leaves)
-    expected = torch.autograd.grad((want * weights).sum(), leaves)
-    for a, e in zip(got, expected, strict=True):
-        torch.testing.assert_close(a, e, **TOL)
+    assert_close_with_gradients(out, want, leaves, **TOL)
 
 
 def test_chunk_form_in_float32_and_without_gradients():
