@@ -88,9 +88,12 @@ def _check_cu(name: str, cu, total: int, count: int | None, device) -> torch.Ten
 
 
 def _check_max(name: str, value, lengths: torch.Tensor) -> None:
-    check_int(_WHO, name, value, 0)
+    """``value`` an int at least the longest sequence. A good value passes on the comparison the bound needs
+    anyway; a bad one is refused by the shared :func:`~attnkit.errors.check_int` (a non-int, a bool or a negative)
+    before the bound."""
     longest = int(lengths.max()) if lengths.numel() else 0
-    if value < longest:
+    if isinstance(value, bool) or not isinstance(value, int) or value < longest:
+        check_int(_WHO, name, value, 0)
         raise ArgumentError(f"{_WHO}: {name} must be at least the longest sequence, {longest}; got {value}")
 
 

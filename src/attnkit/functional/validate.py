@@ -82,7 +82,8 @@ class Problem:
         """
         memo = self.memo
         if "band" not in memo:
-            band = None if self.mask is None else self.mask.band(self.sizes[2], self.sizes[3])
+            mask = self.mask  # no band terms: no band (Mask.band reads only them), so the mask is not asked
+            band = None if mask is None or mask.band_terms is None else mask.band(self.sizes[2], self.sizes[3])
             memo["band"] = None if band is None or None in band else band
         return memo["band"]
 

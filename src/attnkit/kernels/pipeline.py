@@ -283,8 +283,10 @@ def zero_padded_keys(p: Problem) -> Problem | None:
     changes and None is returned; otherwise a new problem, whose finiteness is learnt
     anew (those rows may have been the only non-finite ones).
     """
-    keys = p.mask.key_padding() if p.mask is not None else None
     compiling = torch.compiler.is_compiling()
+    if not compiling and p.finiteness_known and p.inputs_finite():
+        return None  # a rule has already read the inputs finite: nothing to zero, and the mask is not asked
+    keys = p.mask.key_padding() if p.mask is not None else None
     if keys is None or (not compiling and p.inputs_finite()):
         return None
     batch, _, _, lk, _, _ = p.sizes
