@@ -1,9 +1,11 @@
 """Errors of the linear recurrences (the checks in forms.py) name the argument, what was expected and what came."""
 
+import re
+
 import pytest
 import torch
 
-from attnkit.errors import ArgumentError, DeviceError, DTypeError, ShapeError
+from attnkit.errors import ArgumentError, DeviceError, DTypeError, ShapeError, check_int
 from attnkit.functional.recurrences import gated_delta_rule
 
 Q = torch.randn(2, 3, 5, 4)
@@ -21,6 +23,17 @@ G, BETA = torch.zeros(2, 3, 5), torch.ones(2, 3, 5)
 def test_options_are_checked(kwargs, error, message):
     with pytest.raises(error, match=message):
         gated_delta_rule(Q, Q, V, G, BETA, **kwargs)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.0, True])
+def test_a_bad_chunk_size_gets_the_shared_int_checks_error(bad):
+    """check_form refuses chunk_size with errors.check_int: the same type and wording as every int argument."""
+    with pytest.raises(ArgumentError) as shared:
+        check_int("gated_delta_rule", "chunk_size", bad, 1)
+    wording = str(shared.value).removeprefix("gated_delta_rule: ")
+    for form in ("chunk", "parallel"):
+        with pytest.raises(ArgumentError, match=re.escape(wording) + "$"):
+            gated_delta_rule(Q, Q, V, G, BETA, form=form, chunk_size=bad)
 
 
 def test_tensors_are_checked():
