@@ -5,7 +5,7 @@ For each length L (default 1024 ... 32768) and one function of :mod:`attnkit.fun
 
 - training: forward + backward of the ``chunk`` and ``parallel`` forms, timed interleaved
   (:func:`attnkit.lab.analysis.timing.time_interleaved`, medians), and the peak resident memory each
-  adds, measured in a fresh child process per form and length (this script with ``--child``; Linux
+  adds, measured in a fresh child process per form and length (this script with one JSON argument; Linux
   ``VmHWM`` reset through ``/proc/self/clear_refs``). The parallel form holds ``L x L`` matrices
   (with one decay per channel too: ``split_decayed_products`` holds no ``L x L x Dk`` mask): it is skipped,
   with its estimate, beyond ``--max-gib``.
@@ -29,7 +29,6 @@ import argparse
 import dataclasses
 import json
 import shlex
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,12 +41,14 @@ import attnkit
 from attnkit.functional import recurrences as linear
 from attnkit.lab.analysis.memory import peak_bytes, reset_peak
 from attnkit.lab.analysis.timing import time_interleaved
+from attnkit.lab.benchmarking.child import child_output, run_as_child
 from attnkit.lab.benchmarking.machine import machine_info
 from attnkit.lab.benchmarking.sections import write_section
 
 __all__ = ["Config", "FUNCTIONS", "NAME", "TITLE", "run", "table", "section", "main"]
 
 NAME, TITLE = "linear-forms", "Linear recurrences: chunk and parallel forms, recurrent and softmax decoding"
+MODULE = "benchmarks.linear_forms"
 
 # name -> (one decay per key channel, delta rule): what the function's extra inputs are
 FUNCTIONS = {"retention": (False, False), "gated_linear_attention": (True, False), "delta_rule": (False, True),
@@ -117,20 +118,18 @@ def _timed(fns: dict[str, Callable[[], object]], config: Config) -> dict[str, fl
 
 
 def _peak_bytes(config: Config, length: int, form: str) -> int:
-    spec = json.dumps({"config": dataclasses.asdict(config), "length": length, "form": form})
-    done = subprocess.run([sys.executable, __file__, "--child", spec], capture_output=True, text=True, check=True)
-    return int(done.stdout.strip().splitlines()[-1])
+    payload = {"config": dataclasses.asdict(config), "length": length, "form": form}
+    return int(child_output(MODULE, payload, timeout=3600.0))
 
 
-def child(spec_text: str) -> None:
-    """One forward + backward of one form in this fresh process; prints the peak resident bytes it added."""
+def child(spec: dict) -> int:
+    """One forward + backward of one form in this fresh process: the peak resident bytes it added."""
     torch.set_num_threads(1)
-    spec = json.loads(spec_text)
     config = Config(**{**spec["config"], "lengths": tuple(spec["config"]["lengths"])})
     step = _training_step(config, spec["length"], spec["form"])
     base = reset_peak()
     step()
-    print(peak_bytes() - base)
+    return peak_bytes() - base
 
 
 def run(config: Config, log: Callable[[str], None] = print) -> list[dict]:
@@ -176,6 +175,8 @@ def section(config: Config, rows: list[dict], argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+    if run_as_child(child, argv):  # a fresh child process: one measurement
+        return []
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=list(Config.lengths))
     parser.add_argument("--function", choices=sorted(FUNCTIONS), default=Config.function)
@@ -187,11 +188,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--max-gib", type=float, default=Config.max_gib)
     parser.add_argument("--json", help="write the numbers to this file")
     parser.add_argument("--write", metavar="FILE", help="write the section into FILE (BENCHMARKS.md)")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child:
-        child(args.child)
-        return []
     config = Config(tuple(args.lengths), args.function, args.heads, args.head_dim, args.chunk_size, args.repeats,
                     args.budget, args.max_gib)
     rows = run(config, log=lambda line: print(line, file=sys.stderr))

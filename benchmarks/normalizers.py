@@ -14,7 +14,6 @@ Usage: ``python benchmarks/normalizers.py [--length 16384] [--write BENCHMARKS.m
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -76,9 +75,9 @@ def table(found: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0].startswith("{"):  # a child: one measurement
-        print(child(json.loads(argv[0])))
+    from attnkit.lab.benchmarking.child import run_as_child
+
+    if run_as_child(child, argv):  # a fresh child process: one measurement
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--length", type=int, default=16384)

@@ -39,7 +39,6 @@ printed, never written, since the section holds every row).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -51,7 +50,7 @@ import attnkit
 from attnkit import masks
 from attnkit.lab.analysis.memory import peak_bytes, reset_peak
 from attnkit.lab.analysis.timing import time_rounds
-from attnkit.lab.benchmarking.child import child_output
+from attnkit.lab.benchmarking.child import child_output, run_as_child
 from attnkit.lab.benchmarking.sections import emit
 from attnkit.models.self_attention import SoftmaxSelfAttention
 from attnkit.nn import DSASparseAttention, MoBA, NativeSparseAttention, PagedKVCache
@@ -221,14 +220,13 @@ def _sides(row: str, smoke: bool) -> dict:
     return sparse_sides(sizes["sparse"], length)
 
 
-def child(payload: str) -> None:
+def child(data: dict) -> int:
     """In a fresh process: the bytes the peak grows by while one side of a row runs once."""
-    data = json.loads(payload)
     torch.set_num_threads(1)
     side = _sides(data["row"], data["smoke"])[data["side"]]
     base = reset_peak()
     side()
-    print(peak_bytes() - base)
+    return peak_bytes() - base
 
 
 def _peak(row: str, side: str, smoke: bool) -> str:
@@ -287,7 +285,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 2 and sys.argv[1].startswith("{"):
-        child(sys.argv[1])
-    else:
+    if not run_as_child(child):  # a fresh child process: one measurement
         sys.exit(main())

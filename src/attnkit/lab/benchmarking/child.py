@@ -1,7 +1,9 @@
 """A fresh Python process per measurement, and the peak memory of one side of a :class:`~.rows.Spec` in one.
 
 :func:`child_output` runs ``python -m <module> <payload as JSON>`` with this interpreter
-(so the same attnkit, installed or from a checkout) and reads its last line. The memory
+(so the same attnkit, installed or from a checkout) and reads its last line; in that module,
+:func:`run_as_child` is the other end: one JSON argument means "you are the child", so it
+measures and prints the answer as its last line. The memory
 child builds the inputs, resets the peak (:func:`attnkit.lab.analysis.memory.reset_peak`:
 resident memory on the CPU, the allocator's on CUDA), then builds the side's method (so
 a dense mask or bias SDPA needs counts: a user of that method holds it too) and calls
@@ -14,12 +16,13 @@ import dataclasses
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 
 import torch
 
 from ..analysis.timing import Case
 
-__all__ = ["side_peak", "child_output"]
+__all__ = ["side_peak", "child_output", "run_as_child"]
 
 
 def child_output(module: str, payload: dict, timeout: float) -> str:
@@ -34,6 +37,24 @@ def child_output(module: str, payload: dict, timeout: float) -> str:
         tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
         raise RuntimeError(tail[0][:300])
     return lines[-1]
+
+
+def run_as_child(measure: Callable[[dict], object], argv: list[str] | None = None) -> bool:
+    """In a script that :func:`child_output` launches: when the command line (``argv``, default
+    ``sys.argv[1:]``) is one JSON argument, this process is the fresh child: ``measure(payload)`` runs and
+    what it returns is printed as the last line, for the parent to read. Returns whether it ran (False: an
+    ordinary command line, for the script's own parser).
+
+    Example (a script's ``main``)::
+
+        if run_as_child(child, argv):
+            return 0
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or not argv[0].startswith("{"):
+        return False
+    print(measure(json.loads(argv[0])))
+    return True
 
 
 def side_peak(spec, side: str, timeout: float = 900.0) -> int | None:
