@@ -114,10 +114,10 @@ def _selected_keys():
 # name: (the call, at most this many files, at most this many re-entries). The bar is 8 files and none; a
 # number above it is the call's length today, a ceiling it may not exceed (docs/DESIGN.md lists the files).
 ENTRY_POINTS = {
-    "varlen_attn, 3 documents, causal": (_varlen, 9, 0),  # + masks/cache.py (layouts, plans) over the bar
+    "varlen_attn, 3 documents, causal": (_varlen, 9, 0),  # the bar + masks/cache.py (its layouts and plans)
     "sinks=, causal (torch-sdpa)": (lambda: _sinks(masks.causal()), 8, 0),
     "sinks=, sliding window (band)": (lambda: _sinks(masks.sliding_window(32)), 8, 0),
-    "flex_attention, a windowed block mask, L = 1024": (_flex, 11, 0),  # + the tiles' predicate and cache
+    "flex_attention, a windowed block mask, L = 1024": (_flex, 11, 0),  # + the tiles' predicate, every call
     "paged decode, 2 sequences": (_paged_decode, 5, 0),
     "selected keys & causal, 32 a query": (_selected_keys, 11, 0),
 }
