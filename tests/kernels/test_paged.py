@@ -581,3 +581,58 @@ def test_sequences_too_long_to_copy_are_read_in_place_from_runs_and_from_a_conti
     torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
     k, v = _contiguous(keys, values)
     assert torch.equal(got, attnkit.attention(q, k, v, seqused_k=used, mask=mask))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shift", [1, 3])
+def test_consecutive_pages_of_a_pool_not_aligned_in_memory_give_the_bits_of_an_aligned_copy(dtype, shift):
+    # torch's kernel sums in another order when the keys start off a 16-byte boundary: a pool that is a view into a
+    # larger buffer (one allocation cut into layers or into k and v) read in place must give the aligned bits
+    lengths = [2 * selected.SPLIT_KEYS + 300, 77]  # as many chunks as sequences: each read in one call
+    keys, values = _sequences(lengths, hkv=1, dtype=dtype, seed=47)
+    q = torch.randn(2, 1, 1, 16, generator=torch.Generator().manual_seed(48), dtype=dtype)  # one row a head
+    counts = [-(-n // 16) for n in lengths]
+    k_pool = torch.full((sum(counts) + 3, 16, 1, 16), math.nan, dtype=dtype)
+    v_pool = k_pool.clone()
+    table = torch.zeros(2, max(counts), dtype=torch.long)
+    first = 1
+    for b, (k, v) in enumerate(zip(keys, values, strict=True)):  # consecutive pages: read in place
+        table[b, :counts[b]] = torch.arange(counts[b]) + first
+        k_pool.view(-1, 1, 16)[first * 16:first * 16 + lengths[b]] = k.transpose(0, 1)
+        v_pool.view(-1, 1, 16)[first * 16:first * 16 + lengths[b]] = v.transpose(0, 1)
+        first += counts[b] + 1
+
+    def shifted(pool):  # the same values, contiguous, starting `shift` elements into a buffer
+        buf = torch.empty(pool.numel() + shift, dtype=dtype)
+        buf[shift:] = pool.flatten()
+        return buf[shift:].view(pool.shape)
+
+    used, mask = torch.tensor(lengths), masks.causal()
+    got = attnkit.attention(q, shifted(k_pool), shifted(v_pool), block_table=table, seqused_k=used, mask=mask)
+    assert torch.equal(got, attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask))
+    k, v = _contiguous(keys, values)
+    assert torch.equal(got, attnkit.attention(q, k, v, seqused_k=used, mask=mask))
+    atol = 2e-6 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("shift", [1, 3])
+def test_a_contiguous_cache_too_long_to_copy_and_not_aligned_in_memory_gives_the_bits_of_an_aligned_copy(
+        shift, monkeypatch):
+    from attnkit.kernels import page_segments
+
+    monkeypatch.setattr(page_segments, "SEQUENCE_BYTES", 1024)  # every sequence too long to copy
+    g = torch.Generator().manual_seed(49)
+    k, v = torch.randn(2, 2, 2, 1300, 16, generator=g)
+    q = torch.randn(2, 2, 1, 16, generator=g)  # one row a head
+    used, mask = torch.tensor([1300, 1299]), masks.causal()
+
+    def shifted(t):
+        buf = torch.empty(t.numel() + shift)
+        buf[shift:] = t.flatten()
+        return buf[shift:].view(t.shape)
+
+    got = attnkit.attention(q, shifted(k), shifted(v), seqused_k=used, mask=mask)
+    assert torch.equal(got, attnkit.attention(q, k, v, seqused_k=used, mask=mask))
+    keys, values = [k[b, :, :n] for b, n in enumerate([1300, 1299])], [v[b, :, :n] for b, n in enumerate([1300, 1299])]
+    torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
