@@ -636,3 +636,35 @@ def test_a_contiguous_cache_too_long_to_copy_and_not_aligned_in_memory_gives_the
     assert torch.equal(got, attnkit.attention(q, k, v, seqused_k=used, mask=mask))
     keys, values = [k[b, :, :n] for b, n in enumerate([1300, 1299])], [v[b, :, :n] for b, n in enumerate([1300, 1299])]
     torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
+
+
+DENSE_BACKENDS = ("reference", "chunked", "sdpa", "blocksparse", "flex")
+
+
+def test_a_page_named_twice_in_one_sequence_is_read_twice_or_refused_never_read_once():
+    # the table defines sequence b's key t as pool key table[b, t // page_size] * page_size + t % page_size, so a
+    # page named twice holds two of its positions; a path that sees the pool as one key axis under a mask can
+    # hold each pool key once: it must refuse such a table, never answer as if the page were named once
+    from attnkit.errors import BackendError
+
+    g = torch.Generator().manual_seed(50)
+    k_pool, v_pool = torch.randn(2, 6, 4, 2, 8, generator=g, dtype=torch.float64)
+    table = torch.tensor([[3, 1, 3, 0], [2, 2, 2, 5]])
+    lengths = [15, 16]
+    q = torch.randn(2, 4, 3, 8, generator=g, dtype=torch.float64)
+    keys = [k_pool[table[b]].reshape(-1, 2, 8)[:n].transpose(0, 1) for b, n in enumerate(lengths)]
+    values = [v_pool[table[b]].reshape(-1, 2, 8)[:n].transpose(0, 1) for b, n in enumerate(lengths)]
+    exact = _oracle(q, keys, values)
+    used, mask = torch.tensor(lengths), masks.causal()
+    got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask)
+    torch.testing.assert_close(got, exact, rtol=0, atol=1e-12)
+    full = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask, return_lse=True)
+    torch.testing.assert_close(full.output, exact, rtol=0, atol=1e-12)
+    for backend in DENSE_BACKENDS:
+        try:
+            out = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask, backend=backend)
+        except BackendError:  # this one or another reason (flex: CUDA only)
+            continue
+        torch.testing.assert_close(out, exact, rtol=0, atol=1e-12, msg=backend)
+    with pytest.raises(BackendError, match="block_table"):  # weights over the pool: no path can give them
+        attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask, return_weights=True)
