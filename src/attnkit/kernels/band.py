@@ -35,9 +35,10 @@ Interior blocks share one mask, the band, whose masked entries sit in the two
 bfloat16/float16 inputs run in float32 unless the CPU has matmul units for them
 (:func:`attnkit.runtime.low_precision_math`); then the products with V, dO and dS
 are half-precision ``bmm`` (about 2.4x float32's speed with AVX-512-BF16), the
-forward's scores and softmax are float32 (the probabilities rounded once), the
-backward recomputes them in the half dtype (torch's softmax sums in float32), and
-the key and value gradients of overlapping windows add up in float32.
+scores and softmax are float32 (the probabilities rounded once for the products),
+in the backward as in the forward (recomputed from half-precision scores, a
+probability of a score near 100 was off by up to 25 %), and the key and value
+gradients of overlapping windows add up in float32.
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ def _backward(q, k, v, out, dout, dlse, pl: Plan, scale: float, finite: bool):
     acc = torch.float32 if low else k.dtype
     dq, dk, dv = torch.empty_like(q), torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)
     units, heads = _units(q, pl)
-    kt, vt = _transposed(k, q.dtype), _transposed(v, q.dtype)  # half: half scores
+    kt, vt = _transposed(k, torch.float32), _transposed(v, q.dtype)  # half: float32 scores, as the forward's
 
     def share() -> None:  # one thread's units: their key and value rows are their own
         work = _Buffers(q)
