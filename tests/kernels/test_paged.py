@@ -668,3 +668,28 @@ def test_a_page_named_twice_in_one_sequence_is_read_twice_or_refused_never_read_
         torch.testing.assert_close(out, exact, rtol=0, atol=1e-12, msg=backend)
     with pytest.raises(BackendError, match="block_table"):  # weights over the pool: no path can give them
         attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask, return_weights=True)
+
+
+@pytest.mark.parametrize("lq", [1, 3])
+def test_consecutive_pages_of_a_pool_strided_in_its_last_dim_give_the_bits_of_a_contiguous_copy(lq):
+    # a pool read every other element (`buf[..., ::2]`) reshapes to a view of stride 2, which torch's kernel reads
+    # in another order than the copies' stride 1: it must give the bits of the same pool made contiguous
+    lengths = [2 * selected.SPLIT_KEYS + 300]
+    keys, values = _sequences(lengths, hkv=1, seed=51)
+    q = torch.randn(1, 1, lq, 16, generator=torch.Generator().manual_seed(52))  # one row a head
+    counts = -(-lengths[0] // 16)
+    k_pool = torch.full((counts + 2, 16, 1, 16), math.nan)
+    v_pool = k_pool.clone()
+    k_pool.view(-1, 1, 16)[16:16 + lengths[0]] = keys[0].transpose(0, 1)
+    v_pool.view(-1, 1, 16)[16:16 + lengths[0]] = values[0].transpose(0, 1)
+    table = (torch.arange(counts) + 1)[None]
+
+    def strided(pool):
+        buf = torch.full((*pool.shape[:3], 32), math.nan)
+        buf[..., ::2] = pool
+        return buf[..., ::2]
+
+    used = torch.tensor(lengths)
+    for mask in (None, masks.causal()):
+        got = attnkit.attention(q, strided(k_pool), strided(v_pool), block_table=table, seqused_k=used, mask=mask)
+        assert torch.equal(got, attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask))
