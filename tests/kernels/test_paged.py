@@ -581,3 +581,115 @@ def test_sequences_too_long_to_copy_are_read_in_place_from_runs_and_from_a_conti
     torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
     k, v = _contiguous(keys, values)
     assert torch.equal(got, attnkit.attention(q, k, v, seqused_k=used, mask=mask))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shift", [1, 3])
+def test_consecutive_pages_of_a_pool_not_aligned_in_memory_give_the_bits_of_an_aligned_copy(dtype, shift):
+    # torch's kernel sums in another order when the keys start off a 16-byte boundary: a pool that is a view into a
+    # larger buffer (one allocation cut into layers or into k and v) read in place must give the aligned bits
+    lengths = [2 * selected.SPLIT_KEYS + 300, 77]  # as many chunks as sequences: each read in one call
+    keys, values = _sequences(lengths, hkv=1, dtype=dtype, seed=47)
+    q = torch.randn(2, 1, 1, 16, generator=torch.Generator().manual_seed(48), dtype=dtype)  # one row a head
+    counts = [-(-n // 16) for n in lengths]
+    k_pool = torch.full((sum(counts) + 3, 16, 1, 16), math.nan, dtype=dtype)
+    v_pool = k_pool.clone()
+    table = torch.zeros(2, max(counts), dtype=torch.long)
+    first = 1
+    for b, (k, v) in enumerate(zip(keys, values, strict=True)):  # consecutive pages: read in place
+        table[b, :counts[b]] = torch.arange(counts[b]) + first
+        k_pool.view(-1, 1, 16)[first * 16:first * 16 + lengths[b]] = k.transpose(0, 1)
+        v_pool.view(-1, 1, 16)[first * 16:first * 16 + lengths[b]] = v.transpose(0, 1)
+        first += counts[b] + 1
+
+    def shifted(pool):  # the same values, contiguous, starting `shift` elements into a buffer
+        buf = torch.empty(pool.numel() + shift, dtype=dtype)
+        buf[shift:] = pool.flatten()
+        return buf[shift:].view(pool.shape)
+
+    used, mask = torch.tensor(lengths), masks.causal()
+    got = attnkit.attention(q, shifted(k_pool), shifted(v_pool), block_table=table, seqused_k=used, mask=mask)
+    assert torch.equal(got, attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask))
+    k, v = _contiguous(keys, values)
+    assert torch.equal(got, attnkit.attention(q, k, v, seqused_k=used, mask=mask))
+    atol = 2e-6 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("shift", [1, 3])
+def test_a_contiguous_cache_too_long_to_copy_and_not_aligned_in_memory_gives_the_bits_of_an_aligned_copy(
+        shift, monkeypatch):
+    from attnkit.kernels import page_segments
+
+    monkeypatch.setattr(page_segments, "SEQUENCE_BYTES", 1024)  # every sequence too long to copy
+    g = torch.Generator().manual_seed(49)
+    k, v = torch.randn(2, 2, 2, 1300, 16, generator=g)
+    q = torch.randn(2, 2, 1, 16, generator=g)  # one row a head
+    used, mask = torch.tensor([1300, 1299]), masks.causal()
+
+    def shifted(t):
+        buf = torch.empty(t.numel() + shift)
+        buf[shift:] = t.flatten()
+        return buf[shift:].view(t.shape)
+
+    got = attnkit.attention(q, shifted(k), shifted(v), seqused_k=used, mask=mask)
+    assert torch.equal(got, attnkit.attention(q, k, v, seqused_k=used, mask=mask))
+    keys, values = [k[b, :, :n] for b, n in enumerate([1300, 1299])], [v[b, :, :n] for b, n in enumerate([1300, 1299])]
+    torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=2e-6)
+
+
+DENSE_BACKENDS = ("reference", "chunked", "sdpa", "blocksparse", "flex")
+
+
+def test_a_page_named_twice_in_one_sequence_is_read_twice_or_refused_never_read_once():
+    # the table defines sequence b's key t as pool key table[b, t // page_size] * page_size + t % page_size, so a
+    # page named twice holds two of its positions; a path that sees the pool as one key axis under a mask can
+    # hold each pool key once: it must refuse such a table, never answer as if the page were named once
+    from attnkit.errors import BackendError
+
+    g = torch.Generator().manual_seed(50)
+    k_pool, v_pool = torch.randn(2, 6, 4, 2, 8, generator=g, dtype=torch.float64)
+    table = torch.tensor([[3, 1, 3, 0], [2, 2, 2, 5]])
+    lengths = [15, 16]
+    q = torch.randn(2, 4, 3, 8, generator=g, dtype=torch.float64)
+    keys = [k_pool[table[b]].reshape(-1, 2, 8)[:n].transpose(0, 1) for b, n in enumerate(lengths)]
+    values = [v_pool[table[b]].reshape(-1, 2, 8)[:n].transpose(0, 1) for b, n in enumerate(lengths)]
+    exact = _oracle(q, keys, values)
+    used, mask = torch.tensor(lengths), masks.causal()
+    got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask)
+    torch.testing.assert_close(got, exact, rtol=0, atol=1e-12)
+    full = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask, return_lse=True)
+    torch.testing.assert_close(full.output, exact, rtol=0, atol=1e-12)
+    for backend in DENSE_BACKENDS:
+        try:
+            out = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask, backend=backend)
+        except BackendError:  # this one or another reason (flex: CUDA only)
+            continue
+        torch.testing.assert_close(out, exact, rtol=0, atol=1e-12, msg=backend)
+    with pytest.raises(BackendError, match="block_table"):  # weights over the pool: no path can give them
+        attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask, return_weights=True)
+
+
+@pytest.mark.parametrize("lq", [1, 3])
+def test_consecutive_pages_of_a_pool_strided_in_its_last_dim_give_the_bits_of_a_contiguous_copy(lq):
+    # a pool read every other element (`buf[..., ::2]`) reshapes to a view of stride 2, which torch's kernel reads
+    # in another order than the copies' stride 1: it must give the bits of the same pool made contiguous
+    lengths = [2 * selected.SPLIT_KEYS + 300]
+    keys, values = _sequences(lengths, hkv=1, seed=51)
+    q = torch.randn(1, 1, lq, 16, generator=torch.Generator().manual_seed(52))  # one row a head
+    counts = -(-lengths[0] // 16)
+    k_pool = torch.full((counts + 2, 16, 1, 16), math.nan)
+    v_pool = k_pool.clone()
+    k_pool.view(-1, 1, 16)[16:16 + lengths[0]] = keys[0].transpose(0, 1)
+    v_pool.view(-1, 1, 16)[16:16 + lengths[0]] = values[0].transpose(0, 1)
+    table = (torch.arange(counts) + 1)[None]
+
+    def strided(pool):
+        buf = torch.full((*pool.shape[:3], 32), math.nan)
+        buf[..., ::2] = pool
+        return buf[..., ::2]
+
+    used = torch.tensor(lengths)
+    for mask in (None, masks.causal()):
+        got = attnkit.attention(q, strided(k_pool), strided(v_pool), block_table=table, seqused_k=used, mask=mask)
+        assert torch.equal(got, attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask))

@@ -242,3 +242,26 @@ def test_width_groups_put_wide_rows_apart_and_skip_empty_rows():
     active[1:5, :2] = True
     groups = block_plan.width_groups(active)
     assert [(r.tolist(), w) for r, w in groups] == [([0], 9), ([1, 2, 3, 4], 2)]  # row 5: in no group
+
+
+@pytest.mark.parametrize("name", ["native", "float32"])
+def test_band_path_half_precision_gradients_of_sharp_scores_within_the_tolerance_rule(mode, name):
+    """Scores of magnitude near 100 (sharp rows): a probability recomputed from a score rounded to bfloat16 (a
+    step of 0.5 there) is off by up to 25 %; the backward must rebuild them as the forward computed them."""
+    mode(name)
+    q, k, v = rand_qkv(1, 2, 300, 300, 16, hkv=1, dtype=torch.float64, seed=8)
+    q, k = (t * 10 for t in (q, k))
+    q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+    g = torch.randn(1, 2, 300, 16, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    mask = masks.sliding_window(5, 0)
+
+    def outputs(dtype, backend):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        out = attnkit.attention(*leaves, mask=mask, backend=backend)
+        return [out, *torch.autograd.grad(out, leaves, g.to(dtype))]
+    got = outputs(torch.bfloat16, "blocksparse")
+    exact = outputs(torch.float64, "reference")
+    once = [t.to(torch.bfloat16) for t in outputs(torch.float32, "reference")]
+    for i, (a, e, b) in enumerate(zip(got, exact, once, strict=True)):
+        err, base = (a.double() - e).abs().max().item(), (b.double() - e).abs().max().item()
+        assert err <= (2 if i == 0 else 3) * base + 8 * 2.0 ** -7 * max(1.0, e.abs().max().item()), (i, err, base)

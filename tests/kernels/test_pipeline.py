@@ -111,3 +111,27 @@ def test_band_windows_in_units_equal_the_float64_reference_and_one_threads_bits(
     exp = oracle(q, k, v, mask=mask, differentiable=True)  # the independent float64 attention
     for a, b in zip(runs[0], (exp, *torch.autograd.grad(exp.square().sum(), (q, k, v))), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+def test_band_window_gradients_have_the_same_bits_at_one_two_and_three_threads_for_heads_not_split_evenly(
+        monkeypatch):
+    # the units of 2 and 3 threads hold 2 or 3 of the 10 heads (B = 2, H = 5): the order in which the overlapping
+    # windows' gradients are added into dK and dV must not depend on how many heads a unit holds
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 5, 300, 16, generator=g, requires_grad=True) for _ in range(3))
+    mask = masks.sliding_window(40, 20)
+    assert attnkit.explain(q, k, v, mask=mask).path == "band-windows"
+    monkeypatch.setattr(pipeline, "UNIT_WORK", 0)  # this small call in units too
+    before, runs = torch.get_num_threads(), []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            out = attnkit.attention(q, k, v, mask=mask)
+            runs.append((out, *torch.autograd.grad(out.square().sum(), (q, k, v))))
+    finally:
+        torch.set_num_threads(before)
+    for other in runs[1:]:
+        for what, a, b in zip(("out", "dq", "dk", "dv"), runs[0], other, strict=True):
+            assert torch.equal(a, b), what
+    exp = oracle(q.double(), k.double(), v.double(), mask=mask)
+    torch.testing.assert_close(runs[0][0].double(), exp, rtol=0, atol=1e-5)

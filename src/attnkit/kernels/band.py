@@ -35,9 +35,10 @@ Interior blocks share one mask, the band, whose masked entries sit in the two
 bfloat16/float16 inputs run in float32 unless the CPU has matmul units for them
 (:func:`attnkit.runtime.low_precision_math`); then the products with V, dO and dS
 are half-precision ``bmm`` (about 2.4x float32's speed with AVX-512-BF16), the
-forward's scores and softmax are float32 (the probabilities rounded once), the
-backward recomputes them in the half dtype (torch's softmax sums in float32), and
-the key and value gradients of overlapping windows add up in float32.
+scores and softmax are float32 (the probabilities rounded once for the products),
+in the backward as in the forward (recomputed from half-precision scores, a
+probability of a score near 100 was off by up to 25 %), and the key and value
+gradients of overlapping windows add up in float32.
 """
 
 from __future__ import annotations
@@ -166,7 +167,8 @@ def _forward(q, k, v, pl: Plan, scale: float, need_lse: bool):
         work = _Buffers(q)
         for a, b in (heads[u] for u in units.take()):
             kt_ab = kt[a:b] if kt is not None else None
-            for sl in slabs(q[a:b], k[a:b], v[a:b], pl, out[a:b], lse[a:b] if lse is not None else None):
+            for sl in slabs(q[a:b], k[a:b], v[a:b], pl, out[a:b], lse[a:b] if lse is not None else None,
+                            call_heads=q.shape[0]):
                 _, probs, pv, m = _probs(work, sl, scale, need_lse, kt_ab)
                 sl.write_out(torch.bmm(pv, sl.v, out=sl.out_buffer(work)))
                 if need_lse:  # the largest probability is exp(0) / sum: lse = m + log(sum)
@@ -184,13 +186,14 @@ def _backward(q, k, v, out, dout, dlse, pl: Plan, scale: float, finite: bool):
     acc = torch.float32 if low else k.dtype
     dq, dk, dv = torch.empty_like(q), torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)
     units, heads = _units(q, pl)
-    kt, vt = _transposed(k, q.dtype), _transposed(v, q.dtype)  # half: half scores
+    kt, vt = _transposed(k, torch.float32), _transposed(v, q.dtype)  # half: float32 scores, as the forward's
 
     def share() -> None:  # one thread's units: their key and value rows are their own
         work = _Buffers(q)
         for a, b in (heads[u] for u in units.take()):
             kt_ab, vt_ab = (t[a:b] if t is not None else None for t in (kt, vt))
-            for sl in slabs(q[a:b], k[a:b], v[a:b], pl, dq[a:b], None, dout=dout[a:b], delta=delta[a:b]):
+            for sl in slabs(q[a:b], k[a:b], v[a:b], pl, dq[a:b], None, dout=dout[a:b], delta=delta[a:b],
+                            call_heads=q.shape[0]):
                 qs, probs, pv, _ = _probs(work, sl, scale, kt=kt_ab)
                 if not finite:
                     sl.mask_(probs, 0.0)  # a NaN row must not reach keys it does not attend
@@ -441,12 +444,15 @@ def _edge_mask(pl: Plan, block: int, device) -> torch.Tensor:
     return ~((j - i >= pl.lo) & (j - i <= pl.hi) & (j >= 0) & (j < pl.lk) & (i < pl.lq))
 
 
-def slabs(q, k, v, pl: Plan, out, lse=None, dout=None, delta=None):
-    """Every slab of every query group; interior runs go per head or per block, whichever makes fewer calls."""
+def slabs(q, k, v, pl: Plan, out, lse=None, dout=None, delta=None, call_heads: int | None = None):
+    """Every slab of every query group; interior runs go per head or per block, whichever makes fewer calls for
+    the call's ``call_heads`` (default: ``q``'s): a unit of some of them slabs as the whole call does, so the
+    overlapping windows' gradients are added in the same order (the same bits in any units)."""
     n_heads, groups = q.shape[:2]
     step = max(1, SLAB // (pl.bs * pl.width))
     interior = pl.interior_stop - pl.interior_first
-    per_head = n_heads * -(-interior // step) <= interior * -(-n_heads // step)
+    every = n_heads if call_heads is None else call_heads
+    per_head = every * -(-interior // step) <= interior * -(-every // step)
     edges = {i: _edge_mask(pl, i, q.device) for i in range(pl.nq) if not pl.interior_first <= i < pl.interior_stop}
     tensors = (q, k, v, out, lse, dout, delta)
     for g in range(groups):

@@ -50,6 +50,9 @@ _NEG_INF = float("-inf")
 # back from the caches (a copy of every sequence's 4096 keys at once, 16 MB, made a decoding step 1.6x slower).
 # Sequences whose pages are consecutive are read in place, at any length.
 SEQUENCE_BYTES = 4 << 20
+# torch's kernel sums in another order when the keys start off this boundary (bytes): a view of the pool is read in
+# place only where it starts on one, as the copies (fresh buffers) do, so either gives the same bits.
+ALIGNMENT = 16
 
 
 def _pages(p: Problem) -> Pages:
@@ -126,13 +129,21 @@ class _Keys:
         runs = self.runs()
         return self.table is None or all(run[1] >= -(-n // self.ps) - 1 for run, n in zip(runs, lengths, strict=True))
 
+    def _readable_in_place(self, views: list[torch.Tensor]) -> bool:
+        """Whether torch's kernel reads these views of the caller's pools as it reads the copies: pools of the
+        contiguous layout (a pool read every other element reshapes to views of stride 2, summed in another
+        order), views starting on :data:`ALIGNMENT`."""
+        return (self.k.is_contiguous() and self.v.is_contiguous()
+                and all(t.data_ptr() % ALIGNMENT == 0 for t in views))
+
     def sequences(self, lengths: list[int]):
         """The first ``lengths[b]`` positions of each sequence ``b``, one after the other: keys and values ``(1,
         H_kv, n_b, E)``, head-major views of token-major positions. A sequence whose pages are consecutive in the
-        pool is read in place (a view of the pool); the others are copied into the same buffers (pages copied
-        whole, one ``index_select`` per pool), in the same layout, so either gives the same bits. A contiguous
-        cache is copied into that layout up to :data:`SEQUENCE_BYTES` a sequence, read in place beyond (torch's
-        kernel gives the same bits for either layout of the same keys; tests/kernels/test_paged.py checks it). A
+        contiguous pool is read in place (a view of it, where it starts on :data:`ALIGNMENT`); the others are copied
+        into the same buffers (pages copied whole, one ``index_select`` per pool), in the same layout, so either
+        gives the same bits. A contiguous cache is copied into that layout up to :data:`SEQUENCE_BYTES` a
+        sequence, read in place beyond where aligned (torch's kernel gives the same bits for either layout of the
+        same keys; tests/kernels/test_paged.py checks it). A
         view of the buffers is valid until the next sequence's copy."""
         hkv, e = self.hkv, self.e
         runs = self.runs()
@@ -142,13 +153,17 @@ class _Keys:
         copied = self.table is not None or max(lengths) * hkv * 2 * e * self.k.element_size() <= SEQUENCE_BYTES
         for b, n in enumerate(lengths):
             used = -(-n // self.ps)
-            if runs and runs[b][1] >= used - 1:  # in place
+            if runs and runs[b][1] >= used - 1:  # in place, where the view starts as a copy would
                 start = runs[b][0] * self.ps
-                yield [pool[:, :, start:start + n] for pool in pools]
-                continue
-            if not copied:  # a contiguous cache too long to copy: read in place, head-major
-                yield [t[b:b + 1, :, :n] for t in (self.k, self.v)]
-                continue
+                views_b = [pool[:, :, start:start + n] for pool in pools]
+                if self._readable_in_place(views_b):
+                    yield views_b
+                    continue
+            if not copied:  # a contiguous cache too long to copy: read in place, head-major (where aligned)
+                views_b = [t[b:b + 1, :, :n] for t in (self.k, self.v)]
+                if self._readable_in_place(views_b):
+                    yield views_b
+                    continue
             if not views:  # the buffers, for the longest sequence copied
                 longest = max(lengths)
                 width = -(-longest // self.ps)

@@ -81,7 +81,8 @@ POLYNOMIALS = (
 
 # tanh(x) = x P(x^2) / Q(x^2): the [7/6] Pade approximant, i.e. Lambert's continued fraction
 # x / (1 + x^2 / (3 + x^2 / (5 + ... + x^2 / 13))) multiplied out; its relative error is under 1.2e-8
-# for |x| <= 2 (float32 evaluation adds about 2 ulp). Coefficients of P and Q, constant term first.
+# for |x| <= 2; evaluated in float32 it is within 3.6 ulp of tanh (3.54 at x = 1.5631, the worst of every 37th
+# float32 in [0, 2]; tests/kernels/test_perf_elementwise.py). Coefficients of P and Q, constant term first.
 PADE_P = (1.0, 17325 / 135135, 378 / 135135, 1 / 135135)
 PADE_Q = (1.0, 62370 / 135135, 3150 / 135135, 28 / 135135)
 PADE_LIMIT = 2.0

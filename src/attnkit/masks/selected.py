@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError, check_int
+from ..errors import ArgumentError, BackendError, DeviceError, DTypeError, ShapeError, check_int
 from . import cache
 from .base import Mask
 from .indexed import gather_at
@@ -210,6 +210,8 @@ class Pages(Selection):
             batch, n = self.table.shape
             used = (torch.arange(n, device=device) * self.block_size < self.lengths.to(device)[:, None])
             page = torch.where(used, self.table.to(device), pool_pages).clamp(0, pool_pages)
+            if not torch.compiler.is_compiling():
+                _refuse_repeats(page, pool_pages)
             slots = torch.full((batch, pool_pages + 1), -1, dtype=torch.long, device=device)
             slots.scatter_(1, page, torch.arange(n, device=device).expand(batch, n))
             return slots[:, :pool_pages]
@@ -236,6 +238,18 @@ class Pages(Selection):
     def __repr__(self):
         within = "" if self.within is None else f", within={self.within!r}"
         return f"pages(table={tuple(self.table.shape)}, page_size={self.block_size}{within})"
+
+
+def _refuse_repeats(page: torch.Tensor, pool_pages: int) -> None:
+    """A sequence naming a page twice among its pages in use holds two positions on it: one key of the pool seen as
+    one axis would stand for both, so the paths that see it so (every one but ``paged-split-kv``) refuse."""
+    counts = torch.zeros(page.shape[0], pool_pages + 1, dtype=torch.long, device=page.device)
+    counts.scatter_add_(1, page, torch.ones_like(page))[:, pool_pages] = 0  # (the column of entries not in use)
+    if page.numel() and int(counts.max()) > 1:
+        b, twice = divmod(int(counts.argmax()), pool_pages + 1)
+        raise BackendError(f"attnkit.attention: block_table names page {twice} more than once among sequence {b}'s "
+                           "pages in use; only the paged path (backend='auto' without return_weights) reads a page "
+                           "once for each time it is named, the others see the pool as one key axis")
 
 
 class _HeldKeys(Mask):
