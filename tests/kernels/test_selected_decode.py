@@ -132,3 +132,56 @@ def test_autograd_and_long_selections_take_the_general_path(monkeypatch):
         assert selected_decode.applies(_prepare(q, k, v, mask=mask))
         monkeypatch.setattr(selected_decode, "BUDGET", 6 * 2 * 16 - 1)
         assert not selected_decode.applies(_prepare(q, k, v, mask=mask))
+
+
+@pytest.mark.parametrize("n,kv_heads", [(61, 2), (64, 4), (77, 1)])
+def test_an_nsa_decoding_step_over_its_caches_is_the_last_row_of_the_module(n, kv_heads):
+    """NSA's step for the last token (as the benchmark's ``decode`` row runs it): the selection from the cached
+    compressed keys (``nsa_blocks(start=)``), then the compressed, selected and window attentions over the caches,
+    gated; the compressed keys of a prefix are the first compressed keys of the whole (a block, once ended, never
+    changes: they are cached as the cache grows). GQA, caches not a multiple of the block."""
+    from attnkit.masks.selected import SelectedKeys
+    from attnkit.nn import NativeSparseAttention
+    from attnkit.nn.nsa import nsa_blocks
+
+    torch.manual_seed(0)
+    layer = NativeSparseAttention(24, 4, kv_heads=kv_heads, compress_block=8, compress_stride=4, select_block=8,
+                                  num_selected=3, window=10).double()
+    x = torch.randn(2, n, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = layer(x)[:, -1]
+        q, (k_c, v_c), (k_s, v_s), (k_w, v_w), _ = layer.branches(x)
+        k_cmp = layer.kv_proj(x[:, :n - 5]).view(2, n - 5, 6, kv_heads, 6)[:, :, 0].transpose(1, 2)  # 5 tokens ago
+        prefix = layer.compress_k(k_cmp.contiguous())
+        torch.testing.assert_close(prefix, k_c[:, :, :prefix.shape[2]], rtol=0, atol=1e-12)
+        q_t, d = q[:, :, -1:], layer.head_dim
+        chosen = nsa_blocks(q_t, k_c, length=8, stride=4, block=8, count=3, scale=d ** -0.5, start=n - 1)
+        selection = SelectedKeys(chosen, 8, group_size=4 // kv_heads, distinct=True) & masks.causal()
+        assert selected_decode.applies(_prepare(q_t, k_s, v_s, mask=selection))
+        branches = (attnkit.attention(q_t, k_c, v_c), attnkit.attention(q_t, k_s, v_s, mask=selection),
+                    attnkit.attention(q_t, k_w[:, :, -10:], v_w[:, :, -10:]))
+        g = torch.sigmoid(layer.gate(x[:, -1:])).view(2, 1, 4, 3).permute(3, 0, 2, 1).unsqueeze(-1)
+        out = sum(g[i] * branches[i] for i in range(3))
+        got = layer.out_proj(out.transpose(1, 2).reshape(2, 1, 24))[:, 0]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("n,top_k", [(37, 8), (64, 16), (40, 64)])
+def test_a_dsa_decoding_step_over_its_caches_is_the_last_row_of_the_module(n, top_k):
+    """DSA's step for the last token: the indexer's scores of that query over the cached indexer keys, their top-k,
+    attention over those keys of the cache; ``top_k`` past the length: every key (dense attention)."""
+    from attnkit.masks.selected import SelectedKeys
+    from attnkit.nn import DSASparseAttention
+
+    torch.manual_seed(0)
+    layer = DSASparseAttention(24, 4, top_k=top_k, index_heads=2, index_dim=8).double()
+    x = torch.randn(2, n, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = layer(x)[:, -1:]
+        q, k, v = layer.project(x)
+        scores = layer.indexer.scores(x, start=n - 1)  # (B, 1, n): the last query over every cached key
+        idx = scores.topk(min(top_k, n), -1, sorted=False).indices.unsqueeze(1)  # (B, 1, 1, k)
+        mask = SelectedKeys(idx, distinct=True) & masks.causal()
+        assert selected_decode.applies(_prepare(q[:, :, -1:], k, v, mask=mask))
+        got = layer.merge_heads(attnkit.attention(q[:, :, -1:], k, v, mask=mask))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
