@@ -74,18 +74,22 @@ def test_a_decoding_step_is_the_last_row_of_the_full_causal_call(name):
     torch.testing.assert_close(step, full[:, :, -1:], rtol=0, atol=1e-12)
 
 
-def test_a_cache_with_room_to_spare_is_read_in_place():
-    """A slice of a preallocated cache (head and batch strides past its length): rows of the buffer, no copy."""
+def test_a_cache_with_room_to_spare_or_token_major_is_read_in_place():
+    """A slice of a preallocated cache (head and batch strides past its length) or a token-major one: rows of the
+    buffer, no copy."""
     q, _, _ = rand_qkv(2, 4, 1, 30, 8, hkv=2, dtype=torch.float64, seed=5)
     buffers = [torch.randn(2, 2, 64, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(s))
                for s in (6, 7)]
     k, v = (t[:, :, :30] for t in buffers)
     rows = selected_decode._rows(k)
-    assert rows is not None and rows[0].data_ptr() == buffers[0].data_ptr() and rows[1:] == (2 * 64, 64)
+    assert rows is not None and rows[0].data_ptr() == buffers[0].data_ptr() and rows[1:] == (2 * 64, 64, 1)
     idx = _selection(30, (2, 1, 1, 7), 1, seed=8)
     mask = masks.selected_keys(idx)
     out, _ = _oracle(q, k, v, idx, 1, 4)
     torch.testing.assert_close(attnkit.attention(q, k, v, mask=mask), out, rtol=0, atol=1e-12)
+    token_major = k.transpose(1, 2).contiguous().transpose(1, 2)  # (B, L, H, E) seen as (B, H, L, E)
+    assert selected_decode._rows(token_major)[1:] == (30 * 2, 1, 2)
+    torch.testing.assert_close(attnkit.attention(q, token_major, v, mask=mask), out, rtol=0, atol=1e-12)
     strided = k.transpose(2, 3).contiguous().transpose(2, 3)  # no row view: advanced indexing, same answer
     assert selected_decode._rows(strided) is None
     torch.testing.assert_close(attnkit.attention(q, strided, v, mask=mask), out, rtol=0, atol=1e-12)

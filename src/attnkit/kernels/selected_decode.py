@@ -7,8 +7,8 @@ head ``x`` (its index head and its key/value head) read the keys ``S_x = {i * bs
 
     out = softmax(q K[S_x]^T * scale) V[S_x]            (one call of torch's fused CPU kernel)
 
-The keys (and values) are seen as rows ``(B H_kv Lk', E)`` in place (any layout whose head and batch strides
-are whole rows, such as a slice of a preallocated cache) and the selected rows are copied with one
+The keys (and values) are seen as rows ``(R, E)`` in place (any layout whose batch, head and position strides
+are whole rows: contiguous, a slice of a preallocated cache, token-major) and the selected rows are copied with one
 ``index_select`` each: ``B hx n bs (D + Dv)`` elements, nothing proportional to ``Lk``, and no split into
 chunks merged afterwards. Slots that name no key (``-1``, past ``Lk``) and keys the mask beside the selection
 hides are masked with ``-inf`` (their rows zeroed, so no NaN stored there reaches the output).
@@ -71,16 +71,18 @@ def cost(p: Problem) -> PathCost:
                                           batch * hq * lq * slots, d, dv), materialized=False)
 
 
-def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int] | None:
-    """``t`` ``(B, H, L, E)`` as rows ``(R, E)`` in place and its batch and head strides in rows (None: its layout
-    has no such view)."""
+def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int, int] | None:
+    """``t`` ``(B, H, L, E)`` as rows ``(R, E)`` in place, and its batch, head and position strides in rows (None:
+    its layout has no such view). Any layout whose strides are whole rows has one: contiguous, a slice of a
+    preallocated cache, token-major ``(B, L, H, E)`` seen as ``(B, H, L, E)`` (a projection split into heads)."""
     e = t.shape[-1]
-    sb, sh, sl, se = t.stride()
-    if t.numel() == 0 or se != 1 or sl != e or sb % e or sh % e or sb < 0 or sh < 0:
+    strides = t.stride()
+    if t.numel() == 0 or strides[3] != 1 or any(s % e or s < 0 for s in strides[:3]):
         return None
+    sb, sh, sl = (s // e for s in strides[:3])
     b, h, n, _ = t.shape
-    count = ((b - 1) * sb + (h - 1) * sh) // e + n
-    return t.as_strided((count, e), (e, 1), t.storage_offset()), sb // e, sh // e
+    count = (b - 1) * sb + (h - 1) * sh + (n - 1) * sl + 1
+    return t.as_strided((count, e), (e, 1), t.storage_offset()), sb, sh, sl
 
 
 def _take(t: torch.Tensor, b: torch.Tensor, kvh: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
@@ -89,8 +91,8 @@ def _take(t: torch.Tensor, b: torch.Tensor, kvh: torch.Tensor, tok: torch.Tensor
     rows = _rows(t)
     if rows is None:
         return t[b, kvh.view(1, -1, 1), tok]
-    flat, sb, sh = rows
-    where = b * sb + kvh.view(1, -1, 1) * sh + tok  # (B, hx, N)
+    flat, sb, sh, sl = rows
+    where = b * sb + kvh.view(1, -1, 1) * sh + tok * sl  # (B, hx, N)
     return flat.index_select(0, where.flatten()).view(*where.shape, t.shape[-1])
 
 
