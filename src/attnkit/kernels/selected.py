@@ -30,7 +30,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..functional.validate import Problem
-from . import page_segments, rules, selected_pairs, selected_rows, selected_union
+from . import page_segments, rules, selected_decode, selected_pairs, selected_rows, selected_union
 from .page_chunks import fused_pages, merge_stacked, page_split
 from .path_cost import PathCost, Product, fused_attention, itemsize
 from .pipeline import (
@@ -79,6 +79,11 @@ def plan(p: Problem) -> Plan:
     return Plan(hx, hq // hx, shared, max(1, min(lq, rows)), max(keys, 1), slots)
 
 
+def _decoding(p: Problem) -> bool:
+    """One selection for every query (a decoding step) on :mod:`.selected_decode` (its own file entered only then)."""
+    return p.mask.selection.indices.shape[2] == 1 and selected_decode.applies(p)
+
+
 def density(p: Problem) -> float:
     """The fraction of the keys each query computes: ``n * block_size / Lk``, or for per-query key blocks the
     unions' width (:mod:`.selected_union`, read from the indices)."""
@@ -100,6 +105,8 @@ def _union(p: Problem):
 
 
 def describe(p: Problem) -> str:
+    if _decoding(p):
+        return selected_decode.describe(p)
     if selected_pairs.applies(p):
         return selected_pairs.describe(p)
     if selected_rows.applies(p):
@@ -332,6 +339,10 @@ def run(p: Problem) -> KernelOutput:
     if p.sinks is not None:  # joined once with the merged splits (autograd carries the lse's gradient)
         bare = without_sinks(p)
         return join_sinks(p, bare, run(bare))
+    if _decoding(p):
+        step = selected_decode.run(p)
+        if step is not None:
+            return step
     if selected_pairs.applies(p):
         return selected_pairs.run(p)
     if selected_rows.applies(p):
@@ -365,6 +376,8 @@ def run(p: Problem) -> KernelOutput:
 def cost(p: Problem, grad: bool = False) -> PathCost:
     """Per chunk of queries and split of keys: the score and output products over the gathered keys (the fused
     kernel's formula where it runs); chunks are checkpointed under autograd when there are several."""
+    if not grad and _decoding(p):
+        return selected_decode.cost(p)
     if selected_pairs.applies(p):
         return selected_pairs.cost(p, grad)
     if selected_rows.applies(p):

@@ -1,0 +1,151 @@
+"""A decoding step over selected keys: the selected rows copied once, torch's fused kernel over them.
+
+DSA's top-k keys (DeepSeek-AI 2025, arXiv:2512.02556, eq. 2) or NSA's selected blocks (Yuan et al. 2025,
+arXiv:2502.11089, eq. 12) when one selection serves every query of the call (``indices`` ``(B|1, Hs|1, 1, n)``:
+a decoding step, or a chunk whose queries share their keys), without autograd. The query heads of compute
+head ``x`` (its index head and its key/value head) read the keys ``S_x = {i * bs + j : i in indices, j < bs}``::
+
+    out = softmax(q K[S_x]^T * scale) V[S_x]            (one call of torch's fused CPU kernel)
+
+The keys (and values) are seen as rows ``(R, E)`` in place (any layout whose batch, head and position strides
+are whole rows: contiguous, a slice of a preallocated cache, token-major) and the selected rows are copied with one
+``index_select`` each: ``B hx n bs (D + Dv)`` elements, nothing proportional to ``Lk``, and no split into
+chunks merged afterwards. Slots that name no key (``-1``, past ``Lk``) and keys the mask beside the selection
+hides are masked with ``-inf`` (their rows zeroed, so no NaN stored there reaches the output).
+
+As the other fused routes, the output is checked: a NaN or inf, or a row torch zeroed (an lse of exactly 0),
+sends the call to the exact gathered path (:mod:`.selected`), which answers by attnkit's contract.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..functional.validate import Problem
+from ..masks.selected import selection_of
+from . import rules
+from .path_cost import PathCost, fused_attention, itemsize
+
+__all__ = ["applies", "run", "describe", "cost", "BUDGET"]
+
+BUDGET = 1 << 25  # gathered elements (keys and values) at most: past it the generic path splits the selection
+_NEG_INF = float("-inf")
+
+
+def _heads(p: Problem) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """``(hx, index head, key/value head)`` of each compute head (as :func:`.selected.plan`)."""
+    sel, hq, hkv = selection_of(p.mask), p.sizes[1], p.k.shape[1]
+    hs = sel.indices.shape[1]
+    hx = max(hs, hkv) if hs > 1 else hkv
+    first = torch.arange(hx, device=p.q.device) * (hq // hx)  # the first query head of each compute head
+    return hx, sel.index_head(first), first // p.groups
+
+
+def applies(p: Problem) -> bool:
+    """One selection for every query, no autograd, softmax of dot products with nothing else, on torch's fused CPU
+    kernel; not pages (:mod:`.page_segments`), not traced (the output is checked), within :data:`BUDGET`."""
+    sel = selection_of(p.mask)
+    if (sel.lengths is not None or sel.indices.shape[2] != 1 or p.needs_grad or p.tracing or not rules.cpu_flash(p)
+            or p.dropout_p != 0 or p.bias is not None or p.modifier is not None or p.sinks is not None
+            or p.quant is not None or p.return_weights or p.normalize != "softmax"
+            or p.score not in ("dot", "scaled_dot")):
+        return False
+    hs, hkv = sel.indices.shape[1], p.k.shape[1]
+    hx = max(hs, hkv) if hs > 1 else hkv
+    return p.sizes[0] * hx * sel.indices.shape[3] * sel.block_size * (p.sizes[4] + p.sizes[5]) <= BUDGET
+
+
+def describe(p: Problem) -> str:
+    sel = selection_of(p.mask)
+    return (f"a decoding step: the {sel.indices.shape[3] * sel.block_size} selected keys of each head group copied "
+            f"once (index_select of rows), torch's fused kernel over them")
+
+
+def cost(p: Problem) -> PathCost:
+    """The fused kernel over ``B Hq Lq N`` scores; the gathered keys and values as workspace."""
+    batch, hq, lq, _, d, dv = p.sizes
+    sel = selection_of(p.mask)
+    slots, hx = sel.indices.shape[3] * sel.block_size, _heads(p)[0]
+    return PathCost(batch * hq * lq * slots, float(batch * hx * slots * (d + dv) * itemsize(p)),
+                    fused=fused_attention("attention (selected keys gathered once, fused kernel)",
+                                          batch * hq * lq * slots, d, dv), materialized=False)
+
+
+def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int, int] | None:
+    """``t`` ``(B, H, L, E)`` as rows ``(R, E)`` in place, and its batch, head and position strides in rows (None:
+    its layout has no such view). Any layout whose strides are whole rows has one: contiguous, a slice of a
+    preallocated cache, token-major ``(B, L, H, E)`` seen as ``(B, H, L, E)`` (a projection split into heads)."""
+    e = t.shape[-1]
+    strides = t.stride()
+    if t.numel() == 0 or strides[3] != 1 or any(s % e or s < 0 for s in strides[:3]):
+        return None
+    sb, sh, sl = (s // e for s in strides[:3])
+    b, h, n, _ = t.shape
+    count = (b - 1) * sb + (h - 1) * sh + (n - 1) * sl + 1
+    return t.as_strided((count, e), (e, 1), t.storage_offset()), sb, sh, sl
+
+
+def _take(t: torch.Tensor, b: torch.Tensor, kvh: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+    """The rows ``t[b, kvh, tok]`` ``(B, hx, N, E)``: one ``index_select`` of rows (advanced indexing when the layout
+    has no row view)."""
+    rows = _rows(t)
+    if rows is None:
+        return t[b, kvh.view(1, -1, 1), tok]
+    flat, sb, sh, sl = rows
+    where = b * sb + kvh.view(1, -1, 1) * sh + tok * sl  # (B, hx, N)
+    return flat.index_select(0, where.flatten()).view(*where.shape, t.shape[-1])
+
+
+def run(p: Problem):
+    """The step's :class:`~.pipeline.KernelOutput`, or None when torch's answer cannot be trusted (the caller runs
+    the exact path)."""
+    from .pipeline import KernelOutput
+
+    sel = selection_of(p.mask)
+    batch, hq, lq, lk, _, _ = p.sizes
+    hx, idx_heads, kv_heads = _heads(p)
+    dt, dev = p.compute_dtype, p.q.device
+    bs = sel.block_size
+    idx = sel.indices.to(dev)
+    idx = idx.index_select(1, idx_heads) if idx.shape[1] > 1 else idx  # (B|1, hx|1, 1, n)
+    idx = idx[:, :, 0]
+    if bs > 1:
+        idx = (idx[..., None] * bs + torch.arange(bs, device=dev)).flatten(-2).masked_fill_(
+            (idx < 0).repeat_interleave(bs, -1), -1)
+    valid = (idx >= 0) & (idx < lk)  # (B|1, hx|1, N)
+    tok = idx.clamp(0, max(lk - 1, 0)).expand(batch, hx, -1)
+    every = bool(valid.all())
+    b = torch.arange(batch, device=dev).view(-1, 1, 1)
+    k_g, v_g = _take(p.k, b, kv_heads, tok).to(dt), _take(p.v, b, kv_heads, tok).to(dt)
+    gp = hq // hx
+    allowed = None if every else valid[:, :, None, :]  # (B|1, hx|1, 1, N)
+    beside = getattr(p.mask, "rest", None)
+    if beside is not None:  # the mask beside the selection, at the gathered positions
+        where = tok[:, :, None, :] if gp == 1 else tok.repeat_interleave(gp, 1)[:, :, None, :]
+        rest = beside.allows(b.view(-1, 1, 1, 1), torch.arange(hq, device=dev).view(1, -1, 1, 1),
+                                  torch.arange(lq, device=dev).view(1, 1, -1, 1), where, lq, lk)
+        if allowed is not None and allowed.shape[1] > 1 and gp > 1:
+            allowed = allowed.repeat_interleave(gp, 1)
+        allowed = rest if allowed is None else allowed & rest
+    q, flash = p.q.to(dt), rules.FLASH
+    assert flash is not None  # (applies: rules.cpu_flash)
+    if allowed is None:
+        out, lse = flash(q, k_g, v_g, 0.0, False, scale=p.scale)[:2]
+        bad = ~torch.isfinite(out.sum(-1) + lse) | (lse == 0)
+        if bool(bad.any()):
+            return None  # NaN, inf or a row torch zeroed (an lse of exactly 0): the exact path
+        return KernelOutput(out, None, lse if p.return_lse else None)
+    if not every:  # rows of slots that name no key: zeroed (what is stored there never reaches a product)
+        zero = ~valid[..., None]
+        k_g, v_g = k_g.masked_fill_(zero, 0.0), v_g.masked_fill_(zero, 0.0)
+    if allowed.shape[1] > 1 and allowed.shape[1] != hq:  # per compute head: each query head reads its own
+        allowed = allowed.repeat_interleave(gp, 1)
+    allowed = allowed.expand(batch, allowed.shape[1], lq, allowed.shape[-1])
+    float_mask = torch.zeros(allowed.shape, dtype=dt, device=dev).masked_fill_(~allowed, _NEG_INF)
+    out, lse = flash(q, k_g, v_g, 0.0, False, attn_mask=float_mask, scale=p.scale)[:2]
+    has = allowed.any(-1)  # (B, 1 | Hq, Lq)
+    bad = ~torch.isfinite(torch.where(has, out.sum(-1) + lse, 0.0)) | (has & (lse == 0))
+    if bool(bad.any()):
+        return None  # NaN, inf or a row torch zeroed on a row with keys: the exact path
+    out, lse = out.masked_fill(~has[..., None], 0.0), lse.masked_fill(~has, _NEG_INF)
+    return KernelOutput(out, None, lse if p.return_lse else None)

@@ -1,0 +1,191 @@
+"""A decoding step over selected keys (kernels/selected_decode.py) against the float64 per-query oracle and the full
+causal call whose last row it is."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import attnkit
+from attnkit import masks
+from attnkit.core import _prepare
+from attnkit.kernels import selected, selected_decode
+from tests.helpers import rand_qkv
+from tests.kernels.test_selected import _oracle
+
+CASES = {  # name: (B, H, Hkv, Lk, index heads, slots n, block size)
+    "DSA: top keys shared by the heads": (2, 4, 4, 37, 1, 9, 1),
+    "DSA: grouped-query heads, odd cache": (1, 6, 2, 53, 1, 16, 1),
+    "NSA: blocks per key/value group, cache not a block multiple": (2, 6, 2, 53, 2, 4, 5),
+    "NSA: blocks per query head": (1, 4, 2, 41, 4, 3, 4),
+    "blocks, one selection for every head": (2, 3, 3, 29, 1, 3, 8),
+}
+
+
+def _selection(lk, shape, bs, seed):
+    """Distinct block ids per row (a top-k), some rows with -1 slots, the last block (part past the keys) included."""
+    g = torch.Generator().manual_seed(seed)
+    blocks = -(-lk // bs)
+    idx = torch.rand(*shape[:-1], blocks, generator=g).argsort(-1)[..., :shape[-1]]
+    idx[..., 0] = blocks - 1
+    idx[..., -1] = torch.where(torch.rand(shape[:-1], generator=g) < 0.5, -1, idx[..., -1])
+    return idx
+
+
+def _mask(idx, bs, group):
+    return masks.selected_blocks(idx, bs, group_size=group) if bs > 1 else masks.selected_keys(idx, group_size=group)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_decoding_step_equals_the_float64_oracle(name, causal):
+    b, h, hkv, lk, hs, n, bs = CASES[name]
+    q, k, v = rand_qkv(b, h, 1, lk, 8, hkv=hkv, dtype=torch.float64, seed=1)
+    idx = _selection(lk, (b, hs, 1, n), bs, seed=2)
+    group = h // hs
+    mask = _mask(idx, bs, group)
+    mask = mask & masks.causal() if causal else mask
+    p = _prepare(q, k, v, mask=mask)
+    assert selected_decode.applies(p)
+    decision = attnkit.explain(q, k, v, mask=mask, backend="blocksparse")  # (dense selections: auto picks dense)
+    assert decision.path == "blocksparse-gathered" and "a decoding step" in decision.reasons["blocksparse-gathered"]
+    result = attnkit.attention(q, k, v, mask=mask, return_lse=True, backend="blocksparse")
+    out, lse = _oracle(q, k, v, idx, bs, group, causal)
+    torch.testing.assert_close(result.output, out, rtol=0, atol=1e-12)
+    torch.testing.assert_close(result.lse, lse, rtol=0, atol=1e-12)
+    q32, k32, v32 = (t.float() for t in (q, k, v))
+    torch.testing.assert_close(attnkit.attention(q32, k32, v32, mask=mask, backend="blocksparse"), out.float(),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_decoding_step_is_the_last_row_of_the_full_causal_call(name):
+    """Every query its own selection, the whole sequence at once (the training forward's call); the step reads the
+    last query's selection over the same keys (the cache) and gives that row."""
+    b, h, hkv, lk, hs, n, bs = CASES[name]
+    q, k, v = rand_qkv(b, h, lk, lk, 8, hkv=hkv, dtype=torch.float64, seed=3)
+    idx = _selection(lk, (b, hs, lk, n), bs, seed=4)
+    full = attnkit.attention(q, k, v, mask=_mask(idx, bs, h // hs) & masks.causal())
+    last = _mask(idx[:, :, -1:], bs, h // hs) & masks.causal()
+    assert selected_decode.applies(_prepare(q[:, :, -1:], k, v, mask=last))
+    step = attnkit.attention(q[:, :, -1:], k, v, mask=last, backend="blocksparse")
+    torch.testing.assert_close(step, full[:, :, -1:], rtol=0, atol=1e-12)
+
+
+def test_a_cache_with_room_to_spare_or_token_major_is_read_in_place():
+    """A slice of a preallocated cache (head and batch strides past its length) or a token-major one: rows of the
+    buffer, no copy."""
+    q, _, _ = rand_qkv(2, 4, 1, 30, 8, hkv=2, dtype=torch.float64, seed=5)
+    buffers = [torch.randn(2, 2, 64, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(s))
+               for s in (6, 7)]
+    k, v = (t[:, :, :30] for t in buffers)
+    rows = selected_decode._rows(k)
+    assert rows is not None and rows[0].data_ptr() == buffers[0].data_ptr() and rows[1:] == (2 * 64, 64, 1)
+    idx = _selection(30, (2, 1, 1, 7), 1, seed=8)
+    mask = masks.selected_keys(idx)
+    out, _ = _oracle(q, k, v, idx, 1, 4)
+    torch.testing.assert_close(attnkit.attention(q, k, v, mask=mask), out, rtol=0, atol=1e-12)
+    token_major = k.transpose(1, 2).contiguous().transpose(1, 2)  # (B, L, H, E) seen as (B, H, L, E)
+    assert selected_decode._rows(token_major)[1:] == (30 * 2, 1, 2)
+    torch.testing.assert_close(attnkit.attention(q, token_major, v, mask=mask), out, rtol=0, atol=1e-12)
+    strided = k.transpose(2, 3).contiguous().transpose(2, 3)  # no row view: advanced indexing, same answer
+    assert selected_decode._rows(strided) is None
+    torch.testing.assert_close(attnkit.attention(q, strided, v, mask=mask), out, rtol=0, atol=1e-12)
+
+
+def test_no_step_reads_more_than_the_selected_rows(monkeypatch):
+    """The keys and values copied are the selected rows: ``B hx n bs`` of each, however long the cache."""
+    copied = []
+    real = selected_decode._take
+
+    def spy(t, b, kvh, tok):
+        out = real(t, b, kvh, tok)
+        copied.append(out.shape)
+        return out
+    monkeypatch.setattr(selected_decode, "_take", spy)
+    q, k, v = rand_qkv(1, 4, 1, 4000, 8, hkv=2)
+    attnkit.attention(q, k, v, mask=masks.selected_blocks(_selection(4000, (1, 2, 1, 3), 64, seed=9), 64,
+                                                          group_size=2))
+    assert copied == [torch.Size([1, 2, 3 * 64, 8])] * 2
+
+
+def test_a_nan_in_a_selected_key_gives_the_exact_paths_answer_and_unselected_ones_never_leak():
+    q, k, v = rand_qkv(1, 2, 1, 20, 8, dtype=torch.float64, seed=10)
+    idx = torch.tensor([[[[1, 4, 7, -1]]]])
+    k, v = k.clone(), v.clone()
+    k[:, :, 10:], v[:, :, 10:] = math.nan, math.inf  # not selected: never read into a product
+    out, lse = _oracle(q, k, v, idx, 1, 2)
+    result = attnkit.attention(q, k, v, mask=masks.selected_keys(idx), return_lse=True)
+    torch.testing.assert_close(result.output, out, rtol=0, atol=1e-12)
+    torch.testing.assert_close(result.lse, lse, rtol=0, atol=1e-12)
+    k[:, 0, 4] = math.nan  # selected by head 0: torch's answer is refused, the exact path answers
+    p = _prepare(q, k, v, mask=masks.selected_keys(idx), return_lse=True)
+    assert selected_decode.run(p) is None
+    want = selected.run(p.with_inputs(mask=masks.selected_keys(idx.expand(1, 1, 2, 4))))  # no decode path
+    got = attnkit.attention(q, k, v, mask=masks.selected_keys(idx), return_lse=True)
+    torch.testing.assert_close(got.output, want.out[:, :, :1], rtol=0, atol=0, equal_nan=True)
+
+
+def test_autograd_and_long_selections_take_the_general_path(monkeypatch):
+    q, k, v = rand_qkv(1, 2, 1, 50, 8, requires_grad=True)
+    mask = masks.selected_keys(_selection(50, (1, 1, 1, 6), 1, seed=11))
+    assert not selected_decode.applies(_prepare(q, k, v, mask=mask))
+    with torch.no_grad():
+        assert selected_decode.applies(_prepare(q, k, v, mask=mask))
+        monkeypatch.setattr(selected_decode, "BUDGET", 6 * 2 * 16 - 1)
+        assert not selected_decode.applies(_prepare(q, k, v, mask=mask))
+
+
+@pytest.mark.parametrize("n,kv_heads", [(61, 2), (64, 4), (77, 1)])
+def test_an_nsa_decoding_step_over_its_caches_is_the_last_row_of_the_module(n, kv_heads):
+    """NSA's step for the last token (as the benchmark's ``decode`` row runs it): the selection from the cached
+    compressed keys (``nsa_blocks(start=)``), then the compressed, selected and window attentions over the caches,
+    gated; the compressed keys of a prefix are the first compressed keys of the whole (a block, once ended, never
+    changes: they are cached as the cache grows). GQA, caches not a multiple of the block."""
+    from attnkit.masks.selected import SelectedKeys
+    from attnkit.nn import NativeSparseAttention
+    from attnkit.nn.nsa import nsa_blocks
+
+    torch.manual_seed(0)
+    layer = NativeSparseAttention(24, 4, kv_heads=kv_heads, compress_block=8, compress_stride=4, select_block=8,
+                                  num_selected=3, window=10).double()
+    x = torch.randn(2, n, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = layer(x)[:, -1]
+        q, (k_c, v_c), (k_s, v_s), (k_w, v_w), _ = layer.branches(x)
+        k_cmp = layer.kv_proj(x[:, :n - 5]).view(2, n - 5, 6, kv_heads, 6)[:, :, 0].transpose(1, 2)  # 5 tokens ago
+        prefix = layer.compress_k(k_cmp.contiguous())
+        torch.testing.assert_close(prefix, k_c[:, :, :prefix.shape[2]], rtol=0, atol=1e-12)
+        q_t, d = q[:, :, -1:], layer.head_dim
+        chosen = nsa_blocks(q_t, k_c, length=8, stride=4, block=8, count=3, scale=d ** -0.5, start=n - 1)
+        selection = SelectedKeys(chosen, 8, group_size=4 // kv_heads, distinct=True) & masks.causal()
+        assert selected_decode.applies(_prepare(q_t, k_s, v_s, mask=selection))
+        branches = (attnkit.attention(q_t, k_c, v_c), attnkit.attention(q_t, k_s, v_s, mask=selection),
+                    attnkit.attention(q_t, k_w[:, :, -10:], v_w[:, :, -10:]))
+        g = torch.sigmoid(layer.gate(x[:, -1:])).view(2, 1, 4, 3).permute(3, 0, 2, 1).unsqueeze(-1)
+        out = sum(g[i] * branches[i] for i in range(3))
+        got = layer.out_proj(out.transpose(1, 2).reshape(2, 1, 24))[:, 0]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("n,top_k", [(37, 8), (64, 16), (40, 64)])
+def test_a_dsa_decoding_step_over_its_caches_is_the_last_row_of_the_module(n, top_k):
+    """DSA's step for the last token: the indexer's scores of that query over the cached indexer keys, their top-k,
+    attention over those keys of the cache; ``top_k`` past the length: every key (dense attention)."""
+    from attnkit.masks.selected import SelectedKeys
+    from attnkit.nn import DSASparseAttention
+
+    torch.manual_seed(0)
+    layer = DSASparseAttention(24, 4, top_k=top_k, index_heads=2, index_dim=8).double()
+    x = torch.randn(2, n, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = layer(x)[:, -1:]
+        q, k, v = layer.project(x)
+        scores = layer.indexer.scores(x, start=n - 1)  # (B, 1, n): the last query over every cached key
+        idx = scores.topk(min(top_k, n), -1, sorted=False).indices.unsqueeze(1)  # (B, 1, 1, k)
+        mask = SelectedKeys(idx, distinct=True) & masks.causal()
+        assert selected_decode.applies(_prepare(q[:, :, -1:], k, v, mask=mask))
+        got = layer.merge_heads(attnkit.attention(q[:, :, -1:], k, v, mask=mask))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
