@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import recording
-from ..functional.validate import Problem, default_scale, validate
+from ..functional.validate import default_scale, validate
 from . import reference, rules, sdpa
 from .pipeline import twice_differentiable
 from .sdpa import sums_finite
@@ -94,15 +94,16 @@ _REFUSED, _PER_CALL = "refused", "the mask depends on the lengths"
 
 def _signature(q, k, v, mask, score, scale, normalize, sizes, grad, cpu):
     """What the lane's rules (:data:`_ASKED`) and :func:`.sdpa.kernel_mask` read of a call, as a hashable key; None
-    where it would not be one (a callable score or normaliser: the walk runs uncached).
+    where it would not be one (a callable score or normaliser, sizes that are traced tensors under
+    ``torch.jit.trace``: the walk runs uncached).
 
     The sizes enter as a class (equal head dims; one query; ``Lq`` against ``Lk``; the head dim for the default
     scale); the layout as contiguous, innermost stride 1, or neither; the mask as its kind and alignment; the
     scale as its sign (the default scale: None, computed from the head dim).
     """
-    if type(score) is not str or type(normalize) is not str:
-        return None
     _, _, lq, lk, d, dv = sizes
+    if type(score) is not str or type(normalize) is not str or type(lq) is not int or type(lk) is not int:
+        return None
     if q.is_contiguous() and k.is_contiguous() and v.is_contiguous():
         layout = 2
     else:
