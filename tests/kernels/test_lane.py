@@ -88,15 +88,21 @@ def test_several_queries_answer_non_finite_inputs_as_the_formula(case, lq):
     torch.testing.assert_close(got.double(), _formula(q, k, v), rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
-def test_torchs_kernel_differs_from_the_formula_without_a_mask_in_these_cases():
-    # why the check stays after the kernel on calls with no masked key
+@pytest.mark.parametrize("lk", [3, 16, 128, 1024])
+def test_torchs_kernel_differs_from_the_formula_without_a_mask_in_these_cases(lk):
+    # Why the check stays after the kernel on calls with no masked key, decoding steps included: over a cache of
+    # any length a head whose every score is -inf is answered 0 (the formula: NaN) and values near float32's
+    # largest overflow to inf (the formula: finite); below the vector width (16 keys) NaN queries and all-NaN keys
+    # are zeroed too. Only reading the whole cache before the kernel could tell these calls apart.
     differs = []
     for case in CASES:
-        q, k, v = _inputs(case, 3)
+        q, k, v = _inputs(case, lk)
         out = rules.FLASH(q, k, v, 0.0, False, scale=0.25)[0]
         if not torch.isclose(out.double(), _formula(q, k, v), rtol=1e-5, atol=1e-5, equal_nan=True).all():
             differs.append(case)
-    assert {"nan query", "keys all nan", "keys all -inf", "values near the largest float"} <= set(differs)
+    assert {"keys all -inf", "values near the largest float"} <= set(differs)
+    if lk < 16:
+        assert {"nan query", "keys all nan"} <= set(differs)
 
 
 @pytest.mark.parametrize("lk", [3, 16, 1024])

@@ -19,19 +19,25 @@ and then the table's own rules on the call (:data:`.sdpa.LANE`, read without dat
 rules of ``torch-sdpa`` that read no data (softmax of dot products, ...) and the lane's
 (:func:`.rules.output_checked`, :func:`.rules.equal_head_dims`, :func:`.rules.read_in_place`,
 :func:`.rules.mask_keeps_every_row`), so what torch's kernel answers exactly is stated once,
-in :mod:`.rules`. The mask is read as the path reads it (:func:`.sdpa.kernel_mask`): none;
-``is_causal``; no mask for one bottom-right causal query (decoding); a cached float mask
-for several (chunked prefill).
+in :mod:`.rules`. The rules read no data, so their answer is kept per call signature
+(:func:`_signature`: dtype, device, the mask's kind, score, normaliser, the scale's sign,
+the sizes as a class, layout, autograd): a repeated call, or a decoding step whose cache
+has grown, pays a dict lookup instead of the walk. The mask is read as the path reads it
+(:func:`.sdpa.kernel_mask`): none; ``is_causal``; no mask for one bottom-right causal query
+(decoding); a cached float mask for several (chunked prefill).
 
-Every contract holds: the output and the kernel's log-sum-exp are checked after the
+Every contract holds: the output and the kernel's log-sum-exp are checked after every
 call (:func:`trusted`: NaN or inf in the output, an lse of NaN, inf or exactly 0: an
 overflow, a masked NaN key torch leaked, a NaN query row it zeroed; a small lse is read
 as Python floats and the output summed once, since each operator right after the kernel
-costs microseconds; on CUDA, whose public kernel
-returns no lse, NaN or inf in the output or in q: :func:`.sdpa.sums_finite`, no second
-pass over the KV cache), and then the call is handed
-to the full route (validation, :func:`~.dispatch.choose`), which raises attnkit's
-errors and runs an exact path. Anything the lane does not take goes there too.
+costs microseconds; on CUDA, whose public kernel returns no lse, NaN or inf in the output
+or in q: :func:`.sdpa.sums_finite`, no second pass over the KV cache), and then the call
+is handed to the full route (validation, :func:`~.dispatch.choose`), which raises
+attnkit's errors and runs an exact path. Anything the lane does not take goes there too.
+The check stays after the kernel even with no masked key: torch's kernel answers a head
+whose every score is -inf with 0 and lets values near the largest float overflow, over a
+cache of any length (and zeroes NaN queries and all-NaN keys below 16 keys); only a pass
+over the cache before the kernel could tell those calls apart.
 """
 
 from __future__ import annotations
