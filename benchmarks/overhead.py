@@ -41,7 +41,8 @@ from attnkit.lab.benchmarking.sections import emit
 
 NAME, TITLE = "overhead", "Dispatch overhead on common calls"
 NOTES = """What limits the misses: these calls take the fast lane (`kernels/lane.py`): attribute \
-checks (its scope, then the table's rules, `sdpa.LANE`), torch's fused CPU kernel called directly, \
+checks (its scope, then the table's rules, `sdpa.LANE`, asked once per call signature and then looked \
+up), torch's fused CPU kernel called directly, \
 and one check of its output and log-sum-exp (a small lse read as Python floats, the output summed \
 once, one sync), after which a NaN, an inf or a row torch zeroed sends the call to the checked path. \
 On this CPU every torch operator on a small tensor costs 3-6 µs of \

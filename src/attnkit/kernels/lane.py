@@ -19,19 +19,25 @@ and then the table's own rules on the call (:data:`.sdpa.LANE`, read without dat
 rules of ``torch-sdpa`` that read no data (softmax of dot products, ...) and the lane's
 (:func:`.rules.output_checked`, :func:`.rules.equal_head_dims`, :func:`.rules.read_in_place`,
 :func:`.rules.mask_keeps_every_row`), so what torch's kernel answers exactly is stated once,
-in :mod:`.rules`. The mask is read as the path reads it (:func:`.sdpa.kernel_mask`): none;
-``is_causal``; no mask for one bottom-right causal query (decoding); a cached float mask
-for several (chunked prefill).
+in :mod:`.rules`. The rules read no data, so their answer is kept per call signature
+(:func:`_signature`: dtype, device, the mask's kind, score, normaliser, the scale's sign,
+the sizes as a class, layout, autograd): a repeated call, or a decoding step whose cache
+has grown, pays a dict lookup instead of the walk. The mask is read as the path reads it
+(:func:`.sdpa.kernel_mask`): none; ``is_causal``; no mask for one bottom-right causal query
+(decoding); a cached float mask for several (chunked prefill).
 
-Every contract holds: the output and the kernel's log-sum-exp are checked after the
+Every contract holds: the output and the kernel's log-sum-exp are checked after every
 call (:func:`trusted`: NaN or inf in the output, an lse of NaN, inf or exactly 0: an
 overflow, a masked NaN key torch leaked, a NaN query row it zeroed; a small lse is read
 as Python floats and the output summed once, since each operator right after the kernel
-costs microseconds; on CUDA, whose public kernel
-returns no lse, NaN or inf in the output or in q: :func:`.sdpa.sums_finite`, no second
-pass over the KV cache), and then the call is handed
-to the full route (validation, :func:`~.dispatch.choose`), which raises attnkit's
-errors and runs an exact path. Anything the lane does not take goes there too.
+costs microseconds; on CUDA, whose public kernel returns no lse, NaN or inf in the output
+or in q: :func:`.sdpa.sums_finite`, no second pass over the KV cache), and then the call
+is handed to the full route (validation, :func:`~.dispatch.choose`), which raises
+attnkit's errors and runs an exact path. Anything the lane does not take goes there too.
+The check stays after the kernel even with no masked key: torch's kernel answers a head
+whose every score is -inf with 0 and lets values near the largest float overflow, over a
+cache of any length (and zeroes NaN queries and all-NaN keys below 16 keys); only a pass
+over the cache before the kernel could tell those calls apart.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import recording
-from ..functional.validate import Problem, default_scale, validate
+from ..functional.validate import default_scale, validate
 from . import reference, rules, sdpa
 from .pipeline import twice_differentiable
 from .sdpa import sums_finite
@@ -50,6 +56,8 @@ from .sdpa import sums_finite
 __all__ = ["route", "run", "trusted", "describe", "LISTED_ROWS"]
 
 _DTYPES = (torch.float32, torch.float64)
+# one C call when no autocast is on anywhere (the common case), before asking for the call's device
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 _CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -82,46 +90,102 @@ def _passes_the_whole_scope(rule) -> bool:
 _ASKED = tuple(rule for rule in sdpa.LANE if not _passes_the_whole_scope(rule))
 
 
+# The rules' answer per call signature (:func:`_signature`): what they read of a call, its sizes as a class (a
+# decoding step's cache grows by one key a step and keeps its signature). The rules read no data, so a repeated
+# call pays a dict lookup instead of the walk; a test holds every cached answer to the walk's on the same call.
+_DECIDED: dict = {}
+_MOST_DECIDED = 1024  # distinct signatures kept (strings users pass for score/normalize are in them); then cleared
+_REFUSED, _PER_CALL = "refused", "the mask depends on the lengths"
+
+
+def _signature(q, k, v, mask, score, scale, normalize, sizes, grad, cpu):
+    """What the lane's rules (:data:`_ASKED`) and :func:`.sdpa.kernel_mask` read of a call, as a hashable key; None
+    where it would not be one (a callable score or normaliser, sizes that are traced tensors under
+    ``torch.jit.trace``: the walk runs uncached).
+
+    The sizes enter as a class (equal head dims; one query; ``Lq`` against ``Lk``; the head dim for the default
+    scale); the layout as contiguous, innermost stride 1, or neither; the mask as its kind and alignment; the
+    scale as its sign (the default scale: None, computed from the head dim).
+    """
+    _, _, lq, lk, d, dv = sizes
+    if type(score) is not str or type(normalize) is not str or type(lq) is not int or type(lk) is not int:
+        return None
+    if q.is_contiguous() and k.is_contiguous() and v.is_contiguous():
+        layout = 2
+    else:
+        layout = int(q.stride(3) == 1 and k.stride(3) == 1 and v.stride(3) == 1)
+    return (None if mask is None else (mask.kind, getattr(mask, "align", None)), score, normalize,
+            None if scale is None else scale > 0, q.dtype, cpu, d, d == dv, lq == 1, (lq > lk) - (lq < lk), layout,
+            grad)
+
+
+def _decide(q, k, v, mask, score, scale, normalize, sizes, grad, cpu):
+    """The walk: the dtypes the lane serves, then the table's rules (:data:`.sdpa.LANE`) on the call; ``(kernel
+    mask, scale)``, where the kernel mask is :data:`_PER_CALL` when it depends on the lengths (a cached float mask
+    for several bottom-right causal queries), or :data:`_REFUSED`."""
+    if q.dtype not in (_DTYPES if cpu else _CUDA_DTYPES):
+        return _REFUSED
+    if scale is None:
+        scale = default_scale(score, sizes[4])
+    # the fields of a Problem that the rules read (a test holds the two to the same answers)
+    call = _Call(q, k, v, mask, score, scale, normalize, sizes, grad, "cpu" if cpu else "cuda")
+    for rule in _ASKED:
+        if rule(call) is not None:
+            return _REFUSED
+    km = sdpa.kernel_mask(call, q.dtype)
+    return (_PER_CALL if km.float_mask is not None else km), scale
+
+
 def route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse,
           backend, sinks=None) -> tuple | None:
     """``(is_causal, float_mask, scale, on_cpu)`` for a call the lane takes, else None; reads attributes only.
 
     The lane's scope first (the options it leaves to the full route, plain valid 4-D tensors), then the table's
-    rules (:data:`.sdpa.LANE`) on the call: what torch's kernel answers exactly is stated there, once.
+    rules (:data:`.sdpa.LANE`) on the call, asked once per call signature (:func:`_signature`): what torch's
+    kernel answers exactly is stated there, once.
     """
     if (backend != "auto" or bias is not None or sinks is not None or dropout_p or return_weights or return_lse
             or recording.listening or (mask is not None and getattr(mask, "kind", None) is None)):  # a tensor mask
         return None
     if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
         return None
-    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+    qs, ks, vs = q.shape, k.shape, v.shape
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
         return None
     cpu = q.is_cpu and k.is_cpu and v.is_cpu
     if not cpu and not (q.is_cuda and k.device == q.device and v.device == q.device):
         return None
     dtype = q.dtype
-    if dtype not in (_DTYPES if cpu else _CUDA_DTYPES) or k.dtype != dtype or v.dtype != dtype:
+    if k.dtype is not dtype or v.dtype is not dtype:
         return None
-    batch, heads, lq, d = q.shape
-    bk, hkv, lk, dk = k.shape
-    bv, hv, lv, dv = v.shape
+    batch, heads, lq, d = qs
+    bk, hkv, lk, dk = ks
+    bv, hv, lv, dv = vs
     if (bk != batch or bv != batch or hv != hkv or lv != lk or dk != d or not hkv or heads % hkv
             or not (batch and lq and lk and d)):
         return None
-    if scale is None:
-        scale = default_scale(score, d)
-    elif type(scale) not in (float, int) or not math.isfinite(scale):
+    if scale is not None and (type(scale) not in (float, int) or not math.isfinite(scale)):
         return None
-    if torch.compiler.is_compiling() or torch.is_autocast_enabled("cpu" if cpu else "cuda"):
+    if torch.compiler.is_compiling() or (_any_autocast() and torch.is_autocast_enabled("cpu" if cpu else "cuda")):
         return None
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    # the fields of a Problem that the rules read (a test holds the two to the same answers)
-    call: Problem = _Call(q, k, v, mask, score, scale, normalize, (batch, heads, lq, lk, d, dv), grad,  # type: ignore[assignment]
-                          "cpu" if cpu else "cuda")
-    for rule in _ASKED:
-        if rule(call) is not None:
-            return None
-    km = sdpa.kernel_mask(call, dtype)
+    sizes = (batch, heads, lq, lk, d, dv)
+    key = _signature(q, k, v, mask, score, scale, normalize, sizes, grad, cpu)
+    decision = _DECIDED.get(key) if key is not None else None
+    if decision is None:
+        decision = _decide(q, k, v, mask, score, scale, normalize, sizes, grad, cpu)
+        if key is not None:
+            if len(_DECIDED) >= _MOST_DECIDED:
+                _DECIDED.clear()
+            _DECIDED[key] = decision
+    if decision is _REFUSED:
+        return None
+    km, default = decision
+    if scale is None:
+        scale = default
+    if km is _PER_CALL:
+        km = sdpa.kernel_mask(_Call(q, k, v, mask, score, scale, normalize, sizes, grad,  # type: ignore[arg-type]
+                                    "cpu" if cpu else "cuda"), dtype)
     return km.is_causal, km.float_mask, scale, cpu
 
 
