@@ -119,8 +119,10 @@ REACH = {
 
 
 def test_every_path_is_reached_with_sinks():
-    # paged calls (block_table=) with sinks: tests/kernels/test_paged.py; flex runs on CUDA only, and refuses sinks
-    assert set(REACH) | {"flex", "paged-split-kv"} == set(paths.BY_NAME)
+    # paged calls (block_table=) with sinks: tests/kernels/test_paged.py; flex runs on CUDA only, and refuses sinks;
+    # fixed-blocks refuses sinks (blocksparse-fused takes the fixed pattern with them)
+    assert set(REACH) | {"flex", "paged-split-kv", "fixed-blocks"} == set(paths.BY_NAME)
+    assert "no_sinks" in [rule.__name__ for rule in paths.BY_NAME["fixed-blocks"].refusals]
     assert "no_sinks" in [rule.__name__ for rule in paths.BY_NAME["flex"].refusals]
 
 
@@ -377,7 +379,7 @@ EMPTY_ROWS_PATHS = {
 
 
 def test_every_path_is_reached_with_sinks_and_rows_that_have_no_key():
-    assert set(EMPTY_ROWS_PATHS) | {"flex", "paged-split-kv"} == set(paths.BY_NAME)
+    assert set(EMPTY_ROWS_PATHS) | {"flex", "paged-split-kv", "fixed-blocks"} == set(paths.BY_NAME)  # no sinks there
 
 
 @pytest.mark.parametrize("name", list(EMPTY_ROWS_PATHS))
