@@ -12,7 +12,7 @@ import torch
 import attnkit
 from attnkit import masks
 from attnkit.functional.validate import validate
-from attnkit.kernels import fixed_blocks, paths, rules
+from attnkit.kernels import fixed_blocks, paths, pipeline, rules
 from tests.helpers import rand_qkv
 
 BLOCK, SUMMARY = 64, 8
@@ -176,3 +176,25 @@ def test_the_path_is_a_cpu_row_of_the_block_sparse_backend_before_the_gathered_o
     assert row.backend == "blocksparse" and row.devices == ("cpu",)
     order = [p.name for p in paths.of_backend("blocksparse")]
     assert order.index("fixed-blocks") < order.index("blocksparse-fused")
+
+
+def test_in_units_of_heads_gives_one_threads_bits_and_the_oracle(ran, monkeypatch):
+    """Two torch threads: each run of heads on its own thread (kernels/pipeline.py, Units), the same bits."""
+    monkeypatch.setattr(pipeline, "UNIT_WORK", 0)  # these small calls in units too
+    counts, real = [], pipeline.Units
+    monkeypatch.setattr(fixed_blocks, "Units", lambda count: counts.append(count) or real(count))
+    q, k, v = rand_qkv(2, 4, 200, 200, 16, hkv=2, dtype=torch.float64, seed=8)
+    before, runs = torch.get_num_threads(), []
+    try:
+        for threads in (2, 1):
+            torch.set_num_threads(threads)
+            out, grads, dout = _run(q, k, v)
+            runs.append([out, *grads])
+    finally:
+        torch.set_num_threads(before)
+    assert counts == [4, 4, 1, 1]  # forward and backward in four runs of heads on two threads, one on one
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+    want, _, want_grads = _oracle(q, k, v, dout=dout)
+    for got, exp in zip(runs[0], (want, *want_grads), strict=True):
+        torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12)

@@ -41,7 +41,7 @@ from torch.autograd.function import once_differentiable
 from ..functional.validate import Problem
 from . import rules
 from .path_cost import PathCost, fused_attention, itemsize
-from .pipeline import KernelOutput, upcast_inputs
+from .pipeline import KernelOutput, Units, unit_count, upcast_inputs
 from .rules import FLASH as _FLASH
 from .rules import FLASH_BACKWARD as _FLASH_BACKWARD
 
@@ -88,18 +88,36 @@ def _summary(t: torch.Tensor, block: int, summary: int) -> torch.Tensor:
     return s.reshape(*s.shape[:2], -1, s.shape[-1])
 
 
-def _forward(q, k, v, block: int, summary: int, scale: float):
-    """Out ``(B, H, nb b, Dv)`` and lse ``(B, H, nb b)`` of zero-padded contiguous inputs."""
+def _units(q, block: int, summary: int) -> tuple[Units, list[tuple[int, int]]]:
+    """Runs of heads ``[a, b)`` (:class:`.pipeline.Units`): each writes its own rows of the outputs and gradients."""
     batch, heads, length, _ = q.shape
+    count = unit_count(heads, batch * heads * scores(block, summary, length))
+    return Units(count), [(heads * u // count, heads * (u + 1) // count) for u in range(count)]
+
+
+def _forward(q, k, v, block: int, summary: int, scale: float):
+    """Out ``(B, H, nb b, Dv)`` and lse ``(B, H, nb b)`` of zero-padded contiguous inputs, in units of heads."""
+    out, lse = q.new_empty(*q.shape[:3], v.shape[3]), q.new_empty(q.shape[:3])
+    units, runs = _units(q, block, summary)
+
+    def share() -> None:  # one thread's runs of heads: a few fused calls each, every operator on one torch thread
+        for a, b in (runs[u] for u in units.take()):
+            _forward_heads(q[:, a:b], k[:, a:b], v[:, a:b], out[:, a:b], lse[:, a:b], block, summary, scale)
+    with units.helping(share):
+        share()
+    return out, lse
+
+
+def _forward_heads(q, k, v, out, lse, block: int, summary: int, scale: float) -> None:
+    """Fill ``out`` and ``lse`` (views of the call's) for the heads of ``q, k, v``."""
     o_a, l_a = FLASH(_as_blocks(q, block), _as_blocks(k, block), _as_blocks(v, block), 0.0, True, scale=scale)
-    out = o_a.contiguous().view(batch, heads, length, -1)
-    lse = l_a.contiguous().view(batch, heads, length)
+    _as_blocks(out, block).copy_(o_a)
+    _as_blocks(lse[..., None], block)[..., 0].copy_(l_a)
     ks, vs = _summary(k, block, summary), _summary(v, block, summary)
-    for i in range(1, length // block):
+    for i in range(1, q.shape[2] // block):
         rows, keys = slice(i * block, (i + 1) * block), i * summary
         o_s, l_s = FLASH(q[:, :, rows], ks[:, :, :keys], vs[:, :, :keys], 0.0, False, scale=scale)
         _merge_(out[:, :, rows], lse[:, :, rows], o_s, l_s)
-    return out, lse
 
 
 def _merge_(o, lse, o_s, l_s) -> None:
@@ -113,13 +131,30 @@ def _merge_(o, lse, o_s, l_s) -> None:
 
 
 def _backward(q, k, v, out, lse, dout, block: int, summary: int, scale: float):
-    """``dq, dk, dv`` of zero-padded inputs from the merged ``(out, lse)``: each call's share of the whole softmax."""
+    """``dq, dk, dv`` of zero-padded inputs from the merged ``(out, lse)``, in units of heads."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    units, runs = _units(q, block, summary)
+
+    def share() -> None:  # one thread's runs of heads: their key and value rows are their own
+        for a, b in (runs[u] for u in units.take()):
+            heads = [t[:, a:b] for t in (q, k, v, out, lse, dout, dq, dk, dv)]
+            _backward_heads(heads, block, summary, scale)
+    with units.helping(share):
+        share()
+    return dq, dk, dv
+
+
+def _backward_heads(tensors, block: int, summary: int, scale: float) -> None:
+    """Fill ``dq, dk, dv`` (views of the call's) for the heads of ``q, k, v``: each fused call's share of the
+    whole softmax, from the merged ``(out, lse)``; ``tensors`` = ``q, k, v, out, lse, dout, dq, dk, dv``."""
+    q, k, v, out, lse, dout, dq, dk, dv = tensors
     def blocks(t):
         return _as_blocks(t, block)
 
-    dq, dk, dv = FLASH_BACKWARD(blocks(dout), blocks(q), blocks(k), blocks(v), blocks(out),
-                                _as_blocks(lse[..., None], block)[..., 0], 0.0, True, scale=scale)
-    dq, dk, dv = (g.contiguous().view(t.shape) for g, t in ((dq, q), (dk, k), (dv, v)))
+    grads = FLASH_BACKWARD(blocks(dout), blocks(q), blocks(k), blocks(v), blocks(out),
+                           _as_blocks(lse[..., None], block)[..., 0], 0.0, True, scale=scale)
+    for dst, g in zip((dq, dk, dv), grads, strict=True):
+        blocks(dst).copy_(g)
     n = q.shape[2] // block
     if n > 1:
         ks, vs = _summary(k, block, summary), _summary(v, block, summary)
@@ -133,7 +168,6 @@ def _backward(q, k, v, out, lse, dout, block: int, summary: int, scale: float):
             dvs[:, :, :keys] += g_v
         _summary_view(dk, block, summary).add_(dks.view(_summary_view(dk, block, summary).shape))
         _summary_view(dv, block, summary).add_(dvs.view(_summary_view(dv, block, summary).shape))
-    return dq, dk, dv
 
 
 class _FixedBlocks(torch.autograd.Function):
