@@ -136,8 +136,8 @@ def test_other_masks_are_refused_and_served_exactly_by_the_other_paths(ran, mask
     assert not ran
 
 
-@pytest.mark.parametrize("kwargs", [dict(sinks=torch.zeros(3)), dict(dropout_p=0.1), dict(score="cosine")],
-                         ids=["sinks", "dropout", "cosine"])
+@pytest.mark.parametrize("kwargs", [dict(dropout_p=0.1), dict(score="cosine"), dict(bias=torch.zeros(128, 128))],
+                         ids=["dropout", "cosine", "bias"])
 def test_refuses_what_the_fused_kernel_cannot_compute(kwargs):
     q, k, v = rand_qkv(1, 3, 128, 128, 8, seed=1)
     assert validate(q, k, v, mask=MASK, **kwargs)  # a valid call
@@ -198,3 +198,26 @@ def test_in_units_of_heads_gives_one_threads_bits_and_the_oracle(ran, monkeypatc
     want, _, want_grads = _oracle(q, k, v, dout=dout)
     for got, exp in zip(runs[0], (want, *want_grads), strict=True):
         torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(3,), (2, 3, 1), (2, 3, 200)], ids=["head", "sample", "token"])
+def test_sinks_join_the_merged_pair_exactly(ran, shape):
+    """A sink is one more column of each row's softmax, its weight dropped (gpt-oss): written out here."""
+    q, k, v = rand_qkv(2, 3, 200, 200, 8, hkv=1, dtype=torch.float64, seed=9)
+    s = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = attnkit.attention(*leaves, mask=MASK, sinks=s)
+    assert ran
+    dout = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(2))
+    got = torch.autograd.grad(out, [*leaves, s], dout)
+    q64, k64, v64 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    s64 = s.detach().clone().requires_grad_()
+    scores = (q64 @ k64.transpose(-1, -2)) * 8 ** -0.5
+    scores = scores.masked_fill(~_allowed(200, BLOCK, SUMMARY), float("-inf"))
+    sink = (s64.view(1, 3, 1) if s64.dim() == 1 else s64.view(*s64.shape[:2], -1))[..., None]
+    weights = torch.softmax(torch.cat([scores, sink.expand(*scores.shape[:3], 1)], -1), -1)[..., :-1]
+    want_out = weights @ v64
+    want = torch.autograd.grad(want_out, [q64, k64, v64, s64], dout)
+    torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-12)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

@@ -20,13 +20,14 @@ Backward: each call's fused backward (``rules.FLASH_BACKWARD``; FlashAttention-2
 arXiv:2307.08691, Alg. 2) is handed the merged ``(O, L)``: its ``rowsum(dO * O)`` and
 ``exp(s - L)`` are then the whole softmax's, so it returns exactly its keys' share of dQ
 and their dK, dV; dQ adds the two shares, the summary keys' gradients are added back at
-their positions. No lse gradient (``rules.lse_without_grad``).
+their positions. No lse gradient (``rules.lse_without_grad``). Sinks join the merged pair
+(``O_s = O sigmoid(L - s)``, ``L_s = logaddexp(L, s)``), from which the same backward runs.
 
 Work per head: ``nb b (b + 1) / 2`` scores in A and ``c b nb (nb - 1) / 2`` in S, against
 the gathered block paths' whole key blocks holding a summary (at L = 4096, b = 512,
 c = 32: 1.5 M scores a head against 16.8 M for the dense mask). Grouped query heads get
 their key/value heads repeated (:func:`.pipeline.upcast_inputs`). Non-finite inputs are
-refused (torch's kernel zeroes NaN rows); so are sinks, biases, dropout, ``Lq != Lk``,
+refused (torch's kernel zeroes NaN rows); so are biases, dropout, ``Lq != Lk``,
 blocks under ``rules.FIXED_MIN_BLOCK`` and any other mask (a key-padding part included):
 the gathered block paths take those.
 """
@@ -38,6 +39,7 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
+from ..functional import sinks
 from ..functional.validate import Problem
 from . import rules
 from .path_cost import PathCost, fused_attention, itemsize
@@ -49,7 +51,7 @@ __all__ = ["REFUSALS", "run", "op_forward", "op_backward", "cost", "density", "d
 
 REFUSALS = (rules.full_precision_kv,
             rules.not_compiling, rules.no_weights, rules.causal_fixed, rules.fused_cpu_kernel,
-            rules.fused_cpu_backward, rules.softmax_of_dot_products, rules.no_bias, rules.no_dropout, rules.no_sinks,
+            rules.fused_cpu_backward, rules.softmax_of_dot_products, rules.no_bias, rules.no_dropout,
             rules.equal_head_dims, rules.lse_without_grad, rules.finite_inputs)
 FLASH: Any = _FLASH  # never None here: rules.fused_cpu_kernel and rules.fused_cpu_backward refuse builds without
 FLASH_BACKWARD: Any = _FLASH_BACKWARD
@@ -171,23 +173,34 @@ def _backward_heads(tensors, block: int, summary: int, scale: float) -> None:
 
 
 class _FixedBlocks(torch.autograd.Function):
+    """With sinks, the merged ``(out, lse)`` are joined with them and the fused backward runs from the joined
+    pair, which rebuilds the sink call's probabilities (:mod:`attnkit.functional.sinks`)."""
+
     @staticmethod
-    def forward(ctx, q, k, v, block: int, summary: int, scale: float):
+    def forward(ctx, q, k, v, sink_logits, block: int, summary: int, scale: float):
         length = q.shape[2]
         padded = -(-length // block) * block
         q, k, v = (_padded(t, padded) for t in (q, k, v))
         out, lse = _forward(q, k, v, block, summary, scale)
-        ctx.save_for_backward(q, k, v, out, lse)
+        if sink_logits is not None:  # per-token sinks: -inf (plain softmax) on the padded rows
+            if sinks.per_token(sink_logits):
+                sink_logits = torch.nn.functional.pad(sink_logits, (0, padded - length), value=float("-inf"))
+            out, lse = sinks.joined(out, lse, sink_logits)
+        ctx.save_for_backward(q, k, v, out, lse, sink_logits)
         ctx.block, ctx.summary, ctx.scale, ctx.length = block, summary, scale, length
         return out[:, :, :length], lse[:, :, :length]
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dout, _dlse):  # the rules refuse an lse under autograd: _dlse is never used
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, sink_logits = ctx.saved_tensors
         dout = _padded(dout, q.shape[2]).contiguous()
+        dsinks = None
+        if ctx.needs_input_grad[3]:
+            dsinks = sinks.kernel_gradient(dout, out, lse, sink_logits)
+            dsinks = dsinks[..., :ctx.length] if sinks.per_token(sink_logits) else dsinks
         grads = _backward(q, k, v, out, lse, dout, ctx.block, ctx.summary, ctx.scale)
-        return (*(g[:, :, :ctx.length] for g in grads), None, None, None)
+        return (*(g[:, :, :ctx.length] for g in grads), dsinks, None, None, None)
 
 
 def backward_differentiable(p: Problem) -> bool:
@@ -199,7 +212,7 @@ def run(p: Problem) -> KernelOutput:
     """Out ``(B, H, Lq, Dv)`` and lse ``(B, H, Lq)`` or None, in the compute dtype."""
     q, k, v = upcast_inputs(p)
     block, summary = _terms(p)
-    out, lse = _FixedBlocks.apply(q, k, v, block, summary, p.scale)
+    out, lse = _FixedBlocks.apply(q, k, v, p.sinks, block, summary, p.scale)
     return KernelOutput(out, None, lse if p.return_lse else None)
 
 
