@@ -221,3 +221,18 @@ def test_sinks_join_the_merged_pair_exactly(ran, shape):
     torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-12)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(("block", "summary", "length"), [(1, 1, 7), (4, 2, 1), (4, 2, 3), (4, 4, 13), (5, 1, 23),
+                                                          (8, 3, 40), (16, 7, 33)])
+def test_small_blocks_any_length_equal_the_oracle_when_allowed(ran, monkeypatch, block, summary, length):
+    """The decomposition at sizes the planner leaves to the gathered paths (rules.FIXED_MIN_BLOCK lowered):
+    one-position blocks, a single partial block, summaries as long as the block, many blocks."""
+    monkeypatch.setattr(rules, "FIXED_MIN_BLOCK", 1)
+    q, k, v = rand_qkv(2, 4, length, length, 6, hkv=2, dtype=torch.float64, seed=block * 100 + length)
+    out, grads, dout = _run(q, k, v, mask=masks.causal() & masks.fixed(block, summary), backend="blocksparse")
+    want, _, want_grads = _oracle(q, k, v, block, summary, dout=dout)
+    assert ran
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-12)
+    for got, exp in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12)
