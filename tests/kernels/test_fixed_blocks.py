@@ -121,7 +121,7 @@ def test_explain_names_the_path_its_density_and_its_cost():
 
 
 @pytest.mark.parametrize(("mask", "lq", "lk", "why"), [
-    (masks.causal() & masks.fixed(32, 4), 200, 200, "blocks of at least"),
+    (masks.causal() & masks.fixed(4, 1), 200, 200, "blocks of at least"),
     (masks.causal() & masks.fixed(64, 8), 100, 200, "Lq == Lk"),
     (masks.causal() & masks.fixed(64, 8) & masks.padding([150, 200]), 200, 200, "fixed pattern"),
     (masks.fixed(64, 8), 200, 200, "fixed pattern"),
