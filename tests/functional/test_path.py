@@ -8,7 +8,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from attnkit.errors import ArgumentError, ShapeError
-from attnkit.functional.path import path_attention, path_scores
+from attnkit.functional import path as path_module
+from attnkit.functional.path import CHUNK_FROM, choose_form, path_attention, path_scores
 from tests.helpers import assert_close_with_gradients
 
 TOL = dict(rtol=0, atol=1e-10)
@@ -85,9 +86,33 @@ def test_chunk_form_equals_the_parallel_form_forward_and_backward(n, chunk, hkv,
     q, k, v, w, beta, log_f = problem(n=n, hkv=hkv, seed=n + chunk)
     gates = log_f if forget else None
     leaves = [q, k, v, w, beta] + ([log_f] if forget else [])
-    want = path_attention(q, k, v, w, beta, log_fgate=gates)
+    want = path_attention(q, k, v, w, beta, log_fgate=gates, form="parallel")
     out = path_attention(q, k, v, w, beta, log_fgate=gates, form="chunk", chunk_size=chunk)
     assert_close_with_gradients(out, want, leaves, **TOL)
+
+
+@pytest.mark.parametrize("n", [CHUNK_FROM - 1, CHUNK_FROM])
+def test_auto_form_runs_the_chunk_form_from_its_crossover_and_equals_both_forms(monkeypatch, n):
+    """The default ``form="auto"``: the parallel form below ``CHUNK_FROM`` (192) tokens, the chunk form from it on;
+    the same numbers as the form it runs (bit for bit), and the other form's to 1e-10, forward and backward."""
+    ran = []
+    chunk_form = path_module._chunk_form
+    monkeypatch.setattr(path_module, "_chunk_form", lambda *a: ran.append(a) or chunk_form(*a))
+    q, k, v, w, beta, log_f = problem(b=1, h=2, hkv=1, n=n, d=4, seed=n)
+    leaves = [q, k, v, w, beta, log_f]
+    auto = path_attention(q, k, v, w, beta, log_fgate=log_f)
+    assert bool(ran) == (n >= CHUNK_FROM)
+    runs, other = ("chunk", "parallel") if n >= CHUNK_FROM else ("parallel", "chunk")
+    same = path_attention(q, k, v, w, beta, log_fgate=log_f, form=runs)
+    assert torch.equal(auto, same)
+    assert_close_with_gradients(auto, path_attention(q, k, v, w, beta, log_fgate=log_f, form=other), leaves, **TOL)
+
+
+def test_choose_form_keeps_explicit_forms_and_splits_auto_at_the_crossover():
+    assert [choose_form("f", "auto", n) for n in (0, 1, CHUNK_FROM - 1, CHUNK_FROM, 4096)] == [
+        "parallel", "parallel", "parallel", "chunk", "chunk"]
+    assert [choose_form("f", form, n) for form in ("parallel", "chunk") for n in (1, 4096)] == [
+        "parallel", "parallel", "chunk", "chunk"]
 
 
 def test_chunk_form_in_float32_and_without_gradients():
@@ -132,7 +157,7 @@ def test_chunk_form_creates_no_quadratic_tensor_forward_or_backward():
 
 def test_bad_form_and_chunk_size_are_refused():
     q, k, v, w, beta, _ = problem()
-    with pytest.raises(ArgumentError, match="form must be 'parallel' or 'chunk'"):
+    with pytest.raises(ArgumentError, match="form must be 'auto', 'parallel' or 'chunk'"):
         path_attention(q, k, v, w, beta, form="recurrent")
     for bad in (0, -3, 2.0, True):
         with pytest.raises(ArgumentError, match="chunk_size must be an int >= 1"):

@@ -107,6 +107,7 @@ def test_kernel_gradient_is_the_joins_gradient_of_the_sinks():
 REACH = {
     "torch-sdpa": (dict(lq=64, lk=64, hkv=1), dict(mask=masks.causal())),
     "band-windows": (dict(lq=300, lk=300), dict(mask=masks.sliding_window(16, 16))),
+    "fixed-blocks": (dict(lq=300, lk=300, hkv=1), dict(mask=masks.causal() & masks.fixed(64, 8))),
     "blocksparse-fused": (dict(lq=512, lk=512), dict(mask=masks.segments(torch.arange(512) // 64))),
     "blocksparse-masked": (dict(lq=512, lk=512, dv=13), dict(mask=masks.segments(torch.arange(512) // 64))),
     "blocksparse-gathered": (dict(lq=512, lk=512), dict(mask=masks.segments(torch.arange(512) // 64),
@@ -377,7 +378,8 @@ EMPTY_ROWS_PATHS = {
 
 
 def test_every_path_is_reached_with_sinks_and_rows_that_have_no_key():
-    assert set(EMPTY_ROWS_PATHS) | {"flex", "paged-split-kv"} == set(paths.BY_NAME)
+    # fixed-blocks: causal with Lq == Lk, every row has a key (its sinks: tests/kernels/test_fixed_blocks.py)
+    assert set(EMPTY_ROWS_PATHS) | {"flex", "paged-split-kv", "fixed-blocks"} == set(paths.BY_NAME)
 
 
 @pytest.mark.parametrize("name", list(EMPTY_ROWS_PATHS))

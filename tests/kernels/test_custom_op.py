@@ -29,6 +29,7 @@ MASKS = {  # mask, the path expected when traced at L = 256
     "causal window": (masks.causal() & masks.sliding_window(20), "band-windows"),
     "strided": (masks.causal() & masks.strided(64), "blocksparse-fused"),
     "fixed": (masks.fixed(64), "blocksparse-fused"),
+    "causal fixed": (masks.causal() & masks.fixed(64, 8), "fixed-blocks"),
 }
 
 
@@ -56,7 +57,7 @@ def _assert_matches_oracle(out, grads, q, k, v, mask, dout, tol):
         torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("name", ["causal", "window", "strided"])
+@pytest.mark.parametrize("name", ["causal", "window", "strided", "causal fixed"])
 @pytest.mark.parametrize("hkv", [None, 2])
 def test_the_operator_passes_opcheck(name, hkv):
     mask, _ = MASKS[name]

@@ -51,6 +51,7 @@ REACH = {
     # a contiguous cache whose rows are full: the oracle's causal call (seqused_k is not its argument)
     "paged-split-kv": (dict(lq=4, lk=300), dict(mask=masks.causal(), seqused_k=torch.tensor([300, 300]))),
     "band-windows": (dict(lq=300, lk=300), dict(mask=masks.sliding_window(16, 16))),
+    "fixed-blocks": (dict(lq=512, lk=512), dict(mask=masks.causal() & masks.fixed(64, 8))),
     "blocksparse-fused": (dict(lq=512, lk=512), dict(mask=masks.segments(torch.arange(512) // 64))),
     "blocksparse-masked": (dict(lq=512, lk=512, dv=13), dict(mask=masks.segments(torch.arange(512) // 64))),
     "blocksparse-gathered": (dict(lq=512, lk=512), dict(mask=masks.segments(torch.arange(512) // 64),
@@ -256,7 +257,7 @@ def test_rows_with_no_allowed_key_are_trusted_without_a_second_run(mask, monkeyp
 
 # ------------------------------------------------------------------ the device column
 
-CPU_ONLY = {"band-windows", "blocksparse-fused", "blocksparse-masked", "bias-slabs"}
+CPU_ONLY = {"band-windows", "fixed-blocks", "blocksparse-fused", "blocksparse-masked", "bias-slabs"}
 SIMPLE = {  # lq, lk, hq, hkv, kwargs: calls torch's kernel takes as they are
     "no mask": (300, 300, 4, 4, {}),
     "causal": (300, 300, 4, 4, {"mask": masks.causal()}),

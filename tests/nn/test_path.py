@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from attnkit.errors import ArgumentError, DTypeError
+from attnkit.functional.path import CHUNK_FROM
 from attnkit.nn import ForgetCache, PaTHAttention
 from attnkit.registry import get
 
@@ -79,11 +80,25 @@ def test_a_cache_without_reflections_is_refused():
 
 
 def test_bad_form_and_chunk_size_are_refused():
-    with pytest.raises(ArgumentError, match="form must be 'parallel' or 'chunk'"):
+    with pytest.raises(ArgumentError, match="form must be 'auto', 'parallel' or 'chunk'"):
         PaTHAttention(12, 4, form="recurrent")
     with pytest.raises(ArgumentError, match="chunk_size must be an int >= 1"):
         PaTHAttention(12, 4, form="chunk", chunk_size=0)
     assert "form='chunk', chunk_size=5" in repr(PaTHAttention(12, 4, form="chunk", chunk_size=5))
+
+
+@pytest.mark.parametrize("length", [CHUNK_FROM - 1, CHUNK_FROM])
+def test_the_default_form_is_auto_and_equals_both_explicit_forms(length):
+    layer = _layer(kv_heads=1)
+    assert layer.form == "auto" and "form='auto'" in repr(layer)
+    x = torch.randn(1, length, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(length))
+    out = layer(x)
+    for form in ("parallel", "chunk"):
+        layer.form = form
+        torch.testing.assert_close(layer(x), out, **TOL)
+    runs = "chunk" if length >= CHUNK_FROM else "parallel"
+    layer.form = runs
+    assert torch.equal(layer(x), out)
 
 
 def test_registry_entry_runs_its_example():

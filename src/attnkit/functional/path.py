@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError, check_int
 from .forgetting import ForgetGateBias
 
-__all__ = ["path_scores", "path_attention"]
+__all__ = ["path_scores", "path_attention", "choose_form", "FORMS", "CHUNK_FROM"]
 
 
 def _floating(who: str, name: str, t, shape: tuple, dims: str, device) -> torch.Tensor:
@@ -142,7 +142,25 @@ class _Row(torch.autograd.Function):
         return (None, None, *(next(found) if t is not None else None for t in inputs))
 
 
-def path_attention(q, k, v, w, beta, *, log_fgate=None, scale=None, form: str = "parallel", chunk_size: int = 64):
+FORMS = ("auto", "parallel", "chunk")
+# form="auto": the chunk form from this length on. Measured with benchmarks/path_forms.py (forward + backward,
+# B = 1, H = 4, D = 64, float32, forget gate, chunk 64, 1 thread, two runs on a busy machine): chunk / parallel
+# time 2.0 at L = 32, 1.4 at 64, 1.0-1.45 at 128, 1.32 at 160, 0.77-0.79 at 192, 0.75-0.76 at 256, 0.24 at 1024,
+# 0.10 at 4096.
+CHUNK_FROM = 192
+
+
+def choose_form(who: str, form: str, length: int) -> str:
+    """The form that runs: ``form`` as given, or for ``"auto"`` ``"chunk"`` when ``length >= CHUNK_FROM`` (192),
+    else ``"parallel"``; an :class:`~attnkit.errors.ArgumentError` for any other value."""
+    if form not in FORMS:
+        raise ArgumentError(f"{who}: form must be 'auto', 'parallel' or 'chunk'; got {form!r}")
+    if form != "auto":
+        return form
+    return "chunk" if length >= CHUNK_FROM else "parallel"
+
+
+def path_attention(q, k, v, w, beta, *, log_fgate=None, scale=None, form: str = "auto", chunk_size: int = 64):
     """Causal PaTH attention (module docstring), parallel or chunk form, differentiable in every input.
 
     Shapes: ``q`` ``(B, H, L, D)``; ``k, w`` ``(B, Hkv, L, D)``, ``v`` ``(B, Hkv, L, Dv)``, ``beta``
@@ -151,10 +169,14 @@ def path_attention(q, k, v, w, beta, *, log_fgate=None, scale=None, form: str = 
     ``w`` is used as given (the paper normalises it: ``H_t`` is then a reflection at ``beta_t = 2``).
     Computed in float32 (float64 for float64 inputs); ``scale`` defaults to ``D^-1/2``.
 
-    ``form="parallel"`` (default): O(B H (L^2 (D + Dv) + L^3)) time, O(B H L^2) memory.
+    ``form="parallel"``: O(B H (L^2 (D + Dv) + L^3)) time, O(B H L^2) memory.
     ``form="chunk"``: blocks of ``chunk_size`` positions, O(B H (L^2 (D + Dv) + L c (c + D))) time and
     O(B H L (c + D + Dv)) memory, forward and backward (the backward recomputes one query block at a
     time); equal to the parallel form up to rounding.
+    ``form="auto"`` (default): the chunk form from ``L >= 192`` (:data:`CHUNK_FROM`), else the parallel
+    form. Forward + backward at 1 thread (``benchmarks/path_forms.py``, chunk 64), the chunk form takes
+    1.0-1.4x the parallel form's time at L = 128, 1.3x at 160, 0.77-0.79x at 192, 0.76x at 256, 0.24x at
+    1024, 0.10x at 4096.
 
     Example:
         >>> import torch
@@ -170,8 +192,7 @@ def path_attention(q, k, v, w, beta, *, log_fgate=None, scale=None, form: str = 
         True
     """
     who = "path_attention"
-    if form not in ("parallel", "chunk"):
-        raise ArgumentError(f"{who}: form must be 'parallel' or 'chunk'; got {form!r}")
+    choose_form(who, form, 0)
     check_int(who, "chunk_size", chunk_size, 1)
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise ShapeError(f"{who}: q must be a tensor of shape (B, H, L, D); got "
@@ -191,7 +212,7 @@ def path_attention(q, k, v, w, beta, *, log_fgate=None, scale=None, form: str = 
         _floating(who, "log_fgate", log_fgate, (b, h, n), "(B, H, L)", q.device)
     acc = torch.promote_types(q.dtype, torch.float32)
     scale = d ** -0.5 if scale is None else scale
-    if form == "chunk":
+    if choose_form(who, form, n) == "chunk":
         fcum = None if log_fgate is None else log_fgate.to(acc).cumsum(-1)
         return _chunk_form(q.to(acc), k.to(acc), v.to(acc), w.to(acc), beta.to(acc), fcum, scale,
                            chunk_size).to(q.dtype)

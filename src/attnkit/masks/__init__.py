@@ -188,6 +188,7 @@ class _Fixed(Mask):
         if summary > block:
             raise ArgumentError(f"summary must be <= block; got summary={summary}, block={block}")
         self.text = f"fixed(block={self.block}, summary={self.summary})"
+        self.fixed_terms = (self.block, self.summary)  # And reads it: causal() & fixed() is Mask.causal_fixed
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         same_block = (q_idx // self.block) == (kv_idx // self.block)

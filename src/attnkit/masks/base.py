@@ -93,6 +93,9 @@ class Mask:
             mask): ``(lo_terms, hi_terms)``, each a tuple of ``(const, shift)`` with
             ``lo = max(const + shift * (kv_len - q_len))`` (``hi``: min); an empty tuple is
             an open side; None: not a band.
+        causal_fixed: ``(block, summary)`` when the mask is exactly ``causal() & fixed(block, summary)``
+            (the Sparse Transformer's fixed pattern, in either order), else None: the ``fixed-blocks``
+            path reads it (:mod:`attnkit.kernels.fixed_blocks`).
         text: the text :func:`attnkit.masks.parse` rebuilds the mask from (its ``repr``,
             computed once), or None for masks holding tensors or functions. Compiled and
             exported graphs carry a mask as this text.
@@ -101,6 +104,7 @@ class Mask:
     uses: frozenset = frozenset({"b", "h", "q", "kv"})
     kind: str = "pattern"
     band_terms: tuple | None = None
+    causal_fixed: tuple[int, int] | None = None
     text: str | None = None
     batch_size: int | None = None
     num_heads: int | None = None
@@ -294,6 +298,9 @@ class And(_Combined):
             self.rest = others[0] if len(others) == 1 else And(*others)
             if chosen[0].rest is not None:
                 self.rest = self.rest & chosen[0].rest
+        fixed = [p for p in self.parts if getattr(p, "fixed_terms", None) is not None]
+        if len(self.parts) == 2 and len(fixed) == 1 and any(p.kind == "causal" for p in self.parts):
+            self.causal_fixed = fixed[0].fixed_terms  # causal() & fixed(block, summary)
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         allowed = self.parts[0].allows(b, h, q_idx, kv_idx, q_len, kv_len)
