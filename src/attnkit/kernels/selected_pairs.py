@@ -11,10 +11,12 @@ The work is cut accordingly, with no ``Lq x Lk`` tensor and no per-query copy of
 
 - own blocks: one call of torch's fused kernel, causal, on the queries and keys viewed as
   ``(B, H n_blocks, bs, D)`` in place;
-- past blocks: the (query, block) pairs are grouped by key block and cut into tiles of
-  ``ROWS`` queries sharing that block; each tile is one batch entry of the fused kernel
-  (``ROWS`` queries against the block's ``bs`` keys, no mask), a budget of tiles at a time,
-  so the copies held at once are bounded whatever ``L``.
+- past blocks: the (query, block) pairs are grouped by key block and the ``c`` queries of a
+  group cut into ``ceil(c / ROWS)`` tiles of equal height (rounded up to a multiple of
+  ``STEP``); each tile is one batch entry of the fused kernel (its queries against the
+  block's ``bs`` keys, no mask), the tiles of one height a budget at a time, so the copies
+  held at once are bounded whatever ``L``. Tall tiles let the kernel take large query
+  splits (at most ``STEP - 1`` empty rows a tile on average).
 
 The partial outputs merge by log-sum-exp (Milakov and Gimelshein 2018, the online
 softmax)::
