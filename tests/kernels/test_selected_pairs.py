@@ -29,8 +29,10 @@ def _case(name, seed=0):
 
 @pytest.fixture(autouse=True)
 def small_tiles(monkeypatch):
-    """Tiles of 3 queries, a few tiles per batch: partial tiles, several batches and merges on tiny inputs."""
-    monkeypatch.setattr(selected_pairs, "ROWS", 3)
+    """Tiles of at most 5 queries in heights of 2, 4 and 5, a few tiles per batch: partial tiles, several heights,
+    batches and merges on tiny inputs."""
+    monkeypatch.setattr(selected_pairs, "ROWS", 5)
+    monkeypatch.setattr(selected_pairs, "STEP", 2)
     monkeypatch.setattr(selected_pairs, "BUDGET", 300)
 
 
@@ -87,10 +89,17 @@ def test_the_tiles_hold_each_query_and_past_block_pair_once_and_no_later_block()
     tl = selected_pairs.tiles(indices, 2, 2, 2, 40, 5)
     own_block = torch.arange(40).view(1, 1, -1, 1) // 5
     assert tl.pairs == int(((indices >= 0) & (indices < own_block)).sum())
-    real = tl.rows >= 0
-    assert int(real.sum()) == tl.pairs and tl.rows.shape[1] == selected_pairs.ROWS
-    query, block = tl.rows[real] % 40, tl.blocks[:, None].expand_as(tl.rows)[real] % 8
+    assert sorted({rows.shape[1] for rows in tl.rows}) == [h for h in (2, 4, 5) if h in {r.shape[1] for r in tl.rows}]
+    rows = torch.cat([r.flatten() for r in tl.rows])
+    blocks = torch.cat([b[:, None].expand_as(r).flatten() for r, b in zip(tl.rows, tl.blocks, strict=True)])
+    real = rows >= 0
+    assert int(real.sum()) == tl.pairs
+    pairs = (rows[real] * 8 + blocks[real] % 8).tolist()  # (flat query, key block): each pair once
+    assert len(set(pairs)) == len(pairs)
+    query, block = rows[real] % 40, blocks[real] % 8
     assert bool((block < query // 5).all())  # past blocks only: the own block runs in place, later ones never
+    tiles = sum(r.shape[0] for r in tl.rows)  # fewer than STEP empty rows a tile, on average
+    assert int((rows < 0).sum()) < 2 * tiles
 
 
 def test_the_cost_grows_with_length_times_selected_blocks_not_with_length_squared():

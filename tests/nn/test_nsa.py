@@ -132,8 +132,9 @@ def test_the_selection_is_the_same_in_chunks_of_queries(monkeypatch):
                                                                                       dtype=torch.float64)
     whole = nsa_blocks(q, k_c, length=4, stride=2, block=4, count=3, scale=0.5)
     monkeypatch.setattr(nsa, "_TRIANGLE", 3)
-    torch.testing.assert_close(nsa_blocks(q, k_c, length=4, stride=2, block=4, count=3, scale=0.5), whole, rtol=0,
-                               atol=0)
+    chunked = nsa_blocks(q, k_c, length=4, stride=2, block=4, count=3, scale=0.5)
+    # the same blocks (a chunk scores fewer columns: the forced blocks, tied at +inf, may come in another order)
+    torch.testing.assert_close(chunked.sort(-1).values, whole.sort(-1).values, rtol=0, atol=0)
 
 
 def test_gradients_reach_every_parameter_and_the_selection_none():

@@ -11,10 +11,12 @@ The work is cut accordingly, with no ``Lq x Lk`` tensor and no per-query copy of
 
 - own blocks: one call of torch's fused kernel, causal, on the queries and keys viewed as
   ``(B, H n_blocks, bs, D)`` in place;
-- past blocks: the (query, block) pairs are grouped by key block and cut into tiles of
-  ``ROWS`` queries sharing that block; each tile is one batch entry of the fused kernel
-  (``ROWS`` queries against the block's ``bs`` keys, no mask), a budget of tiles at a time,
-  so the copies held at once are bounded whatever ``L``.
+- past blocks: the (query, block) pairs are grouped by key block and the ``c`` queries of a
+  group cut into ``ceil(c / ROWS)`` tiles of equal height (rounded up to a multiple of
+  ``STEP``); each tile is one batch entry of the fused kernel (its queries against the
+  block's ``bs`` keys, no mask), the tiles of one height a budget at a time, so the copies
+  held at once are bounded whatever ``L``. Tall tiles let the kernel take large query
+  splits (at most ``STEP - 1`` empty rows a tile on average).
 
 The partial outputs merge by log-sum-exp (Milakov and Gimelshein 2018, the online
 softmax)::
@@ -50,24 +52,29 @@ from .rules import FLASH, FLASH_BACKWARD
 __all__ = ["Tiles", "tiles", "plain_causal", "applies", "run", "density", "cost", "describe", "attend", "ROWS",
            "BUDGET"]
 
-ROWS = 128  # queries per tile (sharing one key block): faster than 64, as fast as 256 at L = 16384, 1 thread
+ROWS = 1024  # queries per tile at most: torch's kernel runs larger query splits on taller tiles (1 thread: 0.75x the
+# time per score of 128-row tiles)
+STEP = 32  # tile heights are multiples of this (or ROWS): tiles of one height share a call of torch's kernel
 BUDGET = 1 << 22  # elements of gathered queries, keys and values per batch of tiles
 _NEG_INF = float("-inf")
 
 
 class Tiles(NamedTuple):
-    """The past-block pairs cut into tiles: each tile ``ROWS`` query rows (flat over ``(B, H, Lp)``, ``-1``: an
-    empty row) and a key block (flat over ``(B, H_kv, n_blocks)``); ``own`` ``(B H Lp,)`` whether each query
-    selected its own block."""
+    """The past-block pairs cut into tiles, by height: tile ``t`` of height ``h`` holds ``h`` query rows (flat over
+    ``(B, H, Lp)``, ``-1``: an empty row) and a key block (flat over ``(B, H_kv, n_blocks)``); ``own`` ``(B H Lp,)``
+    whether each query selected its own block."""
 
-    rows: torch.Tensor  # (T, ROWS) int64 into the flat queries, -1 where the tile has no query
-    blocks: torch.Tensor  # (T,) int64 into the flat key blocks
+    rows: list  # per height: (T_h, h) int64 into the flat queries, -1 where the tile has no query
+    blocks: list  # per height: (T_h,) int64 into the flat key blocks
     own: torch.Tensor  # (B H Lp,) bool
     pairs: int  # (query, past block) pairs
 
 
 def tiles(indices: torch.Tensor, batch: int, heads: int, kv_heads: int, length: int, bs: int) -> Tiles:
-    """The tiles of a selection, batched over batch, heads and queries (sorting, no loop over blocks)."""
+    """The tiles of a selection, batched over batch, heads and queries (sorting, no loop over blocks).
+
+    The ``c`` queries of a (head, key block) pair group are cut into ``ceil(c / ROWS)`` tiles of equal height, rounded
+    up to a multiple of ``STEP`` (at most ``ROWS``): at most ``STEP - 1`` empty rows a tile."""
     dev = indices.device
     nb = -(-length // bs)
     lp = nb * bs
@@ -86,17 +93,34 @@ def tiles(indices: torch.Tensor, batch: int, heads: int, kv_heads: int, length: 
     group, query = group[order], ((b * heads + h) * lp + q)[order]
     counts = torch.bincount(group, minlength=batch * heads * nb)
     per_group = -(-counts // ROWS)
+    per_tile = -(-counts // per_group.clamp(min=1))  # queries per tile, the group's split even
+    height = torch.clamp(-(-per_tile // STEP) * STEP, max=ROWS)
     first_tile = torch.cumsum(per_group, 0) - per_group
     first_pair = torch.cumsum(counts, 0) - counts
     pos = torch.arange(group.numel(), device=dev) - first_pair[group]
-    tile = first_tile[group] + pos // ROWS
-    n_tiles = int(per_group.sum())
-    rows = torch.full((n_tiles * ROWS,), -1, dtype=torch.long, device=dev)
-    rows[tile * ROWS + pos % ROWS] = query
+    tile = first_tile[group] + pos // height[group]
     tile_group = torch.repeat_interleave(torch.arange(batch * heads * nb, device=dev), per_group)
     bh, blk = tile_group // nb, tile_group % nb
     kv_row = ((bh // heads) * kv_heads + (bh % heads) // (heads // kv_heads)) * nb + blk
-    return Tiles(rows.view(n_tiles, ROWS), kv_row, own, int(group.numel()))
+    tile_height = height[tile_group]  # (T,)
+    by_height = torch.argsort(tile_height, stable=True)  # tiles of one height together, in their order
+    heights, tiles_per = torch.unique_consecutive(tile_height[by_height], return_counts=True)
+    local = torch.empty_like(by_height)  # a tile's index among the tiles of its height
+    local[by_height] = torch.arange(by_height.numel(), device=dev) - torch.repeat_interleave(
+        torch.cumsum(tiles_per, 0) - tiles_per, tiles_per)
+    pair_height = tile_height[tile]
+    by_pair = torch.argsort(pair_height, stable=True)  # the pairs of one height's tiles together
+    slot = (local[tile] * pair_height + pos % pair_height)[by_pair]  # the pair's place in its height's table
+    query = query[by_pair]
+    pairs_per = torch.bincount(pair_height, minlength=int(ROWS) + 1)[heights].tolist()
+    rows, blocks, tile0, pair0 = [], [], 0, 0
+    for hgt, count, n_pairs in zip(heights.tolist(), tiles_per.tolist(), pairs_per, strict=True):
+        table = torch.full((count * hgt,), -1, dtype=torch.long, device=dev)
+        table[slot[pair0:pair0 + n_pairs]] = query[pair0:pair0 + n_pairs]
+        rows.append(table.view(count, hgt))
+        blocks.append(kv_row[by_height[tile0:tile0 + count]])
+        tile0, pair0 = tile0 + count, pair0 + n_pairs
+    return Tiles(rows, blocks, own, int(group.numel()))
 
 
 def _take(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -117,11 +141,12 @@ def _own_blocks(t: torch.Tensor, heads: int, bs: int) -> torch.Tensor:
 
 
 def _batches(tl: Tiles, bs: int, d: int):
-    """Batches of tiles within ``BUDGET``: ``(rows clamped to a real row, empty rows, key blocks)``."""
-    step = max(1, BUDGET // max(1, ROWS * d * 3 + 2 * bs * d))
-    for start in range(0, len(tl.blocks), step):
-        rows = tl.rows[start:start + step]
-        yield rows.clamp(min=0), rows < 0, tl.blocks[start:start + step]
+    """Batches of tiles of one height within ``BUDGET``: ``(rows clamped to a real row, empty rows, key blocks)``."""
+    for rows_h, blocks_h in zip(tl.rows, tl.blocks, strict=True):
+        step = max(1, BUDGET // max(1, rows_h.shape[1] * d * 3 + 2 * bs * d))
+        for start in range(0, len(blocks_h), step):
+            rows = rows_h[start:start + step]
+            yield rows.clamp(min=0), rows < 0, blocks_h[start:start + step]
 
 
 def _forward(qp, kp, vp, tl: Tiles, bs: int, scale: float):
@@ -186,13 +211,13 @@ def _backward(qp, kp, vp, op, lse, dop, tl: Tiles, bs: int, scale: float):
 
 class _SelectedPairs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, tl_rows, tl_blocks, tl_own, bs, scale):
+    def forward(ctx, q, k, v, tl, bs, scale):
         length = q.shape[2]
         lp = -(-length // bs) * bs
         qp, kp, vp = (_padded(t, lp) for t in (q, k, v))
-        out, lse = _forward(qp, kp, vp, Tiles(tl_rows, tl_blocks, tl_own, 0), bs, scale)
-        ctx.save_for_backward(qp, kp, vp, out, lse, tl_rows, tl_blocks, tl_own)
-        ctx.bs, ctx.scale, ctx.length = bs, scale, length
+        out, lse = _forward(qp, kp, vp, tl, bs, scale)
+        ctx.save_for_backward(qp, kp, vp, out, lse)
+        ctx.tl, ctx.bs, ctx.scale, ctx.length = tl, bs, scale, length  # index tensors only: no autograd state
         out, lse = out[:, :, :length], lse[:, :, :length]
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -200,11 +225,11 @@ class _SelectedPairs(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, _dlse):
-        qp, kp, vp, out, lse, rows, blocks, own = ctx.saved_tensors
+        qp, kp, vp, out, lse = ctx.saved_tensors
         dop = _padded(dout, qp.shape[2])
-        dq, dk, dv = _backward(qp, kp, vp, out, lse, dop, Tiles(rows, blocks, own, 0), ctx.bs, ctx.scale)
+        dq, dk, dv = _backward(qp, kp, vp, out, lse, dop, ctx.tl, ctx.bs, ctx.scale)
         n = ctx.length
-        return dq[:, :, :n], dk[:, :, :n], dv[:, :, :n], None, None, None, None, None
+        return dq[:, :, :n], dk[:, :, :n], dv[:, :, :n], None, None, None
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, bs: int, scale: float,
@@ -214,7 +239,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Ten
     batch, heads, length, _ = q.shape
     if tl is None:
         tl = tiles(indices.to(q.device), batch, heads, k.shape[1], length, bs)
-    return _SelectedPairs.apply(q, k, v, tl.rows, tl.blocks, tl.own, bs, scale)
+    return _SelectedPairs.apply(q, k, v, tl, bs, scale)
 
 
 def plain_causal(p: Problem) -> bool:
@@ -240,7 +265,7 @@ def _tiles_of(p: Problem) -> Tiles:
     """The tiles of ``p``'s selection (cached on its mask for these sizes and device)."""
     batch, heads, length = p.sizes[:3]
     sel = selection_of(p.mask)
-    key = (batch, heads, p.k.shape[1], length, str(p.q.device), ROWS)
+    key = (batch, heads, p.k.shape[1], length, str(p.q.device), ROWS, STEP)
     return cache.on(p.mask, "pair_tiles", max_entries=4).get_or_build(
         key, lambda: tiles(sel.indices.to(p.q.device), batch, heads, p.k.shape[1], length, sel.block_size))
 
@@ -250,7 +275,7 @@ def _scores(p: Problem) -> tuple[int, int]:
     batch, heads, length = p.sizes[:3]
     bs = selection_of(p.mask).block_size
     own = batch * heads * (-(-length // bs)) * bs * bs
-    return own, _tiles_of(p).rows.numel() * bs
+    return own, sum(rows.numel() for rows in _tiles_of(p).rows) * bs
 
 
 def density(p: Problem) -> float:
@@ -263,8 +288,8 @@ def describe(p: Problem) -> str:
     tl, bs = _tiles_of(p), selection_of(p.mask).block_size
     lq = p.sizes[2]
     per_query = (tl.pairs * bs) / max(1, p.sizes[0] * p.sizes[1] * lq) + bs / 2
-    return (f"selected key blocks read in place, tiled by key block ({ROWS} queries per tile, torch's fused kernel, "
-            f"recomputed per tile in the backward): L*k = {lq} x {per_query:.0f} keys per query")
+    return (f"selected key blocks read in place, tiled by key block (up to {ROWS} queries per tile, torch's fused "
+            f"kernel, recomputed per tile in the backward): L*k = {lq} x {per_query:.0f} keys per query")
 
 
 def cost(p: Problem, grad: bool = False) -> PathCost:

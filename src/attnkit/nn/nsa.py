@@ -110,21 +110,27 @@ def _select_rows(q, k_cmp, r0: int, total: int, *, length, stride, block, count,
     group = heads // kv_heads
     t = torch.arange(r0, r0 + rows, device=q.device)[:, None]
     ended = torch.arange(blocks_c, device=q.device) * stride + length - 1 <= t
-    scores = q.reshape(batch, kv_heads, group * rows, d) @ k_cmp.transpose(-1, -2)  # a group's heads as rows
-    scores = scores.view(batch, kv_heads, group, rows, blocks_c).mul_(scale).masked_fill_(~ended, -_INF)
+    scores = (q.reshape(batch, kv_heads, group * rows, d) * scale) @ k_cmp.transpose(-1, -2)  # a group's heads as rows
+    scores = scores.view(batch, kv_heads, group, rows, blocks_c).masked_fill_(~ended, -_INF)
     p = torch.softmax(scores, -1).nan_to_num_(0.0)
     p = p.squeeze(2) if group == 1 else p.sum(2)  # eq. 10: the group's heads add theirs
-    chunks, step, blocks = -(-total // stride), block // stride, -(-total // block)
-    per_chunk = p.new_zeros(batch, kv_heads, rows, blocks * step)
-    for c in range(length // stride):  # eq. 9: compressed block i holds chunks i .. i + l / d - 1
-        span = max(0, min(blocks_c, chunks - c))
-        per_chunk[..., c:c + span] += p[..., :span]
-    importance = per_chunk.view(batch, kv_heads, rows, blocks, step).sum(-1)
+    step, every, per = block // stride, -(-total // block), length // stride
+    blocks = min(every, (r0 + rows - 1) // block + 1)  # up to the chunk's last query's own block: the later ones
+    # are -inf for every query of the chunk (a causal triangle: half the columns on average)
+    # eq. 9: compressed block i holds the chunks i .. i + per - 1, so selection block j sums the compressed blocks
+    # j step - per + 1 .. j step + step - 1, block j step - per + 1 + w weighted by the chunks it shares with block j:
+    # one window of step + per - 1 compressed blocks every step, one product with those weights
+    w = torch.arange(step + per - 1, device=q.device)
+    w = (w.clamp(max=step - 1) - (w - per + 1).clamp(min=0) + 1).to(p.dtype)
+    padded = F.pad(p, (per - 1, blocks * step - blocks_c))  # compressed blocks -per + 1 .. blocks step + per - 2
+    windows = padded.unfold(-1, step + per - 1, step).contiguous()  # (B, H_kv, c, blocks, step + per - 1)
+    importance = (windows.view(-1, w.numel()) @ w).view(batch, kv_heads, rows, blocks)  # one matrix-vector product
     own, column = t // block, torch.arange(blocks, device=q.device)
     forced = (column == 0) | (column == own) | (column == own - 1)
     importance = importance.masked_fill_(forced, _INF).masked_fill_(column > own, -_INF)
-    values, idx = importance.topk(min(count, blocks), dim=-1)
-    return idx.masked_fill_(values == -_INF, -1)
+    values, idx = importance.topk(min(count, blocks), dim=-1, sorted=False)
+    idx = idx.masked_fill_(values == -_INF, -1)
+    return F.pad(idx, (0, min(count, every) - idx.shape[-1]), value=-1)  # the columns of every chunk
 
 
 class NativeSparseAttention(nn.Module):
