@@ -134,7 +134,7 @@ class SoftmaxSelfAttention(MultiHeadAttention):
         layer (no extra keys or mask, no attention option, no weights) made directly (as :meth:`_attend` makes it).
         The operators are :meth:`forward`'s, in the same order."""
         w = self.in_proj_weight  # (H + 2 Hkv) d x dim when the projections are packed, else None
-        if not (w is not None and type(x) is torch.Tensor and x.dim() == 3 and x.shape[2] == self.embed_dim
+        if not (w is not None and type(x) is torch.Tensor and len(xs := x.shape) == 3 and xs[2] == self.embed_dim
                 and x.dtype == w.dtype and x.device == w.device):
             check_step(type(self).__name__, self, x, self.embed_dim, None, cache)  # raises, or passes (autocast)
         if w is None:
