@@ -149,6 +149,7 @@ def test_generation_runs_through_step_so_a_compiled_step_generates(monkeypatch):
 
 
 def test_every_cached_generation_step_reuses_one_causal_mask(monkeypatch):
+    from attnkit.models import self_attention
     from attnkit.nn import multihead
     from attnkit.nn.kv_cache import CAUSAL
 
@@ -156,7 +157,9 @@ def test_every_cached_generation_step_reuses_one_causal_mask(monkeypatch):
     lm = TransformerLM(V, dim=DIM, num_heads=H, num_layers=2, ff_dim=FF, dropout=0.0, positional="rotary").eval()
     seen = []
     real = multihead.attention
-    monkeypatch.setattr(multihead, "attention", lambda *args, **kw: (seen.append(kw["mask"]), real(*args, **kw))[1])
+    spy = lambda *args, **kw: (seen.append(kw["mask"]), real(*args, **kw))[1]
+    for module in (multihead, self_attention):  # the prefill's call and the decoding steps'
+        monkeypatch.setattr(module, "attention", spy)
     lm.generate(_tokens(5), 4)
     assert len(seen) == 2 * 4  # two layers, the prefill and three steps
     assert all(mask is CAUSAL for mask in seen)

@@ -183,8 +183,12 @@ class TransformerDecoderLayer(_Sublayers):
                 memory_keep_mask: torch.Tensor | None = None, key_keep_mask: torch.Tensor | None = None,
                 cache=None, tree=None) -> torch.Tensor:
         attn = self.self_attn
+        plain = not self.dropout and self.norm_first  # pre-norm without dropout: _residual's sums written out
         if tree is None and type(attn) is SoftmaxSelfAttention:  # the common layer: no adapter between
-            x = self._residual(x, self.norm1, lambda h: attn(h, key_keep_mask=key_keep_mask, cache=cache))
+            if plain:
+                x = x + attn(self.norm1(x), key_keep_mask=key_keep_mask, cache=cache)
+            else:
+                x = self._residual(x, self.norm1, lambda h: attn(h, key_keep_mask=key_keep_mask, cache=cache))
         else:
             x = self._residual(x, self.norm1, lambda h: self_attend(attn, h, key_keep_mask, cache, tree))
         if self.multihead_attn is not None:
@@ -194,4 +198,4 @@ class TransformerDecoderLayer(_Sublayers):
             keep = None if memory_keep_mask is None else masks.keys(memory_keep_mask)
             x = self._residual(x, self.norm2,
                                lambda h: self.multihead_attn(h, memory, memory, need_weights=False, mask=keep)[0])
-        return self._residual(x, self.norm3, self._ff)
+        return x + self._ff(self.norm3(x)) if plain else self._residual(x, self.norm3, self._ff)

@@ -13,14 +13,16 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .. import masks
+from ..core import attention
 from ..errors import ArgumentError, DTypeError, ShapeError, UnsupportedFeature
 from ..nn._recurrent import RecurrentLayer, tree_parents
 from ..nn.bigbird import BigBirdAttention
 from ..nn.blocksparse import BlockSparseAttention
-from ..nn.kv_cache import KVCache, check_step, decoding_mask
+from ..nn.kv_cache import CAUSAL, KVCache, check_step, decoding_mask
 from ..nn.kv_policies import KVPolicy
 from ..nn.lambda_layer import LambdaLayer
 from ..nn.linear import LinearAttention, PerformerAttention
@@ -103,6 +105,8 @@ class SoftmaxSelfAttention(MultiHeadAttention):
         """``(B, t, dim) -> (B, t, dim)``; ``cache`` continues earlier calls. ``tree`` (:func:`attnkit.masks.tree`
         or its parents): the ``t`` tokens are a speculative draft tree after the cache, each node at the position
         of its depth and attending to the cache and its ancestors (:meth:`KVCache.commit` keeps a path)."""
+        if type(cache) is KVCache and key_keep_mask is None and tree is None and cache.kv_format is None:
+            return self._decode(x, cache)  # the decoding step: the same result, less Python per token
         who = type(self).__name__
         if cache is not None and type(cache) is not KVCache:  # (a KV cache, the decoding step, asks one test)
             if isinstance(cache, KVPolicy):
@@ -122,6 +126,35 @@ class SoftmaxSelfAttention(MultiHeadAttention):
                 scales = cache.scales
         mask = decoding_mask(self.causal, self.pattern, q.shape[2], k.shape[2], key_keep_mask)
         return self._attend(q, k, v, mask, None, False, True, True, x, scales)[0]
+
+    def _decode(self, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """:meth:`forward` with a full-precision :class:`KVCache`, no ``key_keep_mask`` and no tree: what each layer
+        runs per generated token, written out with the checks of the common call reduced to attribute comparisons
+        (anything else goes through :func:`check_step`, which names the error) and the attention call of a plain
+        layer (no extra keys or mask, no attention option, no weights) made directly (as :meth:`_attend` makes it).
+        The operators are :meth:`forward`'s, in the same order."""
+        w = self.in_proj_weight  # (H + 2 Hkv) d x dim when the projections are packed, else None
+        if not (w is not None and type(x) is torch.Tensor and len(xs := x.shape) == 3 and xs[2] == self.embed_dim
+                and x.dtype == w.dtype and x.device == w.device):
+            check_step(type(self).__name__, self, x, self.embed_dim, None, cache)  # raises, or passes (autocast)
+        if w is None:
+            q, k, v = self._project(x, x, x)
+        else:  # (B, t, (H + 2 Hkv) d) -> (B, H + 2 Hkv, t, d) -> three views, as _project
+            h, hkv = self.num_heads, self.num_kv_heads
+            qkv = F.linear(x, w, self.in_proj_bias)
+            q, k, v = qkv.view(*qkv.shape[:-1], h + 2 * hkv, self.head_dim).transpose(1, 2).split_with_sizes(
+                [h, hkv, hkv], dim=1)
+        start = len(cache)
+        if self.qk_norm is not None or self.rotary is not None:
+            q, k = self._position(q, k, start, start)
+        k, v = cache.append(k, v)  # (B, Hkv, n, d)
+        mask = decoding_mask(self.causal, self.pattern, q.shape[2], k.shape[2], None)
+        if (self.extra_mask is not None or self.bias_k is not None or self.add_zero_attn
+                or self.attention_option is not None or (mask is not None and mask is not CAUSAL)):
+            return self._attend(q, k, v, mask, None, False, True, True, x, None)[0]
+        out = attention(q, k, v, mask=mask, dropout_p=self.dropout if self.training else 0.0, sinks=self.sinks,
+                        scale=self.scale).transpose(1, 2).flatten(2)  # (B, H, t, d) -> (B, t, H d)
+        return self.out_proj(out if self.gate is None else self.gate(out, x))
 
     def _through_policy(self, x, policy: KVPolicy, key_keep_mask, tree):
         """:meth:`forward` with a selection or eviction policy as the cache (:mod:`attnkit.nn.kv_policies`): the

@@ -213,9 +213,13 @@ class TransformerDecoder(nn.Module):
         """:meth:`forward` without its checks, for callers that made or checked every input themselves
         (a model's decoding step: the embedding of tokens it chose, its own caches; ``tree``: the tokens are
         a draft tree after the caches, a :func:`attnkit.masks.tree`)."""
-        for i, layer in enumerate(self.layers):
-            x = layer(x, memory, memory_keep_mask=memory_keep_mask, key_keep_mask=key_keep_mask,
-                      cache=None if caches is None else caches[i], tree=tree)
+        if memory is None and memory_keep_mask is None and key_keep_mask is None and tree is None:
+            for i, layer in enumerate(self.layers):  # a decoder-only step: the layers' defaults, no keywords to pass
+                x = layer(x, cache=None if caches is None else caches[i])
+        else:
+            for i, layer in enumerate(self.layers):
+                x = layer(x, memory, memory_keep_mask=memory_keep_mask, key_keep_mask=key_keep_mask,
+                          cache=None if caches is None else caches[i], tree=tree)
         return x if self.norm is None else self.norm(x)
 
 

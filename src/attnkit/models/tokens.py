@@ -111,8 +111,9 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, tokens: torch.Tensor, *, offset: int = 0) -> torch.Tensor:
         x = self.embed(tokens) * self.scale  # (B, n) -> (B, n, dim)
-        if self.pos is not None:
-            x = self.pos(x, offset=offset)
+        pos = self.pos  # (a submodule: one lookup through nn.Module.__getattr__, once per token)
+        if pos is not None:
+            x = pos(x, offset=offset)
         return F.dropout(x, self.dropout, training=self.training) if self.dropout else x
 
 

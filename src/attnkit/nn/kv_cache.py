@@ -215,15 +215,26 @@ class KVCache:
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store ``t`` new positions after the current ones; return all stored keys and values."""
-        self._check("k", k, self._k)
-        self._check("v", v, self._v)
-        if k.shape[2] != v.shape[2]:
+        kb = self._k
+        # the common call (once per layer and token) passes on a few attribute reads and tuple comparisons (each
+        # read of a tensor's shape or device builds an object: read once); _check names the error of any other
+        ks = k.shape if type(k) is torch.Tensor else ()
+        vs = v.shape if type(v) is torch.Tensor else ()
+        bs = kb.shape
+        if not (len(ks) == 4 and len(vs) == 4 and ks[0] == vs[0] == bs[0] and ks[1] == vs[1] == bs[1]
+                and (ks[3], vs[3]) == self._dims and k.dtype == self._dtype and v.dtype == self._dtype
+                and k.device == kb.device and v.device == kb.device):
+            self._check("k", k, kb)
+            self._check("v", v, self._v)
+            ks, vs = k.shape, v.shape  # (tensor subclasses pass _check too)
+        if ks[2] != vs[2]:
             raise ShapeError(f"KVCache.append: k and v must add the same number of positions; got "
                              f"k {tuple(k.shape)} and v {tuple(v.shape)}")
-        start, stop = self._length, self._length + k.shape[2]
+        start = self._length
+        stop = start + ks[2]
         if stop > self.capacity:
             raise ShapeError(f"KVCache.append: capacity {self.capacity} exceeded: {start} positions stored + "
-                             f"{k.shape[2]} new = requested length {stop}; make the cache with capacity >= {stop}")
+                             f"{ks[2]} new = requested length {stop}; make the cache with capacity >= {stop}")
         if self.kv_format is not None:
             return self._append_codes(k, v, start, stop)
         if torch.is_grad_enabled() and any(t.requires_grad for t in (k, v, self._k, self._v)):
@@ -231,7 +242,7 @@ class KVCache:
             self._k = torch.cat([self._k[:, :, :start], k, self._k[:, :, stop:]], dim=2)
             self._v = torch.cat([self._v[:, :, :start], v, self._v[:, :, stop:]], dim=2)
         else:
-            self._k[:, :, start:stop] = k
+            kb[:, :, start:stop] = k
             self._v[:, :, start:stop] = v
         self._length = stop
         return self._k[:, :, :stop], self._v[:, :, :stop]  # views of the buffers, as keys and values

@@ -55,8 +55,8 @@ runs `TransformerLM.step` (no checks of the tokens the loop chose, one causal ma
 head on the last position), and its attention calls take the fast lane; a step's attention is one \
 query over about 300 cached keys, where the lane's output check (the dispatch-overhead section) is \
 still of the kernel's order, once per layer and token; the modules run the plain model's operators per \
-layer (one matmul, three views for the heads, two writes into the preallocated cache) and some more \
-Python (the pre-norm block's residuals, the cache's checks). Compiled: each attention call is one \
+layer (one matmul, three views for the heads, two writes into the preallocated cache) and a little more \
+Python (the input and cache checks, as attribute comparisons). Compiled: each attention call is one \
 `attnkit::attention` custom operator node that runs the eager path (the fast lane's call on the lane, \
 torch's kernel over the cache's prefix in place; band windows for the window), so the compiled rows \
 compare the same kernels inside graphs that inductor compiles on both sides; compiled generation \
