@@ -1,4 +1,4 @@
-"""RELIABILITY row 58: a row whose allowed keys all score ``-inf`` because q or k holds an infinity.
+"""RELIABILITY row 21 (and adversarial finding 39): rows whose allowed keys all score ``-inf`` from infinite q or k.
 
 Such a row attends a non-finite input, so it is NaN (row 21), never the ``0`` that rows the *mask* empties
 get (row 1); ``-inf`` keys among finite ones get weight 0 (the finite keys' softmax). Checked on every
@@ -179,3 +179,40 @@ def test_a_bias_of_minus_infinity_still_empties_a_row_as_the_mask_does(backend):
     bias = torch.zeros(10, 8)
     out = attnkit.attention(q, k, v, bias=bias, mask=masks.causal("bottom_right"), backend=backend)
     assert torch.equal(out, torch.zeros_like(out))
+
+
+def oracle_with_sink(q, k, v, allowed, sink):
+    """softmax over the allowed keys and one more term ``sink`` that takes no value (gpt-oss), float64.
+
+    The sink's term is in every row's sum, so a row whose allowed keys all score ``-inf`` outputs 0 (its
+    weights are ``exp(-inf) / exp(s) = 0``); with ``s = -inf`` too, the empty sum gives 0, as row 51 states.
+    """
+    scores = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    scores = torch.cat([scores.masked_fill(~allowed, -INF), torch.full((*scores.shape[:-1], 1), sink)], -1)
+    m = scores.amax(-1, keepdim=True)
+    e = torch.exp(scores - m.masked_fill(m == -INF, 0))
+    total = e.sum(-1, keepdim=True)
+    return (e / total.masked_fill(total == 0, 1))[..., :-1] @ v.double()
+
+
+@pytest.mark.parametrize("sink", [0.5, -INF])
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("mask", list(MASKS))
+def test_with_a_sink_such_rows_give_the_sinks_answer_on_every_path(mask, case, sink):
+    """A sink is one more term of each row's softmax: beside it a row of ``-inf`` scores is exactly 0 (lse
+    ``s``), on every CPU path that takes the call (those that join the sink after the call included) and backend."""
+    q, k, v = problem(case)
+    make, dense = MASKS[mask]
+    sinks = torch.full((2,), sink)
+    want = oracle_with_sink(q, k, v, dense(q.shape[2], k.shape[2]), sink)
+    ran = []
+    for path in _cpu_paths(_prepare(q, k, v, mask=make(), sinks=sinks)):
+        try:
+            result = path.module.run(_prepare(q, k, v, mask=make(), sinks=sinks, return_lse=True))
+        except sdpa.UntrustedOutput:
+            continue
+        _check(result.out, want)
+        ran.append(path.name)
+    assert {"online-softmax", "dense-reference", "blocksparse-masked"} <= set(ran)
+    for backend in ("auto", "reference", "chunked", "blocksparse"):
+        _check(attnkit.attention(q, k, v, mask=make(), sinks=sinks, backend=backend), want)
