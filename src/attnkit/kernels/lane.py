@@ -192,7 +192,9 @@ def route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weight
 def run(q, k, v, mask, lane: tuple) -> torch.Tensor | None:
     """torch's kernel on the lane's call; None when its output or log-sum-exp shows a row it answered differently.
 
-    Under autograd the output is made twice differentiable (torch's kernel has no second derivative).
+    Under autograd the output is made twice differentiable (torch's kernel has no second derivative): on the CPU a
+    hook on the kernel's own node (:func:`.pipeline.twice_differentiable_node`), on CUDA a wrapper (the public
+    entry point's output may be a view after the kernel).
     """
     is_causal, float_mask, scale, cpu = lane
     if not cpu:  # torch's public kernel, which returns no lse: the sums of the output and the queries stand for it
