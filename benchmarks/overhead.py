@@ -52,8 +52,12 @@ dispatch before any arithmetic, so at 128 cached keys, where the kernel itself t
 as torch's SDPA entry point, the check's few small operators are most of the difference (the \
 breakdown above). The check is what keeps attnkit's contract on the lane, so it stays; its cost is \
 constant, and the ratio falls towards 1 as the kernel's time grows with the cache, the batch or the \
-prefill. `nn.MultiHeadAttention` adds its module's Python (input checks, the heads' reshapes) to \
-the same call."""
+prefill. Forward+backward: the output is torch's kernel node itself, with one hook that answers \
+only a second derivative (`create_graph=True`), so a first backward is torch's own. \
+`nn.MultiHeadAttention` with `need_weights=False` runs the lane's fused kernel where torch's module runs \
+two matmuls and a softmax; with `need_weights=True` both run those (the weights written over the scores \
+on both sides), and attnkit adds its module's Python and contiguous copies of the heads (which keep \
+the dense path's bits independent of the layout)."""
 
 
 DECODE_GOALS = {128: 1.15, 1024: 1.10, 4096: 1.10}  # issue 34's targets for a decoding step against SDPA
