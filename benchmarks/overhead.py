@@ -12,14 +12,16 @@ ratio taken per round and summarised by its median and range over the rounds):
 - short causal batches: B=4, L=32 and 128, against SDPA with ``is_causal``; B=4, L=32 forward and
   backward;
 - ``attnkit.nn.MultiHeadAttention`` against ``torch.nn.MultiheadAttention`` with the
-  same weights (E=256, 8 heads, B=4, L=128, eval, no_grad, self-attention).
+  same weights (E=256, 8 heads, B=4, L=128, eval, no_grad, self-attention), both called with
+  ``need_weights=False`` (a model's call), then both with torch's default ``need_weights=True``.
 
 Targets (issue 34): decode <= 1.15x / 1.10x / 1.10x over 128 / 1024 / 4096 keys, chunked prefill and
 B=4 L=32 forward+backward <= 1.10x; <= 1.15x for the other attention rows, <= 1.10x for the module row.
 The pairs are measured by :func:`attnkit.lab.benchmarking.pairs.measure` (the one timing loop, a ratio
 per round).
 
-Usage: ``python benchmarks/overhead.py [--rounds 15] [--write BENCHMARKS.md]``.
+Usage: ``python benchmarks/overhead.py [--rounds 15] [--write BENCHMARKS.md]``; ``--only fwd+bwd --only
+MultiHead`` times only the rows whose names contain those texts.
 """
 
 from __future__ import annotations
@@ -50,8 +52,12 @@ dispatch before any arithmetic, so at 128 cached keys, where the kernel itself t
 as torch's SDPA entry point, the check's few small operators are most of the difference (the \
 breakdown above). The check is what keeps attnkit's contract on the lane, so it stays; its cost is \
 constant, and the ratio falls towards 1 as the kernel's time grows with the cache, the batch or the \
-prefill. `nn.MultiHeadAttention` adds its module's Python (input checks, the heads' reshapes) to \
-the same call."""
+prefill. Forward+backward: the output is torch's kernel node itself, with one hook that answers \
+only a second derivative (`create_graph=True`), so a first backward is torch's own. \
+`nn.MultiHeadAttention` with `need_weights=False` runs the lane's fused kernel where torch's module runs \
+two matmuls and a softmax; with `need_weights=True` both run those (the weights written over the scores \
+on both sides), and attnkit adds its module's Python and contiguous copies of the heads (which keep \
+the dense path's bits independent of the layout)."""
 
 
 DECODE_GOALS = {128: 1.15, 1024: 1.10, 4096: 1.10}  # issue 34's targets for a decoding step against SDPA
@@ -106,22 +112,25 @@ def _step(out, q, k, v):
     return grads
 
 
-def module_row() -> Pair:
+def module_rows() -> list[Pair]:
+    """The module against torch's on the same call: ``need_weights=False`` (what a model passes: torch's encoder
+    layer does), then torch's default ``need_weights=True`` (head-averaged weights returned, on both sides)."""
     torch.manual_seed(0)
     theirs = torch.nn.MultiheadAttention(256, 8, batch_first=True).eval()
     ours = attnkit.nn.MultiHeadAttention(256, 8, batch_first=True).eval()
     ours.load_state_dict(theirs.state_dict())
     x = torch.randn(4, 128, 256)
 
-    def run_ours():
-        with torch.no_grad():
-            return ours(x, x, x)[0]
-
-    def run_theirs():
-        with torch.no_grad():
-            return theirs(x, x, x, need_weights=False)[0]
-    return Pair("nn.MultiHeadAttention E=256 H=8 B=4 L=128, eval", 1.10, run_ours, run_theirs,
-               "torch.nn.MultiheadAttention")
+    def call(module, need_weights):
+        def run():
+            with torch.no_grad():
+                return module(x, x, x, need_weights=need_weights)
+        return run
+    name = "nn.MultiHeadAttention E=256 H=8 B=4 L=128, eval"
+    return [Pair(f"{name}, need_weights=False", 1.10, lambda: call(ours, False)()[0], lambda: call(theirs, False)()[0],
+                 "torch.nn.MultiheadAttention, need_weights=False"),
+            Pair(f"{name}, need_weights=True (torch's default)", 1.10, call(ours, True), call(theirs, True),
+                 "torch.nn.MultiheadAttention, need_weights=True")]
 
 
 def breakdown(lk: int = 128, calls: int = 3000) -> str:
@@ -152,10 +161,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--write", type=Path, help="replace the overhead table in this Markdown file")
+    ap.add_argument("--only", action="append", metavar="TEXT",
+                    help="time only the rows whose name contains TEXT (repeatable); not with --write")
     args = ap.parse_args(argv)
+    if args.only and args.write:
+        ap.error("--only times a part of the table: it cannot --write it")
     torch.set_num_threads(1)
     results = []
-    for row in [*attention_rows(), module_row()]:
+    for row in [*attention_rows(), *module_rows()]:
+        if args.only and not any(text in row.name for text in args.only):
+            continue
         results.append(measure(row, args.rounds))
         print(f"{row.name}: {results[-1]['ratio']:.2f}x", file=sys.stderr)
     text = (f"`python benchmarks/overhead.py --rounds {args.rounds}` (torch {torch.__version__}, 1 thread; "

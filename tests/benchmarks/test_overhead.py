@@ -23,3 +23,12 @@ def test_the_check_it_times_refuses_non_finite_outputs_and_zeroed_rows():
     for bad_out, bad_lse in ((out.clone().fill_(math.nan), lse), (out, lse.clone().fill_(0.0)),
                              (out, lse.clone().fill_(math.inf))):
         assert not lane.trusted(bad_out, bad_lse)
+
+
+def test_the_module_rows_call_both_modules_alike_and_agree():
+    rows = overhead.module_rows()
+    assert [row.name.split(", ")[-1] for row in rows] == ["need_weights=False", "need_weights=True (torch's default)"]
+    for row in rows:
+        torch.testing.assert_close(row.ours(), row.theirs(), rtol=1e-4, atol=1e-5)  # what measure() checks first
+    _, weights = rows[1].ours()
+    assert weights.shape == (4, 128, 128)  # head-averaged weights, as torch's default returns

@@ -71,3 +71,41 @@ def test_first_derivatives_keep_the_paths_own_backward(monkeypatch):
     q, k, v = rand_qkv(1, 2, 300, 300, 8, requires_grad=True)
     attnkit.attention(q, k, v, mask=attnkit.masks.sliding_window(16, 16)).sum().backward()
     assert not calls and q.grad is not None
+
+
+@pytest.mark.parametrize("lq, lk, hkv", [(6, 6, 3), (3, 9, 3), (4, 4, 1)])  # causal; chunked prefill (float mask); GQA
+def test_the_fast_lane_differentiates_twice_whichever_inputs_autograd_asks_for(lq, lk, hkv):
+    """The lane keeps torch's node and hooks it: under create_graph, only the operands asked for get gradients
+    (the others None, as autograd expects), each the oracle's; a leaf without requires_grad stays out."""
+    mask = attnkit.masks.causal()
+    q, k, v = rand_qkv(2, 3, lq, lk, 8, hkv=hkv, dtype=torch.float64, seed=7, requires_grad=True)
+    assert attnkit.explain(q, k, v, mask=mask).lane is not None
+    w = torch.randn(2, 3, lq, 8, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+
+    def penalty(fn, wrt, leaves):  # |d <out, w> / d wrt|^2, differentiated with respect to leaves
+        (dx,) = torch.autograd.grad((fn(q, k, v) * w).sum(), wrt, create_graph=True)
+        return torch.autograd.grad(dx.square().sum(), leaves)
+
+    ours = lambda q, k, v: attnkit.attention(q, k, v, mask=mask)
+    oracle = lambda q, k, v: dense_attention(q, k, v, mask=mask, differentiable=True)
+    for wrt, leaves in ((k, (q, k, v)), (v, (q, k)), (q, (v,))):
+        for a, b in zip(penalty(ours, wrt, leaves), penalty(oracle, wrt, leaves), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9)
+    q.requires_grad_(False)  # k and v only: the node has no edge to q
+    (dk,) = torch.autograd.grad((ours(q, k, v) * w).sum(), k, create_graph=True)
+    (dk_want,) = torch.autograd.grad((oracle(q, k, v) * w).sum(), k, create_graph=True)
+    for a, b in zip(torch.autograd.grad(dk.square().sum(), (k, v)),
+                    torch.autograd.grad(dk_want.square().sum(), (k, v)), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9)
+
+
+def test_a_first_derivative_through_the_fast_lane_is_torchs_own_backward(monkeypatch):
+    """Without create_graph the lane's call has torch's kernel node only, and nothing is recomputed."""
+    from attnkit.kernels import reference
+    calls = []
+    monkeypatch.setattr(reference, "run", lambda p: calls.append(p) or reference.run(p))
+    q, k, v = rand_qkv(2, 3, 16, 16, 8, requires_grad=True)
+    out = attnkit.attention(q, k, v, mask=attnkit.masks.causal())
+    assert "FlashAttentionForCpuBackward" in type(out.grad_fn).__name__
+    out.sum().backward()
+    assert not calls and q.grad is not None and k.grad is not None and v.grad is not None

@@ -62,12 +62,18 @@ def softmax(scores: torch.Tensor, allowed: torch.Tensor | None = None, sink: tor
     return e / s_safe, lse
 
 
+# whether a torch.func transform (vmap, grad) is active; a build without the query: assume one is
+_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: True)
+
+
 def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None, *, need_lse: bool = True):
     """Fast softmax for scores whose only ``-inf`` entries come from ``allowed``.
 
     Same result as :func:`softmax` under that condition (so not after an additive
     bias that may hold ``-inf``), with torch's fused softmax: two passes over the
-    scores instead of six. Masks ``scores`` in place. Rows with no allowed key are
+    scores instead of six. Masks ``scores`` in place, and with no lse asked for and no
+    graph recorded writes the weights over them (as torch's multi-head attention does: one
+    ``(..., Lq, Lk)`` buffer, not two; the same bits). Rows with no allowed key are
     set to 0 after the softmax; their NaN gradient stops at the masked_fill below,
     which zeroes the gradient of every masked score. Returns ``(weights, lse or None)``.
     """
@@ -75,7 +81,11 @@ def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None, *, need_l
         scores = scores.masked_fill_(~allowed, _NEG_INF)
     if scores.shape[-1] == 0:
         return scores, scores.new_full(scores.shape[:-1], _NEG_INF)
-    weights = torch.softmax(scores, dim=-1)
+    if (need_lse or (scores.requires_grad and torch.is_grad_enabled()) or torch.compiler.is_compiling()
+            or _transforms_active()):  # (vmap has no batching rule for out=)
+        weights = torch.softmax(scores, dim=-1)
+    else:
+        weights = torch.softmax(scores, -1, out=scores)
     if allowed is not None:
         has_key = allowed.any(-1, keepdim=True)
         if torch.compiler.is_compiling() or not bool(has_key.all()):

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from .. import recording
 from ..functional.validate import default_scale, validate
 from . import reference, rules, sdpa
-from .pipeline import twice_differentiable
+from .pipeline import twice_differentiable, twice_differentiable_node
 from .sdpa import sums_finite
 
 __all__ = ["route", "run", "trusted", "describe", "LISTED_ROWS"]
@@ -192,7 +192,9 @@ def route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weight
 def run(q, k, v, mask, lane: tuple) -> torch.Tensor | None:
     """torch's kernel on the lane's call; None when its output or log-sum-exp shows a row it answered differently.
 
-    Under autograd the output is made twice differentiable (torch's kernel has no second derivative).
+    Under autograd the output is made twice differentiable (torch's kernel has no second derivative): on the CPU a
+    hook on the kernel's own node (:func:`.pipeline.twice_differentiable_node`), on CUDA a wrapper (the public
+    entry point's output may be a view after the kernel).
     """
     is_causal, float_mask, scale, cpu = lane
     if not cpu:  # torch's public kernel, which returns no lse: the sums of the output and the queries stand for it
@@ -203,14 +205,17 @@ def run(q, k, v, mask, lane: tuple) -> torch.Tensor | None:
         # may answer 0 like a row with no key, is seen in q.
         if not sums_finite(out, (q,)):
             return None
-    else:
-        out, lse = rules.FLASH(q, k, v, 0.0, is_causal, attn_mask=float_mask, scale=scale)
-        if not trusted(out, lse):
-            return None
-    if out.requires_grad:
-        inputs = [t for t in (q, k, v) if t.requires_grad]
-        out, _ = twice_differentiable(out, None, inputs, lambda *ts: reference.recomputed(
-            validate(q, k, v, mask=mask, scale=scale), inputs, ts))
+        if out.requires_grad:
+            inputs = [t for t in (q, k, v) if t.requires_grad]
+            out, _ = twice_differentiable(out, None, inputs, lambda *ts: reference.recomputed(
+                validate(q, k, v, mask=mask, scale=scale), inputs, ts))
+        return out
+    out, lse = rules.FLASH(q, k, v, 0.0, is_causal, attn_mask=float_mask, scale=scale)
+    if not trusted(out, lse):
+        return None
+    if out.requires_grad:  # out.grad_fn is the kernel's own node, on (q, k, v)
+        twice_differentiable_node(out, (q, k, v), lambda *ts: reference.recomputed(
+            validate(q, k, v, mask=mask, scale=scale), (q, k, v), ts))
     return out
 
 
@@ -226,8 +231,8 @@ def trusted(out: torch.Tensor, lse: torch.Tensor) -> bool:
     A small lse is read as Python floats and the output summed once (one reduction, one sync); a larger one is
     checked with the output in one expression, each row's output sum plus ``lse / lse``.
     """
-    if out.requires_grad:
-        out, lse = out.detach(), lse.detach()
+    if out.requires_grad:  # (torch's lse takes no gradient)
+        out = out.detach()
     if lse.numel() <= LISTED_ROWS:
         rows = [x for batch in lse.tolist() for head in batch for x in head]  # (B, H, Lq) nested lists
         return 0.0 not in rows and math.isfinite(sum(rows)) and math.isfinite(out.sum().item())
