@@ -209,28 +209,44 @@ class NativeSparseAttention(nn.Module):
     def branches(self, x: torch.Tensor):
         """Queries ``(B, H, n, D)``, the branches' keys and values ``(B, H_kv, n, D)`` (compressed ones
         ``(B, H_kv, n_c, D)``) and the selection mask of eq. 11-12."""
+        q, compressed, mask = self._selection(x)
+        return q, compressed, self._keys(x, 1), self._keys(x, 2), mask
+
+    def _keys(self, x: torch.Tensor, branch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``(B, H_kv, n, D)`` of branch ``0, 1, 2`` (cmp before phi, slc, win): row blocks
+        ``2 branch, 2 branch + 1`` of ``kv_proj``, each its own product and contiguous copy. The attention paths keep
+        their inputs for the backward (views of one product would keep all six), and each branch's gradient goes
+        through its own product when ready (one product would wait for all six and stack them)."""
+        batch, n, _ = x.shape
+        hkv, d = self.kv_heads, self.head_dim
+        e, w, b = hkv * d, self.kv_proj.weight, self.kv_proj.bias
+        k, v = (F.linear(x, w[i * e:(i + 1) * e], b[i * e:(i + 1) * e]).view(batch, n, hkv, d).transpose(1, 2)
+                .contiguous() for i in (2 * branch, 2 * branch + 1))
+        return k, v
+
+    def _selection(self, x: torch.Tensor):
+        """Queries, the compressed keys and values and the selection mask (eq. 7-12)."""
         batch, n, _ = x.shape
         h, hkv, d = self.num_heads, self.kv_heads, self.head_dim
         q = self.q_proj(x).view(batch, n, h, d).transpose(1, 2).contiguous()  # one copy the three branches share
-        # each its own contiguous copy: the attention paths keep their inputs for the backward, and views would keep
-        # all six (the projection's whole output) until then
-        k_cmp, v_cmp, k_slc, v_slc, k_win, v_win = (
-            t.contiguous() for t in self.kv_proj(x).view(batch, n, 6, hkv, d).permute(2, 0, 3, 1, 4))
+        k_cmp, v_cmp = self._keys(x, 0)
         k_c, v_c = self.compress_k(k_cmp), self.compress_v(v_cmp)  # (B, H_kv, n_c, D)
         chosen = nsa_blocks(q, k_c, length=self.compress_block, stride=self.compress_stride, block=self.select_block,
                             count=self.num_selected, scale=1 / math.sqrt(d))
         chosen_blocks = SelectedKeys(chosen, self.select_block, group_size=h // hkv, distinct=True)  # a top-k
-        mask = chosen_blocks & masks.causal()
-        return q, (k_c, v_c), (k_slc, v_slc), (k_win, v_win), mask
+        return q, (k_c, v_c), chosen_blocks & masks.causal()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_sequence(type(self).__name__, "x", x, self.dim, named=True, like=self)
         batch, n, _ = x.shape
         h = self.num_heads
-        q, (k_c, v_c), (k_slc, v_slc), (k_win, v_win), mask = self.branches(x)
+        q, (k_c, v_c), mask = self._selection(x)
+        # autograd runs the latest recorded operation first: the selected branch (the largest backward) is recorded
+        # before the other two, whose backward then frees their saved tensors, and the window's projection its
+        # gradients, before the selected branch's backward runs
+        selected = attention(q, *self._keys(x, 1), mask=mask)
         compressed = compressed_attention(q, k_c, v_c, length=self.compress_block, stride=self.compress_stride)
-        selected = attention(q, k_slc, v_slc, mask=mask)
-        nearby = attention(q, k_win, v_win, mask=masks.sliding_window(self.window - 1, 0))
+        nearby = attention(q, *self._keys(x, 2), mask=masks.sliding_window(self.window - 1, 0))
         g = torch.sigmoid(self.gate(x)).view(batch, n, h, 3).permute(3, 0, 2, 1).unsqueeze(-1)  # (3, B, H, n, 1)
         out = g[0] * compressed + g[1] * selected + g[2] * nearby  # (B, H, n, D)
         return self.out_proj(out.transpose(1, 2).reshape(batch, n, self.dim))
