@@ -7,6 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .. import masks
 from ..core import attention
@@ -133,6 +134,32 @@ def _select_rows(q, k_cmp, r0: int, total: int, *, length, stride, block, count,
     return F.pad(idx, (0, min(count, every) - idx.shape[-1]), value=-1)  # the columns of every chunk
 
 
+class _Gate(torch.autograd.Function):
+    """``g o`` (``g`` ``(B, H, n, 1)``, ``o`` ``(B, H, n, D)``) whose gradient for ``o`` is made contiguous in ``o``'s
+    layout: the output gradient arrives as a transposed view of the output projection's, and the attention paths'
+    backward would each copy it again."""
+
+    @staticmethod
+    def forward(ctx, g, o):
+        ctx.save_for_backward(g, o)
+        return g * o
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        g, o = ctx.saved_tensors
+        dg = (grad * o).sum(-1, keepdim=True) if ctx.needs_input_grad[0] else None
+        do = torch.mul(grad, g, out=torch.empty_like(o, memory_format=torch.contiguous_format)) \
+            if ctx.needs_input_grad[1] else None
+        return dg, do
+
+
+def _gated(g: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """``g o`` (:class:`_Gate`); plain ``g * o`` under ``torch.func`` transforms, which a custom Function without
+    ``vmap`` support cannot serve."""
+    return _Gate.apply(g, o) if torch.is_grad_enabled() and (g.requires_grad or o.requires_grad) else g * o
+
+
 class NativeSparseAttention(nn.Module):
     """Native Sparse Attention: three gated branches over compressed, selected and nearby keys (causal).
 
@@ -224,13 +251,22 @@ class NativeSparseAttention(nn.Module):
                 .contiguous() for i in (2 * branch, 2 * branch + 1))
         return k, v
 
+    def _compressed_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """eq. 7: the compressed keys and values ``(B, H_kv, n_c, D)``."""
+        k_cmp, v_cmp = self._keys(x, 0)
+        return self.compress_k(k_cmp), self.compress_v(v_cmp)
+
     def _selection(self, x: torch.Tensor):
         """Queries, the compressed keys and values and the selection mask (eq. 7-12)."""
         batch, n, _ = x.shape
         h, hkv, d = self.num_heads, self.kv_heads, self.head_dim
         q = self.q_proj(x).view(batch, n, h, d).transpose(1, 2).contiguous()  # one copy the three branches share
-        k_cmp, v_cmp = self._keys(x, 0)
-        k_c, v_c = self.compress_k(k_cmp), self.compress_v(v_cmp)  # (B, H_kv, n_c, D)
+        if torch.is_grad_enabled() and (x.requires_grad or self.kv_proj.weight.requires_grad):
+            # recomputed in the backward from x (which the projections keep anyway): phi's convolution would keep its
+            # two (B, H_kv, n, D) inputs through the whole backward, the largest saved state of the compressed branch
+            k_c, v_c = checkpoint(self._compressed_keys, x, use_reentrant=False)
+        else:
+            k_c, v_c = self._compressed_keys(x)
         chosen = nsa_blocks(q, k_c, length=self.compress_block, stride=self.compress_stride, block=self.select_block,
                             count=self.num_selected, scale=1 / math.sqrt(d))
         chosen_blocks = SelectedKeys(chosen, self.select_block, group_size=h // hkv, distinct=True)  # a top-k
@@ -240,16 +276,17 @@ class NativeSparseAttention(nn.Module):
         check_sequence(type(self).__name__, "x", x, self.dim, named=True, like=self)
         batch, n, _ = x.shape
         h = self.num_heads
+        g = torch.sigmoid(self.gate(x)).view(batch, n, h, 3).permute(3, 0, 2, 1).unsqueeze(-1)  # (3, B, H, n, 1)
         q, (k_c, v_c), mask = self._selection(x)
         # autograd runs the latest recorded operation first: the selected branch (the largest backward) is recorded
         # before the other two, whose backward then frees their saved tensors, and the window's projection its
-        # gradients, before the selected branch's backward runs
-        selected = attention(q, *self._keys(x, 1), mask=mask)
-        compressed = compressed_attention(q, k_c, v_c, length=self.compress_block, stride=self.compress_stride)
-        nearby = attention(q, *self._keys(x, 2), mask=masks.sliding_window(self.window - 1, 0))
-        g = torch.sigmoid(self.gate(x)).view(batch, n, h, 3).permute(3, 0, 2, 1).unsqueeze(-1)  # (3, B, H, n, 1)
-        out = g[0] * compressed + g[1] * selected + g[2] * nearby  # (B, H, n, D)
-        return self.out_proj(out.transpose(1, 2).reshape(batch, n, self.dim))
+        # gradients, before the selected branch's backward runs; each branch is gated as soon as it is computed,
+        # so only one branch's output gradient is alive at a time
+        out = _gated(g[1], attention(q, *self._keys(x, 1), mask=mask))
+        out = out + _gated(g[0], compressed_attention(q, k_c, v_c, length=self.compress_block,
+                                                      stride=self.compress_stride))
+        out = out + _gated(g[2], attention(q, *self._keys(x, 2), mask=masks.sliding_window(self.window - 1, 0)))
+        return self.out_proj(out.transpose(1, 2).reshape(batch, n, self.dim))  # out (B, H, n, D)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, kv_heads={self.kv_heads}, compress_block="
