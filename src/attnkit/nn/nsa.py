@@ -310,10 +310,15 @@ def _count(t, s, module):
     blocks_c = (n - l) // stride + 1 if n >= l else 0
     dt = dtype_of(s)
     t.mm("projections (q, out)", 2, b * n, dim, dim)
-    t.mm("projections (keys and values of three branches)", 1, b * n, dim, 6 * hkv * d)
+    t.mm("projections (keys and values of the selected and window branches)", 1, b * n, dim, 4 * hkv * d)
+    # the compressed branch's keys and values and phi: recomputed from x in the backward (NativeSparseAttention)
+    # up to the last tensor phi keeps, so phi's product for the values is not rerun; with no block, no gradient
+    t.mm("projections (keys and values of the compressed branch)", 1, b * n, dim, 2 * hkv * d,
+         recompute=bool(blocks_c), grads=2 if blocks_c else 0)
     t.mm("gates", 1, b * n, dim, 3 * h)
     if blocks_c:
-        t.mm("compression phi (keys, values)", 2, b * hkv * blocks_c, l * d, d)
+        t.mm("compression phi (keys)", 1, b * hkv * blocks_c, l * d, d, recompute=True)
+        t.mm("compression phi (values)", 1, b * hkv * blocks_c, l * d, d)
     if blocks_c:  # compressed_attention: the stride's phases as query heads, square causal
         attend(t, "compressed: ", b, h * stride, blocks_c, blocks_c, d, d, hkv=hkv, dtype=dt, mask=masks.causal())
     t.mm("selection importance q K_cmp^T", b * h, n, d, blocks_c, grads=0)
