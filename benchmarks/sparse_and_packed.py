@@ -26,7 +26,8 @@ measured once in a fresh process, :mod:`attnkit.lab.analysis.memory`):
   attention on the same ``q, k, v`` (``B = 1, H = 4, D = 64``: the modules' shapes), forward + backward;
   target at 16384 (top-k 2048): <= 0.4x;
 - decode: one decoding step (one query, no autograd) over caches of 16384 tokens: NSA's three branches
-  (selection from the cached compressed keys, then the compressed, selected and window attentions) and DSA's
+  (:func:`attnkit.nn.nsa_decode.nsa_decode`: one softmax over the cached compressed keys gives the compressed
+  branch and the selection, then the selected blocks' and the window's attentions) and DSA's
   attention over its indexer's top 2048 keys (the indexer's scores over its cached keys and the top-k included)
   against dense attention over the whole cache; target <= 0.5x.
 
@@ -54,7 +55,7 @@ from attnkit.lab.benchmarking.child import child_output, run_as_child
 from attnkit.lab.benchmarking.sections import emit
 from attnkit.models.self_attention import SoftmaxSelfAttention
 from attnkit.nn import DSASparseAttention, MoBA, NativeSparseAttention, PagedKVCache
-from attnkit.nn.nsa import nsa_blocks
+from attnkit.nn.nsa_decode import nsa_decode
 
 NAME, TITLE = "sparse-and-packed", "Packed documents, paged decoding, NSA, MoBA and DSA"
 FULL = {"packed": dict(docs=16, shortest=64, longest=1024, heads=8, head_dim=64),
@@ -188,11 +189,9 @@ def decode_sides(s, length):
     k_i = torch.randn(1, index_dim, length, generator=g)  # DSA's cached indexer keys (one head, d_I)
 
     def nsa():
-        chosen = nsa_blocks(q, k_c, length=l, stride=stride, block=block, count=16, scale=d ** -0.5,
-                            start=length - 1)
-        return (attnkit.attention(q, k_c, v_c)
-                + attnkit.attention(q, k, v, mask=masks.selected_blocks(chosen, block))
-                + attnkit.attention(q, k[:, :, -window:], v[:, :, -window:]))
+        o_cmp, o_slc, o_win = nsa_decode(q, k_c, v_c, k, v, k, v, length=l, stride=stride, block=block, count=16,
+                                         window=window)
+        return o_cmp + o_slc + o_win
 
     def dsa():
         index = w_i @ torch.relu(q_i @ k_i)  # eq. 1 for the last query: w . ReLU(q_I K_I^T), (1, 1, L)

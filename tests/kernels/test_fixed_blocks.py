@@ -112,7 +112,7 @@ def test_explain_names_the_path_its_density_and_its_cost():
     mask = masks.causal() & masks.fixed(512, 32)
     decision = attnkit.explain(q, k, v, mask=mask)
     assert decision.path == "fixed-blocks" and decision.backend == "blocksparse"
-    pairs = 8 * (8 * 512 * 513 // 2 + 32 * 512 * 8 * 7 // 2)  # in-block causal + earlier blocks' summaries
+    pairs = 8 * (8 * 512 * 512 + 32 * 512 * 8 * 7 // 2)  # in-block squares (as torch's kernel computes) + summaries
     assert decision.cost.scores == pairs
     assert decision.block_density == pytest.approx(pairs / 8 / 4096**2)
     assert decision.flops == pytest.approx(2 * pairs * 128)

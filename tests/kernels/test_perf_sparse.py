@@ -99,6 +99,23 @@ def test_band_path_float32_and_bfloat16_within_the_tolerance_rule(dtype):
     assert_close_to_oracle(got, q, k, v, mask=mask)
 
 
+def _bf16_band_within_the_tolerance_rule(q, k, v, g, mask):
+    """The band path's bfloat16 output and input gradients (upstream ``g``) against float64 on the same values,
+    within DESIGN.md's rule: 2x (output) or 3x (gradients) the float32 computation's error rounded once, + 8 eps.
+    Returns the bfloat16 results."""
+    def outputs(dtype, backend):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        out = attnkit.attention(*leaves, mask=mask, backend=backend)
+        return [out, *torch.autograd.grad(out, leaves, g.to(dtype))]
+    got = outputs(torch.bfloat16, "blocksparse")
+    exact = outputs(torch.float64, "reference")
+    once = [t.to(torch.bfloat16) for t in outputs(torch.float32, "reference")]
+    for i, (a, e, b) in enumerate(zip(got, exact, once, strict=True)):
+        err, base = (a.double() - e).abs().max().item(), (b.double() - e).abs().max().item()
+        assert err <= (2 if i == 0 else 3) * base + 8 * 2.0 ** -7 * max(1.0, e.abs().max().item()), (i, err, base)
+    return got
+
+
 @pytest.mark.parametrize("name", ["native", "float32"])
 @pytest.mark.parametrize("slab", [1 << 21, 300])  # runs of blocks (windows of the transposed copy), or one a slab
 def test_band_path_half_precision_forward_and_backward_within_the_tolerance_rule(monkeypatch, mode, name, slab):
@@ -111,19 +128,8 @@ def test_band_path_half_precision_forward_and_backward_within_the_tolerance_rule
     calls = _spy(monkeypatch, band)
     q, k, v = rand_qkv(2, 4, 150, 150, 16, hkv=2, dtype=torch.bfloat16, seed=6)
     g = torch.randn(2, 4, 150, 16, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
-    mask = masks.sliding_window(20, 10)
-
-    def outputs(dtype, backend):
-        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-        out = attnkit.attention(*leaves, mask=mask, backend=backend)
-        return [out, *torch.autograd.grad(out, leaves, g.to(dtype))]
-    got = outputs(torch.bfloat16, "blocksparse")
+    got = _bf16_band_within_the_tolerance_rule(q, k, v, g, masks.sliding_window(20, 10))
     assert calls and all(t.dtype == torch.bfloat16 for t in got)
-    exact = outputs(torch.float64, "reference")
-    once = [t.to(torch.bfloat16) for t in outputs(torch.float32, "reference")]
-    for i, (a, e, b) in enumerate(zip(got, exact, once, strict=True)):
-        err, base = (a.double() - e).abs().max().item(), (b.double() - e).abs().max().item()
-        assert err <= (2 if i == 0 else 3) * base + 8 * 2.0 ** -7 * max(1.0, e.abs().max().item()), (i, err, base)
 
 
 def test_band_rows_without_keys_give_zero_output_lse_minus_inf_and_zero_gradients():
@@ -253,15 +259,4 @@ def test_band_path_half_precision_gradients_of_sharp_scores_within_the_tolerance
     q, k = (t * 10 for t in (q, k))
     q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
     g = torch.randn(1, 2, 300, 16, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
-    mask = masks.sliding_window(5, 0)
-
-    def outputs(dtype, backend):
-        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-        out = attnkit.attention(*leaves, mask=mask, backend=backend)
-        return [out, *torch.autograd.grad(out, leaves, g.to(dtype))]
-    got = outputs(torch.bfloat16, "blocksparse")
-    exact = outputs(torch.float64, "reference")
-    once = [t.to(torch.bfloat16) for t in outputs(torch.float32, "reference")]
-    for i, (a, e, b) in enumerate(zip(got, exact, once, strict=True)):
-        err, base = (a.double() - e).abs().max().item(), (b.double() - e).abs().max().item()
-        assert err <= (2 if i == 0 else 3) * base + 8 * 2.0 ** -7 * max(1.0, e.abs().max().item()), (i, err, base)
+    _bf16_band_within_the_tolerance_rule(q, k, v, g, masks.sliding_window(5, 0))

@@ -98,13 +98,13 @@ def test_a_cache_with_room_to_spare_or_token_major_is_read_in_place():
 def test_no_step_reads_more_than_the_selected_rows(monkeypatch):
     """The keys and values copied are the selected rows: ``B hx n bs`` of each, however long the cache."""
     copied = []
-    real = selected_decode._take
+    real = selected_decode.gather
 
-    def spy(t, b, kvh, tok):
-        out = real(t, b, kvh, tok)
-        copied.append(out.shape)
+    def spy(k, v, b, kvh, tok):
+        out = real(k, v, b, kvh, tok)
+        copied.extend(t.shape for t in out)
         return out
-    monkeypatch.setattr(selected_decode, "_take", spy)
+    monkeypatch.setattr(selected_decode, "gather", spy)
     q, k, v = rand_qkv(1, 4, 1, 4000, 8, hkv=2)
     attnkit.attention(q, k, v, mask=masks.selected_blocks(_selection(4000, (1, 2, 1, 3), 64, seed=9), 64,
                                                           group_size=2))
@@ -189,3 +189,21 @@ def test_a_dsa_decoding_step_over_its_caches_is_the_last_row_of_the_module(n, to
         assert selected_decode.applies(_prepare(q[:, :, -1:], k, v, mask=mask))
         got = layer.merge_heads(attnkit.attention(q[:, :, -1:], k, v, mask=mask))
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_consecutive_steps_copy_into_the_threads_buffers_and_earlier_answers_stay():
+    """The selected rows go into this thread's buffers, kept from step to step (no fresh pages for every step); the
+    answers are the kernel's own tensors, so a later step leaves an earlier one as it was."""
+    from attnkit.kernels.page_chunks import workspace
+
+    q, k, v = rand_qkv(1, 4, 1, 300, 8, hkv=2, dtype=torch.float64, seed=12)
+    first, second = (_selection(300, (1, 2, 1, 3), 16, seed=s) for s in (13, 14))
+    a = attnkit.attention(q, k, v, mask=_mask(first, 16, 2))
+    held = workspace(k).buffers["decode keys"].data_ptr()
+    kept = a.clone()
+    b = attnkit.attention(q, k, v, mask=_mask(second, 16, 2))
+    assert workspace(k).buffers["decode keys"].data_ptr() == held
+    torch.testing.assert_close(a, kept, rtol=0, atol=0)
+    for got, idx in ((a, first), (b, second)):
+        out, _ = _oracle(q, k, v, idx, 16, 2)
+        torch.testing.assert_close(got, out, rtol=0, atol=1e-12)

@@ -25,14 +25,17 @@ def _masked(scores, allowed):
     return scores if allowed is None else scores.masked_fill(~allowed, _NEG_INF)
 
 
-def guard_empty_rows(m: torch.Tensor, s: torch.Tensor):
+def guard_empty_rows(m: torch.Tensor, s: torch.Tensor, keyed: torch.Tensor | None = None):
     """``(s_safe, lse)`` for row sums ``s`` of ``exp(scores - m)`` (``m`` finite, keepdim shapes).
 
     A row with no allowed key has ``s == 0``: ``s_safe`` is 1 there (so dividing
     by it gives 0, and no ``1/0`` reaches a gradient) and ``lse`` is ``-inf``.
     ``s == 0`` is False for NaN rows, so NaN propagates. ``lse`` loses the last dim.
+    ``keyed`` (bool, like ``s``), where given, marks the rows the mask leaves a key: such a row with
+    ``s == 0`` had every allowed score ``-inf`` from infinite q or k, and keeps ``s = 0``, so its
+    output is ``0 / 0 = NaN`` (RELIABILITY row 21; its lse stays ``-inf``, the log of that empty sum).
     """
-    empty = s == 0
+    empty = s == 0 if keyed is None else (s == 0) & ~keyed
     s_safe = torch.where(empty, torch.ones_like(s), s)
     lse = torch.where(empty, torch.full_like(s, _NEG_INF), m + torch.log(s_safe))
     return s_safe, lse.squeeze(-1)

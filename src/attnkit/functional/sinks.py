@@ -74,9 +74,15 @@ def real_share(lse: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 
 
 def joined(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor):
-    """``(O_s, lse_s)`` from a path's ``(O, lse)`` without the sink: what its forward returns and saves."""
+    """``(O_s, lse_s)`` from a path's ``(O, lse)`` without the sink: what its forward returns and saves.
+
+    A row of ``lse = -inf`` takes none of the weight, so its ``O_s`` is 0 even where ``O`` is NaN (its allowed
+    keys all scored ``-inf`` from infinite q or k: ``0 / 0`` without the sink, exactly 0 beside it, as the
+    reference's softmax with the sink's term gives; RELIABILITY row 21).
+    """
     s = per_row(sinks, lse)
-    return out * real_share(lse, s).unsqueeze(-1).to(out.dtype), torch.logaddexp(lse, s.expand_as(lse))
+    share = out * real_share(lse, s).unsqueeze(-1).to(out.dtype)
+    return share.masked_fill((lse == _NEG_INF).unsqueeze(-1), 0.0), torch.logaddexp(lse, s.expand_as(lse))
 
 
 def summed_to(grads: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:

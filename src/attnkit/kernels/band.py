@@ -172,7 +172,8 @@ def _forward(q, k, v, pl: Plan, scale: float, need_lse: bool):
                 _, probs, pv, m = _probs(work, sl, scale, need_lse, kt_ab)
                 sl.write_out(torch.bmm(pv, sl.v, out=sl.out_buffer(work)))
                 if need_lse:  # the largest probability is exp(0) / sum: lse = m + log(sum)
-                    sl.write_lse(sl.fill_empty_rows(m - torch.log(probs.amax(-1)), _NEG_INF))
+                    lse_rows = torch.where(m == _NEG_INF, m, m - torch.log(probs.amax(-1)))  # -inf: no term
+                    sl.write_lse(sl.fill_empty_rows(lse_rows, _NEG_INF))
     with units.helping(share):
         share()
     return out, lse

@@ -97,8 +97,19 @@ def _probs(ws: Workspace, p: Problem, sl, qs, k_g, bs: int, need_max: bool = Fal
     m = s.amax(-1) if need_max or not bool(full_slot.any(1).all()) else None
     torch.ops.aten._softmax.out(s, -1, False, out=s)  # fused and in place; no slow exp(-inf) path
     if m is not None and bool((m == _NEG_INF).any()):
-        s.masked_fill_((m == _NEG_INF)[..., None], 0.0)  # rows with no key: softmax gave NaN, the output is 0
+        empty = m == _NEG_INF
+        if not (p.finiteness_known and p.inputs_finite()):  # infinite q or k may have made a row all -inf
+            empty &= ~_keyed(p, s, sl, bs)
+        s.masked_fill_(empty[..., None], 0.0)  # rows with no key: softmax gave NaN, the output is 0
     return s, m
+
+
+def _keyed(p: Problem, s, sl, bs: int):
+    """Rows ``(B, H, n, bs)`` of a slab that the mask leaves a key: an all ``-inf`` row among them got its ``-inf``
+    from infinite q or k, and stays NaN (RELIABILITY row 21). Read only when a row's max is ``-inf``."""
+    probe = torch.zeros_like(s)
+    _mask_(p, probe, sl, bs, _NEG_INF)
+    return probe.amax(-1) == 0
 
 
 def _forward(p: Problem, slabs, qb, kb, vb, bs: int):

@@ -241,10 +241,11 @@ def op_backward(p: Problem, out, lse, dout):
 
 
 def scores(block: int, summary: int, length: int) -> int:
-    """Scores one head computes over the padded length: ``nb b (b + 1) / 2`` causal in-block, ``c b nb (nb - 1) / 2``
-    against earlier summaries."""
+    """Scores torch's fused kernel computes for one head over the padded length: ``nb b^2`` in the blocks (its causal
+    flag skips whole tiles only, so a block costs a square, as torch's FLOP formula counts it) and
+    ``c b nb (nb - 1) / 2`` against earlier summaries."""
     nb = -(-length // block)
-    return nb * block * (block + 1) // 2 + summary * block * nb * (nb - 1) // 2
+    return nb * block * block + summary * block * nb * (nb - 1) // 2
 
 
 def density(p: Problem) -> float:

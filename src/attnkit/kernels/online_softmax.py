@@ -43,6 +43,7 @@ from .pipeline import (
     loop_inputs,
     row_chunks,
 )
+from .pipeline import _only_mask_makes_inf as only_mask_makes_inf
 
 __all__ = ["refusal", "run", "cost", "plan", "BUDGET"]
 
@@ -67,12 +68,18 @@ def _slab(p: Problem, start: int, stop: int, q, k, v, block: int):
     rows = stop - start
     m, l = _start(p, qc.new_empty(batch, heads, rows, 1), start, stop)
     acc = qc.new_zeros((batch, heads, rows, dv))
+    # Rows the mask leaves a key, where -inf scores can only come from infinite q or k (no bias, modifier,
+    # custom score or sink): those rows are not the mask's empty rows (row 1) but NaN (RELIABILITY row 21).
+    track = p.sinks is None and only_mask_makes_inf(p)
+    keyed: torch.Tensor | bool = False  # True once a block without a mask has been seen
     for ks in range(0, lk, block):
         ke = min(lk, ks + block)
         idx = dense_indices(batch, heads, start, stop, ks, ke, q.device)
         s, allowed = block_scores(p, qc, kv_block(p, k, "k", ks, ke), *idx)  # (B, H, rows, block)
         if allowed is not None:
             s = s.masked_fill(~allowed, _NEG_INF)
+        if track and keyed is not True:
+            keyed = True if allowed is None else allowed.any(-1, keepdim=True) | keyed
         m_new = torch.maximum(m, s.detach().amax(-1, keepdim=True))
         m_safe = m_new.masked_fill(m_new == _NEG_INF, 0.0)
         correction = torch.exp(m - m_safe)
@@ -80,7 +87,8 @@ def _slab(p: Problem, start: int, stop: int, q, k, v, block: int):
         l = l * correction + e.sum(-1, keepdim=True)
         acc = acc * correction + dropout(p, e) @ kv_block(p, v, "v", ks, ke)
         m = m_new
-    l_safe, lse = guard_empty_rows(m.masked_fill(m == _NEG_INF, 0.0), l)
+    rows_keyed = None if keyed is False else torch.ones_like(l, dtype=torch.bool) if keyed is True else keyed
+    l_safe, lse = guard_empty_rows(m.masked_fill(m == _NEG_INF, 0.0), l, rows_keyed)
     return acc / l_safe, lse
 
 

@@ -10,8 +10,11 @@ head ``x`` (its index head and its key/value head) read the keys ``S_x = {i * bs
 The keys (and values) are seen as rows ``(R, E)`` in place (any layout whose batch, head and position strides
 are whole rows: contiguous, a slice of a preallocated cache, token-major) and the selected rows are copied with one
 ``index_select`` each: ``B hx n bs (D + Dv)`` elements, nothing proportional to ``Lk``, and no split into
-chunks merged afterwards. Slots that name no key (``-1``, past ``Lk``) and keys the mask beside the selection
-hides are masked with ``-inf`` (their rows zeroed, so no NaN stored there reaches the output).
+chunks merged afterwards. The copies go into this thread's buffers, kept from step to step
+(:func:`.page_chunks.workspace`, up to :data:`HELD` elements each): buffers of a few MB made afresh by every step
+are returned to the OS and page-faulted in again by the next, which cost several times the copy. Slots that name
+no key (``-1``, past ``Lk``) and keys the mask beside the selection hides are masked with ``-inf`` (their rows
+zeroed, so no NaN stored there reaches the output).
 
 As the other fused routes, the output is checked: a NaN or inf, or a row torch zeroed (an lse of exactly 0),
 sends the call to the exact gathered path (:mod:`.selected`), which answers by attnkit's contract.
@@ -24,11 +27,13 @@ import torch
 from ..functional.validate import Problem
 from ..masks.selected import selection_of
 from . import rules
+from .page_chunks import workspace
 from .path_cost import PathCost, fused_attention, itemsize
 
-__all__ = ["applies", "run", "describe", "cost", "BUDGET"]
+__all__ = ["applies", "run", "describe", "cost", "gather", "BUDGET", "HELD"]
 
 BUDGET = 1 << 25  # gathered elements (keys and values) at most: past it the generic path splits the selection
+HELD = 1 << 22  # gathered elements of the keys (or values) at most kept in this thread's buffer between steps
 _NEG_INF = float("-inf")
 
 
@@ -85,15 +90,29 @@ def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int, int] | None:
     return t.as_strided((count, e), (e, 1), t.storage_offset()), sb, sh, sl
 
 
-def _take(t: torch.Tensor, b: torch.Tensor, kvh: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
-    """The rows ``t[b, kvh, tok]`` ``(B, hx, N, E)``: one ``index_select`` of rows (advanced indexing when the layout
-    has no row view)."""
-    rows = _rows(t)
-    if rows is None:
-        return t[b, kvh.view(1, -1, 1), tok]
-    flat, sb, sh, sl = rows
-    where = b * sb + kvh.view(1, -1, 1) * sh + tok * sl  # (B, hx, N)
-    return flat.index_select(0, where.flatten()).view(*where.shape, t.shape[-1])
+def gather(k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, kvh: torch.Tensor,
+           tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows ``k[b, kvh, tok]`` and ``v[b, kvh, tok]`` ``(B, hx, N, E)`` (``b`` ``(B, 1, 1)``, ``kvh`` ``(hx,)``,
+    ``tok`` ``(B, hx, N)``): one ``index_select`` of rows each (one row index for both where their layouts agree;
+    advanced indexing where a layout has no row view), into this thread's buffers when at most :data:`HELD`
+    elements (valid until the next step)."""
+    rows_k, rows_v = _rows(k), _rows(v)
+    where = None
+    out = []
+    for t, rows, name in ((k, rows_k, "decode keys"), (v, rows_v, "decode values")):
+        if rows is None:
+            out.append(t[b, kvh.view(1, -1, 1), tok])
+            continue
+        flat, sb, sh, sl = rows
+        if where is None or rows_k is None or rows[1:] != rows_k[1:]:
+            where = (b * sb + kvh.view(1, -1, 1) * sh + tok * sl).flatten()  # (B hx N)
+        shape = (*tok.shape, t.shape[-1])
+        if where.numel() * t.shape[-1] > HELD:
+            out.append(flat.index_select(0, where).view(shape))
+        else:
+            buffer = workspace(t).take(name, where.numel(), t.shape[-1])
+            out.append(torch.index_select(flat, 0, where, out=buffer).view(shape))
+    return out[0], out[1]
 
 
 def run(p: Problem):
@@ -116,7 +135,8 @@ def run(p: Problem):
     tok = idx.clamp(0, max(lk - 1, 0)).expand(batch, hx, -1)
     every = bool(valid.all())
     b = torch.arange(batch, device=dev).view(-1, 1, 1)
-    k_g, v_g = _take(p.k, b, kv_heads, tok).to(dt), _take(p.v, b, kv_heads, tok).to(dt)
+    k_g, v_g = gather(p.k, p.v, b, kv_heads, tok)
+    k_g, v_g = k_g.to(dt), v_g.to(dt)
     gp = hq // hx
     allowed = None if every else valid[:, :, None, :]  # (B|1, hx|1, 1, N)
     beside = getattr(p.mask, "rest", None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -114,24 +115,60 @@ def _select_rows(q, k_cmp, r0: int, total: int, *, length, stride, block, count,
     scores = (q.reshape(batch, kv_heads, group * rows, d) * scale) @ k_cmp.transpose(-1, -2)  # a group's heads as rows
     scores = scores.view(batch, kv_heads, group, rows, blocks_c).masked_fill_(~ended, -_INF)
     p = torch.softmax(scores, -1).nan_to_num_(0.0)
-    p = p.squeeze(2) if group == 1 else p.sum(2)  # eq. 10: the group's heads add theirs
+    return _top_blocks(p, r0 if rows == 1 else t, r0 + rows - 1, total, length=length, stride=stride, block=block,
+                       count=count)
+
+
+def _top_blocks(p, t, last: int, total: int, *, length, stride, block, count) -> torch.Tensor:
+    """Eq. 9-11 from the compressed blocks' probabilities ``p`` ``(B, H_kv, g, c, n_c')`` of the queries at positions
+    ``t`` ``(c, 1)`` (or the int ``last`` when ``c = 1``), the last at ``last`` (``n_c'`` the blocks it has seen
+    ended), of ``total`` keys: the ``(B, H_kv, c, min(count, every))`` blocks chosen (``-1``: none left; ``every``
+    the blocks of ``total`` keys). The forced blocks rank the query's own first, then the one before, then the
+    first (which of them ``count < 3`` keeps is fixed: a decoding step keeps what the whole sequence's call keeps).
+    For one query (``t`` an int) the blocks come in rank order, the forced ones first."""
+    batch, kv_heads, _, rows, blocks_c = p.shape
+    p = p.squeeze(2) if p.shape[2] == 1 else p.sum(2)  # eq. 10: the group's heads add theirs
     step, every, per = block // stride, -(-total // block), length // stride
-    blocks = min(every, (r0 + rows - 1) // block + 1)  # up to the chunk's last query's own block: the later ones
+    blocks = min(every, last // block + 1)  # up to the last query's own block: the later ones
     # are -inf for every query of the chunk (a causal triangle: half the columns on average)
     # eq. 9: compressed block i holds the chunks i .. i + per - 1, so selection block j sums the compressed blocks
     # j step - per + 1 .. j step + step - 1, block j step - per + 1 + w weighted by the chunks it shares with block j:
     # one window of step + per - 1 compressed blocks every step, one product with those weights
-    w = torch.arange(step + per - 1, device=q.device)
-    w = (w.clamp(max=step - 1) - (w - per + 1).clamp(min=0) + 1).to(p.dtype)
     padded = F.pad(p, (per - 1, blocks * step - blocks_c))  # compressed blocks -per + 1 .. blocks step + per - 2
     windows = padded.unfold(-1, step + per - 1, step).contiguous()  # (B, H_kv, c, blocks, step + per - 1)
+    w = _chunk_weights(step, per, p.dtype, p.device)
     importance = (windows.view(-1, w.numel()) @ w).view(batch, kv_heads, rows, blocks)  # one matrix-vector product
-    own, column = t // block, torch.arange(blocks, device=q.device)
-    forced = (column == 0) | (column == own) | (column == own - 1)
-    importance = importance.masked_fill_(forced, _INF).masked_fill_(column > own, -_INF)
+    if isinstance(t, int):  # one query: every column a block it has seen, its own the last; the forced ranks added
+        importance = importance.add_(_forced_ranks(blocks, importance.dtype, importance.device))
+        idx = importance.topk(min(count, blocks), dim=-1)[1]  # sorted: the forced blocks first, in rank order
+        return idx if idx.shape[-1] == min(count, every) else F.pad(idx, (0, min(count, every) - idx.shape[-1]),
+                                                                     value=-1)
+    own, column = t // block, torch.arange(blocks, device=p.device)
+    big = torch.finfo(importance.dtype).max  # past any importance (a sum of probabilities): the forced blocks' ranks
+    importance = (importance.masked_fill_(column == 0, big / 2).masked_fill_(column == own - 1, big)
+                  .masked_fill_(column == own, _INF).masked_fill_(column > own, -_INF))
     values, idx = importance.topk(min(count, blocks), dim=-1, sorted=False)
     idx = idx.masked_fill_(values == -_INF, -1)
     return F.pad(idx, (0, min(count, every) - idx.shape[-1]), value=-1)  # the columns of every chunk
+
+
+@functools.lru_cache(maxsize=32)
+def _forced_ranks(blocks: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Added to the importance of a query whose own block is the last of ``blocks``: its own block ``+inf``, the one
+    before the largest finite number, the first half of it (past any importance, a sum of probabilities)."""
+    big = torch.finfo(dtype).max
+    ranks = torch.zeros(blocks, dtype=dtype, device=device)
+    ranks[0] = big / 2
+    ranks[max(blocks - 2, 0)] = big
+    ranks[blocks - 1] = _INF
+    return ranks
+
+
+@functools.lru_cache(maxsize=32)
+def _chunk_weights(step: int, per: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Eq. 9's weights: compressed block ``j step - per + 1 + i`` shares ``w_i`` chunks with selection block ``j``."""
+    return torch.tensor([min(i, step - 1) - max(i - per + 1, 0) + 1 for i in range(step + per - 1)], dtype=dtype,
+                        device=device)
 
 
 class _Gate(torch.autograd.Function):
