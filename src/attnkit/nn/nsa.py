@@ -8,7 +8,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from .. import masks
 from ..core import attention
@@ -197,6 +196,29 @@ def _gated(g: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
     return _Gate.apply(g, o) if torch.is_grad_enabled() and (g.requires_grad or o.requires_grad) else g * o
 
 
+class _Recomputed(torch.autograd.Function):
+    """``fn(x)`` keeping only ``x``: the backward runs ``fn`` again with autograd (activation checkpointing, without
+    ``torch.utils.checkpoint``, whose first call imports ``torch._dynamo``: about 70 MiB and a second). ``params``:
+    the parameters ``fn`` reads, so that they receive their gradients."""
+
+    @staticmethod
+    def forward(ctx, fn, x, *params):
+        ctx.fn = fn
+        ctx.save_for_backward(x, *params)
+        with torch.no_grad():
+            return fn(x)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):
+        x, *params = ctx.saved_tensors
+        x = x.detach().requires_grad_(ctx.needs_input_grad[1])
+        wanted = [t for t, need in zip([x, *params], ctx.needs_input_grad[1:], strict=True) if need]
+        with torch.enable_grad():
+            found = iter(torch.autograd.grad(ctx.fn(x), wanted, grads, allow_unused=True) if wanted else ())
+        return (None, *(next(found) if need else None for need in ctx.needs_input_grad[1:]))
+
+
 class NativeSparseAttention(nn.Module):
     """Native Sparse Attention: three gated branches over compressed, selected and nearby keys (causal).
 
@@ -298,10 +320,12 @@ class NativeSparseAttention(nn.Module):
         batch, n, _ = x.shape
         h, hkv, d = self.num_heads, self.kv_heads, self.head_dim
         q = self.q_proj(x).view(batch, n, h, d).transpose(1, 2).contiguous()  # one copy the three branches share
-        if torch.is_grad_enabled() and (x.requires_grad or self.kv_proj.weight.requires_grad):
+        if torch.is_grad_enabled() and n >= self.compress_block:
             # recomputed in the backward from x (which the projections keep anyway): phi's convolution would keep its
             # two (B, H_kv, n, D) inputs through the whole backward, the largest saved state of the compressed branch
-            k_c, v_c = checkpoint(self._compressed_keys, x, use_reentrant=False)
+            params = (self.kv_proj.weight, self.kv_proj.bias, *self.compress_k.parameters(),
+                      *self.compress_v.parameters())
+            k_c, v_c = _Recomputed.apply(self._compressed_keys, x, *params)
         else:
             k_c, v_c = self._compressed_keys(x)
         chosen = nsa_blocks(q, k_c, length=self.compress_block, stride=self.compress_stride, block=self.select_block,
@@ -348,14 +372,13 @@ def _count(t, s, module):
     dt = dtype_of(s)
     t.mm("projections (q, out)", 2, b * n, dim, dim)
     t.mm("projections (keys and values of the selected and window branches)", 1, b * n, dim, 4 * hkv * d)
-    # the compressed branch's keys and values and phi: recomputed from x in the backward (NativeSparseAttention)
-    # up to the last tensor phi keeps, so phi's product for the values is not rerun; with no block, no gradient
+    # the compressed branch's keys and values and phi: recomputed from x in the backward (_Recomputed); with no
+    # block, no gradient
     t.mm("projections (keys and values of the compressed branch)", 1, b * n, dim, 2 * hkv * d,
          recompute=bool(blocks_c), grads=2 if blocks_c else 0)
     t.mm("gates", 1, b * n, dim, 3 * h)
     if blocks_c:
-        t.mm("compression phi (keys)", 1, b * hkv * blocks_c, l * d, d, recompute=True)
-        t.mm("compression phi (values)", 1, b * hkv * blocks_c, l * d, d)
+        t.mm("compression phi (keys, values)", 2, b * hkv * blocks_c, l * d, d, recompute=True)
     if blocks_c:  # compressed_attention: the stride's phases as query heads, square causal
         attend(t, "compressed: ", b, h * stride, blocks_c, blocks_c, d, d, hkv=hkv, dtype=dt, mask=masks.causal())
     t.mm("selection importance q K_cmp^T", b * h, n, d, blocks_c, grads=0)
