@@ -24,8 +24,8 @@ def _attend(q, k, v, keys):
 
 @torch.no_grad()
 def _transcription(layer, x):
-    """Yuan et al. 2025, eq. 5-12, by loops."""
-    x = x.detach().double()
+    """Yuan et al. 2025, eq. 5-12, by loops (``__wrapped__``, with autograd: the gradients' oracle)."""
+    x = x.double()
     batch, n, _ = x.shape
     h, hkv, d = layer.num_heads, layer.kv_heads, layer.head_dim
     l, stride, blk, w = layer.compress_block, layer.compress_stride, layer.select_block, layer.window
@@ -51,7 +51,7 @@ def _transcription(layer, x):
                 o_cmp = []
                 for head in range(g * group, (g + 1) * group):
                     o_cmp.append(_attend(q[b, t, head], kc, vc, ended))
-                    p = torch.softmax(kc[ended] @ q[b, t, head] / math.sqrt(d), 0) if ended else []
+                    p = torch.softmax(kc[ended] @ q[b, t, head] / math.sqrt(d), 0).detach() if ended else []
                     for j in range(len(score)):  # eq. 9: chunks of block j, the compressed blocks holding each
                         for s in range(j * blk // stride, (j + 1) * blk // stride):
                             score[j] += sum(float(p[ended.index(i)]) for i in ended if i <= s < i + l // stride)
@@ -158,3 +158,22 @@ def test_an_empty_sequence_gives_an_empty_output():
     assert out.shape == (2, 0, 16)
     out.sum().backward()
     assert x.grad.shape == (2, 0, 16)
+
+
+@pytest.mark.parametrize("config", [dict(kv_heads=2, compress_block=4, compress_stride=2, select_block=4),
+                                    dict(kv_heads=4, compress_block=4, compress_stride=4, select_block=4)])
+def test_gradients_equal_the_float64_transcription(config):
+    """The backward's memory savings (per-branch key/value products, gates applied per branch with a contiguous
+    gradient, phi recomputed from x) change no gradient: every parameter's and x's match the transcription's."""
+    layer = randomized_float64(NativeSparseAttention(16, 4, num_selected=3, window=5, **config))
+    x = torch.randn(2, 23, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(5), requires_grad=True)
+    weight = torch.randn(2, 23, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    (layer(x) * weight).sum().backward()
+    ours = [x.grad] + [p.grad for p in layer.parameters()]
+    layer.zero_grad(set_to_none=True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    with torch.enable_grad():
+        (_transcription.__wrapped__(layer, x_ref) * weight).sum().backward()
+    exact = [x_ref.grad] + [p.grad for p in layer.parameters()]
+    for got, want in zip(ours, exact, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)

@@ -170,6 +170,55 @@ def _chunk_weights(step: int, per: int, dtype: torch.dtype, device: torch.device
                         device=device)
 
 
+class _Gate(torch.autograd.Function):
+    """``g o`` (``g`` ``(B, H, n, 1)``, ``o`` ``(B, H, n, D)``) whose gradient for ``o`` is made contiguous in ``o``'s
+    layout: the output gradient arrives as a transposed view of the output projection's, and the attention paths'
+    backward would each copy it again."""
+
+    @staticmethod
+    def forward(ctx, g, o):
+        ctx.save_for_backward(g, o)
+        return g * o
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        g, o = ctx.saved_tensors
+        dg = (grad * o).sum(-1, keepdim=True) if ctx.needs_input_grad[0] else None
+        do = torch.mul(grad, g, out=torch.empty_like(o, memory_format=torch.contiguous_format)) \
+            if ctx.needs_input_grad[1] else None
+        return dg, do
+
+
+def _gated(g: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """``g o`` (:class:`_Gate`); plain ``g * o`` under ``torch.func`` transforms, which a custom Function without
+    ``vmap`` support cannot serve."""
+    return _Gate.apply(g, o) if torch.is_grad_enabled() and (g.requires_grad or o.requires_grad) else g * o
+
+
+class _Recomputed(torch.autograd.Function):
+    """``fn(x)`` keeping only ``x``: the backward runs ``fn`` again with autograd (activation checkpointing, without
+    ``torch.utils.checkpoint``, whose first call imports ``torch._dynamo``: about 70 MiB and a second). ``params``:
+    the parameters ``fn`` reads, so that they receive their gradients."""
+
+    @staticmethod
+    def forward(ctx, fn, x, *params):
+        ctx.fn = fn
+        ctx.save_for_backward(x, *params)
+        with torch.no_grad():
+            return fn(x)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):
+        x, *params = ctx.saved_tensors
+        x = x.detach().requires_grad_(ctx.needs_input_grad[1])
+        wanted = [t for t, need in zip([x, *params], ctx.needs_input_grad[1:], strict=True) if need]
+        with torch.enable_grad():
+            found = iter(torch.autograd.grad(ctx.fn(x), wanted, grads, allow_unused=True) if wanted else ())
+        return (None, *(next(found) if need else None for need in ctx.needs_input_grad[1:]))
+
+
 class NativeSparseAttention(nn.Module):
     """Native Sparse Attention: three gated branches over compressed, selected and nearby keys (causal).
 
@@ -246,31 +295,59 @@ class NativeSparseAttention(nn.Module):
     def branches(self, x: torch.Tensor):
         """Queries ``(B, H, n, D)``, the branches' keys and values ``(B, H_kv, n, D)`` (compressed ones
         ``(B, H_kv, n_c, D)``) and the selection mask of eq. 11-12."""
+        q, compressed, mask = self._selection(x)
+        return q, compressed, self._keys(x, 1), self._keys(x, 2), mask
+
+    def _keys(self, x: torch.Tensor, branch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``(B, H_kv, n, D)`` of branch ``0, 1, 2`` (cmp before phi, slc, win): row blocks
+        ``2 branch, 2 branch + 1`` of ``kv_proj``, each its own product and contiguous copy. The attention paths keep
+        their inputs for the backward (views of one product would keep all six), and each branch's gradient goes
+        through its own product when ready (one product would wait for all six and stack them)."""
+        batch, n, _ = x.shape
+        hkv, d = self.kv_heads, self.head_dim
+        e, w, b = hkv * d, self.kv_proj.weight, self.kv_proj.bias
+        k, v = (F.linear(x, w[i * e:(i + 1) * e], b[i * e:(i + 1) * e]).view(batch, n, hkv, d).transpose(1, 2)
+                .contiguous() for i in (2 * branch, 2 * branch + 1))
+        return k, v
+
+    def _compressed_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """eq. 7: the compressed keys and values ``(B, H_kv, n_c, D)``."""
+        k_cmp, v_cmp = self._keys(x, 0)
+        return self.compress_k(k_cmp), self.compress_v(v_cmp)
+
+    def _selection(self, x: torch.Tensor):
+        """Queries, the compressed keys and values and the selection mask (eq. 7-12)."""
         batch, n, _ = x.shape
         h, hkv, d = self.num_heads, self.kv_heads, self.head_dim
         q = self.q_proj(x).view(batch, n, h, d).transpose(1, 2).contiguous()  # one copy the three branches share
-        # each its own contiguous copy: the attention paths keep their inputs for the backward, and views would keep
-        # all six (the projection's whole output) until then
-        k_cmp, v_cmp, k_slc, v_slc, k_win, v_win = (
-            t.contiguous() for t in self.kv_proj(x).view(batch, n, 6, hkv, d).permute(2, 0, 3, 1, 4))
-        k_c, v_c = self.compress_k(k_cmp), self.compress_v(v_cmp)  # (B, H_kv, n_c, D)
+        if torch.is_grad_enabled() and n >= self.compress_block:
+            # recomputed in the backward from x (which the projections keep anyway): phi's convolution would keep its
+            # two (B, H_kv, n, D) inputs through the whole backward, the largest saved state of the compressed branch
+            params = (self.kv_proj.weight, self.kv_proj.bias, *self.compress_k.parameters(),
+                      *self.compress_v.parameters())
+            k_c, v_c = _Recomputed.apply(self._compressed_keys, x, *params)
+        else:
+            k_c, v_c = self._compressed_keys(x)
         chosen = nsa_blocks(q, k_c, length=self.compress_block, stride=self.compress_stride, block=self.select_block,
                             count=self.num_selected, scale=1 / math.sqrt(d))
         chosen_blocks = SelectedKeys(chosen, self.select_block, group_size=h // hkv, distinct=True)  # a top-k
-        mask = chosen_blocks & masks.causal()
-        return q, (k_c, v_c), (k_slc, v_slc), (k_win, v_win), mask
+        return q, (k_c, v_c), chosen_blocks & masks.causal()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_sequence(type(self).__name__, "x", x, self.dim, named=True, like=self)
         batch, n, _ = x.shape
         h = self.num_heads
-        q, (k_c, v_c), (k_slc, v_slc), (k_win, v_win), mask = self.branches(x)
-        compressed = compressed_attention(q, k_c, v_c, length=self.compress_block, stride=self.compress_stride)
-        selected = attention(q, k_slc, v_slc, mask=mask)
-        nearby = attention(q, k_win, v_win, mask=masks.sliding_window(self.window - 1, 0))
         g = torch.sigmoid(self.gate(x)).view(batch, n, h, 3).permute(3, 0, 2, 1).unsqueeze(-1)  # (3, B, H, n, 1)
-        out = g[0] * compressed + g[1] * selected + g[2] * nearby  # (B, H, n, D)
-        return self.out_proj(out.transpose(1, 2).reshape(batch, n, self.dim))
+        q, (k_c, v_c), mask = self._selection(x)
+        # autograd runs the latest recorded operation first: the selected branch (the largest backward) is recorded
+        # before the other two, whose backward then frees their saved tensors, and the window's projection its
+        # gradients, before the selected branch's backward runs; each branch is gated as soon as it is computed,
+        # so only one branch's output gradient is alive at a time
+        out = _gated(g[1], attention(q, *self._keys(x, 1), mask=mask))
+        out = out + _gated(g[0], compressed_attention(q, k_c, v_c, length=self.compress_block,
+                                                      stride=self.compress_stride))
+        out = out + _gated(g[2], attention(q, *self._keys(x, 2), mask=masks.sliding_window(self.window - 1, 0)))
+        return self.out_proj(out.transpose(1, 2).reshape(batch, n, self.dim))  # out (B, H, n, D)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, kv_heads={self.kv_heads}, compress_block="
@@ -294,10 +371,14 @@ def _count(t, s, module):
     blocks_c = (n - l) // stride + 1 if n >= l else 0
     dt = dtype_of(s)
     t.mm("projections (q, out)", 2, b * n, dim, dim)
-    t.mm("projections (keys and values of three branches)", 1, b * n, dim, 6 * hkv * d)
+    t.mm("projections (keys and values of the selected and window branches)", 1, b * n, dim, 4 * hkv * d)
+    # the compressed branch's keys and values and phi: recomputed from x in the backward (_Recomputed); with no
+    # block, no gradient
+    t.mm("projections (keys and values of the compressed branch)", 1, b * n, dim, 2 * hkv * d,
+         recompute=bool(blocks_c), grads=2 if blocks_c else 0)
     t.mm("gates", 1, b * n, dim, 3 * h)
     if blocks_c:
-        t.mm("compression phi (keys, values)", 2, b * hkv * blocks_c, l * d, d)
+        t.mm("compression phi (keys, values)", 2, b * hkv * blocks_c, l * d, d, recompute=True)
     if blocks_c:  # compressed_attention: the stride's phases as query heads, square causal
         attend(t, "compressed: ", b, h * stride, blocks_c, blocks_c, d, d, hkv=hkv, dtype=dt, mask=masks.causal())
     t.mm("selection importance q K_cmp^T", b * h, n, d, blocks_c, grads=0)
