@@ -27,6 +27,7 @@ import torch
 from ..functional.validate import Problem
 from ..masks.selected import selection_of
 from . import rules
+from .lane import trusted
 from .page_chunks import workspace
 from .path_cost import PathCost, fused_attention, itemsize
 
@@ -151,8 +152,7 @@ def run(p: Problem):
     assert flash is not None  # (applies: rules.cpu_flash)
     if allowed is None:
         out, lse = flash(q, k_g, v_g, 0.0, False, scale=p.scale)[:2]
-        bad = ~torch.isfinite(out.sum(-1) + lse) | (lse == 0)
-        if bool(bad.any()):
+        if not trusted(out, lse):
             return None  # NaN, inf or a row torch zeroed (an lse of exactly 0): the exact path
         return KernelOutput(out, None, lse if p.return_lse else None)
     if not every:  # rows of slots that name no key: zeroed (what is stored there never reaches a product)
