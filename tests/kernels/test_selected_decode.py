@@ -207,3 +207,17 @@ def test_consecutive_steps_copy_into_the_threads_buffers_and_earlier_answers_sta
     for got, idx in ((a, first), (b, second)):
         out, _ = _oracle(q, k, v, idx, 16, 2)
         torch.testing.assert_close(got, out, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_an_empty_selection_is_not_a_decoding_step_and_gives_empty_rows(causal):
+    """Indices ``(B, 1, 1, 0)`` name no key: torch's kernel over zero keys raises SIGFPE on this build (the
+    process dies; docs/RELIABILITY.md row 16: never an FPE), so the step is refused before the kernel and the
+    rows answer as row 1: output 0, lse -inf."""
+    q, k, v = rand_qkv(2, 4, 1, 20, 8, dtype=torch.float64, seed=15)
+    mask = masks.selected_keys(torch.zeros(2, 1, 1, 0, dtype=torch.long))
+    mask = mask & masks.causal() if causal else mask
+    assert not selected_decode.applies(_prepare(q, k, v, mask=mask))
+    got = attnkit.attention(q, k, v, mask=mask, return_lse=True, backend="blocksparse")
+    assert torch.equal(got.output, torch.zeros_like(got.output))
+    assert torch.equal(got.lse, torch.full_like(got.lse, -math.inf))

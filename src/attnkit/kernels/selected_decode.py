@@ -48,11 +48,13 @@ def _heads(p: Problem) -> tuple[int, torch.Tensor, torch.Tensor]:
 
 
 def applies(p: Problem) -> bool:
-    """One selection for every query, no autograd, softmax of dot products with nothing else, on torch's fused CPU
-    kernel; not pages (:mod:`.page_segments`), not traced (the output is checked), within :data:`BUDGET`."""
+    """One selection for every query, of at least one slot, no autograd, softmax of dot products with nothing else,
+    on torch's fused CPU kernel; not pages (:mod:`.page_segments`), not traced (the output is checked), within
+    :data:`BUDGET`. (No slot: torch's kernel over zero keys raises SIGFPE; the gathered path answers row 1.)"""
     sel = selection_of(p.mask)
-    if (sel.lengths is not None or sel.indices.shape[2] != 1 or p.needs_grad or p.tracing or not rules.cpu_flash(p)
-            or p.dropout_p != 0 or p.bias is not None or p.modifier is not None or p.sinks is not None
+    if (sel.lengths is not None or sel.indices.shape[2] != 1 or sel.indices.shape[3] == 0 or p.needs_grad
+            or p.tracing or not rules.cpu_flash(p) or p.dropout_p != 0 or p.bias is not None
+            or p.modifier is not None or p.sinks is not None
             or p.quant is not None or p.return_weights or p.normalize != "softmax"
             or p.score not in ("dot", "scaled_dot")):
         return False
