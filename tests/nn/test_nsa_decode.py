@@ -167,3 +167,24 @@ def test_bad_inputs_are_refused():
         nsa_decode(q, k_c, k_c, k[:, :, :0], k[:, :, :0], k, k, **opts)
     with pytest.raises(ArgumentError, match="count"):
         nsa_decode(q, k_c, k_c, k, k, k, k, **{**opts, "count": 0})
+
+
+@pytest.mark.parametrize(("length", "stride", "block"), [(6, 4, 8), (4, 4, 6), (5, 2, 4)])
+def test_blocks_that_are_not_multiples_of_the_stride_are_refused_as_the_module_refuses_them(length, stride, block):
+    """Eq. 9 sums whole chunks of ``stride`` keys: the module refuses ``l`` or ``l'`` not a multiple of ``d``
+    (NativeSparseAttention), and so does the step (it gave a selection from truncated chunk counts)."""
+    g = torch.Generator().manual_seed(8)
+    q, k, k_c = (torch.randn(1, *s, 8, generator=g) for s in ((4, 1), (2, 30), (2, 12)))
+    with pytest.raises(ArgumentError, match="multiples of stride"):
+        nsa_decode(q, k_c, k_c, k, k, k, k, length=length, stride=stride, block=block, count=3, window=5)
+    with pytest.raises(ArgumentError, match="multiples of compress_stride"):
+        NativeSparseAttention(24, 4, compress_block=length, compress_stride=stride, select_block=block)
+
+
+@pytest.mark.parametrize("scale", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_scale_is_refused_naming_the_step(scale):
+    """docs/RELIABILITY.md row 25: E for a non-finite scale, from the function the user called."""
+    g = torch.Generator().manual_seed(9)
+    q, k, k_c = (torch.randn(1, *s, 8, generator=g) for s in ((4, 1), (2, 30), (2, 12)))
+    with pytest.raises(ArgumentError, match="nsa_decode: scale"):
+        nsa_decode(q, k_c, k_c, k, k, k, k, length=4, stride=2, block=4, count=3, window=5, scale=scale)

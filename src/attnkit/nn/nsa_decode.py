@@ -13,7 +13,7 @@ compressed keys serves both::
 With GQA the ``g`` query heads of a key/value head are rows of one product over its compressed keys, and the
 selection is the group's (eq. 10). The selected keys of every head are the same number (its ``min(n, own + 1)``
 blocks, the query's own block, always among them, cut at ``t``), so the copy ``(B, H_kv, N, D)`` needs no mask:
-the blocks in increasing order, the own block last, ``N = (n_sel - 1) l' + t + 1 - own l'``.
+the blocks in rank order, the own block first (:func:`.nsa._top_blocks`), ``N = (n_sel - 1) l' + t + 1 - own l'``.
 
 Torch's fused CPU kernel serves the selected and window branches without autograd, in float32 or float64; its
 answers are checked as the fast lane checks them (:func:`attnkit.kernels.lane.trusted`) and the compressed branch
@@ -24,12 +24,13 @@ for NaN or inf. Anything else (autograd, another device or dtype, a failed check
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
 from .. import masks
 from ..core import attention
-from ..errors import ShapeError, check_int
+from ..errors import ArgumentError, ShapeError, check_int
 from ..kernels import rules
 from ..kernels.lane import trusted
 from ..kernels.page_chunks import workspace
@@ -55,13 +56,20 @@ def nsa_decode(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, k_slc:
         k_slc, v_slc: the selected branch's cache ``(B, H_kv, t + 1, D|Dv)``: the query is at position ``t``.
         k_win, v_win: the window branch's cache ``(B, H_kv, L_w, D|Dv)``; its last ``window`` rows are read (a
             cache of every position, or a rolling one of the last ``window``).
-        length, stride: ``l`` and ``d`` of the compression; block: ``l'``; count: ``n`` blocks selected;
+        length, stride: ``l`` and ``d`` of the compression; block: ``l'`` (``l`` and ``l'`` multiples of ``d``, as
+            the module's); count: ``n`` blocks selected;
         window: ``w``; scale: default ``D ** -0.5``.
     """
     who = "nsa_decode"
     for name, value in (("length", length), ("stride", stride), ("block", block), ("count", count),
                         ("window", window)):
         check_int(who, name, value, 1)
+    if length % stride or block % stride:  # eq. 9 counts whole chunks of `stride` keys (as NativeSparseAttention)
+        raise ArgumentError(f"{who}: length and block must be multiples of stride; got length={length}, "
+                            f"block={block}, stride={stride}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale)):
+        raise ArgumentError(f"{who}: scale must be a finite real number or None; got {scale!r}")
     caches = (k_cmp, v_cmp, k_slc, v_slc, k_win, v_win)
     if q.dim() != 4 or q.shape[2] != 1 or any(t.dim() != 4 for t in caches):
         raise ShapeError(f"{who}: q must be (B, H, 1, D) and the caches (B, H_kv, L, D); got q {tuple(q.shape)}, "
