@@ -195,3 +195,13 @@ def test_the_pade_tier_is_within_four_ulp_of_tanh_over_a_dense_sweep_of_its_rang
     ulp = (torch.nextafter(magnitude, torch.tensor(float("inf"))) - magnitude).double()
     assert ((got.double() - exact).abs() / ulp).max().item() <= 4.0
     assert torch.equal(torch.signbit(got), torch.signbit(x))
+
+
+@pytest.mark.parametrize("mask", [masks.full(), masks.full() & masks.causal()], ids=["full", "full & causal"])
+def test_the_loop_takes_the_full_mask(mask):
+    """``backend="chunked"`` with a soft-cap and ``full()`` runs the loop (it indexed the mask's 0-d answer)."""
+    q, k, v = rand_qkv(2, 3, 9, 7, 8, hkv=1, dtype=torch.float64, seed=5)
+    cap = Softcap(2.0)
+    assert attnkit.explain(q, k, v, mask=mask, bias=cap, backend="chunked").path == "softcap-loop"
+    got = attnkit.attention(q, k, v, mask=mask, bias=cap, backend="chunked")
+    torch.testing.assert_close(got, oracle(q, k, v, mask=mask, bias=cap), rtol=0, atol=1e-12)

@@ -221,3 +221,16 @@ def test_an_empty_selection_is_not_a_decoding_step_and_gives_empty_rows(causal):
     got = attnkit.attention(q, k, v, mask=mask, return_lse=True, backend="blocksparse")
     assert torch.equal(got.output, torch.zeros_like(got.output))
     assert torch.equal(got.lse, torch.full_like(got.lse, -math.inf))
+
+
+@pytest.mark.parametrize("slots", [[1, 5, 7], [1, 5, -1]], ids=["every slot", "an unused slot"])
+def test_a_selection_and_the_full_mask_is_the_selection(slots):
+    """``selected_keys(idx) & full()``: the mask beside the selection allows every key (its answer broadcast; a
+    0-d answer made the step index a dim it did not have)."""
+    q, k, v = rand_qkv(2, 4, 1, 20, 8, hkv=2, dtype=torch.float64, seed=16)
+    idx = torch.tensor([[[slots]]])
+    mask = masks.selected_keys(idx) & masks.full()
+    assert selected_decode.applies(_prepare(q, k, v, mask=mask))
+    got = attnkit.attention(q, k, v, mask=mask, backend="blocksparse")
+    out, _ = _oracle(q, k, v, idx, 1, 4)
+    torch.testing.assert_close(got, out, rtol=0, atol=1e-12)

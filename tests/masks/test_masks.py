@@ -219,3 +219,13 @@ def test_an_empty_list_of_global_tokens_is_a_valid_empty_set():
         assert not mask.materialize(4, 6).any()
         assert torch.equal((mask | masks.causal()).materialize(4, 6), masks.causal().materialize(4, 6))
     assert masks.padding([]).batch_size == 0
+
+
+def test_full_allows_with_one_size_one_dim_per_index_dim():
+    """``full().allows`` broadcasts as the other masks' answers do: one dim per index dim (it was a 0-d tensor,
+    which the kernels that read a block's dims could not index: the softcap loop, the selected-keys decode)."""
+    b, h, i, j = (torch.arange(n).view(*([1] * a), n, *([1] * (3 - a))) for a, n in enumerate((2, 3, 4, 5)))
+    for mask in (masks.full(), masks.full() & masks.full(), ~~masks.full()):
+        got = mask.allows(b, h, i, j, 4, 5)
+        assert got.dim() == 4 and bool(torch.broadcast_to(got, (2, 3, 4, 5)).all())
+        assert got.dtype == torch.bool

@@ -221,7 +221,9 @@ class _Full(Mask):
     text = "full()"
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
-        return torch.ones((), dtype=torch.bool, device=q_idx.device)
+        """True, one size-1 dim per dim of the indices (broadcast as the other masks' answers; not 0-d)."""
+        dims = max(t.dim() for t in (b, h, q_idx, kv_idx) if isinstance(t, torch.Tensor))
+        return torch.ones((1,) * dims, dtype=torch.bool, device=q_idx.device)
 
     def _layout(self, q_len, kv_len, bs, device, sizes=(1, 1)):
         shape = (1, 1, -(-q_len // bs), -(-kv_len // bs))
