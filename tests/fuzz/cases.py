@@ -7,7 +7,9 @@ mask expression over every constructor of :mod:`attnkit.masks` combined with ``&
 ``-inf`` entries, a ``finfo.min`` row, ``finfo.min`` keys a mask may leave a row alone with),
 score, scale, normaliser, attention sinks (with softmax: per head or per sample, ``-inf`` or
 dominating entries, learned or not), dtype and what is asked for (lse, weights, gradients,
-second derivatives through a gradient penalty). The tensors are
+second derivatives through a gradient penalty), and infinite queries or keys (softmax of dot
+products: an infinity in feature 0 that makes one, some or every score of a query or key ``-inf``,
+docs/RELIABILITY.md row 21 and finding 39). The tensors are
 made from the case's seed, so a failing case prints everything needed to replay it.
 """
 
@@ -50,6 +52,7 @@ class Case:
     grad: bool = False
     second_order: bool = False  # also a gradient penalty: the gradients of |dq|, with create_graph=True
     sinks: tuple | None = None  # ("sinks", shape, kind, learned): attention sinks, softmax only
+    infinite: tuple | None = None  # ("keys" | "queries", "one" | "some" | "every"): see _with_infinities
     extra: dict = field(default_factory=dict)
 
     def shapes(self):
@@ -61,6 +64,8 @@ class Case:
         """q, k, v (and the bias tensor, if any) drawn from the seed; leaves that need gradients when asked."""
         g = torch.Generator().manual_seed(self.seed)
         q, k, v = (0.8 * torch.randn(s, generator=g, dtype=torch.float64) for s in self.shapes())
+        if self.infinite is not None:
+            q, k = self._with_infinities(q, k)
         q, k, v = (t.to(self.dtype).requires_grad_(self.grad) for t in (q, k, v))
         bias = self.bias
         if isinstance(bias, tuple):
@@ -74,6 +79,21 @@ class Case:
                 bias[..., torch.rand(shape[-1], generator=g) < 0.5] = torch.finfo(torch.float32).min
             bias = bias.to(self.dtype).requires_grad_(learned and self.grad)
         return q, k, v, bias
+
+    def _with_infinities(self, q, k):
+        """``q, k`` where the chosen keys (or queries) score ``-inf`` against every query (key): feature 0 of the
+        other side made positive, theirs ``-inf`` times the sign of the scale (the products are never NaN: the
+        scale is not 0 and the score is a dot product). Key or query ``j`` is chosen by the case's seed."""
+        side, which = self.infinite
+        length = self.lk if side == "keys" else self.lq
+        g = torch.Generator().manual_seed(self.seed + 3)
+        chosen = {"one": torch.arange(length) == torch.randint(max(length, 1), (), generator=g),
+                  "some": torch.rand(length, generator=g) < 0.5, "every": torch.ones(length, dtype=torch.bool)}[which]
+        sign = -1.0 if self.scale is not None and self.scale < 0 else 1.0
+        other, poisoned = (q, k) if side == "keys" else (k, q)
+        other[..., 0] = other[..., 0].abs() + 0.5
+        poisoned[..., chosen, 0] = -sign * float("inf")
+        return q, k
 
     def sink_tensor(self):
         """The sinks (None without), from the seed; a leaf that needs a gradient when asked and learned."""
@@ -230,7 +250,7 @@ def cases(draw) -> Case:
     normalize = draw(st.sampled_from(["softmax"] * 5 + ["sigmoid", "sparsemax", "hard", "sigmoid_log_n", "softpick",
                                                          "stick_breaking"]))
     differentiable = normalize not in ("sparsemax", "hard")  # the masked-softmax oracle's (float64, autograd)
-    return Case(
+    case = Case(
         rank=rank, batch=batch, heads=heads, kv_heads=kv_heads, lq=lq, lk=lk, d=d, dv=dv,
         dtype=draw(st.sampled_from(DTYPES)), seed=draw(st.integers(0, 2**31 - 1)), mask=mask,
         bias=draw(_bias(user_scores, heads)),
@@ -241,3 +261,7 @@ def cases(draw) -> Case:
         grad=(grad := differentiable and draw(st.booleans())),
         second_order=grad and draw(st.integers(0, 2)) == 0,
         sinks=draw(_sinks(batch, heads)) if normalize == "softmax" else None)
+    if normalize == "softmax" and case.score != "cosine" and case.scale != 0.0 and draw(st.integers(0, 3)) == 0:
+        case.infinite = (draw(st.sampled_from(["keys", "queries"])), draw(st.sampled_from(["one", "some", "every"])))
+        case.return_weights = case.second_order = False  # the weights' and second derivatives' oracles are finite
+    return case

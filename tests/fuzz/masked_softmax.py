@@ -7,6 +7,10 @@ For one attention call, with ``A`` the allowed pairs (the mask, True = attend)::
     m_i = max_{l in A_i} S[i, l];  a row with no allowed key (A_i empty, or every S -inf) has W = 0
     out = W @ V;  lse_i = m_i + log sum_{l in A_i} exp(S[i, l] - m_i)  (-inf for an empty row)
 
+Except (docs/RELIABILITY.md row 21): where nothing but the mask and the inputs makes a score ``-inf`` (no
+bias, modifier or sink) and q or k holds an infinity, a row whose allowed scores are all ``-inf`` attends a
+non-finite input: ``0 / 0``, NaN on its allowed keys (lse ``-inf``); a row the mask empties stays 0.
+
 With sinks ``s_h`` (a logit per head), ``exp(s_h - m_i)`` joins every sum of head h and ``m_i`` is the
 max of the row and ``s_h``: the sink takes weight and gives no value, and an empty row has lse ``s_h``.
 
@@ -86,6 +90,8 @@ def attend(q, k, v, *, mask=None, bias=None, score="scaled_dot", scale=None, nor
     allowed = _allowed(mask, user_scores, b, h, lq, lk)
     if normalize in _ELEMENTWISE:
         weights, lse = _ELEMENTWISE[normalize](s, allowed), None
+    elif normalize == "softmax" and bias is None and sinks is None and not (q.isfinite().all() and k.isfinite().all()):
+        weights, lse = _softmax_of_infinities(s, allowed)
     elif normalize == "softmax":
         weights, lse = _softmax(s, allowed, None if sinks is None else sinks.to(dtype))
     else:
@@ -118,6 +124,15 @@ def _stick_breaking(s, allowed):
 _ELEMENTWISE = {"sigmoid": lambda s, allowed: torch.sigmoid(s).masked_fill(~allowed, 0.0),
                 "sigmoid_log_n": _sigmoid_log_n, "softpick": _softpick, "stick_breaking": _stick_breaking}
 NORMALIZERS = ("softmax", *_ELEMENTWISE)
+
+
+def _softmax_of_infinities(s, allowed):
+    """Row 21: torch's softmax over the allowed keys (NaN on a row of ``-inf`` scores), a masked key's weight 0
+    by select (so a row the mask empties is 0 and its gradient stops at ``masked_fill``)."""
+    s = s.masked_fill(~allowed, _NEG_INF)
+    weights = torch.where(allowed, torch.softmax(s, -1), torch.zeros_like(s))
+    lse = torch.logsumexp(s, -1) if s.shape[-1] else s.new_full(s.shape[:-1], _NEG_INF)
+    return weights, lse
 
 
 def _softmax(s, allowed, sinks=None):
