@@ -38,11 +38,16 @@ HELD = 1 << 22  # gathered elements of the keys (or values) at most kept in this
 _NEG_INF = float("-inf")
 
 
+def _compute_heads(hs: int, hkv: int) -> int:
+    """``hx``: the heads that gather their own keys, for ``hs`` index heads and ``hkv`` key/value heads (as
+    :func:`.selected.plan`): each key/value head's, or each index head's where there are more of those."""
+    return max(hs, hkv) if hs > 1 else hkv
+
+
 def _heads(p: Problem) -> tuple[int, torch.Tensor, torch.Tensor]:
     """``(hx, index head, key/value head)`` of each compute head (as :func:`.selected.plan`)."""
-    sel, hq, hkv = selection_of(p.mask), p.sizes[1], p.k.shape[1]
-    hs = sel.indices.shape[1]
-    hx = max(hs, hkv) if hs > 1 else hkv
+    sel, hq = selection_of(p.mask), p.sizes[1]
+    hx = _compute_heads(sel.indices.shape[1], p.k.shape[1])
     first = torch.arange(hx, device=p.q.device) * (hq // hx)  # the first query head of each compute head
     return hx, sel.index_head(first), first // p.groups
 
@@ -58,8 +63,7 @@ def applies(p: Problem) -> bool:
             or p.quant is not None or p.return_weights or p.normalize != "softmax"
             or p.score not in ("dot", "scaled_dot")):
         return False
-    hs, hkv = sel.indices.shape[1], p.k.shape[1]
-    hx = max(hs, hkv) if hs > 1 else hkv
+    hx = _compute_heads(sel.indices.shape[1], p.k.shape[1])
     return p.sizes[0] * hx * sel.indices.shape[3] * sel.block_size * (p.sizes[4] + p.sizes[5]) <= BUDGET
 
 
