@@ -25,12 +25,12 @@ def _allowed(length: int, block: int, summary: int) -> torch.Tensor:
     return (j <= i) & ((i // block == j // block) | (j % block >= block - summary))
 
 
-def _oracle(q, k, v, block=BLOCK, summary=SUMMARY, dout=None):
+def _oracle(q, k, v, block=BLOCK, summary=SUMMARY, dout=None, scale=None):
     """Output, lse and (with ``dout``) dq, dk, dv of float64 dense masked softmax attention."""
     q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
     groups = q.shape[1] // k.shape[1]
     kr, vr = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-    s = (q @ kr.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    s = (q @ kr.transpose(-1, -2)) * (q.shape[-1] ** -0.5 if scale is None else scale)
     s = s.masked_fill(~_allowed(q.shape[2], block, summary), float("-inf"))
     out = torch.softmax(s, -1) @ vr
     lse = torch.logsumexp(s, -1)
@@ -236,3 +236,16 @@ def test_small_blocks_any_length_equal_the_oracle_when_allowed(ran, monkeypatch,
     torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-12)
     for got, exp in zip(grads, want_grads, strict=True):
         torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.5])
+def test_a_scale_not_positive_is_refused_and_served_exactly(ran, scale):
+    """torch's kernel with ``is_causal`` and a scale ``<= 0`` returns NaN for finite inputs (torch 2.13 CPU; the
+    in-block call is causal): the path refused it and answered NaN; docs/RELIABILITY.md row 25 (0: the uniform
+    average of the allowed keys, negative: exact) is the oracle's."""
+    q, k, v = rand_qkv(1, 2, 100, 100, 8, dtype=torch.float64, seed=12)
+    assert "scale" in attnkit.explain(q, k, v, mask=MASK, scale=scale).reasons["fixed-blocks"]
+    got = attnkit.attention(q, k, v, mask=MASK, scale=scale)
+    want = _oracle(q, k, v, scale=scale)[0]
+    assert not ran
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)

@@ -28,8 +28,8 @@ the gathered block paths' whole key blocks holding a summary (at L = 4096, b = 5
 c = 32: 1.5 M scores a head against 16.8 M for the dense mask). Grouped query heads get
 their key/value heads repeated (:func:`.pipeline.upcast_inputs`). Non-finite inputs are
 refused (torch's kernel zeroes NaN rows); so are biases, dropout, ``Lq != Lk``,
-blocks under ``rules.FIXED_MIN_BLOCK`` and any other mask (a key-padding part included):
-the gathered block paths take those.
+blocks under ``rules.FIXED_MIN_BLOCK``, a scale ``<= 0`` (torch's causal kernel returns NaN)
+and any other mask (a key-padding part included): the gathered block paths take those.
 """
 
 from __future__ import annotations

@@ -349,7 +349,8 @@ FIXED_MIN_BLOCK = 8
 
 def causal_fixed(p: Problem) -> str | None:
     """fixed-blocks: the mask is exactly ``causal() & fixed(block, summary)`` (``Mask.causal_fixed``), ``Lq == Lk``,
-    blocks of at least :data:`FIXED_MIN_BLOCK` positions."""
+    blocks of at least :data:`FIXED_MIN_BLOCK` positions, a positive scale (its in-block call is ``is_causal``,
+    which returns NaN for finite inputs with a scale ``<= 0`` on torch 2.13: :func:`causal_flag`)."""
     terms = None if p.mask is None else p.mask.causal_fixed
     if terms is None:
         return "only the Sparse Transformer's fixed pattern, causal() & fixed(block, summary)"
@@ -357,4 +358,6 @@ def causal_fixed(p: Problem) -> str | None:
         return "the fixed pattern with Lq == Lk only"
     if terms[0] < FIXED_MIN_BLOCK:
         return f"blocks of at least {FIXED_MIN_BLOCK} positions (smaller ones: the gathered block paths)"
+    if not p.scale > 0:
+        return f"a positive scale only (torch's causal kernel returns NaN with scale {p.scale:g})"
     return None
