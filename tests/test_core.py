@@ -119,7 +119,7 @@ ENTRY_POINTS = {
     "sinks=, sliding window (band)": (lambda: _sinks(masks.sliding_window(32)), 8, 0),
     "flex_attention, a windowed block mask, L = 1024": (_flex, 11, 0),  # + the tiles' predicate, every call
     "paged decode, 2 sequences": (_paged_decode, 5, 0),
-    "selected keys & causal, 32 a query": (_selected_keys, 11, 0),
+    "selected keys & causal, 32 a query": (_selected_keys, 8, 0),
 }
 
 

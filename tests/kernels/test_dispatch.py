@@ -184,3 +184,46 @@ def test_the_explanation_says_none_for_a_path_that_holds_no_extra_memory():
     assert "estimated extra memory: none beyond the inputs and the output" in text and "0.0 MiB" not in text
     chunked = str(attnkit.explain(q, q, q, backend="reference"))  # the reference path holds the scores
     assert re.search(r"estimated extra memory: \d+\.\d (KiB|MiB)$", chunked), chunked
+
+
+# ------------------------------------------------------------------ padded keys, read as the mask's data
+def _selected_oracle(q, k, v, idx, causal: bool, length: int):
+    """float64 softmax attention over each query's selected keys (``idx (Lq, n)``), ``j <= i`` when ``causal``,
+    ``j < length``; a row with no key gives 0. Written here: no attnkit code."""
+    lq, lk = q.shape[2], k.shape[2]
+    allowed = torch.zeros(lq, lk, dtype=torch.bool)
+    allowed[torch.arange(lq)[:, None].expand_as(idx), idx] = True
+    i, j = torch.arange(lq)[:, None], torch.arange(lk)[None, :]
+    allowed &= (j < length) & ((j <= i) if causal else True)
+    scores = (q.double() @ k.double().transpose(-1, -2)) / q.shape[-1] ** 0.5
+    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1).nan_to_num(0.0)
+    return weights @ v.double().nan_to_num(0.0)  # padded V rows never count (their weight is 0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_selected_mask_with_padding_still_has_its_padded_keys_zeroed(causal):
+    """execute() reads ``Mask.pads_keys`` instead of asking the mask for its key padding each call: a mask with a
+    padding part still gets its padded K/V rows zeroed (NaN there never leaks, RELIABILITY row 22)."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 12, 8, generator=g) for _ in range(3))
+    idx = torch.randint(0, 12, (12, 4), generator=g)
+    mask = masks.selected_keys(idx) & masks.padding([9])
+    mask = mask & masks.causal() if causal else mask
+    assert mask.pads_keys
+    bad_k, bad_v = k.clone(), v.clone()
+    bad_k[:, :, 9:], bad_v[:, :, 9:] = float("nan"), float("nan")
+    for _ in range(2):  # the second call reads pads_keys as data
+        out = attnkit.attention(q, bad_k, bad_v, mask=mask)
+        torch.testing.assert_close(out.double(), _selected_oracle(q, k, v, idx, causal, 9), rtol=1e-5, atol=1e-5)
+
+
+def test_a_mask_without_key_padding_is_not_asked_for_it_again(monkeypatch):
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 2, 64, 8, generator=g)
+    idx = torch.randint(0, 64, (64, 8), generator=g)
+    mask = masks.selected_keys(idx) & masks.causal()
+    first = attnkit.attention(q, q, q, mask=mask)
+    assert not mask.pads_keys
+    monkeypatch.setattr(type(mask), "key_padding", lambda self: pytest.fail("the mask was asked for its padding"))
+    assert torch.equal(attnkit.attention(q, q, q, mask=mask), first)
+    torch.testing.assert_close(first.double(), _selected_oracle(q, q, q, idx, True, 64), rtol=1e-5, atol=1e-5)

@@ -7,6 +7,8 @@ offsets against the predicate.
 
 from __future__ import annotations
 
+import copy as copy_module
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -254,3 +256,25 @@ def test_parsing_deeply_nested_text_is_a_clear_error():
     with pytest.raises(ArgumentError, match="nested too deeply"):
         masks.parse("~" * 5000 + "causal()")
     assert repr(masks.parse("~" * 200 + "causal()")) == "causal(align='bottom_right')"
+
+
+# ------------------------------------------------------------------ key padding as data
+_PICKED = torch.randint(0, 12, (12, 4), generator=_g(5))
+PADDING_CASES = {**ANALYTIC, **OTHERS, **KINDS,
+                 "causal & padding": masks.causal() & masks.padding([4, 9]),
+                 "window & padding & keys": masks.sliding_window(2) & masks.padding([7]) & masks.keys(
+                     torch.tensor([True, False] * 6)),
+                 "selected & causal": masks.selected_keys(_PICKED) & masks.causal(),
+                 "selected & padding": masks.selected_keys(_PICKED) & masks.padding([9]),
+                 "shifted padding": masks.shifted(masks.padding([9]) & masks.causal(), q0=2, k0=1, q_len=12, kv_len=12)}
+
+
+@pytest.mark.parametrize("name", list(PADDING_CASES))
+def test_pads_keys_says_what_key_padding_finds_and_survives_a_copy(name):
+    """``Mask.pads_keys`` (read by the dispatcher instead of calling the mask) is ``key_padding() is not None``,
+    the same after it is kept, and in a copy (whose caches start empty)."""
+    mask = PADDING_CASES[name]
+    expected = mask.key_padding() is not None
+    assert mask.pads_keys is expected and mask.pads_keys is expected  # asked once, then read
+    copy = copy_module.deepcopy(mask)
+    assert copy.pads_keys is expected and copy.cached_bytes() == 0

@@ -421,3 +421,30 @@ def test_generation_over_paged_caches_equals_contiguous_caches_and_ragged_rows_a
         fresh = [p.batch([p.allocate(), p.allocate()]) for p in _pools(lm)]
         with pytest.raises(UnsupportedFeature, match=r"a paged cache decodes causal attention.*no key_keep_mask"):
             lm(prefix, key_keep_mask=torch.ones(2, 7, dtype=torch.bool), caches=fresh)
+
+
+def test_a_compiled_step_decodes_every_token_in_one_graph_compiled_twice():
+    """``lm.step = torch.compile(lm.step, dynamic=True)`` (what the whole-models benchmark compiles): one graph for
+    the prefill and one for every decoding step, whatever the cache's length, with no graph break and no
+    recompilation as the cache grows or in a later, longer generation; the tokens are eager generation's.
+    Counted by a backend that counts what dynamo hands it (no timing)."""
+    from torch._dynamo.testing import CompileCounter
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    lm = TransformerLM(V, dim=DIM, num_heads=H, num_layers=2, ff_dim=FF, dropout=0.0, norm_first=True,
+                       positional="learned", activation="gelu", max_len=32).eval()
+    expected = [lm.generate(_tokens(5), 6), lm.generate(_tokens(7, seed=1), 9)]
+    torch._dynamo.reset()
+    counters.clear()
+    backend = CompileCounter()
+    lm.step = torch.compile(lm.step, backend=backend, dynamic=True)
+    try:
+        assert torch.equal(lm.generate(_tokens(5), 6), expected[0])
+        assert backend.frame_count == 2  # the prefill (an empty cache) and the decoding step
+        assert torch.equal(lm.generate(_tokens(7, seed=1), 9), expected[1])
+        assert backend.frame_count == 2, "a decoding step recompiled"
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        assert not counters["recompiles"], dict(counters["recompiles"])
+    finally:
+        torch._dynamo.reset()

@@ -244,7 +244,7 @@ def execute(p: Problem, backend: str = "auto") -> tuple[KernelOutput, Path]:
     if p.q.is_meta:
         return _differentiable(p, shapes_only(p), path), path
     if (path is not _SDPA or not sdpa.checks_output(p) or p.needs_grad) and not getattr(
-            path.module, "READS_ONLY_ALLOWED_KEYS", False):
+            path.module, "READS_ONLY_ALLOWED_KEYS", False) and _may_pad(p):
         cleaned = zero_padded_keys(p)
         if cleaned is not None:  # the zeroed rows may have been the only non-finite ones: decide again
             p, path = cleaned, choose(cleaned, backend).path
@@ -255,6 +255,13 @@ def execute(p: Problem, backend: str = "auto") -> tuple[KernelOutput, Path]:
     p = zero_padded_keys(p) or p
     path = choose(p, backend, untrusted=True).path
     return _differentiable(p, path.module.run(p), path), path
+
+
+def _may_pad(p: Problem) -> bool:
+    """Whether :func:`.pipeline.zero_padded_keys` may zero rows of ``p``: its mask has a key-padding part
+    (``Mask.pads_keys``, data once the mask has been asked), or the call is traced (the mask is asked there)."""
+    mask = p.mask
+    return mask is not None and (torch.compiler.is_compiling() or mask.pads_keys)
 
 
 def _differentiable(p: Problem, result: KernelOutput, path: Path) -> KernelOutput:

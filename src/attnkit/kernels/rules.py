@@ -33,7 +33,7 @@ __all__ = ["Rule", "reads_data", "fact", "first_refusal", "FLASH", "FLASH_BACKWA
            "operator_carries", "device_type", "serves", "device_text", "layout_mask", "selected_keys", "paged_cache",
            "checks_output", "output_checked_or_finite", "sinks_on_cpu_kernel", "lse_from_cpu_kernel", "bounded_band",
            "fused_cpu_backward", "causal_flag", "output_checked", "read_in_place", "mask_keeps_every_row",
-           "causal_fixed", "FIXED_MIN_BLOCK"]
+           "causal_fixed", "FIXED_MIN_BLOCK", "plain_causal"]
 
 Rule = Callable[[Problem], "str | None"]
 
@@ -361,3 +361,18 @@ def causal_fixed(p: Problem) -> str | None:
     if not p.scale > 0:
         return f"a positive scale only (torch's causal kernel returns NaN with scale {p.scale:g})"
     return None
+
+
+def plain_causal(p: Problem) -> bool:
+    """The selected-keys kernels on torch's fused CPU kernel (:mod:`.selected_pairs`, :mod:`.selected_rows`):
+    self-attention (``Lq = Lk``) with a causal mask beside the selection, softmax of dot products with nothing
+    else (no bias, modifier, sinks, dropout or weights), float32 or float64 on torch's fused CPU kernel; under
+    autograd the lse is not asked for (its gradient is not carried). Written here, where both kernels read it,
+    so that choosing one enters neither's file."""
+    rest = getattr(p.mask, "rest", None)
+    return (rest is not None and rest.kind == "causal"
+            and p.sizes[2] == p.sizes[3] and cpu_flash(p) and p.q.dtype in (torch.float32, torch.float64)
+            and p.k.dtype == p.q.dtype and p.v.dtype == p.q.dtype
+            and p.bias is None and p.modifier is None and p.sinks is None and p.dropout_p == 0
+            and not p.return_weights and p.normalize == "softmax" and p.score in ("dot", "scaled_dot")
+            and not (p.return_lse and p.needs_grad))

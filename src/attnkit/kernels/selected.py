@@ -84,13 +84,23 @@ def _decoding(p: Problem) -> bool:
     return p.mask.selection.indices.shape[2] == 1 and selected_decode.applies(p)
 
 
+def _pairs(p: Problem) -> bool:
+    """Key blocks selected per query on :mod:`.selected_pairs` (its file entered only for key blocks)."""
+    return p.mask.selection.block_size > 1 and selected_pairs.applies(p)
+
+
+def _rows(p: Problem) -> bool:
+    """Single keys selected per query on :mod:`.selected_rows` (its file entered only for single keys)."""
+    return p.mask.selection.block_size == 1 and selected_rows.applies(p)
+
+
 def density(p: Problem) -> float:
     """The fraction of the keys each query computes: ``n * block_size / Lk``, or for per-query key blocks the
     unions' width (:mod:`.selected_union`, read from the indices)."""
     lk = p.sizes[3]
-    if selected_pairs.applies(p):
+    if _pairs(p):
         return selected_pairs.density(p)
-    if selected_rows.applies(p):
+    if _rows(p):
         return selected_rows.density(p)
     if selected_union.applies(p):
         return _union(p)[0].density
@@ -107,9 +117,9 @@ def _union(p: Problem):
 def describe(p: Problem) -> str:
     if _decoding(p):
         return selected_decode.describe(p)
-    if selected_pairs.applies(p):
+    if _pairs(p):
         return selected_pairs.describe(p)
-    if selected_rows.applies(p):
+    if _rows(p):
         return selected_rows.describe(p)
     pl = plan(p)
     split = f", split into chunks of {pl.keys} keys merged by log-sum-exp" if pl.keys < pl.slots else ""
@@ -343,9 +353,9 @@ def run(p: Problem) -> KernelOutput:
         step = selected_decode.run(p)
         if step is not None:
             return step
-    if selected_pairs.applies(p):
+    if _pairs(p):
         return selected_pairs.run(p)
-    if selected_rows.applies(p):
+    if _rows(p):
         return selected_rows.run(p)
     pl = plan(p)
     lengths = p.mask.selection.lengths
@@ -378,9 +388,9 @@ def cost(p: Problem, grad: bool = False) -> PathCost:
     kernel's formula where it runs); chunks are checkpointed under autograd when there are several."""
     if not grad and _decoding(p):
         return selected_decode.cost(p)
-    if selected_pairs.applies(p):
+    if _pairs(p):
         return selected_pairs.cost(p, grad)
-    if selected_rows.applies(p):
+    if _rows(p):
         return selected_rows.cost(p, grad)
     if selected_union.applies(p):
         return selected_union.cost(p, _union(p)[0], grad)

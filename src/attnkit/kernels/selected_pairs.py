@@ -42,12 +42,10 @@ import torch
 
 from ..functional.validate import Problem
 from ..masks import cache
-from ..masks.base import Mask
 from ..masks.selected import selection_of
-from . import rules
 from .path_cost import PathCost, fused_attention, itemsize
 from .pipeline import KernelOutput
-from .rules import FLASH, FLASH_BACKWARD
+from .rules import FLASH, FLASH_BACKWARD, plain_causal
 
 __all__ = ["Tiles", "tiles", "plain_causal", "applies", "run", "density", "cost", "describe", "attend", "ROWS",
            "BUDGET"]
@@ -240,19 +238,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Ten
     if tl is None:
         tl = tiles(indices.to(q.device), batch, heads, k.shape[1], length, bs)
     return _SelectedPairs.apply(q, k, v, tl, bs, scale)
-
-
-def plain_causal(p: Problem) -> bool:
-    """Self-attention (``Lq = Lk``) with a causal mask beside the selection, softmax of dot products with nothing
-    else (no bias, modifier, sinks, dropout or weights), float32 or float64 on torch's fused CPU kernel; under
-    autograd the lse is not asked for (its gradient is not carried)."""
-    rest: Mask | None = getattr(p.mask, "rest", None)
-    return (rest is not None and rest.kind == "causal"
-            and p.sizes[2] == p.sizes[3] and rules.cpu_flash(p) and p.q.dtype in (torch.float32, torch.float64)
-            and p.k.dtype == p.q.dtype and p.v.dtype == p.q.dtype
-            and p.bias is None and p.modifier is None and p.sinks is None and p.dropout_p == 0
-            and not p.return_weights and p.normalize == "softmax" and p.score in ("dot", "scaled_dot")
-            and not (p.return_lse and p.needs_grad))
 
 
 def applies(p: Problem) -> bool:

@@ -43,7 +43,7 @@ from ..functional.validate import Problem
 from ..masks.selected import selection_of
 from .path_cost import PathCost, itemsize
 from .pipeline import KernelOutput
-from .selected_pairs import plain_causal
+from .rules import plain_causal
 
 __all__ = ["applies", "run", "density", "cost", "describe", "attend", "SAVE_BUDGET", "SLOTS", "SORT_BYTES"]
 

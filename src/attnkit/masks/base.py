@@ -15,6 +15,7 @@ block-sparse kernel skip empty blocks without ever building an ``Lq x Lk`` tenso
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import NamedTuple
 
 import torch
@@ -234,6 +235,12 @@ class Mask:
         zero those K/V rows: non-finite values there can then never leak.
         """
         return self if not (self.uses & {"q", "h"}) else None
+
+    @cached_property
+    def pads_keys(self) -> bool:
+        """Whether :meth:`key_padding` finds a part: asked once, then read as data (a mask is immutable), so a call
+        on a mask without key padding asks the mask nothing (:func:`attnkit.kernels.dispatch.execute`)."""
+        return self.key_padding() is not None
 
 
 def _as_mask(other) -> Mask:
