@@ -30,7 +30,8 @@ sequences would take as many chunks as there are sequences runs one call per seq
 split, no merge, and each sequence reads exactly its own length, on the pool itself where the
 sequence's pages are consecutive (a view; :class:`attnkit.nn.PagedKVCache` keeps them so
 while the pool allows), else on a copy of its pages (at most
-:data:`.page_segments.SEQUENCE_BYTES`).
+:data:`.page_segments.SEQUENCE_BYTES`); sequences of one length whose pages lie so, equally
+spaced, run in one call on a view of the pool.
 
 Decoding steps and chunked prefill that this route serves as it is (causal or unmasked softmax, full
 precision, no autograd) skip validation and the decision too: :func:`lane`, called by
