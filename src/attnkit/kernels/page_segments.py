@@ -21,8 +21,9 @@ calls as there are sequences, each sequence runs alone in one call instead, on a
 pages (at most :data:`SEQUENCE_BYTES`; its first ``n_b`` positions, so no mask): no split and
 no merge; sequences of one length on consecutive pages whose first pages are equally spaced in
 the pool (as :class:`attnkit.nn.PagedKVCache` places a batch) run together in one call, on a
-view of the pool with that spacing as its batch stride (:meth:`_Keys.together`). Each small operator costs microseconds, more right after the kernel has streamed a
-chunk through the caches, so the number of operators per call is what these routes save.
+view of the pool with that spacing as its batch stride (:meth:`_Keys.together`). Each small
+operator costs microseconds, more right after the kernel has streamed a chunk through the
+caches, so the number of operators per call is what these routes save.
 :func:`segments` runs on plain tensors, for the path (:func:`run`) and for the paged lane
 (:func:`.paged.lane`), which gives it the same split, so the two give the same bits.
 
