@@ -81,8 +81,9 @@ class _Keys:
     """Copies of positions of some sequences, token-major ``(n, c, H_kv, E)``, in this thread's buffers."""
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None, ps: int, q: torch.Tensor,
-                 step: int, extent: int):
+                 step: int, extent: int, table_rows: list[list[int]] | None = None):
         self.k, self.v, self.table, self.ps, self.step, self.extent = k, v, table, ps, step, extent
+        self.table_rows = table_rows  # the table as Python ints, where the caller has read it
         self.pooled, self.space = table is not None, workspace(q)
         self.whole: list[torch.Tensor] | None = None  # every sequence's pages of each whole chunk, made when asked
         self._runs: tuple[list[int], list[tuple[int, bool]]] | None = None  # runs() of the lengths last asked
@@ -129,9 +130,11 @@ class _Keys:
             return []
         if self._runs is None or self._runs[0] != lengths:
             used = [-(-n // self.ps) for n in lengths]
-            if self.table.numel() <= LISTED_PAGES:
-                runs = [(row[0], row[:u] == list(range(row[0], row[0] + u)))
-                        for row, u in zip(self.table.tolist(), used, strict=True)]
+            rows = self.table_rows
+            if rows is None and self.table.numel() <= LISTED_PAGES:
+                rows = self.table.tolist()
+            if rows is not None:
+                runs = [(row[0], row[:u] == list(range(row[0], row[0] + u))) for row, u in zip(rows, used, strict=True)]
             else:
                 steps = (self.table.diff(dim=1) == 1).cumprod(1).sum(1)  # pages following the first one by one
                 firsts = torch.stack((self.table[:, 0], steps), 1).tolist()
@@ -279,11 +282,13 @@ def run(p: Problem, q: torch.Tensor, r0: int, r1: int, step: int, lengths: list[
 
 
 def segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None, ps: int, causal: bool,
-             scale: float, r0: int, r1: int, step: int, lengths: list[int], want_lse: bool = True):
+             scale: float, r0: int, r1: int, step: int, lengths: list[int], want_lse: bool = True,
+             table_rows: list[list[int]] | None = None):
     """:func:`run` on plain tensors: ``k``, ``v`` pools ``(P ps, H_kv, E)`` or ``(P, ps, H_kv, E)`` read through
     ``table`` ``(B, n)`` (every entry a page of the pool) of pages of ``ps`` positions, or contiguous caches ``(B,
     H_kv, Lk, E)`` with ``table`` None; ``causal``: bottom-right causality, else no mask; ``lengths``: the keys each
-    sequence holds; the merged lse is None unless ``want_lse`` (the output's bits do not depend on it)."""
+    sequence holds; the merged lse is None unless ``want_lse`` (the output's bits do not depend on it);
+    ``table_rows``: ``table`` as Python ints, where the caller has read it."""
     assert rules.FLASH is not None  # the fused path runs only where torch has the kernel
     flash = rules.FLASH
     batch, hq, lq, d = q.shape
@@ -293,7 +298,7 @@ def segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Ten
     causal_tail = causal and c > 1
     shared = [n - lq + (r0 if causal_tail else r1) if causal else n for n in lengths]
     extent = max(shared)
-    keys, dev = _Keys(k, v, table, ps, q, step, extent), q.device
+    keys, dev = _Keys(k, v, table, ps, q, step, extent, table_rows), q.device
     q_c = (q if c == lq else q[:, :, r0:r1]).reshape(batch, hkv, hq // hkv * c, d)
     if not causal_tail and batch <= -(-extent // step) and (
             extent * hkv * 2 * d * q.element_size() <= SEQUENCE_BYTES or keys.in_place(shared)):
