@@ -6,7 +6,8 @@ the output check cost more than the arithmetic at short lengths. For the calls w
 result cannot differ from the ``torch-sdpa`` path (and whose mask leaves no row
 empty), :func:`route` decides with attribute checks only (types, ranks, sizes,
 dtypes, devices, strides; no torch operator) and :func:`run` calls torch's CPU kernel
-directly, as its own entry point would. :func:`route` checks its scope:
+directly, as its own entry point would (grouped-query heads with no mask as rows of one product per
+key/value head, :func:`.sdpa.flash`, as the ``torch-sdpa`` path runs them). :func:`route` checks its scope:
 
 - ``backend="auto"``, no bias, sinks, dropout, weights or lse, no recorder listening, no mask
   tensor (validation converts it);
