@@ -210,15 +210,16 @@ def test_lse_comes_from_the_cpu_kernel_without_a_gradient(hkv):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize(("heads", "kv_heads", "lq", "lk"), [(8, 2, 1, 300), (4, 1, 3, 5), (6, 3, 1, 1024)])
+@pytest.mark.parametrize(("heads", "kv_heads", "lq", "lk"), [(8, 2, 1, 300), (4, 1, 3, 256), (6, 3, 1, 1024)])
 def test_grouped_heads_without_a_mask_run_as_rows_of_one_product_on_the_lane_and_the_path_alike(
         heads, kv_heads, lq, lk, dtype, monkeypatch):
     # a decoding step (one bottom-right causal query: no mask) or an unmasked call with grouped-query heads: the
     # query heads of a key/value head are rows of one kernel call; the lane and the torch-sdpa path give the same
-    # bits, equal to the float64 formula; with a mask, or under autograd, the heads stay heads
+    # bits, equal to the float64 formula; with a mask, under autograd or below sdpa.GROUPED_KEYS keys, the heads
+    # stay heads
     import math
 
-    from attnkit.kernels import rules
+    from attnkit.kernels import rules, sdpa
 
     shapes = []
     kernel = rules.FLASH
@@ -237,4 +238,5 @@ def test_grouped_heads_without_a_mask_run_as_rows_of_one_product_on_the_lane_and
     shapes.clear()
     attnkit.attention(q, k, v, mask=attnkit.masks.causal("top_left"))  # a mask: one row per head
     attnkit.attention(q.clone().requires_grad_(), k, v, mask=mask)  # a graph: the kernel's own node on q, k, v
-    assert shapes == [tuple(q.shape)] * 2
+    attnkit.attention(q, k[:, :, :sdpa.GROUPED_KEYS - 1], v[:, :, :sdpa.GROUPED_KEYS - 1], mask=mask)  # few keys
+    assert shapes == [tuple(q.shape)] * 3

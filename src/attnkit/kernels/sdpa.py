@@ -213,6 +213,11 @@ class _WithSinks(torch.autograd.Function):
         return dq, dk, dv, sinks.kernel_gradient(dout, out, lse, sink_logits), None, None, None
 
 
+# Keys from which grouped-query heads run as rows of one product (:func:`flash`): below, reading the keys once per
+# query head costs less than the copy that puts the rows back into heads.
+GROUPED_KEYS = 256
+
+
 def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, float_mask, scale: float):
     """torch's CPU kernel's ``(out (B, H, Lq, Dv), lse (B, H, Lq))``. With grouped-query heads, no mask and no
     graph, the query heads of a key/value head run as rows of one product ``(B, H_kv, (H / H_kv) Lq, D)``: each
@@ -221,7 +226,7 @@ def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, fl
     bits of the grouped-head call, which is why the lane and this path both call it)."""
     batch, heads, lq, d = q.shape
     hkv = k.shape[1]
-    if (heads != hkv and not is_causal and float_mask is None and q.is_contiguous()
+    if (heads != hkv and k.shape[2] >= GROUPED_KEYS and not is_causal and float_mask is None and q.is_contiguous()
             and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
         out, lse = rules.FLASH(q.view(batch, hkv, heads // hkv * lq, d), k, v, 0.0, False, scale=scale)[:2]
         return out.reshape(batch, heads, lq, v.shape[-1]), lse.reshape(batch, heads, lq)
