@@ -693,3 +693,59 @@ def test_consecutive_pages_of_a_pool_strided_in_its_last_dim_give_the_bits_of_a_
     for mask in (None, masks.causal()):
         got = attnkit.attention(q, strided(k_pool), strided(v_pool), block_table=table, seqused_k=used, mask=mask)
         assert torch.equal(got, attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask))
+
+
+@pytest.mark.parametrize("listed", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_equal_sequences_on_equally_spaced_pages_run_in_one_call_with_the_bits_of_one_call_each(dtype, listed,
+                                                                                                 monkeypatch):
+    # a decoding step over sequences of one length whose consecutive pages start equally spaced in the pool (in any
+    # order) is one call of the kernel on a view of the pool (a batch stride); moving one sequence's pages a page
+    # further gives one call per sequence: the same bits, the contiguous cache's and the float64 oracle's
+    from attnkit.kernels import page_segments
+
+    calls = []
+    flash = page_segments.rules.FLASH
+
+    def count_calls():  # (and the page table read as Python ints, or by tensor operators)
+        monkeypatch.setattr(page_segments, "LISTED_PAGES", page_segments.LISTED_PAGES if listed else 0)
+        monkeypatch.setattr(page_segments.rules, "FLASH", lambda q, k, v, *a, **kw: calls.append(k.shape[0]) or flash(
+            q, k, v, *a, **kw))
+    count_calls()
+    monkeypatch.setattr(page_segments.torch, "index_select", lambda *a, **kw: pytest.fail("a page was copied"))
+    n, ps, hkv = 3 * selected.SPLIT_KEYS + 5, 16, 2
+    lengths = [n] * 3
+    keys, values = _sequences(lengths, hkv=hkv, dtype=dtype, seed=60)
+    q = torch.randn(3, 4, 1, 16, generator=torch.Generator().manual_seed(61), dtype=dtype)
+    count = -(-n // ps)
+    used, mask = torch.tensor(lengths), masks.causal()
+
+    def pool(firsts):
+        k_pool = torch.full((max(firsts) + count + 2, ps, hkv, 16), math.nan, dtype=dtype)
+        v_pool = k_pool.clone()
+        table = torch.zeros(3, count + 1, dtype=torch.long)  # a padding entry past the pages in use
+        for b, (k, v) in enumerate(zip(keys, values, strict=True)):
+            table[b, :count] = torch.arange(count) + firsts[b]
+            k_pool.view(-1, hkv, 16)[firsts[b] * ps:firsts[b] * ps + n] = k.transpose(0, 1)
+            v_pool.view(-1, hkv, 16)[firsts[b] * ps:firsts[b] * ps + n] = v.transpose(0, 1)
+        return k_pool, v_pool, table
+
+    spaced = [1, count + 3, 2 * count + 5]
+    k_pool, v_pool, table = pool(spaced)
+    got = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask)
+    assert calls == [3]
+    calls.clear()
+    k_pool, v_pool, table = pool([1, count + 3, 2 * count + 6])  # the third a page further: no batch stride
+    assert torch.equal(got, attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask))
+    assert calls == [1, 1, 1]
+    calls.clear()
+    monkeypatch.undo()  # (the queries' rows are put in the pool's order, and the outputs back)
+    count_calls()
+    k_pool, v_pool, table = pool([2 * count + 5, 1, count + 3])  # equally spaced in another order than the batch
+    assert torch.equal(got, attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=mask))
+    assert calls == [3]
+    monkeypatch.undo()
+    k, v = _contiguous(keys, values)
+    assert torch.equal(got, attnkit.attention(q, k, v, seqused_k=used, mask=mask))
+    atol = 2e-6 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(got.double(), _oracle(q, keys, values), rtol=0, atol=atol)

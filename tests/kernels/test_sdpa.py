@@ -207,3 +207,36 @@ def test_lse_comes_from_the_cpu_kernel_without_a_gradient(hkv):
     assert torch.isneginf(got.lse[:, :, 3]).all() and (got.output[:, :, 3] == 0).all()
     q.requires_grad_(True)  # the kernel's lse has no derivative: another exact path takes the call
     assert attnkit.explain(q, k, v, mask=allowed, return_lse=True).path != "torch-sdpa"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(("heads", "kv_heads", "lq", "lk"), [(8, 2, 1, 300), (4, 1, 3, 256), (6, 3, 1, 1024)])
+def test_grouped_heads_without_a_mask_run_as_rows_of_one_product_on_the_lane_and_the_path_alike(
+        heads, kv_heads, lq, lk, dtype, monkeypatch):
+    # a decoding step (one bottom-right causal query: no mask) or an unmasked call with grouped-query heads: the
+    # query heads of a key/value head are rows of one kernel call; the lane and the torch-sdpa path give the same
+    # bits, equal to the float64 formula; with a mask, under autograd or below sdpa.GROUPED_KEYS keys, the heads
+    # stay heads
+    import math
+
+    from attnkit.kernels import rules, sdpa
+
+    shapes = []
+    kernel = rules.FLASH
+    monkeypatch.setattr(rules, "FLASH", lambda q, *a, **kw: shapes.append(tuple(q.shape)) or kernel(q, *a, **kw))
+    g = torch.Generator().manual_seed(70)
+    q = torch.randn(2, heads, lq, 16, generator=g, dtype=dtype)
+    k, v = (torch.randn(2, kv_heads, lk, 16, generator=g, dtype=dtype) for _ in range(2))
+    mask = attnkit.masks.causal() if lq == 1 else None
+    got = attnkit.attention(q, k, v, mask=mask)
+    assert shapes == [(2, kv_heads, heads // kv_heads * lq, 16)]
+    assert torch.equal(got, attnkit.attention(q, k, v, mask=mask, backend="sdpa"))
+    group = heads // kv_heads
+    kk, vv = (t.double().repeat_interleave(group, 1) for t in (k, v))
+    want = torch.softmax(q.double() @ kk.transpose(-1, -2) / math.sqrt(16), -1) @ vv
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-6 if dtype == torch.float32 else 1e-12)
+    shapes.clear()
+    attnkit.attention(q, k, v, mask=attnkit.masks.causal("top_left"))  # a mask: one row per head
+    attnkit.attention(q.clone().requires_grad_(), k, v, mask=mask)  # a graph: the kernel's own node on q, k, v
+    attnkit.attention(q, k[:, :, :sdpa.GROUPED_KEYS - 1], v[:, :, :sdpa.GROUPED_KEYS - 1], mask=mask)  # few keys
+    assert shapes == [tuple(q.shape)] * 3

@@ -6,7 +6,8 @@ the output check cost more than the arithmetic at short lengths. For the calls w
 result cannot differ from the ``torch-sdpa`` path (and whose mask leaves no row
 empty), :func:`route` decides with attribute checks only (types, ranks, sizes,
 dtypes, devices, strides; no torch operator) and :func:`run` calls torch's CPU kernel
-directly, as its own entry point would. :func:`route` checks its scope:
+directly, as its own entry point would (grouped-query heads with no mask as rows of one product per
+key/value head, :func:`.sdpa.flash`, as the ``torch-sdpa`` path runs them). :func:`route` checks its scope:
 
 - ``backend="auto"``, no bias, sinks, dropout, weights or lse, no recorder listening, no mask
   tensor (validation converts it);
@@ -49,7 +50,7 @@ import torch.nn.functional as F
 
 from .. import recording
 from ..functional.validate import default_scale, validate
-from . import reference, rules, sdpa
+from . import reference, sdpa
 from .pipeline import twice_differentiable, twice_differentiable_node
 from .sdpa import sums_finite
 
@@ -210,7 +211,7 @@ def run(q, k, v, mask, lane: tuple) -> torch.Tensor | None:
             out, _ = twice_differentiable(out, None, inputs, lambda *ts: reference.recomputed(
                 validate(q, k, v, mask=mask, scale=scale), inputs, ts))
         return out
-    out, lse = rules.FLASH(q, k, v, 0.0, is_causal, attn_mask=float_mask, scale=scale)
+    out, lse = sdpa.flash(q, k, v, is_causal, float_mask, scale)  # (grouped heads as rows where it can)
     if not trusted(out, lse):
         return None
     if out.requires_grad:  # out.grad_fn is the kernel's own node, on (q, k, v)

@@ -19,8 +19,11 @@ product (:mod:`.page_chunks`):
 Where every key is shared (a decoding step, or no mask) and the chunks would take as many
 calls as there are sequences, each sequence runs alone in one call instead, on a copy of its
 pages (at most :data:`SEQUENCE_BYTES`; its first ``n_b`` positions, so no mask): no split and
-no merge. Each small operator costs microseconds, more right after the kernel has streamed a
-chunk through the caches, so the number of operators per call is what these routes save.
+no merge; sequences of one length on consecutive pages whose first pages are equally spaced in
+the pool (as :class:`attnkit.nn.PagedKVCache` places a batch) run together in one call, on a
+view of the pool with that spacing as its batch stride (:meth:`_Keys.together`). Each small
+operator costs microseconds, more right after the kernel has streamed a chunk through the
+caches, so the number of operators per call is what these routes save.
 :func:`segments` runs on plain tensors, for the path (:func:`run`) and for the paged lane
 (:func:`.paged.lane`), which gives it the same split, so the two give the same bits.
 
@@ -34,13 +37,14 @@ so the two give the same bits.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
 
 from ..functional.validate import Problem
 from ..masks.selected import Pages
-from . import rules
+from . import lane, rules
 from .page_chunks import merge_stacked, page_table, workspace
 
 __all__ = ["applies", "run", "segments"]
@@ -53,6 +57,8 @@ SEQUENCE_BYTES = 4 << 20
 # torch's kernel sums in another order when the keys start off this boundary (bytes): a view of the pool is read in
 # place only where it starts on one, as the copies (fresh buffers) do, so either gives the same bits.
 ALIGNMENT = 16
+# A page table of at most this many entries is read as Python ints (runs()); a larger one by tensor operators.
+LISTED_PAGES = 4096
 
 
 def _pages(p: Problem) -> Pages:
@@ -75,10 +81,12 @@ class _Keys:
     """Copies of positions of some sequences, token-major ``(n, c, H_kv, E)``, in this thread's buffers."""
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None, ps: int, q: torch.Tensor,
-                 step: int, extent: int):
+                 step: int, extent: int, table_rows: list[list[int]] | None = None):
         self.k, self.v, self.table, self.ps, self.step, self.extent = k, v, table, ps, step, extent
+        self.table_rows = table_rows  # the table as Python ints, where the caller has read it
         self.pooled, self.space = table is not None, workspace(q)
         self.whole: list[torch.Tensor] | None = None  # every sequence's pages of each whole chunk, made when asked
+        self._runs: tuple[list[int], list[tuple[int, bool]]] | None = None  # runs() of the lengths last asked
         self.hkv, self.e = (k.shape[-2], k.shape[-1]) if table is not None else (k.shape[1], k.shape[-1])
 
     @property
@@ -113,21 +121,31 @@ class _Keys:
             torch.index_select(rows, 0, self.whole[start // self.step], out=buf)
         return self.views
 
-    def runs(self) -> list[list[int]]:
-        """Per sequence of a pool: its first page, and how many pages after it follow it one by one (none for a
-        contiguous cache); read once."""
+    def runs(self, lengths: list[int]) -> list[tuple[int, bool]]:
+        """Per sequence of a pool: its first page, and whether the pages holding its first ``lengths[b]``
+        positions follow it one by one (empty for a contiguous cache). Read once per call: a table of at most
+        :data:`LISTED_PAGES` entries as Python ints (one copy, no operator: right after the kernel each operator
+        costs microseconds), a larger one by one reduction over it."""
         if self.table is None:
             return []
-        if not hasattr(self, "_runs"):
-            steps = (self.table.diff(dim=1) == 1).cumprod(1).sum(1)
-            self._runs = torch.stack((self.table[:, 0], steps), 1).tolist()
-        return self._runs
+        if self._runs is None or self._runs[0] != lengths:
+            used = [-(-n // self.ps) for n in lengths]
+            rows = self.table_rows
+            if rows is None and self.table.numel() <= LISTED_PAGES:
+                rows = self.table.tolist()
+            if rows is not None:
+                runs = [(row[0], row[:u] == list(range(row[0], row[0] + u))) for row, u in zip(rows, used, strict=True)]
+            else:
+                steps = (self.table.diff(dim=1) == 1).cumprod(1).sum(1)  # pages following the first one by one
+                firsts = torch.stack((self.table[:, 0], steps), 1).tolist()
+                runs = [(first, run >= u - 1) for (first, run), u in zip(firsts, used, strict=True)]
+            self._runs = (list(lengths), runs)
+        return self._runs[1]
 
     def in_place(self, lengths: list[int]) -> bool:
         """Whether the first ``lengths[b]`` positions of every sequence ``b`` lie on consecutive pages (always,
         in a contiguous cache)."""
-        runs = self.runs()
-        return self.table is None or all(run[1] >= -(-n // self.ps) - 1 for run, n in zip(runs, lengths, strict=True))
+        return self.table is None or all(consecutive for _, consecutive in self.runs(lengths))
 
     def _readable_in_place(self, views: list[torch.Tensor]) -> bool:
         """Whether torch's kernel reads these views of the caller's pools as it reads the copies: pools of the
@@ -135,6 +153,38 @@ class _Keys:
         order), views starting on :data:`ALIGNMENT`."""
         return (self.k.is_contiguous() and self.v.is_contiguous()
                 and all(t.data_ptr() % ALIGNMENT == 0 for t in views))
+
+    def together(self, lengths: list[int]) -> tuple[list[int] | None, list[torch.Tensor]] | None:
+        """Every sequence's keys and values as one view ``(B, H_kv, n, E)`` of the pool, where one exists: the
+        sequences hold the same number ``n`` of keys on consecutive pages whose first pages, taken in some order,
+        are equally spaced (a batch stride), the pool is contiguous and each view starts on :data:`ALIGNMENT`, as
+        :meth:`sequences` reads them in place one by one. ``(order, [keys, values])``: row ``i`` of the view is
+        sequence ``order[i]`` (None: the batch's own order). None otherwise (ragged lengths, scattered pages, a
+        contiguous cache)."""
+        n = lengths[0]
+        if self.table is None or any(m != n for m in lengths) or not (
+                self.k.is_contiguous() and self.v.is_contiguous()):
+            return None
+        runs = self.runs(lengths)
+        if not all(consecutive for _, consecutive in runs):
+            return None
+        ranked = sorted(range(len(runs)), key=lambda b: runs[b][0])
+        firsts = [runs[b][0] for b in ranked]
+        order = None if ranked == list(range(len(runs))) else ranked
+        gap = firsts[1] - firsts[0] if len(firsts) > 1 else 0
+        token = self.hkv * self.e  # elements per position
+        if any(b - a != gap for a, b in itertools.pairwise(firsts)) or (
+                gap * self.ps * token * self.k.element_size()) % ALIGNMENT:
+            return None
+        views = []
+        for pool in (self.k, self.v):
+            offset = pool.storage_offset() + firsts[0] * self.ps * token
+            view = pool.as_strided((len(lengths), self.hkv, n, self.e), (gap * self.ps * token, self.e, token, 1),
+                                   offset)
+            if view.data_ptr() % ALIGNMENT:
+                return None
+            views.append(view)
+        return order, views
 
     def sequences(self, lengths: list[int]):
         """The first ``lengths[b]`` positions of each sequence ``b``, one after the other: keys and values ``(1,
@@ -146,14 +196,14 @@ class _Keys:
         same keys; tests/kernels/test_paged.py checks it). A
         view of the buffers is valid until the next sequence's copy."""
         hkv, e = self.hkv, self.e
-        runs = self.runs()
+        runs = self.runs(lengths)
         if runs:
             pools = [t.reshape(1, -1, hkv, e).transpose(1, 2) for t in (self.k, self.v)]  # (1, H_kv, P ps, E)
         views: dict[int, list[torch.Tensor]] = {}
         copied = self.table is not None or max(lengths) * hkv * 2 * e * self.k.element_size() <= SEQUENCE_BYTES
         for b, n in enumerate(lengths):
             used = -(-n // self.ps)
-            if runs and runs[b][1] >= used - 1:  # in place, where the view starts as a copy would
+            if runs and runs[b][1]:  # in place, where the view starts as a copy would
                 start = runs[b][0] * self.ps
                 views_b = [pool[:, :, start:start + n] for pool in pools]
                 if self._readable_in_place(views_b):
@@ -232,11 +282,13 @@ def run(p: Problem, q: torch.Tensor, r0: int, r1: int, step: int, lengths: list[
 
 
 def segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor | None, ps: int, causal: bool,
-             scale: float, r0: int, r1: int, step: int, lengths: list[int], want_lse: bool = True):
+             scale: float, r0: int, r1: int, step: int, lengths: list[int], want_lse: bool = True,
+             table_rows: list[list[int]] | None = None):
     """:func:`run` on plain tensors: ``k``, ``v`` pools ``(P ps, H_kv, E)`` or ``(P, ps, H_kv, E)`` read through
     ``table`` ``(B, n)`` (every entry a page of the pool) of pages of ``ps`` positions, or contiguous caches ``(B,
     H_kv, Lk, E)`` with ``table`` None; ``causal``: bottom-right causality, else no mask; ``lengths``: the keys each
-    sequence holds; the merged lse is None unless ``want_lse`` (the output's bits do not depend on it)."""
+    sequence holds; the merged lse is None unless ``want_lse`` (the output's bits do not depend on it);
+    ``table_rows``: ``table`` as Python ints, where the caller has read it."""
     assert rules.FLASH is not None  # the fused path runs only where torch has the kernel
     flash = rules.FLASH
     batch, hq, lq, d = q.shape
@@ -246,7 +298,7 @@ def segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Ten
     causal_tail = causal and c > 1
     shared = [n - lq + (r0 if causal_tail else r1) if causal else n for n in lengths]
     extent = max(shared)
-    keys, dev = _Keys(k, v, table, ps, q, step, extent), q.device
+    keys, dev = _Keys(k, v, table, ps, q, step, extent, table_rows), q.device
     q_c = (q if c == lq else q[:, :, r0:r1]).reshape(batch, hkv, hq // hkv * c, d)
     if not causal_tail and batch <= -(-extent // step) and (
             extent * hkv * 2 * d * q.element_size() <= SEQUENCE_BYTES or keys.in_place(shared)):
@@ -289,17 +341,31 @@ def segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Ten
 
 def _each_sequence(q_c: torch.Tensor, keys: _Keys, shared: list[int], scale: float, want_lse: bool):
     """Every sequence's keys in one call of the kernel, no split and no merge: ``B`` calls where the chunks would
-    take as many or more, each on a copy of at most :data:`SEQUENCE_BYTES`. Checked as :func:`_merge_checked`
-    checks a partial; None if the kernel's answer cannot be trusted."""
+    take as many or more, each on a copy of at most :data:`SEQUENCE_BYTES`, or one call for all where
+    :meth:`_Keys.together` gives one view of them. Checked as the fast lane checks its call
+    (:func:`.lane.trusted`); None if the kernel's answer cannot be trusted."""
     assert rules.FLASH is not None
-    outs, lses = [], []
-    for q_b, (k_b, v_b) in zip(q_c.split(1), keys.sequences(shared), strict=True):
-        out, lse = rules.FLASH(q_b, k_b, v_b, 0.0, False, scale=scale)[:2]
-        outs.append(out)
-        lses.append(lse)
-    out, lse = torch.cat(outs), torch.cat(lses)
-    if not math.isfinite(torch.addcdiv(out.sum(-1), lse, lse).sum().item()):
+    together = keys.together(shared)
+    if together is not None:  # one call: the bits of one call per sequence (the kernel computes each row alone)
+        order, (k_t, v_t) = together
+        if order is not None:  # the view's rows are the sequences in `order`
+            q_c = q_c.index_select(0, torch.tensor(order, device=q_c.device))
+        out, lse = rules.FLASH(q_c, k_t, v_t, 0.0, False, scale=scale)[:2]
+    else:
+        order, outs, lses = None, [], []
+        for q_b, (k_b, v_b) in zip(q_c.split(1), keys.sequences(shared), strict=True):
+            out, lse = rules.FLASH(q_b, k_b, v_b, 0.0, False, scale=scale)[:2]
+            outs.append(out)
+            lses.append(lse)
+        out, lse = torch.cat(outs), torch.cat(lses)
+    if not lane.trusted(out, lse):
         return None  # NaN, inf, or a row torch zeroed: the chunked route, with its exact splits
+    if order is not None:  # back to the batch's order
+        back = [0] * len(order)
+        for i, b in enumerate(order):
+            back[b] = i
+        rows = torch.tensor(back, device=out.device)
+        out, lse = out.index_select(0, rows), lse.index_select(0, rows) if want_lse else lse
     return out, lse if want_lse else None
 
 

@@ -30,7 +30,8 @@ sequences would take as many chunks as there are sequences runs one call per seq
 split, no merge, and each sequence reads exactly its own length, on the pool itself where the
 sequence's pages are consecutive (a view; :class:`attnkit.nn.PagedKVCache` keeps them so
 while the pool allows), else on a copy of its pages (at most
-:data:`.page_segments.SEQUENCE_BYTES`).
+:data:`.page_segments.SEQUENCE_BYTES`); sequences of one length whose pages lie so, equally
+spaced, run in one call on a view of the pool.
 
 Decoding steps and chunked prefill that this route serves as it is (causal or unmasked softmax, full
 precision, no autograd) skip validation and the decision too: :func:`lane`, called by
@@ -102,7 +103,8 @@ def lane(q, k, v, mask, score, scale, normalize, dropout_p, return_weights, retu
     that the segment route serves, computed as this path computes it (:func:`.page_segments.segments`, the
     split of :func:`.selected.plan`); None for any other call, any input outside the checked bounds, or an answer
     of torch's kernel the route does not trust: the full route then validates and runs it. Attribute checks,
-    then one read of the lengths and one of the table's extremes (the pages in use must lie in the pool: a table
+    then one read of the lengths and one of the table's extremes (a small table read as Python ints, which the segment
+    route reuses; the pages in use must lie in the pool: a table
     padded with out-of-range entries past the lengths goes to the full route, which reads only the used ones)."""
     if (backend != "auto" or dropout_p or return_weights or return_lse or normalize != "softmax"
             or score not in ("scaled_dot", "dot") or rules.FLASH is None or recording.listening):
@@ -150,12 +152,16 @@ def lane(q, k, v, mask, score, scale, normalize, dropout_p, return_weights, retu
     lengths = seqused_k.tolist()
     if min(lengths) < lq or max(lengths) > (width * ps if paged else k.shape[2]):
         return None
-    table = None
+    table = rows = None
     if paged:
-        low, high = torch.aminmax(block_table)
-        if int(low) < 0 or int(high) >= pages:
+        if block_table.numel() <= page_segments.LISTED_PAGES:  # as Python ints, once (the segments reuse them)
+            rows = block_table.tolist()
+            low, high = min(map(min, rows)), max(map(max, rows))
+        else:
+            low, high = (int(end) for end in torch.aminmax(block_table))
+        if low < 0 or high >= pages:
             return None
         table = block_table if block_table.dtype == torch.int64 else block_table.long()
     merged = page_segments.segments(q.contiguous(), k, v, table, ps, causal, float(scale), 0, lq, step, lengths,
-                                     want_lse=False)
+                                     want_lse=False, table_rows=rows)
     return None if merged is None else merged[0].reshape(batch, heads, lq, d)

@@ -55,7 +55,7 @@ from .path_cost import PathCost, fused_attention, itemsize
 from .pipeline import KernelOutput
 
 __all__ = ["UntrustedOutput", "KernelMask", "REFUSALS", "LANE", "refusal", "run", "describe", "cost", "kernel_mask",
-           "trustworthy", "sums_finite", "checks_output", "op_forward", "op_backward"]
+           "trustworthy", "sums_finite", "checks_output", "op_forward", "op_backward", "flash"]
 
 _CAUSAL_MASKS = cache.BoundedCache(max_entries=32, max_bytes=1 << 24)  # causal (Lq, Lk) float masks
 _NEG_INF = float("-inf")
@@ -213,6 +213,26 @@ class _WithSinks(torch.autograd.Function):
         return dq, dk, dv, sinks.kernel_gradient(dout, out, lse, sink_logits), None, None, None
 
 
+# Keys from which grouped-query heads run as rows of one product (:func:`flash`): below, reading the keys once per
+# query head costs less than the copy that puts the rows back into heads.
+GROUPED_KEYS = 256
+
+
+def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, float_mask, scale: float):
+    """torch's CPU kernel's ``(out (B, H, Lq, Dv), lse (B, H, Lq))``. With grouped-query heads, no mask and no
+    graph, the query heads of a key/value head run as rows of one product ``(B, H_kv, (H / H_kv) Lq, D)``: each
+    key and value is read once per group instead of once per query head (a decoding step takes about half the
+    time); the rows are the same dot products, summed in the kernel's blocking for more rows (not always the
+    bits of the grouped-head call, which is why the lane and this path both call it)."""
+    batch, heads, lq, d = q.shape
+    hkv = k.shape[1]
+    if (heads != hkv and k.shape[2] >= GROUPED_KEYS and not is_causal and float_mask is None and q.is_contiguous()
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
+        out, lse = rules.FLASH(q.view(batch, hkv, heads // hkv * lq, d), k, v, 0.0, False, scale=scale)[:2]
+        return out.reshape(batch, heads, lq, v.shape[-1]), lse.reshape(batch, heads, lq)
+    return rules.FLASH(q, k, v, 0.0, is_causal, attn_mask=float_mask, scale=scale)[:2]
+
+
 def run(p: Problem) -> KernelOutput:
     """bfloat16/float16 inputs run in float32 where the CPU has no matmul units for them (attnkit.runtime)."""
     dtype = low_precision_math(p.q.dtype, p.q.device)
@@ -222,7 +242,7 @@ def run(p: Problem) -> KernelOutput:
         q, k, v = (_readable(t, p.needs_grad) for t in (q, k, v))
         if p.sinks is not None:
             return KernelOutput(_WithSinks.apply(q, k, v, p.sinks, km, p.scale, not p.finiteness_known), None, None)
-        out, lse = rules.FLASH(q, k, v, 0.0, km.is_causal, attn_mask=km.float_mask, scale=p.scale)
+        out, lse = flash(q, k, v, km.is_causal, km.float_mask, p.scale)
         if not p.finiteness_known and not trustworthy(out, lse, km.empty_rows):
             raise UntrustedOutput
         if not p.return_lse:

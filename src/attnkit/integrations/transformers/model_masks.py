@@ -196,6 +196,12 @@ def with_extra(model_mask: ModelMask, extra: Mask | None) -> ModelMask:
     return model_mask.with_mask(mine if block is None else block & mine)
 
 
+def _model_type(config) -> str | None:
+    """The config's ``model_type``, read from its class (transformers declares it there) before the instance: a
+    config's own attribute lookup runs Python on every read, and this runs once per forward pass."""
+    return getattr(type(config), "model_type", None) or getattr(config, "model_type", None)
+
+
 def make_mask_function(extra: Mask | None = None):
     """A function for ``AttentionMaskInterface``; ``extra`` (on whole-sequence positions) is AND-ed in."""
 
@@ -227,7 +233,7 @@ def make_mask_function(extra: Mask | None = None):
         model_mask = ModelMask(block, q_offset, kv_offset, length, shape=(batch_size, q_length, kv_length),
                                dtype=dtype, device=device, packing=packed)
         model_mask = with_extra(model_mask, extra)
-        if getattr(config, "model_type", None) in EXTEND_THE_MASK:
+        if _model_type(config) in EXTEND_THE_MASK:
             return model_mask.dense()
         return model_mask
 
