@@ -37,6 +37,29 @@ def test_float_mask_error_points_to_bias():
         _call(q, k, v, mask=torch.zeros(5, 7))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.uint8])
+def test_a_mask_of_zeros_and_ones_is_told_both_polarities(dtype):
+    """A 0/1 keep-mask (float, or int as transformers' attention_mask) added as a bias would mask nothing: the error
+    says how to make it bool either way round."""
+    q, k, v = rand_qkv()
+    ones = torch.ones(5, 7).tril().to(dtype)
+    with pytest.raises(DTypeError, match=r"mask=m\.bool\(\) if 1 marks the keys to attend, mask=\(m == 0\) if"):
+        _call(q, k, v, mask=ones)
+
+
+def test_a_float_mask_of_minus_inf_points_to_bias_only():
+    q, k, v = rand_qkv()
+    bias = torch.zeros(5, 7).masked_fill(torch.ones(5, 7, dtype=torch.bool).triu(1), float("-inf"))
+    with pytest.raises(DTypeError, match=r"pass them as bias=\)$"):
+        _call(q, k, v, mask=bias)
+
+
+def test_a_mask_expression_as_text_points_to_parse():
+    q, k, v = rand_qkv()
+    with pytest.raises(DTypeError, match=r"got str \(a mask expression is built with attnkit\.masks\.parse"):
+        _call(q, k, v, mask="causal() & sliding_window(2)")
+
+
 @pytest.mark.parametrize("dtype", [torch.bool, torch.int64, torch.uint8])
 def test_non_float_tensor_as_bias_raises(dtype):
     q, k, v = rand_qkv()

@@ -528,6 +528,11 @@ def test_bad_construction_raises(kwargs, match):
         MultiHeadAttention(**kwargs)
 
 
+def test_a_mask_expression_as_text_points_to_parse():
+    with pytest.raises(DTypeError, match=r"got str \(a mask expression is built with attnkit\.masks\.parse"):
+        MultiHeadAttention(E, H, mask="causal()")
+
+
 def test_bad_inputs_raise_errors_naming_the_argument():
     mod = MultiHeadAttention(E, H, kdim=KDIM, vdim=VDIM)
     q, k, v = qkv(mod)

@@ -178,6 +178,19 @@ def _check_broadcast(name, t, q, k, user_rank):
     return _as_4d(t)
 
 
+def _non_bool_mask_hint(mask: torch.Tensor, tracing: bool) -> str:
+    """What to pass instead of a non-bool mask: a tensor of only 0 and 1 (read eagerly, on the error path only) is a
+    keep-or-drop mask of either polarity; other float tensors are additive biases."""
+    binary = False
+    if not tracing and not torch.compiler.is_compiling() and mask.device.type != "meta":
+        binary = bool(((mask == 0) | (mask == 1)).all())
+    if binary:
+        return (" (it holds only 0 and 1: mask=m.bool() if 1 marks the keys to attend, mask=(m == 0) if 1 marks those"
+                " to drop" + ("; float tensors of 0 and -inf are additive biases: pass them as bias=)"
+                              if mask.is_floating_point() else ")"))
+    return " (float tensors are additive biases: pass them as bias=)" if mask.is_floating_point() else ""
+
+
 def _check_mask(mask, q4, user_q, user_k, tracing=False):
     if mask is None:
         return None
@@ -194,10 +207,12 @@ def _check_mask(mask, q4, user_q, user_k, tracing=False):
             mask.selection.check_keys(user_k.shape[-2], f"{_WHO}: mask")
         return mask
     if not isinstance(mask, torch.Tensor):
-        raise DTypeError(f"{_WHO}: mask must be an attnkit.masks.Mask or a bool tensor; got {type(mask).__name__}")
+        hint = " (a mask expression is built with attnkit.masks.parse(text))" if isinstance(mask, str) else ""
+        raise DTypeError(f"{_WHO}: mask must be an attnkit.masks.Mask or a bool tensor; got {type(mask).__name__}"
+                         f"{hint}")
     if mask.dtype != torch.bool:
-        hint = " (float tensors are additive biases: pass them as bias=)" if mask.is_floating_point() else ""
-        raise DTypeError(f"{_WHO}: mask must be a bool tensor (True = attend); got dtype {mask.dtype}{hint}")
+        raise DTypeError(f"{_WHO}: mask must be a bool tensor (True = attend); got dtype {mask.dtype}"
+                         f"{_non_bool_mask_hint(mask, tracing)}")
     if mask.device != q4.device:
         raise DeviceError(f"{_WHO}: mask is on {mask.device} but query is on {q4.device}")
     return TensorMask(_check_broadcast("mask", mask, user_q, user_k, user_q.dim()))

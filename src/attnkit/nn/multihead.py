@@ -230,7 +230,8 @@ class MultiHeadAttention(nn.Module):
         self.batch_first, self.add_zero_attn = bool(batch_first), bool(add_zero_attn)
         self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
         if mask is not None and not isinstance(mask, Mask):
-            raise DTypeError(f"{who}: mask must be an attnkit.masks.Mask or None; got {type(mask).__name__}")
+            hint = " (a mask expression is built with attnkit.masks.parse(text))" if isinstance(mask, str) else ""
+            raise DTypeError(f"{who}: mask must be an attnkit.masks.Mask or None; got {type(mask).__name__}{hint}")
         self.extra_mask = mask
         self._build(bias, bias if out_bias is None else bool(out_bias), add_bias_kv, {"device": device, "dtype": dtype})
         self.sinks = nn.Parameter(torch.zeros(num_heads, device=device, dtype=dtype)) if sinks else None

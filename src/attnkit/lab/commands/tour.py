@@ -33,13 +33,17 @@ def _selected(args, experiments: dict, default: list[str]) -> list[str]:
     return pool
 
 
-def _print_list(experiments: dict, default: set[str], quick_default: set[str]) -> None:
+def _print_list(experiments: dict, default: set[str], quick_default: set[str], mad: bool = False) -> None:
     width = max(len(k) for k in experiments)
     print(f"{'experiment':<{width}}  default  quick  description")
     for key, exp in experiments.items():
         print(f"{key:<{width}}  {'yes' if key in default else '-':<7}  {'yes' if key in quick_default else '-':<5}  "
               f"{getattr(exp, 'description', '')}")
-    print(f"\n{len(experiments)} experiments")
+    if mad:
+        print(f"\n{len(experiments)} experiments, all run by attnkit tour --suite mad")
+        return
+    print(f"\n{len(experiments)} experiments: {len(default & experiments.keys())} run by attnkit tour, "
+          f"{len(quick_default & experiments.keys())} by attnkit tour --quick; --tasks and --mechanisms pick from all")
 
 
 SUITES = ("default", "long", "mad")
@@ -195,7 +199,7 @@ def _cmd_tour(args) -> int:
         experiments = {k: experiments[k] for k in MAD_KEYS}
     args.seeds = args.seeds or (list(default_seeds(args.device)) if mad else [0, 1, 2])
     if args.list:
-        _print_list(experiments, set(api.default_set(False)), set(api.default_set(True)))
+        _print_list(experiments, set(api.default_set(False)), set(api.default_set(True)), mad)
         return 0
     torch.set_num_threads(args.threads or os.cpu_count() or 1)  # the budget the runs divide (threads_per_worker)
     keys = _selected(args, experiments, list(MAD_KEYS if mad else api.default_set(args.quick)))
