@@ -4,12 +4,18 @@ Press et al. 2022, "Train Short, Test Long" (arXiv:2108.12409): ALiBi's linear d
 trained at length L keep its quality at longer lengths, where sinusoidal and learned absolute positions fail and
 T5's relative bias holds (their Fig. 1, Sec. 3-4). Here the task is :class:`~attnkit.lab.tasks.lag_copy.LagCopy`
 (copy the token :data:`LAG` back, vocabulary 8, chance 12.5 %): every mechanism trains the same one-layer causal
-pre-norm model (width :data:`WIDTH`, 2 heads) at length :data:`TRAIN_LENGTH` and is scored on the positions
+pre-norm model (width :data:`WIDTH`, :data:`HEADS` heads) at length :data:`TRAIN_LENGTH` and is scored on the positions
 ``TRAIN_LENGTH + 1 .. 4 TRAIN_LENGTH`` of longer sequences (the run's accuracy);
 :class:`ExtrapolationObjective` adds ``train_length`` (the accuracy on sequences of the training length), so a
 mechanism that fits and does not extrapolate shows as such. FoX (Lin et al. 2025, arXiv:2503.02130) and PaTH
 (Yang et al. 2025, arXiv:2505.16381) run without other positions, as their papers do. Claims: :data:`CLAIMS`
-(:func:`.claims.decide`). Keys ``lag_copy/<mechanism>`` (:data:`KEYS`): ``attnkit tour --tasks lag_copy``.
+(:func:`.claims.decide`).
+
+Sizes were set on seed 0 on a busy 2-core machine: with 2 heads ALiBi's slopes (1/16, 1/256) are too flat to
+single out the previous token (37 % at 4x), and with the token 2 back ALiBi's monotone penalty cannot single it out in one
+layer; with 8 heads (slopes 1/2 .. 1/256) and lag 1, ALiBi reaches 99 %. T5's buckets end at the training
+length, as T5's do below its training length, so no bucket is first seen at test (with buckets up to 128 it
+fell to 44 %). Keys ``lag_copy/<mechanism>`` (:data:`KEYS`): ``attnkit tour --tasks lag_copy``.
 """
 
 from __future__ import annotations
