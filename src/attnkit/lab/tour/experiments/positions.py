@@ -12,7 +12,7 @@ mechanism that fits and does not extrapolate shows as such. FoX (Lin et al. 2025
 (:func:`.claims.decide`).
 
 Sizes were set on seed 0 on a busy 2-core machine: with 2 heads ALiBi's slopes (1/16, 1/256) are too flat to
-single out the previous token (37 % at 4x), and with the token 2 back ALiBi's monotone penalty cannot single it out in one
+single out the previous token (37 % at 4x), and with the token 2 back ALiBi's monotone penalty cannot pick it in one
 layer; with 8 heads (slopes 1/2 .. 1/256) and lag 1, ALiBi reaches 99 %. T5's buckets end at the training
 length, as T5's do below its training length, so no bucket is first seen at test (with buckets up to 128 it
 fell to 44 %). Keys ``lag_copy/<mechanism>`` (:data:`KEYS`): ``attnkit tour --tasks lag_copy``.
