@@ -29,6 +29,7 @@ from .document_questions import DocumentQuestions
 from .event_logs import EventLogs
 from .han_documents import HANDocuments
 from .key_summaries import KeySummaries
+from .lag_copy import LagCopy
 from .listops import ListOps
 from .long_listops import LongListOps
 from .mad import Compression, FuzzyRecall, InContextRecall, MADSelectiveCopy, Memorization, NoisyRecall
@@ -51,5 +52,5 @@ __all__ = [
     "DecidingPosition", "RepeatedBlock", "DocumentQuestions", "KeySummaries", "AssociativeRecall", "BigramBackcopy",
     "ByteContext", "PixelLegend", "ModularCount", "Parity", "WordProblem",
     "S3WordProblem", "A5WordProblem", "InContextRecall", "FuzzyRecall", "NoisyRecall", "MADSelectiveCopy",
-    "Memorization", "Compression",
+    "Memorization", "Compression", "LagCopy",
 ]

@@ -29,14 +29,17 @@ from .classic import HardObjective, MemoryLM, MemoryObjective, OnePositionClassi
 from .coverage import SummaryObjective
 from .mad import mad_experiments
 from .modern import experiments as _modern_experiments
+from .positions import position_experiments
 from .recall import KEYS as RECALL_KEYS
 from .recall import recall_experiments
+from .recurrences import recurrence_experiments
 from .seq2seq import NoAttention, Seq2SeqObjective, seq2seq_model
 from .sinks import SinkObjective, with_sinks
 from .state import state_experiments
 from .structured import AnomalyObjective, HANObjective, ImageObjective, PointerObjective
 from .tokens import CopyObjective, language_model
 from .train import Budget
+from .variants import variant_experiments
 
 __all__ = ["catalog", "DEFAULT", "QUICK", "CLASSIC", "MQAR", "WINDOW", "USES"]
 
@@ -235,7 +238,8 @@ def catalog() -> list[Experiment]:
     the others (recall against state size, recent models' attention) name their own."""
     exps = [*_mqar_experiments(), *_dates_experiments(), *_copy_experiments(), *_model_experiments(),
             *_classic_experiments(), *recall_experiments(), *_modern_experiments(),
-            *state_experiments(), *mad_experiments()]
+            *state_experiments(), *mad_experiments(), *variant_experiments(),
+            *position_experiments(), *recurrence_experiments()]
     return [replace(e, uses=USES[e.key]) if e.key in USES else e for e in exps]
 
 

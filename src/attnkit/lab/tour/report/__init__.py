@@ -26,6 +26,14 @@ TASK_PURPOSE = {
     "word_problem_s3": "state tracking: the running product of permutations in S3 (a solvable group), trained "
                        "short, tested long",
     "word_problem_a5": "state tracking: the running product in A5 (a simple group: NC1-complete, Merrill et al. 2024)",
+    "mqar_variants": "attention's normalisers, scores, modifiers, masks and controls on MQAR, each against its "
+                     "paper's claim (most: 'matches softmax', within 10 points)",
+    "lag_copy": "length extrapolation: copy the previous token, trained at length 32 and scored at 33-128 "
+                "(Press et al. 2022's test, in small)",
+    "recurrent_recall": "recent recurrences (lightning, RWKV-4, Comba, log-linear) on MQAR at width 16 against "
+                        "softmax, Mamba-2 and Gated DeltaNet",
+    "delta_products": "state tracking in S3: DeltaProduct's two reflections per token against DeltaNet's one, "
+                      "and RWKV-7 (Siems et al. 2025)",
     "in_context_recall": "MAD in-context recall: the value of a key seen before (Poli et al. 2024)",
     "fuzzy_recall": "MAD fuzzy recall: keys and values of 1-3 tokens",
     "noisy_recall": "MAD noisy recall: in-context recall among noise tokens",

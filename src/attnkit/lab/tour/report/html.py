@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..catalogue import LEFT_OUT
 from . import Report, table_rows
+from .claims import claims_html
 from .mad import mad_html
 from .markdown import descriptions, extra_rows, run_info, task_lines
 from .pieces import html_image, html_table, write_page
@@ -90,6 +91,7 @@ def _body(rep: Report) -> list[str]:
     parts += [html_image(path, f"learning curves: {task}") for task, path in written]
     parts += _maps_section(rep, notes) + _cost_section(rep, notes) + recall_html(rep, notes, html_table, html_image)
     parts += state_html(rep, notes, html_table, html_image) + mad_html(rep, notes, html_table, html_image)
+    parts += claims_html(rep)
     parts += ["<h2>Registry entries the tour leaves out</h2><ul>"]
     parts += [f"<li><b>{_e(k)}</b>: {_e(v)}</li>" for k, v in LEFT_OUT.items()] + ["</ul>"]
     parts += ["<h2>How it was run</h2><table>"]

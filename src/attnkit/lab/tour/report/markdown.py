@@ -6,8 +6,9 @@ import datetime
 import math
 from pathlib import Path
 
-from ..catalogue import LEFT_OUT, coverage_markdown
+from ..catalogue import LEFT_OUT, coverage_markdown, where_markdown
 from . import TASK_PURPOSE, Report, Row, markdown_table
+from .claims import claims_markdown
 from .mad import mad_markdown
 from .pieces import md_table
 from .recall import recall_markdown
@@ -100,9 +101,9 @@ def write_markdown(rep: Report) -> Path:
     elif rep.scaling and rep.scaling.get("error"):
         text += ["## Measured scaling", "", f"The measurement failed: {rep.scaling['error']}", ""]
     text += recall_markdown(rep)
-    text += state_markdown(rep) + mad_markdown(rep)
+    text += state_markdown(rep) + mad_markdown(rep) + claims_markdown(rep)
     text += ["## Registry entries the tour leaves out", ""] + [f"- **{k}**: {v}" for k, v in LEFT_OUT.items()] + [""]
-    text += coverage_markdown()
+    text += coverage_markdown() + where_markdown()
     text += ["## How it was run", ""] + [f"- {label}: {value}" for label, value in run_info(rep)]
     path = rep.out / "README.md"
     path.parent.mkdir(parents=True, exist_ok=True)
