@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 from ...errors import ArgumentError
 
-__all__ = ["Welch", "welch", "verdict", "student_cdf", "student_quantile"]
+__all__ = ["Welch", "welch", "verdict", "above", "student_cdf", "student_quantile"]
 
 _EPS, _TINY = 1e-15, 1e-300
 
@@ -146,8 +146,14 @@ def welch(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> W
     return Welch(difference, se, difference - half, difference + half, difference / se, df, confidence)
 
 
-def verdict(w: Welch) -> str:
-    """"held" (the interval lies above 0), "did not hold" (none of it does) or "undecided"."""
-    if w.low > 0:
+def verdict(w: Welch, margin: float = 0.0) -> str:
+    """"held" (the interval lies above ``margin``), "did not hold" (none of it does) or "undecided"."""
+    return above(w.low, w.high, margin)
+
+
+def above(low: float, high: float, margin: float = 0.0) -> str:
+    """The verdict on "a is above b" from an interval ``[low, high]`` of ``a - b``: "held" when it lies above
+    ``margin``, "did not hold" when none of it does, else "undecided"."""
+    if low > margin:
         return "held"
-    return "did not hold" if w.high <= 0 else "undecided"
+    return "did not hold" if high <= margin else "undecided"

@@ -26,7 +26,7 @@ import statistics
 from typing import NamedTuple
 
 from ....errors import ArgumentError
-from ..welch import Welch, welch
+from ..welch import Welch, above, welch
 
 __all__ = ["Claim", "KINDS", "decide", "decide_interval"]
 
@@ -55,7 +55,7 @@ def decide_interval(kind: str, low: float, high: float, margin: float) -> str:
     if kind not in KINDS:
         raise ArgumentError(f"decide_interval: kind must be one of {KINDS}; got {kind!r}")
     if kind == "above":
-        return "held" if low > margin else "did not hold" if high <= margin else "undecided"
+        return above(low, high, margin)
     if -margin < low and high < margin:
         return "held"
     return "did not hold" if low >= margin or high <= -margin else "undecided"
