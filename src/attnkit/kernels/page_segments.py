@@ -348,11 +348,12 @@ def _each_sequence(q_c: torch.Tensor, keys: _Keys, shared: list[int], scale: flo
     together = keys.together(shared)
     if together is not None:  # one call: the bits of one call per sequence (the kernel computes each row alone)
         order, (k_t, v_t) = together
-        if order is not None:  # the view's rows are the sequences in `order`
-            q_c = q_c.index_select(0, torch.tensor(order, device=q_c.device))
+        rows = None if order is None else torch.tensor(order, device=q_c.device)
+        if rows is not None:  # the view's row i is sequence order[i]
+            q_c = q_c.index_select(0, rows)
         out, lse = rules.FLASH(q_c, k_t, v_t, 0.0, False, scale=scale)[:2]
     else:
-        order, outs, lses = None, [], []
+        rows, outs, lses = None, [], []
         for q_b, (k_b, v_b) in zip(q_c.split(1), keys.sequences(shared), strict=True):
             out, lse = rules.FLASH(q_b, k_b, v_b, 0.0, False, scale=scale)[:2]
             outs.append(out)
@@ -360,12 +361,9 @@ def _each_sequence(q_c: torch.Tensor, keys: _Keys, shared: list[int], scale: flo
         out, lse = torch.cat(outs), torch.cat(lses)
     if not lane.trusted(out, lse):
         return None  # NaN, inf, or a row torch zeroed: the chunked route, with its exact splits
-    if order is not None:  # back to the batch's order
-        back = [0] * len(order)
-        for i, b in enumerate(order):
-            back[b] = i
-        rows = torch.tensor(back, device=out.device)
-        out, lse = out.index_select(0, rows), lse.index_select(0, rows) if want_lse else lse
+    if rows is not None:  # back to the batch's order: sequence order[i] is row i
+        out = torch.empty_like(out).index_copy_(0, rows, out)
+        lse = torch.empty_like(lse).index_copy_(0, rows, lse) if want_lse else lse
     return out, lse if want_lse else None
 
 
