@@ -135,3 +135,22 @@ def test_band_window_gradients_have_the_same_bits_at_one_two_and_three_threads_f
             assert torch.equal(a, b), what
     exp = oracle(q.double(), k.double(), v.double(), mask=mask)
     torch.testing.assert_close(runs[0][0].double(), exp, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_grouped_key_gradients_are_summed_over_their_query_heads_before_rounding(dtype):
+    """upcast_inputs casts k, v before repeating their heads: a half-precision key's gradient is the float32 sum
+    over its query heads, rounded once (the same bits as the float32 call's gradient rounded)."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, h, 48, 16, generator=g).to(dtype) for h in (8, 2, 2))
+    dout = torch.randn(2, 8, 48, 16, generator=g).to(dtype)
+
+    def grads(*inputs):
+        inputs = [t.clone().requires_grad_() for t in inputs]
+        out = attnkit.attention(*inputs, mask=masks.causal(), backend="reference")
+        return torch.autograd.grad(out, inputs, dout.to(out.dtype))  # the same values on both calls
+
+    half, full = grads(q, k, v), grads(q.float(), k.float(), v.float())
+    for got, want in zip(half[1:], full[1:], strict=True):
+        assert got.dtype == dtype
+        assert torch.equal(got, want.to(dtype))

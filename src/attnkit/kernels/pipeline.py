@@ -135,9 +135,10 @@ def upcast_inputs(p: Problem):
     k, v = p.k, p.v
     if p.quant is not None:  # codes: the dense paths see them only for empty problems (rules.full_precision_kv)
         k, v = (p.quant.block(which, t, 0, t.shape[2], dt) for which, t in (("k", k), ("v", v)))
+    k, v = k.to(dt), v.to(dt)  # cast before repeating: the heads' gradients are summed in the compute dtype
     if p.groups > 1:
         k, v = k.repeat_interleave(p.groups, dim=1), v.repeat_interleave(p.groups, dim=1)
-    return tuple(t.to(dt).contiguous() for t in (p.q, k, v))
+    return p.q.to(dt).contiguous(), k.contiguous(), v.contiguous()
 
 
 def loop_inputs(p: Problem):
