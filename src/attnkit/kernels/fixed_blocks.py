@@ -396,8 +396,8 @@ def describe(p: Problem) -> str:
 
 def cost(p: Problem, grad: bool = False) -> PathCost:
     """The two kinds of scores in torch's fused kernel; extra memory: the summary keys and values, and (causal)
-    the zero-padded inputs when ``L`` is not a multiple of the block, or (not causal) the gathered plain keys and
-    values and the whole blocks' queries copied when ``L`` is not a multiple of the block."""
+    the zero-padded inputs when ``L`` is not a multiple of the block, or (not causal) the whole blocks' queries
+    and plain keys and values, copied when ``L`` is not a multiple of the block (else views)."""
     batch, heads, lq, _, d, dv = p.sizes
     block, summary, causal = _terms(p)
     pairs = batch * heads * scores(block, summary, lq, causal)
@@ -405,9 +405,9 @@ def cost(p: Problem, grad: bool = False) -> PathCost:
     if causal:
         copies = batch * heads * ((nb - 1) * summary * (d + dv) + (nb * block - lq) * (2 * d + 2 * dv))
     else:
-        whole = lq // block
-        ragged = whole * block != lq
-        copies = batch * heads * (lq * (d + dv) + ragged * whole * block * d)  # plain + summary keys: L of each
+        (whole, tail), plain = divmod(lq, block), block - summary
+        summaries = whole * summary + max(0, tail - plain)
+        copies = batch * heads * (summaries * (d + dv) + (tail > 0) * whole * (block * d + plain * (d + dv)))
     label = "causal blocks" if causal else "blocks"
     return PathCost(pairs, float(copies * itemsize(p)),
                     fused=fused_attention(f"attention ({label} + summary keys)", pairs, d, dv),
