@@ -28,7 +28,7 @@ MASKS = {  # mask, the path expected when traced at L = 256
     "window": (masks.sliding_window(32, 32), "band-windows"),
     "causal window": (masks.causal() & masks.sliding_window(20), "band-windows"),
     "strided": (masks.causal() & masks.strided(64), "blocksparse-fused"),
-    "fixed": (masks.fixed(64), "blocksparse-fused"),
+    "fixed": (masks.fixed(64), "fixed-blocks"),
     "causal fixed": (masks.causal() & masks.fixed(64, 8), "fixed-blocks"),
 }
 
@@ -57,7 +57,7 @@ def _assert_matches_oracle(out, grads, q, k, v, mask, dout, tol):
         torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("name", ["causal", "window", "strided", "causal fixed"])
+@pytest.mark.parametrize("name", ["causal", "window", "strided", "causal fixed", "fixed"])
 @pytest.mark.parametrize("hkv", [None, 2])
 def test_the_operator_passes_opcheck(name, hkv):
     mask, _ = MASKS[name]

@@ -1,4 +1,4 @@
-"""Path ``fixed-blocks``: ``causal() & fixed(b, c)`` as causal blocks plus summary keys, merged by lse.
+"""Path ``fixed-blocks``: ``causal() & fixed(b, c)`` and ``fixed(b, c)`` as blocks plus summary keys, merged by lse.
 
 The oracle is written here: the fixed pattern from its definition (Child et al. 2019, Sec. 4.2) by index
 arithmetic, and a dense masked softmax in float64 differentiated by autograd; it shares no code with the path.
@@ -19,19 +19,19 @@ BLOCK, SUMMARY = 64, 8
 MASK = masks.causal() & masks.fixed(BLOCK, SUMMARY)
 
 
-def _allowed(length: int, block: int, summary: int) -> torch.Tensor:
-    """``(L, L)`` bool: key j <= i, and j in i's block or among the last ``summary`` of its block."""
+def _allowed(length: int, block: int, summary: int, causal: bool = True) -> torch.Tensor:
+    """``(L, L)`` bool: key j in i's block or among the last ``summary`` of its block, and (causal) j <= i."""
     i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
-    return (j <= i) & ((i // block == j // block) | (j % block >= block - summary))
+    return ((j <= i) | (not causal)) & ((i // block == j // block) | (j % block >= block - summary))
 
 
-def _oracle(q, k, v, block=BLOCK, summary=SUMMARY, dout=None, scale=None):
+def _oracle(q, k, v, block=BLOCK, summary=SUMMARY, dout=None, scale=None, causal=True):
     """Output, lse and (with ``dout``) dq, dk, dv of float64 dense masked softmax attention."""
     q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
     groups = q.shape[1] // k.shape[1]
     kr, vr = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
     s = (q @ kr.transpose(-1, -2)) * (q.shape[-1] ** -0.5 if scale is None else scale)
-    s = s.masked_fill(~_allowed(q.shape[2], block, summary), float("-inf"))
+    s = s.masked_fill(~_allowed(q.shape[2], block, summary, causal), float("-inf"))
     out = torch.softmax(s, -1) @ vr
     lse = torch.logsumexp(s, -1)
     grads = torch.autograd.grad(out, (q, k, v), dout.double()) if dout is not None else None
@@ -124,7 +124,9 @@ def test_explain_names_the_path_its_density_and_its_cost():
     (masks.causal() & masks.fixed(4, 1), 200, 200, "blocks of at least"),
     (masks.causal() & masks.fixed(64, 8), 100, 200, "Lq == Lk"),
     (masks.causal() & masks.fixed(64, 8) & masks.padding([150, 200]), 200, 200, "fixed pattern"),
-    (masks.fixed(64, 8), 200, 200, "fixed pattern"),
+    (masks.fixed(64, 8) & masks.padding([150, 200]), 200, 200, "key padding included"),
+    (masks.fixed(4, 1), 200, 200, "blocks of at least"),
+    (masks.fixed(64, 8), 100, 200, "Lq == Lk"),
 ])
 def test_other_masks_are_refused_and_served_exactly_by_the_other_paths(ran, mask, lq, lk, why):
     q, k, v = rand_qkv(2, 2, lq, lk, 8, dtype=torch.float64, seed=6)
@@ -249,3 +251,136 @@ def test_a_scale_not_positive_is_refused_and_served_exactly(ran, scale):
     want = _oracle(q, k, v, scale=scale)[0]
     assert not ran
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+# ------------------------------------------------------------------ fixed(b, c) without causal()
+@pytest.mark.parametrize("length", [128, 200, 257, 300])  # whole blocks, partial last ones (plain keys only, some)
+@pytest.mark.parametrize("hkv", [4, 1])
+@pytest.mark.parametrize("summary", [1, 8])
+def test_not_causal_equals_the_float64_oracle_forward_and_backward(ran, length, hkv, summary):
+    q, k, v = rand_qkv(2, 4, length, length, 16, hkv=hkv, dtype=torch.float64, seed=length + hkv + summary)
+    out, grads, dout = _run(q, k, v, mask=masks.fixed(BLOCK, summary))
+    want, _, want_grads = _oracle(q, k, v, BLOCK, summary, dout=dout, causal=False)
+    assert ran, "the path did not run"
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-12)
+    for what, got, exp in zip("qkv", grads, want_grads, strict=True):
+        torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12, msg=f"d{what}")
+
+
+def test_not_causal_float32_and_the_lse_without_autograd(ran):
+    q, k, v = rand_qkv(1, 4, 333, 333, 32, hkv=2, seed=5)
+    out, grads, dout = _run(q, k, v, mask=masks.fixed(BLOCK, 3))
+    want, _, want_grads = _oracle(q, k, v, BLOCK, 3, dout=dout, causal=False)
+    torch.testing.assert_close(out.double(), want, rtol=0, atol=2e-6)
+    for got, exp in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(got.double(), exp, rtol=0, atol=2e-5)
+    q, k, v = (t.double() for t in (q, k, v))
+    got = attnkit.attention(q, k, v, mask=masks.fixed(BLOCK, 3), return_lse=True)
+    want, lse, _ = _oracle(q, k, v, BLOCK, 3, causal=False)
+    assert len(ran) == 2
+    torch.testing.assert_close(got.output, want, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(got.lse, lse, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(("block", "length"), [(512, 300), (512, 512), (64, 200)])
+def test_not_causal_reduces_to_dense_attention(ran, block, length):
+    """One block holding every query (``b >= L``), or summaries as long as the block: every key, no mask."""
+    q, k, v = rand_qkv(1, 2, length, length, 16, hkv=1, dtype=torch.float64, seed=length)
+    summary = 32 if block > length or length == 512 else block
+    out, grads, _ = _run(q, k, v, mask=masks.fixed(block, summary), backend="blocksparse")  # auto: SDPA, as dense
+    want, want_grads = _run(q, k, v, mask=None)[:2]
+    assert len(ran) == 1
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-12)
+    for got, exp in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(("block", "summary", "length"), [(1, 1, 7), (4, 2, 1), (4, 2, 3), (4, 3, 6), (4, 4, 13),
+                                                          (5, 1, 23), (8, 3, 40), (16, 7, 33), (16, 1, 47)])
+def test_not_causal_small_blocks_any_length_equal_the_oracle_when_allowed(ran, monkeypatch, block, summary, length):
+    """The non-causal split at sizes the planner leaves to the gathered paths (rules.FIXED_MIN_BLOCK lowered):
+    a partial block of plain keys only, or of plain and summary keys; every key a summary; one-position blocks."""
+    monkeypatch.setattr(rules, "FIXED_MIN_BLOCK", 1)
+    q, k, v = rand_qkv(2, 4, length, length, 6, hkv=2, dtype=torch.float64, seed=block * 100 + length)
+    out, grads, dout = _run(q, k, v, mask=masks.fixed(block, summary), backend="blocksparse")
+    want, _, want_grads = _oracle(q, k, v, block, summary, dout=dout, causal=False)
+    assert ran
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-12)
+    for got, exp in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12)
+
+
+def test_not_causal_explain_names_the_path_its_density_and_its_cost():
+    """The long tour's block-sparse mechanism: ``fixed(64, 1)`` at L = 2048, every key block holding a summary key."""
+    q, k, v = rand_qkv(1, 8, 2048, 2048, 64, seed=0)
+    decision = attnkit.explain(q, k, v, mask=masks.fixed(64, 1))
+    assert decision.path == "fixed-blocks" and decision.backend == "blocksparse"
+    pairs = 8 * (2048 * 63 + 2048 * 32)  # each row: its block's 63 plain keys and all 32 summary keys
+    assert decision.cost.scores == pairs
+    assert decision.block_density == pytest.approx(pairs / 8 / 2048**2)
+    assert decision.flops == pytest.approx(2 * pairs * 128)
+    assert "63 plain keys" in decision.reasons["fixed-blocks"]
+    assert "summary keys" in decision.reasons["fixed-blocks"]
+
+
+def test_the_rule_reads_both_forms_of_the_pattern_as_data():
+    def terms(mask):
+        q, k, v = rand_qkv(1, 1, 16, 16, 4)
+        return rules.fixed_terms(validate(q, k, v, mask=mask))
+    assert terms(masks.fixed(64, 8)) == (64, 8, False)
+    assert terms(masks.parse(masks.fixed(64, 8).text)) == (64, 8, False)
+    assert terms(MASK) == (BLOCK, SUMMARY, True)
+    assert terms(~masks.fixed(64, 8)) is None and terms(masks.fixed(64, 8) & masks.padding([3])) is None
+    assert terms(masks.fixed(64, 8) | masks.causal()) is None and terms(None) is None
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.5])
+def test_not_causal_a_scale_not_positive_runs_exactly(ran, scale):
+    """No ``is_causal`` call here: torch's kernel is exact with a scale ``<= 0`` (docs/RELIABILITY.md row 25)."""
+    q, k, v = rand_qkv(1, 2, 100, 100, 8, dtype=torch.float64, seed=12)
+    got = attnkit.attention(q, k, v, mask=masks.fixed(16, 2), scale=scale)
+    assert ran
+    torch.testing.assert_close(got, _oracle(q, k, v, 16, 2, scale=scale, causal=False)[0], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(3,), (2, 3, 200)], ids=["head", "token"])
+def test_not_causal_sinks_join_the_merged_pair_exactly(ran, shape):
+    """A sink is one more column of each row's softmax, its weight dropped (gpt-oss): written out here."""
+    q, k, v = rand_qkv(2, 3, 200, 200, 8, hkv=1, dtype=torch.float64, seed=9)
+    mask = masks.fixed(BLOCK, 3)
+    s = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = attnkit.attention(*leaves, mask=mask, sinks=s)
+    assert ran
+    dout = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(2))
+    got = torch.autograd.grad(out, [*leaves, s], dout)
+    q64, k64, v64 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    s64 = s.detach().clone().requires_grad_()
+    scores = (q64 @ k64.transpose(-1, -2)) * 8 ** -0.5
+    scores = scores.masked_fill(~_allowed(200, BLOCK, 3, causal=False), float("-inf"))
+    sink = (s64.view(1, 3, 1) if s64.dim() == 1 else s64.view(*s64.shape[:2], -1))[..., None]
+    weights = torch.softmax(torch.cat([scores, sink.expand(*scores.shape[:3], 1)], -1), -1)[..., :-1]
+    want_out = weights @ v64
+    want = torch.autograd.grad(want_out, [q64, k64, v64, s64], dout)
+    torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-12)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_not_causal_in_units_of_heads_gives_one_threads_bits(ran, monkeypatch):
+    """Two torch threads: each run of heads on its own thread (kernels/pipeline.py, Units), the same bits."""
+    monkeypatch.setattr(pipeline, "UNIT_WORK", 0)
+    q, k, v = rand_qkv(2, 4, 200, 200, 16, hkv=2, dtype=torch.float64, seed=8)
+    before, runs = torch.get_num_threads(), []
+    try:
+        for threads in (2, 1):
+            torch.set_num_threads(threads)
+            out, grads, dout = _run(q, k, v, mask=masks.fixed(BLOCK, 5))
+            runs.append([out, *grads])
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+    want, _, want_grads = _oracle(q, k, v, BLOCK, 5, dout=dout, causal=False)
+    for got, exp in zip(runs[0], (want, *want_grads), strict=True):
+        torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12)

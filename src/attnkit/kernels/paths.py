@@ -102,7 +102,7 @@ PATHS: tuple[Path, ...] = (
          devices=("cuda",)),
     _row("band-windows", "blocksparse", "each query block reads one contiguous key window in place", band,
          sparse_below=0.7, devices=CPU),
-    _row("fixed-blocks", "blocksparse", "causal() & fixed(b, c): causal blocks and summary keys, merged by lse",
+    _row("fixed-blocks", "blocksparse", "fixed(b, c), alone or with causal(): blocks and summary keys, merged by lse",
          fixed_blocks, sparse_below=0.7, devices=CPU),
     _row("blocksparse-fused", "blocksparse", "gathered key blocks, one fused torch kernel call per slab",
          blocksparse_fused, sparse_below=0.7, devices=CPU),

@@ -33,7 +33,7 @@ __all__ = ["Rule", "reads_data", "fact", "first_refusal", "FLASH", "FLASH_BACKWA
            "operator_carries", "device_type", "serves", "device_text", "layout_mask", "selected_keys", "paged_cache",
            "checks_output", "output_checked_or_finite", "sinks_on_cpu_kernel", "lse_from_cpu_kernel", "bounded_band",
            "fused_cpu_backward", "causal_flag", "output_checked", "read_in_place", "mask_keeps_every_row",
-           "causal_fixed", "FIXED_MIN_BLOCK", "plain_causal"]
+           "fixed_pattern", "fixed_terms", "FIXED_MIN_BLOCK", "plain_causal"]
 
 Rule = Callable[[Problem], "str | None"]
 
@@ -347,18 +347,33 @@ def fused_cpu_backward(p: Problem) -> str | None:
 FIXED_MIN_BLOCK = 8
 
 
-def causal_fixed(p: Problem) -> str | None:
-    """fixed-blocks: the mask is exactly ``causal() & fixed(block, summary)`` (``Mask.causal_fixed``), ``Lq == Lk``,
-    blocks of at least :data:`FIXED_MIN_BLOCK` positions, a positive scale (its in-block call is ``is_causal``,
-    which returns NaN for finite inputs with a scale ``<= 0`` on torch 2.13: :func:`causal_flag`)."""
-    terms = None if p.mask is None else p.mask.causal_fixed
+@fact
+def fixed_terms(p: Problem) -> tuple[int, int, bool] | None:
+    """``(block, summary, causal)`` when the mask is exactly ``causal() & fixed(block, summary)`` (``causal`` True,
+    ``Mask.causal_fixed``) or ``fixed(block, summary)`` alone (False); else None."""
+    mask = p.mask
+    if mask is None:
+        return None
+    if mask.causal_fixed is not None:
+        return (*mask.causal_fixed, True)
+    terms = getattr(mask, "fixed_terms", None)  # set on masks.fixed() itself only
+    return None if terms is None else (*terms, False)
+
+
+def fixed_pattern(p: Problem) -> str | None:
+    """fixed-blocks: the mask is exactly ``causal() & fixed(block, summary)`` or ``fixed(block, summary)`` alone
+    (:func:`fixed_terms`: any other part, key padding included, goes to the gathered block paths), ``Lq == Lk``,
+    blocks of at least :data:`FIXED_MIN_BLOCK` positions; with ``causal()`` a positive scale (its in-block call is
+    ``is_causal``, which returns NaN for finite inputs with a scale ``<= 0`` on torch 2.13: :func:`causal_flag`)."""
+    terms = fixed_terms(p)
     if terms is None:
-        return "only the Sparse Transformer's fixed pattern, causal() & fixed(block, summary)"
+        return ("only the Sparse Transformer's fixed pattern, fixed(block, summary) alone or with causal() (other "
+                "parts, key padding included: the gathered block paths)")
     if p.sizes[2] != p.sizes[3]:
         return "the fixed pattern with Lq == Lk only"
     if terms[0] < FIXED_MIN_BLOCK:
         return f"blocks of at least {FIXED_MIN_BLOCK} positions (smaller ones: the gathered block paths)"
-    if not p.scale > 0:
+    if terms[2] and not p.scale > 0:
         return f"a positive scale only (torch's causal kernel returns NaN with scale {p.scale:g})"
     return None
 

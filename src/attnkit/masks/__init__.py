@@ -188,7 +188,8 @@ class _Fixed(Mask):
         if summary > block:
             raise ArgumentError(f"summary must be <= block; got summary={summary}, block={block}")
         self.text = f"fixed(block={self.block}, summary={self.summary})"
-        self.fixed_terms = (self.block, self.summary)  # And reads it: causal() & fixed() is Mask.causal_fixed
+        self.fixed_terms = (self.block, self.summary)  # And reads it (causal() & fixed(): Mask.causal_fixed); so does
+        # rules.fixed_terms, for fixed() alone
 
     def allows(self, b, h, q_idx, kv_idx, q_len, kv_len):
         same_block = (q_idx // self.block) == (kv_idx // self.block)
