@@ -240,7 +240,10 @@ def trusted(out: torch.Tensor, lse: torch.Tensor) -> bool:
     if lse.numel() <= LISTED_ROWS:
         rows = list(chain.from_iterable(chain.from_iterable(lse.tolist())))  # 3-D nested lists, flattened in C
         return 0.0 not in rows and math.isfinite(sum(rows)) and math.isfinite(out.sum().item())
-    return math.isfinite(torch.addcdiv(out.sum(-1).reshape(lse.shape), lse, lse).sum().item())
+    sums = out.sum(-1)
+    if sums.shape != lse.shape:  # a grouped call's rows
+        sums = sums.reshape(lse.shape)
+    return math.isfinite(torch.addcdiv(sums, lse, lse).sum().item())
 
 
 def describe(lane: tuple) -> str:
