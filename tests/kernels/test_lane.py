@@ -116,6 +116,21 @@ def test_a_decoding_step_answers_non_finite_inputs_as_the_formula(case, lk):
         assert torch.isfinite(got).all() == torch.isfinite(_formula(q, k, v)).all()
 
 
+@pytest.mark.parametrize("listed", [True, False])
+@pytest.mark.parametrize("case", CASES)
+def test_a_grouped_decoding_step_is_checked_in_the_kernels_rows(case, listed, monkeypatch):
+    # 8 query heads over 2 key/value heads and enough keys: each group runs as rows of one product, and the lane
+    # checks that call's lse in the kernel's shape (B, H_kv, group), not copied to (B, H, 1)
+    monkeypatch.setattr(lane, "LISTED_ROWS", 256 if listed else 0)
+    q, k, v = _inputs(case, sdpa.GROUPED_KEYS)
+    q = q.repeat_interleave(4, 1)  # query heads 4-7 read key/value head 1, where the case is
+    assert sdpa.flash(q, k, v, False, None, 0.25, lse_per_head=False)[1].shape == (1, 2, 4)
+    assert attnkit.explain(q, k, v).lane is not None
+    got = attnkit.attention(q, k, v)
+    want = _formula(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1))
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
 def test_a_masked_nan_key_never_reaches_a_chunked_prefill_through_the_lane():
     g = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(1, 2, 4, 16, generator=g), torch.randn(1, 2, 40, 16, generator=g), torch.randn(

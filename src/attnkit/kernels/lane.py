@@ -44,6 +44,7 @@ over the cache before the kernel could tell those calls apart.
 from __future__ import annotations
 
 import math
+from itertools import chain
 
 import torch
 import torch.nn.functional as F
@@ -211,7 +212,8 @@ def run(q, k, v, mask, lane: tuple) -> torch.Tensor | None:
             out, _ = twice_differentiable(out, None, inputs, lambda *ts: reference.recomputed(
                 validate(q, k, v, mask=mask, scale=scale), inputs, ts))
         return out
-    out, lse = sdpa.flash(q, k, v, is_causal, float_mask, scale)  # (grouped heads as rows where it can)
+    # (grouped heads as rows where it can; their lse, only checked, in the kernel's rows: no copy)
+    out, lse = sdpa.flash(q, k, v, is_causal, float_mask, scale, lse_per_head=False)
     if not trusted(out, lse):
         return None
     if out.requires_grad:  # out.grad_fn is the kernel's own node, on (q, k, v)
@@ -230,14 +232,18 @@ def trusted(out: torch.Tensor, lse: torch.Tensor) -> bool:
     neither NaN, +-inf nor exactly 0 (a row torch zeroed: no row is empty on the lane).
 
     A small lse is read as Python floats and the output summed once (one reduction, one sync); a larger one is
-    checked with the output in one expression, each row's output sum plus ``lse / lse``.
+    checked with the output in one expression, each row's output sum plus ``lse / lse``. ``lse`` holds the rows
+    of ``out`` in any 3-D shape (a grouped call's ``(B, H_kv, (H / H_kv) Lq)``, :func:`.sdpa.flash`).
     """
     if out.requires_grad:  # (torch's lse takes no gradient)
         out = out.detach()
     if lse.numel() <= LISTED_ROWS:
-        rows = [x for batch in lse.tolist() for head in batch for x in head]  # (B, H, Lq) nested lists
+        rows = list(chain.from_iterable(chain.from_iterable(lse.tolist())))  # 3-D nested lists, flattened in C
         return 0.0 not in rows and math.isfinite(sum(rows)) and math.isfinite(out.sum().item())
-    return math.isfinite(torch.addcdiv(out.sum(-1), lse, lse).sum().item())
+    sums = out.sum(-1)
+    if sums.shape != lse.shape:  # a grouped call's rows
+        sums = sums.reshape(lse.shape)
+    return math.isfinite(torch.addcdiv(sums, lse, lse).sum().item())
 
 
 def describe(lane: tuple) -> str:

@@ -218,18 +218,21 @@ class _WithSinks(torch.autograd.Function):
 GROUPED_KEYS = 256
 
 
-def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, float_mask, scale: float):
+def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, float_mask, scale: float,
+          lse_per_head: bool = True):
     """torch's CPU kernel's ``(out (B, H, Lq, Dv), lse (B, H, Lq))``. With grouped-query heads, no mask and no
     graph, the query heads of a key/value head run as rows of one product ``(B, H_kv, (H / H_kv) Lq, D)``: each
     key and value is read once per group instead of once per query head (a decoding step takes about half the
     time); the rows are the same dot products, summed in the kernel's blocking for more rows (not always the
-    bits of the grouped-head call, which is why the lane and this path both call it)."""
+    bits of the grouped-head call, which is why the lane and this path both call it). ``lse_per_head=False``: the
+    lse of a grouped call stays ``(B, H_kv, (H / H_kv) Lq)``, the same rows uncopied (a caller that only checks
+    them; the kernel stores them in another order, so the per-head shape is a copy)."""
     batch, heads, lq, d = q.shape
     hkv = k.shape[1]
     if (heads != hkv and k.shape[2] >= GROUPED_KEYS and not is_causal and float_mask is None and q.is_contiguous()
             and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
         out, lse = rules.FLASH(q.view(batch, hkv, heads // hkv * lq, d), k, v, 0.0, False, scale=scale)[:2]
-        return out.reshape(batch, heads, lq, v.shape[-1]), lse.reshape(batch, heads, lq)
+        return out.reshape(batch, heads, lq, v.shape[-1]), lse.reshape(batch, heads, lq) if lse_per_head else lse
     return rules.FLASH(q, k, v, 0.0, is_causal, attn_mask=float_mask, scale=scale)[:2]
 
 

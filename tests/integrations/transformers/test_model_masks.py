@@ -68,6 +68,18 @@ def test_plain_causal_over_a_dynamic_cache_is_attnkit_causal():
     assert step.mask is None
 
 
+@pytest.mark.parametrize("block", BLOCKS + [(1, 256, 255, 0), (5, 8, 2, 0), (2, 300, 310, 12)], ids=str)
+def test_a_causal_layer_without_padding_gets_the_general_routes_mask(block):
+    # the plain causal function is read from its band directly; an AND of it alone takes the general route
+    q_len, kv_len, q_off, kv_off = block
+    fn, sizes = make_mask_function(), dict(batch_size=1, q_length=q_len, kv_length=kv_len, q_offset=q_off,
+                                           kv_offset=kv_off)
+    fast = fn(mask_function=hf.causal_mask_function, **sizes)
+    general = fn(mask_function=hf.and_masks(hf.causal_mask_function), **sizes)
+    assert repr(fast) == repr(general) and repr(fast.mask) == repr(general.mask)
+    assert (fast.sizes, fast.dtype, fast.device, fast.packing) == (general.sizes, general.dtype, general.device, None)
+
+
 def test_an_unknown_pattern_is_evaluated_exactly_by_transformers():
     chunked = hf.chunked_causal_mask_function(3, torch.zeros(2, dtype=torch.long))
     padding = torch.ones(2, 8, dtype=torch.bool)

@@ -121,6 +121,7 @@ def _combine(parts: list[Mask], both: bool) -> Mask:
 
 # Masks are immutable: the two most models ask for on every forward pass are built once.
 _CAUSAL = masks.diagonals(hi=0)  # key position <= query position
+_CAUSAL_FUNCTION = hf_masks.causal_mask_function
 _FULL = masks.full()
 
 
@@ -144,18 +145,27 @@ def whole_sequence_mask(mask_function) -> Mask | None:
     return None if None in parts else _combine(parts, both=code is _AND)
 
 
+_BOTTOM_RIGHT = masks.causal()
+
+
+def _below(hi: int, q_length: int, kv_length: int) -> Mask | None:
+    """The block's keys ``j - i <= hi`` (block indices), in the form with the fastest attnkit path."""
+    if hi >= kv_length - 1:
+        return None  # every key: a decoding step over its whole cache
+    if hi == kv_length - q_length:
+        return _BOTTOM_RIGHT  # the O(1) causal path
+    return masks.diagonals(hi=hi)
+
+
 def _on_block(whole: Mask, q_length: int, kv_length: int, q_offset: int, kv_offset: int, length: int):
     """The whole-sequence mask on the block, in the form with the fastest attnkit path."""
     band = whole.band(length, length)
     if band is not None:
         lo, hi = (None if end is None else end + q_offset - kv_offset for end in band)
         lo = None if lo is not None and lo <= 1 - q_length else lo  # drop a side that cuts no entry of the block
-        hi = None if hi is not None and hi >= kv_length - 1 else hi
-        if lo is None and hi is None:
-            return None  # e.g. a decoding step whose window still covers the whole cache
-        if lo is None and hi == kv_length - q_length:
-            return masks.causal()  # bottom-right: the O(1) causal path
-        return masks.diagonals(lo, hi)
+        if lo is None:
+            return None if hi is None else _below(hi, q_length, kv_length)
+        return masks.diagonals(lo, None if hi is not None and hi >= kv_length - 1 else hi)
     return masks.shifted(whole, q0=q_offset, k0=kv_offset, q_len=length, kv_len=length)
 
 
@@ -210,6 +220,14 @@ def make_mask_function(extra: Mask | None = None):
                      use_vmap=False, dtype=torch.float32, config=None, **_ignored) -> ModelMask | torch.Tensor:
         if isinstance(attention_mask, ModelMask):  # prepared for this very call by generate()
             return attention_mask
+        if (mask_function is _CAUSAL_FUNCTION and attention_mask is None and extra is None
+                and type(q_offset) is int and type(kv_offset) is int):
+            # a causal layer without padding, as most decoding steps are: what the general route below gives, read
+            # from the causal band directly (every step of every forward pass comes here)
+            model_mask = ModelMask(_below(q_offset - kv_offset, q_length, kv_length), q_offset, kv_offset,
+                                   max(q_offset + q_length, kv_offset + kv_length),
+                                   shape=(batch_size, q_length, kv_length), dtype=dtype, device=device)
+            return model_mask.dense() if _model_type(config) in EXTEND_THE_MASK else model_mask
         whole = whole_sequence_mask(mask_function)
         # A static cache gives its offsets as tensors: read once in eager code; traced, they stay tensors (their
         # values are data), the mask is transformers' evaluated at them, and the cache holds the whole sequence.
