@@ -95,20 +95,31 @@ def test_a_cache_with_room_to_spare_or_token_major_is_read_in_place():
     torch.testing.assert_close(attnkit.attention(q, strided, v, mask=mask), out, rtol=0, atol=1e-12)
 
 
-def test_no_step_reads_more_than_the_selected_rows(monkeypatch):
-    """The keys and values copied are the selected rows: ``B hx n bs`` of each, however long the cache."""
-    copied = []
-    real = selected_decode.gather
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["values weighted in place", "fused"])
+def test_no_step_reads_more_than_the_selected_rows(monkeypatch, dtype):
+    """The keys (and, on the fused route, the values) copied are the selected rows: ``B hx n bs`` of each, however
+    long the cache; in the compute dtype the values are never copied: ``embedding_bag`` reads the selected rows of
+    the cache itself, once per query row (here 2 query heads per key/value head)."""
+    copied, bags = [], []
+    real, bag = selected_decode.gather_rows, torch.nn.functional.embedding_bag
 
-    def spy(k, v, b, kvh, tok):
-        out = real(k, v, b, kvh, tok)
-        copied.extend(t.shape for t in out)
+    def spy(t, *args):
+        out = real(t, *args)
+        copied.append(out.shape)
         return out
-    monkeypatch.setattr(selected_decode, "gather", spy)
-    q, k, v = rand_qkv(1, 4, 1, 4000, 8, hkv=2)
+
+    def bag_spy(where, values, *args, **kwargs):
+        bags.append((where.numel(), values.data_ptr()))
+        return bag(where, values, *args, **kwargs)
+    monkeypatch.setattr(selected_decode, "gather_rows", spy)
+    monkeypatch.setattr(torch.nn.functional, "embedding_bag", bag_spy)
+    q, k, v = rand_qkv(1, 4, 1, 4000, 8, hkv=2, dtype=dtype)
     attnkit.attention(q, k, v, mask=masks.selected_blocks(_selection(4000, (1, 2, 1, 3), 64, seed=9), 64,
                                                           group_size=2))
-    assert copied == [torch.Size([1, 2, 3 * 64, 8])] * 2
+    if dtype == torch.float32:
+        assert copied == [torch.Size([1, 2, 3 * 64, 8])] and bags == [(2 * 2 * 3 * 64, v.data_ptr())]
+    else:
+        assert copied == [torch.Size([1, 2, 3 * 64, 8])] * 2 and not bags
 
 
 def test_a_nan_in_a_selected_key_gives_the_exact_paths_answer_and_unselected_ones_never_leak():

@@ -22,7 +22,10 @@ sends the call to the exact gathered path (:mod:`.selected`), which answers by a
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 
 from ..functional.validate import Problem
 from ..masks.selected import selection_of
@@ -31,9 +34,10 @@ from .lane import trusted
 from .page_chunks import workspace
 from .path_cost import PathCost, fused_attention, itemsize
 
-__all__ = ["applies", "run", "describe", "cost", "gather", "BUDGET", "HELD"]
+__all__ = ["applies", "run", "describe", "cost", "gather", "gather_rows", "BUDGET", "HELD", "WEIGHTED_ROWS"]
 
 BUDGET = 1 << 25  # gathered elements (keys and values) at most: past it the generic path splits the selection
+WEIGHTED_ROWS = 8  # query rows per compute head at most whose values are read in place, weighted (_weighted)
 HELD = 1 << 22  # gathered elements of the keys (or values) at most kept in this thread's buffer between steps
 _NEG_INF = float("-inf")
 
@@ -100,26 +104,63 @@ def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int, int] | None:
 def gather(k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, kvh: torch.Tensor,
            tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows ``k[b, kvh, tok]`` and ``v[b, kvh, tok]`` ``(B, hx, N, E)`` (``b`` ``(B, 1, 1)``, ``kvh`` ``(hx,)``,
-    ``tok`` ``(B, hx, N)``): one ``index_select`` of rows each (one row index for both where their layouts agree;
-    advanced indexing where a layout has no row view), into this thread's buffers when at most :data:`HELD`
-    elements (valid until the next step)."""
-    rows_k, rows_v = _rows(k), _rows(v)
-    where = None
-    out = []
-    for t, rows, name in ((k, rows_k, "decode keys"), (v, rows_v, "decode values")):
-        if rows is None:
-            out.append(t[b, kvh.view(1, -1, 1), tok])
-            continue
-        flat, sb, sh, sl = rows
-        if where is None or rows_k is None or rows[1:] != rows_k[1:]:
-            where = (b * sb + kvh.view(1, -1, 1) * sh + tok * sl).flatten()  # (B hx N)
-        shape = (*tok.shape, t.shape[-1])
-        if where.numel() * t.shape[-1] > HELD:
-            out.append(flat.index_select(0, where).view(shape))
-        else:
-            buffer = workspace(t).take(name, where.numel(), t.shape[-1])
-            out.append(torch.index_select(flat, 0, where, out=buffer).view(shape))
-    return out[0], out[1]
+    ``tok`` ``(B, hx, N)``), each copied by :func:`gather_rows`."""
+    return gather_rows(k, b, kvh, tok, "decode keys"), gather_rows(v, b, kvh, tok, "decode values")
+
+
+def gather_rows(t: torch.Tensor, b: torch.Tensor, kvh: torch.Tensor, tok: torch.Tensor, name: str) -> torch.Tensor:
+    """The rows ``t[b, kvh, tok]`` ``(B, hx, N, E)``: one ``index_select`` of rows (advanced indexing where the layout
+    has no row view), into this thread's buffer ``name`` when at most :data:`HELD` elements (valid until the next
+    step)."""
+    rows = _rows(t)
+    if rows is None:
+        return t[b, kvh.view(1, -1, 1), tok]
+    flat, sb, sh, sl = rows
+    where = (b * sb + kvh.view(1, -1, 1) * sh + tok * sl).flatten()  # (B hx N)
+    shape = (*tok.shape, t.shape[-1])
+    if where.numel() * t.shape[-1] > HELD:
+        return flat.index_select(0, where).view(shape)
+    buffer = workspace(t).take(name, where.numel(), t.shape[-1])
+    return torch.index_select(flat, 0, where, out=buffer).view(shape)
+
+
+def _weighted_ok(p: Problem, gp: int) -> bool:
+    """The values can be read in place, weighted (:func:`_weighted`): keys and values in the compute dtype (no cast),
+    the values' rows a view (:func:`_rows`), at most :data:`WEIGHTED_ROWS` query rows per compute head."""
+    dt = p.compute_dtype
+    return (p.k.dtype == dt and p.v.dtype == dt and p.q.dtype == dt and gp * p.sizes[2] <= WEIGHTED_ROWS
+            and _rows(p.v) is not None)
+
+
+def _weighted(p: Problem, hx: int, kv_heads: torch.Tensor, b: torch.Tensor, tok: torch.Tensor,
+              allowed: torch.Tensor | None):
+    """``(out, lse)`` ``(B, Hq, Lq, Dv)``, ``(B, Hq, Lq)``, or None when not finite (the caller runs the exact path).
+
+    The selected key rows copied once (one ``index_select`` into this thread's buffer), the scores of the
+    ``m = gp Lq`` query rows of each compute head one ``bmm``, their softmax; the values never copied:
+    ``embedding_bag`` sums each query row's selected value rows, weighted by its probabilities, reading each
+    row in place once per query row. Slots a query may not read (``allowed`` ``(B hx, m|1, N)`` False) score
+    ``-inf``, so weigh exactly 0 (a NaN or inf stored there makes the output non-finite: refused)."""
+    batch, hq, lq, _, d, dv = p.sizes
+    m, n = hq // hx * lq, tok.shape[-1]
+    k_g = gather_rows(p.k, b, kv_heads, tok, "decode keys").view(batch * hx, n, d)
+    q = p.q.reshape(batch * hx, m, d)
+    s = torch.bmm(q, k_g.transpose(1, 2)).mul_(p.scale)  # (B hx, m, N)
+    if allowed is not None:
+        s.masked_fill_(~allowed, _NEG_INF)
+    lse = torch.logsumexp(s, -1)  # (B hx, m)
+    weights = s.sub_(lse.unsqueeze(-1)).exp_()
+    if allowed is not None:  # rows with no key (lse -inf): -inf - -inf is NaN; they weigh nothing
+        weights.masked_fill_((lse == _NEG_INF).unsqueeze(-1), 0.0)
+    values, sb, sh, sl = _rows(p.v)  # type: ignore[misc]  (_weighted_ok)
+    where = (b * sb + kv_heads.view(1, -1, 1) * sh + tok * sl).view(batch * hx, 1, n)
+    where = where.expand(batch * hx, m, n).reshape(-1)
+    offsets = torch.arange(0, where.numel(), n, device=where.device)
+    out = F.embedding_bag(where, values, offsets, mode="sum", per_sample_weights=weights.view(-1))
+    checked = lse if allowed is None else lse.masked_fill(lse == _NEG_INF, 0.0)
+    if not math.isfinite(out.sum().item() + checked.sum().item()):
+        return None  # NaN or inf: the exact path answers by attnkit's contract
+    return out.view(batch, hq, lq, dv), lse.view(batch, hq, lq)
 
 
 def run(p: Problem):
@@ -142,8 +183,6 @@ def run(p: Problem):
     tok = idx.clamp(0, max(lk - 1, 0)).expand(batch, hx, -1)
     every = bool(valid.all())
     b = torch.arange(batch, device=dev).view(-1, 1, 1)
-    k_g, v_g = gather(p.k, p.v, b, kv_heads, tok)
-    k_g, v_g = k_g.to(dt), v_g.to(dt)
     gp = hq // hx
     allowed = None if every else valid[:, :, None, :]  # (B|1, hx|1, 1, N)
     beside = getattr(p.mask, "rest", None)
@@ -154,6 +193,18 @@ def run(p: Problem):
         if allowed is not None and allowed.shape[1] > 1 and gp > 1:
             allowed = allowed.repeat_interleave(gp, 1)
         allowed = rest if allowed is None else allowed & rest
+    if _weighted_ok(p, gp):
+        grouped = None
+        if allowed is not None:  # per query head, as rows (B hx, gp Lq, N)
+            if allowed.shape[1] > 1 and allowed.shape[1] != hq:
+                allowed = allowed.repeat_interleave(gp, 1)
+            grouped = allowed.expand(batch, hq, lq, allowed.shape[-1]).reshape(batch * hx, gp * lq, -1)
+        step = _weighted(p, hx, kv_heads, b, tok, grouped)
+        if step is None:
+            return None
+        return KernelOutput(step[0], None, step[1] if p.return_lse else None)
+    k_g, v_g = gather(p.k, p.v, b, kv_heads, tok)
+    k_g, v_g = k_g.to(dt), v_g.to(dt)
     q, flash = p.q.to(dt), rules.FLASH
     assert flash is not None  # (applies: rules.cpu_flash)
     if allowed is None:
