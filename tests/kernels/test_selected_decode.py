@@ -95,13 +95,14 @@ def test_a_cache_with_room_to_spare_or_token_major_is_read_in_place():
     torch.testing.assert_close(attnkit.attention(q, strided, v, mask=mask), out, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["values weighted in place", "fused"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["read in place", "fused"])
 def test_no_step_reads_more_than_the_selected_rows(monkeypatch, dtype):
-    """The keys (and, on the fused route, the values) copied are the selected rows: ``B hx n bs`` of each, however
-    long the cache; in the compute dtype the values are never copied: ``embedding_bag`` reads the selected rows of
-    the cache itself, once per query row (here 2 query heads per key/value head)."""
-    copied, bags = [], []
-    real, bag = selected_decode.gather_rows, torch.nn.functional.embedding_bag
+    """In the compute dtype nothing is copied: the scores are a sampled product at the selected key rows of the cache
+    itself and ``embedding_bag`` reads the selected value rows in place, once per query row (here 2 query heads per
+    key/value head); on the fused route (half precision) the keys and values copied are the selected rows,
+    ``B hx n bs`` of each, however long the cache."""
+    copied, read = [], []
+    real, bag, sampled = selected_decode.gather_rows, torch.nn.functional.embedding_bag, torch.sparse.sampled_addmm
 
     def spy(t, *args):
         out = real(t, *args)
@@ -109,17 +110,22 @@ def test_no_step_reads_more_than_the_selected_rows(monkeypatch, dtype):
         return out
 
     def bag_spy(where, values, *args, **kwargs):
-        bags.append((where.numel(), values.data_ptr()))
+        read.append(("values", where.numel(), values.data_ptr()))
         return bag(where, values, *args, **kwargs)
+
+    def sampled_spy(pattern, q, keys, **kwargs):
+        read.append(("keys", pattern.values().numel(), keys.data_ptr()))
+        return sampled(pattern, q, keys, **kwargs)
     monkeypatch.setattr(selected_decode, "gather_rows", spy)
     monkeypatch.setattr(torch.nn.functional, "embedding_bag", bag_spy)
+    monkeypatch.setattr(torch.sparse, "sampled_addmm", sampled_spy)
     q, k, v = rand_qkv(1, 4, 1, 4000, 8, hkv=2, dtype=dtype)
     attnkit.attention(q, k, v, mask=masks.selected_blocks(_selection(4000, (1, 2, 1, 3), 64, seed=9), 64,
                                                           group_size=2))
     if dtype == torch.float32:
-        assert copied == [torch.Size([1, 2, 3 * 64, 8])] and bags == [(2 * 2 * 3 * 64, v.data_ptr())]
+        assert not copied and read == [("keys", 2 * 2 * 3 * 64, k.data_ptr()), ("values", 2 * 2 * 3 * 64, v.data_ptr())]
     else:
-        assert copied == [torch.Size([1, 2, 3 * 64, 8])] * 2 and not bags
+        assert copied == [torch.Size([1, 2, 3 * 64, 8])] * 2 and not read
 
 
 def test_a_nan_in_a_selected_key_gives_the_exact_paths_answer_and_unselected_ones_never_leak():
@@ -202,11 +208,13 @@ def test_a_dsa_decoding_step_over_its_caches_is_the_last_row_of_the_module(n, to
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
-def test_consecutive_steps_copy_into_the_threads_buffers_and_earlier_answers_stay():
-    """The selected rows go into this thread's buffers, kept from step to step (no fresh pages for every step); the
-    answers are the kernel's own tensors, so a later step leaves an earlier one as it was."""
+def test_consecutive_steps_copy_into_the_threads_buffers_and_earlier_answers_stay(monkeypatch):
+    """On the fused route (half precision, or more query rows per head group than ``WEIGHTED_ROWS``) the selected rows
+    go into this thread's buffers, kept from step to step (no fresh pages for every step); the answers are the
+    kernel's own tensors, so a later step leaves an earlier one as it was."""
     from attnkit.kernels.page_chunks import workspace
 
+    monkeypatch.setattr(selected_decode, "WEIGHTED_ROWS", 0)
     q, k, v = rand_qkv(1, 4, 1, 300, 8, hkv=2, dtype=torch.float64, seed=12)
     first, second = (_selection(300, (1, 2, 1, 3), 16, seed=s) for s in (13, 14))
     a = attnkit.attention(q, k, v, mask=_mask(first, 16, 2))
@@ -245,3 +253,137 @@ def test_a_selection_and_the_full_mask_is_the_selection(slots):
     got = attnkit.attention(q, k, v, mask=mask, backend="blocksparse")
     out, _ = _oracle(q, k, v, idx, 1, 4)
     torch.testing.assert_close(got, out, rtol=0, atol=1e-12)
+
+
+def _general(p):
+    """The exact gathered path's answer for ``p`` (its selection seen as one per query: not a decoding step)."""
+    sel = p.mask.selection
+    shape = (*sel.indices.shape[:2], p.sizes[2], sel.indices.shape[3])
+    return selected.run(p.with_inputs(mask=masks.selected_keys(sel.indices.expand(shape), group_size=sel.group_size)))
+
+
+@pytest.mark.parametrize("route", ["in place", "fused"])
+@pytest.mark.parametrize("lq,causal", [(1, False), (2, True), (2, False)])
+def test_both_routes_equal_the_float64_oracle_for_small_query_counts(monkeypatch, route, lq, causal):
+    """A few queries sharing one selection (a chunk of a decoding step, GQA 6:2, one index head per key/value group):
+    each route equals the per-query float64 oracle, output and lse; in float32 to float32's rounding."""
+    if route == "fused":
+        monkeypatch.setattr(selected_decode, "WEIGHTED_ROWS", 0)
+    q, k, v = rand_qkv(2, 6, lq, 45, 8, hkv=2, dtype=torch.float64, seed=20)
+    idx = _selection(45, (2, 2, 1, 9), 1, seed=21)
+    mask = masks.selected_keys(idx, group_size=3)
+    mask = mask & masks.causal() if causal else mask
+    p = _prepare(q, k, v, mask=mask)
+    assert selected_decode.applies(p) and selected_decode._weighted_ok(p, 3) == (route == "in place")
+    assert ("embedding_bag" in selected_decode.describe(p)) == (route == "in place")
+    out, lse = _oracle(q, k, v, idx, 1, 3, causal)
+    got = attnkit.attention(q, k, v, mask=mask, return_lse=True)
+    torch.testing.assert_close(got.output, out, rtol=0, atol=1e-12)
+    torch.testing.assert_close(got.lse, lse, rtol=0, atol=1e-12)
+    got32 = attnkit.attention(*(t.float() for t in (q, k, v)), mask=mask, return_lse=True)
+    torch.testing.assert_close(got32.output, out.float(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got32.lse, lse.float(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_selection_of_every_key_is_dense_attention(dtype):
+    """Every key selected, in any order, once each: the step (in place) is dense attention over the cache."""
+    q, k, v = rand_qkv(2, 4, 1, 33, 8, hkv=2, dtype=dtype, seed=22)
+    idx = torch.stack([torch.randperm(33, generator=torch.Generator().manual_seed(s)) for s in (1, 2)])
+    mask = masks.selected_keys(idx.view(2, 1, 1, 33))
+    assert "embedding_bag" in attnkit.explain(q, k, v, mask=mask, backend="blocksparse").reasons[
+        "blocksparse-gathered"]
+    got = attnkit.attention(q, k, v, mask=mask, return_lse=True, backend="blocksparse")
+    want = attnkit.attention(q, k, v, return_lse=True)
+    tol = 1e-12 if dtype == torch.float64 else 1e-6
+    torch.testing.assert_close(got.output, want.output, rtol=0, atol=tol)
+    torch.testing.assert_close(got.lse, want.lse, rtol=0, atol=tol)
+
+
+def _poison(where, k, v, q):
+    """Non-finite values at one place of the inputs (a copy of each)."""
+    q, k, v = q.clone(), k.clone(), v.clone()
+    if where == "nan in a query":
+        q[0, 1, 0, 3] = math.nan
+    elif where == "nan in a selected key":
+        k[1, 0, 4, 2] = math.nan
+    elif where == "inf in a selected value":
+        v[0, 1, 7, 0] = math.inf
+    elif where == "-inf in a selected key":
+        k[0, 0, 4, :] = -math.inf
+    elif where == "nan where unused slots read (row 0), unselected keys":
+        v[:, :, 0], k[:, :, 0] = math.nan, math.inf
+        v[:, :, 12:], k[:, :, 12:] = math.nan, math.nan
+    return q, k, v
+
+
+@pytest.mark.parametrize("where", ["nan in a query", "nan in a selected key", "inf in a selected value",
+                                   "-inf in a selected key", "nan where unused slots read (row 0), unselected keys"])
+@pytest.mark.parametrize("route", ["in place", "fused"])
+def test_non_finite_inputs_get_the_exact_paths_answer(monkeypatch, where, route):
+    """NaN or inf in a query, a selected key or value, or where an unused slot's clamped row lies: each route answers
+    as the exact gathered path does (NaN where it gives NaN), never with a value of its own; what is not selected
+    never leaks."""
+    if route == "fused":
+        monkeypatch.setattr(selected_decode, "WEIGHTED_ROWS", 0)
+    q, k, v = rand_qkv(2, 4, 1, 20, 8, hkv=2, dtype=torch.float64, seed=23)
+    q, k, v = _poison(where, k, v, q)
+    idx = torch.tensor([[[[4, 7, 9, -1, 3]]], [[[1, 4, -1, 7, 11]]]])
+    for dtype in (torch.float64, torch.float32):
+        args = [t.to(dtype) for t in (q, k, v)]
+        mask = masks.selected_keys(idx)
+        want = _general(_prepare(*args, mask=mask, return_lse=True))
+        got = attnkit.attention(*args, mask=mask, return_lse=True)
+        torch.testing.assert_close(got.output, want.out, rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(got.lse, want.lse, rtol=0, atol=0, equal_nan=True)
+    if where.startswith("nan where"):
+        out, _ = _oracle(q, k, v, idx, 1, 2)
+        torch.testing.assert_close(got.output.double(), out, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("route", ["in place", "fused"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_unused_slots_repeats_and_rows_with_no_key(monkeypatch, route, causal):
+    """Slots of -1, a key named twice (one key), and a batch row whose every slot is -1 (output 0, lse -inf, as the
+    exact path): the float64 oracle on each route."""
+    if route == "fused":
+        monkeypatch.setattr(selected_decode, "WEIGHTED_ROWS", 0)
+    q, k, v = rand_qkv(3, 2, 1, 16, 8, dtype=torch.float64, seed=24)
+    idx = torch.tensor([[[[5, -1, 5, 2, 15]]], [[[-1, -1, -1, -1, -1]]], [[[0, 0, 0, 9, -1]]]])
+    mask = masks.selected_keys(idx)
+    mask = mask & masks.causal() if causal else mask
+    p = _prepare(q, k, v, mask=mask, return_lse=True)
+    assert selected_decode.applies(p)
+    got = attnkit.attention(q, k, v, mask=mask, return_lse=True)
+    out, lse = _oracle(q, k, v, idx, 1, 2, causal)
+    torch.testing.assert_close(got.output, out, rtol=0, atol=1e-12)
+    torch.testing.assert_close(got.lse, lse, rtol=0, atol=1e-12)
+    assert torch.equal(got.output[1], torch.zeros_like(got.output[1])) and bool((got.lse[1] == -math.inf).all())
+    want = _general(p)
+    torch.testing.assert_close(got.output, want.out, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_takes_the_fused_route_and_equals_the_oracle(dtype):
+    q, k, v = rand_qkv(2, 4, 1, 40, 8, hkv=2, dtype=dtype, seed=25)
+    idx = _selection(40, (2, 1, 1, 9), 1, seed=26)
+    mask = masks.selected_keys(idx)
+    p = _prepare(q, k, v, mask=mask)
+    assert selected_decode.applies(p) and not selected_decode._weighted_ok(p, 2)
+    out, _ = _oracle(q, k, v, idx, 1, 2)
+    got = attnkit.attention(q, k, v, mask=mask)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.double(), out, rtol=0, atol=1e-2)
+
+
+def test_values_with_no_rows_view_take_the_fused_route():
+    """Keys with no rows view are copied and multiplied; values with none send the step to the fused route."""
+    q, k, v = rand_qkv(1, 4, 1, 30, 8, hkv=2, dtype=torch.float64, seed=27)
+    strided_k, strided_v = (t.transpose(2, 3).contiguous().transpose(2, 3) for t in (k, v))
+    idx = _selection(30, (1, 1, 1, 7), 1, seed=28)
+    mask = masks.selected_keys(idx)
+    out, _ = _oracle(q, k, v, idx, 1, 2)
+    assert selected_decode._weighted_ok(_prepare(q, strided_k, v, mask=mask), 2)
+    assert not selected_decode._weighted_ok(_prepare(q, k, strided_v, mask=mask), 2)
+    for kk, vv in ((strided_k, v), (k, strided_v), (strided_k, strided_v)):
+        torch.testing.assert_close(attnkit.attention(q, kk, vv, mask=mask), out, rtol=0, atol=1e-12)

@@ -1,28 +1,37 @@
-"""A decoding step over selected keys: the selected rows copied once, torch's fused kernel over them.
+"""A decoding step over selected keys: the selected rows read in place, or copied once for torch's fused kernel.
 
 DSA's top-k keys (DeepSeek-AI 2025, arXiv:2512.02556, eq. 2) or NSA's selected blocks (Yuan et al. 2025,
 arXiv:2502.11089, eq. 12) when one selection serves every query of the call (``indices`` ``(B|1, Hs|1, 1, n)``:
 a decoding step, or a chunk whose queries share their keys), without autograd. The query heads of compute
 head ``x`` (its index head and its key/value head) read the keys ``S_x = {i * bs + j : i in indices, j < bs}``::
 
-    out = softmax(q K[S_x]^T * scale) V[S_x]            (one call of torch's fused CPU kernel)
+    out = softmax(q K[S_x]^T * scale) V[S_x]
 
-The keys (and values) are seen as rows ``(R, E)`` in place (any layout whose batch, head and position strides
-are whole rows: contiguous, a slice of a preallocated cache, token-major) and the selected rows are copied with one
-``index_select`` each: ``B hx n bs (D + Dv)`` elements, nothing proportional to ``Lk``, and no split into
-chunks merged afterwards. The copies go into this thread's buffers, kept from step to step
-(:func:`.page_chunks.workspace`, up to :data:`HELD` elements each): buffers of a few MB made afresh by every step
-are returned to the OS and page-faulted in again by the next, which cost several times the copy. Slots that name
-no key (``-1``, past ``Lk``) and keys the mask beside the selection hides are masked with ``-inf`` (their rows
-zeroed, so no NaN stored there reaches the output).
+The keys and values are seen as rows ``(R, E)`` in place (any layout whose batch, head and position strides
+are whole rows: contiguous, a slice of a preallocated cache, token-major); nothing proportional to ``Lk`` is
+touched, and the selection is not split into chunks merged afterwards. Two routes:
 
-As the other fused routes, the output is checked: a NaN or inf, or a row torch zeroed (an lse of exactly 0),
-sends the call to the exact gathered path (:mod:`.selected`), which answers by attnkit's contract.
+- **in place** (inputs in the compute dtype, float32 or float64, at most :data:`WEIGHTED_ROWS` query rows per
+  compute head): the scores are a sampled matrix product, ``q_rows @ key_rows^T`` computed at the selected rows
+  only (``torch.sparse.sampled_addmm``), their softmax and lse in a few operations on ``B hx m N`` entries, and the
+  output one ``embedding_bag`` over the selected value rows weighted by the probabilities. Nothing is copied: on a
+  cache that no longer fits the CPU's caches the step is bound by reading the selected rows from memory, and a copy
+  would write (and first read) as many bytes again;
+- **fused** (half precision, more query rows, values with no rows view): the selected rows copied with one
+  ``index_select`` each (``B hx n bs (D + Dv)`` elements) into this thread's buffers, kept from step to step
+  (:func:`.page_chunks.workspace`, up to :data:`HELD` elements each: buffers of a few MB made afresh by every step
+  are returned to the OS and page-faulted in again by the next), then one call of torch's fused CPU kernel.
+
+Slots that name no key (``-1``, past ``Lk``) and keys the mask beside the selection hides are masked with ``-inf``
+(on the fused route their rows are zeroed; in place they weigh exactly 0). Each answer is checked: a NaN or inf
+(anywhere in place; on the fused route also a row torch zeroed, an lse of exactly 0) sends the call to the exact
+gathered path (:mod:`.selected`), which answers by attnkit's contract.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +41,7 @@ from ..masks.selected import selection_of
 from . import rules
 from .lane import trusted
 from .page_chunks import workspace
-from .path_cost import PathCost, fused_attention, itemsize
+from .path_cost import PathCost, Product, fused_attention, itemsize
 
 __all__ = ["applies", "run", "describe", "cost", "gather", "gather_rows", "BUDGET", "HELD", "WEIGHTED_ROWS"]
 
@@ -40,6 +49,7 @@ BUDGET = 1 << 25  # gathered elements (keys and values) at most: past it the gen
 WEIGHTED_ROWS = 8  # query rows per compute head at most whose values are read in place, weighted (_weighted)
 HELD = 1 << 22  # gathered elements of the keys (or values) at most kept in this thread's buffer between steps
 _NEG_INF = float("-inf")
+_WARNED = False  # torch's warning that CSR tensors are in beta has been shown once (_pattern)
 
 
 def _compute_heads(hs: int, hkv: int) -> int:
@@ -73,18 +83,30 @@ def applies(p: Problem) -> bool:
 
 def describe(p: Problem) -> str:
     sel = selection_of(p.mask)
-    return (f"a decoding step: the {sel.indices.shape[3] * sel.block_size} selected keys of each head group copied "
-            f"once (index_select of rows), torch's fused kernel over them")
+    n = sel.indices.shape[3] * sel.block_size
+    if _weighted_ok(p, p.sizes[1] // _heads(p)[0]):
+        how = "scored in place (a sampled product at their rows)" if _rows(p.k) is not None else "copied once"
+        return (f"a decoding step: the {n} selected keys of each head group {how}, their values read in place, "
+                f"weighted (embedding_bag over the selected rows); O(Lq k (D + Dv)), nothing of size Lk")
+    return (f"a decoding step: the {n} selected keys of each head group copied once (index_select of rows), "
+            f"torch's fused kernel over them")
 
 
 def cost(p: Problem) -> PathCost:
-    """The fused kernel over ``B Hq Lq N`` scores; the gathered keys and values as workspace."""
+    """``B Hq Lq N`` scores, computed by products over the selected rows (the fused kernel where it runs); the scores
+    and row indices, or the gathered keys and values, as workspace."""
     batch, hq, lq, _, d, dv = p.sizes
     sel = selection_of(p.mask)
     slots, hx = sel.indices.shape[3] * sel.block_size, _heads(p)[0]
-    return PathCost(batch * hq * lq * slots, float(batch * hx * slots * (d + dv) * itemsize(p)),
-                    fused=fused_attention("attention (selected keys gathered once, fused kernel)",
-                                          batch * hq * lq * slots, d, dv), materialized=False)
+    scores = batch * hq * lq * slots
+    if _weighted_ok(p, hq // hx):
+        products = (Product("scores (q k^T at the selected rows)", batch * hx, hq // hx * lq, d, slots, "scores"),
+                    Product("weights @ v (the selected rows, in place)", batch * hx, hq // hx * lq, slots, dv,
+                            "output"))
+        return PathCost(scores, float(scores * (2 * itemsize(p) + 3 * 8)), products, materialized=True)
+    return PathCost(scores, float(batch * hx * slots * (d + dv) * itemsize(p)),
+                    fused=fused_attention("attention (selected keys gathered once, fused kernel)", scores, d, dv),
+                    materialized=False)
 
 
 def _rows(t: torch.Tensor) -> tuple[torch.Tensor, int, int, int] | None:
@@ -136,31 +158,71 @@ def _weighted(p: Problem, hx: int, kv_heads: torch.Tensor, b: torch.Tensor, tok:
               allowed: torch.Tensor | None):
     """``(out, lse)`` ``(B, Hq, Lq, Dv)``, ``(B, Hq, Lq)``, or None when not finite (the caller runs the exact path).
 
-    The selected key rows copied once (one ``index_select`` into this thread's buffer), the scores of the
-    ``m = gp Lq`` query rows of each compute head one ``bmm``, their softmax; the values never copied:
-    ``embedding_bag`` sums each query row's selected value rows, weighted by its probabilities, reading each
-    row in place once per query row. Slots a query may not read (``allowed`` ``(B hx, m|1, N)`` False) score
-    ``-inf``, so weigh exactly 0 (a NaN or inf stored there makes the output non-finite: refused)."""
-    batch, hq, lq, _, d, dv = p.sizes
+    The ``m = gp Lq`` query rows of each compute head score its selected keys in place (:func:`_scores`), their
+    softmax is taken, and the values are never copied: ``embedding_bag`` sums each query row's selected value rows,
+    weighted by its probabilities, reading each row of the cache in place once per query row. Slots a query may
+    not read (``allowed`` ``(B hx, m|1, N)`` False) score ``-inf``, so weigh exactly 0 (a NaN or inf stored there
+    makes the output non-finite: refused)."""
+    batch, hq, lq, _, _, dv = p.sizes
     m, n = hq // hx * lq, tok.shape[-1]
-    k_g = gather_rows(p.k, b, kv_heads, tok, "decode keys").view(batch * hx, n, d)
-    q = p.q.reshape(batch * hx, m, d)
-    s = torch.bmm(q, k_g.transpose(1, 2)).mul_(p.scale)  # (B hx, m, N)
+    s = _scores(p, b, kv_heads, tok, m).view(batch * hx, m, n)
     if allowed is not None:
         s.masked_fill_(~allowed, _NEG_INF)
     lse = torch.logsumexp(s, -1)  # (B hx, m)
     weights = s.sub_(lse.unsqueeze(-1)).exp_()
     if allowed is not None:  # rows with no key (lse -inf): -inf - -inf is NaN; they weigh nothing
         weights.masked_fill_((lse == _NEG_INF).unsqueeze(-1), 0.0)
-    values, sb, sh, sl = _rows(p.v)  # type: ignore[misc]  (_weighted_ok)
-    where = (b * sb + kv_heads.view(1, -1, 1) * sh + tok * sl).view(batch * hx, 1, n)
-    where = where.expand(batch * hx, m, n).reshape(-1)
+    rows = _rows(p.v)
+    assert rows is not None  # (_weighted_ok)
+    values, sb, sh, sl = rows
+    where = _row_index(b, kv_heads, tok, sb, sh, sl, m)
     offsets = torch.arange(0, where.numel(), n, device=where.device)
     out = F.embedding_bag(where, values, offsets, mode="sum", per_sample_weights=weights.view(-1))
     checked = lse if allowed is None else lse.masked_fill(lse == _NEG_INF, 0.0)
     if not math.isfinite(out.sum().item() + checked.sum().item()):
         return None  # NaN or inf: the exact path answers by attnkit's contract
     return out.view(batch, hq, lq, dv), lse.view(batch, hq, lq)
+
+
+def _row_index(b: torch.Tensor, kvh: torch.Tensor, tok: torch.Tensor, sb: int, sh: int, sl: int,
+               m: int) -> torch.Tensor:
+    """The row of every selected key ``(b, kvh, tok)`` in a rows view of strides ``sb, sh, sl`` (:func:`_rows`),
+    repeated for each of the ``m`` query rows of its compute head: ``(B hx m N,)``."""
+    where = b * sb + kvh.view(1, -1, 1) * sh + tok * sl  # (B, hx, N)
+    return where.unsqueeze(2).expand(*tok.shape[:2], m, tok.shape[-1]).reshape(-1)
+
+
+def _scores(p: Problem, b: torch.Tensor, kvh: torch.Tensor, tok: torch.Tensor, m: int) -> torch.Tensor:
+    """``scale q . k`` of each query row and each of its compute head's selected keys, ``(B hx m N,)``.
+
+    Keys with a rows view are read in place: a sampled matrix product (``torch.sparse.sampled_addmm``), whose
+    pattern has one row per query row and a column per selected key row (``q_rows @ key_rows^T`` computed at those
+    entries only); other layouts are copied (:func:`gather_rows`) and multiplied with ``bmm``."""
+    batch, _, _, _, d, _ = p.sizes
+    hx, n = tok.shape[1], tok.shape[-1]
+    q = p.q.reshape(batch * hx * m, d)
+    rows = _rows(p.k)
+    if rows is None:
+        k_g = gather_rows(p.k, b, kvh, tok, "decode keys").view(batch * hx, n, d)
+        return torch.bmm(q.view(batch * hx, m, d), k_g.transpose(1, 2)).mul_(p.scale).view(-1)
+    keys, sb, sh, sl = rows
+    where = _row_index(b, kvh, tok, sb, sh, sl, m)
+    pattern = _pattern(torch.arange(0, where.numel() + 1, n, device=where.device), where,
+                       q.new_zeros(where.numel()), (q.shape[0], keys.shape[0]))
+    return torch.sparse.sampled_addmm(pattern, q, keys.t(), beta=0.0, alpha=p.scale).values()
+
+
+def _pattern(crow: torch.Tensor, col: torch.Tensor, zeros: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """A sparse CSR matrix of these entries, unchecked (made here, valid by construction). torch warns once per
+    process that CSR support is in beta; that warning is not the caller's, so the first one is silenced."""
+    global _WARNED
+    if _WARNED:
+        return torch.sparse_csr_tensor(crow, col, zeros, size, check_invariants=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        made = torch.sparse_csr_tensor(crow, col, zeros, size, check_invariants=False)
+    _WARNED = True
+    return made
 
 
 def run(p: Problem):
