@@ -1,4 +1,4 @@
-"""A decoding step over selected keys: the selected rows read in place, or copied once for torch's fused kernel.
+"""A decoding step over selected keys: the selected values read in place, or the rows copied for torch's kernel.
 
 DSA's top-k keys (DeepSeek-AI 2025, arXiv:2512.02556, eq. 2) or NSA's selected blocks (Yuan et al. 2025,
 arXiv:2502.11089, eq. 12) when one selection serves every query of the call (``indices`` ``(B|1, Hs|1, 1, n)``:
@@ -11,27 +11,26 @@ The keys and values are seen as rows ``(R, E)`` in place (any layout whose batch
 are whole rows: contiguous, a slice of a preallocated cache, token-major); nothing proportional to ``Lk`` is
 touched, and the selection is not split into chunks merged afterwards. Two routes:
 
-- **in place** (inputs in the compute dtype, float32 or float64, at most :data:`WEIGHTED_ROWS` query rows per
-  compute head): the scores are a sampled matrix product, ``q_rows @ key_rows^T`` computed at the selected rows
-  only (``torch.sparse.sampled_addmm``), their softmax and lse in a few operations on ``B hx m N`` entries, and the
-  output one ``embedding_bag`` over the selected value rows weighted by the probabilities. Nothing is copied: on a
-  cache that no longer fits the CPU's caches the step is bound by reading the selected rows from memory, and a copy
-  would write (and first read) as many bytes again;
+- **values in place** (inputs in the compute dtype, float32 or float64, at most :data:`WEIGHTED_ROWS` query rows
+  per compute head): the selected key rows copied once (``index_select``, into this thread's buffer) and scored by
+  one ``bmm``, their softmax taken on ``B hx m N`` entries, and the output one ``embedding_bag`` over the selected
+  value rows of the cache itself, weighted by the probabilities: the values are never copied (on a cache that no
+  longer fits the CPU's caches the step is bound by reading the selected rows from memory, and a copy writes, and
+  first reads, as many bytes again);
 - **fused** (half precision, more query rows, values with no rows view): the selected rows copied with one
   ``index_select`` each (``B hx n bs (D + Dv)`` elements) into this thread's buffers, kept from step to step
   (:func:`.page_chunks.workspace`, up to :data:`HELD` elements each: buffers of a few MB made afresh by every step
   are returned to the OS and page-faulted in again by the next), then one call of torch's fused CPU kernel.
 
 Slots that name no key (``-1``, past ``Lk``) and keys the mask beside the selection hides are masked with ``-inf``
-(on the fused route their rows are zeroed; in place they weigh exactly 0). Each answer is checked: a NaN or inf
-(anywhere in place; on the fused route also a row torch zeroed, an lse of exactly 0) sends the call to the exact
+(on the fused route their rows are zeroed; with the values in place they weigh exactly 0). Each answer is checked:
+a NaN or inf (on the fused route also a row torch zeroed, an lse of exactly 0) sends the call to the exact
 gathered path (:mod:`.selected`), which answers by attnkit's contract.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +48,6 @@ BUDGET = 1 << 25  # gathered elements (keys and values) at most: past it the gen
 WEIGHTED_ROWS = 8  # query rows per compute head at most whose values are read in place, weighted (_weighted)
 HELD = 1 << 22  # gathered elements of the keys (or values) at most kept in this thread's buffer between steps
 _NEG_INF = float("-inf")
-_WARNED = False  # torch's warning that CSR tensors are in beta has been shown once (_pattern)
 
 
 def _compute_heads(hs: int, hkv: int) -> int:
@@ -85,8 +83,7 @@ def describe(p: Problem) -> str:
     sel = selection_of(p.mask)
     n = sel.indices.shape[3] * sel.block_size
     if _weighted_ok(p, p.sizes[1] // _heads(p)[0]):
-        how = "scored in place (a sampled product at their rows)" if _rows(p.k) is not None else "copied once"
-        return (f"a decoding step: the {n} selected keys of each head group {how}, their values read in place, "
+        return (f"a decoding step: the {n} selected keys of each head group copied once, their values read in place, "
                 f"weighted (embedding_bag over the selected rows); O(Lq k (D + Dv)), nothing of size Lk")
     return (f"a decoding step: the {n} selected keys of each head group copied once (index_select of rows), "
             f"torch's fused kernel over them")
@@ -158,30 +155,29 @@ def _weighted(p: Problem, hx: int, kv_heads: torch.Tensor, b: torch.Tensor, tok:
               allowed: torch.Tensor | None):
     """``(out, lse)`` ``(B, Hq, Lq, Dv)``, ``(B, Hq, Lq)``, or None when not finite (the caller runs the exact path).
 
-    The ``m = gp Lq`` query rows of each compute head score its selected keys in place (:func:`_scores`), their
-    softmax is taken, and the values are never copied: ``embedding_bag`` sums each query row's selected value rows,
+    The ``m = gp Lq`` query rows of each compute head score its selected keys (:func:`_scores`), their softmax is
+    taken, and the values are never copied: ``embedding_bag`` sums each query row's selected value rows,
     weighted by its probabilities, reading each row of the cache in place once per query row. Slots a query may
     not read (``allowed`` ``(B hx, m|1, N)`` False) score ``-inf``, so weigh exactly 0 (a NaN or inf stored there
     makes the output non-finite: refused)."""
     batch, hq, lq, _, _, dv = p.sizes
     m, n = hq // hx * lq, tok.shape[-1]
-    s = _scores(p, b, kv_heads, tok, m).view(batch * hx, m, n)
+    s = _scores(p, b, kv_heads, tok, m)
     if allowed is not None:
         s.masked_fill_(~allowed, _NEG_INF)
-    lse = torch.logsumexp(s, -1)  # (B hx, m)
-    weights = s.sub_(lse.unsqueeze(-1)).exp_()
-    if allowed is not None:  # rows with no key (lse -inf): -inf - -inf is NaN; they weigh nothing
-        weights.masked_fill_((lse == _NEG_INF).unsqueeze(-1), 0.0)
+    weights = torch.softmax(s, -1)
+    if allowed is not None:  # rows with no key: softmax over nothing is NaN; they weigh nothing (output 0)
+        weights.masked_fill_(~allowed.any(-1, keepdim=True), 0.0)
     rows = _rows(p.v)
     assert rows is not None  # (_weighted_ok)
     values, sb, sh, sl = rows
     where = _row_index(b, kv_heads, tok, sb, sh, sl, m)
     offsets = torch.arange(0, where.numel(), n, device=where.device)
     out = F.embedding_bag(where, values, offsets, mode="sum", per_sample_weights=weights.view(-1))
-    checked = lse if allowed is None else lse.masked_fill(lse == _NEG_INF, 0.0)
-    if not math.isfinite(out.sum().item() + checked.sum().item()):
+    if not math.isfinite(out.sum().item()):  # a score of NaN or +inf makes its row's weights NaN: caught here too
         return None  # NaN or inf: the exact path answers by attnkit's contract
-    return out.view(batch, hq, lq, dv), lse.view(batch, hq, lq)
+    lse = torch.logsumexp(s, -1) if p.return_lse else None  # (-inf on rows with no key)
+    return out.view(batch, hq, lq, dv), None if lse is None else lse.view(batch, hq, lq)
 
 
 def _row_index(b: torch.Tensor, kvh: torch.Tensor, tok: torch.Tensor, sb: int, sh: int, sl: int,
@@ -193,36 +189,14 @@ def _row_index(b: torch.Tensor, kvh: torch.Tensor, tok: torch.Tensor, sb: int, s
 
 
 def _scores(p: Problem, b: torch.Tensor, kvh: torch.Tensor, tok: torch.Tensor, m: int) -> torch.Tensor:
-    """``scale q . k`` of each query row and each of its compute head's selected keys, ``(B hx m N,)``.
-
-    Keys with a rows view are read in place: a sampled matrix product (``torch.sparse.sampled_addmm``), whose
-    pattern has one row per query row and a column per selected key row (``q_rows @ key_rows^T`` computed at those
-    entries only); other layouts are copied (:func:`gather_rows`) and multiplied with ``bmm``."""
+    """``scale q . k`` of each query row and each of its compute head's selected keys, ``(B hx, m, N)``: the selected
+    key rows copied once (:func:`gather_rows`, into this thread's buffer), then one ``bmm`` with the queries on the
+    left, ``(m, D) @ (D, N)`` per compute head (on this CPU's BLAS the keys-on-the-left form, ``(N, D) @ (D, m)``,
+    took 8x the time at ``m = 1``)."""
     batch, _, _, _, d, _ = p.sizes
     hx, n = tok.shape[1], tok.shape[-1]
-    q = p.q.reshape(batch * hx * m, d)
-    rows = _rows(p.k)
-    if rows is None:
-        k_g = gather_rows(p.k, b, kvh, tok, "decode keys").view(batch * hx, n, d)
-        return torch.bmm(q.view(batch * hx, m, d), k_g.transpose(1, 2)).mul_(p.scale).view(-1)
-    keys, sb, sh, sl = rows
-    where = _row_index(b, kvh, tok, sb, sh, sl, m)
-    pattern = _pattern(torch.arange(0, where.numel() + 1, n, device=where.device), where,
-                       q.new_zeros(where.numel()), (q.shape[0], keys.shape[0]))
-    return torch.sparse.sampled_addmm(pattern, q, keys.t(), beta=0.0, alpha=p.scale).values()
-
-
-def _pattern(crow: torch.Tensor, col: torch.Tensor, zeros: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """A sparse CSR matrix of these entries, unchecked (made here, valid by construction). torch warns once per
-    process that CSR support is in beta; that warning is not the caller's, so the first one is silenced."""
-    global _WARNED
-    if _WARNED:
-        return torch.sparse_csr_tensor(crow, col, zeros, size, check_invariants=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        made = torch.sparse_csr_tensor(crow, col, zeros, size, check_invariants=False)
-    _WARNED = True
-    return made
+    k_g = gather_rows(p.k, b, kvh, tok, "decode keys").view(batch * hx, n, d)
+    return torch.bmm(p.q.reshape(batch * hx, m, d), k_g.transpose(1, 2)).mul_(p.scale)
 
 
 def run(p: Problem):
@@ -242,8 +216,8 @@ def run(p: Problem):
         idx = (idx[..., None] * bs + torch.arange(bs, device=dev)).flatten(-2).masked_fill_(
             (idx < 0).repeat_interleave(bs, -1), -1)
     valid = (idx >= 0) & (idx < lk)  # (B|1, hx|1, N)
-    tok = idx.clamp(0, max(lk - 1, 0)).expand(batch, hx, -1)
     every = bool(valid.all())
+    tok = (idx if every else idx.clamp(0, max(lk - 1, 0))).expand(batch, hx, -1)
     b = torch.arange(batch, device=dev).view(-1, 1, 1)
     gp = hq // hx
     allowed = None if every else valid[:, :, None, :]  # (B|1, hx|1, 1, N)
@@ -262,9 +236,7 @@ def run(p: Problem):
                 allowed = allowed.repeat_interleave(gp, 1)
             grouped = allowed.expand(batch, hq, lq, allowed.shape[-1]).reshape(batch * hx, gp * lq, -1)
         step = _weighted(p, hx, kv_heads, b, tok, grouped)
-        if step is None:
-            return None
-        return KernelOutput(step[0], None, step[1] if p.return_lse else None)
+        return None if step is None else KernelOutput(step[0], None, step[1])
     k_g, v_g = gather(p.k, p.v, b, kv_heads, tok)
     k_g, v_g = k_g.to(dt), v_g.to(dt)
     q, flash = p.q.to(dt), rules.FLASH
