@@ -151,52 +151,57 @@ def _weighted_ok(p: Problem, gp: int) -> bool:
             and _rows(p.v) is not None)
 
 
-def _weighted(p: Problem, hx: int, kv_heads: torch.Tensor, b: torch.Tensor, tok: torch.Tensor,
-              allowed: torch.Tensor | None):
-    """``(out, lse)`` ``(B, Hq, Lq, Dv)``, ``(B, Hq, Lq)``, or None when not finite (the caller runs the exact path).
+def _weighted(p: Problem, hx: int, kv_heads: torch.Tensor, tok: torch.Tensor, allowed: torch.Tensor | None):
+    """``(out, lse)`` ``(B, Hq, Lq, Dv)``, ``(B, Hq, Lq)`` (None unless asked), or None when not finite (the caller
+    runs the exact path).
 
-    The ``m = gp Lq`` query rows of each compute head score its selected keys (:func:`_scores`), their softmax is
-    taken, and the values are never copied: ``embedding_bag`` sums each query row's selected value rows,
-    weighted by its probabilities, reading each row of the cache in place once per query row. Slots a query may
-    not read (``allowed`` ``(B hx, m|1, N)`` False) score ``-inf``, so weigh exactly 0 (a NaN or inf stored there
-    makes the output non-finite: refused)."""
-    batch, hq, lq, _, _, dv = p.sizes
+    The ``m = gp Lq`` query rows of each compute head score its selected keys, copied once (one ``index_select``
+    into this thread's buffer, then one ``bmm`` with the queries on the left: ``(m, D) @ (D, N)`` per compute head;
+    the keys-on-the-left form, ``(N, D) @ (D, m)``, took 8x the time at ``m = 1`` on this CPU's BLAS); their softmax
+    is taken, and the values are never copied: ``embedding_bag`` sums each query row's selected value rows, weighted
+    by its probabilities, reading each row of the cache in place once per query row. Slots a query may not read
+    (``allowed`` ``(B hx, m, N)`` False) score ``-inf``, so weigh exactly 0 (a NaN or inf stored there makes the
+    output non-finite: refused)."""
+    batch, hq, lq, _, d, dv = p.sizes
     m, n = hq // hx * lq, tok.shape[-1]
-    s = _scores(p, b, kv_heads, tok, m)
+    rows_v, rows_k = _rows(p.v), _rows(p.k)
+    assert rows_v is not None  # (_weighted_ok)
+    values, layout = rows_v[0], rows_v[1:]
+    where = _row_index(kv_heads, tok, *layout)  # (B, hx, N)
+    if rows_k is None:  # no rows view: advanced indexing
+        b = torch.arange(batch, device=tok.device).view(-1, 1, 1)
+        k_g = p.k[b, kv_heads.view(1, -1, 1), tok]
+    else:
+        at = where if rows_k[1:] == layout else _row_index(kv_heads, tok, *rows_k[1:])
+        k_g = torch.index_select(rows_k[0], 0, at.view(-1), out=_buffer(p.k, at.numel(), d))
+    s = torch.bmm(p.q.reshape(batch * hx, m, d), k_g.view(batch * hx, n, d).transpose(1, 2)).mul_(p.scale)
     if allowed is not None:
         s.masked_fill_(~allowed, _NEG_INF)
     weights = torch.softmax(s, -1)
     if allowed is not None:  # rows with no key: softmax over nothing is NaN; they weigh nothing (output 0)
         weights.masked_fill_(~allowed.any(-1, keepdim=True), 0.0)
-    rows = _rows(p.v)
-    assert rows is not None  # (_weighted_ok)
-    values, sb, sh, sl = rows
-    where = _row_index(b, kv_heads, tok, sb, sh, sl, m)
-    offsets = torch.arange(0, where.numel(), n, device=where.device)
-    out = F.embedding_bag(where, values, offsets, mode="sum", per_sample_weights=weights.view(-1))
+    bags = where.view(-1) if m == 1 else where.unsqueeze(2).expand(batch, hx, m, n).reshape(-1)
+    offsets = torch.arange(0, bags.numel(), n, device=bags.device)
+    out = F.embedding_bag(bags, values, offsets, mode="sum", per_sample_weights=weights.view(-1))
     if not math.isfinite(out.sum().item()):  # a score of NaN or +inf makes its row's weights NaN: caught here too
         return None  # NaN or inf: the exact path answers by attnkit's contract
-    lse = torch.logsumexp(s, -1) if p.return_lse else None  # (-inf on rows with no key)
-    return out.view(batch, hq, lq, dv), None if lse is None else lse.view(batch, hq, lq)
+    lse = torch.logsumexp(s, -1).view(batch, hq, lq) if p.return_lse else None  # (-inf on rows with no key)
+    return out.view(batch, hq, lq, dv), lse
 
 
-def _row_index(b: torch.Tensor, kvh: torch.Tensor, tok: torch.Tensor, sb: int, sh: int, sl: int,
-               m: int) -> torch.Tensor:
-    """The row of every selected key ``(b, kvh, tok)`` in a rows view of strides ``sb, sh, sl`` (:func:`_rows`),
-    repeated for each of the ``m`` query rows of its compute head: ``(B hx m N,)``."""
-    where = b * sb + kvh.view(1, -1, 1) * sh + tok * sl  # (B, hx, N)
-    return where.unsqueeze(2).expand(*tok.shape[:2], m, tok.shape[-1]).reshape(-1)
+def _row_index(kvh: torch.Tensor, tok: torch.Tensor, sb: int, sh: int, sl: int) -> torch.Tensor:
+    """The row of every selected key, ``b sb + kvh[x] sh + tok[b, x, j] sl``, in a rows view of strides ``sb, sh, sl``
+    (:func:`_rows`): ``(B, hx, N)`` int64 (``tok`` ``(B, hx, N)``)."""
+    where = torch.add((kvh * sh).view(1, -1, 1), tok, alpha=sl)
+    if tok.shape[0] > 1:
+        where += torch.arange(0, tok.shape[0] * sb, sb, device=tok.device).view(-1, 1, 1)
+    return where
 
 
-def _scores(p: Problem, b: torch.Tensor, kvh: torch.Tensor, tok: torch.Tensor, m: int) -> torch.Tensor:
-    """``scale q . k`` of each query row and each of its compute head's selected keys, ``(B hx, m, N)``: the selected
-    key rows copied once (:func:`gather_rows`, into this thread's buffer), then one ``bmm`` with the queries on the
-    left, ``(m, D) @ (D, N)`` per compute head (on this CPU's BLAS the keys-on-the-left form, ``(N, D) @ (D, m)``,
-    took 8x the time at ``m = 1``)."""
-    batch, _, _, _, d, _ = p.sizes
-    hx, n = tok.shape[1], tok.shape[-1]
-    k_g = gather_rows(p.k, b, kvh, tok, "decode keys").view(batch * hx, n, d)
-    return torch.bmm(p.q.reshape(batch * hx, m, d), k_g.transpose(1, 2)).mul_(p.scale)
+def _buffer(t: torch.Tensor, rows: int, width: int) -> torch.Tensor | None:
+    """This thread's buffer for ``rows`` gathered rows of ``t`` (:func:`.page_chunks.workspace`), or None (a fresh
+    tensor) past :data:`HELD` elements."""
+    return workspace(t).take("decode keys", rows, width) if rows * width <= HELD else None
 
 
 def run(p: Problem):
@@ -206,23 +211,28 @@ def run(p: Problem):
 
     sel = selection_of(p.mask)
     batch, hq, lq, lk, _, _ = p.sizes
-    hx, idx_heads, kv_heads = _heads(p)
     dt, dev = p.compute_dtype, p.q.device
     bs = sel.block_size
     idx = sel.indices.to(dev)
-    idx = idx.index_select(1, idx_heads) if idx.shape[1] > 1 else idx  # (B|1, hx|1, 1, n)
+    if idx.shape[1] > 1:
+        hx, idx_heads, kv_heads = _heads(p)
+        idx = idx.index_select(1, idx_heads)  # (B|1, hx, 1, n)
+    else:  # one index head: the compute heads are the key/value heads, in order
+        hx = p.k.shape[1]
+        kv_heads = torch.arange(hx, device=dev)
     idx = idx[:, :, 0]
     if bs > 1:
         idx = (idx[..., None] * bs + torch.arange(bs, device=dev)).flatten(-2).masked_fill_(
             (idx < 0).repeat_interleave(bs, -1), -1)
-    valid = (idx >= 0) & (idx < lk)  # (B|1, hx|1, N)
-    every = bool(valid.all())
+    low, high = (int(end) for end in torch.aminmax(idx))
+    every = low >= 0 and high < lk  # every slot names a key (one reduction: the common case)
+    valid = None if every else (idx >= 0) & (idx < lk)  # (B|1, hx|1, N)
     tok = (idx if every else idx.clamp(0, max(lk - 1, 0))).expand(batch, hx, -1)
-    b = torch.arange(batch, device=dev).view(-1, 1, 1)
     gp = hq // hx
-    allowed = None if every else valid[:, :, None, :]  # (B|1, hx|1, 1, N)
+    allowed = None if valid is None else valid[:, :, None, :]  # (B|1, hx|1, 1, N)
     beside = getattr(p.mask, "rest", None)
     if beside is not None:  # the mask beside the selection, at the gathered positions
+        b = torch.arange(batch, device=dev).view(-1, 1, 1)
         where = tok[:, :, None, :] if gp == 1 else tok.repeat_interleave(gp, 1)[:, :, None, :]
         rest = beside.allows(b.view(-1, 1, 1, 1), torch.arange(hq, device=dev).view(1, -1, 1, 1),
                                   torch.arange(lq, device=dev).view(1, 1, -1, 1), where, lq, lk)
@@ -235,9 +245,9 @@ def run(p: Problem):
             if allowed.shape[1] > 1 and allowed.shape[1] != hq:
                 allowed = allowed.repeat_interleave(gp, 1)
             grouped = allowed.expand(batch, hq, lq, allowed.shape[-1]).reshape(batch * hx, gp * lq, -1)
-        step = _weighted(p, hx, kv_heads, b, tok, grouped)
+        step = _weighted(p, hx, kv_heads, tok, grouped)
         return None if step is None else KernelOutput(step[0], None, step[1])
-    k_g, v_g = gather(p.k, p.v, b, kv_heads, tok)
+    k_g, v_g = gather(p.k, p.v, torch.arange(batch, device=dev).view(-1, 1, 1), kv_heads, tok)
     k_g, v_g = k_g.to(dt), v_g.to(dt)
     q, flash = p.q.to(dt), rules.FLASH
     assert flash is not None  # (applies: rules.cpu_flash)
@@ -246,7 +256,7 @@ def run(p: Problem):
         if not trusted(out, lse):
             return None  # NaN, inf or a row torch zeroed (an lse of exactly 0): the exact path
         return KernelOutput(out, None, lse if p.return_lse else None)
-    if not every:  # rows of slots that name no key: zeroed (what is stored there never reaches a product)
+    if valid is not None:  # rows of slots that name no key: zeroed (what is stored there never reaches a product)
         zero = ~valid[..., None]
         k_g, v_g = k_g.masked_fill_(zero, 0.0), v_g.masked_fill_(zero, 0.0)
     if allowed.shape[1] > 1 and allowed.shape[1] != hq:  # per compute head: each query head reads its own
