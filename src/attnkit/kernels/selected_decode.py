@@ -35,14 +35,15 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .. import recording
 from ..functional.validate import Problem
-from ..masks.selected import selection_of
+from ..masks.selected import SelectedKeys, selection_of
 from . import rules
 from .lane import trusted
 from .page_chunks import workspace
 from .path_cost import PathCost, Product, fused_attention, itemsize
 
-__all__ = ["applies", "run", "describe", "cost", "gather", "gather_rows", "BUDGET", "HELD", "WEIGHTED_ROWS"]
+__all__ = ["applies", "run", "lane", "describe", "cost", "gather", "gather_rows", "BUDGET", "HELD", "WEIGHTED_ROWS"]
 
 BUDGET = 1 << 25  # gathered elements (keys and values) at most: past it the generic path splits the selection
 WEIGHTED_ROWS = 8  # query rows per compute head at most whose values are read in place, weighted (_weighted)
@@ -151,9 +152,10 @@ def _weighted_ok(p: Problem, gp: int) -> bool:
             and _rows(p.v) is not None)
 
 
-def _weighted(p: Problem, hx: int, kv_heads: torch.Tensor, tok: torch.Tensor, allowed: torch.Tensor | None):
-    """``(out, lse)`` ``(B, Hq, Lq, Dv)``, ``(B, Hq, Lq)`` (None unless asked), or None when not finite (the caller
-    runs the exact path).
+def _weighted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, want_lse: bool, hx: int,
+              kv_heads: torch.Tensor, tok: torch.Tensor, allowed: torch.Tensor | None):
+    """``(out, lse)`` ``(B, Hq, Lq, Dv)``, ``(B, Hq, Lq)`` (None unless ``want_lse``), or None when not finite (the
+    caller runs the exact path); ``q, k, v`` in one floating dtype, ``v`` with a rows view (:func:`_rows`).
 
     The ``m = gp Lq`` query rows of each compute head score its selected keys, copied once (one ``index_select``
     into this thread's buffer, then one ``bmm`` with the queries on the left: ``(m, D) @ (D, N)`` per compute head;
@@ -162,19 +164,20 @@ def _weighted(p: Problem, hx: int, kv_heads: torch.Tensor, tok: torch.Tensor, al
     by its probabilities, reading each row of the cache in place once per query row. Slots a query may not read
     (``allowed`` ``(B hx, m, N)`` False) score ``-inf``, so weigh exactly 0 (a NaN or inf stored there makes the
     output non-finite: refused)."""
-    batch, hq, lq, _, d, dv = p.sizes
+    batch, hq, lq, d = q.shape
+    dv = v.shape[-1]
     m, n = hq // hx * lq, tok.shape[-1]
-    rows_v, rows_k = _rows(p.v), _rows(p.k)
+    rows_v, rows_k = _rows(v), _rows(k)
     assert rows_v is not None  # (_weighted_ok)
     values, layout = rows_v[0], rows_v[1:]
     where = _row_index(kv_heads, tok, *layout)  # (B, hx, N)
     if rows_k is None:  # no rows view: advanced indexing
         b = torch.arange(batch, device=tok.device).view(-1, 1, 1)
-        k_g = p.k[b, kv_heads.view(1, -1, 1), tok]
+        k_g = k[b, kv_heads.view(1, -1, 1), tok]
     else:
         at = where if rows_k[1:] == layout else _row_index(kv_heads, tok, *rows_k[1:])
-        k_g = torch.index_select(rows_k[0], 0, at.view(-1), out=_buffer(p.k, at.numel(), d))
-    s = torch.bmm(p.q.reshape(batch * hx, m, d), k_g.view(batch * hx, n, d).transpose(1, 2)).mul_(p.scale)
+        k_g = torch.index_select(rows_k[0], 0, at.view(-1), out=_buffer(k, at.numel(), d))
+    s = torch.bmm(q.reshape(batch * hx, m, d), k_g.view(batch * hx, n, d).transpose(1, 2)).mul_(scale)
     if allowed is not None:
         s.masked_fill_(~allowed, _NEG_INF)
     weights = torch.softmax(s, -1)
@@ -185,7 +188,7 @@ def _weighted(p: Problem, hx: int, kv_heads: torch.Tensor, tok: torch.Tensor, al
     out = F.embedding_bag(bags, values, offsets, mode="sum", per_sample_weights=weights.view(-1))
     if not math.isfinite(out.sum().item()):  # a score of NaN or +inf makes its row's weights NaN: caught here too
         return None  # NaN or inf: the exact path answers by attnkit's contract
-    lse = torch.logsumexp(s, -1).view(batch, hq, lq) if p.return_lse else None  # (-inf on rows with no key)
+    lse = torch.logsumexp(s, -1).view(batch, hq, lq) if want_lse else None  # (-inf on rows with no key)
     return out.view(batch, hq, lq, dv), lse
 
 
@@ -202,6 +205,57 @@ def _buffer(t: torch.Tensor, rows: int, width: int) -> torch.Tensor | None:
     """This thread's buffer for ``rows`` gathered rows of ``t`` (:func:`.page_chunks.workspace`), or None (a fresh
     tensor) past :data:`HELD` elements."""
     return workspace(t).take("decode keys", rows, width) if rows * width <= HELD else None
+
+
+def _slots(idx: torch.Tensor, lk: int, batch: int, hx: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(tok, valid)`` of the slots ``idx`` ``(B|1, hx|1, N)``: the key each reads ``(B, hx, N)`` (a slot naming no
+    key, -1 or past ``Lk``, reads key 0) and which name a key (None: every slot, learnt from one reduction)."""
+    low, high = (int(end) for end in torch.aminmax(idx))
+    if low >= 0 and high < lk:
+        return idx.expand(batch, hx, -1), None
+    return idx.clamp(0, max(lk - 1, 0)).expand(batch, hx, -1), (idx >= 0) & (idx < lk)
+
+
+def lane(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse, backend,
+         sinks) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """``(out, lse)`` of a decoding step ``attnkit.attention(q, k, v, mask=masks.selected_keys(idx))`` that this path
+    serves with the values in place, computed as :func:`run` computes it (the same function, the same bits), with
+    only attribute checks before it: validation, the dispatcher and the path's planning cost more than the step's
+    arithmetic on a small selection. One index head ``(B|1, 1, 1, n)`` of single keys, 4-D float32 or float64 CPU
+    tensors, no autograd, softmax of dot products with nothing else, at most :data:`WEIGHTED_ROWS` query rows per
+    key/value head, ``n < Lk / 2`` (where the dispatcher picks this path: blocksparse-gathered's ``sparse_below``).
+    The indices are checked as validation checks them (:meth:`~attnkit.masks.selected.SelectedKeys.check_keys`, the
+    same error). None for any other call, or an answer that is not finite: the full route then validates, decides and
+    runs it."""
+    if (type(mask) is not SelectedKeys or backend != "auto" or bias is not None or sinks is not None or return_weights
+            or normalize != "softmax" or score not in ("scaled_dot", "dot") or dropout_p != 0 or recording.listening):
+        return None
+    if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
+        return None
+    dtype, idx = q.dtype, mask.indices
+    if (dtype not in (torch.float32, torch.float64) or k.dtype != dtype or v.dtype != dtype or q.ndim != 4
+            or k.ndim != 4 or v.ndim != 4 or not (q.is_cpu and k.is_cpu and v.is_cpu and idx.is_cpu)):
+        return None
+    batch, hq, lq, d = q.shape
+    _, hkv, lk, _ = k.shape
+    n = idx.shape[3]
+    if (k.shape[0] != batch or v.shape[:3] != k.shape[:3] or k.shape[3] != d or v.shape[3] != d
+            or not (batch and lq and d and hkv) or hq % hkv or mask.block_size != 1 or idx.shape[1] != 1
+            or idx.shape[2] != 1 or idx.shape[0] not in (1, batch) or not n or 2 * n >= lk
+            or hq // hkv * lq > WEIGHTED_ROWS or batch * hkv * n * 2 * d > BUDGET):
+        return None
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return None
+    if torch.compiler.is_compiling() or torch.is_autocast_enabled("cpu") or _rows(v) is None:
+        return None
+    if scale is None:
+        scale = 1.0 / math.sqrt(d) if score == "scaled_dot" else 1.0  # (validate.default_scale)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        return None
+    mask.check_keys(lk, "attnkit.attention: mask")
+    tok, valid = _slots(idx[:, :, 0], lk, batch, hkv)
+    allowed = None if valid is None else valid.expand(batch, hkv, n).reshape(batch * hkv, 1, n)
+    return _weighted(q, k, v, float(scale), bool(return_lse), hkv, torch.arange(hkv), tok, allowed)
 
 
 def run(p: Problem):
@@ -224,10 +278,7 @@ def run(p: Problem):
     if bs > 1:
         idx = (idx[..., None] * bs + torch.arange(bs, device=dev)).flatten(-2).masked_fill_(
             (idx < 0).repeat_interleave(bs, -1), -1)
-    low, high = (int(end) for end in torch.aminmax(idx))
-    every = low >= 0 and high < lk  # every slot names a key (one reduction: the common case)
-    valid = None if every else (idx >= 0) & (idx < lk)  # (B|1, hx|1, N)
-    tok = (idx if every else idx.clamp(0, max(lk - 1, 0))).expand(batch, hx, -1)
+    tok, valid = _slots(idx, lk, batch, hx)
     gp = hq // hx
     allowed = None if valid is None else valid[:, :, None, :]  # (B|1, hx|1, 1, N)
     beside = getattr(p.mask, "rest", None)
@@ -245,7 +296,7 @@ def run(p: Problem):
             if allowed.shape[1] > 1 and allowed.shape[1] != hq:
                 allowed = allowed.repeat_interleave(gp, 1)
             grouped = allowed.expand(batch, hq, lq, allowed.shape[-1]).reshape(batch * hx, gp * lq, -1)
-        step = _weighted(p, hx, kv_heads, tok, grouped)
+        step = _weighted(p.q, p.k, p.v, p.scale, p.return_lse, hx, kv_heads, tok, grouped)
         return None if step is None else KernelOutput(step[0], None, step[1])
     k_g, v_g = gather(p.k, p.v, torch.arange(batch, device=dev).view(-1, 1, 1), kv_heads, tok)
     k_g, v_g = k_g.to(dt), v_g.to(dt)
