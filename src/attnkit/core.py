@@ -35,6 +35,7 @@ from .kernels import custom_op, lane, paged, rules, selected_decode
 from .kernels.dispatch import Decision, decide, execute
 from .kernels.paths import BACKENDS
 from .masks.base import Mask
+from .masks.selected import SelectedKeys
 
 __all__ = ["attention", "explain", "AttentionOutput"]
 
@@ -207,8 +208,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
             out = lane.run(q, k, v, mask, fast)
             if out is not None:
                 return out
-    if (getattr(mask, "kind", None) == "selected" and block_table is None and seqused_k is None and k_scale is None
-            and v_scale is None):  # a decoding step over selected keys (DSA): the step's own checks, then the step
+    if (type(mask) is SelectedKeys and mask.indices.shape[2] == 1 and block_table is None and seqused_k is None
+            and k_scale is None and v_scale is None):  # a decoding step over selected keys (DSA): its own checks
         step = selected_decode.lane(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights,
                                     return_lse, backend, sinks)
         if step is not None:

@@ -381,3 +381,81 @@ def test_values_with_no_rows_view_take_the_fused_route():
     assert not selected_decode._weighted_ok(_prepare(q, k, strided_v, mask=mask), 2)
     for kk, vv in ((strided_k, v), (k, strided_v), (strided_k, strided_v)):
         torch.testing.assert_close(attnkit.attention(q, kk, vv, mask=mask), out, rtol=0, atol=1e-12)
+
+
+def _lane(q, k, v, mask, **kw):
+    """What :func:`selected_decode.lane` answers for ``attention(q, k, v, mask=mask, **kw)``."""
+    args = dict(bias=None, score="scaled_dot", scale=None, normalize="softmax", dropout_p=0.0, return_weights=False,
+                return_lse=False, backend="auto", sinks=None)
+    args.update(kw)
+    return selected_decode.lane(q, k, v, mask, args["bias"], args["score"], args["scale"], args["normalize"],
+                                args["dropout_p"], args["return_weights"], args["return_lse"], args["backend"],
+                                args["sinks"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("slots", [[3, 17, 40, 8, 29], [3, -1, 40, 3, -1]], ids=["every slot", "unused and repeated"])
+def test_the_lane_gives_the_paths_bits(dtype, slots):
+    """A decoding step with one index head of single keys takes the lane, whose answer is the path's to the bit
+    (GQA 6:2, a selection per sequence, a cache with room to spare), output and lse; both equal the float64 oracle."""
+    q, _, _ = rand_qkv(2, 6, 1, 90, 8, hkv=2, dtype=dtype, seed=30)
+    buffers = [torch.randn(2, 2, 128, 8, generator=torch.Generator().manual_seed(s)).to(dtype) for s in (31, 32)]
+    k, v = (t[:, :, :90] for t in buffers)
+    idx = torch.tensor([[[slots]], [[[s + 1 if s >= 0 else s for s in slots]]]])  # (2, 1, 1, 5)
+    mask = masks.selected_keys(idx)
+    step = _lane(q, k, v, mask, return_lse=True)
+    assert step is not None
+    p = _prepare(q, k, v, mask=mask, return_lse=True)
+    path = selected_decode.run(p)
+    assert torch.equal(step[0], path.out) and torch.equal(step[1], path.lse)
+    got = attnkit.attention(q, k, v, mask=mask, return_lse=True)
+    assert torch.equal(got.output, path.out) and torch.equal(got.lse, path.lse)
+    out, lse = _oracle(q, k, v, idx, 1, 3)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(got.output.double(), out, rtol=0, atol=tol)
+    torch.testing.assert_close(got.lse.double(), lse, rtol=0, atol=tol)
+    assert torch.equal(attnkit.attention(q, k, v, mask=mask, scale=0.3, score="dot"),
+                       selected_decode.run(_prepare(q, k, v, mask=mask, scale=0.3, score="dot")).out)
+
+
+def test_the_lane_refuses_what_it_does_not_serve():
+    """Anything but the plain step goes the full route: autograd, other ranks or dtypes, blocks, index heads, a mask
+    beside the selection, a forced backend, options, and selections of half the keys or more (the dispatcher
+    prefers torch's kernel with a dense mask there)."""
+    q, k, v = rand_qkv(1, 4, 1, 40, 8, hkv=2, seed=33)
+    idx = torch.tensor([[[[1, 5, 9]]]])
+    mask = masks.selected_keys(idx)
+    assert _lane(q, k, v, mask) is not None
+    refused = [
+        _lane(q.clone().requires_grad_(), k, v, mask),
+        _lane(q[0], k[0], v[0], mask),
+        _lane(q.half(), k.half(), v.half(), mask),
+        _lane(q, k, v, masks.selected_blocks(idx, 4)),
+        _lane(q, k, v, masks.selected_keys(idx.expand(1, 2, 1, 3), group_size=2)),
+        _lane(q, k, v, mask & masks.causal()),
+        _lane(q, k, v, mask, backend="blocksparse"),
+        _lane(q, k, v, mask, return_weights=True),
+        _lane(q, k, v, mask, normalize="sigmoid"),
+        _lane(q, k, v, mask, scale=math.inf),
+        _lane(q, k, v, masks.selected_keys(torch.arange(20).view(1, 1, 1, 20))),
+        _lane(q.expand(1, 4, 3, 8), k, v, mask),  # 6 query rows per key/value head: within WEIGHTED_ROWS
+    ]
+    assert [r is None for r in refused] == [True] * 11 + [False]
+    half = masks.selected_keys(torch.arange(20).view(1, 1, 1, 20))
+    assert attnkit.explain(q, k, v, mask=half).path == "torch-sdpa"
+    torch.testing.assert_close(attnkit.attention(q, k, v, mask=half),
+                               attnkit.attention(q, k[:, :, :20], v[:, :, :20]), rtol=1e-6, atol=1e-6)
+
+
+def test_the_lane_raises_validations_errors():
+    """An index past the last key is refused by the lane with validation's error; inputs the lane does not read as a
+    step (mismatched shapes) reach validation and its error."""
+    from attnkit.errors import ArgumentError, ShapeError
+
+    q, k, v = rand_qkv(1, 4, 1, 40, 8, hkv=2, seed=34)
+    with pytest.raises(ArgumentError, match=r"attnkit.attention: mask: .*indices must name a key in \[0, 40\)"):
+        attnkit.attention(q, k, v, mask=masks.selected_keys(torch.tensor([[[[1, 40]]]])))
+    with pytest.raises(ShapeError):
+        attnkit.attention(q, k, v[:, :, :30], mask=masks.selected_keys(torch.tensor([[[[1, 4]]]])))
+    with pytest.raises(ShapeError):
+        attnkit.attention(q, k, v, mask=masks.selected_keys(torch.tensor([[[[1, 4]]]] * 3)))
