@@ -85,7 +85,8 @@ def describe(p: Problem) -> str:
     n = sel.indices.shape[3] * sel.block_size
     if _weighted_ok(p, p.sizes[1] // _heads(p)[0]):
         return (f"a decoding step: the {n} selected keys of each head group copied once, their values read in place, "
-                f"weighted (embedding_bag over the selected rows); O(Lq k (D + Dv)), nothing of size Lk")
+                f"weighted (embedding_bag over the selected rows); O(Lq k (D + Dv)), nothing of size Lk (one index "
+                f"head of single keys: attnkit.attention takes it after attribute checks only, selected_decode.lane)")
     return (f"a decoding step: the {n} selected keys of each head group copied once (index_select of rows), "
             f"torch's fused kernel over them")
 
