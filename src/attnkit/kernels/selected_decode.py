@@ -30,6 +30,7 @@ gathered path (:mod:`.selected`), which answers by attnkit's contract.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -185,7 +186,7 @@ def _weighted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, w
     if allowed is not None:  # rows with no key: softmax over nothing is NaN; they weigh nothing (output 0)
         weights.masked_fill_(~allowed.any(-1, keepdim=True), 0.0)
     bags = where.view(-1) if m == 1 else where.unsqueeze(2).expand(batch, hx, m, n).reshape(-1)
-    offsets = torch.arange(0, bags.numel(), n, device=bags.device)
+    offsets = _arange(0, bags.numel(), n) if bags.is_cpu else torch.arange(0, bags.numel(), n, device=bags.device)
     out = F.embedding_bag(bags, values, offsets, mode="sum", per_sample_weights=weights.view(-1))
     if not math.isfinite(out.sum().item()):  # a score of NaN or +inf makes its row's weights NaN: caught here too
         return None  # NaN or inf: the exact path answers by attnkit's contract
@@ -208,10 +209,12 @@ def _buffer(t: torch.Tensor, rows: int, width: int) -> torch.Tensor | None:
     return workspace(t).take("decode keys", rows, width) if rows * width <= HELD else None
 
 
-def _slots(idx: torch.Tensor, lk: int, batch: int, hx: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _slots(idx: torch.Tensor, lk: int, batch: int, hx: int,
+           bounds: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(tok, valid)`` of the slots ``idx`` ``(B|1, hx|1, N)``: the key each reads ``(B, hx, N)`` (a slot naming no
-    key, -1 or past ``Lk``, reads key 0) and which name a key (None: every slot, learnt from one reduction)."""
-    low, high = (int(end) for end in torch.aminmax(idx))
+    key, -1 or past ``Lk``, reads key 0) and which name a key (None: every slot, learnt from one reduction, or from
+    ``bounds``, the indices' ``(min, max)`` when known)."""
+    low, high = bounds if bounds is not None else (int(end) for end in torch.aminmax(idx))
     if low >= 0 and high < lk:
         return idx.expand(batch, hx, -1), None
     return idx.clamp(0, max(lk - 1, 0)).expand(batch, hx, -1), (idx >= 0) & (idx < lk)
@@ -253,10 +256,18 @@ def lane(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights
         scale = 1.0 / math.sqrt(d) if score == "scaled_dot" else 1.0  # (validate.default_scale)
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         return None
-    mask.check_keys(lk, "attnkit.attention: mask")
-    tok, valid = _slots(idx[:, :, 0], lk, batch, hkv)
+    low, high = (int(end) for end in torch.aminmax(idx))
+    if high >= lk:
+        mask.check_keys(lk, "attnkit.attention: mask")  # validation's error (an index past the last key)
+    tok, valid = _slots(idx[:, :, 0], lk, batch, hkv, (low, high))
     allowed = None if valid is None else valid.expand(batch, hkv, n).reshape(batch * hkv, 1, n)
-    return _weighted(q, k, v, float(scale), bool(return_lse), hkv, torch.arange(hkv), tok, allowed)
+    return _weighted(q, k, v, float(scale), bool(return_lse), hkv, _arange(0, hkv, 1), tok, allowed)
+
+
+@functools.lru_cache(maxsize=64)
+def _arange(start: int, stop: int, step: int) -> torch.Tensor:
+    """``torch.arange(start, stop, step)`` on the CPU, made once (the step's head and bag offsets; never written)."""
+    return torch.arange(start, stop, step)
 
 
 def run(p: Problem):
