@@ -68,8 +68,9 @@ def _heads(p: Problem) -> tuple[int, torch.Tensor, torch.Tensor]:
 
 def applies(p: Problem) -> bool:
     """One selection for every query, of at least one slot, no autograd, softmax of dot products with nothing else,
-    on torch's fused CPU kernel; not pages (:mod:`.page_segments`), not traced (the output is checked), within
-    :data:`BUDGET`. (No slot: torch's kernel over zero keys raises SIGFPE; the gathered path answers row 1.)"""
+    on the CPU with ``Dv == D`` (:func:`.rules.cpu_flash`: the fused route's kernel); not pages
+    (:mod:`.page_segments`), not traced (the output is checked), within :data:`BUDGET`. (No slot: torch's kernel
+    over zero keys raises SIGFPE; the gathered path answers row 1.)"""
     sel = selection_of(p.mask)
     if (sel.lengths is not None or sel.indices.shape[2] != 1 or sel.indices.shape[3] == 0 or p.needs_grad
             or p.tracing or not rules.cpu_flash(p) or p.dropout_p != 0 or p.bias is not None
@@ -103,7 +104,9 @@ def cost(p: Problem) -> PathCost:
         products = (Product("scores (q k^T at the selected rows)", batch * hx, hq // hx * lq, d, slots, "scores"),
                     Product("weights @ v (the selected rows, in place)", batch * hx, hq // hx * lq, slots, dv,
                             "output"))
-        return PathCost(scores, float(scores * (2 * itemsize(p) + 3 * 8)), products, materialized=True)
+        keys = batch * hx * slots * d * itemsize(p)  # the copied keys; the scores, weights and row indices besides
+        return PathCost(scores, float(keys + scores * 2 * itemsize(p) + batch * hx * slots * 8 * 2), products,
+                        materialized=True)
     return PathCost(scores, float(batch * hx * slots * (d + dv) * itemsize(p)),
                     fused=fused_attention("attention (selected keys gathered once, fused kernel)", scores, d, dv),
                     materialized=False)
