@@ -459,3 +459,18 @@ def test_the_lane_raises_validations_errors():
         attnkit.attention(q, k, v[:, :, :30], mask=masks.selected_keys(torch.tensor([[[[1, 4]]]])))
     with pytest.raises(ShapeError):
         attnkit.attention(q, k, v, mask=masks.selected_keys(torch.tensor([[[[1, 4]]]] * 3)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["values in place", "fused"])
+def test_a_step_under_inference_mode_then_outside_it(dtype):
+    """The thread's buffers made under ``torch.inference_mode`` are inference tensors, which no later step outside it
+    may write: such a buffer is made afresh (it raised "Inplace update to inference tensor outside InferenceMode")."""
+    q, k, v = rand_qkv(1, 4, 1, 300, 8, hkv=2, dtype=dtype, seed=35)
+    mask = masks.selected_keys(_selection(300, (1, 1, 1, 20), 1, seed=36))
+    with torch.inference_mode():
+        first = attnkit.attention(q, k, v, mask=mask)
+    with torch.no_grad():
+        second = attnkit.attention(q, k, v, mask=mask)
+    with torch.inference_mode():
+        third = attnkit.attention(q, k, v, mask=mask)
+    assert torch.equal(first, second) and torch.equal(second, third)
