@@ -28,8 +28,9 @@ measured once in a fresh process, :mod:`attnkit.lab.analysis.memory`):
 - decode: one decoding step (one query, no autograd) over caches of 16384 tokens: NSA's three branches
   (:func:`attnkit.nn.nsa_decode.nsa_decode`: one softmax over the cached compressed keys gives the compressed
   branch and the selection, then the selected blocks' and the window's attentions) and DSA's
-  attention over its indexer's top 2048 keys (the indexer's scores over its cached keys and the top-k included)
-  against dense attention over the whole cache; target <= 0.5x.
+  attention over its indexer's top 2048 keys (the indexer's scores over its cached keys and the top-k included;
+  ``attention(q, k, v, mask=selected_keys(idx))`` takes the selected-keys decode lane: the key rows copied once, the
+  values read in place) against dense attention over the whole cache; target <= 0.5x.
 
 Usage: ``python benchmarks/sparse_and_packed.py [--rounds 5] [--write BENCHMARKS.md]``;
 ``--smoke`` runs every row at tiny sizes (a check that the script works, not a measurement);

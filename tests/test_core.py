@@ -111,6 +111,13 @@ def _selected_keys():
     return lambda: attnkit.attention(q, q, q, mask=mask)
 
 
+def _selected_decode():
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 8, 1, 16, generator=g), torch.randn(1, 2, 300, 16, generator=g)
+    mask = masks.selected_keys(torch.randint(0, 300, (1, 1, 1, 32), generator=g))
+    return lambda: attnkit.attention(q, k, k, mask=mask)
+
+
 # name: (the call, at most this many files, at most this many re-entries). The bar is 8 files and none; a
 # number above it is the call's length today, a ceiling it may not exceed (docs/DESIGN.md lists the files).
 ENTRY_POINTS = {
@@ -120,6 +127,7 @@ ENTRY_POINTS = {
     "flex_attention, a windowed block mask, L = 1024": (_flex, 11, 0),  # + the tiles' predicate, every call
     "paged decode, 2 sequences": (_paged_decode, 5, 0),
     "selected keys & causal, 32 a query": (_selected_keys, 8, 0),
+    "selected keys, a decoding step (GQA 8:2)": (_selected_decode, 5, 0),
 }
 
 

@@ -31,10 +31,11 @@ import torch
 from . import recording
 from .errors import ArgumentError
 from .functional.validate import Problem, validate
-from .kernels import custom_op, lane, paged, rules
+from .kernels import custom_op, lane, paged, rules, selected_decode
 from .kernels.dispatch import Decision, decide, execute
 from .kernels.paths import BACKENDS
 from .masks.base import Mask
+from .masks.selected import SelectedKeys
 
 __all__ = ["attention", "explain", "AttentionOutput"]
 
@@ -207,6 +208,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Mask |
             out = lane.run(q, k, v, mask, fast)
             if out is not None:
                 return out
+    if (type(mask) is SelectedKeys and mask.indices.shape[2] == 1 and block_table is None and seqused_k is None
+            and k_scale is None and v_scale is None):  # a decoding step over selected keys (DSA): its own checks
+        step = selected_decode.lane(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights,
+                                    return_lse, backend, sinks)
+        if step is not None:
+            return AttentionOutput(step[0], None, step[1]) if return_lse else step[0]
     if seqused_k is not None and bias is None and sinks is None and k_scale is None and v_scale is None:
         out = paged.lane(q, k, v, mask, score, scale, normalize, dropout_p, return_weights, return_lse, backend,
                          block_table, seqused_k)  # decoding and chunked prefill over a paged or ragged cache

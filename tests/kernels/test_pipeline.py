@@ -154,3 +154,28 @@ def test_grouped_key_gradients_are_summed_over_their_query_heads_before_rounding
     for got, want in zip(half[1:], full[1:], strict=True):
         assert got.dtype == dtype
         assert torch.equal(got, want.to(dtype))
+
+
+def test_a_workspace_buffer_made_under_inference_mode_is_made_anew_outside_it():
+    """Buffers made under ``torch.inference_mode`` are inference tensors, read-only outside it: a later call outside
+    (a decoding step over scattered pages, or over selected keys) got "Inplace update to inference tensor outside
+    InferenceMode"; such a buffer is replaced, and kept while inference mode is on."""
+    from attnkit.kernels.pipeline import Workspace
+
+    space = Workspace(torch.zeros(1))
+    with torch.inference_mode():
+        inside = space.take("rows", 4, 3)
+        assert inside.is_inference() and space.take("rows", 2, 3).data_ptr() == inside.data_ptr()
+    outside = space.take("rows", 4, 3)
+    assert not outside.is_inference()
+    outside.fill_(1.0)  # writable
+    with torch.inference_mode():
+        assert space.take("rows", 4, 3).data_ptr() == outside.data_ptr()  # a normal buffer serves inference mode
+    g = torch.Generator().manual_seed(0)
+    k_pool, v_pool = torch.randn(40, 16, 2, 16, generator=g), torch.randn(40, 16, 2, 16, generator=g)
+    table, used = torch.randperm(40, generator=g)[:28].view(2, 14), torch.tensor([200, 137])
+    q = torch.randn(2, 4, 1, 16, generator=g)
+    with torch.inference_mode():
+        first = attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used, mask=masks.causal())
+    assert torch.equal(first, attnkit.attention(q, k_pool, v_pool, block_table=table, seqused_k=used,
+                                                mask=masks.causal()))

@@ -292,8 +292,8 @@ class Workspace:
         numel = 1
         for size in shape:
             numel *= size
-        buf = self.buffers.get(name)
-        if buf is None or buf.numel() < numel:
+        buf = self.buffers.get(name)  # one made under torch.inference_mode is read-only outside it: made anew
+        if buf is None or buf.numel() < numel or (buf.is_inference() and not torch.is_inference_mode_enabled()):
             buf = self.buffers[name] = self.like.new_empty(numel)
         return buf[:numel].view(shape)
 

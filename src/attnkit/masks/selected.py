@@ -38,9 +38,9 @@ def _distinct(indices: torch.Tensor) -> torch.Tensor:
     """Each row's indices sorted, repeats and negatives as -1: a key named twice is still one key."""
     if indices.shape[-1] < 2:
         return indices.clamp(min=-1)
-    ordered = indices.sort(-1).values
-    repeat = torch.nn.functional.pad(ordered[..., 1:] == ordered[..., :-1], (1, 0))
-    return ordered.masked_fill(repeat | (ordered < 0), -1)
+    ordered = indices.sort(-1).values  # a fresh tensor: filled in place (four operations in all)
+    ordered[..., 1:].masked_fill_(ordered[..., 1:] == ordered[..., :-1], -1)  # (the comparison is made first)
+    return ordered.clamp_(min=-1)
 
 
 class Selection(Mask):
