@@ -14,9 +14,15 @@ import torch
 import attnkit
 from attnkit import masks
 from attnkit.functional.validate import validate
-from attnkit.kernels import block_plan, blocksparse_fused, blocksparse_masked, pipeline
+from attnkit.kernels import block_plan, blocksparse_fused, blocksparse_masked, pipeline, rules
 from tests.helpers import rand_qkv
 from tests.kernels.test_perf_sparse import LAYOUT_MASKS, _spy
+
+
+@pytest.fixture(autouse=True)
+def _fixed_layouts_on_the_block_paths(monkeypatch):
+    """The fixed pattern's layouts run here, not on the more specialised fixed-blocks path."""
+    monkeypatch.setattr(rules, "FIXED_MIN_BLOCK", 1 << 30)
 
 
 def _outputs_and_grads(q, k, v, mask, backend):
