@@ -83,12 +83,12 @@ def tiles(indices: torch.Tensor, batch: int, heads: int, kv_heads: int, length: 
     own_block = t // bs
     own = (idx == own_block).any(-1)  # (B, H, L)
     own = torch.nn.functional.pad(own, (0, lp - length)).flatten()
-    past = (idx >= 0) & (idx < own_block)
-    b, h, q, s = past.nonzero(as_tuple=True)
-    c = idx[b, h, q, s]
-    group = (b * heads + h) * nb + c  # (B, H, n_blocks) flat: the tile's query head and key block
-    order = torch.argsort(group, stable=True)
-    group, query = group[order], ((b * heads + h) * lp + q)[order]
+    past = ((idx >= 0) & (idx < own_block)).flatten().nonzero().squeeze(1)  # flat (b, h, q, s), in that order
+    n_sel = idx.shape[-1]
+    bh, q = past // (n_sel * length), (past // n_sel) % length
+    group = bh * nb + idx.flatten()[past]  # (B, H, n_blocks) flat: the tile's query head and key block
+    group, order = torch.sort(group, stable=True)
+    query = (bh * lp + q)[order]
     counts = torch.bincount(group, minlength=batch * heads * nb)
     per_group = -(-counts // ROWS)
     per_tile = -(-counts // per_group.clamp(min=1))  # queries per tile, the group's split even
@@ -102,22 +102,17 @@ def tiles(indices: torch.Tensor, batch: int, heads: int, kv_heads: int, length: 
     kv_row = ((bh // heads) * kv_heads + (bh % heads) // (heads // kv_heads)) * nb + blk
     tile_height = height[tile_group]  # (T,)
     by_height = torch.argsort(tile_height, stable=True)  # tiles of one height together, in their order
-    heights, tiles_per = torch.unique_consecutive(tile_height[by_height], return_counts=True)
-    local = torch.empty_like(by_height)  # a tile's index among the tiles of its height
-    local[by_height] = torch.arange(by_height.numel(), device=dev) - torch.repeat_interleave(
-        torch.cumsum(tiles_per, 0) - tiles_per, tiles_per)
-    pair_height = tile_height[tile]
-    by_pair = torch.argsort(pair_height, stable=True)  # the pairs of one height's tiles together
-    slot = (local[tile] * pair_height + pos % pair_height)[by_pair]  # the pair's place in its height's table
-    query = query[by_pair]
-    pairs_per = torch.bincount(pair_height, minlength=int(ROWS) + 1)[heights].tolist()
-    rows, blocks, tile0, pair0 = [], [], 0, 0
-    for hgt, count, n_pairs in zip(heights.tolist(), tiles_per.tolist(), pairs_per, strict=True):
-        table = torch.full((count * hgt,), -1, dtype=torch.long, device=dev)
-        table[slot[pair0:pair0 + n_pairs]] = query[pair0:pair0 + n_pairs]
-        rows.append(table.view(count, hgt))
+    sorted_height = tile_height[by_height]
+    heights, tiles_per = torch.unique_consecutive(sorted_height, return_counts=True)
+    offset = torch.empty_like(by_height)  # a tile's first row in one table of every height's tiles, by height
+    offset[by_height] = torch.cumsum(sorted_height, 0) - sorted_height
+    table = torch.full((int(tile_height.sum()),), -1, dtype=torch.long, device=dev)
+    table[offset[tile] + pos % height[group]] = query
+    rows, blocks, tile0, row0 = [], [], 0, 0
+    for hgt, count in zip(heights.tolist(), tiles_per.tolist(), strict=True):
+        rows.append(table[row0:row0 + count * hgt].view(count, hgt))
         blocks.append(kv_row[by_height[tile0:tile0 + count]])
-        tile0, pair0 = tile0 + count, pair0 + n_pairs
+        tile0, row0 = tile0 + count, row0 + count * hgt
     return Tiles(rows, blocks, own, int(group.numel()))
 
 

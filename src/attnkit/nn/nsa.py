@@ -38,19 +38,22 @@ class _Compress(nn.Module):
     def forward(self, k: torch.Tensor) -> torch.Tensor:
         """``(B, H, n, D)`` -> ``(B, H, n_c, D)``, ``n_c = floor((n - l) / d) + 1`` blocks (0 if ``n < l``).
 
-        ``W vec(K_i + P) + b = W vec(K_i) + (W vec(P) + b)``: the blocks' part is one strided convolution over
-        the keys (kernel ``l``, stride ``d``, the weight's columns as taps), so no ``(n_c, l, D)`` copy of the
-        overlapping blocks is made or kept for the backward."""
+        ``W vec(K_i + P) + b = W vec(K_i) + (W vec(P) + b)``. Block ``i`` is the ``m = l / d`` chunks of ``d``
+        keys ``i .. i + m - 1``, so with ``W = [W_0 .. W_{m-1}]`` cut by chunk, ``W vec(K_i) = sum_j W_j vec(C_{i+j})``:
+        ``m`` matrix products over one view of the keys as chunks ``(n / d, d D)``, each over ``n_c`` consecutive
+        chunks (no ``(n_c, l, D)`` copy of the overlapping blocks, no convolution)."""
         batch, heads, n, d = k.shape
         if n < self.length:
             return k.new_zeros(batch, heads, 0, d)
-        out_dim = self.proj.out_features
-        taps = self.proj.weight.view(out_dim, self.length, d).transpose(1, 2)  # (D_out, D, l)
+        out_dim, m, stride = self.proj.out_features, self.length // self.stride, self.stride
+        blocks_c = (n - self.length) // stride + 1
         bias = self.proj.weight @ self.position.flatten() + self.proj.bias
-        keys = k.reshape(batch * heads, n, d).transpose(1, 2).contiguous()  # (B H, D, n): channels first, its own
-        # copy (the convolution keeps its input for the backward: a view would keep every branch's projections)
-        out = F.conv1d(keys, taps, bias, stride=self.stride)  # (B H, D_out, n_c)
-        return out.transpose(1, 2).reshape(batch, heads, -1, out_dim)
+        chunks = k[:, :, :(blocks_c + m - 1) * stride].reshape(batch * heads, blocks_c + m - 1, stride * d)
+        taps = self.proj.weight.view(out_dim, m, stride * d).transpose(0, 1).transpose(1, 2)  # (m, d D, D_out)
+        out = bias.expand(batch * heads, blocks_c, out_dim)
+        for j in range(m):  # (B H, n_c, d D) views of the chunks j .. j + n_c - 1 (strided rows: no copy)
+            out = torch.baddbmm(out, chunks[:, j:j + blocks_c], taps[j].expand(batch * heads, -1, -1))
+        return out.view(batch, heads, blocks_c, out_dim)
 
 
 def compressed_attention(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, *, length: int,
