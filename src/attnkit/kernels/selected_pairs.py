@@ -23,6 +23,10 @@ softmax)::
 
     lse_t = log sum_p exp(lse_p),    out_t = sum_p exp(lse_p - lse_t) out_p
 
+summed against a reference ``m_t`` per row (``exp(lse_p - m_t) out_p``, then divided by the sum of the weights)
+that rises only when a tile's lse passes it by ``_SLACK`` (the weights stay below ``exp(30)``), so the rows
+already summed are rescaled a few times per row, not once per batch of tiles.
+
 The backward recomputes per tile (a custom ``autograd.Function``, nothing kept but the
 inputs, the output and the lse): for keys split in disjoint sets the gradient of each set is
 the flash-attention backward of that set with the *final* output and lse (Dao et al. 2022,
@@ -55,6 +59,7 @@ ROWS = 1024  # queries per tile at most: torch's kernel runs larger query splits
 STEP = 32  # tile heights are multiples of this (or ROWS): tiles of one height share a call of torch's kernel
 BUDGET = 1 << 22  # elements of gathered queries, keys and values per batch of tiles
 _NEG_INF = float("-inf")
+_SLACK = 30.0  # a row's running reference rises only when a tile's lse passes it by this: weights <= exp(30)
 
 
 class Tiles(NamedTuple):
@@ -149,23 +154,27 @@ def _forward(qp, kp, vp, tl: Tiles, bs: int, scale: float):
     n = batch * heads * lp
     out_d, lse_d = FLASH(_own_blocks(qp, heads, bs), _own_blocks(kp, heads, bs), _own_blocks(vp, heads, bs),
                          0.0, True, scale=scale)[:2]
-    m = lse_d.reshape(n).masked_fill(~tl.own, _NEG_INF)  # running maximum of the partial lse
+    m = lse_d.reshape(n).masked_fill(~tl.own, _NEG_INF)  # a row's reference: within _SLACK of its partial lse's maximum
     acc = out_d.reshape(n, d).masked_fill_(~tl.own[:, None], 0.0)  # sum of exp(lse_p - m) out_p
     total = tl.own.to(acc.dtype)  # sum of exp(lse_p - m)
     q_flat, k_blk, v_blk = qp.view(n, d), kp.view(-1, bs, d), vp.view(-1, bs, d)
     for rows, empty, blocks in _batches(tl, bs, d):
         o_t, l_t = FLASH(_take(q_flat, rows), _take(k_blk, blocks), _take(v_blk, blocks), 0.0, False,
                          scale=scale)[:2]
-        flat, o_t, l_t = rows.flatten(), o_t.reshape(-1, d), l_t.reshape(-1).masked_fill(empty.flatten(), _NEG_INF)
-        m_new = torch.maximum(m, torch.full_like(m, _NEG_INF).scatter_reduce_(0, flat, l_t, "amax"))
-        grew = (m_new > m).nonzero().squeeze(1)  # rescaled rows only: elsewhere alpha = exp(0) = 1 exactly
-        alpha = torch.where(m[grew] > _NEG_INF, torch.exp(m[grew] - m_new[grew]), 0.0)
-        acc.index_copy_(0, grew, acc.index_select(0, grew).mul_(alpha[:, None]))
-        total.index_copy_(0, grew, total.index_select(0, grew).mul_(alpha))
-        w = torch.exp(l_t - m_new[flat].masked_fill(empty.flatten(), 0.0))  # empty rows: exp(-inf) = 0
-        acc.index_add_(0, flat, o_t * w[:, None])
+        flat, empty = rows.flatten(), empty.flatten()
+        o_t, l_t = o_t.reshape(-1, d), l_t.reshape(-1).masked_fill(empty, _NEG_INF)
+        ref = m.index_select(0, flat)
+        over = (l_t > ref + _SLACK).nonzero().squeeze(1)  # rows whose reference must rise (none: no pass over acc)
+        if over.numel():
+            m_new = m.clone().scatter_reduce_(0, flat.index_select(0, over), l_t.index_select(0, over), "amax")
+            grew = (m_new > m).nonzero().squeeze(1)  # rescaled rows only
+            alpha = torch.where(m[grew] > _NEG_INF, torch.exp(m[grew] - m_new[grew]), 0.0)
+            acc.index_copy_(0, grew, acc.index_select(0, grew).mul_(alpha[:, None]))
+            total.index_copy_(0, grew, total.index_select(0, grew).mul_(alpha))
+            m, ref = m_new, m_new.index_select(0, flat)
+        w = torch.exp(l_t - ref.masked_fill_(empty, 0.0))  # at most exp(_SLACK); empty rows: exp(-inf) = 0
+        acc.index_add_(0, flat, o_t.mul_(w[:, None]))
         total.index_add_(0, flat, w)
-        m = m_new
     has = total > 0
     acc.div_(torch.where(has, total, 1.0)[:, None])
     lse = torch.where(has, m + torch.log(torch.where(has, total, 1.0)), _NEG_INF)
@@ -193,7 +202,8 @@ def _backward(qp, kp, vp, op, lse, dop, tl: Tiles, bs: int, scale: float):
     q_flat, o_flat, do_flat, lse_flat = qp.view(n, d), op.view(n, d), dop.view(n, d), lse.view(n)
     k_blk, v_blk = kp.view(-1, bs, d), vp.view(-1, bs, d)
     for rows, empty, blocks in _batches(tl, bs, d):
-        do_t = _take(do_flat, rows).masked_fill_(empty[:, None, :, None], 0.0)  # empty rows add nothing
+        do_t = _take(do_flat, rows)
+        do_t.view(-1, d).index_fill_(0, empty.flatten().nonzero().squeeze(1), 0.0)  # empty rows add nothing
         dq_t, dk_t, dv_t = FLASH_BACKWARD(do_t, _take(q_flat, rows), _take(k_blk, blocks), _take(v_blk, blocks),
                                           _take(o_flat, rows), _take(lse_flat, rows), 0.0, False, scale=scale)[:3]
         dq.index_add_(0, rows.flatten(), dq_t.reshape(-1, d))
