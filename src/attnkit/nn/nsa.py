@@ -15,11 +15,12 @@ from ..costing.attend import attend
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
 from ..errors import ArgumentError, ShapeError, check_int
+from ..kernels.rules import FLASH_BACKWARD
 from ..masks.selected import SelectedKeys
 from ..registry.entry import Entry, register
 from ._inputs import check_sequence
 
-__all__ = ["NativeSparseAttention", "compressed_attention", "nsa_blocks"]
+__all__ = ["NativeSparseAttention", "compressed_attention", "compressed_and_blocks", "nsa_blocks"]
 
 _INF = float("inf")
 _ROWS = 1 << 22  # selection scores (queries x compressed blocks x heads) computed at once
@@ -66,17 +67,60 @@ def compressed_attention(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tens
     blocks are plain causal attention, square, so torch's kernel skips the blocks above the diagonal and no mask
     tensor is made. The first ``l - 1`` queries see no block: their output is 0.
     """
-    batch, heads, n, d = q.shape
+    batch, heads, n, _ = q.shape
     blocks_c, dv = k_cmp.shape[2], v_cmp.shape[-1]
-    first = length - 1
     if not blocks_c:
         return q.new_zeros(batch, heads, n, dv)
-    rows = blocks_c * stride  # >= n - l + 1: the queries that see a block, padded to whole phases
-    qs = F.pad(q[:, :, first:], (0, 0, 0, rows - (n - first)))
-    qs = qs.view(batch, heads, blocks_c, stride, d).transpose(2, 3).reshape(batch, heads * stride, blocks_c, d)
-    out = attention(qs, k_cmp, v_cmp, mask=masks.causal())  # (B, H d, n_c, Dv): query head h d + r, key head h / g
-    out = out.view(batch, heads, stride, blocks_c, dv).transpose(2, 3).reshape(batch, heads, rows, dv)
-    return F.pad(out[:, :, :n - first], (0, 0, first, 0))
+    out = attention(_phases(q, length - 1, blocks_c, stride), k_cmp, v_cmp, mask=masks.causal())  # (B, H d, n_c,
+    # Dv): query head h d + r, key head h / g
+    return _unphases(out, heads, n, length - 1, stride)
+
+
+def _phases(t: torch.Tensor, first: int, blocks_c: int, stride: int) -> torch.Tensor:
+    """Rows ``first + s d + r`` of ``t`` ``(B, H, n, E)`` as ``(B, H d, n_c, E)`` (row ``s`` of head ``h d + r``),
+    zero rows past ``n``: :func:`compressed_attention`'s layout."""
+    batch, heads, n, e = t.shape
+    t = F.pad(t[:, :, first:], (0, 0, 0, blocks_c * stride - (n - first)))
+    return t.view(batch, heads, blocks_c, stride, e).transpose(2, 3).reshape(batch, heads * stride, blocks_c, e)
+
+
+def _unphases(t: torch.Tensor, heads: int, n: int, first: int, stride: int) -> torch.Tensor:
+    """:func:`_phases` undone: ``(B, H d, n_c, E)`` -> ``(B, H, n, E)``, zero rows before ``first``."""
+    batch, _, blocks_c, e = t.shape
+    t = t.view(batch, heads, stride, blocks_c, e).transpose(2, 3).reshape(batch, heads, blocks_c * stride, e)
+    return F.pad(t[:, :, :n - first], (0, 0, first, 0))
+
+
+class _CompressedBranch(torch.autograd.Function):
+    """The compressed branch's output, computed with the selection (:func:`compressed_and_blocks`), joined to
+    autograd: the backward is torch's fused kernel's (Dao 2023, Alg. 2) in :func:`compressed_attention`'s layout,
+    with that output and lse (one causal square of ``n_c`` rows per phase)."""
+
+    @staticmethod
+    def forward(ctx, q, k_cmp, v_cmp, out, lse, length: int, stride: int, scale: float):
+        ctx.save_for_backward(q, k_cmp, v_cmp, out, lse)
+        ctx.length, ctx.stride, ctx.scale = length, stride, scale
+        return out.view_as(out)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        q, k_cmp, v_cmp, out, lse = ctx.saved_tensors
+        first, blocks_c, heads, n = ctx.length - 1, k_cmp.shape[2], q.shape[1], q.shape[2]
+
+        def phases(t):
+            return _phases(t, first, blocks_c, ctx.stride)
+        assert FLASH_BACKWARD is not None  # _one_pass: torch has the fused CPU kernel
+        dq, dk, dv = FLASH_BACKWARD(phases(dout.contiguous()), phases(q), k_cmp, v_cmp, phases(out),
+                                    phases(lse.unsqueeze(-1)).squeeze(-1), 0.0, True, scale=ctx.scale)[:3]
+        return _unphases(dq, heads, n, first, ctx.stride), dk, dv, None, None, None, None, None
+
+
+def _one_pass(q: torch.Tensor, k_cmp: torch.Tensor) -> bool:
+    """The compressed branch computed with the selection (:class:`_CompressedBranch`): torch's fused CPU kernel
+    for its backward, float32 or float64, some compressed block."""
+    return (FLASH_BACKWARD is not None and q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+            and k_cmp.dtype == q.dtype and k_cmp.shape[2] > 0)
 
 
 def nsa_blocks(q: torch.Tensor, k_cmp: torch.Tensor, *, length: int, stride: int, block: int, count: int,
@@ -95,18 +139,40 @@ def nsa_blocks(q: torch.Tensor, k_cmp: torch.Tensor, *, length: int, stride: int
     ``start``: the position of the first query (a decoding step over a cache: its length minus one); the keys
     are those of positions ``0 .. start + n - 1``.
     """
+    return _scored(q, k_cmp, None, length=length, stride=stride, block=block, count=count, scale=scale,
+                   start=start)[0]
+
+
+def compressed_and_blocks(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, *, length: int, stride: int,
+                          block: int, count: int, scale: float):
+    """The compressed branch and the selection from one softmax (eq. 7-11: ``p_cmp`` is the compressed branch's
+    attention): ``(out (B, H, n, Dv), lse (B, H, n), blocks (B, H_kv, n, count))``, no gradient.
+
+    ``out = p_cmp V_cmp`` (0 and lse ``-inf`` for the first ``l - 1`` queries, which see no ended block), the
+    blocks as :func:`nsa_blocks` chooses them; the scores are computed once, a chunk of rows at a time."""
+    chosen, out, lse = _scored(q, k_cmp, v_cmp, length=length, stride=stride, block=block, count=count, scale=scale)
+    return out, lse, chosen
+
+
+def _scored(q, k_cmp, v_cmp, *, length, stride, block, count, scale, start=0):
+    """:func:`nsa_blocks` (``v_cmp`` None) or :func:`compressed_and_blocks`, over chunks of rows."""
     with torch.no_grad():
         batch, heads, n, _ = q.shape
         kv_heads, blocks_c, total = k_cmp.shape[1], k_cmp.shape[2], start + n
         rows = max(1, min(_TRIANGLE, _ROWS // max(1, batch * heads * (blocks_c + -(-total // stride)))))
-        out = [_select_rows(q[:, :, r0:r0 + rows], k_cmp, start + r0, total, length=length, stride=stride,
-                            block=block, count=count, scale=scale) for r0 in range(0, n, rows)]
-        return torch.cat(out, 2) if out else q.new_zeros(batch, kv_heads, 0, 0, dtype=torch.long)
+        parts = [_select_rows(q[:, :, r0:r0 + rows], k_cmp, v_cmp, start + r0, total, length=length, stride=stride,
+                              block=block, count=count, scale=scale) for r0 in range(0, n, rows)]
+        if not parts:
+            chosen = q.new_zeros(batch, kv_heads, 0, 0, dtype=torch.long)
+            return chosen, q.new_zeros(batch, heads, 0, 0 if v_cmp is None else v_cmp.shape[-1]), q.new_zeros(
+                batch, heads, 0)
+        return tuple(torch.cat(t, 2) if t[0] is not None else None for t in zip(*parts, strict=True))
 
 
-def _select_rows(q, k_cmp, r0: int, total: int, *, length, stride, block, count, scale) -> torch.Tensor:
-    """:func:`nsa_blocks` for the queries ``r0 .. r0 + c - 1`` of ``total`` (``q`` ``(B, H, c, D)``): scores
-    ``c x n_c'`` over the ``n_c'`` blocks ended by the last of them (a causal triangle: half the products)."""
+def _select_rows(q, k_cmp, v_cmp, r0: int, total: int, *, length, stride, block, count, scale):
+    """:func:`_scored` for the queries ``r0 .. r0 + c - 1`` of ``total`` (``q`` ``(B, H, c, D)``): scores
+    ``c x n_c'`` over the ``n_c'`` blocks ended by the last of them (a causal triangle: half the products); with
+    ``v_cmp`` also the compressed branch's rows ``p V_cmp`` and their lse (rows with no ended block: 0, ``-inf``)."""
     batch, heads, rows, d = q.shape
     kv_heads = k_cmp.shape[1]
     blocks_c = max(0, min(k_cmp.shape[2], (r0 + rows - length) // stride + 1))  # ended by the chunk's last query
@@ -116,9 +182,25 @@ def _select_rows(q, k_cmp, r0: int, total: int, *, length, stride, block, count,
     ended = torch.arange(blocks_c, device=q.device) * stride + length - 1 <= t
     scores = (q.reshape(batch, kv_heads, group * rows, d) * scale) @ k_cmp.transpose(-1, -2)  # a group's heads as rows
     scores = scores.view(batch, kv_heads, group, rows, blocks_c).masked_fill_(~ended, -_INF)
-    p = torch.softmax(scores, -1).nan_to_num_(0.0)
-    return _top_blocks(p, r0 if rows == 1 else t, r0 + rows - 1, total, length=length, stride=stride, block=block,
-                       count=count)
+    out = lse = None
+    if v_cmp is None or not blocks_c:
+        p = torch.softmax(scores, -1).nan_to_num_(0.0)
+        if v_cmp is not None:
+            out, lse = q.new_zeros(batch, heads, rows, v_cmp.shape[-1]), q.new_full((batch, heads, rows), -_INF)
+    else:  # softmax written out, for its lse: the compressed branch's backward (torch's kernel) reads it
+        top = scores.amax(-1, keepdim=True)
+        p = scores.sub_(top).exp_()
+        norm = p.sum(-1, keepdim=True)
+        p = p.div_(norm)  # rows with no ended block: NaN (-inf - -inf), zeroed below
+        out = (p @ v_cmp[:, :, None, :blocks_c]).view(batch, heads, rows, -1)
+        lse = top.add_(norm.log_()).view(batch, heads, rows)
+        seen = ended[:, 0] if blocks_c else torch.zeros(rows, dtype=torch.bool, device=q.device)
+        if not bool(seen.all()):
+            out, lse = out.masked_fill_(~seen[:, None], 0.0), lse.masked_fill_(~seen, -_INF)
+        p = p.nan_to_num_(0.0)
+    chosen = _top_blocks(p, r0 if rows == 1 else t, r0 + rows - 1, total, length=length, stride=stride, block=block,
+                         count=count)
+    return chosen, out, lse
 
 
 def _top_blocks(p, t, last: int, total: int, *, length, stride, block, count) -> torch.Tensor:
@@ -298,7 +380,7 @@ class NativeSparseAttention(nn.Module):
     def branches(self, x: torch.Tensor):
         """Queries ``(B, H, n, D)``, the branches' keys and values ``(B, H_kv, n, D)`` (compressed ones
         ``(B, H_kv, n_c, D)``) and the selection mask of eq. 11-12."""
-        q, compressed, mask = self._selection(x)
+        q, compressed, mask, _ = self._selection(x)
         return q, compressed, self._keys(x, 1), self._keys(x, 2), mask
 
     def _keys(self, x: torch.Tensor, branch: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -318,8 +400,9 @@ class NativeSparseAttention(nn.Module):
         k_cmp, v_cmp = self._keys(x, 0)
         return self.compress_k(k_cmp), self.compress_v(v_cmp)
 
-    def _selection(self, x: torch.Tensor):
-        """Queries, the compressed keys and values and the selection mask (eq. 7-12)."""
+    def _selection(self, x: torch.Tensor, branch: bool = False):
+        """Queries, the compressed keys and values, the selection mask (eq. 7-12) and a call giving the compressed
+        branch's output (``branch``: computed with the selection where :func:`_one_pass` allows)."""
         batch, n, _ = x.shape
         h, hkv, d = self.num_heads, self.kv_heads, self.head_dim
         q = self.q_proj(x).view(batch, n, h, d).transpose(1, 2).contiguous()  # one copy the three branches share
@@ -331,24 +414,36 @@ class NativeSparseAttention(nn.Module):
             k_c, v_c = _Recomputed.apply(self._compressed_keys, x, *params)
         else:
             k_c, v_c = self._compressed_keys(x)
-        chosen = nsa_blocks(q, k_c, length=self.compress_block, stride=self.compress_stride, block=self.select_block,
-                            count=self.num_selected, scale=1 / math.sqrt(d))
+        scale, shape = 1 / math.sqrt(d), dict(length=self.compress_block, stride=self.compress_stride)
+        if branch and _one_pass(q, k_c):  # one softmax gives the compressed branch and the selection (eq. 8)
+            o_cmp, lse, chosen = compressed_and_blocks(q, k_c, v_c, block=self.select_block, count=self.num_selected,
+                                                       scale=scale, **shape)
+
+            def compressed():
+                if torch.is_grad_enabled() and (q.requires_grad or k_c.requires_grad or v_c.requires_grad):
+                    return _CompressedBranch.apply(q, k_c, v_c, o_cmp, lse, self.compress_block, self.compress_stride,
+                                                   scale)
+                return o_cmp
+        else:
+            chosen = nsa_blocks(q, k_c, block=self.select_block, count=self.num_selected, scale=scale, **shape)
+
+            def compressed():
+                return compressed_attention(q, k_c, v_c, **shape)
         chosen_blocks = SelectedKeys(chosen, self.select_block, group_size=h // hkv, distinct=True)  # a top-k
-        return q, (k_c, v_c), chosen_blocks & masks.causal()
+        return q, (k_c, v_c), chosen_blocks & masks.causal(), compressed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_sequence(type(self).__name__, "x", x, self.dim, named=True, like=self)
         batch, n, _ = x.shape
         h = self.num_heads
         g = torch.sigmoid(self.gate(x)).view(batch, n, h, 3).permute(3, 0, 2, 1).unsqueeze(-1)  # (3, B, H, n, 1)
-        q, (k_c, v_c), mask = self._selection(x)
+        q, _, mask, compressed = self._selection(x, branch=True)
         # autograd runs the latest recorded operation first: the selected branch (the largest backward) is recorded
         # before the other two, whose backward then frees their saved tensors, and the window's projection its
         # gradients, before the selected branch's backward runs; each branch is gated as soon as it is computed,
         # so only one branch's output gradient is alive at a time
         out = _gated(g[1], attention(q, *self._keys(x, 1), mask=mask))
-        out = out + _gated(g[0], compressed_attention(q, k_c, v_c, length=self.compress_block,
-                                                      stride=self.compress_stride))
+        out = out + _gated(g[0], compressed())
         out = out + _gated(g[2], attention(q, *self._keys(x, 2), mask=masks.sliding_window(self.window - 1, 0)))
         return self.out_proj(out.transpose(1, 2).reshape(batch, n, self.dim))  # out (B, H, n, D)
 
