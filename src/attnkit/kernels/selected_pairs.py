@@ -89,19 +89,26 @@ def tiles(indices: torch.Tensor, batch: int, heads: int, kv_heads: int, length: 
     own = (idx == own_block).any(-1)  # (B, H, L)
     own = torch.nn.functional.pad(own, (0, lp - length)).flatten()
     past = ((idx >= 0) & (idx < own_block)).flatten().nonzero().squeeze(1)  # flat (b, h, q, s), in that order
-    n_sel = idx.shape[-1]
-    bh, q = past // (n_sel * length), (past // n_sel) % length
-    group = bh * nb + idx.flatten()[past]  # (B, H, n_blocks) flat: the tile's query head and key block
+    n_sel, pairs = idx.shape[-1], past.numel()
+    group = idx.flatten()[past]  # the pair's key block
+    past = past.div_(n_sel, rounding_mode="floor")  # flat (b, h, q); in place, as below: few pair-long temporaries
+    bh = past // length
+    query = past.add_(bh * (lp - length))  # flat over (B, H, Lp)
+    group = group.add_(bh.mul_(nb))  # (B, H, n_blocks) flat: the tile's query head and key block
+    del bh, past
     group, order = torch.sort(group, stable=True)
-    query = (bh * lp + q)[order]
+    query = query[order]
+    del order
     counts = torch.bincount(group, minlength=batch * heads * nb)
     per_group = -(-counts // ROWS)
     per_tile = -(-counts // per_group.clamp(min=1))  # queries per tile, the group's split even
     height = torch.clamp(-(-per_tile // STEP) * STEP, max=ROWS)
     first_tile = torch.cumsum(per_group, 0) - per_group
     first_pair = torch.cumsum(counts, 0) - counts
-    pos = torch.arange(group.numel(), device=dev) - first_pair[group]
-    tile = first_tile[group] + pos // height[group]
+    pos = torch.arange(pairs, device=dev).sub_(first_pair[group])  # the pair's place in its group
+    pair_height = height[group]
+    tile = first_tile[group].add_(pos // pair_height)
+    del group
     tile_group = torch.repeat_interleave(torch.arange(batch * heads * nb, device=dev), per_group)
     bh, blk = tile_group // nb, tile_group % nb
     kv_row = ((bh // heads) * kv_heads + (bh % heads) // (heads // kv_heads)) * nb + blk
@@ -112,13 +119,14 @@ def tiles(indices: torch.Tensor, batch: int, heads: int, kv_heads: int, length: 
     offset = torch.empty_like(by_height)  # a tile's first row in one table of every height's tiles, by height
     offset[by_height] = torch.cumsum(sorted_height, 0) - sorted_height
     table = torch.full((int(tile_height.sum()),), -1, dtype=torch.long, device=dev)
-    table[offset[tile] + pos % height[group]] = query
+    table[offset[tile].add_(pos.remainder_(pair_height))] = query
+    del tile, pos, pair_height, query
     rows, blocks, tile0, row0 = [], [], 0, 0
     for hgt, count in zip(heights.tolist(), tiles_per.tolist(), strict=True):
         rows.append(table[row0:row0 + count * hgt].view(count, hgt))
         blocks.append(kv_row[by_height[tile0:tile0 + count]])
         tile0, row0 = tile0 + count, row0 + count * hgt
-    return Tiles(rows, blocks, own, int(group.numel()))
+    return Tiles(rows, blocks, own, pairs)
 
 
 def _take(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
