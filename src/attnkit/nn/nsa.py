@@ -17,6 +17,7 @@ from ..costing.tally import dtype_of, randn
 from ..errors import ArgumentError, ShapeError, check_int
 from ..kernels.rules import FLASH_BACKWARD
 from ..masks.selected import SelectedKeys
+from ..recording import is_recording
 from ..registry.entry import Entry, register
 from ._inputs import check_sequence
 
@@ -415,7 +416,8 @@ class NativeSparseAttention(nn.Module):
         else:
             k_c, v_c = self._compressed_keys(x)
         scale, shape = 1 / math.sqrt(d), dict(length=self.compress_block, stride=self.compress_stride)
-        if branch and _one_pass(q, k_c):  # one softmax gives the compressed branch and the selection (eq. 8)
+        if branch and _one_pass(q, k_c) and not is_recording():  # one softmax: the compressed branch and the
+            # selection (eq. 8); a recorded run calls attention() for the branch, so that its weights are recorded
             o_cmp, lse, chosen = compressed_and_blocks(q, k_c, v_c, block=self.select_block, count=self.num_selected,
                                                        scale=scale, **shape)
 
@@ -477,9 +479,13 @@ def _count(t, s, module):
     t.mm("gates", 1, b * n, dim, 3 * h)
     if blocks_c:
         t.mm("compression phi (keys, values)", 2, b * hkv * blocks_c, l * d, d, recompute=True)
-    if blocks_c:  # compressed_attention: the stride's phases as query heads, square causal
-        attend(t, "compressed: ", b, h * stride, blocks_c, blocks_c, d, d, hkv=hkv, dtype=dt, mask=masks.causal())
-    t.mm("selection importance q K_cmp^T", b * h, n, d, blocks_c, grads=0)
+    t.mm("selection importance q K_cmp^T (the compressed branch's scores too)", b * h, n, d, blocks_c, grads=0)
+    if blocks_c:  # compressed_and_blocks: p_cmp V_cmp from the selection's softmax; the backward torch's fused kernel
+        # over the stride's phases as query heads, square causal (_CompressedBranch): 2 B H d n_c^2 (3 D + 2 D)
+        t.mm("compressed: p_cmp V_cmp", b * h, n, blocks_c, d, grads=0)
+        t.fused("compressed: backward (torch's fused kernel, phases as heads)", 0,
+                2 * b * h * stride * blocks_c * blocks_c * 5 * d)
+        t.inter(b * h * n * (d + 1))
     with torch.no_grad():  # the blocks the module selects on the spec's inputs decide the gathered path's work
         mask = module.branches(_inputs(s, module)[1][0])[-1]
     attend(t, "selected: ", b, h, n, n, d, d, hkv=hkv, dtype=dt, mask=mask)
