@@ -15,7 +15,6 @@ from ..costing.attend import attend
 from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
 from ..errors import ArgumentError, ShapeError, check_int
-from ..kernels.rules import FLASH_BACKWARD
 from ..masks.selected import SelectedKeys
 from ..recording import is_recording
 from ..registry.entry import Entry, register
@@ -94,8 +93,7 @@ def _unphases(t: torch.Tensor, heads: int, n: int, first: int, stride: int) -> t
 
 class _CompressedBranch(torch.autograd.Function):
     """The compressed branch's output, computed with the selection (:func:`compressed_and_blocks`), joined to
-    autograd: the backward is torch's fused kernel's (Dao 2023, Alg. 2) in :func:`compressed_attention`'s layout,
-    with that output and lse (one causal square of ``n_c`` rows per phase)."""
+    autograd; the backward (:func:`_compressed_grads`) recomputes the probabilities from that output's lse."""
 
     @staticmethod
     def forward(ctx, q, k_cmp, v_cmp, out, lse, length: int, stride: int, scale: float):
@@ -107,21 +105,44 @@ class _CompressedBranch(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
         q, k_cmp, v_cmp, out, lse = ctx.saved_tensors
-        first, blocks_c, heads, n = ctx.length - 1, k_cmp.shape[2], q.shape[1], q.shape[2]
+        grads = _compressed_grads(q, k_cmp, v_cmp, out, lse, dout, length=ctx.length, stride=ctx.stride,
+                                  scale=ctx.scale)
+        return (*grads, None, None, None, None, None)
 
-        def phases(t):
-            return _phases(t, first, blocks_c, ctx.stride)
-        assert FLASH_BACKWARD is not None  # _one_pass: torch has the fused CPU kernel
-        dq, dk, dv = FLASH_BACKWARD(phases(dout.contiguous()), phases(q), k_cmp, v_cmp, phases(out),
-                                    phases(lse.unsqueeze(-1)).squeeze(-1), 0.0, True, scale=ctx.scale)[:3]
-        return _unphases(dq, heads, n, first, ctx.stride), dk, dv, None, None, None, None, None
+
+def _compressed_grads(q, k_cmp, v_cmp, out, lse, dout, *, length: int, stride: int, scale: float):
+    """``dq, dk_cmp, dv_cmp`` of the compressed branch (Dao 2023, arXiv:2307.08691, Alg. 2 by chunks of rows):
+    ``P = exp(S - lse)`` over the blocks each row has seen ended, ``dV = P^T dO``, ``dS = P (dO V^T - rowsum(dO o O))``,
+    ``dQ = scale dS K``, ``dK = scale dS^T Q``. A chunk scores only the blocks its last query has seen (the causal
+    triangle, as the forward), a group's heads as rows of one product; the first ``l - 1`` rows see no block."""
+    batch, heads, n, d = q.shape
+    kv_heads, blocks_c, dv = k_cmp.shape[1], k_cmp.shape[2], v_cmp.shape[-1]
+    group = heads // kv_heads
+    dq, dk, dvc = torch.zeros_like(q), torch.zeros_like(k_cmp), torch.zeros_like(v_cmp)
+    delta = (dout * out).sum(-1)  # (B, H, n)
+    rows = max(1, min(_TRIANGLE, _ROWS // max(1, batch * heads * (blocks_c + -(-n // stride)))))
+    for r0 in range(length - 1, n, rows):
+        r1 = min(n, r0 + rows)
+        c, seen = r1 - r0, min(blocks_c, (r1 - length) // stride + 1)  # the blocks ended by the chunk's last query
+        t = torch.arange(r0, r1, device=q.device)[:, None]
+        ended = torch.arange(seen, device=q.device) * stride + length - 1 <= t
+        kc, vc = k_cmp[:, :, :seen], v_cmp[:, :, :seen]
+        qc = q[:, :, r0:r1].reshape(batch, kv_heads, group * c, d)
+        do = dout[:, :, r0:r1].reshape(batch, kv_heads, group * c, dv)
+        p = (qc @ kc.transpose(-1, -2)).mul_(scale).view(batch, kv_heads, group, c, seen).masked_fill_(~ended, -_INF)
+        p = p.sub_(lse[:, :, r0:r1].reshape(batch, kv_heads, group, c, 1)).exp_().view(batch, kv_heads, group * c, seen)
+        dvc[:, :, :seen] += p.transpose(-1, -2) @ do
+        ds = (do @ vc.transpose(-1, -2)).sub_(delta[:, :, r0:r1].reshape(batch, kv_heads, group * c, 1)).mul_(p)
+        dq[:, :, r0:r1] = (ds @ kc).mul_(scale).view(batch, heads, c, d)
+        dk[:, :, :seen] += (ds.transpose(-1, -2) @ qc).mul_(scale)
+    return dq, dk, dvc
 
 
 def _one_pass(q: torch.Tensor, k_cmp: torch.Tensor) -> bool:
-    """The compressed branch computed with the selection (:class:`_CompressedBranch`): torch's fused CPU kernel
-    for its backward, float32 or float64, some compressed block."""
-    return (FLASH_BACKWARD is not None and q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
-            and k_cmp.dtype == q.dtype and k_cmp.shape[2] > 0)
+    """The compressed branch computed with the selection (:class:`_CompressedBranch`): on the CPU, float32 or
+    float64 (the softmax written out, as the dense formulas run there), some compressed block."""
+    return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and k_cmp.dtype == q.dtype
+            and k_cmp.shape[2] > 0)
 
 
 def nsa_blocks(q: torch.Tensor, k_cmp: torch.Tensor, *, length: int, stride: int, block: int, count: int,
@@ -480,11 +501,11 @@ def _count(t, s, module):
     if blocks_c:
         t.mm("compression phi (keys, values)", 2, b * hkv * blocks_c, l * d, d, recompute=True)
     t.mm("selection importance q K_cmp^T (the compressed branch's scores too)", b * h, n, d, blocks_c, grads=0)
-    if blocks_c:  # compressed_and_blocks: p_cmp V_cmp from the selection's softmax; the backward torch's fused kernel
-        # over the stride's phases as query heads, square causal (_CompressedBranch): 2 B H d n_c^2 (3 D + 2 D)
+    if blocks_c:  # compressed_and_blocks: p_cmp V_cmp from the selection's softmax; the backward by hand over the
+        # rows that see a block, by chunks (_compressed_grads): scores recomputed, then dV, dP, dQ, dK
         t.mm("compressed: p_cmp V_cmp", b * h, n, blocks_c, d, grads=0)
-        t.fused("compressed: backward (torch's fused kernel, phases as heads)", 0,
-                2 * b * h * stride * blocks_c * blocks_c * 5 * d)
+        t.fused("compressed: backward (scores recomputed; dV, dP, dQ, dK)", 0,
+                5 * 2 * b * h * (n - l + 1) * blocks_c * d)
         t.inter(b * h * n * (d + 1))
     with torch.no_grad():  # the blocks the module selects on the spec's inputs decide the gathered path's work
         mask = module.branches(_inputs(s, module)[1][0])[-1]
