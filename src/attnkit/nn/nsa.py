@@ -347,9 +347,10 @@ class NativeSparseAttention(nn.Module):
     an unnamed depth); eq. 9's index ``(l'/d) j - m - n`` is read as ``(l'/d) j + m - n``, so the
     compressed blocks summed are those overlapping selection block ``j``. The selected branch runs
     on attnkit's selected-blocks path (each query's own block in place, its past blocks in tiles of
-    queries sharing a block, merged by log-sum-exp: time and memory ``O(n n_sel l' D)``); the compressed branch is
-    one dense causal call (:func:`compressed_attention`); the selection is batched over heads and queries
-    (:func:`nsa_blocks`, no ``n x n`` tensor).
+    queries sharing a block, merged by log-sum-exp: time and memory ``O(n n_sel l' D)``); the compressed branch and
+    the selection share one softmax ``p_cmp`` on the CPU in float32/float64 (:func:`compressed_and_blocks`, a chunk
+    of queries at a time over the blocks it has seen, the backward by the same chunks), elsewhere the branch is one
+    dense causal call (:func:`compressed_attention`) beside :func:`nsa_blocks`; no ``n x n`` tensor.
 
     Shapes:
         ``x`` ``(B, n, dim)`` -> ``(B, n, dim)``.
