@@ -67,28 +67,17 @@ def compressed_attention(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tens
     blocks are plain causal attention, square, so torch's kernel skips the blocks above the diagonal and no mask
     tensor is made. The first ``l - 1`` queries see no block: their output is 0.
     """
-    batch, heads, n, _ = q.shape
+    batch, heads, n, d = q.shape
     blocks_c, dv = k_cmp.shape[2], v_cmp.shape[-1]
+    first = length - 1
     if not blocks_c:
         return q.new_zeros(batch, heads, n, dv)
-    out = attention(_phases(q, length - 1, blocks_c, stride), k_cmp, v_cmp, mask=masks.causal())  # (B, H d, n_c,
-    # Dv): query head h d + r, key head h / g
-    return _unphases(out, heads, n, length - 1, stride)
-
-
-def _phases(t: torch.Tensor, first: int, blocks_c: int, stride: int) -> torch.Tensor:
-    """Rows ``first + s d + r`` of ``t`` ``(B, H, n, E)`` as ``(B, H d, n_c, E)`` (row ``s`` of head ``h d + r``),
-    zero rows past ``n``: :func:`compressed_attention`'s layout."""
-    batch, heads, n, e = t.shape
-    t = F.pad(t[:, :, first:], (0, 0, 0, blocks_c * stride - (n - first)))
-    return t.view(batch, heads, blocks_c, stride, e).transpose(2, 3).reshape(batch, heads * stride, blocks_c, e)
-
-
-def _unphases(t: torch.Tensor, heads: int, n: int, first: int, stride: int) -> torch.Tensor:
-    """:func:`_phases` undone: ``(B, H d, n_c, E)`` -> ``(B, H, n, E)``, zero rows before ``first``."""
-    batch, _, blocks_c, e = t.shape
-    t = t.view(batch, heads, stride, blocks_c, e).transpose(2, 3).reshape(batch, heads, blocks_c * stride, e)
-    return F.pad(t[:, :, :n - first], (0, 0, first, 0))
+    rows = blocks_c * stride  # >= n - l + 1: the queries that see a block, padded to whole phases
+    qs = F.pad(q[:, :, first:], (0, 0, 0, rows - (n - first)))
+    qs = qs.view(batch, heads, blocks_c, stride, d).transpose(2, 3).reshape(batch, heads * stride, blocks_c, d)
+    out = attention(qs, k_cmp, v_cmp, mask=masks.causal())  # (B, H d, n_c, Dv): query head h d + r, key head h / g
+    out = out.view(batch, heads, stride, blocks_c, dv).transpose(2, 3).reshape(batch, heads, rows, dv)
+    return F.pad(out[:, :, :n - first], (0, 0, first, 0))
 
 
 class _CompressedBranch(torch.autograd.Function):
@@ -209,7 +198,7 @@ def _select_rows(q, k_cmp, v_cmp, r0: int, total: int, *, length, stride, block,
         p = torch.softmax(scores, -1).nan_to_num_(0.0)
         if v_cmp is not None:
             out, lse = q.new_zeros(batch, heads, rows, v_cmp.shape[-1]), q.new_full((batch, heads, rows), -_INF)
-    else:  # softmax written out, for its lse: the compressed branch's backward (torch's kernel) reads it
+    else:  # softmax written out, for its lse: the compressed branch's backward (_compressed_grads) reads it
         top = scores.amax(-1, keepdim=True)
         p = scores.sub_(top).exp_()
         norm = p.sum(-1, keepdim=True)
