@@ -114,17 +114,24 @@ def _compressed_grads(q, k_cmp, v_cmp, out, lse, dout, *, length: int, stride: i
         r1 = min(n, r0 + rows)
         c, seen = r1 - r0, min(blocks_c, (r1 - length) // stride + 1)  # the blocks ended by the chunk's last query
         t = torch.arange(r0, r1, device=q.device)[:, None]
-        ended = torch.arange(seen, device=q.device) * stride + length - 1 <= t
+        full = _ended_by(r0, length, stride, seen)  # the blocks every row of the chunk has seen: no mask there
+        ended = torch.arange(full, seen, device=q.device) * stride + length - 1 <= t
         kc, vc = k_cmp[:, :, :seen], v_cmp[:, :, :seen]
         qc = q[:, :, r0:r1].reshape(batch, kv_heads, group * c, d)
         do = dout[:, :, r0:r1].reshape(batch, kv_heads, group * c, dv)
-        p = (qc @ kc.transpose(-1, -2)).mul_(scale).view(batch, kv_heads, group, c, seen).masked_fill_(~ended, -_INF)
+        p = (qc @ kc.transpose(-1, -2)).mul_(scale).view(batch, kv_heads, group, c, seen)
+        p[..., full:].masked_fill_(~ended, -_INF)
         p = p.sub_(lse[:, :, r0:r1].reshape(batch, kv_heads, group, c, 1)).exp_().view(batch, kv_heads, group * c, seen)
         dvc[:, :, :seen] += p.transpose(-1, -2) @ do
         ds = (do @ vc.transpose(-1, -2)).sub_(delta[:, :, r0:r1].reshape(batch, kv_heads, group * c, 1)).mul_(p)
         dq[:, :, r0:r1] = (ds @ kc).mul_(scale).view(batch, heads, c, d)
         dk[:, :, :seen] += (ds.transpose(-1, -2) @ qc).mul_(scale)
     return dq, dk, dvc
+
+
+def _ended_by(t: int, length: int, stride: int, blocks_c: int) -> int:
+    """How many compressed blocks (of ``blocks_c``) query ``t`` has seen ended: ``i d + l - 1 <= t``."""
+    return min(blocks_c, max(0, (t - length + 1) // stride + 1))
 
 
 def _one_pass(q: torch.Tensor, k_cmp: torch.Tensor) -> bool:
@@ -190,9 +197,11 @@ def _select_rows(q, k_cmp, v_cmp, r0: int, total: int, *, length, stride, block,
     k_cmp = k_cmp[:, :, :blocks_c]  # the later blocks no query of the chunk sees: not scored
     group = heads // kv_heads
     t = torch.arange(r0, r0 + rows, device=q.device)[:, None]
-    ended = torch.arange(blocks_c, device=q.device) * stride + length - 1 <= t
+    full = _ended_by(r0, length, stride, blocks_c)  # the blocks every query of the chunk has seen: no mask there
+    ended = torch.arange(full, blocks_c, device=q.device) * stride + length - 1 <= t
     scores = (q.reshape(batch, kv_heads, group * rows, d) * scale) @ k_cmp.transpose(-1, -2)  # a group's heads as rows
-    scores = scores.view(batch, kv_heads, group, rows, blocks_c).masked_fill_(~ended, -_INF)
+    scores = scores.view(batch, kv_heads, group, rows, blocks_c)
+    scores[..., full:].masked_fill_(~ended, -_INF)
     out = lse = None
     if v_cmp is None or not blocks_c:
         p = torch.softmax(scores, -1).nan_to_num_(0.0)
@@ -205,7 +214,7 @@ def _select_rows(q, k_cmp, v_cmp, r0: int, total: int, *, length, stride, block,
         p = p.div_(norm)  # rows with no ended block: NaN (-inf - -inf), zeroed below
         out = (p @ v_cmp[:, :, None, :blocks_c]).view(batch, heads, rows, -1)
         lse = top.add_(norm.log_()).view(batch, heads, rows)
-        seen = ended[:, 0] if blocks_c else torch.zeros(rows, dtype=torch.bool, device=q.device)
+        seen = t[:, 0] >= length - 1  # block 0 ended
         if not bool(seen.all()):
             out, lse = out.masked_fill_(~seen[:, None], 0.0), lse.masked_fill_(~seen, -_INF)
         p = p.nan_to_num_(0.0)
