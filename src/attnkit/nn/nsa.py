@@ -237,11 +237,14 @@ def _top_blocks(p, t, last: int, total: int, *, length, stride, block, count) ->
     # are -inf for every query of the chunk (a causal triangle: half the columns on average)
     # eq. 9: compressed block i holds the chunks i .. i + per - 1, so selection block j sums the compressed blocks
     # j step - per + 1 .. j step + step - 1, block j step - per + 1 + w weighted by the chunks it shares with block j:
-    # one window of step + per - 1 compressed blocks every step, one product with those weights
-    padded = F.pad(p, (per - 1, blocks * step - blocks_c))  # compressed blocks -per + 1 .. blocks step + per - 2
-    windows = padded.unfold(-1, step + per - 1, step).contiguous()  # (B, H_kv, c, blocks, step + per - 1)
-    w = _chunk_weights(step, per, p.dtype, p.device)
-    importance = (windows.view(-1, w.numel()) @ w).view(batch, kv_heads, rows, blocks)  # one matrix-vector product
+    # one window of step + per - 1 compressed blocks every step: for each place i in the window, the compressed
+    # blocks j step - per + 1 + i of every j (a strided view of p) times that weight, added in place
+    importance = p.new_zeros(batch, kv_heads, rows, blocks)
+    for i in range(step + per - 1):
+        off, weight = i - per + 1, min(i, step - 1) - max(i - per + 1, 0) + 1
+        j0, j1 = -(off // step) if off < 0 else 0, min(blocks, (blocks_c - 1 - off) // step + 1)
+        if j1 > j0:
+            importance[..., j0:j1].add_(p[..., j0 * step + off:(j1 - 1) * step + off + 1:step], alpha=weight)
     if isinstance(t, int):  # one query: every column a block it has seen, its own the last; the forced ranks added
         importance = importance.add_(_forced_ranks(blocks, importance.dtype, importance.device))
         idx = importance.topk(min(count, blocks), dim=-1)[1]  # sorted: the forced blocks first, in rank order
@@ -266,13 +269,6 @@ def _forced_ranks(blocks: int, dtype: torch.dtype, device: torch.device) -> torc
     ranks[max(blocks - 2, 0)] = big
     ranks[blocks - 1] = _INF
     return ranks
-
-
-@functools.lru_cache(maxsize=32)
-def _chunk_weights(step: int, per: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Eq. 9's weights: compressed block ``j step - per + 1 + i`` shares ``w_i`` chunks with selection block ``j``."""
-    return torch.tensor([min(i, step - 1) - max(i - per + 1, 0) + 1 for i in range(step + per - 1)], dtype=dtype,
-                        device=device)
 
 
 class _Gate(torch.autograd.Function):
