@@ -70,6 +70,23 @@ def test_with_every_block_selected_it_is_dense_causal_attention():
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_blocks_whose_lse_differ_by_far_more_than_the_reference_slack_merge_exactly(dtype):
+    """Key blocks scaled so that the partial lse of one query differ by tens to hundreds (past the merge's slack
+    and past exp's float32 range), the largest met first or last: the float64 per-query oracle."""
+    n = CASES["blocks per query head"][3]
+    q, k, v, indices, bs, group, mask = _case("blocks per query head", seed=7)
+    scale = torch.tensor([1.0, 40.0, 3.0, 120.0, 0.5, 80.0, 10.0, 200.0])[torch.arange(n) // bs].view(1, 1, n, 1)
+    k = (k.detach() * scale.to(k.dtype)).requires_grad_()
+    with torch.no_grad():
+        out, lse = _oracle(q, k, v, indices, bs, group, causal=True)
+        qc, kc, vc = (t.detach().to(dtype) for t in (q, k, v))
+        result = attnkit.attention(qc, kc, vc, mask=mask, backend="blocksparse", return_lse=True)
+    tol = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=0, atol=1e-10)
+    torch.testing.assert_close(result.output.double(), out, **tol)
+    torch.testing.assert_close(result.lse.double(), lse, **tol)
+
+
 def test_rows_that_select_nothing_give_zero_output_minus_inf_lse_and_zero_gradients():
     q, k, v = rand_qkv(1, 2, 12, 12, 4, 4, dtype=torch.float64, seed=5, requires_grad=True)
     indices = torch.full((1, 1, 12, 2), -1)

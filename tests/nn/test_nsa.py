@@ -123,6 +123,35 @@ def test_the_compressed_branch_is_the_float64_masked_attention_forward_and_backw
             torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("n,length,stride", [(29, 4, 2), (31, 6, 3), (16, 4, 4)])
+def test_the_compressed_branch_computed_with_the_selection_is_the_masked_attention_and_the_same_blocks(
+        n, length, stride, monkeypatch):
+    """One softmax (chunks of 5 queries) gives the compressed branch, its lse and the blocks of :func:`nsa_blocks`;
+    joined to autograd (the module's route), its gradients are the float64 oracle's."""
+    from attnkit.nn import nsa
+    from tests.oracle import dense_attention
+
+    monkeypatch.setattr(nsa, "_TRIANGLE", 5)
+    g = torch.Generator().manual_seed(n + 1)
+    blocks_c = (n - length) // stride + 1
+    q = torch.randn(2, 4, n, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    k, v = (torch.randn(2, 2, blocks_c, 5, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(2))
+    out, lse, chosen = nsa.compressed_and_blocks(q, k, v, length=length, stride=stride, block=2 * stride, count=3,
+                                                 scale=5 ** -0.5)
+    ended = torch.arange(blocks_c) * stride + length - 1 <= torch.arange(n)[:, None]
+    want = dense_attention(q, k, v, mask=ended, differentiable=True)
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+    scores = (q @ k.repeat_interleave(2, 1).transpose(-1, -2) * 5 ** -0.5).masked_fill(~ended, float("-inf"))
+    torch.testing.assert_close(lse, torch.logsumexp(scores.detach(), -1), rtol=0, atol=1e-12)
+    assert torch.equal(chosen, nsa_blocks(q, k, length=length, stride=stride, block=2 * stride, count=3,
+                                          scale=5 ** -0.5))
+    joined = nsa._CompressedBranch.apply(q, k, v, out, lse, length, stride, 5 ** -0.5)
+    w = torch.randn_like(want)
+    for a, b in zip(torch.autograd.grad((joined * w).sum(), (q, k, v)),
+                    torch.autograd.grad((want * w).sum(), (q, k, v)), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
 def test_the_selection_is_the_same_in_chunks_of_queries(monkeypatch):
     """Each chunk scores only the compressed blocks its last query has seen: chunks of 3 queries choose as one."""
     from attnkit.nn import nsa

@@ -23,6 +23,10 @@ softmax)::
 
     lse_t = log sum_p exp(lse_p),    out_t = sum_p exp(lse_p - lse_t) out_p
 
+summed against a reference ``m_t`` per row (``exp(lse_p - m_t) out_p``, then divided by the sum of the weights)
+that rises only when a tile's lse passes it by ``_SLACK`` (the weights stay below ``exp(30)``), so the rows
+already summed are rescaled a few times per row, not once per batch of tiles.
+
 The backward recomputes per tile (a custom ``autograd.Function``, nothing kept but the
 inputs, the output and the lse): for keys split in disjoint sets the gradient of each set is
 the flash-attention backward of that set with the *final* output and lse (Dao et al. 2022,
@@ -55,6 +59,7 @@ ROWS = 1024  # queries per tile at most: torch's kernel runs larger query splits
 STEP = 32  # tile heights are multiples of this (or ROWS): tiles of one height share a call of torch's kernel
 BUDGET = 1 << 22  # elements of gathered queries, keys and values per batch of tiles
 _NEG_INF = float("-inf")
+_SLACK = 30.0  # a row's running reference rises only when a tile's lse passes it by this: weights <= exp(30)
 
 
 class Tiles(NamedTuple):
@@ -83,42 +88,45 @@ def tiles(indices: torch.Tensor, batch: int, heads: int, kv_heads: int, length: 
     own_block = t // bs
     own = (idx == own_block).any(-1)  # (B, H, L)
     own = torch.nn.functional.pad(own, (0, lp - length)).flatten()
-    past = (idx >= 0) & (idx < own_block)
-    b, h, q, s = past.nonzero(as_tuple=True)
-    c = idx[b, h, q, s]
-    group = (b * heads + h) * nb + c  # (B, H, n_blocks) flat: the tile's query head and key block
-    order = torch.argsort(group, stable=True)
-    group, query = group[order], ((b * heads + h) * lp + q)[order]
+    past = ((idx >= 0) & (idx < own_block)).flatten().nonzero().squeeze(1)  # flat (b, h, q, s), in that order
+    n_sel, pairs = idx.shape[-1], past.numel()
+    group = idx.flatten()[past]  # the pair's key block
+    past = past.div_(n_sel, rounding_mode="floor")  # flat (b, h, q); in place, as below: few pair-long temporaries
+    bh = past // length
+    query = past.add_(bh * (lp - length))  # flat over (B, H, Lp)
+    group = group.add_(bh.mul_(nb))  # (B, H, n_blocks) flat: the tile's query head and key block
+    del bh, past
+    group, order = torch.sort(group, stable=True)
+    query = query[order]
+    del order
     counts = torch.bincount(group, minlength=batch * heads * nb)
     per_group = -(-counts // ROWS)
     per_tile = -(-counts // per_group.clamp(min=1))  # queries per tile, the group's split even
     height = torch.clamp(-(-per_tile // STEP) * STEP, max=ROWS)
     first_tile = torch.cumsum(per_group, 0) - per_group
     first_pair = torch.cumsum(counts, 0) - counts
-    pos = torch.arange(group.numel(), device=dev) - first_pair[group]
-    tile = first_tile[group] + pos // height[group]
+    pos = torch.arange(pairs, device=dev).sub_(first_pair[group])  # the pair's place in its group
+    pair_height = height[group]
+    tile = first_tile[group].add_(pos // pair_height)
+    del group
     tile_group = torch.repeat_interleave(torch.arange(batch * heads * nb, device=dev), per_group)
     bh, blk = tile_group // nb, tile_group % nb
     kv_row = ((bh // heads) * kv_heads + (bh % heads) // (heads // kv_heads)) * nb + blk
     tile_height = height[tile_group]  # (T,)
     by_height = torch.argsort(tile_height, stable=True)  # tiles of one height together, in their order
-    heights, tiles_per = torch.unique_consecutive(tile_height[by_height], return_counts=True)
-    local = torch.empty_like(by_height)  # a tile's index among the tiles of its height
-    local[by_height] = torch.arange(by_height.numel(), device=dev) - torch.repeat_interleave(
-        torch.cumsum(tiles_per, 0) - tiles_per, tiles_per)
-    pair_height = tile_height[tile]
-    by_pair = torch.argsort(pair_height, stable=True)  # the pairs of one height's tiles together
-    slot = (local[tile] * pair_height + pos % pair_height)[by_pair]  # the pair's place in its height's table
-    query = query[by_pair]
-    pairs_per = torch.bincount(pair_height, minlength=int(ROWS) + 1)[heights].tolist()
-    rows, blocks, tile0, pair0 = [], [], 0, 0
-    for hgt, count, n_pairs in zip(heights.tolist(), tiles_per.tolist(), pairs_per, strict=True):
-        table = torch.full((count * hgt,), -1, dtype=torch.long, device=dev)
-        table[slot[pair0:pair0 + n_pairs]] = query[pair0:pair0 + n_pairs]
-        rows.append(table.view(count, hgt))
+    sorted_height = tile_height[by_height]
+    heights, tiles_per = torch.unique_consecutive(sorted_height, return_counts=True)
+    offset = torch.empty_like(by_height)  # a tile's first row in one table of every height's tiles, by height
+    offset[by_height] = torch.cumsum(sorted_height, 0) - sorted_height
+    table = torch.full((int(tile_height.sum()),), -1, dtype=torch.long, device=dev)
+    table[offset[tile].add_(pos.remainder_(pair_height))] = query
+    del tile, pos, pair_height, query
+    rows, blocks, tile0, row0 = [], [], 0, 0
+    for hgt, count in zip(heights.tolist(), tiles_per.tolist(), strict=True):
+        rows.append(table[row0:row0 + count * hgt].view(count, hgt))
         blocks.append(kv_row[by_height[tile0:tile0 + count]])
-        tile0, pair0 = tile0 + count, pair0 + n_pairs
-    return Tiles(rows, blocks, own, int(group.numel()))
+        tile0, row0 = tile0 + count, row0 + count * hgt
+    return Tiles(rows, blocks, own, pairs)
 
 
 def _take(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -154,23 +162,27 @@ def _forward(qp, kp, vp, tl: Tiles, bs: int, scale: float):
     n = batch * heads * lp
     out_d, lse_d = FLASH(_own_blocks(qp, heads, bs), _own_blocks(kp, heads, bs), _own_blocks(vp, heads, bs),
                          0.0, True, scale=scale)[:2]
-    m = lse_d.reshape(n).masked_fill(~tl.own, _NEG_INF)  # running maximum of the partial lse
+    m = lse_d.reshape(n).masked_fill(~tl.own, _NEG_INF)  # a row's reference: within _SLACK of its partial lse's maximum
     acc = out_d.reshape(n, d).masked_fill_(~tl.own[:, None], 0.0)  # sum of exp(lse_p - m) out_p
     total = tl.own.to(acc.dtype)  # sum of exp(lse_p - m)
     q_flat, k_blk, v_blk = qp.view(n, d), kp.view(-1, bs, d), vp.view(-1, bs, d)
     for rows, empty, blocks in _batches(tl, bs, d):
         o_t, l_t = FLASH(_take(q_flat, rows), _take(k_blk, blocks), _take(v_blk, blocks), 0.0, False,
                          scale=scale)[:2]
-        flat, o_t, l_t = rows.flatten(), o_t.reshape(-1, d), l_t.reshape(-1).masked_fill(empty.flatten(), _NEG_INF)
-        m_new = torch.maximum(m, torch.full_like(m, _NEG_INF).scatter_reduce_(0, flat, l_t, "amax"))
-        grew = (m_new > m).nonzero().squeeze(1)  # rescaled rows only: elsewhere alpha = exp(0) = 1 exactly
-        alpha = torch.where(m[grew] > _NEG_INF, torch.exp(m[grew] - m_new[grew]), 0.0)
-        acc.index_copy_(0, grew, acc.index_select(0, grew).mul_(alpha[:, None]))
-        total.index_copy_(0, grew, total.index_select(0, grew).mul_(alpha))
-        w = torch.exp(l_t - m_new[flat].masked_fill(empty.flatten(), 0.0))  # empty rows: exp(-inf) = 0
-        acc.index_add_(0, flat, o_t * w[:, None])
+        flat, empty = rows.flatten(), empty.flatten()
+        o_t, l_t = o_t.reshape(-1, d), l_t.reshape(-1).masked_fill(empty, _NEG_INF)
+        ref = m.index_select(0, flat)
+        over = (l_t > ref + _SLACK).nonzero().squeeze(1)  # rows whose reference must rise (none: no pass over acc)
+        if over.numel():
+            m_new = m.clone().scatter_reduce_(0, flat.index_select(0, over), l_t.index_select(0, over), "amax")
+            grew = (m_new > m).nonzero().squeeze(1)  # rescaled rows only
+            alpha = torch.where(m[grew] > _NEG_INF, torch.exp(m[grew] - m_new[grew]), 0.0)
+            acc.index_copy_(0, grew, acc.index_select(0, grew).mul_(alpha[:, None]))
+            total.index_copy_(0, grew, total.index_select(0, grew).mul_(alpha))
+            m, ref = m_new, m_new.index_select(0, flat)
+        w = torch.exp(l_t - ref.masked_fill_(empty, 0.0))  # at most exp(_SLACK); empty rows: exp(-inf) = 0
+        acc.index_add_(0, flat, o_t.mul_(w[:, None]))
         total.index_add_(0, flat, w)
-        m = m_new
     has = total > 0
     acc.div_(torch.where(has, total, 1.0)[:, None])
     lse = torch.where(has, m + torch.log(torch.where(has, total, 1.0)), _NEG_INF)
@@ -198,7 +210,8 @@ def _backward(qp, kp, vp, op, lse, dop, tl: Tiles, bs: int, scale: float):
     q_flat, o_flat, do_flat, lse_flat = qp.view(n, d), op.view(n, d), dop.view(n, d), lse.view(n)
     k_blk, v_blk = kp.view(-1, bs, d), vp.view(-1, bs, d)
     for rows, empty, blocks in _batches(tl, bs, d):
-        do_t = _take(do_flat, rows).masked_fill_(empty[:, None, :, None], 0.0)  # empty rows add nothing
+        do_t = _take(do_flat, rows)
+        do_t.view(-1, d).index_fill_(0, empty.flatten().nonzero().squeeze(1), 0.0)  # empty rows add nothing
         dq_t, dk_t, dv_t = FLASH_BACKWARD(do_t, _take(q_flat, rows), _take(k_blk, blocks), _take(v_blk, blocks),
                                           _take(o_flat, rows), _take(lse_flat, rows), 0.0, False, scale=scale)[:3]
         dq.index_add_(0, rows.flatten(), dq_t.reshape(-1, d))

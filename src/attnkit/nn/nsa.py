@@ -16,10 +16,11 @@ from ..costing.spec import Spec
 from ..costing.tally import dtype_of, randn
 from ..errors import ArgumentError, ShapeError, check_int
 from ..masks.selected import SelectedKeys
+from ..recording import is_recording
 from ..registry.entry import Entry, register
 from ._inputs import check_sequence
 
-__all__ = ["NativeSparseAttention", "compressed_attention", "nsa_blocks"]
+__all__ = ["NativeSparseAttention", "compressed_attention", "compressed_and_blocks", "nsa_blocks"]
 
 _INF = float("inf")
 _ROWS = 1 << 22  # selection scores (queries x compressed blocks x heads) computed at once
@@ -38,19 +39,22 @@ class _Compress(nn.Module):
     def forward(self, k: torch.Tensor) -> torch.Tensor:
         """``(B, H, n, D)`` -> ``(B, H, n_c, D)``, ``n_c = floor((n - l) / d) + 1`` blocks (0 if ``n < l``).
 
-        ``W vec(K_i + P) + b = W vec(K_i) + (W vec(P) + b)``: the blocks' part is one strided convolution over
-        the keys (kernel ``l``, stride ``d``, the weight's columns as taps), so no ``(n_c, l, D)`` copy of the
-        overlapping blocks is made or kept for the backward."""
+        ``W vec(K_i + P) + b = W vec(K_i) + (W vec(P) + b)``. Block ``i`` is the ``m = l / d`` chunks of ``d``
+        keys ``i .. i + m - 1``, so with ``W = [W_0 .. W_{m-1}]`` cut by chunk, ``W vec(K_i) = sum_j W_j vec(C_{i+j})``:
+        ``m`` matrix products over one view of the keys as chunks ``(n / d, d D)``, each over ``n_c`` consecutive
+        chunks (no ``(n_c, l, D)`` copy of the overlapping blocks, no convolution)."""
         batch, heads, n, d = k.shape
         if n < self.length:
             return k.new_zeros(batch, heads, 0, d)
-        out_dim = self.proj.out_features
-        taps = self.proj.weight.view(out_dim, self.length, d).transpose(1, 2)  # (D_out, D, l)
+        out_dim, m, stride = self.proj.out_features, self.length // self.stride, self.stride
+        blocks_c = (n - self.length) // stride + 1
         bias = self.proj.weight @ self.position.flatten() + self.proj.bias
-        keys = k.reshape(batch * heads, n, d).transpose(1, 2).contiguous()  # (B H, D, n): channels first, its own
-        # copy (the convolution keeps its input for the backward: a view would keep every branch's projections)
-        out = F.conv1d(keys, taps, bias, stride=self.stride)  # (B H, D_out, n_c)
-        return out.transpose(1, 2).reshape(batch, heads, -1, out_dim)
+        chunks = k[:, :, :(blocks_c + m - 1) * stride].reshape(batch * heads, blocks_c + m - 1, stride * d)
+        taps = self.proj.weight.view(out_dim, m, stride * d).transpose(0, 1).transpose(1, 2)  # (m, d D, D_out)
+        out = bias.expand(batch * heads, blocks_c, out_dim)
+        for j in range(m):  # (B H, n_c, d D) views of the chunks j .. j + n_c - 1 (strided rows: no copy)
+            out = torch.baddbmm(out, chunks[:, j:j + blocks_c], taps[j].expand(batch * heads, -1, -1))
+        return out.view(batch, heads, blocks_c, out_dim)
 
 
 def compressed_attention(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, *, length: int,
@@ -76,6 +80,67 @@ def compressed_attention(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tens
     return F.pad(out[:, :, :n - first], (0, 0, first, 0))
 
 
+class _CompressedBranch(torch.autograd.Function):
+    """The compressed branch's output, computed with the selection (:func:`compressed_and_blocks`), joined to
+    autograd; the backward (:func:`_compressed_grads`) recomputes the probabilities from that output's lse."""
+
+    @staticmethod
+    def forward(ctx, q, k_cmp, v_cmp, out, lse, length: int, stride: int, scale: float):
+        ctx.save_for_backward(q, k_cmp, v_cmp, out, lse)
+        ctx.length, ctx.stride, ctx.scale = length, stride, scale
+        return out.view_as(out)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        q, k_cmp, v_cmp, out, lse = ctx.saved_tensors
+        grads = _compressed_grads(q, k_cmp, v_cmp, out, lse, dout, length=ctx.length, stride=ctx.stride,
+                                  scale=ctx.scale)
+        return (*grads, None, None, None, None, None)
+
+
+def _compressed_grads(q, k_cmp, v_cmp, out, lse, dout, *, length: int, stride: int, scale: float):
+    """``dq, dk_cmp, dv_cmp`` of the compressed branch (Dao 2023, arXiv:2307.08691, Alg. 2 by chunks of rows):
+    ``P = exp(S - lse)`` over the blocks each row has seen ended, ``dV = P^T dO``, ``dS = P (dO V^T - rowsum(dO o O))``,
+    ``dQ = scale dS K``, ``dK = scale dS^T Q``. A chunk scores only the blocks its last query has seen (the causal
+    triangle, as the forward), a group's heads as rows of one product; the first ``l - 1`` rows see no block."""
+    batch, heads, n, d = q.shape
+    kv_heads, blocks_c, dv = k_cmp.shape[1], k_cmp.shape[2], v_cmp.shape[-1]
+    group = heads // kv_heads
+    dq, dk, dvc = torch.zeros_like(q), torch.zeros_like(k_cmp), torch.zeros_like(v_cmp)
+    delta = (dout * out).sum(-1)  # (B, H, n)
+    rows = max(1, min(_TRIANGLE, _ROWS // max(1, batch * heads * (blocks_c + -(-n // stride)))))
+    for r0 in range(length - 1, n, rows):
+        r1 = min(n, r0 + rows)
+        c, seen = r1 - r0, min(blocks_c, (r1 - length) // stride + 1)  # the blocks ended by the chunk's last query
+        t = torch.arange(r0, r1, device=q.device)[:, None]
+        full = _ended_by(r0, length, stride, seen)  # the blocks every row of the chunk has seen: no mask there
+        ended = torch.arange(full, seen, device=q.device) * stride + length - 1 <= t
+        kc, vc = k_cmp[:, :, :seen], v_cmp[:, :, :seen]
+        qc = q[:, :, r0:r1].reshape(batch, kv_heads, group * c, d)
+        do = dout[:, :, r0:r1].reshape(batch, kv_heads, group * c, dv)
+        p = (qc @ kc.transpose(-1, -2)).mul_(scale).view(batch, kv_heads, group, c, seen)
+        p[..., full:].masked_fill_(~ended, -_INF)
+        p = p.sub_(lse[:, :, r0:r1].reshape(batch, kv_heads, group, c, 1)).exp_().view(batch, kv_heads, group * c, seen)
+        dvc[:, :, :seen] += p.transpose(-1, -2) @ do
+        ds = (do @ vc.transpose(-1, -2)).sub_(delta[:, :, r0:r1].reshape(batch, kv_heads, group * c, 1)).mul_(p)
+        dq[:, :, r0:r1] = (ds @ kc).mul_(scale).view(batch, heads, c, d)
+        dk[:, :, :seen] += (ds.transpose(-1, -2) @ qc).mul_(scale)
+    return dq, dk, dvc
+
+
+def _ended_by(t: int, length: int, stride: int, blocks_c: int) -> int:
+    """How many compressed blocks (of ``blocks_c``) query ``t`` has seen ended: ``i d + l - 1 <= t``."""
+    return min(blocks_c, max(0, (t - length + 1) // stride + 1))
+
+
+def _one_pass(q: torch.Tensor, k_cmp: torch.Tensor) -> bool:
+    """The compressed branch computed with the selection (:class:`_CompressedBranch`): on the CPU, float32 or
+    float64 (the softmax written out, as the dense formulas run there), some compressed block."""
+    return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and k_cmp.dtype == q.dtype
+            and k_cmp.shape[2] > 0)
+
+
 def nsa_blocks(q: torch.Tensor, k_cmp: torch.Tensor, *, length: int, stride: int, block: int, count: int,
                scale: float, start: int = 0) -> torch.Tensor:
     """The selection blocks of every query, shared by each key/value head's group: ``(B, H_kv, n, count)``.
@@ -92,30 +157,70 @@ def nsa_blocks(q: torch.Tensor, k_cmp: torch.Tensor, *, length: int, stride: int
     ``start``: the position of the first query (a decoding step over a cache: its length minus one); the keys
     are those of positions ``0 .. start + n - 1``.
     """
+    return _scored(q, k_cmp, None, length=length, stride=stride, block=block, count=count, scale=scale,
+                   start=start)[0]
+
+
+def compressed_and_blocks(q: torch.Tensor, k_cmp: torch.Tensor, v_cmp: torch.Tensor, *, length: int, stride: int,
+                          block: int, count: int, scale: float):
+    """The compressed branch and the selection from one softmax (eq. 7-11: ``p_cmp`` is the compressed branch's
+    attention): ``(out (B, H, n, Dv), lse (B, H, n), blocks (B, H_kv, n, count))``, no gradient.
+
+    ``out = p_cmp V_cmp`` (0 and lse ``-inf`` for the first ``l - 1`` queries, which see no ended block), the
+    blocks as :func:`nsa_blocks` chooses them; the scores are computed once, a chunk of rows at a time."""
+    chosen, out, lse = _scored(q, k_cmp, v_cmp, length=length, stride=stride, block=block, count=count, scale=scale)
+    return out, lse, chosen
+
+
+def _scored(q, k_cmp, v_cmp, *, length, stride, block, count, scale, start=0):
+    """:func:`nsa_blocks` (``v_cmp`` None) or :func:`compressed_and_blocks`, over chunks of rows."""
     with torch.no_grad():
         batch, heads, n, _ = q.shape
         kv_heads, blocks_c, total = k_cmp.shape[1], k_cmp.shape[2], start + n
         rows = max(1, min(_TRIANGLE, _ROWS // max(1, batch * heads * (blocks_c + -(-total // stride)))))
-        out = [_select_rows(q[:, :, r0:r0 + rows], k_cmp, start + r0, total, length=length, stride=stride,
-                            block=block, count=count, scale=scale) for r0 in range(0, n, rows)]
-        return torch.cat(out, 2) if out else q.new_zeros(batch, kv_heads, 0, 0, dtype=torch.long)
+        parts = [_select_rows(q[:, :, r0:r0 + rows], k_cmp, v_cmp, start + r0, total, length=length, stride=stride,
+                              block=block, count=count, scale=scale) for r0 in range(0, n, rows)]
+        if not parts:
+            chosen = q.new_zeros(batch, kv_heads, 0, 0, dtype=torch.long)
+            return chosen, q.new_zeros(batch, heads, 0, 0 if v_cmp is None else v_cmp.shape[-1]), q.new_zeros(
+                batch, heads, 0)
+        return tuple(torch.cat(t, 2) if t[0] is not None else None for t in zip(*parts, strict=True))
 
 
-def _select_rows(q, k_cmp, r0: int, total: int, *, length, stride, block, count, scale) -> torch.Tensor:
-    """:func:`nsa_blocks` for the queries ``r0 .. r0 + c - 1`` of ``total`` (``q`` ``(B, H, c, D)``): scores
-    ``c x n_c'`` over the ``n_c'`` blocks ended by the last of them (a causal triangle: half the products)."""
+def _select_rows(q, k_cmp, v_cmp, r0: int, total: int, *, length, stride, block, count, scale):
+    """:func:`_scored` for the queries ``r0 .. r0 + c - 1`` of ``total`` (``q`` ``(B, H, c, D)``): scores
+    ``c x n_c'`` over the ``n_c'`` blocks ended by the last of them (a causal triangle: half the products); with
+    ``v_cmp`` also the compressed branch's rows ``p V_cmp`` and their lse (rows with no ended block: 0, ``-inf``)."""
     batch, heads, rows, d = q.shape
     kv_heads = k_cmp.shape[1]
     blocks_c = max(0, min(k_cmp.shape[2], (r0 + rows - length) // stride + 1))  # ended by the chunk's last query
     k_cmp = k_cmp[:, :, :blocks_c]  # the later blocks no query of the chunk sees: not scored
     group = heads // kv_heads
     t = torch.arange(r0, r0 + rows, device=q.device)[:, None]
-    ended = torch.arange(blocks_c, device=q.device) * stride + length - 1 <= t
+    full = _ended_by(r0, length, stride, blocks_c)  # the blocks every query of the chunk has seen: no mask there
+    ended = torch.arange(full, blocks_c, device=q.device) * stride + length - 1 <= t
     scores = (q.reshape(batch, kv_heads, group * rows, d) * scale) @ k_cmp.transpose(-1, -2)  # a group's heads as rows
-    scores = scores.view(batch, kv_heads, group, rows, blocks_c).masked_fill_(~ended, -_INF)
-    p = torch.softmax(scores, -1).nan_to_num_(0.0)
-    return _top_blocks(p, r0 if rows == 1 else t, r0 + rows - 1, total, length=length, stride=stride, block=block,
-                       count=count)
+    scores = scores.view(batch, kv_heads, group, rows, blocks_c)
+    scores[..., full:].masked_fill_(~ended, -_INF)
+    out = lse = None
+    if v_cmp is None or not blocks_c:
+        p = torch.softmax(scores, -1).nan_to_num_(0.0)
+        if v_cmp is not None:
+            out, lse = q.new_zeros(batch, heads, rows, v_cmp.shape[-1]), q.new_full((batch, heads, rows), -_INF)
+    else:  # softmax written out, for its lse: the compressed branch's backward (_compressed_grads) reads it
+        top = scores.amax(-1, keepdim=True)
+        p = scores.sub_(top).exp_()
+        norm = p.sum(-1, keepdim=True)
+        p = p.div_(norm)  # rows with no ended block: NaN (-inf - -inf), zeroed below
+        out = (p @ v_cmp[:, :, None, :blocks_c]).view(batch, heads, rows, -1)
+        lse = top.add_(norm.log_()).view(batch, heads, rows)
+        seen = t[:, 0] >= length - 1  # block 0 ended
+        if not bool(seen.all()):
+            out, lse = out.masked_fill_(~seen[:, None], 0.0), lse.masked_fill_(~seen, -_INF)
+        p = p.nan_to_num_(0.0)
+    chosen = _top_blocks(p, r0 if rows == 1 else t, r0 + rows - 1, total, length=length, stride=stride, block=block,
+                         count=count)
+    return chosen, out, lse
 
 
 def _top_blocks(p, t, last: int, total: int, *, length, stride, block, count) -> torch.Tensor:
@@ -132,11 +237,14 @@ def _top_blocks(p, t, last: int, total: int, *, length, stride, block, count) ->
     # are -inf for every query of the chunk (a causal triangle: half the columns on average)
     # eq. 9: compressed block i holds the chunks i .. i + per - 1, so selection block j sums the compressed blocks
     # j step - per + 1 .. j step + step - 1, block j step - per + 1 + w weighted by the chunks it shares with block j:
-    # one window of step + per - 1 compressed blocks every step, one product with those weights
-    padded = F.pad(p, (per - 1, blocks * step - blocks_c))  # compressed blocks -per + 1 .. blocks step + per - 2
-    windows = padded.unfold(-1, step + per - 1, step).contiguous()  # (B, H_kv, c, blocks, step + per - 1)
-    w = _chunk_weights(step, per, p.dtype, p.device)
-    importance = (windows.view(-1, w.numel()) @ w).view(batch, kv_heads, rows, blocks)  # one matrix-vector product
+    # one window of step + per - 1 compressed blocks every step: for each place i in the window, the compressed
+    # blocks j step - per + 1 + i of every j (a strided view of p) times that weight, added in place
+    importance = p.new_zeros(batch, kv_heads, rows, blocks)
+    for i in range(step + per - 1):
+        off, weight = i - per + 1, min(i, step - 1) - max(i - per + 1, 0) + 1
+        j0, j1 = -(off // step) if off < 0 else 0, min(blocks, (blocks_c - 1 - off) // step + 1)
+        if j1 > j0:
+            importance[..., j0:j1].add_(p[..., j0 * step + off:(j1 - 1) * step + off + 1:step], alpha=weight)
     if isinstance(t, int):  # one query: every column a block it has seen, its own the last; the forced ranks added
         importance = importance.add_(_forced_ranks(blocks, importance.dtype, importance.device))
         idx = importance.topk(min(count, blocks), dim=-1)[1]  # sorted: the forced blocks first, in rank order
@@ -161,13 +269,6 @@ def _forced_ranks(blocks: int, dtype: torch.dtype, device: torch.device) -> torc
     ranks[max(blocks - 2, 0)] = big
     ranks[blocks - 1] = _INF
     return ranks
-
-
-@functools.lru_cache(maxsize=32)
-def _chunk_weights(step: int, per: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Eq. 9's weights: compressed block ``j step - per + 1 + i`` shares ``w_i`` chunks with selection block ``j``."""
-    return torch.tensor([min(i, step - 1) - max(i - per + 1, 0) + 1 for i in range(step + per - 1)], dtype=dtype,
-                        device=device)
 
 
 class _Gate(torch.autograd.Function):
@@ -240,9 +341,10 @@ class NativeSparseAttention(nn.Module):
     an unnamed depth); eq. 9's index ``(l'/d) j - m - n`` is read as ``(l'/d) j + m - n``, so the
     compressed blocks summed are those overlapping selection block ``j``. The selected branch runs
     on attnkit's selected-blocks path (each query's own block in place, its past blocks in tiles of
-    queries sharing a block, merged by log-sum-exp: time and memory ``O(n n_sel l' D)``); the compressed branch is
-    one dense causal call (:func:`compressed_attention`); the selection is batched over heads and queries
-    (:func:`nsa_blocks`, no ``n x n`` tensor).
+    queries sharing a block, merged by log-sum-exp: time and memory ``O(n n_sel l' D)``); the compressed branch and
+    the selection share one softmax ``p_cmp`` on the CPU in float32/float64 (:func:`compressed_and_blocks`, a chunk
+    of queries at a time over the blocks it has seen, the backward by the same chunks), elsewhere the branch is one
+    dense causal call (:func:`compressed_attention`) beside :func:`nsa_blocks`; no ``n x n`` tensor.
 
     Shapes:
         ``x`` ``(B, n, dim)`` -> ``(B, n, dim)``.
@@ -295,7 +397,7 @@ class NativeSparseAttention(nn.Module):
     def branches(self, x: torch.Tensor):
         """Queries ``(B, H, n, D)``, the branches' keys and values ``(B, H_kv, n, D)`` (compressed ones
         ``(B, H_kv, n_c, D)``) and the selection mask of eq. 11-12."""
-        q, compressed, mask = self._selection(x)
+        q, compressed, mask, _ = self._selection(x)
         return q, compressed, self._keys(x, 1), self._keys(x, 2), mask
 
     def _keys(self, x: torch.Tensor, branch: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -315,8 +417,9 @@ class NativeSparseAttention(nn.Module):
         k_cmp, v_cmp = self._keys(x, 0)
         return self.compress_k(k_cmp), self.compress_v(v_cmp)
 
-    def _selection(self, x: torch.Tensor):
-        """Queries, the compressed keys and values and the selection mask (eq. 7-12)."""
+    def _selection(self, x: torch.Tensor, branch: bool = False):
+        """Queries, the compressed keys and values, the selection mask (eq. 7-12) and a call giving the compressed
+        branch's output (``branch``: computed with the selection where :func:`_one_pass` allows)."""
         batch, n, _ = x.shape
         h, hkv, d = self.num_heads, self.kv_heads, self.head_dim
         q = self.q_proj(x).view(batch, n, h, d).transpose(1, 2).contiguous()  # one copy the three branches share
@@ -328,24 +431,37 @@ class NativeSparseAttention(nn.Module):
             k_c, v_c = _Recomputed.apply(self._compressed_keys, x, *params)
         else:
             k_c, v_c = self._compressed_keys(x)
-        chosen = nsa_blocks(q, k_c, length=self.compress_block, stride=self.compress_stride, block=self.select_block,
-                            count=self.num_selected, scale=1 / math.sqrt(d))
+        scale, shape = 1 / math.sqrt(d), dict(length=self.compress_block, stride=self.compress_stride)
+        if branch and _one_pass(q, k_c) and not is_recording():  # one softmax: the compressed branch and the
+            # selection (eq. 8); a recorded run calls attention() for the branch, so that its weights are recorded
+            o_cmp, lse, chosen = compressed_and_blocks(q, k_c, v_c, block=self.select_block, count=self.num_selected,
+                                                       scale=scale, **shape)
+
+            def compressed():
+                if torch.is_grad_enabled() and (q.requires_grad or k_c.requires_grad or v_c.requires_grad):
+                    return _CompressedBranch.apply(q, k_c, v_c, o_cmp, lse, self.compress_block, self.compress_stride,
+                                                   scale)
+                return o_cmp
+        else:
+            chosen = nsa_blocks(q, k_c, block=self.select_block, count=self.num_selected, scale=scale, **shape)
+
+            def compressed():
+                return compressed_attention(q, k_c, v_c, **shape)
         chosen_blocks = SelectedKeys(chosen, self.select_block, group_size=h // hkv, distinct=True)  # a top-k
-        return q, (k_c, v_c), chosen_blocks & masks.causal()
+        return q, (k_c, v_c), chosen_blocks & masks.causal(), compressed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_sequence(type(self).__name__, "x", x, self.dim, named=True, like=self)
         batch, n, _ = x.shape
         h = self.num_heads
         g = torch.sigmoid(self.gate(x)).view(batch, n, h, 3).permute(3, 0, 2, 1).unsqueeze(-1)  # (3, B, H, n, 1)
-        q, (k_c, v_c), mask = self._selection(x)
+        q, _, mask, compressed = self._selection(x, branch=True)
         # autograd runs the latest recorded operation first: the selected branch (the largest backward) is recorded
         # before the other two, whose backward then frees their saved tensors, and the window's projection its
         # gradients, before the selected branch's backward runs; each branch is gated as soon as it is computed,
         # so only one branch's output gradient is alive at a time
         out = _gated(g[1], attention(q, *self._keys(x, 1), mask=mask))
-        out = out + _gated(g[0], compressed_attention(q, k_c, v_c, length=self.compress_block,
-                                                      stride=self.compress_stride))
+        out = out + _gated(g[0], compressed())
         out = out + _gated(g[2], attention(q, *self._keys(x, 2), mask=masks.sliding_window(self.window - 1, 0)))
         return self.out_proj(out.transpose(1, 2).reshape(batch, n, self.dim))  # out (B, H, n, D)
 
@@ -379,9 +495,13 @@ def _count(t, s, module):
     t.mm("gates", 1, b * n, dim, 3 * h)
     if blocks_c:
         t.mm("compression phi (keys, values)", 2, b * hkv * blocks_c, l * d, d, recompute=True)
-    if blocks_c:  # compressed_attention: the stride's phases as query heads, square causal
-        attend(t, "compressed: ", b, h * stride, blocks_c, blocks_c, d, d, hkv=hkv, dtype=dt, mask=masks.causal())
-    t.mm("selection importance q K_cmp^T", b * h, n, d, blocks_c, grads=0)
+    t.mm("selection importance q K_cmp^T (the compressed branch's scores too)", b * h, n, d, blocks_c, grads=0)
+    if blocks_c:  # compressed_and_blocks: p_cmp V_cmp from the selection's softmax; the backward by hand over the
+        # rows that see a block, by chunks (_compressed_grads): scores recomputed, then dV, dP, dQ, dK
+        t.mm("compressed: p_cmp V_cmp", b * h, n, blocks_c, d, grads=0)
+        t.fused("compressed: backward (scores recomputed; dV, dP, dQ, dK)", 0,
+                5 * 2 * b * h * (n - l + 1) * blocks_c * d)
+        t.inter(b * h * n * (d + 1))
     with torch.no_grad():  # the blocks the module selects on the spec's inputs decide the gathered path's work
         mask = module.branches(_inputs(s, module)[1][0])[-1]
     attend(t, "selected: ", b, h, n, n, d, d, hkv=hkv, dtype=dt, mask=mask)
