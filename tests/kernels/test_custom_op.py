@@ -337,3 +337,59 @@ def test_the_operator_answers_a_decoding_step_on_the_lane_without_validating_it(
     OP(q, k, v, None, custom_op.mask_text(masks.sliding_window(4, 0)), 0.0, 16 ** -0.5, "scaled_dot", "softmax",
        "auto")
     assert calls == [1]
+
+
+@pytest.mark.filterwarnings("ignore:Warning only once for all operators")  # (the test registers the kernel again)
+def test_a_call_recording_no_gradient_runs_the_implementation_past_the_autograd_wrapper():
+    """The operator's autograd kernel hands a call that records no gradient (plain tensors; grad mode off or no input
+    requiring one) straight to the implementation, the same function torch.library's kernel reaches through a second
+    dispatch: the same outputs bit for bit. A call recording a gradient, fake tensors, ``make_fx`` and a user's
+    dispatch mode go through torch.library's kernel: the node with its backward, the node in the traced graph, the
+    node seen by the mode; a compiled graph's call (inductor, no gradient) takes the direct way."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from attnkit.nn.kv_cache import CAUSAL
+
+    seen = []
+
+    def spy(*args):
+        seen.append(type(args[0]))
+        return custom_op._attention_impl(*args)
+
+    q, k, v = rand_qkv(1, 4, 1, 33, 16, hkv=2, seed=5, requires_grad=True)
+    options = (None, custom_op.mask_text(CAUSAL), 0.0, 16 ** -0.5, "scaled_dot", "softmax", "auto")
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    custom_op._direct_when_no_gradient(custom_op._attention, spy)
+    try:
+        recorded = OP(q, k, v, *options)
+        assert seen == [] and recorded[0].grad_fn is not None
+        with torch.no_grad():
+            direct = OP(q, k, v, *options)
+        assert seen == [torch.Tensor] and direct[0].grad_fn is None
+        for a, b in zip(direct, recorded, strict=True):
+            assert torch.equal(a, b.detach())
+        OP(q.detach(), k.detach(), v.detach(), *options)  # grad mode on, no input requiring a gradient
+        assert len(seen) == 2
+        names: list[str] = []
+        with torch.no_grad(), Ops():
+            OP(q, k, v, *options)
+        assert len(seen) == 2 and names[0].startswith("attnkit.attention")
+        with torch.no_grad():
+            graph = make_fx(lambda *t: OP(*t, *options))(q, k, v)
+        assert len(seen) == 2 and "attnkit.attention" in str(graph.graph)
+        compiled = torch.compile(lambda *t: attnkit.attention(*t, mask=CAUSAL), fullgraph=True, dynamic=False)
+        with torch.no_grad():  # (the first call compiles; a decoding step's inputs require no gradient)
+            compiled(q.detach(), k.detach(), v.detach())
+            del seen[2:]
+            out = compiled(q.detach(), k.detach(), v.detach())
+        assert seen[2:] == [torch.Tensor]
+        torch.testing.assert_close(out, direct[0], atol=0, rtol=0)
+    finally:
+        custom_op._direct_when_no_gradient(custom_op._attention, custom_op._attention_impl)
+        torch._dynamo.reset()

@@ -29,6 +29,9 @@ the paths written in plain torch operations. Instead, a traced call that
   soft-cap, another score or normaliser) is differentiated by running it again under
   autograd: exact.
 - The fake implementations give shapes only, so symbolic sizes trace too.
+- A call that records no gradient (a decoding step, a compiled inference graph) goes from the operator's autograd
+  kernel straight to the implementation (:func:`_direct_when_no_gradient`), past the wrapper and second dispatch
+  of :func:`torch.library.custom_op`'s own kernel, which records the gradient everywhere else.
 """
 
 from __future__ import annotations
@@ -149,13 +152,12 @@ def _through_lane(q, k, v, bias, mask: str, softcap: float, scale: float, score:
     out, lse = rules.FLASH(q, k, v, 0.0, is_causal, attn_mask=float_mask, scale=scale)
     if not lane.trusted(out, lse):
         return None
-    return out.contiguous(), lse.contiguous(), torch.tensor(INDEX["torch-sdpa"])
+    return out.contiguous(), lse.contiguous(), torch.scalar_tensor(INDEX["torch-sdpa"], dtype=torch.int64)
 
 
-@torch.library.custom_op(OPERATOR, mutates_args=())
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, mask: str,
-               softcap: float, scale: float, score: str, normalize: str,
-               path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, mask: str,
+                    softcap: float, scale: float, score: str, normalize: str,
+                    path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     fast = _through_lane(q, k, v, bias, mask, softcap, scale, score, normalize)
     if fast is not None:  # a decoding step, a small call: at the eager lane's cost
         return fast
@@ -169,6 +171,9 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Te
         return out.contiguous(), saved, torch.tensor(index)
     out = _recomputed(q, k, v, bias, mask, softcap, scale, score, normalize)
     return out.contiguous(), empty_saved, torch.tensor(_GENERIC)
+
+
+_attention = torch.library.custom_op(OPERATOR, mutates_args=())(_attention_impl)
 
 
 @_attention.register_fake
@@ -215,6 +220,50 @@ def _backward(ctx, dout, _dsaved, _dran):
 
 
 _attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _direct_when_no_gradient(op, impl):
+    """Register, for CPU and CUDA tensors, an autograd kernel of ``op`` that calls ``impl`` directly on a call that
+    traces no gradient: plain tensors, none requiring one (or grad mode off), no dispatch mode (fake tensors,
+    ``make_fx``, a user's mode), no forward-mode level. That is a decoding step, a compiled inference graph, and a
+    compiled training graph's forward (AOTAutograd runs it with grad off). Every other call (fake and functional
+    tensors while tracing, a gradient to record) goes to the kernel :func:`torch.library.custom_op` registered,
+    which records the op's autograd node and then runs ``impl`` through a second dispatch. That kernel's Python
+    (the ``autograd.Function``-style wrapper, the redispatch below autograd, the check that no output aliases an
+    input) costs about 25 us a call, the order of a decoding step's kernel; ``impl`` is the same function here, so
+    the outputs are the same. ``impl`` runs with dynamo off, as in the kernel torch registers (an eager call after
+    a graph break must not be traced): directly where dynamo's frame callback is unset, else through
+    :func:`torch.compiler.disable`.
+    """
+    generated = getattr(getattr(torch._library, "autograd", None), "make_autograd_impl", None)
+    if generated is None:  # (a torch without it: the registered kernel alone)
+        return
+    generated = generated(op._opoverload, op)
+    disabled = []  # impl with dynamo disabled, built on the first call that needs it (importing dynamo is slow)
+    python, forward_ad = torch._C.DispatchKey.Python, torch.autograd.forward_ad
+    # dynamo's frame callback: None when no torch.compile'd code is running Python here (an eager call, a compiled
+    # graph, which dynamo runs with it off); where it cannot be read, impl always runs with dynamo off
+    callback = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
+    callback = getattr(callback, "get_eval_frame_callback", lambda: True)
+
+    def kernel(keyset, q, k, v, bias, *options):
+        if (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
+                and (bias is None or type(bias) is torch.Tensor) and not keyset.has(python)  # a dispatch mode
+                and forward_ad._current_level < 0
+                and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                                      or (bias is not None and bias.requires_grad)))):
+            if callback() is None:
+                return impl(q, k, v, bias, *options)
+            if not disabled:
+                disabled.append(torch.compiler.disable(impl))
+            return disabled[0](q, k, v, bias, *options)
+        return generated(keyset, q, k, v, bias, *options)
+
+    for key in ("AutogradCPU", "AutogradCUDA"):  # (more specific than the Autograd alias custom_op registered)
+        op._lib.impl(op._name, kernel, key, with_keyset=True)
+
+
+_direct_when_no_gradient(_attention, _attention_impl)
 
 
 RUN_TIME = "decided at run time"  # the expected path with symbolic sizes: every rule reads a size
