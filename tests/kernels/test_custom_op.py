@@ -337,3 +337,100 @@ def test_the_operator_answers_a_decoding_step_on_the_lane_without_validating_it(
     OP(q, k, v, None, custom_op.mask_text(masks.sliding_window(4, 0)), 0.0, 16 ** -0.5, "scaled_dot", "softmax",
        "auto")
     assert calls == [1]
+
+
+@pytest.mark.filterwarnings("ignore:Warning only once for all operators")  # (the test registers the kernel again)
+def test_a_call_recording_no_gradient_runs_the_implementation_past_the_autograd_wrapper():
+    """The operator's autograd kernel hands a call that records no gradient (plain tensors; grad mode off or no input
+    requiring one) straight to the implementation, the same function torch.library's kernel reaches through a second
+    dispatch: the same outputs bit for bit. A call recording a gradient, fake tensors, ``make_fx`` and a user's
+    dispatch mode go through torch.library's kernel: the node with its backward, the node in the traced graph, the
+    node seen by the mode; a compiled graph's call (inductor, no gradient) takes the direct way."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from attnkit.nn.kv_cache import CAUSAL
+
+    seen = []
+
+    def spy(*args):
+        seen.append(type(args[0]))
+        return custom_op._attention_impl(*args)
+
+    q, k, v = rand_qkv(1, 4, 1, 33, 16, hkv=2, seed=5, requires_grad=True)
+    options = (None, custom_op.mask_text(CAUSAL), 0.0, 16 ** -0.5, "scaled_dot", "softmax", "auto")
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    custom_op._direct_when_no_gradient(custom_op._attention, spy)
+    try:
+        recorded = OP(q, k, v, *options)
+        assert seen == [] and recorded[0].grad_fn is not None
+        with torch.no_grad():
+            direct = OP(q, k, v, *options)
+        assert seen == [torch.Tensor] and direct[0].grad_fn is None
+        for a, b in zip(direct, recorded, strict=True):
+            assert torch.equal(a, b.detach())
+        OP(q.detach(), k.detach(), v.detach(), *options)  # grad mode on, no input requiring a gradient
+        assert len(seen) == 2
+        names: list[str] = []
+        with torch.no_grad(), Ops():
+            OP(q, k, v, *options)
+        assert len(seen) == 2 and names[0].startswith("attnkit.attention")
+        with torch.no_grad():
+            graph = make_fx(lambda *t: OP(*t, *options))(q, k, v)
+        assert len(seen) == 2 and "attnkit.attention" in str(graph.graph)
+        window = masks.sliding_window(4, 0)  # (a call the fast lane does not take: the operator stays in the graph)
+        qkv = rand_qkv(1, 4, 33, 33, 16, hkv=2, seed=6)
+        compiled = torch.compile(lambda *t: attnkit.attention(*t, mask=window), fullgraph=True, dynamic=False)
+        with torch.no_grad():  # (the first call compiles)
+            compiled(*qkv)
+            del seen[2:]
+            out = compiled(*qkv)
+            want = OP(*qkv, None, custom_op.mask_text(window), *options[2:])[0]
+        assert seen[2:] == [torch.Tensor, torch.Tensor]
+        torch.testing.assert_close(out, want, atol=0, rtol=0)
+    finally:
+        custom_op._direct_when_no_gradient(custom_op._attention, custom_op._attention_impl)
+        torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("case", ["finite", "nan query", "overflowing value", "nan key"])
+def test_a_traced_decoding_step_without_gradients_keeps_the_lanes_check_in_the_graph(case):
+    """Traced with grad mode off (generation), a call the fast lane takes is torch's kernel in the graph, then the
+    lane's check as graph operators and a ``torch.cond`` whose other branch is the operator: the graph has the
+    kernel and the cond, and the compiled call answers as eager attention does, on finite data and on each kind of
+    data the check hands to the exact path (a NaN query row, an output that overflows, a NaN key). With gradients
+    the call stays one operator node."""
+    from torch._dynamo.testing import EagerAndRecordGraphs
+
+    from attnkit.nn.kv_cache import CAUSAL
+
+    q, k, v = rand_qkv(1, 4, 1, 40, 16, seed=7)
+    if case == "nan query":
+        q[0, 1, 0, 3] = float("nan")
+    elif case == "overflowing value":
+        v[0, 2, :, 5] = 3e38
+    elif case == "nan key":
+        k[0, 0, 17, 2] = float("nan")
+    with torch.no_grad():
+        want = attnkit.attention(q, k, v, mask=CAUSAL, scale=0.25)
+    for backend in (EagerAndRecordGraphs(), "inductor"):
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda *t: attnkit.attention(*t, mask=CAUSAL, scale=0.25), backend=backend,
+                                 fullgraph=True, dynamic=True)
+        with torch.no_grad():
+            got = compiled(q, k, v)
+        torch.testing.assert_close(got, want, atol=0, rtol=0, equal_nan=True)
+        if not isinstance(backend, str):
+            code = backend.graphs[0].code
+            assert "_scaled_dot_product_flash_attention_for_cpu" in code and "cond" in code, code
+    backend = EagerAndRecordGraphs()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *t: attnkit.attention(*t, mask=CAUSAL), backend=backend, fullgraph=True)
+    compiled(q, k, v)
+    assert "attnkit.attention" in backend.graphs[0].code and "cond" not in backend.graphs[0].code
+    torch._dynamo.reset()

@@ -29,6 +29,12 @@ the paths written in plain torch operations. Instead, a traced call that
   soft-cap, another score or normaliser) is differentiated by running it again under
   autograd: exact.
 - The fake implementations give shapes only, so symbolic sizes trace too.
+- Traced with grad mode off (compiled generation), a call the fast lane takes with no mask or ``is_causal`` is not
+  the operator but torch's kernel in the graph, the lane's check as graph operators and a :func:`torch.cond` whose
+  other branch is the operator (:func:`_lane_in_graph`): no Python operator call per decoding step.
+- A call that records no gradient (a decoding step, a compiled inference graph) goes from the operator's autograd
+  kernel straight to the implementation (:func:`_direct_when_no_gradient`), past the wrapper and second dispatch
+  of :func:`torch.library.custom_op`'s own kernel, which records the gradient everywhere else.
 """
 
 from __future__ import annotations
@@ -149,13 +155,12 @@ def _through_lane(q, k, v, bias, mask: str, softcap: float, scale: float, score:
     out, lse = rules.FLASH(q, k, v, 0.0, is_causal, attn_mask=float_mask, scale=scale)
     if not lane.trusted(out, lse):
         return None
-    return out.contiguous(), lse.contiguous(), torch.tensor(INDEX["torch-sdpa"])
+    return out.contiguous(), lse.contiguous(), torch.scalar_tensor(INDEX["torch-sdpa"], dtype=torch.int64)
 
 
-@torch.library.custom_op(OPERATOR, mutates_args=())
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, mask: str,
-               softcap: float, scale: float, score: str, normalize: str,
-               path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, mask: str,
+                    softcap: float, scale: float, score: str, normalize: str,
+                    path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     fast = _through_lane(q, k, v, bias, mask, softcap, scale, score, normalize)
     if fast is not None:  # a decoding step, a small call: at the eager lane's cost
         return fast
@@ -169,6 +174,9 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Te
         return out.contiguous(), saved, torch.tensor(index)
     out = _recomputed(q, k, v, bias, mask, softcap, scale, score, normalize)
     return out.contiguous(), empty_saved, torch.tensor(_GENERIC)
+
+
+_attention = torch.library.custom_op(OPERATOR, mutates_args=())(_attention_impl)
 
 
 @_attention.register_fake
@@ -217,6 +225,50 @@ def _backward(ctx, dout, _dsaved, _dran):
 _attention.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _direct_when_no_gradient(op, impl):
+    """Register, for CPU and CUDA tensors, an autograd kernel of ``op`` that calls ``impl`` directly on a call that
+    traces no gradient: plain tensors, none requiring one (or grad mode off), no dispatch mode (fake tensors,
+    ``make_fx``, a user's mode), no forward-mode level. That is a decoding step, a compiled inference graph, and a
+    compiled training graph's forward (AOTAutograd runs it with grad off). Every other call (fake and functional
+    tensors while tracing, a gradient to record) goes to the kernel :func:`torch.library.custom_op` registered,
+    which records the op's autograd node and then runs ``impl`` through a second dispatch. That kernel's Python
+    (the ``autograd.Function``-style wrapper, the redispatch below autograd, the check that no output aliases an
+    input) costs about 25 us a call, the order of a decoding step's kernel; ``impl`` is the same function here, so
+    the outputs are the same. ``impl`` runs with dynamo off, as in the kernel torch registers (an eager call after
+    a graph break must not be traced): directly where dynamo's frame callback is unset, else through
+    :func:`torch.compiler.disable`.
+    """
+    generated = getattr(getattr(torch._library, "autograd", None), "make_autograd_impl", None)
+    if generated is None:  # (a torch without it: the registered kernel alone)
+        return
+    generated = generated(op._opoverload, op)
+    disabled = []  # impl with dynamo disabled, built on the first call that needs it (importing dynamo is slow)
+    python, forward_ad = torch._C.DispatchKey.Python, torch.autograd.forward_ad
+    # dynamo's frame callback: None when no torch.compile'd code is running Python here (an eager call, a compiled
+    # graph, which dynamo runs with it off); where it cannot be read, impl always runs with dynamo off
+    callback = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
+    callback = getattr(callback, "get_eval_frame_callback", lambda: True)
+
+    def kernel(keyset, q, k, v, bias, *options):
+        if (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
+                and (bias is None or type(bias) is torch.Tensor) and not keyset.has(python)  # a dispatch mode
+                and forward_ad._current_level < 0
+                and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                                      or (bias is not None and bias.requires_grad)))):
+            if callback() is None:
+                return impl(q, k, v, bias, *options)
+            if not disabled:
+                disabled.append(torch.compiler.disable(impl))
+            return disabled[0](q, k, v, bias, *options)
+        return generated(keyset, q, k, v, bias, *options)
+
+    for key in ("AutogradCPU", "AutogradCUDA"):  # (more specific than the Autograd alias custom_op registered)
+        op._lib.impl(op._name, kernel, key, with_keyset=True)
+
+
+_direct_when_no_gradient(_attention, _attention_impl)
+
+
 RUN_TIME = "decided at run time"  # the expected path with symbolic sizes: every rule reads a size
 
 
@@ -227,8 +279,39 @@ def expected_path(p: Problem) -> str:
     return choose(p.with_inputs(tracing=False), data=False).path.name
 
 
+def _lane_in_graph(p: Problem) -> torch.Tensor | None:
+    """The output of a traced call that records no gradient (grad mode off: generation) and that the fast lane
+    takes with no mask or ``is_causal`` on the CPU (a decoding step, a prefill): torch's kernel in the graph, as the
+    plain model's, then the lane's check (:func:`.lane.trusted`) as graph operators, and a :func:`torch.cond` on its
+    verdict whose other branch is the operator (it runs the kernel again, finds the same answer untrusted, and
+    takes the full route). The same outputs as the operator alone, without a Python operator call on every step;
+    None for any other call."""
+    if torch.is_grad_enabled() or p.bias is not None or p.modifier is not None or rules.FLASH is None:
+        return None
+    fast = lane.route(p.q, p.k, p.v, p.mask, None, p.score, p.scale, p.normalize, 0.0, False, False, "auto",
+                      traced=True)  # (a validated scale, perhaps symbolic)
+    if fast is None or fast[1] is not None or not fast[3] or type(fast[2]) is not float:
+        return None  # (a float mask is built per call; a symbolic scale cannot enter the cond's branches)
+    is_causal, _, scale, _ = fast
+    out, lse = rules.FLASH(p.q, p.k, p.v, 0.0, is_causal, scale=scale)[:2]
+    trusted = torch.isfinite(out.sum()) & torch.isfinite(lse).all() & (lse != 0).all()
+    options = (None, mask_text(p.mask), 0.0, float(scale), p.score, p.normalize, RUN_TIME)
+
+    def exact(q, k, v, out):
+        return torch.ops.attnkit.attention(q, k, v, *options)[0]
+
+    def kept(q, k, v, out):
+        return out.clone(memory_format=torch.contiguous_format)
+
+    return torch.cond(trusted, kept, exact, (p.q, p.k, p.v, out))
+
+
 def run(p: Problem) -> KernelOutput:
-    """A traced call the operator carries (:func:`~.rules.operator_carries`), as one operator node."""
+    """A traced call the operator carries (:func:`~.rules.operator_carries`), as one operator node; generation's
+    calls on the fast lane as torch's kernel and the lane's check in the graph (:func:`_lane_in_graph`)."""
+    out = _lane_in_graph(p)
+    if out is not None:
+        return KernelOutput(out, None, None)
     cap = p.modifier.cap if p.modifier is not None else 0.0
     out, _, _ = torch.ops.attnkit.attention(p.q, p.k, p.v, p.bias, mask_text(p.mask), cap, float(p.scale),
                                             p.score, p.normalize, expected_path(p))
@@ -239,7 +322,8 @@ def compiled_route(p: Problem, backend: str) -> str:
     """How the call runs under ``torch.compile`` / ``torch.export`` (what :func:`attnkit.explain` shows)."""
     if rules.operator_carries(p, backend):
         return (f"one {OPERATOR} node, expected path {expected_path(p.with_inputs(tracing=True))}: it decides "
-                "at run time, with the data, as eager attention does (kernels/custom_op.py)")
+                "at run time, with the data, as eager attention does (kernels/custom_op.py; with grad mode off, "
+                "a fast-lane call is torch's kernel, the lane's check and a torch.cond on it in the graph)")
     try:
         traced = choose(p.with_inputs(tracing=True), backend).path.name
     except BackendError as err:

@@ -75,3 +75,26 @@ def test_compiled_rows_compute_what_the_eager_ones_do(name):
     (compiled,) = wm.rows(TINY, (name,), compiled=True)
     for a, b in ((compiled.ours(), eager.ours()), (compiled.theirs(), eager.theirs())):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_both_sides_of_the_compiled_generation_row_compile_to_one_graph_per_step_kind():
+    """The compiled generation row compares whole compiled steps: the plain model's forward and
+    ``TransformerLM.step`` each compile to two graphs (the prefill and every decoding step) with no graph break
+    (``is_causal`` given a SymBool would break the plain model's into per-block frames run from eager Python).
+    Counted by a backend that counts what dynamo hands it (no timing)."""
+    from torch._dynamo.testing import CompileCounter
+    from torch._dynamo.utils import counters
+
+    prompt = wm.tokens(TINY, TINY.gen_batch, TINY.prompt)
+    for model in (wm.transformer_lm(TINY).eval(), wm.plain_gpt(TINY).eval()):
+        torch._dynamo.reset()
+        counters.clear()
+        backend = CompileCounter()
+        name = "step" if hasattr(model, "step") else "forward"
+        setattr(model, name, torch.compile(getattr(model, name), backend=backend, dynamic=True))
+        try:
+            model.generate(prompt, TINY.new_tokens)
+            assert backend.frame_count == 2, type(model).__name__
+            assert not counters["graph_break"], dict(counters["graph_break"])
+        finally:
+            torch._dynamo.reset()

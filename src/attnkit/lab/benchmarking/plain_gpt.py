@@ -55,7 +55,11 @@ class Block(nn.Module):
             kb, vb, start = cache
             kb[:, :, start:start + n], vb[:, :, start:start + n] = k, v
             cache[2] = start + n
-            a = F.scaled_dot_product_attention(q, kb[:, :, :start + n], vb[:, :, :start + n], is_causal=n > 1)
+            kv = kb[:, :, :start + n], vb[:, :, :start + n]
+            # (a Python branch, not is_causal=n > 1: compiled with dynamic sizes, n > 1 is a SymBool, which
+            # is_causal does not take, and the call would break the graph)
+            a = F.scaled_dot_product_attention(q, *kv, is_causal=True) if n > 1 else (
+                F.scaled_dot_product_attention(q, *kv))
         x = x + self.out(a.transpose(1, 2).reshape(b, n, d))
         return x + self.linear2(F.gelu(self.linear1(self.norm2(x))))
 
