@@ -93,6 +93,20 @@ def test_exported_causal_attention_is_exact_at_every_length(exported_attention):
         assert_close_to_oracle(got, q, k, v, mask=masks.causal())
 
 
+def test_an_export_under_no_grad_keeps_the_operator_and_is_exact():
+    """Inference export (grad mode off) holds attnkit's operator, as with gradients: not the CPU-only kernel and
+    the check that compiled generation puts in its graphs (kernels/custom_op.py, _lane_in_graph)."""
+    with torch.no_grad():
+        program = torch.export.export(CausalAttention(), _qkv(7), dynamic_shapes=({2: _length()},) * 3)
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert "attnkit.attention.default" in targets
+    assert not any("flash_attention_for_cpu" in t or "cond" in t for t in targets)
+    for length in LENGTHS[:2]:
+        q, k, v = _qkv(length)
+        got = program.module()(q, k, v)
+        torch.testing.assert_close(got, attnkit.attention(q, k, v, mask=masks.causal()), atol=2e-6, rtol=1e-5)
+
+
 def test_the_exported_length_keeps_its_whole_range(exported_attention):
     """No guard narrowed the length: the program accepts every L up to the Dim's maximum."""
     ranges = list(exported_attention.range_constraints.values())

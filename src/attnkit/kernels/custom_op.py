@@ -285,8 +285,9 @@ def _lane_in_graph(p: Problem) -> torch.Tensor | None:
     plain model's, then the lane's check (:func:`.lane.trusted`) as graph operators, and a :func:`torch.cond` on its
     verdict whose other branch is the operator (it runs the kernel again, finds the same answer untrusted, and
     takes the full route). The same outputs as the operator alone, without a Python operator call on every step;
-    None for any other call."""
-    if torch.is_grad_enabled() or p.bias is not None or p.modifier is not None or rules.FLASH is None:
+    None for any other call, and under ``torch.export``, whose program may run on another device."""
+    if (torch.is_grad_enabled() or p.bias is not None or p.modifier is not None or rules.FLASH is None
+            or torch.compiler.is_exporting()):  # (an exported program keeps the operator: no CPU-only kernel in it)
         return None
     fast = lane.route(p.q, p.k, p.v, p.mask, None, p.score, p.scale, p.normalize, 0.0, False, False, "auto",
                       traced=True)  # (a validated scale, perhaps symbolic)
