@@ -202,20 +202,23 @@ def test_in_units_of_heads_gives_one_threads_bits_and_the_oracle(ran, monkeypatc
         torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "not causal"])
 @pytest.mark.parametrize("shape", [(3,), (2, 3, 1), (2, 3, 200)], ids=["head", "sample", "token"])
-def test_sinks_join_the_merged_pair_exactly(ran, shape):
+def test_sinks_join_the_merged_pair_exactly(ran, shape, causal):
     """A sink is one more column of each row's softmax, its weight dropped (gpt-oss): written out here."""
     q, k, v = rand_qkv(2, 3, 200, 200, 8, hkv=1, dtype=torch.float64, seed=9)
+    summary = SUMMARY if causal else 3
+    mask = MASK if causal else masks.fixed(BLOCK, summary)
     s = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    out = attnkit.attention(*leaves, mask=MASK, sinks=s)
+    out = attnkit.attention(*leaves, mask=mask, sinks=s)
     assert ran
     dout = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(2))
     got = torch.autograd.grad(out, [*leaves, s], dout)
     q64, k64, v64 = (t.detach().clone().requires_grad_() for t in (q, k, v))
     s64 = s.detach().clone().requires_grad_()
     scores = (q64 @ k64.transpose(-1, -2)) * 8 ** -0.5
-    scores = scores.masked_fill(~_allowed(200, BLOCK, SUMMARY), float("-inf"))
+    scores = scores.masked_fill(~_allowed(200, BLOCK, summary, causal), float("-inf"))
     sink = (s64.view(1, 3, 1) if s64.dim() == 1 else s64.view(*s64.shape[:2], -1))[..., None]
     weights = torch.softmax(torch.cat([scores, sink.expand(*scores.shape[:3], 1)], -1), -1)[..., :-1]
     want_out = weights @ v64
@@ -341,30 +344,6 @@ def test_not_causal_a_scale_not_positive_runs_exactly(ran, scale):
     got = attnkit.attention(q, k, v, mask=masks.fixed(16, 2), scale=scale)
     assert ran
     torch.testing.assert_close(got, _oracle(q, k, v, 16, 2, scale=scale, causal=False)[0], rtol=1e-10, atol=1e-12)
-
-
-@pytest.mark.parametrize("shape", [(3,), (2, 3, 200)], ids=["head", "token"])
-def test_not_causal_sinks_join_the_merged_pair_exactly(ran, shape):
-    """A sink is one more column of each row's softmax, its weight dropped (gpt-oss): written out here."""
-    q, k, v = rand_qkv(2, 3, 200, 200, 8, hkv=1, dtype=torch.float64, seed=9)
-    mask = masks.fixed(BLOCK, 3)
-    s = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    out = attnkit.attention(*leaves, mask=mask, sinks=s)
-    assert ran
-    dout = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(2))
-    got = torch.autograd.grad(out, [*leaves, s], dout)
-    q64, k64, v64 = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    s64 = s.detach().clone().requires_grad_()
-    scores = (q64 @ k64.transpose(-1, -2)) * 8 ** -0.5
-    scores = scores.masked_fill(~_allowed(200, BLOCK, 3, causal=False), float("-inf"))
-    sink = (s64.view(1, 3, 1) if s64.dim() == 1 else s64.view(*s64.shape[:2], -1))[..., None]
-    weights = torch.softmax(torch.cat([scores, sink.expand(*scores.shape[:3], 1)], -1), -1)[..., :-1]
-    want_out = weights @ v64
-    want = torch.autograd.grad(want_out, [q64, k64, v64, s64], dout)
-    torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-12)
-    for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
 def test_not_causal_in_units_of_heads_gives_one_threads_bits(ran, monkeypatch):
