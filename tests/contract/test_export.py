@@ -94,8 +94,8 @@ def test_exported_causal_attention_is_exact_at_every_length(exported_attention):
 
 
 def test_an_export_under_no_grad_keeps_the_operator_and_is_exact():
-    """Inference export (grad mode off) holds attnkit's operator, as with gradients: not the CPU-only kernel and
-    the check that compiled generation puts in its graphs (kernels/custom_op.py, _lane_in_graph)."""
+    """Inference export (grad mode off) holds attnkit's operator, as with gradients: no CPU-only kernel and no
+    branch on the data in the program (it may run on another device)."""
     with torch.no_grad():
         program = torch.export.export(CausalAttention(), _qkv(7), dynamic_shapes=({2: _length()},) * 3)
     targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}

@@ -29,9 +29,6 @@ the paths written in plain torch operations. Instead, a traced call that
   soft-cap, another score or normaliser) is differentiated by running it again under
   autograd: exact.
 - The fake implementations give shapes only, so symbolic sizes trace too.
-- Traced with grad mode off (compiled generation), a call the fast lane takes with no mask or ``is_causal`` is not
-  the operator but torch's kernel in the graph, the lane's check as graph operators and a :func:`torch.cond` whose
-  other branch is the operator (:func:`_lane_in_graph`): no Python operator call per decoding step.
 - A call that records no gradient (a decoding step, a compiled inference graph) goes from the operator's autograd
   kernel straight to the implementation (:func:`_direct_when_no_gradient`), past the wrapper and second dispatch
   of :func:`torch.library.custom_op`'s own kernel, which records the gradient everywhere else.
@@ -279,40 +276,8 @@ def expected_path(p: Problem) -> str:
     return choose(p.with_inputs(tracing=False), data=False).path.name
 
 
-def _lane_in_graph(p: Problem) -> torch.Tensor | None:
-    """The output of a traced call that records no gradient (grad mode off: generation) and that the fast lane
-    takes with no mask or ``is_causal`` on the CPU (a decoding step, a prefill): torch's kernel in the graph, as the
-    plain model's, then the lane's check (:func:`.lane.trusted`) as graph operators, and a :func:`torch.cond` on its
-    verdict whose other branch is the operator (it runs the kernel again, finds the same answer untrusted, and
-    takes the full route). The same outputs as the operator alone, without a Python operator call on every step;
-    None for any other call, and under ``torch.export``, whose program may run on another device."""
-    if (torch.is_grad_enabled() or p.bias is not None or p.modifier is not None or rules.FLASH is None
-            or torch.compiler.is_exporting()):  # (an exported program keeps the operator: no CPU-only kernel in it)
-        return None
-    fast = lane.route(p.q, p.k, p.v, p.mask, None, p.score, p.scale, p.normalize, 0.0, False, False, "auto",
-                      traced=True)  # (a validated scale, perhaps symbolic)
-    if fast is None or fast[1] is not None or not fast[3] or type(fast[2]) is not float:
-        return None  # (a float mask is built per call; a symbolic scale cannot enter the cond's branches)
-    is_causal, _, scale, _ = fast
-    out, lse = rules.FLASH(p.q, p.k, p.v, 0.0, is_causal, scale=scale)[:2]
-    trusted = torch.isfinite(out.sum()) & torch.isfinite(lse).all() & (lse != 0).all()
-    options = (None, mask_text(p.mask), 0.0, float(scale), p.score, p.normalize, RUN_TIME)
-
-    def exact(q, k, v, out):
-        return torch.ops.attnkit.attention(q, k, v, *options)[0]
-
-    def kept(q, k, v, out):
-        return out.clone(memory_format=torch.contiguous_format)
-
-    return torch.cond(trusted, kept, exact, (p.q, p.k, p.v, out))
-
-
 def run(p: Problem) -> KernelOutput:
-    """A traced call the operator carries (:func:`~.rules.operator_carries`), as one operator node; generation's
-    calls on the fast lane as torch's kernel and the lane's check in the graph (:func:`_lane_in_graph`)."""
-    out = _lane_in_graph(p)
-    if out is not None:
-        return KernelOutput(out, None, None)
+    """A traced call the operator carries (:func:`~.rules.operator_carries`), as one operator node."""
     cap = p.modifier.cap if p.modifier is not None else 0.0
     out, _, _ = torch.ops.attnkit.attention(p.q, p.k, p.v, p.bias, mask_text(p.mask), cap, float(p.scale),
                                             p.score, p.normalize, expected_path(p))
@@ -323,8 +288,7 @@ def compiled_route(p: Problem, backend: str) -> str:
     """How the call runs under ``torch.compile`` / ``torch.export`` (what :func:`attnkit.explain` shows)."""
     if rules.operator_carries(p, backend):
         return (f"one {OPERATOR} node, expected path {expected_path(p.with_inputs(tracing=True))}: it decides "
-                "at run time, with the data, as eager attention does (kernels/custom_op.py; with grad mode off, "
-                "a fast-lane call is torch's kernel, the lane's check and a torch.cond on it in the graph)")
+                "at run time, with the data, as eager attention does (kernels/custom_op.py)")
     try:
         traced = choose(p.with_inputs(tracing=True), backend).path.name
     except BackendError as err:

@@ -139,19 +139,17 @@ def _decide(q, k, v, mask, score, scale, normalize, sizes, grad, cpu):
 
 
 def route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weights, return_lse,
-          backend, sinks=None, *, traced: bool = False) -> tuple | None:
+          backend, sinks=None) -> tuple | None:
     """``(is_causal, float_mask, scale, on_cpu)`` for a call the lane takes, else None; reads attributes only.
 
     The lane's scope first (the options it leaves to the full route, plain valid 4-D tensors), then the table's
     rules (:data:`.sdpa.LANE`) on the call, asked once per call signature (:func:`_signature`): what torch's
-    kernel answers exactly is stated there, once. ``traced``: the call is being traced (fake tensors, sizes
-    perhaps symbolic) and the caller puts the kernel and the check in the graph (:func:`.custom_op.run`); the
-    answer is then not cached, and None where the kernel mask depends on the lengths.
+    kernel answers exactly is stated there, once.
     """
     if (backend != "auto" or bias is not None or sinks is not None or dropout_p or return_weights or return_lse
             or recording.listening or (mask is not None and getattr(mask, "kind", None) is None)):  # a tensor mask
         return None
-    if not traced and (type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor):
+    if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
         return None
     qs, ks, vs = q.shape, k.shape, v.shape
     if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
@@ -168,15 +166,14 @@ def route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weight
     if (bk != batch or bv != batch or hv != hkv or lv != lk or dk != d or not hkv or heads % hkv
             or not (batch and lq and lk and d)):
         return None
-    if not traced and scale is not None and (type(scale) not in (float, int) or not math.isfinite(scale)):
+    if scale is not None and (type(scale) not in (float, int) or not math.isfinite(scale)):
         return None
-    if (torch.compiler.is_compiling() and not traced) or (
-            _any_autocast() and torch.is_autocast_enabled("cpu" if cpu else "cuda")):
+    if torch.compiler.is_compiling() or (_any_autocast() and torch.is_autocast_enabled("cpu" if cpu else "cuda")):
         return None
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     sizes = (batch, heads, lq, lk, d, dv)
-    key = None if traced else _signature(q, k, v, mask, score, scale, normalize, sizes, grad, cpu)
-    decision = _DECIDED.get(key) if key is not None else None  # (traced: no module state read, no guard on it)
+    key = _signature(q, k, v, mask, score, scale, normalize, sizes, grad, cpu)
+    decision = _DECIDED.get(key) if key is not None else None
     if decision is None:
         decision = _decide(q, k, v, mask, score, scale, normalize, sizes, grad, cpu)
         if key is not None:
@@ -189,8 +186,6 @@ def route(q, k, v, mask, bias, score, scale, normalize, dropout_p, return_weight
     if scale is None:
         scale = default
     if km is _PER_CALL:
-        if traced:  # (a mask built from the sizes: not for a graph)
-            return None
         km = sdpa.kernel_mask(_Call(q, k, v, mask, score, scale, normalize, sizes, grad,  # type: ignore[arg-type]
                                     "cpu" if cpu else "cuda"), dtype)
     return km.is_causal, km.float_mask, scale, cpu

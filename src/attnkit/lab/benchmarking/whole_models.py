@@ -61,9 +61,7 @@ Python (the input and cache checks, as attribute comparisons). Compiled: each at
 torch's kernel over the cache's prefix in place; band windows for the window), so the compiled rows \
 compare the same kernels inside graphs that inductor compiles on both sides; compiled generation \
 compiles `TransformerLM.step` and the plain model's forward (what each generate calls per token), each \
-one graph for the prefill and one for every decoding step, and traced with grad mode off a decoding \
-step's attention is torch's kernel in the graph, as the plain model's, then the lane's check as graph \
-operators and a `torch.cond` on it (the operator only where the check fails)."""
+one graph for the prefill and one for every decoding step."""
 
 
 @dataclass(frozen=True)
