@@ -383,6 +383,16 @@ def test_values_with_no_rows_view_take_the_fused_route():
         torch.testing.assert_close(attnkit.attention(q, kk, vv, mask=mask), out, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("expanded", ["k and v", "k"])
+def test_a_cache_expanded_over_the_batch(expanded):
+    """One cache shared by the batch (batch stride 0): its rows view repeats them, the float64 oracle's answer."""
+    q, k, v = rand_qkv(3, 4, 1, 30, 8, hkv=2, dtype=torch.float64, seed=31)
+    k, v = k[:1].expand(3, -1, -1, -1), (v[:1].expand(3, -1, -1, -1) if expanded == "k and v" else v)
+    idx = _selection(30, (3, 1, 1, 7), 1, seed=32)
+    out, _ = _oracle(q, k, v, idx, 1, 2)
+    torch.testing.assert_close(attnkit.attention(q, k, v, mask=masks.selected_keys(idx)), out, rtol=0, atol=1e-12)
+
+
 def _lane(q, k, v, mask, **kw):
     """What :func:`selected_decode.lane` answers for ``attention(q, k, v, mask=mask, **kw)``."""
     args = dict(bias=None, score="scaled_dot", scale=None, normalize="softmax", dropout_p=0.0, return_weights=False,

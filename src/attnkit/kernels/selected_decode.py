@@ -202,7 +202,7 @@ def _row_index(kvh: torch.Tensor, tok: torch.Tensor, sb: int, sh: int, sl: int) 
     (:func:`_rows`): ``(B, hx, N)`` int64 (``tok`` ``(B, hx, N)``)."""
     where = torch.add((kvh * sh).view(1, -1, 1), tok, alpha=sl)
     if tok.shape[0] > 1:
-        where += torch.arange(0, tok.shape[0] * sb, sb, device=tok.device).view(-1, 1, 1)
+        where += (torch.arange(tok.shape[0], device=tok.device) * sb).view(-1, 1, 1)  # (sb 0: a cache expanded)
     return where
 
 
