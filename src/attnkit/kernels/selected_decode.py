@@ -140,13 +140,9 @@ def gather_rows(t: torch.Tensor, b: torch.Tensor, kvh: torch.Tensor, tok: torch.
     rows = _rows(t)
     if rows is None:
         return t[b, kvh.view(1, -1, 1), tok]
-    flat, sb, sh, sl = rows
-    where = (b * sb + kvh.view(1, -1, 1) * sh + tok * sl).flatten()  # (B hx N)
-    shape = (*tok.shape, t.shape[-1])
-    if where.numel() * t.shape[-1] > HELD:
-        return flat.index_select(0, where).view(shape)
-    buffer = workspace(t).take(name, where.numel(), t.shape[-1])
-    return torch.index_select(flat, 0, where, out=buffer).view(shape)
+    where = _row_index(kvh, tok, *rows[1:]).view(-1)  # (B hx N)
+    gathered = torch.index_select(rows[0], 0, where, out=_buffer(t, where.numel(), t.shape[-1], name))
+    return gathered.view(*tok.shape, t.shape[-1])
 
 
 def _weighted_ok(p: Problem, gp: int) -> bool:
@@ -206,10 +202,10 @@ def _row_index(kvh: torch.Tensor, tok: torch.Tensor, sb: int, sh: int, sl: int) 
     return where
 
 
-def _buffer(t: torch.Tensor, rows: int, width: int) -> torch.Tensor | None:
-    """This thread's buffer for ``rows`` gathered rows of ``t`` (:func:`.page_chunks.workspace`), or None (a fresh
-    tensor) past :data:`HELD` elements."""
-    return workspace(t).take("decode keys", rows, width) if rows * width <= HELD else None
+def _buffer(t: torch.Tensor, rows: int, width: int, name: str = "decode keys") -> torch.Tensor | None:
+    """This thread's buffer ``name`` for ``rows`` gathered rows of ``t`` (:func:`.page_chunks.workspace`), or None
+    (a fresh tensor) past :data:`HELD` elements."""
+    return workspace(t).take(name, rows, width) if rows * width <= HELD else None
 
 
 def _slots(idx: torch.Tensor, lk: int, batch: int, hx: int,
